@@ -1,0 +1,120 @@
+"""What a task gets: the run's settings, the model (loaded on first use), observations and placement."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from huggy_exp import mlagents
+from huggy_exp.errors import UserError
+from huggy_exp.observations import make_observations
+from huggy_exp.placement import Target, check_device, check_dtype, resolve
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Where the policy comes from; all unset means the embedded synthetic default."""
+
+    checkpoint: str | None = None
+    onnx: str | None = None
+    results_dir: str | None = None
+    hub_repo: str | None = None
+    behavior: str | None = None
+    step: int | None = None
+
+    def open(self) -> mlagents.LoadedModel:
+        if self.checkpoint:
+            loaded = mlagents.load_checkpoint(self.checkpoint)
+            if self.onnx:
+                loaded = _with_onnx(loaded, self.onnx)
+            return loaded
+        if self.onnx:
+            return mlagents.load_onnx(self.onnx)
+        if self.results_dir or self.hub_repo:
+            root = Path(self.results_dir).expanduser() if self.results_dir else mlagents.fetch_hub(self.hub_repo)
+            return _open_results(root, self.behavior, self.step)
+        return mlagents.load_default()
+
+    def results_folder(self) -> Path:
+        """The folder the `checkpoints` mode lists."""
+        if self.results_dir:
+            return Path(self.results_dir).expanduser()
+        if self.hub_repo:
+            return mlagents.fetch_hub(self.hub_repo)
+        if self.checkpoint or self.onnx:
+            return Path(self.checkpoint or self.onnx).expanduser().resolve().parent.parent
+        return mlagents.default_results_dir()
+
+
+def _with_onnx(loaded: mlagents.LoadedModel, onnx: str) -> mlagents.LoadedModel:
+    path = Path(onnx).expanduser()
+    if not path.is_file():
+        raise UserError(f"onnx file not found: {path}")
+    return replace(loaded, onnx_path=path)
+
+
+def _open_results(root: Path, behavior: str | None, step: int | None) -> mlagents.LoadedModel:
+    try:
+        path = mlagents.latest_checkpoint(root, behavior, step)
+    except UserError:
+        finals = sorted(root.glob("*.onnx")) if root.is_dir() else []
+        if not finals or step is not None:
+            raise
+        path = finals[0]
+    return mlagents.load_checkpoint(path) if path.suffix == ".pt" else mlagents.load_onnx(path)
+
+
+@dataclass(frozen=True)
+class ObsSpec:
+    source: str = "random"
+    rows: int = 64
+    scale: float = 1.0
+    path: str | None = None
+
+
+@dataclass
+class Context:
+    """Settings of one job. Device/dtype names are checked here (user errors); availability only in target()."""
+
+    device: str = "cpu"
+    dtype: str = "fp32"
+    batch_size: int = 64
+    seed: int = 0
+    model_spec: ModelSpec = field(default_factory=ModelSpec)
+    obs: ObsSpec = field(default_factory=ObsSpec)
+    workdir: Path = Path(".")
+
+    def __post_init__(self) -> None:
+        check_device(self.device)
+        check_dtype(self.dtype)
+        if int(self.batch_size) <= 0:
+            raise UserError(f"batch_size must be a positive integer, got {self.batch_size}")
+        self.workdir = Path(self.workdir)
+
+    @cached_property
+    def model(self) -> mlagents.LoadedModel:
+        return self.model_spec.open()
+
+    @property
+    def weights(self) -> mlagents.PolicyWeights:
+        return self.model.weights
+
+    def target(self, device: str | None = None, dtype: str | None = None) -> Target:
+        """Raises Unsupported when the device or dtype is not available here."""
+        return resolve(device or self.device, dtype or self.dtype)
+
+    @cached_property
+    def observations(self) -> np.ndarray:
+        w = self.weights
+        return make_observations(self.obs.source, w.obs_dim, self.obs.rows, self.seed, self.obs.scale, self.obs.path, w.normalizer)
+
+    def onnx_path(self) -> Path:
+        """The ML-Agents .onnx that goes with the model (configured, beside the .pt, or the embedded default's)."""
+        if self.model.onnx_path is None:
+            raise UserError(
+                f"this mode needs the policy's .onnx; none beside {self.model.path}: set model.onnx=<file.onnx>"
+            )
+        return self.model.onnx_path

@@ -1,0 +1,113 @@
+"""The ML-Agents actor in torch: fp32 normalizer, N x [Linear + Swish], mu head, deterministic and sampled actions."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from huggy_exp.mlagents import ACTION_CLAMP, LOG_SIGMA_RANGE, NORMALIZER_CLAMP, PolicyWeights
+
+
+class Swish(nn.Module):
+    """x * sigmoid(x), spelled as ML-Agents and its ONNX graph spell it (bit-identical to their outputs)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(x)
+
+
+def _linear(weight: np.ndarray, bias: np.ndarray) -> nn.Linear:
+    layer = nn.Linear(weight.shape[1], weight.shape[0])
+    with torch.no_grad():
+        layer.weight.copy_(torch.from_numpy(weight))
+        layer.bias.copy_(torch.from_numpy(bias))
+    return layer
+
+
+class Policy(nn.Module):
+    """Observations (float32) in, actions (float32) out; `dtype` applies to the MLP and heads only.
+
+    The normalizer statistics stay float32 (float64 for an fp64 reference): ML-Agents' running variance is a
+    cumulative sum up to ~1e9, which is inf in float16.
+    """
+
+    def __init__(self, weights: PolicyWeights):
+        super().__init__()
+        self.obs_dim, self.act_dim = weights.obs_dim, weights.act_dim
+        self.tanh_squash = weights.tanh_squash
+        n = weights.normalizer
+        self.has_normalizer = n is not None
+        self.register_buffer("running_mean", torch.from_numpy(n.running_mean) if n else torch.zeros(0))
+        self.register_buffer("std", torch.from_numpy(n.std) if n else torch.zeros(0))
+        body: list[nn.Module] = []
+        for weight, bias in weights.layers:
+            body += [_linear(weight, bias), Swish()]
+        self.body = nn.Sequential(*body)
+        self.mu = _linear(*weights.mu)
+        if weights.conditional_sigma:
+            self.log_sigma = _linear(*weights.log_sigma)
+        else:
+            self.register_buffer("log_sigma_const", torch.from_numpy(weights.log_sigma))
+            self.log_sigma = None
+        self.requires_grad_(False)
+        self.eval()
+
+    def place(self, device: torch.device, dtype: torch.dtype) -> "Policy":
+        """Move to the device; the MLP takes `dtype`, the normalizer stays fp32 (fp64 only for an fp64 run)."""
+        stat_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        self.to(device=device, dtype=dtype)
+        self.running_mean.data = self.running_mean.data.to(stat_dtype)
+        self.std.data = self.std.data.to(stat_dtype)
+        if self.log_sigma is None:
+            self.log_sigma_const.data = self.log_sigma_const.data.to(stat_dtype)
+        return self
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return self.mu.weight.dtype
+
+    @property
+    def stat_dtype(self) -> torch.dtype:
+        return torch.float64 if self.compute_dtype == torch.float64 else torch.float32
+
+    def normalize(self, obs: torch.Tensor) -> torch.Tensor:
+        obs = obs.to(self.stat_dtype)
+        if not self.has_normalizer:
+            return obs
+        return torch.clamp((obs - self.running_mean) / self.std, -NORMALIZER_CLAMP, NORMALIZER_CLAMP)
+
+    def trace(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Every intermediate, for per-layer attribution: normalized_obs, hidden_0.., mu, log_sigma."""
+        out = {"normalized_obs": self.normalize(obs)}
+        x = out["normalized_obs"].to(self.compute_dtype)
+        for i in range(0, len(self.body), 2):
+            x = self.body[i + 1](self.body[i](x))
+            out[f"hidden_{i // 2}"] = x
+        out["mu"] = self.mu(x)
+        if self.log_sigma is None:
+            out["log_sigma"] = self.log_sigma_const.expand(x.shape[0], -1)
+        else:
+            out["log_sigma"] = torch.clamp(self.log_sigma(x), *LOG_SIGMA_RANGE)
+        return out
+
+    def head(self, mu: torch.Tensor) -> torch.Tensor:
+        """ML-Agents' deterministic action: clamp(mu, -3, 3) / 3, or raw mu for tanh-squashed (SAC) policies."""
+        mu = mu.to(self.stat_dtype)
+        return mu if self.tanh_squash else torch.clamp(mu, -ACTION_CLAMP, ACTION_CLAMP) / ACTION_CLAMP
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = self.normalize(obs).to(self.compute_dtype)
+        return self.head(self.mu(self.body(x)))
+
+    def sample(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """clamp(mu + exp(log_sigma) * z, -3, 3) / 3 (tanh(...) for SAC), with z given: drawn on the CPU by the caller."""
+        t = self.trace(obs)
+        mu, log_sigma = t["mu"].to(self.stat_dtype), t["log_sigma"].to(self.stat_dtype)
+        raw = mu + torch.exp(log_sigma) * noise.to(mu.device, self.stat_dtype)
+        return torch.tanh(raw) if self.tanh_squash else torch.clamp(raw, -ACTION_CLAMP, ACTION_CLAMP) / ACTION_CLAMP
+
+
+def cpu_noise(rows: int, act_dim: int, seed: int) -> torch.Tensor:
+    """Standard normal noise from a seeded CPU generator: the same bytes whatever device consumes it."""
+    gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    return torch.randn(rows, act_dim, generator=gen, dtype=torch.float32)

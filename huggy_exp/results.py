@@ -1,0 +1,96 @@
+"""What a task returns and how it lands on disk: result.json (atomic) plus .npy arrays and .csv tables beside it."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+STATUSES = ("passed", "failed", "skipped", "error")
+EXIT_CODES = {"passed": 0, "skipped": 0, "failed": 1, "error": 2}
+
+
+@dataclass
+class Result:
+    """A task's answer: a status, flat numeric metrics, string tags, arrays, small tables and extra files."""
+
+    status: str = "passed"
+    reason: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    tables: dict[str, list[dict]] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)
+    details: dict = field(default_factory=dict)
+    summary: list[str] = field(default_factory=list)
+
+    def fail(self, reason: str) -> None:
+        """Downgrade to failed, keeping every reason given."""
+        self.status = "failed"
+        self.reason = f"{self.reason}; {reason}" if self.reason else reason
+
+
+def jsonable(value):
+    """Plain JSON: numpy scalars to Python, NaN/inf to strings (JSON has neither)."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_table(path: Path, rows: list[dict]) -> None:
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, columns)
+        writer.writeheader()
+        writer.writerows(jsonable(rows))
+
+
+def write_result(workdir: Path, record: dict, result: Result) -> Path:
+    """Arrays as <name>.npy, tables as <name>.csv, then result.json last and atomically (it marks completion).
+
+    A task's `details` become extra top-level keys of result.json; they never replace the common ones.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    for name, array in result.arrays.items():
+        np.save(workdir / f"{name}.npy", np.asarray(array), allow_pickle=False)
+    for name, rows in result.tables.items():
+        write_table(workdir / f"{name}.csv", rows)
+    record = {
+        **record,
+        "status": result.status,
+        "reason": result.reason,
+        "metrics": result.metrics,
+        "tags": result.tags,
+        "arrays": {name: f"{name}.npy" for name in result.arrays},
+        "tables": {name: f"{name}.csv" for name in result.tables},
+        "files": result.files,
+    }
+    record.update({k: v for k, v in result.details.items() if k not in record})
+    path = workdir / "result.json"
+    atomic_write_text(path, json.dumps(jsonable(record), indent=2, sort_keys=False) + "\n")
+    return path

@@ -1,0 +1,64 @@
+"""`info`: versions, devices found, model dimensions, parameter count, normalizer summary, files."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from huggy_exp.app import environment
+from huggy_exp.context import Context
+from huggy_exp.mlagents import sha256_file
+from huggy_exp.placement import cann_version, inventory
+from huggy_exp.results import Result
+
+
+class InfoTask:
+    name = "info"
+
+    def run(self, ctx: Context) -> Result:
+        model, w = ctx.model, ctx.weights
+        env = {**environment(), "cann": cann_version()}
+        devices = inventory()
+        n = w.normalizer
+        normalizer = None
+        if n is not None:
+            std = n.std.astype(np.float64)
+            normalizer = {
+                "normalization_steps": n.steps,
+                "running_mean_min": float(n.running_mean.min()),
+                "running_mean_max": float(n.running_mean.max()),
+                "running_variance_min": float(n.running_variance.min()) if n.running_variance is not None else None,
+                "running_variance_max": float(n.running_variance.max()) if n.running_variance is not None else None,
+                "running_variance_median": float(np.median(n.running_variance)) if n.running_variance is not None else None,
+                "std_min": float(std.min()),
+                "std_max": float(std.max()),
+                "never_varied_dims": int(np.sum(n.running_variance == 1.0)) if n.running_variance is not None else None,
+                "fp16_overflow_dims": n.fp16_overflow_dims(),
+            }
+        files = {}
+        for label, path in (("checkpoint" if model.source != "onnx" else "onnx", model.path), ("onnx", model.onnx_path)):
+            if path is not None and label not in files:
+                files[label] = {"path": str(path), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+        dims = {
+            "obs_dim": w.obs_dim, "act_dim": w.act_dim, "hidden_units": w.hidden_units, "num_layers": w.num_layers,
+            "parameters": w.parameter_count, "log_sigma_parameters": w.log_sigma_count,
+            "conditional_sigma": w.conditional_sigma, "tanh_squash": w.tanh_squash,
+            "version_number": w.version_number, "memory_size": w.memory_size, "step": model.step,
+        }
+        metrics = {k: float(v) for k, v in dims.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if normalizer:
+            metrics.update({"normalization_steps": float(n.steps or 0), "fp16_overflow_dims": float(normalizer["fp16_overflow_dims"])})
+        summary = [
+            f"policy: {w.obs_dim} obs -> {w.num_layers}x{w.hidden_units} Swish -> {w.act_dim} actions, "
+            f"{w.parameter_count:,} parameters (+{w.log_sigma_count} log_sigma), step {model.step}",
+            "normalizer: none" if n is None else
+            f"normalizer: steps {n.steps}, std {normalizer['std_min']:.3g}..{normalizer['std_max']:.3g}, "
+            f"{normalizer['fp16_overflow_dims']} dims overflow fp16 (kept fp32)",
+            f"torch {env['torch']}, torch_npu {env['torch_npu']}, CANN {env['cann']}, onnxruntime {env['onnxruntime']}",
+            "devices: " + ", ".join(f"{k}={v}" for k, v in devices.items()),
+            *(f"{k}: {v['path']} ({v['bytes']:,} bytes, sha256 {v['sha256'][:16]}...)" for k, v in files.items()),
+        ]
+        return Result(
+            metrics=metrics,
+            details={"environment": env, "devices": devices, "policy": dims, "normalizer": normalizer, "files": files},
+            summary=summary,
+        )
