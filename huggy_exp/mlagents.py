@@ -169,7 +169,7 @@ def load_checkpoint(path: str | Path) -> LoadedModel:
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for bad files; all mean the same to the user
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = re.split(r"(?<=\.) ", str(exc).strip().splitlines()[0])[0] if str(exc).strip() else type(exc).__name__
         if "Weights only load failed" in str(exc) or "weights_only" in str(exc):
             raise UserError(
                 f"checkpoint {path} holds pickled objects other than tensors; refused to unpickle it "

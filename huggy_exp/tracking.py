@@ -36,10 +36,9 @@ def _prepare_store(uri: str) -> None:
 
 def ensure_experiment(uri: str, name: str) -> str:
     """Create the experiment once (call before parallel jobs start: SQLite races on creation)."""
-    import mlflow
+    mlflow = _mlflow()
     from mlflow.exceptions import MlflowException
 
-    _quiet()
     _prepare_store(uri)
     client = mlflow.MlflowClient(tracking_uri=uri)
     found = client.get_experiment_by_name(name)
@@ -80,16 +79,19 @@ def record(settings: dict, run_name: str, params: dict, record: dict, metrics: d
         return None
 
 
-def _quiet() -> None:
-    """MLflow and alembic announce database migrations at INFO on every new store; keep job output short."""
+def _mlflow():
+    """Import mlflow (1.4 s, so only here) with its INFO chatter about database migrations silenced."""
     import logging
+
+    import mlflow
 
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    return mlflow
 
 
 def _log(uri, experiment, run_name, params, record, metrics, tags, artifacts) -> str:
-    import mlflow
+    mlflow = _mlflow()
 
     client = mlflow.MlflowClient(tracking_uri=uri)
     experiment_id = ensure_experiment(uri, experiment)
