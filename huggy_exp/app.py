@@ -5,6 +5,7 @@ from __future__ import annotations
 import platform
 import sys
 import time
+import traceback
 from importlib import metadata
 from pathlib import Path
 
@@ -63,6 +64,9 @@ def execute(cfg: DictConfig, workdir: Path, mode: str) -> Result:
         result = Result(status="skipped", reason=str(exc))
     except UserError as exc:
         result = Result(status="error", reason=str(exc))
+    except Exception as exc:  # a bug, not a user error: keep the traceback, record the job, let a sweep go on
+        traceback.print_exc()
+        result = Result(status="error", reason=f"internal error: {type(exc).__name__}: {exc}")
     model = ctx.model.describe() if ctx is not None and "model" in ctx.__dict__ else _model_stub(cfg)
     name = run_name(mode, cfg)
     record = {

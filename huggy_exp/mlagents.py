@@ -643,7 +643,7 @@ def default_weights(obs_dim: int = 59, act_dim: int = 21, hidden: int = 512, lay
     for _ in range(layers):
         mlp.append((f32(rng.normal(0, 1.0 / np.sqrt(fan_in), (hidden, fan_in))), f32(rng.normal(0, 0.05, hidden))))
         fan_in = hidden
-    mu = (f32(rng.normal(0, 2.5 / np.sqrt(hidden), (act_dim, hidden))), f32(rng.normal(0, 0.2, act_dim)))
+    mu = (f32(rng.normal(0, 7.0 / np.sqrt(hidden), (act_dim, hidden))), f32(rng.normal(0, 0.2, act_dim)))
     log_sigma = f32(rng.uniform(-0.5, 0.5, (1, act_dim)))
     steps = DEFAULT_STEP
     mean = f32(rng.uniform(-20, 40, obs_dim))

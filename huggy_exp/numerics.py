@@ -53,3 +53,92 @@ def action_stats(actions: np.ndarray, saturation: float = 0.999) -> dict[str, fl
         "action_max": float(a.max()),
         "saturated_share": float(np.mean(np.abs(a) >= saturation)),
     }
+
+
+def limits_for(table: dict, dtype: str, device: str, specialize: dict | None = None) -> dict:
+    """Thresholds for a dtype, overridden by a `<device kind>_<dtype>` entry of `specialize` (e.g. npu_fp16)."""
+    limits = dict(table.get(dtype) or {})
+    limits.update((specialize or {}).get(f"{device.split(':')[0]}_{dtype}") or {})
+    return limits
+
+
+def rel_rmse(actual: np.ndarray, expected: np.ndarray) -> float:
+    """RMSE divided by the RMS of the expected values: comparable across layers of different scale."""
+    a, e = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    scale = float(np.sqrt(np.mean(e**2)))
+    err = float(np.sqrt(np.mean((a - e) ** 2)))
+    return err / scale if scale > 0 else err
+
+
+def error_ratio(device_error: float, cpu_error: float) -> float:
+    """Device error over CPU error at the same dtype; both exact counts as 1 (no worse than the CPU)."""
+    if cpu_error == 0.0:
+        return 1.0 if device_error == 0.0 else float("inf")
+    return device_error / cpu_error
+
+
+def ratio_verdict(ratio: float, warn: float = 1.0, fail: float = 2.0) -> str:
+    """pass when the accelerator is no worse than the CPU in the same dtype, warn up to `fail`, else fail."""
+    if not np.isfinite(ratio) or ratio > fail:
+        return "fail"
+    return "pass" if ratio <= warn else "warn"
+
+
+def _phi(x: np.ndarray) -> np.ndarray:
+    return np.exp(-0.5 * x**2) / np.sqrt(2 * np.pi)
+
+
+def _cdf(x: np.ndarray) -> np.ndarray:
+    from math import erf
+
+    return 0.5 * (1.0 + np.vectorize(erf)(np.asarray(x, np.float64) / np.sqrt(2.0)))
+
+
+def clipped_normal_moments(mu: np.ndarray, sigma: np.ndarray, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
+    """Exact mean and variance of clip(X, lo, hi) for X ~ N(mu, sigma^2), element-wise."""
+    mu, sigma = np.asarray(mu, np.float64), np.asarray(sigma, np.float64)
+    a, b = (lo - mu) / sigma, (hi - mu) / sigma
+    pa, pb, fa, fb = _cdf(a), _cdf(b), _phi(a), _phi(b)
+    inside = pb - pa
+    m1 = lo * pa + hi * (1 - pb) + mu * inside + sigma * (fa - fb)
+    m2 = (lo**2 * pa + hi**2 * (1 - pb) + (mu**2 + sigma**2) * inside
+          + 2 * mu * sigma * (fa - fb) + sigma**2 * (a * fa - b * fb))
+    return m1, np.maximum(m2 - m1**2, 0.0)
+
+
+def sampling_check(samples: np.ndarray, mu: np.ndarray, sigma: np.ndarray, lo: float | None, hi: float | None,
+                   confidence: float = 0.999) -> dict[str, float]:
+    """Do draws [R, rows, act] follow clip(N(mu, sigma^2), lo, hi)? Mean per cell (Bonferroni) and pooled spread.
+
+    Means: z = (empirical mean - exact clipped-normal mean) / sqrt(var / R) per cell; pass when max |z| stays under
+    the two-sided Bonferroni-corrected critical value at `confidence`. Spread: on cells clipped with probability
+    < 1e-3, standardized residuals (x - mu) / sigma must have a standard deviation within z * sqrt(1 / 2n) of 1.
+    """
+    from statistics import NormalDist
+
+    x = np.asarray(samples, np.float64)
+    reps = x.shape[0]
+    lo_, hi_ = (-np.inf, np.inf) if lo is None else (lo, hi)
+    mean, var = clipped_normal_moments(mu, sigma, lo_, hi_) if lo is not None else (np.asarray(mu, np.float64), np.asarray(sigma, np.float64) ** 2)
+    se = np.sqrt(var / reps) + 1e-6  # + float32 resolution: fully clipped cells have var 0 and mean exactly at the bound
+    z = (x.mean(axis=0) - mean) / se
+    cells = z.size
+    alpha = 1.0 - confidence
+    z_crit = NormalDist().inv_cdf(1 - alpha / (2 * cells))
+    clip_prob = (_cdf((lo_ - mu) / sigma) + 1 - _cdf((hi_ - mu) / sigma)) if lo is not None else np.zeros_like(z)
+    free = clip_prob < 1e-3
+    resid = ((x - mu) / sigma)[:, free]
+    n = resid.size
+    spread = float(resid.std()) if n > 1 else float("nan")
+    spread_tol = NormalDist().inv_cdf(1 - alpha / 2) * np.sqrt(1.0 / (2 * n)) if n > 1 else float("nan")
+    return {
+        "mean_z_max": float(np.max(np.abs(z))),
+        "mean_z_rms": float(np.sqrt(np.mean(z**2))),
+        "mean_z_crit": float(z_crit),
+        "spread_ratio": spread,
+        "spread_tolerance": float(spread_tol),
+        "spread_cells": float(np.sum(free)),
+        "cells": float(cells),
+        "samples_per_cell": float(reps),
+        "confidence": float(confidence),
+    }

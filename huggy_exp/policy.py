@@ -55,11 +55,11 @@ class Policy(nn.Module):
     def place(self, device: torch.device, dtype: torch.dtype) -> "Policy":
         """Move to the device; the MLP takes `dtype`, the normalizer stays fp32 (fp64 only for an fp64 run)."""
         stat_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        names = ("running_mean", "std", "log_sigma_const")
+        stats = {n: getattr(self, n) for n in names if hasattr(self, n)}  # taken before .to(): fp16 would round them
         self.to(device=device, dtype=dtype)
-        self.running_mean.data = self.running_mean.data.to(stat_dtype)
-        self.std.data = self.std.data.to(stat_dtype)
-        if self.log_sigma is None:
-            self.log_sigma_const.data = self.log_sigma_const.data.to(stat_dtype)
+        for name, value in stats.items():
+            setattr(self, name, value.to(device=device, dtype=stat_dtype))
         return self
 
     @property

@@ -70,8 +70,11 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
 class OnnxRunner:
     """onnxruntime on one execution provider; a missing provider fails with the list of available ones."""
 
-    def __init__(self, path: Path, provider: str = "CPUExecutionProvider", threads: int = 0):
+    def __init__(self, path: Path, provider: str = "CPUExecutionProvider", threads: int = 0, seed: int | None = None):
         import onnxruntime as ort
+
+        if seed is not None:
+            ort.set_seed(int(seed))  # RandomNormalLike draws become repeatable run to run (not equal to torch's)
 
         available = ort.get_available_providers()
         if provider not in available:

@@ -1,0 +1,74 @@
+"""Small PNG plots for results (matplotlib, Agg backend, imported only when a plot is drawn)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def error_histogram(path: Path, errors: dict[str, np.ndarray], title: str) -> str:
+    """Histogram of log10 |error| per label; exact zeros are counted in the title, not dropped silently."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    zeros = []
+    for label, err in errors.items():
+        err = np.abs(np.asarray(err, np.float64)).ravel()
+        nonzero = err[err > 0]
+        zeros.append(f"{label}: {np.mean(err == 0):.0%} exact")
+        if nonzero.size:
+            ax.hist(np.log10(nonzero), bins=40, alpha=0.6, label=label)
+    ax.set_xlabel("log10 |error|")
+    ax.set_ylabel("elements")
+    ax.set_title(f"{title}\n({'; '.join(zeros)})", fontsize=9)
+    if errors:
+        ax.legend(fontsize=8)
+    return _save(plt, fig, path)
+
+
+def bars(path: Path, labels: list[str], values: list[float], limits: list[float] | None, ylabel: str, title: str) -> str:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    x = np.arange(len(labels))
+    ax.bar(x, np.maximum(values, 1e-30), color="tab:blue", label=ylabel)
+    if limits is not None:
+        ax.step(np.append(x, x[-1] + 1) - 0.5, np.append(limits, limits[-1]), where="post", color="tab:red", label="threshold")
+    ax.set_xticks(x, labels, rotation=30, fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    return _save(plt, fig, path)
+
+
+def lines(path: Path, series: dict[str, np.ndarray], xlabel: str, ylabel: str, title: str,
+          threshold: float | None = None, log: bool = False) -> str:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for label, y in series.items():
+        ax.plot(np.asarray(y), label=label, linewidth=1)
+    if threshold is not None:
+        ax.axhline(threshold, color="tab:red", linestyle="--", linewidth=1, label=f"threshold {threshold:g}")
+    if log:
+        ax.set_yscale("symlog", linthresh=1e-7)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    return _save(plt, fig, path)
+
+
+def _save(plt, fig, path: Path) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path.name
