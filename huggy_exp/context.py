@@ -108,8 +108,12 @@ class Context:
 
     @cached_property
     def observations(self) -> np.ndarray:
+        return self.make_observations(self.obs.rows)
+
+    def make_observations(self, rows: int) -> np.ndarray:
+        """The configured source with another row count (a file gives what it holds)."""
         w = self.weights
-        return make_observations(self.obs.source, w.obs_dim, self.obs.rows, self.seed, self.obs.scale, self.obs.path, w.normalizer)
+        return make_observations(self.obs.source, w.obs_dim, rows, self.seed, self.obs.scale, self.obs.path, w.normalizer)
 
     def onnx_path(self) -> Path:
         """The ML-Agents .onnx that goes with the model (configured, beside the .pt, or the embedded default's)."""

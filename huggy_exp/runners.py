@@ -57,9 +57,9 @@ class TorchRunner:
         )
 
 
-def reference(weights: PolicyWeights, dtype: str = "fp64") -> TorchRunner:
+def reference(weights: PolicyWeights, dtype: str = "fp64", batch_size: int = 0) -> TorchRunner:
     """The CPU reference used by the comparing modes (fp64 by default)."""
-    return TorchRunner(weights, resolve("cpu", dtype))
+    return TorchRunner(weights, resolve("cpu", dtype), batch_size)
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
