@@ -575,13 +575,16 @@ def _sibling_onnx(pt: Path) -> Path | None:
 
 
 def list_checkpoints(results_dir: str | Path) -> list[dict]:
-    """Every checkpoint of an ML-Agents results folder: files on disk joined with run_logs/training_status.json."""
+    """Every checkpoint of an ML-Agents results folder: files on disk joined with run_logs/training_status.json.
+
+    A bare copy of the run logs (training_status.json at the top) is read too; its files are then not present.
+    """
     root = Path(results_dir).expanduser()
     if not root.is_dir():
         raise UserError(f"results folder not found: {root}")
-    status_file = root / "run_logs" / "training_status.json"
+    status_file = next((p for p in (root / "run_logs" / "training_status.json", root / "training_status.json") if p.is_file()), None)
     status = {}
-    if status_file.is_file():
+    if status_file is not None:
         try:
             status = json.loads(status_file.read_text())
         except json.JSONDecodeError as exc:

@@ -55,7 +55,7 @@ def summarize(sweep_dir: Path) -> list[dict]:
     rows = []
     for path in sorted(sweep_dir.glob("*/result.json"), key=lambda p: (len(p.parent.name), p.parent.name)):
         r = json.loads(path.read_text())
-        reason = f" ({r['reason']})" if r.get("reason") else ""
-        line = f"{path.parent.name:>3} {r['run_name']:<32} {r['status'].upper()}{reason}"
+        note = r.get("reason") or r.get("headline")
+        line = f"{path.parent.name:>3} {r['run_name']:<32} {r['status'].upper():<7}" + (f" {note}" if note else "")
         rows.append({"status": r["status"], "line": line})
     return rows

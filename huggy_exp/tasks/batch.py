@@ -42,6 +42,8 @@ class BatchTask:
             f"(tolerance {tol:g} for {ctx.dtype}); {metrics['rows_bit_identical']:.0%} rows bit-identical",
             f"throughput: {metrics['batched_rows_per_s']:,.0f} rows/s batched vs {metrics['single_rows_per_s']:,.0f} rows/s one by one",
         ]
+        result.details["headline"] = (f"max |batched - single-row| {metrics['batch_invariance_max_abs']:.3g} (tolerance {tol:g}), "
+                                      f"{metrics['rows_bit_identical']:.0%} rows bit-identical")
         if metrics["batch_invariance_max_abs"] > tol:
             result.fail(f"batch invariance: max diff {metrics['batch_invariance_max_abs']:.3g} > {tol:g} at row {int(metrics['worst_row'])}")
         return result
