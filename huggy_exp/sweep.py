@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from huggy_exp import tracking
 from huggy_exp.results import EXIT_CODES
 
-GROUPS = ("mode", "model", "obs", "tracking")
+GROUPS = ("mode", "model", "obs", "tracking", "case")
 
 
 def check_choices(argv: list[str], conf_dir: Path) -> None:
