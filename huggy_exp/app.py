@@ -52,13 +52,12 @@ def run_name(mode: str, cfg: DictConfig) -> str:
 
 def execute(cfg: DictConfig, workdir: Path, mode: str) -> Result:
     """Run the mode's task; user errors and unavailable devices become results, never tracebacks."""
-    from hydra.utils import instantiate
-
     started = time.time()
     ctx = None
+    workdir.mkdir(parents=True, exist_ok=True)
     try:
         ctx = build_context(cfg, workdir)
-        task = instantiate(cfg.mode)
+        task = _instantiate(cfg.mode)
         result = task.run(ctx)
     except Unsupported as exc:
         result = Result(status="skipped", reason=str(exc))
@@ -97,6 +96,19 @@ def execute(cfg: DictConfig, workdir: Path, mode: str) -> Result:
     if where:
         print(f"  {where}")
     return result
+
+
+def _instantiate(mode_cfg: DictConfig):
+    """Hydra wraps errors raised in a task's __init__; a UserError there is still the user's, not a bug."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    try:
+        return instantiate(mode_cfg)
+    except InstantiationException as exc:
+        if isinstance(exc.__cause__, UserError):
+            raise exc.__cause__ from None
+        raise
 
 
 def _model_stub(cfg: DictConfig) -> dict:

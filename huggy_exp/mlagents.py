@@ -415,6 +415,8 @@ def weights_from_onnx(model, origin: str) -> PolicyWeights:
     if len(g.inputs) != 1:
         raise g.fail(f"expected one observation input, found {g.inputs} (multiple sensors, masks or memory are not supported)")
     cursor = g.inputs[0]
+    while (passthrough := g.only(cursor, "Cast") or g.only(cursor, "Identity")) is not None:
+        cursor = passthrough.output[0]
 
     normalizer = None
     sub = g.only(cursor, "Sub")

@@ -14,7 +14,8 @@ def compare(actual: np.ndarray, expected: np.ndarray, rel_floor: float = REL_FLO
     nan_mismatch = int(np.sum(np.isnan(a) != np.isnan(e)))
     inf_mismatch = int(np.sum(np.isinf(a) != np.isinf(e)) + np.sum(np.isinf(a) & np.isinf(e) & (np.sign(a) != np.sign(e))))
     both = np.isfinite(a) & np.isfinite(e)
-    diff = np.where(both, np.abs(a - e), 0.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.where(both, np.abs(a - e), 0.0)
     rel = diff / np.maximum(np.abs(e), rel_floor)
     n = max(int(both.sum()), 1)
     af, ef = np.where(both, a, 0.0), np.where(both, e, 0.0)

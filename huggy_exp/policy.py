@@ -71,7 +71,8 @@ class Policy(nn.Module):
         return torch.float64 if self.compute_dtype == torch.float64 else torch.float32
 
     def normalize(self, obs: torch.Tensor) -> torch.Tensor:
-        obs = obs.to(self.stat_dtype)
+        if obs.dtype != self.stat_dtype:  # a no-op cast would still be traced into an exported graph
+            obs = obs.to(self.stat_dtype)
         if not self.has_normalizer:
             return obs
         return torch.clamp((obs - self.running_mean) / self.std, -NORMALIZER_CLAMP, NORMALIZER_CLAMP)
