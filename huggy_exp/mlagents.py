@@ -67,11 +67,12 @@ class Normalizer:
         variance = torch.from_numpy(np.ascontiguousarray(self.running_variance, np.float32))
         return torch.sqrt(variance / torch.tensor(self.steps, dtype=torch.int64)).numpy()
 
-    def fp16_overflow_dims(self) -> int:
-        """How many dimensions of the stored statistics become inf when cast to float16."""
-        stats = self.running_variance if self.running_variance is not None else self.std**2
+    def fp16_overflow_dims(self) -> int | None:
+        """How many running-variance entries become inf when cast to float16; None when only a folded std is known (.onnx)."""
+        if self.running_variance is None:
+            return None
         with np.errstate(over="ignore"):
-            return int(np.sum(~np.isfinite(stats.astype(np.float16))))
+            return int(np.sum(~np.isfinite(self.running_variance.astype(np.float16))))
 
 
 @dataclass(frozen=True)
@@ -279,23 +280,26 @@ def check_shapes(w: PolicyWeights, origin: str) -> None:
     problems = []
     width = w.obs_dim
     for i, (weight, bias) in enumerate(w.layers):
+        key = f"{BODY_PREFIX}{2 * i}"
         if weight.ndim != 2 or weight.shape[1] != width or bias.shape != (weight.shape[0],):
-            problems.append(f"layer {i} weight {weight.shape} bias {bias.shape} (expected [*, {width}] and [*])")
+            problems.append(f"{key}.weight {list(weight.shape)} / .bias {list(bias.shape)} (expected [*, {width}] and [*])")
         width = weight.shape[0] if weight.ndim == 2 else width
     if w.mu[0].shape[1:] != (width,) or w.mu[1].shape != (w.mu[0].shape[0],):
-        problems.append(f"mu weight {w.mu[0].shape} bias {w.mu[1].shape} (expected [act, {width}] and [act])")
+        problems.append(f"{MU_PREFIX}weight {list(w.mu[0].shape)} / .bias {list(w.mu[1].shape)} (expected [act, {width}] and [act])")
     if w.conditional_sigma:
         if w.log_sigma[0].shape != w.mu[0].shape or w.log_sigma[1].shape != w.mu[1].shape:
-            problems.append(f"log_sigma layer {w.log_sigma[0].shape} does not match mu {w.mu[0].shape}")
+            problems.append(f"{LOG_SIGMA}.weight {list(w.log_sigma[0].shape)} does not match {MU_PREFIX}weight {list(w.mu[0].shape)}")
     elif w.log_sigma.shape != (1, w.act_dim):
-        problems.append(f"log_sigma {w.log_sigma.shape} (expected [1, {w.act_dim}])")
+        problems.append(f"{LOG_SIGMA} {list(w.log_sigma.shape)} (expected [1, {w.act_dim}])")
     if w.normalizer is not None:
         n = w.normalizer
-        stats = [n.running_mean, n.std if n.running_variance is None else n.running_variance]
-        if any(s.shape != (w.obs_dim,) for s in stats):
-            problems.append(f"normalizer {[s.shape for s in stats]} (expected [{w.obs_dim}])")
-        elif n.steps is not None and n.steps <= 0:
-            problems.append(f"normalization_steps {n.steps} (must be > 0)")
+        stats = {"running_mean": n.running_mean,
+                 "running_variance" if n.running_variance is not None else "folded std": n.std if n.running_variance is None else n.running_variance}
+        for name, value in stats.items():
+            if value.shape != (w.obs_dim,):
+                problems.append(f"{NORMALIZER_PREFIXES[0]}{name} {list(value.shape)} (expected [{w.obs_dim}])")
+        if n.steps is not None and n.steps <= 0:
+            problems.append(f"{NORMALIZER_PREFIXES[0]}normalization_steps {n.steps} (must be > 0)")
     if problems:
         raise UserError(f"{origin}: shape mismatch: " + "; ".join(problems))
 
@@ -637,7 +641,7 @@ def latest_checkpoint(results_dir: Path, behavior: str | None = None, step: int 
 DEFAULT_NAME = "Huggy"
 DEFAULT_STEP = 2_000_050
 DEFAULT_SEED = 20_240_601
-DEFAULT_VERSION = "v1"  # bump when default_weights changes: the cache is keyed by it
+DEFAULT_VERSION = "v2"  # bump when default_weights changes: the cache is keyed by it
 
 
 def default_weights(obs_dim: int = 59, act_dim: int = 21, hidden: int = 512, layers: int = 3, seed: int = DEFAULT_SEED) -> PolicyWeights:

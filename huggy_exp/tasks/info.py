@@ -46,19 +46,23 @@ class InfoTask:
         }
         metrics = {k: float(v) for k, v in dims.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         if normalizer:
-            metrics.update({"normalization_steps": float(n.steps or 0), "fp16_overflow_dims": float(normalizer["fp16_overflow_dims"])})
+            if n.steps is not None:
+                metrics["normalization_steps"] = float(n.steps)
+            if normalizer["fp16_overflow_dims"] is not None:
+                metrics["fp16_overflow_dims"] = float(normalizer["fp16_overflow_dims"])
         summary = [
             f"policy: {w.obs_dim} obs -> {w.num_layers}x{w.hidden_units} Swish -> {w.act_dim} actions, "
             f"{w.parameter_count:,} parameters (+{w.log_sigma_count} log_sigma), step {model.step}",
             "normalizer: none" if n is None else
             f"normalizer: steps {n.steps}, std {normalizer['std_min']:.3g}..{normalizer['std_max']:.3g}, "
-            f"{normalizer['fp16_overflow_dims']} dims overflow fp16 (kept fp32)",
+            + ("fp16 overflow unknown (.onnx holds only the folded std)" if normalizer["fp16_overflow_dims"] is None
+               else f"{normalizer['fp16_overflow_dims']} dims overflow fp16 (kept fp32)"),
             f"torch {env['torch']}, torch_npu {env['torch_npu']}, CANN {env['cann']}, onnxruntime {env['onnxruntime']}",
             "devices: " + ", ".join(f"{k}={v}" for k, v in devices.items()),
             *(f"{k}: {v['path']} ({v['bytes']:,} bytes, sha256 {v['sha256'][:16]}...)" for k, v in files.items()),
         ]
         return Result(
             metrics=metrics,
-            details={"environment": env, "devices": devices, "policy": dims, "normalizer": normalizer, "files": files},
+            details={"environment": env, "devices": devices, "policy": dims, "normalizer": normalizer, "model_files": files},
             summary=summary,
         )

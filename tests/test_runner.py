@@ -1,0 +1,381 @@
+"""The Hydra runner end to end: every mode composes, execute() writes result.json and tracks to MLflow, run.py's CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import (
+    CONF,
+    HUGGY_PT,
+    PYTHON,
+    REFERENCE,
+    REPO,
+    SHARED,
+    compose_config,
+    run_job,
+    subprocess_env,
+)
+
+MODES = sorted(p.stem for p in CONF.glob("mode/*.yaml"))
+CORE_MODES = ("info", "checkpoints", "action", "sample", "batch")
+COMMON_KEYS = ("mode", "run_name", "device", "dtype", "batch_size", "seed", "model", "status", "reason", "metrics",
+               "started", "duration_s", "environment")
+
+
+def _npu_present() -> bool:
+    return hasattr(torch, "npu")
+
+
+# --- composition
+
+
+def test_core_modes_are_present():
+    assert set(CORE_MODES) <= set(MODES)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_mode_composes_and_instantiates(mode):
+    from hydra.utils import instantiate
+
+    cfg = compose_config([f"mode={mode}", "tracking=none"])
+    assert cfg.mode._target_.startswith("huggy_exp.tasks.")
+    task = instantiate(cfg.mode)
+    assert callable(getattr(task, "run", None))
+    assert {"device", "dtype", "batch_size", "seed", "model", "obs", "tracking"} <= set(cfg)
+
+
+def test_default_config_is_action_on_cpu_fp32_with_mlflow_tracking():
+    cfg = compose_config()
+    assert cfg.mode._target_ == "huggy_exp.tasks.action.ActionTask"
+    assert (cfg.device, cfg.dtype, cfg.batch_size, cfg.seed) == ("cpu", "fp32", 64, 0)
+    assert cfg.tracking.enabled is True
+    assert all(v is None for v in cfg.model.values())
+
+
+# --- execute(), in-process
+
+
+def _assert_common_record(record: dict, mode: str, status: str):
+    missing = [k for k in COMMON_KEYS if k not in record]
+    assert not missing, f"result.json lacks {missing}"
+    assert record["mode"] == mode and record["status"] == status
+    assert {"source", "path", "sha256", "synthetic"} <= set(record["model"])
+
+
+def test_info_on_embedded_default(tmp_path):
+    job = run_job(tmp_path, "info")
+    r = job.record
+    _assert_common_record(r, "info", "passed")
+    assert r["model"]["synthetic"] is True and r["model"]["source"] == "embedded"
+    assert r["metrics"]["parameters"] == 566_805
+    assert r["policy"]["obs_dim"] == 59 and r["policy"]["act_dim"] == 21 and r["policy"]["num_layers"] == 3
+    assert r["normalizer"]["fp16_overflow_dims"] > 0
+    assert r["devices"]["cpu"] == 1
+
+
+def _find_file_entries(tree, found=None) -> list[dict]:
+    """Every dict in result.json that describes a file by bytes and sha256."""
+    found = [] if found is None else found
+    if isinstance(tree, dict):
+        if "bytes" in tree and "sha256" in tree:
+            found.append(tree)
+        for value in tree.values():
+            _find_file_entries(value, found)
+    elif isinstance(tree, list):
+        for value in tree:
+            _find_file_entries(value, found)
+    return found
+
+
+def test_info_records_file_sizes_and_sha256_in_result_json(tmp_path, huggy_pt):
+    # conf/mode/info.yaml promises "file sizes and sha256"; they must reach result.json, not only the console
+    r = run_job(tmp_path, "info", f"model.checkpoint={huggy_pt}").record
+    assert r["status"] == "passed"
+    entry = next((e for e in _find_file_entries(r) if e["sha256"] == r["model"]["sha256"]), None)
+    assert entry is not None, f"no file entry for {huggy_pt} in result.json (top-level 'files' is {r.get('files')!r})"
+    assert entry["bytes"] == huggy_pt.stat().st_size
+
+
+def test_info_on_a_checkpoint_without_normalizer(tmp_path, checkpoint_files):
+    r = run_job(tmp_path, "info", f"model.checkpoint={checkpoint_files['3dball']}").record
+    assert r["status"] == "passed" and r["model"]["synthetic"] is False
+    assert r["normalizer"] is None
+    assert (r["policy"]["obs_dim"], r["policy"]["act_dim"], r["policy"]["hidden_units"]) == (8, 2, 128)
+
+
+def test_checkpoints_lists_a_results_folder(tmp_path, results_folder):
+    job = run_job(tmp_path, "checkpoints", f"model.results_dir={results_folder}")
+    r = job.record
+    _assert_common_record(r, "checkpoints", "passed")
+    assert r["metrics"]["checkpoints"] == 3 and r["metrics"]["present"] == 2 and r["metrics"]["best_reward"] == 2.5
+    assert [c["step"] for c in r["checkpoints"]] == [100, 200, 300]
+    assert (tmp_path / "checkpoints.csv").read_text().count("\n") == 4
+    # with a results folder as the model source, the newest present .pt is the model
+    r = run_job(tmp_path / "action", "action", f"model.results_dir={results_folder}", "obs.rows=4").record
+    assert r["status"] == "passed" and r["model"]["path"].endswith("Huggy-200.pt") and r["model"]["step"] == 200
+
+
+def test_action_on_own_checkpoint_matches_numpy_reference(tmp_path, huggy_pt, huggy_actor):
+    obs = huggy_actor.in_distribution_obs(24, seed=9)
+    np.save(tmp_path / "in.npy", obs)
+    job = run_job(tmp_path / "job", "action", f"model.checkpoint={huggy_pt}", "obs.source=file",
+                  f"obs.path={tmp_path / 'in.npy'}", "batch_size=5")
+    _assert_common_record(job.record, "action", "passed")
+    actions = np.load(job.workdir / "actions.npy")
+    assert actions.dtype == np.float32 and actions.shape == (24, 21)
+    np.testing.assert_allclose(actions, huggy_actor.actions(obs), atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(np.load(job.workdir / "obs.npy"), obs)
+    assert job.record["model"]["path"] == str(huggy_pt) and job.record["model"]["synthetic"] is False
+
+
+def test_sample_same_seed_gives_identical_actions_file(tmp_path):
+    a = run_job(tmp_path / "a", "sample", "seed=3", "obs.rows=16")
+    b = run_job(tmp_path / "b", "sample", "seed=3", "obs.rows=16")
+    c = run_job(tmp_path / "c", "sample", "seed=4", "obs.rows=16")
+    assert a.record["status"] == "passed"
+    assert (a.workdir / "actions.npy").read_bytes() == (b.workdir / "actions.npy").read_bytes()
+    assert a.record["actions_sha256"] == b.record["actions_sha256"] != c.record["actions_sha256"]
+
+
+def test_batch_reports_invariance_and_common_fields(tmp_path):
+    job = run_job(tmp_path, "batch", "obs.rows=16", "batch_size=4", "mode.repeats=1", "seed=2")
+    r = job.record
+    _assert_common_record(r, "batch", "passed")
+    assert (r["device"], r["dtype"], r["batch_size"], r["seed"]) == ("cpu", "fp32", 4, 2)
+    assert r["model"]["synthetic"] is True and len(r["model"]["sha256"]) == 64
+    assert r["reason"] == ""
+    assert r["metrics"]["rows"] == 16 and r["metrics"]["batch_invariance_max_abs"] <= 1e-5
+    assert r["metrics"]["batched_rows_per_s"] > 0
+    assert r["arrays"] == {"actions": "actions.npy"} and (tmp_path / "batch_invariance.csv").is_file()
+
+
+def test_batch_fails_when_invariance_exceeds_tolerance(tmp_path):
+    r = run_job(tmp_path, "batch", "obs.rows=8", "batch_size=4", "mode.repeats=1", "mode.tolerance.fp32=-1").record
+    assert r["status"] == "failed" and "batch invariance" in r["reason"]
+
+
+def test_npu_device_is_skipped_with_a_reason(tmp_path):
+    if _npu_present():
+        pytest.skip("torch_npu is installed here")
+    job = run_job(tmp_path, "action", "device=npu:0")
+    r = job.record
+    _assert_common_record(r, "action", "skipped")
+    assert "torch_npu" in r["reason"] and r["device"] == "npu:0"
+    assert not (tmp_path / "actions.npy").exists()
+
+
+# --- MLflow tracking
+
+
+def _mlflow_client(uri: str):
+    import mlflow
+
+    return mlflow.MlflowClient(tracking_uri=uri)
+
+
+def test_tracking_creates_an_mlflow_run_with_params_metrics_tags_and_result_artifact(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    job = run_job(tmp_path / "job", "action", "obs.rows=8", tracking=uri)
+    assert job.record["status"] == "passed"
+    client = _mlflow_client(uri)
+    experiment = client.get_experiment_by_name("huggy_exp")
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.run_name == "action-cpu-fp32-b64" and run.info.status == "FINISHED"
+    assert run.data.params["device"] == "cpu" and run.data.params["obs.rows"] == "8"
+    assert run.data.params["mode._target_"] == "huggy_exp.tasks.action.ActionTask"
+    assert run.data.metrics["rows"] == 8.0 and "action_mean" in run.data.metrics
+    tags = run.data.tags
+    assert tags["mode"] == "action" and tags["status"] == "passed" and tags["synthetic"] == "true"
+    assert tags["model.sha256"] == job.record["model"]["sha256"]
+    assert tags["actions_sha256"] == job.record["actions_sha256"]
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"result.json", "actions.npy", "obs.npy"} <= artifacts
+    local = client.download_artifacts(run.info.run_id, "result.json", str(tmp_path))
+    assert json.loads(Path(local).read_text()) == job.record
+
+
+def test_tracking_failure_keeps_result_json_and_warns(tmp_path, capsys):
+    job = run_job(tmp_path, "info", tracking="sqlite:////proc/nope/mlflow.db")
+    err = capsys.readouterr().err
+    assert job.record["status"] == "passed" and (tmp_path / "result.json").is_file()
+    assert "warning: MLflow tracking failed" in err and str(tmp_path / "result.json") in err
+
+
+# --- bad inputs, in-process: every one is a recorded error naming the value, never a traceback
+
+
+class _Payload:
+    """Unpickling this runs a shell command (what a malicious .pt would do)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {shlex.quote(str(self.marker))}",))
+
+
+def write_evil_pt(path: Path, marker: Path) -> Path:
+    torch.save({"Policy": _Payload(marker), "global_step": {"_GlobalSteps__global_step": torch.tensor([1])}}, path)
+    return path
+
+
+def test_evil_checkpoint_payload_is_armed(tmp_path):
+    # the payload does run when unpickled without weights_only: the refusal test below is meaningful
+    marker = tmp_path / "ARMED"
+    torch.load(write_evil_pt(tmp_path / "armed.pt", marker), weights_only=False)
+    assert marker.exists()
+
+
+def _bad(tmp_path: Path, name: str, huggy_pt: Path):
+    """(overrides, text the reason must contain) for each bad input."""
+    if name == "missing file":
+        p = tmp_path / "absent.pt"
+        return [f"model.checkpoint={p}"], str(p)
+    if name == "empty pt":
+        p = tmp_path / "empty.pt"
+        p.write_bytes(b"")
+        return [f"model.checkpoint={p}"], str(p)
+    if name == "truncated pt":
+        p = tmp_path / "truncated.pt"
+        p.write_bytes(huggy_pt.read_bytes()[: huggy_pt.stat().st_size // 2])
+        return [f"model.checkpoint={p}"], str(p)
+    if name == "other structure":
+        p = tmp_path / "list.pt"
+        torch.save([torch.zeros(3), torch.ones(2)], p)
+        return [f"model.checkpoint={p}"], str(p)
+    if name == "missing onnx":
+        p = tmp_path / "absent.onnx"
+        return [f"model.onnx={p}"], str(p)
+    if name == "wrong obs width":
+        p = tmp_path / "narrow.npy"
+        np.save(p, np.zeros((4, 58), np.float32))
+        return ["obs.source=file", f"obs.path={p}"], "58"
+    if name == "unknown dtype":
+        return ["dtype=fp8"], "fp8"
+    if name == "unknown device":
+        return ["device=tpu"], "tpu"
+    if name == "zero batch size":
+        return ["batch_size=0"], "batch_size"
+    raise AssertionError(name)
+
+
+BAD_INPUTS = ["missing file", "empty pt", "truncated pt", "other structure", "missing onnx", "wrong obs width",
+              "unknown dtype", "unknown device", "zero batch size"]
+
+
+@pytest.mark.parametrize("name", BAD_INPUTS)
+def test_bad_input_is_a_recorded_error_naming_the_value(name, tmp_path, huggy_pt, capsys):
+    overrides, needle = _bad(tmp_path, name, huggy_pt)
+    job = run_job(tmp_path / "job", "action", *overrides)
+    r = job.record
+    assert r["status"] == "error"
+    assert needle in r["reason"]
+    assert not r["reason"].startswith("internal error")
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_wrong_observation_width_names_expected_and_actual(tmp_path):
+    np.save(tmp_path / "narrow.npy", np.zeros((4, 58), np.float32))
+    r = run_job(tmp_path / "job", "action", "obs.source=file", f"obs.path={tmp_path / 'narrow.npy'}").record
+    assert r["status"] == "error" and "[N, 59]" in r["reason"] and "[4, 58]" in r["reason"]
+
+
+def test_pickled_checkpoint_is_refused_without_running_its_code(tmp_path, capsys):
+    marker = tmp_path / "PWNED"
+    evil = write_evil_pt(tmp_path / "evil.pt", marker)
+    r = run_job(tmp_path / "job", "info", f"model.checkpoint={evil}").record
+    assert r["status"] == "error" and str(evil) in r["reason"] and "refused" in r["reason"]
+    assert r["model"]["source"] == "unloaded" and r["model"]["path"] == str(evil)
+    assert not marker.exists()
+    assert "Traceback" not in capsys.readouterr().err
+
+
+# --- run.py as a subprocess (each start costs seconds: three in all)
+
+
+def _run_py(args: list[str], cache: Path, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "run.py", *args], cwd=REPO, env=subprocess_env(cache), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def cli_reference(tmp_path_factory, huggy_actor):
+    """(checkpoint, obs file, expected actions, atol): ML-Agents' own files when ../shared exists, else ours."""
+    if SHARED.is_dir():
+        return HUGGY_PT, REFERENCE / "obs.npy", np.load(REFERENCE / "actions_torch.npy"), 1e-6
+    root = tmp_path_factory.mktemp("cli")
+    obs = huggy_actor.in_distribution_obs(32, seed=5)
+    np.save(root / "obs.npy", obs)
+    return huggy_actor.save(root / "Huggy" / "Huggy-7.pt", 7), root / "obs.npy", huggy_actor.actions(obs), 1e-5
+
+
+def test_cli_action_reproduces_mlagents_actions(tmp_path, cli_reference, huggy_exp_cache):
+    pt, obs, expected, atol = cli_reference
+    out = tmp_path / "run"
+    proc = _run_py(["mode=action", f"model.checkpoint={pt}", "obs.source=file", f"obs.path={obs}",
+                    f"hydra.run.dir={out}", "tracking=none"], huggy_exp_cache)
+    assert proc.returncode == 0, proc.stderr
+    actions = np.load(out / "actions.npy")
+    np.testing.assert_allclose(actions, expected, atol=atol, rtol=0)
+    record = json.loads((out / "result.json").read_text())
+    assert record["status"] == "passed" and record["model"]["path"] == str(pt)
+    assert (out / ".hydra" / "config.yaml").is_file()
+
+
+def test_cli_sweep_over_dtype_and_device_records_every_point(tmp_path, huggy_exp_cache):
+    sweep = tmp_path / "sweep"
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = _run_py(["-m", "dtype=fp32,fp16,bf16", "device=cpu,npu:0", f"hydra.sweep.dir={sweep}", f"tracking.uri={uri}",
+                    "obs.rows=16"], huggy_exp_cache, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/result.json"))]
+    assert len(records) == 6
+    points = {(r["dtype"], r["device"]): r for r in records}
+    assert set(points) == {(d, v) for d in ("fp32", "fp16", "bf16") for v in ("cpu", "npu:0")}
+    for dtype in ("fp32", "fp16", "bf16"):
+        assert points[(dtype, "cpu")]["status"] == "passed"
+        npu = points[(dtype, "npu:0")]
+        if not _npu_present():
+            assert npu["status"] == "skipped" and "torch_npu" in npu["reason"]
+    assert "sweep summary (6 jobs)" in proc.stdout
+    client = _mlflow_client(uri)
+    runs = client.search_runs([client.get_experiment_by_name("huggy_exp").experiment_id], max_results=100)
+    assert len(runs) == 6
+    assert sorted(r.info.run_name for r in runs) == sorted(f"action-{v}-{d}-b64" for d in ("fp32", "fp16", "bf16")
+                                                           for v in ("cpu", "npu:0"))
+    assert {r.data.tags["status"] for r in runs} == ({"passed", "skipped"} if not _npu_present() else {"passed"})
+
+
+def test_cli_bad_inputs_exit_nonzero_with_one_line_naming_the_value(tmp_path, huggy_exp_cache):
+    marker = tmp_path / "PWNED"
+    evil = write_evil_pt(tmp_path / "evil.pt", marker)
+    cases = {
+        "mode": (["mode=nope"], "'nope'"),
+        "dtype": (["dtype=fp8"], "'fp8'"),
+        "evil": ([f"model.checkpoint={evil}"], str(evil)),
+    }
+    lines = []
+    for name, (args, _) in cases.items():
+        argv = " ".join(shlex.quote(a) for a in [PYTHON, "run.py", *args, f"hydra.run.dir={tmp_path / name}", "tracking=none"])
+        lines.append(f"{argv} >{shlex.quote(str(tmp_path / (name + '.out')))} 2>{shlex.quote(str(tmp_path / (name + '.err')))};"
+                     f" echo $? >{shlex.quote(str(tmp_path / (name + '.rc')))}")
+    proc = subprocess.run(["bash", "-c", "\n".join(lines)], cwd=REPO, env=subprocess_env(huggy_exp_cache),
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    for name, (_, needle) in cases.items():
+        rc = int((tmp_path / f"{name}.rc").read_text())
+        out, err = (tmp_path / f"{name}.out").read_text(), (tmp_path / f"{name}.err").read_text()
+        assert rc != 0, f"{name}: exit code 0\n{out}\n{err}"
+        assert any(needle in line for line in (out + err).splitlines()), f"{name}: no line names {needle}\n{out}\n{err}"
+        assert "Traceback" not in err, f"{name}:\n{err}"
+    assert "valid:" in (tmp_path / "mode.err").read_text()
+    assert not marker.exists()
