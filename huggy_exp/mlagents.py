@@ -619,6 +619,33 @@ def list_checkpoints(results_dir: str | Path) -> list[dict]:
     return out
 
 
+def read_configuration(root: Path) -> dict[str, dict]:
+    """Per behavior, the trainer and network settings of an ML-Agents configuration.yaml ({} when absent)."""
+    import yaml
+
+    path = Path(root) / "configuration.yaml"
+    if not path.is_file():
+        return {}
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    out = {}
+    for behavior, settings in (doc.get("behaviors") or {}).items():
+        net = (settings or {}).get("network_settings") or {}
+        out[behavior] = {"trainer_type": settings.get("trainer_type"), "hidden_units": net.get("hidden_units"),
+                         "num_layers": net.get("num_layers"), "normalize": net.get("normalize"),
+                         "max_steps": settings.get("max_steps")}
+    return out
+
+
+def configuration_mismatches(config: dict, w: PolicyWeights) -> list[str]:
+    """Where a behavior's configuration.yaml disagrees with the sizes read from the weights."""
+    found = {"hidden_units": w.hidden_units, "num_layers": w.num_layers, "normalize": w.normalizer is not None}
+    return [f"{k}: configuration.yaml says {config[k]}, weights have {v}" for k, v in found.items()
+            if config.get(k) is not None and config[k] != v]
+
+
 def _row(behavior: str, step: int) -> dict:
     return {"behavior": behavior, "step": step, "reward": None, "creation_time": None, "files": {}, "logged_files": [], "final": False}
 
@@ -671,8 +698,8 @@ def default_results_dir() -> Path:
     root = cache_dir() / f"default-{DEFAULT_VERSION}"
     behavior = root / DEFAULT_NAME
     pt, onnx_file = behavior / f"{DEFAULT_NAME}-{DEFAULT_STEP}.pt", behavior / f"{DEFAULT_NAME}-{DEFAULT_STEP}.onnx"
-    status = root / "run_logs" / "training_status.json"
-    if pt.is_file() and onnx_file.is_file() and (root / f"{DEFAULT_NAME}.onnx").is_file() and status.is_file():
+    status, config = root / "run_logs" / "training_status.json", root / "configuration.yaml"
+    if all(p.is_file() for p in (pt, onnx_file, root / f"{DEFAULT_NAME}.onnx", status, config)):
         return root
     w = default_weights()
     save_checkpoint(w, pt, DEFAULT_STEP)
@@ -683,6 +710,11 @@ def default_results_dir() -> Path:
     doc = {DEFAULT_NAME: {"checkpoints": [entry], "final_checkpoint": entry},
            "metadata": {"stats_format_version": "0.3.0", "mlagents_version": "synthetic (huggy_exp embedded default)"}}
     _atomic_write(status, lambda tmp: Path(tmp).write_text(json.dumps(doc, indent=2)))
+    import yaml
+
+    settings = {"behaviors": {DEFAULT_NAME: {"trainer_type": "ppo", "max_steps": 2_000_000, "network_settings": {
+        "normalize": True, "hidden_units": w.hidden_units, "num_layers": w.num_layers}}}}
+    _atomic_write(config, lambda tmp: Path(tmp).write_text("# synthetic: huggy_exp's embedded default\n" + yaml.safe_dump(settings)))
     return root
 
 

@@ -35,6 +35,7 @@ class SweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         settings = OmegaConf.to_container(config.tracking, resolve=True)
         if settings.get("enabled", True):
+            tracking.http_limits(settings)
             try:
                 tracking.ensure_experiment(tracking.store_uri(settings.get("uri")), settings.get("experiment") or tracking.DEFAULT_EXPERIMENT)
             except Exception as exc:  # the jobs will warn again; the sweep still runs

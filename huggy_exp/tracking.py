@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import sys
 from pathlib import Path
 from urllib.parse import urlparse
@@ -70,6 +71,7 @@ def record(settings: dict, run_name: str, params: dict, record: dict, metrics: d
     if not settings.get("enabled", True):
         return None
     uri = store_uri(settings.get("uri"))
+    http_limits(settings)
     try:
         return _log(uri, settings.get("experiment") or DEFAULT_EXPERIMENT, run_name, params, record, metrics, tags, artifacts)
     except Exception as exc:  # tracking is best effort; the job's result is already on disk
@@ -77,6 +79,16 @@ def record(settings: dict, run_name: str, params: dict, record: dict, metrics: d
         print(f"warning: MLflow tracking failed ({type(exc).__name__}: {first}); result kept in {workdir / 'result.json'}",
               file=sys.stderr)
         return None
+
+
+def http_limits(settings: dict) -> None:
+    """Bound MLflow's HTTP retries: its defaults wait about 4 minutes on a server that is down.
+
+    Variables already set in the environment win; the config supplies the rest.
+    """
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(int(settings.get("http_retries", 2))))
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(int(settings.get("http_timeout_s", 10))))
 
 
 def _mlflow():

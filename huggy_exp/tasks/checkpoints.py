@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from huggy_exp.context import Context
-from huggy_exp.mlagents import list_checkpoints
+from huggy_exp.mlagents import list_checkpoints, read_configuration
 from huggy_exp.results import Result
 
 
@@ -13,6 +13,7 @@ class CheckpointsTask:
     def run(self, ctx: Context) -> Result:
         folder = ctx.model_spec.results_folder()
         rows = list_checkpoints(folder)
+        config = read_configuration(folder)
         table = []
         for r in rows:
             pt, onnx = r["files"].get("pt"), r["files"].get("onnx")
@@ -24,6 +25,8 @@ class CheckpointsTask:
             })
         rewards = [r["reward"] for r in rows if r["reward"] is not None]
         summary = [f"{folder}: {len(rows)} checkpoints, {sum(r['present'] for r in rows)} with files on disk"]
+        summary += [f"{b}: {c['trainer_type']}, {c['num_layers']}x{c['hidden_units']}, normalize {c['normalize']} (configuration.yaml)"
+                    for b, c in config.items()]
         for t in table:
             size = t["pt_bytes"] or t["onnx_bytes"]
             reward = "-" if t["reward"] is None else f"{t['reward']:.3f}"
@@ -32,5 +35,5 @@ class CheckpointsTask:
         metrics = {"checkpoints": float(len(rows)), "present": float(sum(r["present"] for r in rows))}
         if rewards:
             metrics["best_reward"] = float(max(rewards))
-        return Result(metrics=metrics, tables={"checkpoints": table}, details={"results_dir": str(folder), "checkpoints": rows},
+        return Result(metrics=metrics, tables={"checkpoints": table}, details={"results_dir": str(folder), "checkpoints": rows, "configuration": config},
                       summary=summary)

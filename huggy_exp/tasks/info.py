@@ -6,7 +6,7 @@ import numpy as np
 
 from huggy_exp.app import environment
 from huggy_exp.context import Context
-from huggy_exp.mlagents import sha256_file
+from huggy_exp.mlagents import configuration_mismatches, read_configuration, sha256_file
 from huggy_exp.placement import cann_version, inventory
 from huggy_exp.results import Result
 
@@ -44,6 +44,10 @@ class InfoTask:
             "conditional_sigma": w.conditional_sigma, "tanh_squash": w.tanh_squash,
             "version_number": w.version_number, "memory_size": w.memory_size, "step": model.step,
         }
+        # a checkpoint inside a results folder: <run>/<Behavior>/<Behavior>-<step>.pt beside <run>/configuration.yaml
+        run_dir, behavior = model.path.resolve().parent.parent, model.path.resolve().parent.name
+        config = read_configuration(run_dir).get(behavior)
+        mismatches = configuration_mismatches(config, w) if config else []
         metrics = {k: float(v) for k, v in dims.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         if normalizer:
             if n.steps is not None:
@@ -61,8 +65,12 @@ class InfoTask:
             "devices: " + ", ".join(f"{k}={v}" for k, v in devices.items()),
             *(f"{k}: {v['path']} ({v['bytes']:,} bytes, sha256 {v['sha256'][:16]}...)" for k, v in files.items()),
         ]
+        if config:
+            summary.append("configuration.yaml: " + ("; ".join(mismatches) if mismatches else
+                                                      f"{behavior} {config['trainer_type']} settings agree with the weights"))
         return Result(
             metrics=metrics,
-            details={"environment": env, "devices": devices, "policy": dims, "normalizer": normalizer, "model_files": files},
+            details={"environment": env, "devices": devices, "policy": dims, "normalizer": normalizer, "model_files": files,
+                     "configuration": config, "configuration_mismatches": mismatches},
             summary=summary,
         )

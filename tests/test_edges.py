@@ -1,0 +1,84 @@
+"""Edges added after the core: configuration.yaml cross-checks, bounded MLflow retries, the Hub when offline, cases."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from conftest import compose_config, run_job
+from huggy_exp import mlagents, tracking
+from huggy_exp.context import ModelSpec
+from huggy_exp.errors import UserError
+
+
+def test_checkpoints_reports_the_run_configuration(tmp_path, results_folder):
+    r = run_job(tmp_path, "checkpoints", f"model.results_dir={results_folder}").record
+    assert r["configuration"]["Huggy"] == {"trainer_type": "ppo", "hidden_units": 32, "num_layers": 2,
+                                           "normalize": True, "max_steps": None}
+
+
+def test_info_says_configuration_agrees_with_the_weights(tmp_path, results_folder):
+    r = run_job(tmp_path, "info", f"model.checkpoint={results_folder / 'Huggy' / 'Huggy-200.pt'}").record
+    assert r["configuration"]["hidden_units"] == 32
+    assert r["configuration_mismatches"] == []
+
+
+def test_configuration_mismatch_names_the_setting(huggy_actor):
+    config = {"hidden_units": 512, "num_layers": 2, "normalize": False}
+    problems = mlagents.configuration_mismatches(config, huggy_actor.policy_weights())
+    assert problems == ["hidden_units: configuration.yaml says 512, weights have 32",
+                        "normalize: configuration.yaml says False, weights have True"]
+
+
+def test_invalid_configuration_yaml_is_a_user_error(tmp_path):
+    (tmp_path / "configuration.yaml").write_text("behaviors: [unclosed\n")
+    with pytest.raises(UserError, match="configuration.yaml is not valid YAML"):
+        mlagents.read_configuration(tmp_path)
+
+
+def test_embedded_default_carries_a_configuration(default_model):
+    config = mlagents.read_configuration(default_model.path.parent.parent)
+    assert config["Huggy"]["hidden_units"] == 512 and config["Huggy"]["num_layers"] == 3
+
+
+def test_mlflow_http_retries_are_bounded_unless_the_environment_says_otherwise(monkeypatch):
+    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "33")
+    tracking.http_limits({"http_retries": 1, "http_timeout_s": 5})
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "1"
+    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "33"  # the user's own setting wins
+
+
+def test_a_tracking_server_that_is_down_costs_seconds_not_minutes(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    started = time.monotonic()
+    job = run_job(tmp_path, "action", tracking="http://127.0.0.1:9")
+    assert time.monotonic() - started < 60
+    assert job.record["status"] == "passed"
+    assert "MLflow tracking failed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("repo", ["not-a-repo-id", "a/b/c"])
+def test_hub_repo_must_be_owner_slash_name(repo):
+    with pytest.raises(UserError, match="<owner>/<name>"):
+        mlagents.fetch_hub(repo)
+
+
+def test_hub_offline_says_how_to_pass_local_files(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("HUGGY_EXP_CACHE", str(tmp_path))
+    with pytest.raises(UserError) as err:
+        ModelSpec(hub_repo="nobody/ppo-Huggy").open()
+    message = str(err.value)
+    assert "nobody/ppo-Huggy" in message and "model.checkpoint=" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("case, mode, dtype", [("bf16_extreme", "precision", "bf16"), ("fp16_closed_loop", "stats", "fp16")])
+def test_example_cases_compose(case, mode, dtype):
+    cfg = compose_config([f"+case={case}"])
+    assert cfg.mode._target_.endswith({"precision": "PrecisionTask", "stats": "StatsTask"}[mode])
+    assert cfg.dtype == dtype
