@@ -66,7 +66,8 @@ def execute(cfg: DictConfig, workdir: Path, mode: str) -> Result:
     except Exception as exc:  # a bug, not a user error: keep the traceback, record the job, let a sweep go on
         traceback.print_exc()
         result = Result(status="error", reason=f"internal error: {type(exc).__name__}: {exc}")
-    model = ctx.model.describe() if ctx is not None and "model" in ctx.__dict__ else _model_stub(cfg)
+    loaded = ctx.loaded_model if ctx is not None else None
+    model = loaded.describe() if loaded is not None else _model_stub(cfg)
     name = run_name(mode, cfg)
     record = {
         "mode": mode,

@@ -99,6 +99,11 @@ class Context:
         return self.model_spec.open()
 
     @property
+    def loaded_model(self) -> mlagents.LoadedModel | None:
+        """The model if a task has loaded it (modes like `checkpoints` never do)."""
+        return self.__dict__.get("model")
+
+    @property
     def weights(self) -> mlagents.PolicyWeights:
         return self.model.weights
 
