@@ -92,7 +92,10 @@ def resolve(device: str, dtype: str) -> Target:
 
 
 def synchronize(device: torch.device) -> None:
-    if device.type != "cpu":
+    """Wait for the device's queued work (torch.mps.synchronize takes no device argument)."""
+    if device.type == "mps":
+        device_module(device).synchronize()
+    elif device.type != "cpu":
         device_module(device).synchronize(device)
 
 

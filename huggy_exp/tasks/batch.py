@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from huggy_exp.context import Context
+from huggy_exp.placement import memory_stats
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, TorchRunner
 from huggy_exp.timing import measure
@@ -34,6 +35,7 @@ class BatchTask:
             "worst_row": float(np.argmax(row_max)),
             "batched_rows_per_s": len(obs) / t_batched["median_s"],
             "single_rows_per_s": len(obs) / t_single["median_s"],
+            **{f"device.{k}": v for k, v in memory_stats(target.device).items()},
         }
         result = Result(metrics=metrics, arrays={"actions": a_batched.astype(np.float32)},
                         tables={"batch_invariance": [{"row": i, "max_abs_diff": float(d)} for i, d in enumerate(row_max)]})
