@@ -66,6 +66,8 @@ def execute(cfg: DictConfig, workdir: Path, mode: str) -> Result:
     except Exception as exc:  # a bug, not a user error: keep the traceback, record the job, let a sweep go on
         traceback.print_exc()
         result = Result(status="error", reason=f"internal error: {type(exc).__name__}: {exc}")
+    if result.summary and "headline" not in result.details:
+        result.details["headline"] = result.summary[0]  # one line for sweep summaries and result.json readers
     loaded = ctx.loaded_model if ctx is not None else None
     model = loaded.describe() if loaded is not None else _model_stub(cfg)
     name = run_name(mode, cfg)
