@@ -26,7 +26,7 @@ class Result:
     tags: dict[str, str] = field(default_factory=dict)
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     tables: dict[str, list[dict]] = field(default_factory=dict)
-    files: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)  # extra files: names in the job dir, or absolute paths
     details: dict = field(default_factory=dict)
     summary: list[str] = field(default_factory=list)
 

@@ -82,3 +82,15 @@ def test_example_cases_compose(case, mode, dtype):
     cfg = compose_config([f"+case={case}"])
     assert cfg.mode._target_.endswith({"precision": "PrecisionTask", "stats": "StatsTask"}[mode])
     assert cfg.dtype == dtype
+
+
+def test_export_onnx_to_a_chosen_path_is_still_an_mlflow_artifact(tmp_path):
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    target = tmp_path / "elsewhere" / "Policy.onnx"
+    job = run_job(tmp_path / "job", "export-onnx", f"mode.path={target}", "obs.rows=8", tracking=uri)
+    assert job.record["status"] == "passed", job.record["reason"]
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("huggy_exp").experiment_id])
+    assert "Policy.onnx" in {a.path for a in client.list_artifacts(run.info.run_id)}

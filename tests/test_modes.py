@@ -340,7 +340,8 @@ def test_export_onnx_writes_to_mode_path_and_passes(huggy_export):
     assert run.record["status"] == "passed", run.record["reason"]
     assert huggy_export.path.is_file()
     assert run.record["exported"] == str(huggy_export.path)
-    assert run.record["files"] == []  # written where asked, not into the job dir
+    assert run.record["files"] == [str(huggy_export.path)]  # written where asked, still an artifact
+    assert not list(run.workdir.glob("*.onnx"))
     assert not (run.workdir / "Huggy.onnx").exists()
     assert run.metrics["vs_torch.max_abs"] <= 1e-5
     assert run.metrics["vs_source.max_abs"] <= 1e-5

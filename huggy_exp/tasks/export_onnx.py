@@ -65,7 +65,7 @@ class ExportOnnxTask:
         onnx.checker.check_model(model, full_check=True)
         onnx.save(model, str(out))
         interface = _interface(model)
-        result = Result(files=[] if self.path else [out.name])
+        result = Result(files=[str(out) if self.path else out.name])  # an artifact wherever it was written
         problems = _interface_problems(interface, w.obs_dim, w.act_dim)
         for p in problems:
             result.fail(p)
