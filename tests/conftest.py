@@ -262,6 +262,21 @@ def results_folder(huggy_actor, tmp_path_factory) -> Path:
     return root
 
 
+def assert_same_weights(a, b) -> None:
+    """Two PolicyWeights hold bit-identical MLP, mu, log_sigma, normalizer mean and (folded) std."""
+    assert len(a.layers) == len(b.layers)
+    for (w1, b1), (w2, b2) in zip(a.layers, b.layers):
+        np.testing.assert_array_equal(w1, w2)
+        np.testing.assert_array_equal(b1, b2)
+    np.testing.assert_array_equal(a.mu[0], b.mu[0])
+    np.testing.assert_array_equal(a.mu[1], b.mu[1])
+    np.testing.assert_array_equal(a.log_sigma, b.log_sigma)
+    assert (a.normalizer is None) == (b.normalizer is None)
+    if a.normalizer is not None:
+        np.testing.assert_array_equal(a.normalizer.running_mean, b.normalizer.running_mean)
+        np.testing.assert_array_equal(a.normalizer.std, b.normalizer.std)
+
+
 # --- Hydra, in-process
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import HUGGY_ONNX, HUGGY_PT, REFERENCE, needs_shared
+from conftest import HUGGY_ONNX, HUGGY_PT, REFERENCE, assert_same_weights, needs_shared
 
 from huggy_exp import mlagents
 from huggy_exp.placement import resolve
@@ -58,16 +58,8 @@ def test_fp32_cpu_actions_match_mlagents_within_1e6(source, huggy_pt_model, hugg
 
 
 def test_onnx_derived_weights_equal_the_pt_weights(huggy_pt_model, huggy_onnx_model):
-    pt, ox = huggy_pt_model.weights, huggy_onnx_model.weights
-    for (a, b), (c, d) in zip(pt.layers, ox.layers, strict=True):
-        np.testing.assert_array_equal(a, c)
-        np.testing.assert_array_equal(b, d)
-    np.testing.assert_array_equal(pt.mu[0], ox.mu[0])
-    np.testing.assert_array_equal(pt.mu[1], ox.mu[1])
-    np.testing.assert_array_equal(pt.log_sigma, ox.log_sigma)
-    np.testing.assert_array_equal(pt.normalizer.running_mean, ox.normalizer.running_mean)
     # ML-Agents' exporter constant-folds sqrt(running_variance / steps); the .pt side computes it the same way
-    np.testing.assert_array_equal(pt.normalizer.std, ox.normalizer.std)
+    assert_same_weights(huggy_pt_model.weights, huggy_onnx_model.weights)
 
 
 def test_normalizer_summary_matches_mlagents(huggy_pt_model):

@@ -17,6 +17,7 @@ from conftest import (
     PUBLIC_RUN_LOGS,
     RESULTS_STEPS,
     SPECS,
+    assert_same_weights,
     make_actor,
     needs_shared,
     save_mlagents_checkpoint,
@@ -153,17 +154,7 @@ def test_onnx_written_by_the_package_loads_back_to_the_pt_weights(name, actors, 
     onnx_w = mlagents.load_onnx(path).weights
     pt_w = mlagents.load_checkpoint(checkpoint_files[name]).weights
     assert (onnx_w.obs_dim, onnx_w.act_dim, onnx_w.num_layers) == (pt_w.obs_dim, pt_w.act_dim, pt_w.num_layers)
-    for (a, b), (c, d) in zip(onnx_w.layers, pt_w.layers):
-        np.testing.assert_array_equal(a, c)
-        np.testing.assert_array_equal(b, d)
-    np.testing.assert_array_equal(onnx_w.mu[0], pt_w.mu[0])
-    np.testing.assert_array_equal(onnx_w.mu[1], pt_w.mu[1])
-    np.testing.assert_array_equal(onnx_w.log_sigma, pt_w.log_sigma)
-    if pt_w.normalizer is None:
-        assert onnx_w.normalizer is None
-    else:
-        np.testing.assert_array_equal(onnx_w.normalizer.running_mean, pt_w.normalizer.running_mean)
-        np.testing.assert_array_equal(onnx_w.normalizer.std, pt_w.normalizer.std)
+    assert_same_weights(onnx_w, pt_w)
 
 
 def test_onnx_parse_failure_is_a_user_error(tmp_path):

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
+from conftest import assert_same_weights
 from huggy_exp import mlagents
 from huggy_exp.context import Context, ModelSpec, ObsSpec
 from huggy_exp.dynamics import Dynamics
@@ -384,14 +385,7 @@ def test_exported_huggy_loads_back_with_the_source_weights(huggy_export):
     src = mlagents.load_checkpoint(HUGGY_PT).weights
     back = mlagents.load_onnx(huggy_export.path).weights
     assert (back.obs_dim, back.act_dim, back.num_layers, back.hidden_units) == (59, 21, 3, 512)
-    for (w1, b1), (w2, b2) in zip(back.layers, src.layers, strict=True):
-        np.testing.assert_array_equal(w1, w2)
-        np.testing.assert_array_equal(b1, b2)
-    np.testing.assert_array_equal(back.mu[0], src.mu[0])
-    np.testing.assert_array_equal(back.mu[1], src.mu[1])
-    np.testing.assert_array_equal(back.log_sigma, src.log_sigma)
-    np.testing.assert_array_equal(back.normalizer.running_mean, src.normalizer.running_mean)
-    np.testing.assert_array_equal(back.normalizer.std, src.normalizer.std)
+    assert_same_weights(back, src)
     assert back.tanh_squash is False and back.version_number == 3.0 and back.memory_size == 0.0
 
 
