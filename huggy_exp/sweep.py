@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
@@ -32,7 +33,10 @@ def check_choices(argv: list[str], conf_dir: Path) -> None:
 class SweepCallback(Callback):
     """Creates the MLflow experiment before jobs start; at the end prints one line per point and sets the exit code."""
 
+    started = 0.0
+
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        self.started = time.time()
         settings = OmegaConf.to_container(config.tracking, resolve=True)
         if settings.get("enabled", True):
             tracking.http_limits(settings)
@@ -43,7 +47,7 @@ class SweepCallback(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        rows = summarize(sweep_dir)
+        rows = summarize(sweep_dir, since=self.started)
         print(f"\nsweep summary ({len(rows)} jobs) in {sweep_dir}:")
         for row in rows:
             print("  " + row["line"])
@@ -52,9 +56,11 @@ class SweepCallback(Callback):
             sys.exit(worst)
 
 
-def summarize(sweep_dir: Path) -> list[dict]:
+def summarize(sweep_dir: Path, since: float = 0.0) -> list[dict]:
+    """One line per result.json written under the sweep dir since `since` (older ones are a reused dir's leftovers)."""
     rows = []
-    for path in sorted(sweep_dir.glob("*/result.json"), key=lambda p: (len(p.parent.name), p.parent.name)):
+    found = [p for p in sweep_dir.rglob("result.json") if p.stat().st_mtime >= since]
+    for path in sorted(found, key=lambda p: (len(str(p.parent)), str(p.parent))):
         r = json.loads(path.read_text())
         note = r.get("reason") or r.get("headline")
         line = f"{path.parent.name:>3} {r['run_name']:<32} {r['status'].upper():<7}" + (f" {note}" if note else "")
