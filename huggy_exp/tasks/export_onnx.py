@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -57,8 +58,12 @@ class ExportOnnxTask:
         module = MLAgentsExport(w).eval()
         dynamic = {ONNX_INPUT: {0: "batch"}, **{name: {0: "batch"} for name in BATCH_OUTPUTS}}
         try:
-            torch.onnx.export(module, (torch.zeros(1, w.obs_dim),), str(out), input_names=[ONNX_INPUT],
-                              output_names=list(ONNX_OUTPUTS), dynamic_axes=dynamic, opset_version=self.opset, dynamo=False)
+            with warnings.catch_warnings():
+                # deliberate: the TorchScript exporter is the one ML-Agents uses and the only one that writes opset 9
+                warnings.simplefilter("ignore", DeprecationWarning)
+                torch.onnx.export(module, (torch.zeros(1, w.obs_dim),), str(out), input_names=[ONNX_INPUT],
+                                  output_names=list(ONNX_OUTPUTS), dynamic_axes=dynamic, opset_version=self.opset,
+                                  dynamo=False)
         except Exception as exc:
             raise UserError(f"torch.onnx.export failed at opset {self.opset}: {str(exc).splitlines()[0]}") from None
         model = _name_outputs(onnx.load(str(out)))
