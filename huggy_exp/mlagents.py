@@ -439,9 +439,13 @@ def weights_from_onnx(model, origin: str) -> PolicyWeights:
 
     gemms = []
     while True:
-        gemm = g.only(cursor, "Gemm")
-        if gemm is None:
+        candidates = [n for n in g.consumers(cursor) if n.op_type == "Gemm"]
+        # after the last hidden layer a SAC actor has two heads: mu, and a log_sigma Gemm that feeds Clip -> Exp
+        heads = [n for n in candidates if not any(c.op_type == "Clip" and any(e.op_type == "Exp" for e in g.consumers(c.output[0]))
+                                                   for c in g.consumers(n.output[0]))]
+        if len(heads) != 1:
             break
+        gemm = heads[0]
         gemms.append(gemm)
         sig = g.only(gemm.output[0], "Sigmoid")
         mul = next((n for n in g.consumers(gemm.output[0]) if n.op_type == "Mul" and sig is not None and sig.output[0] in n.input), None)

@@ -94,3 +94,37 @@ def test_export_onnx_to_a_chosen_path_is_still_an_mlflow_artifact(tmp_path):
     client = mlflow.MlflowClient(tracking_uri=uri)
     (run,) = client.search_runs([client.get_experiment_by_name("huggy_exp").experiment_id])
     assert "Policy.onnx" in {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+def test_sac_policy_with_conditional_sigma_loads_and_acts_like_mlagents(huggy_actor, tmp_path):
+    """SAC actors: log_sigma is a Linear layer, the deterministic output is raw mu, samples are tanh-squashed."""
+    import numpy as np
+    import torch
+
+    from conftest import LOG_SIGMA
+    from huggy_exp.placement import resolve
+    from huggy_exp.runners import ACTIONS, SAMPLED, OnnxRunner, TorchRunner
+
+    state = huggy_actor.state_dict()
+    del state[LOG_SIGMA]
+    hidden = huggy_actor.mu_w.shape[1]
+    rng = np.random.default_rng(5)
+    sig_w = rng.normal(0, 0.1, (huggy_actor.spec.act, hidden)).astype(np.float32)
+    sig_b = rng.normal(-1, 0.1, huggy_actor.spec.act).astype(np.float32)
+    state[LOG_SIGMA + ".weight"], state[LOG_SIGMA + ".bias"] = torch.from_numpy(sig_w), torch.from_numpy(sig_b)
+    path = huggy_actor.save(tmp_path / "sac.pt", state=state)
+
+    w = mlagents.load_checkpoint(path).weights
+    assert w.conditional_sigma and w.tanh_squash
+    obs = huggy_actor.in_distribution_obs(16, seed=9)
+    runner = TorchRunner(w, resolve("cpu", "fp64"))
+    np.testing.assert_allclose(runner.infer(obs)[ACTIONS], huggy_actor.mu(obs), atol=1e-9)
+    sampled = runner.sample(obs, seed=0)[SAMPLED]
+    assert np.abs(sampled).max() < 1.0 and not np.allclose(sampled, np.tanh(huggy_actor.mu(obs)))
+
+    mlagents.write_onnx(w, tmp_path / "sac.onnx")
+    back = mlagents.load_onnx(tmp_path / "sac.onnx").weights
+    assert back.conditional_sigma and back.tanh_squash
+    np.testing.assert_array_equal(back.log_sigma[0], sig_w)
+    ort = OnnxRunner(tmp_path / "sac.onnx").infer(obs)
+    np.testing.assert_allclose(ort[ACTIONS], huggy_actor.mu(obs), atol=1e-5)
