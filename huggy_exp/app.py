@@ -32,14 +32,28 @@ def environment() -> dict[str, str]:
     return env
 
 
+def _number(value, key: str, kind=int, optional: bool = False):
+    """Command-line values arrive untyped: `seed=abc` is the user's error, named, not a ValueError."""
+    if value is None and optional:
+        return None
+    try:
+        if isinstance(value, bool) or (kind is int and float(value) != int(float(value))):
+            raise ValueError
+        return kind(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{key}={value!r} is not {'an integer' if kind is int else 'a number'}") from None
+
+
 def build_context(cfg: DictConfig, workdir: Path) -> Context:
     model = OmegaConf.to_container(cfg.model, resolve=True)
     obs = OmegaConf.to_container(cfg.obs, resolve=True)
+    model["step"] = _number(model.get("step"), "model.step", optional=True)
+    obs["rows"], obs["scale"] = _number(obs.get("rows"), "obs.rows"), _number(obs.get("scale"), "obs.scale", float)
     return Context(
         device=str(cfg.device),
         dtype=str(cfg.dtype),
-        batch_size=int(cfg.batch_size),
-        seed=int(cfg.seed),
+        batch_size=_number(cfg.batch_size, "batch_size"),
+        seed=_number(cfg.seed, "seed"),
         model_spec=ModelSpec(**{k: model.get(k) for k in ModelSpec.__dataclass_fields__}),
         obs=ObsSpec(**{k: obs[k] for k in ObsSpec.__dataclass_fields__ if k in obs}),
         workdir=workdir,

@@ -128,3 +128,11 @@ def test_sac_policy_with_conditional_sigma_loads_and_acts_like_mlagents(huggy_ac
     np.testing.assert_array_equal(back.log_sigma[0], sig_w)
     ort = OnnxRunner(tmp_path / "sac.onnx").infer(obs)
     np.testing.assert_allclose(ort[ACTIONS], huggy_actor.mu(obs), atol=1e-5)
+
+
+@pytest.mark.parametrize("override, named", [("seed=abc", "seed='abc'"), ("batch_size=2.5", "batch_size=2.5"),
+                                             ("obs.rows=x", "obs.rows='x'"), ("obs.scale=big", "obs.scale='big'")])
+def test_untyped_numbers_on_the_command_line_are_user_errors(tmp_path, override, named):
+    job = run_job(tmp_path, "action", override)
+    assert job.record["status"] == "error" and named in job.record["reason"]
+    assert "internal error" not in job.record["reason"]
