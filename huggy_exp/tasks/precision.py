@@ -30,10 +30,7 @@ class PrecisionTask:
         ref64 = reference(w, "fp64")
         want = {**ref64.trace(obs), **ref64.sample(obs, ctx.seed)}
         cpu32 = got if (target.kind == "cpu" and ctx.dtype == "fp32") else reference(w, "fp32").trace(obs)
-        if target.kind == "cpu":
-            cpu_same = got
-        else:
-            cpu_same = {**reference(w, ctx.dtype).trace(obs)}
+        cpu_same = got if target.kind == "cpu" else reference(w, ctx.dtype, ctx.batch_size).trace(obs)
 
         # --- element-wise metrics per output
         metrics: dict[str, float] = {}
