@@ -387,7 +387,6 @@ class _Graph:
                         self.const[node.output[0]] = numpy_helper.to_array(attr.t)
         self.producer = {out: n for n in self.nodes for out in n.output}
         self.inputs = [i.name for i in model.graph.input if i.name not in self.const]
-        self.outputs = [o.name for o in model.graph.output]
 
     def consumers(self, name: str) -> list:
         return [n for n in self.nodes if name in n.input]
