@@ -71,8 +71,7 @@ class Policy(nn.Module):
         return torch.float64 if self.compute_dtype == torch.float64 else torch.float32
 
     def normalize(self, obs: torch.Tensor) -> torch.Tensor:
-        if obs.dtype != self.stat_dtype:  # a no-op cast would still be traced into an exported graph
-            obs = obs.to(self.stat_dtype)
+        obs = _cast(obs, self.stat_dtype)
         if not self.has_normalizer:
             return obs
         return torch.clamp((obs - self.running_mean) / self.std, -NORMALIZER_CLAMP, NORMALIZER_CLAMP)
@@ -85,27 +84,41 @@ class Policy(nn.Module):
             x = self.body[i + 1](self.body[i](x))
             out[f"hidden_{i // 2}"] = x
         out["mu"] = self.mu(x)
-        if self.log_sigma is None:
-            out["log_sigma"] = self.log_sigma_const.expand(x.shape[0], -1)
-        else:
-            out["log_sigma"] = torch.clamp(self.log_sigma(x), *LOG_SIGMA_RANGE)
+        out["log_sigma"] = self.log_sigma_of(x, out["mu"])
         return out
+
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        """The last hidden layer: normalize (stat dtype), then the MLP in the compute dtype."""
+        return self.body(_cast(self.normalize(obs), self.compute_dtype))
+
+    def log_sigma_of(self, x: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
+        """clamp(Linear(x), -20, 2) for conditional sigma (SAC); else mu * 0 + log_sigma, ML-Agents' broadcast."""
+        if self.log_sigma is None:
+            return mu * 0 + self.log_sigma_const
+        return torch.clamp(self.log_sigma(x), *LOG_SIGMA_RANGE)
+
+    def squash(self, raw: torch.Tensor) -> torch.Tensor:
+        """tanh for tanh-squashed (SAC) policies, else clamp(raw, -3, 3) / 3."""
+        return torch.tanh(raw) if self.tanh_squash else torch.clamp(raw, -ACTION_CLAMP, ACTION_CLAMP) / ACTION_CLAMP
 
     def head(self, mu: torch.Tensor) -> torch.Tensor:
         """ML-Agents' deterministic action: clamp(mu, -3, 3) / 3, or raw mu for tanh-squashed (SAC) policies."""
-        mu = mu.to(self.stat_dtype)
-        return mu if self.tanh_squash else torch.clamp(mu, -ACTION_CLAMP, ACTION_CLAMP) / ACTION_CLAMP
+        mu = _cast(mu, self.stat_dtype)
+        return mu if self.tanh_squash else self.squash(mu)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = self.normalize(obs).to(self.compute_dtype)
-        return self.head(self.mu(self.body(x)))
+        return self.head(self.mu(self.features(obs)))
 
     def sample(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """clamp(mu + exp(log_sigma) * z, -3, 3) / 3 (tanh(...) for SAC), with z given: drawn on the CPU by the caller."""
         t = self.trace(obs)
-        mu, log_sigma = t["mu"].to(self.stat_dtype), t["log_sigma"].to(self.stat_dtype)
-        raw = mu + torch.exp(log_sigma) * noise.to(mu.device, self.stat_dtype)
-        return torch.tanh(raw) if self.tanh_squash else torch.clamp(raw, -ACTION_CLAMP, ACTION_CLAMP) / ACTION_CLAMP
+        mu, log_sigma = _cast(t["mu"], self.stat_dtype), _cast(t["log_sigma"], self.stat_dtype)
+        return self.squash(mu + torch.exp(log_sigma) * noise.to(mu.device, self.stat_dtype))
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cast only when needed: a no-op .to() would still be traced into an exported graph as a Cast node."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def cpu_noise(rows: int, act_dim: int, seed: int) -> torch.Tensor:

@@ -11,7 +11,7 @@ from torch import nn
 
 from huggy_exp.context import Context
 from huggy_exp.errors import UserError
-from huggy_exp.mlagents import ACTION_CLAMP, ONNX_INPUT, ONNX_OUTPUTS, PolicyWeights
+from huggy_exp.mlagents import ONNX_INPUT, ONNX_OUTPUTS, PolicyWeights
 from huggy_exp.numerics import compare
 from huggy_exp.policy import Policy
 from huggy_exp.results import Result
@@ -32,15 +32,10 @@ class MLAgentsExport(nn.Module):
 
     def forward(self, obs_0: torch.Tensor):
         p = self.policy
-        mu = p.mu(p.body(p.normalize(obs_0)))
-        log_sigma = torch.clamp(p.log_sigma(p.body(p.normalize(obs_0))), -20, 2) if p.log_sigma is not None else mu * 0 + p.log_sigma_const
-        raw = mu + torch.randn_like(mu) * torch.exp(log_sigma)
-        if p.tanh_squash:
-            sampled, deterministic = torch.tanh(raw), mu
-        else:
-            sampled = torch.clamp(raw, -ACTION_CLAMP, ACTION_CLAMP) / ACTION_CLAMP
-            deterministic = torch.clamp(mu, -ACTION_CLAMP, ACTION_CLAMP) / ACTION_CLAMP
-        return (self.version_number * 1, self.memory_size * 1, sampled, self.continuous_action_output_shape * 1, deterministic)
+        x = p.features(obs_0)
+        mu = p.mu(x)
+        sampled = p.squash(mu + torch.randn_like(mu) * torch.exp(p.log_sigma_of(x, mu)))
+        return (self.version_number * 1, self.memory_size * 1, sampled, self.continuous_action_output_shape * 1, p.head(mu))
 
 
 class ExportOnnxTask:
