@@ -8,20 +8,47 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from huggy_exp.app import execute
-from huggy_exp.results import EXIT_CODES
-from huggy_exp.sweep import check_choices
+from huggy_exp import config
+from huggy_exp.errors import UserError
+
+CONF = Path(__file__).parent / "conf"
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> str:
+    from huggy_exp.app import JobInfo, execute, exit_code, sync
+
     hc = HydraConfig.get()
-    result = execute(cfg, Path(hc.runtime.output_dir), hc.runtime.choices["mode"])
-    if hc.mode == RunMode.RUN and EXIT_CODES[result.status]:
-        sys.exit(EXIT_CODES[result.status])
+    mode = hc.runtime.choices["mode"]
+    if mode == "sync":
+        sys.exit(sync(cfg))
+    multirun = hc.mode == RunMode.MULTIRUN
+    job = JobInfo(overrides=tuple(hc.overrides.task), case=hc.runtime.choices.get("case"),
+                  sweep_dir=Path(hc.sweep.dir) if multirun else None, num=hc.job.num if multirun else None)
+    result = execute(cfg, Path(hc.runtime.output_dir), mode, job)
+    code = exit_code(result, cfg.get("expect"))
+    if not multirun and code:
+        sys.exit(code)
     return result.status
 
 
+def cli(argv: list[str]) -> None:
+    """Validate every job first (one line, exit 2, on the first bad value), then let Hydra run them."""
+    argv = [a.replace("+case=", "case=", 1) if a.startswith("+case=") else a for a in argv]  # case is a group now
+    sys.argv[1:] = argv
+    config.setup()
+    try:
+        config.preflight(argv, CONF)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        main()
+    except KeyboardInterrupt:
+        from huggy_exp.sweep import interrupted
+
+        sys.exit(interrupted())
+
+
 if __name__ == "__main__":
-    check_choices(sys.argv[1:], Path(__file__).parent / "conf")
-    main()
+    cli(sys.argv[1:])

@@ -6,15 +6,18 @@ import platform
 import sys
 import time
 import traceback
+import uuid
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from huggy_exp import tracking
+from huggy_exp.config import validate
 from huggy_exp.context import Context, ModelSpec, ObsSpec
 from huggy_exp.errors import Unsupported, UserError
-from huggy_exp.results import Result, write_result
+from huggy_exp.results import EXIT_CODES, EXIT_PENDING, Result, update_result, write_result
 
 
 def _version(dist: str) -> str:
@@ -32,51 +35,63 @@ def environment() -> dict[str, str]:
     return env
 
 
-def _number(value, key: str, kind=int, optional: bool = False):
-    """Command-line values arrive untyped: `seed=abc` is the user's error, named, not a ValueError."""
-    if value is None and optional:
-        return None
-    try:
-        if isinstance(value, bool) or (kind is int and float(value) != int(float(value))):
-            raise ValueError
-        return kind(value)
-    except (TypeError, ValueError):
-        raise UserError(f"{key}={value!r} is not {'an integer' if kind is int else 'a number'}") from None
-
-
 def build_context(cfg: DictConfig, workdir: Path) -> Context:
     model = OmegaConf.to_container(cfg.model, resolve=True)
     obs = OmegaConf.to_container(cfg.obs, resolve=True)
-    model["step"] = _number(model.get("step"), "model.step", optional=True)
-    obs["rows"], obs["scale"] = _number(obs.get("rows"), "obs.rows"), _number(obs.get("scale"), "obs.scale", float)
     return Context(
         device=str(cfg.device),
         dtype=str(cfg.dtype),
-        batch_size=_number(cfg.batch_size, "batch_size"),
-        seed=_number(cfg.seed, "seed"),
+        batch_size=int(cfg.batch_size),
+        seed=int(cfg.seed),
         model_spec=ModelSpec(**{k: model.get(k) for k in ModelSpec.__dataclass_fields__}),
         obs=ObsSpec(**{k: obs[k] for k in ObsSpec.__dataclass_fields__ if k in obs}),
         workdir=workdir,
     )
 
 
-def run_name(mode: str, cfg: DictConfig) -> str:
-    return f"{mode}-{cfg.device}-{cfg.dtype}-b{cfg.batch_size}"
+@dataclass(frozen=True)
+class JobInfo:
+    """Where a job sits: its sweep (dir, id, number) in a multirun, and the overrides that made it."""
+
+    overrides: tuple[str, ...] = ()
+    case: str | None = None
+    sweep_dir: Path | None = None
+    num: int | None = None
 
 
-def execute(cfg: DictConfig, workdir: Path, mode: str) -> Result:
-    """Run the mode's task; user errors and unavailable devices become results, never tracebacks."""
+def run_name(mode: str, cfg: DictConfig, case: str | None = None) -> str:
+    """What is special about the job first: the case, then mode, device, dtype, batch, and obs when not random."""
+    name = f"{mode}-{cfg.device}-{cfg.dtype}-b{cfg.batch_size}"
+    source = (cfg.get("obs") or {}).get("source")
+    if source and source != "random":
+        name += f"-{source}"
+    return f"{case}:{name}" if case else name
+
+
+def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = None) -> Result:
+    """Run the mode's task; user errors and unavailable devices become results, never tracebacks.
+
+    result.json is written before MLflow is touched (tracking `pending`), then updated with the outcome; Ctrl-C
+    during the task is recorded (status error, `interrupted`) and then re-raised so a sweep stops.
+    """
+    job = job or JobInfo()
     started = time.time()
     ctx = None
+    interrupted = False
     workdir.mkdir(parents=True, exist_ok=True)
     try:
+        validate(cfg, mode)
         ctx = build_context(cfg, workdir)
         task = _instantiate(cfg.mode)
         result = task.run(ctx)
+        result.check_finite()
     except Unsupported as exc:
         result = Result(status="skipped", reason=str(exc))
     except UserError as exc:
         result = Result(status="error", reason=str(exc))
+    except KeyboardInterrupt:
+        interrupted = True
+        result = Result(status="error", reason="interrupted (Ctrl-C) before the job finished")
     except Exception as exc:  # a bug, not a user error: keep the traceback, record the job, let a sweep go on
         traceback.print_exc()
         result = Result(status="error", reason=f"internal error: {type(exc).__name__}: {exc}")
@@ -84,10 +99,13 @@ def execute(cfg: DictConfig, workdir: Path, mode: str) -> Result:
         result.details["headline"] = result.summary[0]  # one line for sweep summaries and result.json readers
     loaded = ctx.loaded_model if ctx is not None else None
     model = loaded.describe() if loaded is not None else _model_stub(cfg)
-    name = run_name(mode, cfg)
+    settings = OmegaConf.to_container(cfg.tracking, resolve=True)
     record = {
         "mode": mode,
-        "run_name": name,
+        "run_name": run_name(mode, cfg, job.case),
+        "job_id": uuid.uuid4().hex,
+        "case": job.case,
+        "overrides": list(job.overrides),
         "device": str(cfg.device),
         "dtype": str(cfg.dtype),
         "batch_size": cfg.batch_size,
@@ -96,23 +114,49 @@ def execute(cfg: DictConfig, workdir: Path, mode: str) -> Result:
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "duration_s": round(time.time() - started, 3),
         "environment": environment(),
+        "params": OmegaConf.to_container(cfg, resolve=True),
+        "interrupted": interrupted,
+        "expect": cfg.get("expect"),
+        "expectation_met": None if cfg.get("expect") is None else result.status == cfg.get("expect"),
+        "tracking": {"status": "pending", "reason": "not logged yet"} if settings.get("enabled", True) else {"status": "off"},
     }
+    if job.sweep_dir is not None:
+        sweep = tracking.read_sweep(job.sweep_dir) or {}
+        record["sweep"] = {"dir": str(job.sweep_dir), "id": sweep.get("id"), "num": job.num,
+                           "parent_run_id": sweep.get("parent_run_id")}
     path = write_result(workdir, record, result)
     _print_summary(record, result, path)
-    tags = {
-        **{f"env.{k}": v for k, v in record["environment"].items()},
-        "mode": mode, "device": record["device"], "dtype": record["dtype"], "status": result.status,
-        "reason": result.reason, "synthetic": str(model["synthetic"]).lower(), "model.sha256": str(model["sha256"]),
-        **result.tags,
-    }
-    artifacts = [path, *(workdir / f"{n}.npy" for n in result.arrays), *(workdir / f"{n}.csv" for n in result.tables),
-                 *(workdir / f for f in result.files), workdir / ".hydra" / "config.yaml"]
-    params = OmegaConf.to_container(cfg, resolve=True)
-    where = tracking.record(OmegaConf.to_container(cfg.tracking, resolve=True), name, params, record,
-                            result.metrics, tags, workdir, artifacts)
-    if where:
-        print(f"  {where}")
+    if interrupted:
+        update_result(workdir, tracking={"status": "pending", "reason": "interrupted: `python run.py mode=sync` logs it"})
+        raise KeyboardInterrupt
+    outcome = tracking.log_job(settings, workdir)
+    update_result(workdir, tracking=outcome)
+    if outcome["status"] == "logged":
+        print(f"  mlflow: run {outcome['run_id']} in {outcome['uri']}, experiment {outcome['experiment']!r}")
+    elif outcome["status"] == "pending":
+        print(f"warning: not in MLflow yet ({outcome['reason']}); result kept in {path}; "
+              "`python run.py mode=sync` logs it later", file=sys.stderr)
+    result.tracking = outcome["status"]
     return result
+
+
+def exit_code(result: Result, expect: str | None = None) -> int:
+    """0 passed/skipped (or the expected verdict), 1 failed (or a missed expectation), 2 error, 3 not in MLflow yet."""
+    if expect is not None:
+        code = 0 if result.status == expect else 1
+    else:
+        code = EXIT_CODES[result.status]
+    return code or (EXIT_PENDING if result.tracking == "pending" else 0)
+
+
+def sync(cfg: DictConfig) -> int:
+    """`mode=sync`: log every pending result.json under mode.paths; exit 0 when none is left pending, else 3."""
+    settings = {**OmegaConf.to_container(cfg.tracking, resolve=True), "enabled": True}
+    roots = [Path(p).expanduser() for p in cfg.mode.paths]
+    counts = tracking.sync(settings, roots)
+    print(f"sync: {counts['seen']} pending result(s) under {', '.join(map(str, roots))}: {counts['logged']} logged, "
+          f"{counts['pending']} still pending")
+    return EXIT_PENDING if counts["pending"] else 0
 
 
 def _instantiate(mode_cfg: DictConfig):

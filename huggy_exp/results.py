@@ -14,6 +14,8 @@ import numpy as np
 
 STATUSES = ("passed", "failed", "skipped", "error")
 EXIT_CODES = {"passed": 0, "skipped": 0, "failed": 1, "error": 2}
+EXIT_PENDING = 3  # every verdict passed, but some results are not in MLflow yet: `python run.py mode=sync`
+EXIT_INTERRUPTED = 130
 
 
 @dataclass
@@ -29,11 +31,34 @@ class Result:
     files: list[str] = field(default_factory=list)  # extra files: names in the job dir, or absolute paths
     details: dict = field(default_factory=dict)
     summary: list[str] = field(default_factory=list)
+    tracking: str = "off"  # set by app after the job: off | logged | pending
 
     def fail(self, reason: str) -> None:
         """Downgrade to failed, keeping every reason given."""
         self.status = "failed"
         self.reason = f"{self.reason}; {reason}" if self.reason else reason
+
+    def check_finite(self) -> None:
+        """Finite or failed: a NaN/inf in any array a task produced fails the job, with the count and first place.
+
+        Inputs are refused before they run (observations, weights), so a non-finite output is the job's own.
+        """
+        for name, array in self.arrays.items():
+            where = first_nonfinite(array)
+            if where is not None:
+                count, index = where
+                self.fail(f"{name}: {count} NaN/inf value{'s' * (count > 1)} (first at {list(index)})")
+
+
+def first_nonfinite(array) -> tuple[int, tuple[int, ...]] | None:
+    """(count, index of the first) NaN/inf values of a float array; None when all are finite or it is not float."""
+    a = np.asarray(array)
+    if a.dtype.kind not in "fc":
+        return None
+    bad = ~np.isfinite(a)
+    if not bad.any():
+        return None
+    return int(bad.sum()), tuple(int(i) for i in np.argwhere(bad)[0])
 
 
 def jsonable(value):
@@ -94,3 +119,13 @@ def write_result(workdir: Path, record: dict, result: Result) -> Path:
     path = workdir / "result.json"
     atomic_write_text(path, json.dumps(jsonable(record), indent=2, sort_keys=False) + "\n")
     return path
+
+
+def read_result(workdir: Path) -> dict:
+    return json.loads((Path(workdir) / "result.json").read_text())
+
+
+def update_result(workdir: Path, **fields) -> None:
+    """Rewrite result.json with some top-level keys replaced (atomically: a reader sees the old or the new file)."""
+    record = {**read_result(workdir), **fields}
+    atomic_write_text(Path(workdir) / "result.json", json.dumps(jsonable(record), indent=2) + "\n")

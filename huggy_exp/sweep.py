@@ -1,68 +1,120 @@
-"""Hydra edges: one-line errors for unknown group choices, and a multirun callback (tracking set-up, summary, exit code)."""
+"""Hydra edges of a multirun: the parent run before any job, the summary files and the exit code after the last one."""
 
 from __future__ import annotations
 
+import csv
 import json
+import os
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from huggy_exp import tracking
-from huggy_exp.results import EXIT_CODES
+from huggy_exp.results import EXIT_CODES, EXIT_INTERRUPTED, EXIT_PENDING, atomic_write_text
 
-GROUPS = ("mode", "model", "obs", "tracking", "case")
-
-
-def check_choices(argv: list[str], conf_dir: Path) -> None:
-    """`mode=nope` exits with one line naming the valid choices instead of Hydra's multi-line report."""
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        key = key.lstrip("+~")
-        if not sep or key not in GROUPS or any(c in value for c in "()[]{}*$"):
-            continue
-        valid = sorted(p.stem for p in (conf_dir / key).glob("*.yaml"))
-        for choice in value.split(","):
-            if choice and choice not in valid:
-                print(f"error: unknown {key} {choice!r}; valid: {', '.join(valid)}", file=sys.stderr)
-                sys.exit(2)
+ORDER = ("passed", "failed", "skipped", "error")
 
 
 class SweepCallback(Callback):
-    """Creates the MLflow experiment before jobs start; at the end prints one line per point and sets the exit code."""
+    """Before the jobs: sweep.json and the MLflow parent run. After: summary.{json,csv,md}, tally, exit code."""
 
-    started = 0.0
+    def __init__(self) -> None:
+        self.started = 0.0
+        self.sweep_dir: Path | None = None
+        self.settings: dict = {}
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         self.started = time.time()
-        settings = OmegaConf.to_container(config.tracking, resolve=True)
-        if settings.get("enabled", True):
-            tracking.http_limits(settings)
-            try:
-                tracking.ensure_experiment(tracking.store_uri(settings.get("uri")), settings.get("experiment") or tracking.DEFAULT_EXPERIMENT)
-            except Exception as exc:  # the jobs will warn again; the sweep still runs
-                print(f"warning: MLflow store not ready ({type(exc).__name__}: {exc})", file=sys.stderr)
+        self.sweep_dir = Path(config.hydra.sweep.dir)
+        self.settings = OmegaConf.to_container(config.tracking, resolve=True)
+        ACTIVE[0] = self
+        info = tracking.start_sweep(self.settings, self.sweep_dir, uuid.uuid4().hex[:12], sys.argv[1:])
+        if info["tracking"]["status"] == "down":
+            print(f"warning: MLflow store not ready ({info['tracking']['reason']}); every point stays pending in its "
+                  "result.json: `python run.py mode=sync` logs them later", file=sys.stderr)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        sweep_dir = Path(config.hydra.sweep.dir)
-        rows = summarize(sweep_dir, since=self.started)
-        print(f"\nsweep summary ({len(rows)} jobs) in {sweep_dir}:")
-        for row in rows:
+        ACTIVE[0] = None
+        sys.exit(self.finish("FINISHED"))
+
+    def finish(self, status: str) -> int:
+        """Write the summaries, close the parent run, print the tally; returns the sweep's exit code."""
+        assert self.sweep_dir is not None
+        summary = summarize(self.sweep_dir, since=self.started)
+        files = write_summary(self.sweep_dir, summary)
+        url = tracking.end_sweep(self.settings, self.sweep_dir, summary, files, status)
+        print(f"\nsweep summary ({len(summary['rows'])} jobs) in {self.sweep_dir}:")
+        for row in summary["rows"]:
             print("  " + row["line"])
-        worst = max((EXIT_CODES.get(r["status"], 2) for r in rows), default=0)
-        if worst:
-            sys.exit(worst)
+        print(f"  {summary['line']}")
+        info = tracking.read_sweep(self.sweep_dir) or {}
+        if url:
+            uri = info.get("tracking", {}).get("uri", "")
+            print(f"  parent run: {url}  (mlflow ui --backend-store-uri {uri} --host 127.0.0.1, then open "
+                  f"http://127.0.0.1:5000/{url})")
+        if status == "KILLED":
+            return EXIT_INTERRUPTED
+        worst = max((EXIT_CODES.get(r["status"], 2) if r["expect"] is None else int(not r["expectation_met"])
+                     for r in summary["rows"]), default=0)
+        if not worst and summary["tally"]["pending"]:
+            return EXIT_PENDING
+        return worst
 
 
-def summarize(sweep_dir: Path, since: float = 0.0) -> list[dict]:
-    """One line per result.json written under the sweep dir since `since` (older ones are a reused dir's leftovers)."""
+ACTIVE: list[SweepCallback | None] = [None]  # the running sweep, for run.py's Ctrl-C handler (one per process)
+
+
+def interrupted() -> int:
+    """Ctrl-C mid-sweep: summaries of what finished, the parent run KILLED; the exit code to use."""
+    callback = ACTIVE[0]
+    if callback is None or callback.sweep_dir is None:
+        return EXIT_INTERRUPTED
+    ACTIVE[0] = None
+    print("\ninterrupted (Ctrl-C): the jobs that finished are summarised below", file=sys.stderr)
+    return callback.finish("KILLED")
+
+
+def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
+    """One row per result.json written under the sweep dir since `since` (older ones are a reused dir's leftovers)."""
     rows = []
     found = [p for p in sweep_dir.rglob("result.json") if p.stat().st_mtime >= since]
     for path in sorted(found, key=lambda p: (len(str(p.parent)), str(p.parent))):
         r = json.loads(path.read_text())
-        note = r.get("reason") or r.get("headline")
-        line = f"{path.parent.name:>3} {r['run_name']:<32} {r['status'].upper():<7}" + (f" {note}" if note else "")
-        rows.append({"status": r["status"], "line": line})
-    return rows
+        note = r.get("reason") or r.get("headline") or ""
+        track = (r.get("tracking") or {}).get("status", "off")
+        missed = " (expected " + str(r.get("expect")).upper() + ")" if r.get("expectation_met") is False else ""
+        line = (f"{path.parent.name:>3} {r['run_name']:<32} {r['status'].upper():<7}{missed}" + (f" {note}" if note else "")
+                + (" [not in MLflow yet]" if track == "pending" else ""))
+        rows.append({"job": path.parent.name, "run_name": r["run_name"], "mode": r["mode"], "device": r["device"],
+                     "dtype": r["dtype"], "batch_size": r["batch_size"], "case": r.get("case"), "status": r["status"],
+                     "note": note, "tracking": track, "expect": r.get("expect"),
+                     "expectation_met": r.get("expectation_met"), "line": line})
+    tally = {s: sum(r["status"] == s for r in rows) for s in ORDER}
+    tally["pending"] = sum(r["tracking"] == "pending" for r in rows)
+    tally["expected"] = sum(r["expect"] is not None for r in rows)
+    tally["missed"] = sum(r["expectation_met"] is False for r in rows)
+    line = (f"{tally['expected'] - tally['missed']}/{tally['expected']} cases met their expected verdict; "
+            if tally["expected"] else "") + (f"{tally['passed']}/{len(rows)} passed, {tally['failed']} failed, {tally['skipped']} skipped, "
+            f"{tally['error']} error" + (f"; {tally['pending']} not in MLflow yet (python run.py mode=sync)"
+                                         if tally["pending"] else ""))
+    return {"rows": rows, "tally": tally, "line": line}
+
+
+def write_summary(sweep_dir: Path, summary: dict) -> list[Path]:
+    """summary.json, summary.csv and summary.md in the sweep dir."""
+    columns = ["job", "run_name", "mode", "device", "dtype", "batch_size", "case", "status", "expect", "tracking", "note"]
+    paths = [sweep_dir / "summary.json", sweep_dir / "summary.csv", sweep_dir / "summary.md"]
+    atomic_write_text(paths[0], json.dumps({k: v for k, v in summary.items()}, indent=2) + "\n")
+    with open(paths[1], "w", newline="") as fh:
+        writer = csv.DictWriter(fh, columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(summary["rows"])
+    md = [f"# Sweep {sweep_dir.name}", "", summary["line"], "", "| " + " | ".join(columns) + " |",
+          "|" + " --- |" * len(columns)]
+    md += ["| " + " | ".join(str(r.get(c, "")).replace("|", "\\|") for c in columns) + " |" for r in summary["rows"]]
+    atomic_write_text(paths[2], "\n".join(md) + "\n")
+    return paths

@@ -1,16 +1,40 @@
-"""The only module that imports mlflow. A tracking failure is a warning: result.json already holds everything."""
+"""The only module that imports mlflow. A job's record is its result.json; MLflow gets a copy of it, or it stays pending.
+
+Guarantees: a SQLite store is created and written under one file lock (concurrent first runs cannot race in its
+schema migration); a run is never left RUNNING (any exception, Ctrl-C included, ends it FAILED or KILLED); a job
+that could not be logged is `pending` in its result.json and `python run.py mode=sync` logs it exactly once (the
+job's `job_id` tag is looked up first); an unreachable or unwritable store is found by a probe of a few seconds,
+once per sweep (later points of that sweep go straight to pending).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import getpass
+import json
 import math
 import os
-import sys
+import subprocess
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
+
+from huggy_exp.results import read_result, update_result
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_EXPERIMENT = "huggy_exp"
 MAX_PARAM_CHARS = 6000
+MAX_TAG_CHARS = 5000
+SWEEP_FILE = "sweep.json"  # in a sweep dir: the sweep id, its parent run, and whether the store answered
+PROBE_TIMEOUT_S = 3.0
+ENV_TAGS = ("python", "platform", "torch", "torch_npu", "onnxruntime", "onnx", "numpy", "hydra_core", "mlflow")
+
+
+class StoreDown(Exception):
+    """The store cannot be reached or written: the job stays pending, with this as its reason."""
 
 
 def default_uri() -> str:
@@ -21,64 +45,66 @@ def store_uri(uri: str | None) -> str:
     return uri or default_uri()
 
 
+def _sqlite_path(uri: str) -> Path | None:
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
 def artifact_root(uri: str) -> str | None:
     """Artifacts live beside a SQLite store (mlruns/ by default); a server chooses its own."""
-    if uri.startswith("sqlite:///"):
-        return Path(uri[len("sqlite:///") :]).parent.as_uri()
-    return None
+    db = _sqlite_path(uri)
+    return db.parent.as_uri() if db else None
 
 
-def _prepare_store(uri: str) -> None:
-    if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-    elif urlparse(uri).scheme in ("", "file"):
-        raise ValueError(f"tracking.uri={uri!r}: MLflow 3 needs a database or server store, e.g. sqlite:///path/mlflow.db")
+def check_uri(uri: str) -> None:
+    """MLflow >= 3.13 refuses a plain folder store; say so before any job runs."""
+    scheme = urlparse(uri).scheme
+    if scheme in ("", "file"):
+        raise StoreDown(f"tracking.uri={uri!r}: MLflow 3 needs a database or server store, e.g. sqlite:///path/mlflow.db")
+    if scheme not in ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks"):
+        raise StoreDown(f"tracking.uri={uri!r}: unknown scheme {scheme!r}; use sqlite:///path/mlflow.db or http://host:port")
 
 
-def ensure_experiment(uri: str, name: str) -> str:
-    """Create the experiment once (call before parallel jobs start: SQLite races on creation)."""
-    mlflow = _mlflow()
-    from mlflow.exceptions import MlflowException
-
-    _prepare_store(uri)
-    client = mlflow.MlflowClient(tracking_uri=uri)
-    found = client.get_experiment_by_name(name)
-    if found is not None:
-        return found.experiment_id
-    try:
-        return client.create_experiment(name, artifact_location=artifact_root(uri))
-    except MlflowException:
-        found = client.get_experiment_by_name(name)
-        if found is None:
-            raise
-        return found.experiment_id
-
-
-def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
-    flat: dict[str, str] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten(value, name + "."))
-        else:
-            flat[name] = str(value)[:MAX_PARAM_CHARS]
-    return flat
+def probe(uri: str) -> None:
+    """Seconds, not minutes: a SQLite folder that cannot be written, or a server that does not answer /health."""
+    check_uri(uri)
+    db = _sqlite_path(uri)
+    if db is not None:
+        try:
+            db.parent.mkdir(parents=True, exist_ok=True)
+            with open(_lock_path(db), "a"):
+                pass
+            if db.exists() and not os.access(db, os.W_OK):
+                raise PermissionError(f"{db} is read-only")
+        except OSError as exc:
+            raise StoreDown(f"MLflow store {db} is not writable ({exc.strerror or exc})") from None
+        return
+    if urlparse(uri).scheme in ("http", "https"):
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=PROBE_TIMEOUT_S) as reply:
+                reply.read(64)
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise StoreDown(f"tracking server {uri} did not answer within {PROBE_TIMEOUT_S:g} s ({reason})") from None
 
 
-def record(settings: dict, run_name: str, params: dict, record: dict, metrics: dict, tags: dict, workdir: Path,
-           artifacts: list[Path]) -> str | None:
-    """One MLflow run per job; returns a line saying where it went, or None when tracking is off."""
-    if not settings.get("enabled", True):
-        return None
-    uri = store_uri(settings.get("uri"))
-    http_limits(settings)
-    try:
-        return _log(uri, settings.get("experiment") or DEFAULT_EXPERIMENT, run_name, params, record, metrics, tags, artifacts)
-    except Exception as exc:  # tracking is best effort; the job's result is already on disk
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        print(f"warning: MLflow tracking failed ({type(exc).__name__}: {first}); result kept in {workdir / 'result.json'}",
-              file=sys.stderr)
-        return None
+def _lock_path(db: Path) -> Path:
+    return db.with_name(db.name + ".lock")
+
+
+@contextlib.contextmanager
+def store_lock(uri: str):
+    """One writer at a time on a SQLite store, across processes; no-op for servers (they serialise themselves)."""
+    db = _sqlite_path(uri)
+    if db is None:
+        yield
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(_lock_path(db), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def http_limits(settings: dict) -> None:
@@ -102,27 +128,309 @@ def _mlflow():
     return mlflow
 
 
-def _log(uri, experiment, run_name, params, record, metrics, tags, artifacts) -> str:
-    mlflow = _mlflow()
+def _explain(uri: str, exc: BaseException) -> str:
+    """One line; a SQLite store broken by an interrupted migration (or not a database at all) names the fix."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    db = _sqlite_path(uri)
+    if db is not None and any(s in text for s in ("alembic", "file is not a database", "no such table", "malformed")):
+        return (f"MLflow store {db} is broken ({text[:160]}); move it aside (mv {db} {db}.broken), then "
+                f"`python run.py mode=sync` logs every pending result.json into a fresh store")
+    return f"{type(exc).__name__}: {text[:300]}"
 
-    client = mlflow.MlflowClient(tracking_uri=uri)
-    experiment_id = ensure_experiment(uri, experiment)
-    run = client.create_run(experiment_id, run_name=run_name, tags={k: str(v)[:5000] for k, v in tags.items()})
+
+class Store:
+    """An open MLflow client on one store and experiment; create with `Store.open` (locks SQLite while migrating)."""
+
+    def __init__(self, uri: str, experiment: str):
+        self.uri, self.experiment = uri, experiment
+        mlflow = _mlflow()
+        self.client = mlflow.MlflowClient(tracking_uri=uri)
+        self.experiment_id = self._ensure_experiment()
+
+    @classmethod
+    def open(cls, settings: dict) -> Store:
+        uri = store_uri(settings.get("uri"))
+        http_limits(settings)
+        probe(uri)
+        try:
+            with store_lock(uri):
+                return cls(uri, settings.get("experiment") or DEFAULT_EXPERIMENT)
+        except StoreDown:
+            raise
+        except Exception as exc:
+            raise StoreDown(_explain(uri, exc)) from None
+
+    def _ensure_experiment(self) -> str:
+        from mlflow.exceptions import MlflowException
+
+        found = self.client.get_experiment_by_name(self.experiment)
+        if found is not None:
+            return found.experiment_id
+        try:
+            return self.client.create_experiment(self.experiment, artifact_location=artifact_root(self.uri))
+        except MlflowException:
+            found = self.client.get_experiment_by_name(self.experiment)
+            if found is None:
+                raise
+            return found.experiment_id
+
+    def find(self, key: str, value: str):
+        from mlflow.entities import ViewType
+
+        runs = self.client.search_runs([self.experiment_id], filter_string=f"tags.`{key}` = '{value}'",
+                                       run_view_type=ViewType.ACTIVE_ONLY, max_results=10)
+        return runs
+
+    def url(self, run_id: str) -> str:
+        return f"#/experiments/{self.experiment_id}/runs/{run_id}"
+
+
+# --- one job
+
+
+def log_job(settings: dict, workdir: Path, retry_down: bool = False) -> dict:
+    """Copy the job's result.json (+ artifacts) into MLflow; returns the tracking outcome recorded in result.json.
+
+    In a sweep whose store was already found down, the job goes straight to pending unless `retry_down` (sync).
+    """
+    if not settings.get("enabled", True):
+        return {"status": "off"}
+    record = read_result(workdir)
+    sweep = read_sweep(Path(record["sweep"]["dir"])) if record.get("sweep") else None
+    if sweep and sweep.get("tracking", {}).get("status") == "down" and not retry_down:
+        return {"status": "pending", "reason": sweep["tracking"]["reason"]}
+    try:
+        store = Store.open(settings)
+        with store_lock(store.uri):
+            return _log_job(store, record, workdir, sweep)
+    except StoreDown as exc:
+        if sweep:
+            mark_sweep_down(Path(record["sweep"]["dir"]), str(exc))
+        return {"status": "pending", "reason": str(exc)}
+    except Exception as exc:  # tracking is best effort; the job's result is already on disk
+        return {"status": "pending", "reason": _explain(store_uri(settings.get("uri")), exc)}
+
+
+def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None) -> dict:
+    from mlflow.entities import Metric, Param, RunTag
+
+    job_id = record["job_id"]
+    for old in store.find("huggy.job_id", job_id):  # exactly once: a complete copy is kept, a partial one replaced
+        if old.data.tags.get("huggy.complete") == "true":
+            return _logged(store, old.info.run_id, record)
+        store.client.delete_run(old.info.run_id)
+    parent = _parent_id(store, sweep)
+    tags = run_tags(record, parent)
+    run = store.client.create_run(store.experiment_id, run_name=record["run_name"], tags=tags)
     run_id = run.info.run_id
     try:
-        from mlflow.entities import Metric, Param
-
         stamp = int(run.info.start_time)
-        items = [Param(k, v) for k, v in flatten(params).items()]
-        finite = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
-        entries = [Metric(k, v, stamp, 0) for k, v in finite.items()]
-        for i in range(0, max(len(items), len(entries)), 100):
-            client.log_batch(run_id, metrics=entries[i : i + 100], params=items[i : i + 100])
-        for path in artifacts:
-            if path.is_file():
-                client.log_artifact(run_id, str(path))
-        client.set_terminated(run_id, "FAILED" if record.get("status") == "error" else "FINISHED")
-    except Exception:
-        client.set_terminated(run_id, "FAILED")
+        params = [Param(k, v) for k, v in flatten(record.get("params", {})).items()]
+        metrics = [Metric(k, float(v), stamp, 0) for k, v in record.get("metrics", {}).items()
+                   if isinstance(v, (int, float)) and math.isfinite(float(v))]
+        metrics += [Metric(name, float(v), stamp, int(step)) for name, points in record.get("series", {}).items()
+                    for step, v in points if isinstance(v, (int, float)) and math.isfinite(float(v))]
+        for i in range(0, max(len(params), len(metrics)), 100):
+            store.client.log_batch(run_id, metrics=metrics[i:i + 100], params=params[i:i + 100])
+        update_result(workdir, tracking=_logged(store, run_id, record))  # the logged copy says where it lives
+        for path in artifacts(record, workdir):
+            store.client.log_artifact(run_id, str(path))
+        store.client.log_batch(run_id, tags=[RunTag("huggy.complete", "true")])
+        store.client.set_terminated(run_id, run_status(record))
+    except BaseException as exc:
+        update_result(workdir, tracking={"status": "pending", "reason": f"logging interrupted ({type(exc).__name__})"})
+        with contextlib.suppress(Exception):
+            store.client.set_terminated(run_id, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
         raise
-    return f"mlflow: run {run_id} ({run_name}) in {uri}, experiment {experiment!r}"
+    return _logged(store, run_id, record)
+
+
+def run_status(record: dict) -> str:
+    """MLflow's status says whether the job ran: an error is FAILED, an interrupted job KILLED; verdicts are tags."""
+    if record.get("interrupted"):
+        return "KILLED"
+    return "FAILED" if record.get("status") == "error" else "FINISHED"
+
+
+def _logged(store: Store, run_id: str, record: dict) -> dict:
+    return {"status": "logged", "run_id": run_id, "uri": store.uri, "experiment": store.experiment,
+            "experiment_id": store.experiment_id, "parent_run_id": (record.get("sweep") or {}).get("parent_run_id")}
+
+
+def _parent_id(store: Store, sweep: dict | None) -> str | None:
+    if not sweep:
+        return None
+    if sweep.get("parent_run_id"):
+        return sweep["parent_run_id"]
+    run_id = ensure_parent(store, sweep)  # the sweep started while the store was down: a parent after the fact
+    store.client.set_terminated(run_id, "FINISHED")
+    return run_id
+
+
+def run_tags(record: dict, parent: str | None) -> dict[str, str]:
+    model = record.get("model") or {}
+    sweep = record.get("sweep") or {}
+    env = record.get("environment") or {}
+    tags = {
+        "mode": record["mode"], "device": record["device"], "dtype": record["dtype"], "status": record["status"],
+        "reason": record.get("reason", ""), "synthetic": str(model.get("synthetic")).lower(),
+        "model.sha256": str(model.get("sha256")), "huggy.job_id": record["job_id"],
+        "mlflow.source.name": "run.py", "mlflow.source.type": "LOCAL", "mlflow.user": _user(),
+        "mlflow.note.content": record.get("headline") or record.get("reason") or record["status"],
+        **{f"env.{k}": str(env[k]) for k in ENV_TAGS if k in env},
+        **(record.get("tags") or {}),
+    }
+    if record.get("case"):
+        tags["case"] = record["case"]
+    if record.get("overrides") is not None:
+        tags["overrides"] = " ".join(record["overrides"])
+    commit = git_commit()
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+    if sweep:
+        tags.update({"sweep_id": sweep["id"], "job_num": str(sweep.get("num"))})
+    if parent:
+        tags["mlflow.parentRunId"] = parent
+    return {k: str(v)[:MAX_TAG_CHARS] for k, v in tags.items()}
+
+
+def artifacts(record: dict, workdir: Path) -> list[Path]:
+    names = ["result.json", *record.get("arrays", {}).values(), *record.get("tables", {}).values(), *record.get("files", [])]
+    paths = [p if p.is_absolute() else workdir / p for p in map(Path, names)] + [workdir / ".hydra" / "config.yaml"]
+    return [p for p in dict.fromkeys(paths) if p.is_file()]
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
+    """Nested params as dotted keys; unset (None) settings are left out: they are noise in the runs table."""
+    flat: dict[str, str] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, name + "."))
+        elif value is not None:
+            flat[name] = str(value)[:MAX_PARAM_CHARS]
+    return flat
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # no passwd entry (containers): not worth failing a run over
+        return "unknown"
+
+
+def git_commit() -> str | None:
+    if not (REPO / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+# --- a sweep: a parent run created before any job, its id in <sweep dir>/sweep.json
+
+
+def read_sweep(sweep_dir: Path) -> dict | None:
+    path = sweep_dir / SWEEP_FILE
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_sweep(sweep_dir: Path, info: dict) -> None:
+    from huggy_exp.results import atomic_write_text
+
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(sweep_dir / SWEEP_FILE, json.dumps(info, indent=2) + "\n")
+
+
+def mark_sweep_down(sweep_dir: Path, reason: str) -> None:
+    """The first point that finds the store down says so once; the sweep's later points do not wait again."""
+    info = read_sweep(sweep_dir)
+    if info is not None and info.get("tracking", {}).get("status") != "down":
+        info["tracking"] = {"status": "down", "reason": reason}
+        write_sweep(sweep_dir, info)
+
+
+def start_sweep(settings: dict, sweep_dir: Path, sweep_id: str, argv: list[str]) -> dict:
+    """Create the experiment and the parent run before the jobs start (parallel jobs then only add children)."""
+    info = {"id": sweep_id, "dir": str(sweep_dir), "argv": argv, "started": time.time(), "parent_run_id": None,
+            "tracking": {"status": "off"}}
+    if settings.get("enabled", True):
+        try:
+            store = Store.open(settings)
+            with store_lock(store.uri):
+                info["parent_run_id"] = ensure_parent(store, info)
+        except StoreDown as exc:
+            info["tracking"] = {"status": "down", "reason": str(exc)}
+        except Exception as exc:
+            info["tracking"] = {"status": "down", "reason": _explain(store_uri(settings.get("uri")), exc)}
+    write_sweep(sweep_dir, info)
+    return info
+
+
+def ensure_parent(store: Store, info: dict) -> str:
+    """The sweep's parent run (found by its sweep id, else created); its id is written back to sweep.json."""
+    found = store.find("huggy.sweep_id", info["id"])
+    if found:
+        run_id = found[0].info.run_id
+    else:
+        tags = {"huggy.sweep_id": info["id"], "sweep_id": info["id"], "huggy.parent": "true",
+                "mlflow.source.name": "run.py", "mlflow.user": _user(), "overrides": " ".join(info.get("argv", [])),
+                "mlflow.note.content": f"sweep {info['id']}: python run.py {' '.join(info.get('argv', []))}"}
+        commit = git_commit()
+        if commit:
+            tags["mlflow.source.git.commit"] = commit
+        run_id = store.client.create_run(store.experiment_id, run_name=f"sweep-{info['id']}", tags=tags).info.run_id
+    if info.get("parent_run_id") != run_id:
+        info["parent_run_id"] = run_id
+        info["tracking"] = {"status": "logged", "uri": store.uri, "experiment_id": store.experiment_id,
+                            "url": store.url(run_id)}
+        if info.get("dir"):
+            write_sweep(Path(info["dir"]), info)
+    return run_id
+
+
+def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path], status: str = "FINISHED") -> str | None:
+    """Close the parent run with the sweep's tally and summary files; returns its URL path, or None if not logged."""
+    info = read_sweep(sweep_dir)
+    if not info or not info.get("parent_run_id") or info.get("tracking", {}).get("status") == "down":
+        return None
+    try:
+        store = Store.open(settings)
+        with store_lock(store.uri):
+            from mlflow.entities import Metric, RunTag
+
+            run_id = info["parent_run_id"]
+            stamp = int(time.time() * 1000)
+            tally = summary.get("tally", {})
+            store.client.log_batch(run_id, metrics=[Metric(f"jobs_{k}", float(v), stamp, 0) for k, v in tally.items()],
+                                   tags=[RunTag("mlflow.note.content", summary.get("line", "")[:MAX_TAG_CHARS])])
+            for path in files:
+                if path.is_file():
+                    store.client.log_artifact(run_id, str(path))
+            store.client.set_terminated(run_id, status)
+            return store.url(run_id)
+    except Exception:  # the summary files are on disk; sync re-closes nothing, so say so in the caller
+        return None
+
+
+# --- sync: every pending result.json, exactly once
+
+
+def sync(settings: dict, roots: list[Path]) -> dict[str, int]:
+    """Log every result.json whose tracking is pending; returns counts (logged, already, pending)."""
+    counts = {"logged": 0, "pending": 0, "seen": 0}
+    found = sorted({p for root in roots if root.is_dir() for p in root.rglob("result.json")})
+    for path in found:
+        record = read_result(path.parent)
+        if (record.get("tracking") or {}).get("status") != "pending":
+            continue
+        counts["seen"] += 1
+        outcome = log_job({**settings, "enabled": True}, path.parent, retry_down=True)
+        update_result(path.parent, tracking=outcome)
+        counts["logged" if outcome["status"] == "logged" else "pending"] += 1
+    return counts

@@ -284,6 +284,9 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()):
     """The real conf/ tree composed in-process (no hydra: key), exactly as run.py sees it minus Hydra's own settings."""
     from hydra import compose, initialize_config_dir
 
+    from huggy_exp.config import setup
+
+    setup()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides), return_hydra_config=False)
 

@@ -49,17 +49,57 @@ def test_mlagents_onnx_loads_with_huggy_dimensions(huggy_onnx_model):
     assert not w.tanh_squash
 
 
+# ML-Agents computed reference/ on another CPU. fp32 GEMMs sum 512-long dot products in a kernel-dependent order
+# and torch's vectorised division differs by an ulp between CPUs, so the stored numbers are matched within a few
+# fp32 ulps of the activations (1.8e-6 measured on an AVX-512 Xeon without avx512_bf16; 0 on the CPU that made them).
+# Bit-identity is asserted where it holds on every machine: against ML-Agents' own op sequence run here.
+CROSS_CPU_ATOL = 3e-6
+
+
 @pytest.mark.parametrize("source", ["pt", "onnx"])
-def test_fp32_cpu_actions_match_mlagents_within_1e6(source, huggy_pt_model, huggy_onnx_model, reference_obs, reference_actions):
+def test_fp32_cpu_actions_match_mlagents_stored_reference(source, huggy_pt_model, huggy_onnx_model, reference_obs,
+                                                         reference_actions):
     model = huggy_pt_model if source == "pt" else huggy_onnx_model
     actions = TorchRunner(model.weights, resolve("cpu", "fp32"), batch_size=64).infer(reference_obs)[ACTIONS]
     assert actions.shape == reference_actions.shape == (64, 21)
-    np.testing.assert_allclose(actions, reference_actions, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(actions, reference_actions, atol=CROSS_CPU_ATOL, rtol=0)
+
+
+def mlagents_forward(state: dict, obs: np.ndarray) -> np.ndarray:
+    """ML-Agents 1.1.0's SimpleActor deterministic path, op for op (Normalizer, LinearEncoder + Swish, mu, clamp/3)."""
+    import torch
+
+    p = "network_body.observation_encoder.processors.0.normalizer."
+    x = torch.from_numpy(obs)
+    x = torch.clamp((x - state[p + "running_mean"]) / torch.sqrt(state[p + "running_variance"]
+                                                                  / state[p + "normalization_steps"]), -5, 5)
+    body = "network_body._body_endoder.seq_layers."
+    for i in (0, 2, 4):
+        x = torch.nn.functional.linear(x, state[f"{body}{i}.weight"], state[f"{body}{i}.bias"])
+        x = torch.mul(x, torch.sigmoid(x))
+    mu_w, mu_b = state["action_model._continuous_distribution.mu.weight"], state["action_model._continuous_distribution.mu.bias"]
+    return (torch.clamp(torch.nn.functional.linear(x, mu_w, mu_b), -3, 3) / 3).numpy()
+
+
+def test_fp32_cpu_actions_are_bit_identical_to_mlagents_ops_on_this_machine(huggy_pt_model, reference_obs):
+    import torch
+
+    state = torch.load(HUGGY_PT, map_location="cpu", weights_only=True)["Policy"]
+    got = TorchRunner(huggy_pt_model.weights, resolve("cpu", "fp32"), batch_size=64).infer(reference_obs)[ACTIONS]
+    np.testing.assert_array_equal(got, mlagents_forward(state, reference_obs))
+    single = np.concatenate([mlagents_forward(state, reference_obs[i:i + 1]) for i in range(len(reference_obs))])
+    got1 = TorchRunner(huggy_pt_model.weights, resolve("cpu", "fp32"), batch_size=1).infer(reference_obs)[ACTIONS]
+    np.testing.assert_array_equal(got1, single)
 
 
 def test_onnx_derived_weights_equal_the_pt_weights(huggy_pt_model, huggy_onnx_model):
-    # ML-Agents' exporter constant-folds sqrt(running_variance / steps); the .pt side computes it the same way
-    assert_same_weights(huggy_pt_model.weights, huggy_onnx_model.weights)
+    # ML-Agents' exporter constant-folds sqrt(running_variance / steps) on its CPU; torch here may differ by one ulp
+    a, b = huggy_pt_model.weights, huggy_onnx_model.weights
+    np.testing.assert_array_max_ulp(a.normalizer.std, b.normalizer.std, maxulp=1)
+    from dataclasses import replace
+
+    same_std = replace(a, normalizer=replace(a.normalizer, folded_std=b.normalizer.std))
+    assert_same_weights(same_std, b)  # everything else is equal bit for bit
 
 
 def test_normalizer_summary_matches_mlagents(huggy_pt_model):
@@ -76,7 +116,7 @@ def test_normalized_observations_match_mlagents(huggy_pt_model, reference_obs):
 
     expected = np.load(REFERENCE / "torch_outputs.npz")["normalized_obs"]
     got = Policy(huggy_pt_model.weights).normalize(torch.from_numpy(reference_obs)).numpy()
-    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_allclose(got, expected, rtol=4e-7, atol=0)  # one ulp of std (see CROSS_CPU_ATOL)
 
 
 @pytest.mark.parametrize("dtype, atol", [("fp16", 0.05), ("bf16", 0.3)])

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import assert_same_weights
+from conftest import assert_same_weights, compose_config
 from huggy_exp import mlagents
 from huggy_exp.context import Context, ModelSpec, ObsSpec
 from huggy_exp.dynamics import Dynamics
@@ -34,7 +34,7 @@ CONF = REPO / "conf"
 SHARED = REPO.parent / "shared" / "fixtures" / "mlagents"
 HUGGY_PT = SHARED / "huggy" / "Huggy" / "Huggy-2000049.pt"
 REFERENCE = SHARED / "huggy" / "reference"
-MODES = sorted(p.stem for p in (CONF / "mode").glob("*.yaml"))
+MODES = sorted(p.stem for p in (CONF / "mode").glob("*.yaml") if p.stem != "sync")  # sync is tracking, not a task
 
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"genuine ML-Agents fixtures not found at {SHARED}")
 HUGGY_OBS = ["obs=file", f"obs.path={REFERENCE / 'obs.npy'}"]
@@ -73,11 +73,7 @@ class Run:
 
 
 def compose(overrides):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=list(overrides))
+    return compose_config(overrides)
 
 
 def run_mode(workdir: Path, mode: str, *overrides: str) -> Run:
@@ -92,6 +88,7 @@ def run_mode(workdir: Path, mode: str, *overrides: str) -> Run:
 def mode_knobs(mode: str, **changes) -> dict:
     knobs = OmegaConf.to_container(OmegaConf.load(CONF / "mode" / f"{mode}.yaml"), resolve=True)
     knobs.pop("_target_")
+    knobs.pop("defaults", None)
     knobs.update(changes)
     return knobs
 

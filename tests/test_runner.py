@@ -6,6 +6,7 @@ import json
 import os
 import shlex
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from conftest import (
     subprocess_env,
 )
 
-MODES = sorted(p.stem for p in CONF.glob("mode/*.yaml"))
+MODES = sorted(p.stem for p in CONF.glob("mode/*.yaml") if p.stem != "sync")  # sync is tracking, not a task
 CORE_MODES = ("info", "checkpoints", "action", "sample", "batch")
 COMMON_KEYS = ("mode", "run_name", "device", "dtype", "batch_size", "seed", "model", "status", "reason", "metrics",
                "started", "duration_s", "environment")
@@ -157,7 +158,7 @@ def test_batch_reports_invariance_and_common_fields(tmp_path):
 
 
 def test_batch_fails_when_invariance_exceeds_tolerance(tmp_path):
-    r = run_job(tmp_path, "batch", "obs.rows=8", "batch_size=4", "mode.repeats=1", "mode.tolerance.fp32=-1").record
+    r = run_job(tmp_path, "batch", "obs.rows=16", "batch_size=8", "mode.repeats=1", "mode.tolerance.fp32=0").record
     assert r["status"] == "failed" and "batch invariance" in r["reason"]
 
 
@@ -203,11 +204,14 @@ def test_tracking_creates_an_mlflow_run_with_params_metrics_tags_and_result_arti
     assert json.loads(Path(local).read_text()) == job.record
 
 
-def test_tracking_failure_keeps_result_json_and_warns(tmp_path, capsys):
+def test_tracking_failure_keeps_result_json_pending_and_warns(tmp_path, capsys):
+    started = time.monotonic()
     job = run_job(tmp_path, "info", tracking="sqlite:////proc/nope/mlflow.db")
+    assert time.monotonic() - started < 10  # found by the probe, not by MLflow's retries
     err = capsys.readouterr().err
     assert job.record["status"] == "passed" and (tmp_path / "result.json").is_file()
-    assert "warning: MLflow tracking failed" in err and str(tmp_path / "result.json") in err
+    assert job.record["tracking"]["status"] == "pending" and "/proc/nope" in job.record["tracking"]["reason"]
+    assert "not in MLflow yet" in err and str(tmp_path / "result.json") in err and "mode=sync" in err
 
 
 # --- bad inputs, in-process: every one is a recorded error naming the value, never a traceback
@@ -311,7 +315,7 @@ def _run_py(args: list[str], cache: Path, timeout: int = 120) -> subprocess.Comp
 def cli_reference(tmp_path_factory, huggy_actor):
     """(checkpoint, obs file, expected actions, atol): ML-Agents' own files when ../shared exists, else ours."""
     if SHARED.is_dir():
-        return HUGGY_PT, REFERENCE / "obs.npy", np.load(REFERENCE / "actions_torch.npy"), 1e-6
+        return HUGGY_PT, REFERENCE / "obs.npy", np.load(REFERENCE / "actions_torch.npy"), 3e-6  # other CPU: see test_conformance
     root = tmp_path_factory.mktemp("cli")
     obs = huggy_actor.in_distribution_obs(32, seed=5)
     np.save(root / "obs.npy", obs)
@@ -348,8 +352,11 @@ def test_cli_sweep_over_dtype_and_device_records_every_point(tmp_path, huggy_exp
             assert npu["status"] == "skipped" and "torch_npu" in npu["reason"]
     assert "sweep summary (6 jobs)" in proc.stdout
     client = _mlflow_client(uri)
-    runs = client.search_runs([client.get_experiment_by_name("huggy_exp").experiment_id], max_results=100)
-    assert len(runs) == 6
+    everything = client.search_runs([client.get_experiment_by_name("huggy_exp").experiment_id], max_results=100)
+    parents = [r for r in everything if r.data.tags.get("huggy.parent") == "true"]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    runs = [r for r in everything if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert len(runs) == 6 == len(everything) - 1
     assert sorted(r.info.run_name for r in runs) == sorted(f"action-{v}-{d}-b64" for d in ("fp32", "fp16", "bf16")
                                                            for v in ("cpu", "npu:0"))
     assert {r.data.tags["status"] for r in runs} == ({"passed", "skipped"} if not _npu_present() else {"passed"})

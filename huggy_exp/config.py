@@ -1,0 +1,407 @@
+"""The config schema, once: types (Hydra structured configs in the ConfigStore), ranges and choices (field metadata).
+
+conf/*.yaml hold the values and their comments; each extends its schema (`/schema/<group>/<name>@_here_`), so
+Hydra refuses a wrong type while composing. `validate` then checks what composition lets through: `+`-added
+unknown keys, ranges, choices, finite numbers. Every failure is one line naming the key and what is valid.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Dict, List, Optional, get_type_hints
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from huggy_exp.errors import UserError
+
+DTYPE_NAMES = ("fp32", "fp16", "bf16", "fp64")
+VERDICTS = ("passed", "failed", "skipped", "error")
+MAX_SEED = 2**62  # fingerprint and stats add the step to the seed; torch generators take < 2^64
+MAX_BATCH = 2**24
+
+
+def rule(default: Any = MISSING, *, lo: float | None = None, hi: float | None = None, choices: tuple = (),
+         lo_open: bool = False, factory=None):
+    """A field with its legal range or choices (checked by `validate`)."""
+    meta = {"lo": lo, "hi": hi, "choices": choices, "lo_open": lo_open}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# --- groups
+
+
+@dataclass
+class ModelConf:
+    checkpoint: Optional[str] = MISSING
+    onnx: Optional[str] = MISSING
+    results_dir: Optional[str] = MISSING
+    hub_repo: Optional[str] = MISSING
+    behavior: Optional[str] = MISSING
+    step: Optional[int] = rule(lo=0)
+
+
+@dataclass
+class ObsConf:
+    source: str = rule(choices=("random", "zeros", "extreme", "file"))
+    rows: int = rule(lo=1)
+    scale: float = rule(lo=0)
+    path: Optional[str] = MISSING
+
+
+@dataclass
+class TrackingConf:
+    enabled: bool = MISSING
+    uri: Optional[str] = MISSING
+    experiment: Optional[str] = MISSING
+    http_retries: int = rule(lo=0, hi=10)
+    http_timeout_s: int = rule(lo=0, hi=600)
+
+
+@dataclass
+class Dynamics:
+    decay: float = rule(lo=0, hi=1)
+    gain: float = MISSING
+    noise: float = rule(lo=0)
+
+
+# --- modes: one schema per conf/mode/<name>.yaml
+
+
+@dataclass
+class ModeConf:
+    _target_: str = MISSING
+
+
+@dataclass
+class Threshold:
+    max_abs: float = rule(lo=0)
+    cosine_min: float = rule(lo=-1, hi=1)
+
+
+@dataclass
+class LayerThreshold:
+    rel_rmse: float = rule(lo=0)
+
+
+@dataclass
+class Relative:
+    warn: float = rule(lo=0)
+    fail: float = rule(lo=0)
+
+
+@dataclass
+class BatchMode(ModeConf):
+    tolerance: Dict[str, float] = MISSING
+    repeats: int = rule(lo=1, hi=1000)
+
+
+@dataclass
+class ExportOnnxMode(ModeConf):
+    path: Optional[str] = MISSING
+    opset: int = rule(lo=7, hi=21)
+    atol: float = rule(lo=0)
+
+
+@dataclass
+class FingerprintMode(ModeConf):
+    steps: int = rule(lo=1, hi=1_000_000)
+    loop: str = rule(choices=("open", "closed"))
+    actions: str = rule(choices=("deterministic", "sampled"))
+    envs: int = rule(lo=1, hi=1_000_000)
+    decimals: int = rule(lo=0, hi=9)
+    require_match: List[str] = MISSING
+    dynamics: Dynamics = MISSING
+
+
+@dataclass
+class OnnxCompareMode(ModeConf):
+    provider: str = MISSING
+    atol: Dict[str, float] = MISSING
+    specialize: Dict[str, Any] = MISSING
+    sample_rows: int = rule(lo=1, hi=100_000)
+    samples: int = rule(lo=2, hi=1_000_000)
+    confidence: float = rule(lo=0, hi=1, lo_open=True)
+    rel_floor: float = rule(lo=0, lo_open=True)
+
+
+@dataclass
+class PrecisionMode(ModeConf):
+    thresholds: Dict[str, Threshold] = MISSING
+    layer_thresholds: Dict[str, LayerThreshold] = MISSING
+    specialize: Dict[str, Any] = MISSING
+    relative: Relative = MISSING
+    rel_floor: float = rule(lo=0, lo_open=True)
+
+
+@dataclass
+class StatsMode(ModeConf):
+    steps: int = rule(lo=1, hi=1_000_000)
+    envs: int = rule(lo=1, hi=1_000_000)
+    source: str = rule(choices=("dynamics", "replay"))
+    trajectory: Optional[str] = MISSING
+    drift_threshold: float = rule(lo=0)
+    drift_fail: Optional[float] = rule(lo=0)
+    saturation: float = rule(lo=0, hi=1, lo_open=True)
+    dynamics: Dynamics = MISSING
+
+
+@dataclass
+class SyncMode(ModeConf):
+    paths: List[str] = MISSING
+
+
+MODES: dict[str, type] = {
+    "action": ModeConf, "sample": ModeConf, "info": ModeConf, "checkpoints": ModeConf, "batch": BatchMode,
+    "export-onnx": ExportOnnxMode, "fingerprint": FingerprintMode, "onnx-compare": OnnxCompareMode,
+    "precision": PrecisionMode, "stats": StatsMode, "sync": SyncMode,
+}
+
+
+@dataclass
+class Config:
+    device: str = MISSING
+    dtype: str = rule(choices=DTYPE_NAMES)
+    batch_size: int = rule(lo=1, hi=MAX_BATCH)
+    seed: int = rule(lo=0, hi=MAX_SEED)
+    expect: Optional[str] = rule(None, choices=VERDICTS)
+    mode: Any = MISSING
+    model: ModelConf = MISSING
+    obs: ObsConf = MISSING
+    tracking: TrackingConf = MISSING
+
+
+def register() -> None:
+    """Put the schemas in Hydra's ConfigStore (idempotent); conf/ files extend them."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)
+    for group, node in (("model", ModelConf), ("obs", ObsConf), ("tracking", TrackingConf)):
+        cs.store(group=f"schema/{group}", name="base", node=node)
+    for name, node in MODES.items():
+        cs.store(group="schema/mode", name=name, node=node)
+
+
+# --- validation of a composed config
+
+
+def validate(cfg: DictConfig, mode: str) -> None:
+    """Raise UserError (one line) for an unknown key, a wrong type, a value out of range, or a NaN/inf number."""
+    from huggy_exp.placement import check_device
+
+    if mode not in MODES:
+        raise UserError(f"unknown mode {mode!r}; valid: {', '.join(sorted(MODES))}")
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    plain.pop("hydra", None)
+    _check(Config, plain, "")
+    _check(MODES[mode], plain["mode"], "mode.")
+    check_device(str(plain["device"]))
+
+
+def _check(schema: type, values: Any, prefix: str) -> None:
+    if not isinstance(values, dict):
+        raise UserError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {values!r}")
+    known = {f.name: f for f in fields(schema)}
+    hints = get_type_hints(schema)
+    for key, value in values.items():
+        if key not in known:
+            raise UserError(f"unknown key {prefix}{key}; valid keys{' of ' + prefix.rstrip('.') if prefix else ''}: "
+                            f"{', '.join(sorted(k for k in known if k != '_target_'))}")
+    for name, f in known.items():
+        key = f"{prefix}{name}"
+        if name not in values:
+            if f.default is MISSING and f.default_factory is MISSING and name not in ("mode",):  # type: ignore[misc]
+                raise UserError(f"missing key {key}")
+            continue
+        value = values[name]
+        if name == "mode" and schema is Config:
+            continue
+        _check_value(hints[name], value, key, f.metadata)
+
+
+def _check_value(kind: Any, value: Any, key: str, meta: dict) -> None:
+    if kind is Any:
+        return
+    origin = getattr(kind, "__origin__", None)
+    args = getattr(kind, "__args__", ())
+    if origin is type(None) or value is None:
+        if value is None and not _optional(kind):
+            raise UserError(f"{key} must be set (got null)")
+        return
+    if _optional(kind):
+        kind = next(a for a in args if a is not type(None))
+        origin, args = getattr(kind, "__origin__", None), getattr(kind, "__args__", ())
+    if is_dataclass(kind):
+        _check(kind, value, key + ".")
+        return
+    if origin in (dict, Dict):
+        if not isinstance(value, dict):
+            raise UserError(f"{key} must be a mapping, got {value!r}")
+        if key.split(".")[-1] in ("tolerance", "atol", "thresholds", "layer_thresholds"):
+            for k in value:
+                if k not in DTYPE_NAMES:
+                    raise UserError(f"unknown key {key}.{k}; valid: {', '.join(DTYPE_NAMES)}")
+        for k, v in value.items():
+            _check_value(args[1], v, f"{key}.{k}", {"lo": 0} if args[1] is float else {})
+        return
+    if origin in (list, List):
+        if not isinstance(value, list):
+            raise UserError(f"{key} must be a list, got {value!r}")
+        if key == "mode.require_match":
+            bad = [v for v in value if v not in DTYPE_NAMES]
+            if bad:
+                raise UserError(f"{key}: unknown dtype {bad[0]!r}; valid: {', '.join(DTYPE_NAMES)}")
+        return
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise UserError(f"{key}={value!r} is not true/false")
+        return
+    if kind in (int, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+            raise UserError(f"{key}={value!r} is not {'an integer' if kind is int else 'a number'}")
+        if not math.isfinite(value):
+            raise UserError(f"{key}={value!r} must be a finite number")
+        lo, hi = meta.get("lo"), meta.get("hi")
+        if lo is not None and (value < lo or (meta.get("lo_open") and value == lo)):
+            raise UserError(f"{key}={value!r} is out of range: must be {'>' if meta.get('lo_open') else '>='} {lo:g}"
+                            + (f" and <= {hi:g}" if hi is not None else ""))
+        if hi is not None and value > hi:
+            raise UserError(f"{key}={value!r} is out of range: must be <= {hi:g}" + (f" and >= {lo:g}" if lo is not None else ""))
+        return
+    if kind is str:
+        choices = meta.get("choices") or ()
+        if choices and value not in choices:
+            raise UserError(f"unknown {key} {value!r}; valid: {', '.join(choices)}")
+        if not isinstance(value, str):
+            raise UserError(f"{key}={value!r} is not a string")
+        return
+
+
+def _optional(kind: Any) -> bool:
+    return type(None) in getattr(kind, "__args__", ())
+
+
+# --- before Hydra runs anything: every job of the command line composed and validated
+
+
+GROUPS = ("mode", "model", "obs", "tracking", "case")
+
+
+def unique_suffix() -> str:
+    """<time>-<microseconds>-<pid>: two runs started in the same second never share a directory."""
+    import os
+    import time
+
+    now = time.time()
+    return f"{time.strftime('%H-%M-%S', time.localtime(now))}-{int(now * 1e6) % 1_000_000:06d}-{os.getpid()}"
+
+
+def setup() -> None:
+    """Schemas into the ConfigStore and the `huggy_unique` resolver (run.py and tests call this before composing)."""
+    register()
+    if not OmegaConf.has_resolver("huggy_unique"):
+        OmegaConf.register_new_resolver("huggy_unique", unique_suffix, use_cache=True)
+
+
+def group_options(group: str, dirs: list) -> list[str]:
+    from pathlib import Path
+
+    return sorted({p.stem for d in dirs for p in (Path(d) / group).glob("*.yaml")})
+
+
+def expand(argv: list[str], conf_dirs: list) -> tuple[list[str], list[list[str]]]:
+    """(plain overrides, one list of `key=value` per swept value); glob() only on groups and never empty."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Glob
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(argv)
+    except HydraException as exc:
+        raise UserError(" ".join(str(exc).split())) from None
+    plain, sweeps = [], []
+    for o in parsed:
+        if o.get_key_element().startswith("hydra"):
+            continue
+        key = o.get_key_element()
+        if not o.is_sweep_override():
+            if key.lstrip("+") in GROUPS and not o.is_delete():
+                _known_choice(key.lstrip("+"), str(o.value()), conf_dirs)
+            plain.append(o.input_line)
+            continue
+        if isinstance(o.value(), Glob):
+            if key.lstrip("+") not in GROUPS:
+                raise UserError(f"{o.input_line}: glob() selects config files, so it works only on the groups "
+                                f"{', '.join(GROUPS)}; list the values instead ({key}=a,b,c)")
+            options = group_options(key.lstrip("+"), conf_dirs)
+            values = o.value().filter(options)
+            if not values:
+                raise UserError(f"{o.input_line} matches no {key} file; available: {', '.join(options) or 'none'}")
+        else:
+            values = list(o.sweep_string_iterator())
+            if key.lstrip("+") in GROUPS:
+                for v in values:
+                    _known_choice(key.lstrip("+"), v, conf_dirs)
+        sweeps.append([f"{key}={v}" for v in values])
+    return plain, sweeps
+
+
+def _known_choice(group: str, value: str, conf_dirs: list) -> None:
+    options = group_options(group, conf_dirs)
+    if value not in options and not (group == "case" and value == "null"):
+        raise UserError(f"unknown {group} {value!r}; valid: {', '.join(options)}")
+
+
+def preflight(argv: list[str], conf_dir) -> None:
+    """Compose and validate every job the command line asks for; the first bad one is a UserError (one line)."""
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.utils import get_args_parser
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    args = get_args_parser().parse_args(argv)
+    if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.experimental_rerun:
+        return
+    dirs = [Path(conf_dir)] + ([Path(args.config_dir).expanduser().resolve()] if args.config_dir else [])
+    if args.config_dir and not dirs[1].is_dir():
+        raise UserError(f"--config-dir {args.config_dir}: no such folder")
+    extra = [f"hydra.searchpath=[file://{dirs[1]}]"] if args.config_dir else []
+    plain, sweeps = expand(args.overrides, dirs)
+    if sweeps and not args.multirun:
+        raise UserError(f"{sweeps[0][0].split('=')[0]} has several values: add -m to sweep over them")
+    jobs = [plain] + [plain + [value] for values in sweeps for value in values]
+    if sweeps:
+        jobs = jobs[1:]
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        for overrides in jobs:
+            try:
+                cfg = compose(config_name=args.config_name or "config", overrides=overrides + extra,
+                              return_hydra_config=True)
+            except (HydraException, OmegaConfBaseException) as exc:
+                raise UserError(composition_error(exc, overrides)) from None
+            mode = cfg.hydra.runtime.choices.get("mode")
+            with_cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+            try:
+                validate(with_cfg, mode)
+            except UserError as exc:
+                case = cfg.hydra.runtime.choices.get("case")
+                raise UserError(f"case {case}: {exc}" if case else str(exc)) from None
+
+
+def composition_error(exc: BaseException, overrides: list[str]) -> str:
+    """Hydra's multi-line composition report as one line: what was asked, and OmegaConf's reason with the key."""
+    head = " ".join(str(exc).split("\n")[0].split())
+    cause = exc.__cause__
+    if cause is not None:
+        lines = [ln.strip() for ln in str(cause).splitlines() if ln.strip()]
+        key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), None)
+        reason = lines[0] if lines else type(cause).__name__
+        if "not in struct" in reason or "not in '" in reason:
+            reason = f"unknown key {key}" if key else reason
+        return f"{head}: {reason}" + (f" (key {key})" if key and key not in reason else "")
+    return head
