@@ -14,7 +14,7 @@ from huggy_exp.errors import UserError
 CONF = Path(__file__).parent / "conf"
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")
 def main(cfg: DictConfig) -> str:
     from huggy_exp.app import JobInfo, execute, exit_code, sync
 

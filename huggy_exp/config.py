@@ -208,8 +208,10 @@ def _check(schema: type, values: Any, prefix: str) -> None:
     hints = get_type_hints(schema)
     for key, value in values.items():
         if key not in known:
-            raise UserError(f"unknown key {prefix}{key}; valid keys{' of ' + prefix.rstrip('.') if prefix else ''}: "
-                            f"{', '.join(sorted(k for k in known if k != '_target_'))}")
+            names = sorted(k for k in known if k != "_target_")
+            where = prefix.rstrip(".") or "the config"
+            raise UserError(f"unknown key {prefix}{key}; valid keys of {where}: "
+                            f"{', '.join(names) if names else 'none (this mode has no knobs)'}")
     for name, f in known.items():
         key = f"{prefix}{name}"
         if name not in values:
@@ -265,11 +267,10 @@ def _check_value(kind: Any, value: Any, key: str, meta: dict) -> None:
         if not math.isfinite(value):
             raise UserError(f"{key}={value!r} must be a finite number")
         lo, hi = meta.get("lo"), meta.get("hi")
-        if lo is not None and (value < lo or (meta.get("lo_open") and value == lo)):
-            raise UserError(f"{key}={value!r} is out of range: must be {'>' if meta.get('lo_open') else '>='} {lo:g}"
-                            + (f" and <= {hi:g}" if hi is not None else ""))
-        if hi is not None and value > hi:
-            raise UserError(f"{key}={value!r} is out of range: must be <= {hi:g}" + (f" and >= {lo:g}" if lo is not None else ""))
+        low = f"{'>' if meta.get('lo_open') else '>='} {lo}" if lo is not None else ""
+        span = " and ".join(filter(None, [low, f"<= {hi}" if hi is not None else ""]))
+        if (lo is not None and (value < lo or (meta.get("lo_open") and value == lo))) or (hi is not None and value > hi):
+            raise UserError(f"{key}={value!r} is out of range: must be {span}")
         return
     if kind is str:
         choices = meta.get("choices") or ()
@@ -395,13 +396,42 @@ def preflight(argv: list[str], conf_dir) -> None:
 
 def composition_error(exc: BaseException, overrides: list[str]) -> str:
     """Hydra's multi-line composition report as one line: what was asked, and OmegaConf's reason with the key."""
-    head = " ".join(str(exc).split("\n")[0].split())
+    head = " ".join(str(exc).split("\n")[0].split()).rstrip(".")
     cause = exc.__cause__
-    if cause is not None:
-        lines = [ln.strip() for ln in str(cause).splitlines() if ln.strip()]
-        key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), None)
-        reason = lines[0] if lines else type(cause).__name__
-        if "not in struct" in reason or "not in '" in reason:
-            reason = f"unknown key {key}" if key else reason
-        return f"{head}: {reason}" + (f" (key {key})" if key and key not in reason else "")
-    return head
+    if cause is None:
+        return head
+    lines = [ln.strip() for ln in str(cause).splitlines() if ln.strip()]
+    key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), None)
+    reason = lines[0] if lines else type(cause).__name__
+    if key and ("not in struct" in reason or "not in '" in reason):
+        return unknown_key(key, _mode_choice(overrides))
+    return f"{head}: {reason}" + (f" (key {key})" if key and key not in reason else "")
+
+
+def _mode_choice(overrides: list[str]) -> str:
+    chosen = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") == "mode"]
+    return chosen[-1] if chosen else "action"
+
+
+def unknown_key(key: str, mode: str) -> str:
+    """`unknown key mode.tolerence; valid keys of mode (batch): repeats, tolerance`."""
+    parts = key.split(".")
+    kind: Any = MODES.get(mode, ModeConf) if parts[0] == "mode" else Config
+    for part in (parts[1:] if parts[0] == "mode" else parts)[:-1]:
+        if getattr(kind, "__origin__", None) in (dict, Dict):  # per-dtype tables: the key is a dtype
+            kind = kind.__args__[1]
+            continue
+        if not is_dataclass(kind):
+            return f"unknown key {key}"
+        kind = get_type_hints(kind).get(part)
+        if _optional(kind):
+            kind = next(a for a in kind.__args__ if a is not type(None))
+    if getattr(kind, "__origin__", None) in (dict, Dict):
+        names = list(DTYPE_NAMES)
+    elif is_dataclass(kind):
+        names = sorted(f.name for f in fields(kind) if f.name != "_target_")
+    else:
+        return f"unknown key {key}"
+    where = ".".join(parts[:-1]) or "the config"
+    where = f"{where} ({mode})" if parts[0] == "mode" and len(parts) == 2 else where
+    return f"unknown key {key}; valid keys of {where}: {', '.join(names) if names else 'none (this mode has no knobs)'}"

@@ -41,7 +41,10 @@ def check_device(name: str) -> tuple[str, int | None]:
     m = _DEVICE_RE.match(str(name))
     if not m:
         raise UserError(f"unknown device {name!r}; valid: cpu, cuda[:N], npu[:N], mps")
-    return m.group(1), int(m.group(2)) if m.group(2) is not None else None
+    kind, index = m.group(1), int(m.group(2)) if m.group(2) is not None else None
+    if kind in ("cpu", "mps") and index not in (None, 0):
+        raise UserError(f"unknown device {name!r}: {kind} has no device {index}; use {kind}")
+    return kind, index
 
 
 def _import_backend(kind: str) -> None:
