@@ -215,7 +215,7 @@ def _policy_state(blob: object, origin: str) -> tuple[dict, int | None]:
     gs = blob.get("global_step")
     if isinstance(gs, dict) and gs:
         key, value = next(iter(gs.items()))
-        step = _count(_array(value, f"global_step.{key}", origin), f"global_step.{key}", origin, minimum=0)
+        step = _count(_array(value, f"global_step.{key}", origin), f"key global_step.{key}", origin, minimum=0)
     if isinstance(blob.get("Policy"), dict):
         return blob["Policy"], step
     if any(isinstance(k, str) and k.startswith(BODY_PREFIX) for k in blob):
@@ -250,7 +250,7 @@ def _count(a: np.ndarray, key: str, origin: str, minimum: int) -> int:
     value = float(flat[0]) if flat.size == 1 else None
     if value is None or not np.isfinite(value) or value != int(value) or value < minimum or value > 2**62:
         shown = flat[:4].tolist() if flat.size else "empty"
-        raise UserError(f"{origin}: key {key} is {shown}, expected one integer >= {minimum}")
+        raise UserError(f"{origin}: {key} is {shown}, expected one integer >= {minimum}")
     return int(value)
 
 
@@ -325,7 +325,7 @@ def weights_from_state_dict(state: dict, origin: str) -> PolicyWeights:
     )
     check_shapes(weights, origin)
     if "continuous_act_size_vector" in arrays:
-        declared = _count(arrays["continuous_act_size_vector"], "continuous_act_size_vector", origin, minimum=0)
+        declared = _count(arrays["continuous_act_size_vector"], "Policy key continuous_act_size_vector", origin, minimum=0)
         if declared != weights.act_dim:
             raise UserError(f"{origin}: continuous_act_size_vector says {declared} actions but mu has {weights.act_dim} rows")
     return weights
@@ -465,10 +465,10 @@ def read_onnx(path: Path):
     try:
         load_external_data_for_model(model, str(path.parent))
     except onnx.checker.ValidationError as exc:
-        reason = str(exc).strip().splitlines()[0]
-        if "outside" in reason:
-            raise UserError(f"onnx file {path}: external data refused: {reason}") from None
-        raise UserError(f"onnx file {path}: external data missing: {reason}; keep its data files beside the model") from None
+        reason = str(exc).strip().splitlines()[0].rstrip(".")
+        if "not regular file" in reason or "exist" in reason:
+            raise UserError(f"onnx file {path}: external data missing: {reason}; keep its data files beside the model") from None
+        raise UserError(f"onnx file {path}: external data refused: {reason}") from None
     except Exception as exc:
         raise UserError(f"onnx file {path}: external data could not be read: {type(exc).__name__}: {str(exc).strip()[:200]}") from None
     return model
@@ -491,7 +491,7 @@ def check_onnx_pairing(path: Path, w: PolicyWeights) -> None:
     if len(inputs) == 1 and inputs[0][0] == ONNX_INPUT and fits(inputs[0][1], w.obs_dim) and all(
             name in outputs and fits(outputs[name], width) for name, width in want_out.items()):
         return
-    show = lambda items: ", ".join(f"{n} {[d if isinstance(d, int) else 'N' for d in dims]}" for n, dims in items) or "none"  # noqa: E731
+    show = lambda items: ", ".join(f"{n} [{', '.join(str(d) if isinstance(d, int) else 'N' for d in dims)}]" for n, dims in items) or "none"  # noqa: E731
     raise UserError(
         f"onnx file {path} is not an ML-Agents policy for this checkpoint: expected input {ONNX_INPUT} [N, {w.obs_dim}] and outputs "
         + ", ".join(f"{n} [N, {k}]" for n, k in want_out.items())
