@@ -195,9 +195,10 @@ def _torch_container(path: Path) -> str | None:
     import pickletools
     import zipfile
 
-    if zipfile.is_zipfile(path):
-        return "zip archive"
     with open(path, "rb") as fh:
+        if fh.read(4) == b"PK\x03\x04" or zipfile.is_zipfile(fh):
+            return "zip archive"
+        fh.seek(0)
         try:
             for opcode, _, _ in pickletools.genops(fh):
                 if opcode.name == "STOP":
