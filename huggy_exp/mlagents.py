@@ -834,15 +834,25 @@ def read_configuration(root: Path) -> dict[str, dict]:
     if not path.is_file():
         return {}
     try:
-        doc = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        doc = yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path} is not UTF-8 text (bad byte at offset {exc.start})") from None
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise UserError(f"{path} is not valid YAML: {(str(exc).strip() or 'nested too deeply').splitlines()[0]}") from None
+    shape = "a mapping 'behaviors: {<Behavior>: {trainer_type: ..., network_settings: {...}}}'"
+    behaviors = (doc or {}).get("behaviors") if isinstance(doc or {}, dict) else None
+    if not isinstance(doc or {}, dict) or not isinstance(behaviors or {}, dict):
+        raise UserError(f"{path}: expected {shape}, found {'behaviors: ' if isinstance(doc, dict) else ''}a {type(behaviors if isinstance(doc, dict) else doc).__name__}")
     out = {}
-    for behavior, settings in (doc.get("behaviors") or {}).items():
-        net = (settings or {}).get("network_settings") or {}
-        out[behavior] = {"trainer_type": settings.get("trainer_type"), "hidden_units": net.get("hidden_units"),
-                         "num_layers": net.get("num_layers"), "normalize": net.get("normalize"),
-                         "max_steps": settings.get("max_steps")}
+    for behavior, settings in (behaviors or {}).items():
+        net = (settings or {}).get("network_settings") if isinstance(settings or {}, dict) else None
+        if not isinstance(settings or {}, dict) or not isinstance(net or {}, dict):
+            where, bad = (f"behaviors.{behavior}", settings) if not isinstance(settings or {}, dict) else (f"behaviors.{behavior}.network_settings", net)
+            raise UserError(f"{path}: {where} is a {type(bad).__name__}, expected a mapping")
+        settings, net = settings or {}, net or {}
+        out[str(behavior)] = {"trainer_type": settings.get("trainer_type"), "hidden_units": net.get("hidden_units"),
+                              "num_layers": net.get("num_layers"), "normalize": net.get("normalize"),
+                              "max_steps": settings.get("max_steps")}
     return out
 
 

@@ -313,3 +313,26 @@ def test_onnx_compare_with_a_foreign_onnx_is_an_error_job(tmp_path):
     job = run_job(tmp_path / "job", "onnx-compare", f"model.checkpoint={pt}", f"model.onnx={tmp_path / 'other.onnx'}", "obs.rows=4")
     assert job.record["status"] == "error"
     assert "not an ML-Agents policy for this checkpoint" in job.record["reason"]
+
+
+def configuration(text: bytes):
+    def build(tmp: Path):
+        (tmp / "configuration.yaml").write_bytes(text)
+        return lambda: mlagents.read_configuration(tmp)
+    return build
+
+
+CONFIGURATION_ROWS = [
+    ("configuration top level list", configuration(b"- a\n- b\n"), "expected a mapping 'behaviors: {<Behavior>: {trainer_type"),
+    ("configuration behaviors list", configuration(b"behaviors: [1]\n"), "found behaviors: a list"),
+    ("configuration behavior not a mapping", configuration(b"behaviors:\n  Huggy: 3\n"), "behaviors.Huggy is a int, expected a mapping"),
+    ("configuration network_settings list", configuration(b"behaviors:\n  Huggy:\n    network_settings: [1]\n"),
+     "behaviors.Huggy.network_settings is a list, expected a mapping"),
+    ("configuration bad UTF-8", configuration(b"behaviors:\n  \xff\xfe: 1\n"), "configuration.yaml is not UTF-8 text"),
+    ("configuration nested too deeply", configuration(b"[" * 5000), "configuration.yaml is not valid YAML"),
+]
+
+
+@pytest.mark.parametrize("build, fragment", [r[1:] for r in CONFIGURATION_ROWS], ids=[r[0] for r in CONFIGURATION_ROWS])
+def test_hostile_configuration_yaml_gets_one_clear_line(build, fragment, tmp_path):
+    test_hostile_input_gets_one_clear_line(build, fragment, tmp_path)
