@@ -216,7 +216,7 @@ def _policy_state(blob: object, origin: str) -> tuple[dict, int | None]:
     gs = blob.get("global_step")
     if isinstance(gs, dict) and gs:
         key, value = next(iter(gs.items()))
-        step = _count(_array(value, f"global_step.{key}", origin), f"key global_step.{key}", origin, minimum=0)
+        step = _count(_array(value, f"key global_step.{key}", origin), f"key global_step.{key}", origin, minimum=0)
     if isinstance(blob.get("Policy"), dict):
         return blob["Policy"], step
     if any(isinstance(k, str) and k.startswith(BODY_PREFIX) for k in blob):
@@ -236,12 +236,12 @@ def _array(value: object, key: str, origin: str) -> np.ndarray:
                 t = t.float()  # bfloat16, float8: numpy has no such dtype
             value = t.numpy()
         except Exception:
-            raise UserError(f"{origin}: key {key} is a {t.dtype} {t.layout} tensor, which cannot be read as numbers") from None
+            raise UserError(f"{origin}: {key} is a {t.dtype} {t.layout} tensor, which cannot be read as numbers") from None
     elif isinstance(value, (bool, int, float)):
         value = np.asarray(value)
     if not isinstance(value, np.ndarray) or value.dtype.kind not in "biuf":
         what = f"{value.dtype} array" if isinstance(value, np.ndarray) else type(value).__name__
-        raise UserError(f"{origin}: key {key} is a {what}, not a real-valued tensor")
+        raise UserError(f"{origin}: {key} is a {what}, not a real-valued tensor")
     return value
 
 
@@ -282,7 +282,7 @@ def weights_from_state_dict(state: dict, origin: str) -> PolicyWeights:
     odd = next((k for k in state if not isinstance(k, str)), None)
     if odd is not None:
         raise UserError(f"{origin}: Policy key {odd!r} is a {type(odd).__name__}, not a string")
-    arrays = {k: _array(v, k, origin) for k, v in state.items()}
+    arrays = {k: _array(v, f"Policy key {k}", origin) for k, v in state.items()}
 
     discrete = [k for k in arrays if k.startswith("action_model._discrete_distribution")]
     if discrete:

@@ -218,3 +218,64 @@ def test_other_metrics_give_numbers_or_a_user_error(a, b):
             except UserError:
                 continue
             assert isinstance(value, (float, str, dict))
+
+
+def _small_onnx():
+    import onnx
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mlagents.write_onnx(SMALL.policy_weights(), Path(tmp) / "small.onnx")
+        return onnx.load(str(Path(tmp) / "small.onnx"))
+
+
+SMALL_ONNX = _small_onnx()
+ONNX_DTYPES = [np.float32, np.float64, np.float16, np.int64, np.int32, np.bool_, np.uint8]
+
+
+@st.composite
+def onnx_graphs(draw):
+    """The small actor's ML-Agents graph with random edits: initializers replaced, nodes dropped or rewired, inputs renamed."""
+    from onnx import numpy_helper
+
+    model = SMALL_ONNX.__class__()
+    model.CopyFrom(SMALL_ONNX)
+    graph = model.graph
+    for _ in range(draw(st.integers(1, 3))):
+        action = draw(st.sampled_from(["initializer", "drop node", "rewire", "rename input", "op type"]))
+        if action == "initializer" and len(graph.initializer):
+            i = draw(st.integers(0, len(graph.initializer) - 1))
+            t = draw(tensors()) if draw(st.booleans()) else None
+            t = None if t is None else (t.real if t.is_complex() else t).to(torch.float64).numpy()
+            if t is None:
+                old = numpy_helper.to_array(graph.initializer[i]).copy()
+                if old.size:
+                    with np.errstate(all="ignore"):
+                        old.reshape(-1)[draw(st.integers(0, old.size - 1))] = draw(SPECIALS)
+                t = old
+            dtype = draw(st.sampled_from(ONNX_DTYPES))
+            with np.errstate(all="ignore"):
+                t = np.nan_to_num(t) if np.dtype(dtype).kind != "f" else t
+                graph.initializer[i].CopyFrom(numpy_helper.from_array(np.asarray(t).astype(dtype), graph.initializer[i].name))
+        elif action == "drop node" and len(graph.node):
+            del graph.node[draw(st.integers(0, len(graph.node) - 1))]
+        elif action == "rewire" and len(graph.node):
+            node = graph.node[draw(st.integers(0, len(graph.node) - 1))]
+            names = [o for n in graph.node for o in n.output] + [i.name for i in graph.initializer] + ["obs_0"]
+            if len(node.input):
+                node.input[draw(st.integers(0, len(node.input) - 1))] = draw(st.sampled_from(names))
+        elif action == "rename input":
+            graph.input[0].name = draw(st.sampled_from(["x", "obs_1", "obs_0"]))
+        elif action == "op type" and len(graph.node):
+            graph.node[draw(st.integers(0, len(graph.node) - 1))].op_type = draw(st.sampled_from(["Gemm", "Mul", "Identity", "Clip", "Exp", "Relu"]))
+    return model
+
+
+@PROPERTY
+@given(onnx_graphs())
+def test_any_edited_onnx_graph_gives_sane_weights_or_a_user_error(model):
+    try:
+        w = mlagents.weights_from_onnx(model, "prop.onnx")
+    except UserError as exc:
+        assert "\n" not in str(exc)
+        return
+    _loaded_weights_are_sane(w)
