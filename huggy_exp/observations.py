@@ -30,7 +30,7 @@ def make_observations(
         return load_observations(path, obs_dim)
     if rows <= 0:
         raise UserError(f"obs.rows must be positive, got {rows}")
-    check_size(rows, obs_dim, "obs.rows", f"obs.rows={rows}")
+    _check_rows(rows, obs_dim)
     if not np.isfinite(scale):
         raise UserError(f"obs.scale must be a finite number, got {scale}")
     if source == "zeros":
@@ -47,13 +47,13 @@ def make_observations(
     return z.astype(np.float32)
 
 
-def check_size(rows: int, obs_dim: int, what: str, origin: str) -> None:
-    """Refuse, before allocating, observation arrays above MAX_OBS_BYTES as float32."""
+def _check_rows(rows: int, obs_dim: int) -> None:
+    """Refuse, before allocating, more rows than MAX_OBS_BYTES of float32 observations hold."""
     need = int(rows) * int(obs_dim) * 4
     if need > MAX_OBS_BYTES:
         limit = MAX_OBS_BYTES // (4 * max(int(obs_dim), 1))
-        raise UserError(f"{origin}: [{rows}, {obs_dim}] float32 observations need {need / 2**30:,.1f} GiB, over the "
-                        f"{MAX_OBS_BYTES / 2**30:g} GiB limit; {what} must be at most {limit:,} for obs_dim {obs_dim}")
+        raise UserError(f"obs.rows={rows}: [{rows}, {obs_dim}] float32 observations need {need / 2**30:,.1f} GiB, over the "
+                        f"{MAX_OBS_BYTES / 2**30:g} GiB limit; obs.rows must be at most {limit:,} for obs_dim {obs_dim}")
 
 
 def load_observations(path: str | None, obs_dim: int) -> np.ndarray:
