@@ -65,13 +65,7 @@ def _with_onnx(loaded: mlagents.LoadedModel, onnx: str) -> mlagents.LoadedModel:
 
 
 def _open_results(root: Path, behavior: str | None, step: int | None) -> mlagents.LoadedModel:
-    try:
-        path = mlagents.latest_checkpoint(root, behavior, step)
-    except UserError:
-        finals = sorted(root.glob("*.onnx")) if root.is_dir() else []
-        if not finals or step is not None:
-            raise
-        path = finals[0]
+    path = mlagents.results_model(root, behavior, step)
     return mlagents.load_checkpoint(path) if path.suffix == ".pt" else mlagents.load_onnx(path)
 
 

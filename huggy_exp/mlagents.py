@@ -167,47 +167,122 @@ def load_checkpoint(path: str | Path) -> LoadedModel:
     path = _require_file(Path(path), "checkpoint")
     if path.stat().st_size == 0:
         raise UserError(f"checkpoint {path} is empty (0 bytes)")
+    kind = _torch_container(path)
+    if kind is None:
+        raise UserError(f"checkpoint {path} is not a torch file: neither a zip archive (torch.save) nor a pickle stream")
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for bad files; all mean the same to the user
-        first = re.split(r"(?<=\.) ", str(exc).strip().splitlines()[0])[0] if str(exc).strip() else type(exc).__name__
-        if "Weights only load failed" in str(exc) or "weights_only" in str(exc):
+        text = str(exc).strip()
+        first = re.split(r"(?<=\.) ", text.splitlines()[0])[0] if text else type(exc).__name__
+        if "Weights only load failed" in text or "weights_only" in text:
             raise UserError(
                 f"checkpoint {path} holds pickled objects other than tensors; refused to unpickle it "
                 "(torch.load weights_only=True)"
             ) from None
-        raise UserError(f"checkpoint {path} is not a readable torch file (truncated or corrupt?): {first}") from None
-    state, step = _policy_state(blob, path)
-    weights = weights_from_state_dict(state, str(path))
+        raise UserError(f"checkpoint {path} is a {kind} but not a readable torch checkpoint (truncated or corrupt?): {first}") from None
+    origin = f"checkpoint {path}"
+    state, step = _policy_state(blob, origin)
+    weights = weights_from_state_dict(state, origin)
     return LoadedModel(weights, "pt", path, sha256_file(path), step=step, onnx_path=_sibling_onnx(path))
 
 
-def _policy_state(blob: object, path: Path) -> tuple[dict, int | None]:
+def _torch_container(path: Path) -> str | None:
+    """'zip archive' (torch.save), 'pickle stream' (legacy torch.save or a bare pickle), or None for anything else.
+
+    The pickle opcodes are only parsed (pickletools), never executed.
+    """
+    import pickletools
+    import zipfile
+
+    with open(path, "rb") as fh:
+        if fh.read(4) == b"PK\x03\x04" or zipfile.is_zipfile(fh):
+            return "zip archive"
+        fh.seek(0)
+        try:
+            for opcode, _, _ in pickletools.genops(fh):
+                if opcode.name == "STOP":
+                    return "pickle stream"
+        except Exception:  # any parse failure means: not a pickle
+            return None
+    return None
+
+
+def _policy_state(blob: object, origin: str) -> tuple[dict, int | None]:
     """The actor's state_dict and the global step from a checkpoint dict (or a bare actor state_dict)."""
     if not isinstance(blob, dict):
-        raise UserError(f"checkpoint {path} is not an ML-Agents checkpoint: top level is {type(blob).__name__}, not a dict")
+        raise UserError(f"{origin} is not an ML-Agents checkpoint: top level is {type(blob).__name__}, not a dict")
     step = None
     gs = blob.get("global_step")
     if isinstance(gs, dict) and gs:
-        step = int(np.asarray(next(iter(gs.values()))).reshape(-1)[0])
+        key, value = next(iter(gs.items()))
+        step = _count(_array(value, f"key global_step.{key}", origin), f"key global_step.{key}", origin, minimum=0)
     if isinstance(blob.get("Policy"), dict):
         return blob["Policy"], step
     if any(isinstance(k, str) and k.startswith(BODY_PREFIX) for k in blob):
         return blob, step
     keys = ", ".join(sorted(map(str, blob))[:8]) or "none"
-    raise UserError(f"checkpoint {path} is not an ML-Agents checkpoint: no 'Policy' state_dict (top-level keys: {keys})")
+    raise UserError(f"{origin} is not an ML-Agents checkpoint: no 'Policy' state_dict (top-level keys: {keys})")
 
 
-def _array(value: object) -> np.ndarray:
-    if hasattr(value, "detach"):
-        value = value.detach().cpu().numpy()
-    return np.asarray(value)
+def _array(value: object, key: str, origin: str) -> np.ndarray:
+    """A state_dict entry as a numeric numpy array; anything else (strings, lists, complex, sparse) is refused."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu()
+        try:
+            if t.is_floating_point() and t.dtype not in (torch.float16, torch.float32, torch.float64):
+                t = t.float()  # bfloat16, float8: numpy has no such dtype
+            value = t.numpy()
+        except Exception:
+            raise UserError(f"{origin}: {key} is a {t.dtype} {t.layout} tensor, which cannot be read as numbers") from None
+    elif isinstance(value, (bool, int, float)):
+        value = np.asarray(value)
+    if not isinstance(value, np.ndarray) or value.dtype.kind not in "biuf":
+        what = f"{value.dtype} array" if isinstance(value, np.ndarray) else type(value).__name__
+        raise UserError(f"{origin}: {key} is a {what}, not a real-valued tensor")
+    return value
+
+
+def _count(a: np.ndarray, key: str, origin: str, minimum: int) -> int:
+    """A one-element integer entry (a step count, a size); empty, fractional or too small is refused."""
+    flat = a.reshape(-1)
+    value = float(flat[0]) if flat.size == 1 else None
+    if value is None or not np.isfinite(value) or value != int(value) or value < minimum or value > 2**62:
+        shown = flat[:4].tolist() if flat.size else "empty"
+        raise UserError(f"{origin}: {key} is {shown}, expected one integer >= {minimum}")
+    return int(value)
+
+
+def _nonfinite(a: np.ndarray) -> str | None:
+    """'1 NaN (first at [3, 17])' when a float array holds NaN or inf as float32; None when every value is finite."""
+    if a.dtype.kind != "f":
+        return None
+    with np.errstate(over="ignore", invalid="ignore"):
+        f32 = a.astype(np.float32)
+    bad = ~np.isfinite(f32)
+    if not bad.any():
+        return None
+    nan, inf = int(np.isnan(f32).sum()), int(np.isinf(f32).sum())
+    what = " and ".join(f"{n} {label}" for n, label in ((nan, "NaN"), (inf, "inf")) if n)
+    where = [int(i) for i in np.argwhere(bad)[0]]
+    overflow = " once cast to float32" if np.isfinite(a[tuple(where)]) else ""
+    return f"{what}{overflow} (first at {where})"
+
+
+def _check_finite(a: np.ndarray, name: str, origin: str) -> None:
+    if (bad := _nonfinite(a)) is not None:
+        raise UserError(f"{origin}: {name} has {bad}")
 
 
 def weights_from_state_dict(state: dict, origin: str) -> PolicyWeights:
     """Rebuild PolicyWeights from ML-Agents actor keys; sizes come from tensor shapes, never assumed."""
     known: set[str] = set(METADATA_KEYS)
-    arrays = {k: _array(v) for k, v in state.items()}
+    odd = next((k for k in state if not isinstance(k, str)), None)
+    if odd is not None:
+        raise UserError(f"{origin}: Policy key {odd!r} is a {type(odd).__name__}, not a string")
+    arrays = {k: _array(v, f"Policy key {k}", origin) for k, v in state.items()}
 
     discrete = [k for k in arrays if k.startswith("action_model._discrete_distribution")]
     if discrete:
@@ -232,6 +307,9 @@ def weights_from_state_dict(state: dict, origin: str) -> PolicyWeights:
     unexpected = sorted(k for k in arrays if k not in known)
     if unexpected:
         raise UserError(f"{origin}: unexpected keys {unexpected[:6]}{' ...' if len(unexpected) > 6 else ''}")
+    for k in arrays:
+        _check_finite(arrays[k], f"Policy key {k}", origin)
+    scalar = lambda k, default: float(arrays[k].reshape(-1)[0]) if k in arrays and arrays[k].size else default  # noqa: E731
 
     f32 = lambda k: arrays[k].astype(np.float32)  # noqa: E731
     layers = tuple((f32(f"{BODY_PREFIX}{i}.weight"), f32(f"{BODY_PREFIX}{i}.bias")) for i in layer_ids)
@@ -243,19 +321,19 @@ def weights_from_state_dict(state: dict, origin: str) -> PolicyWeights:
         log_sigma=log_sigma,
         normalizer=normalizer,
         tanh_squash=conditional,
-        version_number=float(arrays["version_number"].reshape(-1)[0]) if "version_number" in arrays else 3.0,
-        memory_size=float(arrays["memory_size_vector"].reshape(-1)[0]) if "memory_size_vector" in arrays else 0.0,
+        version_number=scalar("version_number", 3.0),
+        memory_size=scalar("memory_size_vector", 0.0),
     )
     check_shapes(weights, origin)
     if "continuous_act_size_vector" in arrays:
-        declared = int(arrays["continuous_act_size_vector"].reshape(-1)[0])
+        declared = _count(arrays["continuous_act_size_vector"], "Policy key continuous_act_size_vector", origin, minimum=0)
         if declared != weights.act_dim:
             raise UserError(f"{origin}: continuous_act_size_vector says {declared} actions but mu has {weights.act_dim} rows")
     return weights
 
 
 def _normalizer(arrays: dict, origin: str, known: set[str]) -> Normalizer | None:
-    """Read the normalizer under either key spelling; when both are present they must agree."""
+    """Read the normalizer under either key spelling; each must be finite and valid, and when both are present they must agree."""
     found = []
     for prefix in NORMALIZER_PREFIXES:
         present = [f for f in NORMALIZER_FIELDS if prefix + f in arrays]
@@ -264,19 +342,32 @@ def _normalizer(arrays: dict, origin: str, known: set[str]) -> Normalizer | None
         if len(present) != len(NORMALIZER_FIELDS):
             raise UserError(f"{origin}: missing keys {[prefix + f for f in NORMALIZER_FIELDS if f not in present]}")
         known.update(prefix + f for f in NORMALIZER_FIELDS)
-        found.append((prefix, [arrays[prefix + f] for f in NORMALIZER_FIELDS]))
+        mean, var, steps = (arrays[prefix + f] for f in NORMALIZER_FIELDS)
+        _check_finite(mean, f"Policy key {prefix}running_mean", origin)
+        _check_finite(var, f"Policy key {prefix}running_variance", origin)
+        _check_finite(steps, f"Policy key {prefix}normalization_steps", origin)
+        if (var <= 0).any():
+            first = int(np.argwhere(var.reshape(-1) <= 0)[0][0])
+            raise UserError(f"{origin}: Policy key {prefix}running_variance has {int((var <= 0).sum())} values <= 0 "
+                            f"(first at [{first}]: {float(var.reshape(-1)[first]):g}); ML-Agents starts it at 1 and only adds squared deviations")
+        n = _count(steps, f"Policy key {prefix}normalization_steps", origin, minimum=1)
+        found.append((prefix, [mean, var, n]))
     if not found:
         return None
     (p0, first), *others = found
     for p1, other in others:
-        if not all(a.shape == b.shape and np.array_equal(a, b) for a, b in zip(first, other)):
+        if not all(np.shape(a) == np.shape(b) and np.array_equal(a, b) for a, b in zip(first, other)):
             raise UserError(f"{origin}: normalizer statistics under '{p0}' and '{p1}' disagree")
     mean, var, steps = first
-    return Normalizer(mean.astype(np.float32), var.astype(np.float32), int(np.asarray(steps).reshape(-1)[0]))
+    return Normalizer(mean.astype(np.float32), var.astype(np.float32), steps)
 
 
 def check_shapes(w: PolicyWeights, origin: str) -> None:
     """Every tensor must chain: [H, obs] -> [H, H]... -> mu [act, H]; normalizer and log_sigma match."""
+    for key, weight, bias in [(f"{BODY_PREFIX}{2 * i}", *layer) for i, layer in enumerate(w.layers)] + [(MU_PREFIX[:-1], *w.mu)]:
+        if weight.ndim != 2 or bias.ndim != 1 or 0 in weight.shape:
+            raise UserError(f"{origin}: shape mismatch: {key}.weight {list(weight.shape)} / .bias {list(bias.shape)} "
+                            "(expected a non-empty [out, in] matrix and an [out] vector)")
     problems = []
     width = w.obs_dim
     for i, (weight, bias) in enumerate(w.layers):
@@ -298,8 +389,6 @@ def check_shapes(w: PolicyWeights, origin: str) -> None:
         for name, value in stats.items():
             if value.shape != (w.obs_dim,):
                 problems.append(f"{NORMALIZER_PREFIXES[0]}{name} {list(value.shape)} (expected [{w.obs_dim}])")
-        if n.steps is not None and n.steps <= 0:
-            problems.append(f"{NORMALIZER_PREFIXES[0]}normalization_steps {n.steps} (must be > 0)")
     if problems:
         raise UserError(f"{origin}: shape mismatch: " + "; ".join(problems))
 
@@ -360,15 +449,55 @@ def _atomic_write(path: Path, write) -> None:
 
 def load_onnx(path: str | Path) -> LoadedModel:
     """Read the policy from an ML-Agents .onnx alone: weights from initializers, found by graph structure."""
-    import onnx
-
     path = _require_file(Path(path), "onnx file")
+    weights = weights_from_onnx(read_onnx(path), f"onnx file {path}")
+    return LoadedModel(weights, "onnx", path, sha256_file(path), step=_step_from_name(path), onnx_path=path)
+
+
+def read_onnx(path: Path):
+    """Parse an .onnx; external data is read only from inside the model's folder, as onnx's own checks allow."""
+    import onnx
+    from onnx.external_data_helper import load_external_data_for_model
+
     try:
-        model = onnx.load(str(path))
+        model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:
         raise UserError(f"onnx file {path} could not be parsed (truncated or not ONNX?): {type(exc).__name__}") from None
-    weights = weights_from_onnx(model, str(path))
-    return LoadedModel(weights, "onnx", path, sha256_file(path), step=_step_from_name(path), onnx_path=path)
+    try:
+        load_external_data_for_model(model, str(path.parent))
+    except onnx.checker.ValidationError as exc:
+        reason = str(exc).strip().splitlines()[0].rstrip(".")
+        if "not regular file" in reason or "exist" in reason:
+            raise UserError(f"onnx file {path}: external data missing: {reason}; keep its data files beside the model") from None
+        raise UserError(f"onnx file {path}: external data refused: {reason}") from None
+    except Exception as exc:
+        raise UserError(f"onnx file {path}: external data could not be read: {type(exc).__name__}: {str(exc).strip()[:200]}") from None
+    return model
+
+
+def _value_info(v) -> tuple[str, list]:
+    """(name, dims) of a graph input/output; a dim is an int, its symbolic name, or '?'."""
+    dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in v.type.tensor_type.shape.dim]
+    return v.name, dims
+
+
+def check_onnx_pairing(path: Path, w: PolicyWeights) -> None:
+    """The .onnx compared with a policy must expose ML-Agents' input and outputs at the policy's widths."""
+    model = read_onnx(Path(path))
+    inits = {i.name for i in model.graph.initializer}
+    inputs = [_value_info(i) for i in model.graph.input if i.name not in inits]
+    outputs = dict(_value_info(o) for o in model.graph.output)
+    want_out = {"deterministic_continuous_actions": w.act_dim, "continuous_actions": w.act_dim}
+    fits = lambda dims, width: len(dims) == 2 and dims[1] == width  # noqa: E731
+    if len(inputs) == 1 and inputs[0][0] == ONNX_INPUT and fits(inputs[0][1], w.obs_dim) and all(
+            name in outputs and fits(outputs[name], width) for name, width in want_out.items()):
+        return
+    show = lambda items: ", ".join(f"{n} [{', '.join(str(d) if isinstance(d, int) else 'N' for d in dims)}]" for n, dims in items) or "none"  # noqa: E731
+    raise UserError(
+        f"onnx file {path} is not an ML-Agents policy for this checkpoint: expected input {ONNX_INPUT} [N, {w.obs_dim}] and outputs "
+        + ", ".join(f"{n} [N, {k}]" for n, k in want_out.items())
+        + f"; found inputs {show(inputs)}; outputs {show(outputs.items())}"
+    )
 
 
 class _Graph:
@@ -379,12 +508,15 @@ class _Graph:
 
         self.origin = origin
         self.nodes = list(model.graph.node)
-        self.const = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-        for node in self.nodes:
-            if node.op_type == "Constant":
-                for attr in node.attribute:
-                    if attr.name == "value":
-                        self.const[node.output[0]] = numpy_helper.to_array(attr.t)
+        tensors = [(i.name, i) for i in model.graph.initializer]
+        tensors += [(n.output[0], a.t) for n in self.nodes if n.op_type == "Constant" and n.output
+                    for a in n.attribute if a.name == "value"]
+        self.const = {}
+        for name, tensor in tensors:
+            try:
+                self.const[name] = numpy_helper.to_array(tensor)
+            except Exception as exc:
+                raise self.fail(f"constant {name!r} cannot be read ({type(exc).__name__})") from None
         self.producer = {out: n for n in self.nodes for out in n.output}
         self.inputs = [i.name for i in model.graph.input if i.name not in self.const]
 
@@ -396,10 +528,16 @@ class _Graph:
         return users[0] if len(users) == 1 else None
 
     def const_input(self, node) -> np.ndarray | None:
-        for name in node.input:
-            if name in self.const:
-                return self.const[name]
-        return None
+        name = next((n for n in node.input if n in self.const), None)
+        return None if name is None else self.weight(name)
+
+    def weight(self, name: str) -> np.ndarray:
+        """A constant as float32: numeric and finite, or an error naming it."""
+        value = self.const[name]
+        if value.dtype.kind not in "biuf":
+            raise self.fail(f"constant {name!r} is {value.dtype}, not numbers")
+        _check_finite(value, f"initializer {name}", self.origin)
+        return value.astype(np.float32)
 
     def attr(self, node, name: str, default=None):
         from onnx import helper
@@ -417,8 +555,11 @@ def weights_from_onnx(model, origin: str) -> PolicyWeights:
     g = _Graph(model, origin)
     if len(g.inputs) != 1:
         raise g.fail(f"expected one observation input, found {g.inputs} (multiple sensors, masks or memory are not supported)")
-    cursor = g.inputs[0]
-    while (passthrough := g.only(cursor, "Cast") or g.only(cursor, "Identity")) is not None:
+    cursor, seen = g.inputs[0], set()
+    while (passthrough := g.only(cursor, "Cast") or g.only(cursor, "Identity")) is not None and passthrough.output:
+        if id(passthrough) in seen:
+            raise g.fail("the graph has a cycle")
+        seen.add(id(passthrough))
         cursor = passthrough.output[0]
 
     normalizer = None
@@ -430,7 +571,11 @@ def weights_from_onnx(model, origin: str) -> PolicyWeights:
         std = g.const_input(div) if div is not None else None
         if mean is None or std is None or clip is None:
             raise g.fail("observation input feeds a Sub that is not followed by Div(constant) -> Clip")
-        normalizer = Normalizer(mean.astype(np.float32).reshape(-1), None, None, folded_std=std.astype(np.float32).reshape(-1))
+        if (std <= 0).any():
+            first = int(np.argwhere(std.reshape(-1) <= 0)[0][0])
+            raise UserError(f"{origin}: normalizer std (the Div constant) has {int((std <= 0).sum())} values <= 0 (first at [{first}]); "
+                            "ML-Agents folds sqrt(running_variance / normalization_steps) there, which is > 0")
+        normalizer = Normalizer(mean.reshape(-1), None, None, folded_std=std.reshape(-1))
         cursor = clip.output[0]
     concat = g.only(cursor, "Concat")
     if concat is not None and len(concat.input) == 1:
@@ -445,6 +590,8 @@ def weights_from_onnx(model, origin: str) -> PolicyWeights:
         if len(heads) != 1:
             break
         gemm = heads[0]
+        if any(gemm is seen for seen in gemms) or not gemm.output:
+            raise g.fail("the layer chain loops back on itself or has no output")
         gemms.append(gemm)
         sig = g.only(gemm.output[0], "Sigmoid")
         mul = next((n for n in g.consumers(gemm.output[0]) if n.op_type == "Mul" and sig is not None and sig.output[0] in n.input), None)
@@ -455,13 +602,13 @@ def weights_from_onnx(model, origin: str) -> PolicyWeights:
         raise g.fail("no chain of Gemm -> Sigmoid -> Mul layers followed by a mu Gemm")
 
     def linear(node) -> tuple[np.ndarray, np.ndarray]:
-        weight = g.const.get(node.input[1])
-        bias = g.const.get(node.input[2]) if len(node.input) > 2 else None
-        if weight is None or bias is None:
+        names = list(node.input[1:3])
+        if len(names) < 2 or not all(n in g.const for n in names):
             raise g.fail(f"Gemm {node.name or node.output[0]} has no constant weight and bias")
+        weight, bias = (g.weight(n) for n in names)
         if not g.attr(node, "transB", 0):
             weight = weight.T
-        return weight.astype(np.float32), bias.astype(np.float32).reshape(-1)
+        return weight, bias.reshape(-1)
 
     layers = tuple(linear(n) for n in gemms[:-1])
     mu_node = gemms[-1]
@@ -470,14 +617,14 @@ def weights_from_onnx(model, origin: str) -> PolicyWeights:
     exp = next((n for n in g.nodes if n.op_type == "Exp"), None)
     if exp is None:
         raise g.fail("no Exp node computing the action std")
-    src = g.producer.get(exp.input[0])
+    src = g.producer.get(exp.input[0]) if exp.input else None
     if src is not None and src.op_type == "Clip":
-        sigma_gemm = g.producer.get(src.input[0])
+        sigma_gemm = g.producer.get(src.input[0]) if src.input else None
         if sigma_gemm is None or sigma_gemm.op_type != "Gemm":
             raise g.fail("clipped log_sigma is not produced by a Gemm")
         log_sigma: np.ndarray | tuple = linear(sigma_gemm)
     elif src is not None and src.op_type == "Add" and g.const_input(src) is not None:
-        log_sigma = g.const_input(src).astype(np.float32).reshape(1, -1)
+        log_sigma = g.const_input(src).reshape(1, -1)
     else:
         raise g.fail("log_sigma is neither an added constant nor a clipped Gemm")
 
@@ -486,8 +633,9 @@ def weights_from_onnx(model, origin: str) -> PolicyWeights:
     scalars = {}
     for out, default in (("version_number", 3.0), ("memory_size", 0.0)):
         node = g.producer.get(out)
-        value = g.const.get(node.input[0]) if node is not None and node.op_type == "Identity" else g.const.get(out)
-        scalars[out] = float(np.asarray(value).reshape(-1)[0]) if value is not None else default
+        name = node.input[0] if node is not None and node.op_type == "Identity" and node.input else out
+        value = g.weight(name) if name in g.const else None
+        scalars[out] = float(value.reshape(-1)[0]) if value is not None and value.size else default
     weights = PolicyWeights(layers, mu, log_sigma, normalizer, tanh_squash, scalars["version_number"], scalars["memory_size"])
     check_shapes(weights, origin)
     return weights
@@ -592,12 +740,7 @@ def list_checkpoints(results_dir: str | Path) -> list[dict]:
     if not root.is_dir():
         raise UserError(f"results folder not found: {root}")
     status_file = next((p for p in (root / "run_logs" / "training_status.json", root / "training_status.json") if p.is_file()), None)
-    status = {}
-    if status_file is not None:
-        try:
-            status = json.loads(status_file.read_text())
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{status_file} is not valid JSON: {exc}") from None
+    status = read_training_status(status_file) if status_file is not None else {}
     rows: dict[tuple[str, int], dict] = {}
     for behavior_dir in sorted(p for p in root.iterdir() if p.is_dir() and p.name != "run_logs"):
         for f in sorted(behavior_dir.iterdir()):
@@ -607,19 +750,80 @@ def list_checkpoints(results_dir: str | Path) -> list[dict]:
             row = rows.setdefault((behavior_dir.name, step), _row(behavior_dir.name, step))
             row["files"][f.suffix[1:]] = {"path": str(f), "bytes": f.stat().st_size, "sha256": sha256_file(f)}
     for behavior, info in status.items():
-        if not isinstance(info, dict) or "checkpoints" not in info:
-            continue
-        final = (info.get("final_checkpoint") or {}).get("steps")
         for ck in info["checkpoints"]:
-            row = rows.setdefault((behavior, int(ck["steps"])), _row(behavior, int(ck["steps"])))
+            row = rows.setdefault((behavior, ck["steps"]), _row(behavior, ck["steps"]))
             row["reward"] = ck.get("reward")
             row["creation_time"] = ck.get("creation_time")
             row["logged_files"] = [ck.get("file_path"), *ck.get("auxillary_file_paths", [])]
-            row["final"] = row["final"] or ck["steps"] == final
+            row["final"] = row["final"] or ck["steps"] == info["final"]
     out = sorted(rows.values(), key=lambda r: (r["behavior"], r["step"]))
     for r in out:
         r["present"] = bool(r["files"])
     return out
+
+
+def read_training_status(path: Path) -> dict[str, dict]:
+    """ML-Agents' run_logs/training_status.json, checked: {behavior: {"checkpoints": [entry, ...], "final": steps or None}}.
+
+    Behaviors without a "checkpoints" list (ML-Agents also records lesson numbers and ELO there) and "metadata" are skipped.
+    """
+    try:
+        doc = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path} is not UTF-8 text (bad byte at offset {exc.start}); ML-Agents writes it as UTF-8 JSON") from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise UserError(f"{path} is not valid JSON: {str(exc) or 'nested too deeply'}") from None
+    except OSError as exc:
+        raise UserError(f"{path} cannot be read: {exc.strerror or exc}") from None
+    if not isinstance(doc, dict):
+        raise UserError(f"{path}: top level is a JSON {_json_kind(doc)}, expected an object of behaviors "
+                        '({"<Behavior>": {"checkpoints": [...]}, "metadata": {...}})')
+    out = {}
+    for behavior, info in doc.items():
+        if behavior == "metadata":
+            continue
+        if not isinstance(info, dict):
+            raise _bad_status(path, behavior, info, 'an object with "checkpoints"')
+        if "checkpoints" not in info:
+            continue
+        if not isinstance(info["checkpoints"], list):
+            raise _bad_status(path, f"{behavior}.checkpoints", info["checkpoints"], "a list of checkpoint entries")
+        entries = [_status_entry(path, f"{behavior}.checkpoints[{i}]", ck) for i, ck in enumerate(info["checkpoints"])]
+        final = info.get("final_checkpoint")
+        if final is not None:
+            final = _status_entry(path, f"{behavior}.final_checkpoint", final)["steps"]
+        out[behavior] = {"checkpoints": entries, "final": final}
+    return out
+
+
+def _json_kind(value: object) -> str:
+    return {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
+
+
+def _bad_status(path: Path, where: str, value: object, expected: str) -> UserError:
+    shown = f"a JSON {_json_kind(value)}" if isinstance(value, (dict, list)) else json.dumps(value)[:60]
+    return UserError(f"{path}: {where} is {shown}, expected {expected}")
+
+
+def _status_entry(path: Path, where: str, ck: object) -> dict:
+    """One checkpoint entry of training_status.json: integer steps, numeric or null reward, string paths."""
+    if not isinstance(ck, dict):
+        raise _bad_status(path, where, ck, 'an object with "steps"')
+    if "steps" not in ck:
+        raise UserError(f'{path}: {where} has no "steps" (keys: {", ".join(map(str, ck)) or "none"})')
+    steps = ck["steps"]
+    if isinstance(steps, bool) or not isinstance(steps, (int, float)) or not np.isfinite(steps) or steps < 0 or steps != int(steps):
+        raise _bad_status(path, f"{where}.steps", steps, "a non-negative integer")
+    number = lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))  # noqa: E731
+    for key in ("reward", "creation_time"):
+        if not number(ck.get(key)):
+            raise _bad_status(path, f"{where}.{key}", ck[key], "a number or null")
+    if not (ck.get("file_path") is None or isinstance(ck["file_path"], str)):
+        raise _bad_status(path, f"{where}.file_path", ck["file_path"], "a string")
+    aux = ck.get("auxillary_file_paths", [])
+    if not isinstance(aux, list) or not all(isinstance(a, str) for a in aux):
+        raise _bad_status(path, f"{where}.auxillary_file_paths", aux, "a list of strings")
+    return {**ck, "steps": int(steps), "auxillary_file_paths": aux}
 
 
 def read_configuration(root: Path) -> dict[str, dict]:
@@ -630,15 +834,25 @@ def read_configuration(root: Path) -> dict[str, dict]:
     if not path.is_file():
         return {}
     try:
-        doc = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        doc = yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path} is not UTF-8 text (bad byte at offset {exc.start})") from None
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise UserError(f"{path} is not valid YAML: {(str(exc).strip() or 'nested too deeply').splitlines()[0]}") from None
+    shape = "a mapping 'behaviors: {<Behavior>: {trainer_type: ..., network_settings: {...}}}'"
+    behaviors = (doc or {}).get("behaviors") if isinstance(doc or {}, dict) else None
+    if not isinstance(doc or {}, dict) or not isinstance(behaviors or {}, dict):
+        raise UserError(f"{path}: expected {shape}, found {'behaviors: ' if isinstance(doc, dict) else ''}a {type(behaviors if isinstance(doc, dict) else doc).__name__}")
     out = {}
-    for behavior, settings in (doc.get("behaviors") or {}).items():
-        net = (settings or {}).get("network_settings") or {}
-        out[behavior] = {"trainer_type": settings.get("trainer_type"), "hidden_units": net.get("hidden_units"),
-                         "num_layers": net.get("num_layers"), "normalize": net.get("normalize"),
-                         "max_steps": settings.get("max_steps")}
+    for behavior, settings in (behaviors or {}).items():
+        net = (settings or {}).get("network_settings") if isinstance(settings or {}, dict) else None
+        if not isinstance(settings or {}, dict) or not isinstance(net or {}, dict):
+            where, bad = (f"behaviors.{behavior}", settings) if not isinstance(settings or {}, dict) else (f"behaviors.{behavior}.network_settings", net)
+            raise UserError(f"{path}: {where} is a {type(bad).__name__}, expected a mapping")
+        settings, net = settings or {}, net or {}
+        out[str(behavior)] = {"trainer_type": settings.get("trainer_type"), "hidden_units": net.get("hidden_units"),
+                              "num_layers": net.get("num_layers"), "normalize": net.get("normalize"),
+                              "max_steps": settings.get("max_steps")}
     return out
 
 
@@ -664,6 +878,30 @@ def latest_checkpoint(results_dir: Path, behavior: str | None = None, step: int 
         raise UserError(f"results folder {results_dir} has no checkpoint files{want}")
     files = rows[-1]["files"]
     return Path((files.get("pt") or files["onnx"])["path"])
+
+
+def results_model(results_dir: Path, behavior: str | None = None, step: int | None = None) -> Path:
+    """The model file a results folder offers: the behavior's checkpoint (newest, or at `step`), else its final <Behavior>.onnx.
+
+    An unknown behavior, or several behaviors and none chosen, is an error naming the behaviors found.
+    """
+    root = Path(results_dir).expanduser()
+    rows = list_checkpoints(root)
+    finals = {p.stem: p for p in sorted(root.glob("*.onnx")) if p.is_file()}
+    found = sorted({r["behavior"] for r in rows} | set(finals))
+    with_files = sorted({r["behavior"] for r in rows if r["present"]} | set(finals))
+    if behavior is not None and str(behavior) not in found:
+        raise UserError(f"results folder {root} has no behavior {behavior!r}; behaviors found: {', '.join(found) or 'none'}")
+    if behavior is None and len(with_files) > 1:
+        raise UserError(f"results folder {root} holds several behaviors ({', '.join(with_files)}); choose one with model.behavior=<name>")
+    behavior = None if behavior is None else str(behavior)
+    try:
+        return latest_checkpoint(root, behavior, step)
+    except UserError:
+        final = finals.get(behavior) if behavior else next(iter(finals.values()), None)
+        if final is None or step is not None:
+            raise
+        return final
 
 
 # --- the embedded default model

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from huggy_exp.errors import UserError
+
 REL_FLOOR = 1e-3  # relative errors divide by max(|expected|, REL_FLOOR): actions are O(1), zeros must not explode
 
 
 def compare(actual: np.ndarray, expected: np.ndarray, rel_floor: float = REL_FLOOR) -> dict[str, float]:
     """Polygraphy/msprobe-style metrics; NaN/Inf that differ between the two are counted, never hidden."""
-    a = np.asarray(actual, np.float64).reshape(len(actual), -1) if np.ndim(actual) > 1 else np.asarray(actual, np.float64).reshape(1, -1)
-    e = np.asarray(expected, np.float64).reshape(a.shape)
+    a, e = _same_size(actual, expected)
+    rows = len(a) if a.ndim > 1 else 1
+    a = a.reshape(rows, a.size // rows if rows else 0)
+    e = e.reshape(a.shape)
     nan_mismatch = int(np.sum(np.isnan(a) != np.isnan(e)))
     inf_mismatch = int(np.sum(np.isinf(a) != np.isinf(e)) + np.sum(np.isinf(a) & np.isinf(e) & (np.sign(a) != np.sign(e))))
     both = np.isfinite(a) & np.isfinite(e)
@@ -25,9 +29,9 @@ def compare(actual: np.ndarray, expected: np.ndarray, rel_floor: float = REL_FLO
         "max_rel": float(rel.max(initial=0.0)),
         "rmse": float(np.sqrt((diff**2).sum() / n)),
         "cosine": cosine(af.ravel(), ef.ravel()),
-        "cosine_min_row": float(min(cosine(x, y) for x, y in zip(af, ef))),
-        "within_0.1pct": float(np.sum((rel <= 1e-3) & both) / a.size),
-        "within_0.5pct": float(np.sum((rel <= 5e-3) & both) / a.size),
+        "cosine_min_row": float(min((cosine(x, y) for x, y in zip(af, ef)), default=1.0)),
+        "within_0.1pct": float(np.sum((rel <= 1e-3) & both) / max(a.size, 1)),
+        "within_0.5pct": float(np.sum((rel <= 5e-3) & both) / max(a.size, 1)),
         "nan_mismatch": float(nan_mismatch),
         "inf_mismatch": float(inf_mismatch),
         "min_atol": float(diff.max(initial=0.0)),
@@ -35,8 +39,17 @@ def compare(actual: np.ndarray, expected: np.ndarray, rel_floor: float = REL_FLO
     }
 
 
+def _same_size(actual: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both as float64; arrays of different sizes cannot be compared element-wise (a UserError naming both shapes)."""
+    a, e = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    if a.size != e.size:
+        raise UserError(f"cannot compare arrays of shapes {list(a.shape)} and {list(e.shape)} element-wise")
+    return a, e
+
+
 def cosine(x: np.ndarray, y: np.ndarray) -> float:
     """Cosine similarity; two all-zero vectors are identical (1.0), one zero vector against another is 0.0."""
+    x, y = (v.ravel() for v in _same_size(x, y))
     nx, ny = float(np.linalg.norm(x)), float(np.linalg.norm(y))
     if nx == 0.0 and ny == 0.0:
         return 1.0
@@ -47,6 +60,8 @@ def cosine(x: np.ndarray, y: np.ndarray) -> float:
 
 def action_stats(actions: np.ndarray, saturation: float = 0.999) -> dict[str, float]:
     a = np.asarray(actions, np.float64)
+    if a.size == 0:
+        return dict.fromkeys(("action_mean", "action_std", "action_min", "action_max", "saturated_share"), float("nan"))
     return {
         "action_mean": float(a.mean()),
         "action_std": float(a.std()),
@@ -65,7 +80,10 @@ def limits_for(table: dict, dtype: str, device: str, specialize: dict | None = N
 
 def rel_rmse(actual: np.ndarray, expected: np.ndarray) -> float:
     """RMSE divided by the RMS of the expected values: comparable across layers of different scale."""
-    a, e = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    a, e = _same_size(actual, expected)
+    if a.size == 0:
+        return float("nan")
+    a, e = a.ravel(), e.ravel()
     scale = float(np.sqrt(np.mean(e**2)))
     err = float(np.sqrt(np.mean((a - e) ** 2)))
     return err / scale if scale > 0 else err

@@ -6,7 +6,7 @@ import numpy as np
 
 from huggy_exp import plots
 from huggy_exp.context import Context
-from huggy_exp.mlagents import ACTION_CLAMP
+from huggy_exp.mlagents import ACTION_CLAMP, check_onnx_pairing
 from huggy_exp.numerics import compare, limits_for, sampling_check
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, SAMPLED, OnnxRunner, TorchRunner, reference
@@ -25,6 +25,7 @@ class OnnxCompareTask:
     def run(self, ctx: Context) -> Result:
         target, obs, w = ctx.target(), ctx.observations, ctx.weights
         onnx_path = ctx.onnx_path()
+        check_onnx_pairing(onnx_path, w)
         ort = OnnxRunner(onnx_path, self.provider, seed=ctx.seed)
         torch_runner = TorchRunner(w, target, ctx.batch_size)
         mine, theirs = torch_runner.trace(obs), ort.infer(obs)
