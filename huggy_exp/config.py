@@ -150,6 +150,7 @@ class StatsMode(ModeConf):
 
 @dataclass
 class SyncMode(ModeConf):
+    _target_: Optional[str] = None  # not a task: run.py hands it to tracking.sync
     paths: List[str] = MISSING
 
 
@@ -199,6 +200,14 @@ def validate(cfg: DictConfig, mode: str) -> None:
     _check(Config, plain, "")
     _check(MODES[mode], plain["mode"], "mode.")
     check_device(str(plain["device"]))
+    track = plain["tracking"]
+    if track.get("enabled") and track.get("uri"):
+        from huggy_exp.tracking import StoreDown, check_uri
+
+        try:
+            check_uri(track["uri"])
+        except StoreDown as exc:
+            raise UserError(str(exc)) from None
 
 
 def _check(schema: type, values: Any, prefix: str) -> None:
@@ -319,10 +328,14 @@ def expand(argv: list[str], conf_dirs: list) -> tuple[list[str], list[list[str]]
     from hydra.core.override_parser.types import Glob
     from hydra.errors import HydraException
 
-    try:
-        parsed = OverridesParser.create().parse_overrides(argv)
-    except HydraException as exc:
-        raise UserError(" ".join(str(exc).split())) from None
+    parser = OverridesParser.create()
+    parsed = []
+    for arg in argv:
+        try:
+            parsed += parser.parse_overrides([arg])
+        except HydraException as exc:
+            reason = " ".join(str(exc).split()).split(" See https://")[0]
+            raise UserError(f"{arg}: {reason} (Hydra's override grammar: key=value, -m key=a,b,c)") from None
     plain, sweeps = [], []
     for o in parsed:
         if o.get_key_element().startswith("hydra"):
@@ -399,7 +412,8 @@ def composition_error(exc: BaseException, overrides: list[str]) -> str:
     head = " ".join(str(exc).split("\n")[0].split()).rstrip(".")
     cause = exc.__cause__
     if cause is None:
-        return head
+        lines = [" ".join(ln.split()) for ln in str(exc).splitlines() if ln.strip()]
+        return "; ".join(lines[:3]) or head
     lines = [ln.strip() for ln in str(cause).splitlines() if ln.strip()]
     key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), None)
     reason = lines[0] if lines else type(cause).__name__
