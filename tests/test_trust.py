@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import BODY, NORM_PREFIXES, PYTHON, REPO, save_mlagents_checkpoint, subprocess_env
+from conftest import BODY, NORM_PREFIXES, PYTHON, REPO, mlagents_forward, save_mlagents_checkpoint, subprocess_env
 
 sys.path.insert(0, str(REPO))
 import run  # noqa: E402  (run.py: the command line, called in-process)
@@ -115,6 +115,13 @@ def files(tmp_path_factory, huggy_actor, huggy_pt) -> dict[str, Path]:
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)]), root / "other.onnx")
     f["other_onnx"] = root / "other.onnx"
+    from dataclasses import replace
+
+    from huggy_exp.mlagents import write_onnx
+
+    w = huggy_actor.policy_weights()  # the same policy with its mu bias moved: an .onnx that really disagrees
+    write_onnx(replace(w, mu=(w.mu[0], w.mu[1] + np.float32(0.3))), root / "shifted.onnx")
+    f["shifted_onnx"] = root / "shifted.onnx"
     return f
 
 
@@ -198,6 +205,9 @@ MATRIX = [
     # verdicts
     ("fp16 overflow is a failure, not a pass", ["model.checkpoint={fp16_overflow_pt}", "dtype=fp16", "obs.rows=4"], 1,
      "NaN/inf", "failed"),
+    ("onnx-compare against a graph that disagrees fails", ["mode=onnx-compare", "model.checkpoint={pt}",
+                                                           "model.onnx={shifted_onnx}", "obs.rows=8", "mode.samples=16"],
+     1, "max_abs", "failed"),
     ("cuda on a CPU machine is skipped", ["device=cuda"], 0, "", "skipped"),
     ("npu without torch_npu is skipped", ["device=npu:1"], 0, "", "skipped"),
     ("a plain run passes", ["obs.rows=4"], 0, "", "passed"),
@@ -229,6 +239,21 @@ def test_command_line_matrix(name, args, code, fragment, status, files, tmp_path
             assert "internal error" not in got.record["reason"]
     assert not files["marker"].exists()
     assert len(MATRIX) >= 40
+
+
+@pytest.mark.parametrize("batch_size", [64, 1])
+def test_fp32_cpu_actions_are_bit_identical_to_mlagents_ops_on_our_own_fixture(huggy_actor, batch_size, tmp_path):
+    from huggy_exp.mlagents import load_checkpoint
+    from huggy_exp.placement import resolve
+    from huggy_exp.runners import ACTIONS, TorchRunner
+
+    obs = huggy_actor.in_distribution_obs(32, seed=3)
+    obs[:2] = 1e4  # the clamp at +-5 too
+    state = huggy_actor.state_dict()
+    path = huggy_actor.save(tmp_path / "Huggy" / "Huggy-5.pt", 5)
+    got = TorchRunner(load_checkpoint(path).weights, resolve("cpu", "fp32"), batch_size).infer(obs)[ACTIONS]
+    expected = np.concatenate([mlagents_forward(state, obs[i:i + batch_size]) for i in range(0, len(obs), batch_size)])
+    np.testing.assert_array_equal(got, expected)  # not allclose: F.silu for x*sigmoid(x) is 8e-7 off and must fail
 
 
 def test_nan_inf_in_any_output_array_fails_with_count_and_place():
