@@ -338,7 +338,8 @@ def expand(argv: list[str], conf_dirs: list) -> tuple[list[str], list[list[str]]
             raise UserError(f"{arg}: {reason} (Hydra's override grammar: key=value, -m key=a,b,c)") from None
     plain, sweeps = [], []
     for o in parsed:
-        if o.get_key_element().startswith("hydra"):
+        if o.get_key_element().startswith("hydra"):  # Hydra's own settings: composed too, never swept by us
+            plain.append(o.input_line)
             continue
         key = o.get_key_element()
         if not o.is_sweep_override():
@@ -398,6 +399,8 @@ def preflight(argv: list[str], conf_dir) -> None:
                               return_hydra_config=True)
             except (HydraException, OmegaConfBaseException) as exc:
                 raise UserError(composition_error(exc, overrides)) from None
+            _check_output_dir(cfg.hydra.sweep.dir if args.multirun else cfg.hydra.run.dir,
+                              "hydra.sweep.dir" if args.multirun else "hydra.run.dir")
             mode = cfg.hydra.runtime.choices.get("mode")
             with_cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
             try:
@@ -405,6 +408,21 @@ def preflight(argv: list[str], conf_dir) -> None:
             except UserError as exc:
                 case = cfg.hydra.runtime.choices.get("case")
                 raise UserError(f"case {case}: {exc}" if case else str(exc)) from None
+
+
+def _check_output_dir(path: str, key: str) -> None:
+    """The job directory must be creatable: try it in its nearest existing parent (root ignores permission bits)."""
+    import tempfile
+    from pathlib import Path
+
+    target = Path(path).expanduser().absolute()
+    parent = next((p for p in [target, *target.parents] if p.exists()), Path("/"))
+    if not parent.is_dir():
+        raise UserError(f"{key}={path}: {parent} is a file, not a folder")
+    try:
+        Path(tempfile.mkdtemp(dir=parent, prefix=".huggy_exp-probe-")).rmdir()
+    except OSError as exc:
+        raise UserError(f"{key}={path}: cannot create a folder in {parent} ({exc.strerror or exc})") from None
 
 
 def composition_error(exc: BaseException, overrides: list[str]) -> str:

@@ -40,7 +40,8 @@ class Outcome:
 
 def cli(args: list[str], jobdir: Path | None) -> Outcome:
     """run.py's cli() in this process: exit code, captured output, and result.json when the job wrote one."""
-    argv = list(args) + ([f"hydra.run.dir={jobdir}"] if jobdir is not None else [])
+    sets_dir = any(a.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for a in args)
+    argv = list(args) + ([f"hydra.run.dir={jobdir}"] if jobdir is not None and not sets_dir else [])
     out, err = io.StringIO(), io.StringIO()
     saved = sys.argv[:]
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -182,6 +183,9 @@ MATRIX = [
     ("folder store", ["tracking=mlflow", "tracking.uri=./mlruns"], USER, "MLflow 3 needs a database", None),
     ("unknown store scheme", ["tracking=mlflow", "tracking.uri=ftp://x"], USER, "unknown scheme 'ftp'", None),
     ("override syntax", ["dtype=[fp32"], USER, "dtype=[fp32", None),
+    ("job folder that cannot be created", ["hydra.run.dir=/proc/nope/job"], USER, "hydra.run.dir=/proc/nope/job", None),
+    ("sweep folder that cannot be created", ["-m", "seed=0,1", "hydra.sweep.dir=/proc/nope/sweep"], USER,
+     "hydra.sweep.dir=/proc/nope/sweep", None),
     # the job starts and ends in error: one line, exit 2, result.json whole with status error
     ("missing checkpoint", ["model.checkpoint=/nonexistent/Huggy.pt"], USER, "not found", "error"),
     ("random bytes checkpoint", ["model.checkpoint={bytes_pt}"], USER, "not a torch file", "error"),
@@ -305,6 +309,22 @@ def test_a_broken_store_is_one_line_naming_the_file_and_the_fix_then_sync_logs_e
     assert counts == {"seen": 1, "logged": 1, "pending": 0}
     assert len(_runs(uri)) == 1
     assert tracking.sync({"uri": uri}, [tmp_path])["seen"] == 0  # exactly once
+
+
+def test_a_hung_server_costs_one_probe_per_sweep_not_minutes_per_point(tmp_path):
+    with socket.socket() as hung:  # accepts connections into its backlog and never answers
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(8)
+        uri = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        started = time.monotonic()
+        got = cli(["-m", "seed=0,1,2", "obs.rows=4", "tracking=mlflow", f"tracking.uri={uri}",
+                   f"hydra.sweep.dir={tmp_path / 'sweep'}"], None)
+        elapsed = time.monotonic() - started
+    assert got.code == 3, got.err
+    assert elapsed < 30, elapsed  # one probe of a few seconds, then every point goes straight to pending
+    records = [json.loads(p.read_text()) for p in (tmp_path / "sweep").glob("*/result.json")]
+    assert len(records) == 3 and {r["tracking"]["status"] for r in records} == {"pending"}
+    assert "3 not in MLflow yet" in got.out
 
 
 def test_sync_replaces_a_partial_copy_and_never_duplicates(tmp_path):
