@@ -311,6 +311,16 @@ def test_a_broken_store_is_one_line_naming_the_file_and_the_fix_then_sync_logs_e
     assert tracking.sync({"uri": uri}, [tmp_path])["seen"] == 0  # exactly once
 
 
+def test_no_environment_variable_reaches_result_json_or_mlflow(tmp_path, monkeypatch):
+    monkeypatch.setenv("HUGGY_TEST_API_TOKEN", "s3cr3t-value-4711")
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    got = cli(["mode=info", "tracking=mlflow", f"tracking.uri={uri}"], tmp_path / "job")
+    assert got.code == 0, got.err
+    written = "".join(p.read_text(errors="replace") for p in (tmp_path / "job").rglob("*") if p.is_file())
+    run_ = _runs(uri)[0]
+    assert "s3cr3t-value-4711" not in written + json.dumps(run_.data.tags) + json.dumps(run_.data.params)
+
+
 def test_a_hung_server_costs_one_probe_per_sweep_not_minutes_per_point(tmp_path):
     with socket.socket() as hung:  # accepts connections into its backlog and never answers
         hung.bind(("127.0.0.1", 0))
