@@ -54,6 +54,8 @@ def build_context(cfg: DictConfig, workdir: Path) -> Context:
         dtype=str(cfg.dtype),
         batch_size=_number(cfg.batch_size, "batch_size"),
         seed=_number(cfg.seed, "seed"),
+        backend=str(cfg.get("backend", "eager")),
+        threads=_number(cfg.get("threads", 1), "threads"),
         model_spec=ModelSpec(**{k: model.get(k) for k in ModelSpec.__dataclass_fields__}),
         obs=ObsSpec(**{k: obs[k] for k in ObsSpec.__dataclass_fields__ if k in obs}),
         workdir=workdir,

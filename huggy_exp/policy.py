@@ -77,18 +77,32 @@ class Policy(nn.Module):
         return torch.clamp((obs - self.running_mean) / self.std, -NORMALIZER_CLAMP, NORMALIZER_CLAMP)
 
     def trace(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Every intermediate, for per-layer attribution: normalized_obs, hidden_0.., mu, log_sigma."""
-        out = {"normalized_obs": self.normalize(obs)}
-        x = out["normalized_obs"].to(self.compute_dtype)
-        for i in range(0, len(self.body), 2):
-            x = self.body[i + 1](self.body[i](x))
-            out[f"hidden_{i // 2}"] = x
-        out["mu"] = self.mu(x)
-        out["log_sigma"] = self.log_sigma_of(x, out["mu"])
+        """Every intermediate, for per-layer attribution: normalized_obs, hidden_0.., mu, log_sigma, actions.
+
+        The same code as forward() (one path, recording on the way), so what is verified is what runs.
+        """
+        out: dict[str, torch.Tensor] = {}
+        out["actions"] = self._run(obs, out)
         return out
 
+    def _run(self, obs: torch.Tensor, record: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """normalize (stat dtype) -> [Linear, Swish] x N (compute dtype) -> mu -> head; intermediates into `record`."""
+        x = self.normalize(obs)
+        if record is not None:
+            record["normalized_obs"] = x
+        x = _cast(x, self.compute_dtype)
+        for i in range(0, len(self.body), 2):
+            x = self.body[i + 1](self.body[i](x))
+            if record is not None:
+                record[f"hidden_{i // 2}"] = x
+        mu = self.mu(x)
+        if record is not None:
+            record["mu"] = mu
+            record["log_sigma"] = self.log_sigma_of(x, mu)
+        return self.head(mu)
+
     def features(self, obs: torch.Tensor) -> torch.Tensor:
-        """The last hidden layer: normalize (stat dtype), then the MLP in the compute dtype."""
+        """The last hidden layer: normalize (stat dtype), then the MLP in the compute dtype (as in _run)."""
         return self.body(_cast(self.normalize(obs), self.compute_dtype))
 
     def log_sigma_of(self, x: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
@@ -107,7 +121,7 @@ class Policy(nn.Module):
         return mu if self.tanh_squash else self.squash(mu)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.head(self.mu(self.features(obs)))
+        return self._run(obs)
 
     def sample(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """clamp(mu + exp(log_sigma) * z, -3, 3) / 3 (tanh(...) for SAC), with z given: drawn on the CPU by the caller."""
