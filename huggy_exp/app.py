@@ -111,7 +111,7 @@ def execute(cfg: DictConfig, workdir: Path, mode: str) -> Result:
                  *(workdir / f for f in result.files), workdir / ".hydra" / "config.yaml"]
     params = OmegaConf.to_container(cfg, resolve=True)
     where = tracking.record(OmegaConf.to_container(cfg.tracking, resolve=True), name, params, record,
-                            result.metrics, tags, workdir, artifacts)
+                            result.metrics, tags, workdir, artifacts, result.series)
     if where:
         print(f"  {where}")
     return result

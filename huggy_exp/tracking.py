@@ -66,14 +66,15 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
 
 
 def record(settings: dict, run_name: str, params: dict, record: dict, metrics: dict, tags: dict, workdir: Path,
-           artifacts: list[Path]) -> str | None:
+           artifacts: list[Path], series: dict | None = None) -> str | None:
     """One MLflow run per job; returns a line saying where it went, or None when tracking is off."""
     if not settings.get("enabled", True):
         return None
     uri = store_uri(settings.get("uri"))
     http_limits(settings)
     try:
-        return _log(uri, settings.get("experiment") or DEFAULT_EXPERIMENT, run_name, params, record, metrics, tags, artifacts)
+        return _log(uri, settings.get("experiment") or DEFAULT_EXPERIMENT, run_name, params, record, metrics, tags, artifacts,
+                    series)
     except Exception as exc:  # tracking is best effort; the job's result is already on disk
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         print(f"warning: MLflow tracking failed ({type(exc).__name__}: {first}); result kept in {workdir / 'result.json'}",
@@ -102,7 +103,15 @@ def _mlflow():
     return mlflow
 
 
-def _log(uri, experiment, run_name, params, record, metrics, tags, artifacts) -> str:
+def series_metrics(series: dict, stamp: int) -> list:
+    """Stepped metrics (name -> [(step, value)], e.g. latency against batch size) as MLflow Metric entries."""
+    from mlflow.entities import Metric
+
+    return [Metric(name, float(value), stamp, int(step)) for name, points in series.items() for step, value in points
+            if isinstance(value, (int, float)) and math.isfinite(float(value))]
+
+
+def _log(uri, experiment, run_name, params, record, metrics, tags, artifacts, series=None) -> str:
     mlflow = _mlflow()
 
     client = mlflow.MlflowClient(tracking_uri=uri)
@@ -115,7 +124,7 @@ def _log(uri, experiment, run_name, params, record, metrics, tags, artifacts) ->
         stamp = int(run.info.start_time)
         items = [Param(k, v) for k, v in flatten(params).items()]
         finite = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
-        entries = [Metric(k, v, stamp, 0) for k, v in finite.items()]
+        entries = [Metric(k, v, stamp, 0) for k, v in finite.items()] + series_metrics(series or {}, stamp)
         for i in range(0, max(len(items), len(entries)), 100):
             client.log_batch(run_id, metrics=entries[i : i + 100], params=items[i : i + 100])
         for path in artifacts:
