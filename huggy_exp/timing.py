@@ -20,7 +20,7 @@ from huggy_exp.placement import synchronize
 
 NOISY_IQR = 0.1  # torch.utils.benchmark's Measurement warns above this IQR / median
 PERCENTILES = (50, 90, 95, 99)
-QUICK = {"warmup_s": 0.1, "budget_s": 0.2, "max_samples": 200, "min_warmup": 1}  # inference modes: a bounded side measurement
+QUICK = {"warmup_s": 0.05, "budget_s": 0.15, "max_samples": 100, "min_warmup": 1}  # inference modes: a bounded side measurement
 
 
 @contextlib.contextmanager
@@ -114,6 +114,6 @@ def measure(fn: Callable[[], object], device: torch.device, rows: int = 1, budge
 
 
 def quick(fn: Callable[[], object], device: torch.device, rows: int, thread_count: int | None = 1) -> Timing:
-    """The short, bounded measurement every inference mode logs (≈0.3 s; one call at least)."""
+    """The short, bounded measurement every inference mode logs (≤ 0.2 s and 100 calls, one call at least)."""
     with threads(thread_count):
         return measure(fn, device, rows, **QUICK)

@@ -206,3 +206,12 @@ def test_benchmark_series_reach_mlflow_with_the_batch_size_as_step(small, tmp_pa
     run = client.search_runs([client.get_experiment_by_name("huggy_exp").experiment_id])[0]
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "eager/obs_per_s")) == [1, 4]
     assert json.loads((tmp_path / "job" / "result.json").read_text())["series"]["eager/p50_us"][0][0] == 1
+
+
+def test_one_row_runs_the_vector_path_with_the_same_shapes_and_values(small):
+    runner = TorchRunner(small.weights, resolve("cpu", "fp32"), batch_size=1)
+    obs = np.random.default_rng(1).normal(size=(3, 8)).astype(np.float32)
+    one, many = runner.trace({OBS: obs}), TorchRunner(small.weights, resolve("cpu", "fp32")).trace({OBS: obs})
+    for name in ("normalized_obs", "hidden_0", "hidden_1", "mu", "log_sigma", ACTIONS):
+        assert one[name].shape == many[name].shape
+        np.testing.assert_allclose(one[name], many[name], atol=1e-6, rtol=0)
