@@ -214,4 +214,4 @@ def test_one_row_runs_the_vector_path_with_the_same_shapes_and_values(small):
     one, many = runner.trace({OBS: obs}), TorchRunner(small.weights, resolve("cpu", "fp32")).trace({OBS: obs})
     for name in ("normalized_obs", "hidden_0", "hidden_1", "mu", "log_sigma", ACTIONS):
         assert one[name].shape == many[name].shape
-        np.testing.assert_allclose(one[name], many[name], atol=1e-6, rtol=1e-6)  # gemv vs gemm: fp32 rounding only
+        np.testing.assert_allclose(one[name], many[name], atol=1e-5, rtol=1e-5)  # gemv vs gemm: fp32 rounding only
