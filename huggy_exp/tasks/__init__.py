@@ -13,7 +13,7 @@ from huggy_exp.results import Result
 from huggy_exp.runners import OBS, Runner
 
 LATENCY_KEYS = ("p50_us", "p99_us", "mean_us", "obs_per_s")
-SLOW_FP16 = "fp16 on this CPU has no fp16 kernels (~50x slower than fp32): latency is one capped, bounded measurement"
+SLOW_FP16 = "fp16 on a CPU without fp16 matmul kernels is far slower than fp32 (emulated): its timing is capped and bounded"
 
 
 class Task(Protocol):
@@ -42,6 +42,8 @@ def latency(runner: Runner, ctx: Context, obs: np.ndarray, result: Result) -> No
     line = (f"latency ({getattr(runner, 'name', ctx.backend)}, batch {ctx.batch_size}, {t.threads} thread(s)): "
             f"p50 {stats['p50_us']:,.1f} µs, p99 {stats['p99_us']:,.1f} µs, {stats['obs_per_s']:,.0f} obs/s")
     result.summary.append(line + (" (noisy)" if stats["noisy"] else ""))
+    headline = result.details.get("headline") or (result.summary[0] if result.summary else "")
+    result.details["headline"] = f"{headline}; latency p50 {stats['p50_us']:,.0f} µs" if headline else line
     if ctx.dtype == "fp16" and runner_device(runner).type == "cpu":
         result.summary.append(SLOW_FP16)
         result.details["latency_note"] = SLOW_FP16
