@@ -31,6 +31,7 @@ BACKENDS = ("eager", "compile", "graphs", "onnxruntime")
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "npu": "CANNExecutionProvider"}
 
 Feeds = Mapping[str, np.ndarray] | np.ndarray
+_F32 = np.dtype(np.float32)
 
 
 class Runner(Protocol):
@@ -216,7 +217,7 @@ class OnnxRunner:
 
     def infer(self, feeds: Feeds) -> dict[str, np.ndarray]:
         obs = obs_of(feeds)
-        if obs.dtype != np.float32 or not obs.flags.c_contiguous:
+        if obs.dtype is not _F32 and obs.dtype != _F32 or not obs.flags.c_contiguous:
             obs = np.ascontiguousarray(obs, np.float32)
         if not self.batch_size or len(obs) <= self.batch_size:  # one call: the common case, kept lean for timing
             return dict(zip(self.outputs, self.session.run(self.outputs, {self.input: obs})))

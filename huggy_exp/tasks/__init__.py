@@ -34,7 +34,7 @@ def batch_of(obs: np.ndarray, rows: int) -> dict[str, np.ndarray]:
 
 
 def latency(runner: Runner, ctx: Context, obs: np.ndarray, result: Result) -> None:
-    """Add latency.p50_us/p99_us/mean_us/obs_per_s of the runner at the job's batch size (bounded: ≤ 0.2 s)."""
+    """Add latency.p50_us/p99_us/mean_us/obs_per_s of the runner at the job's batch size (bounded: ≤ 0.1 s)."""
     feeds = batch_of(obs, ctx.batch_size)
     t = timing.quick(lambda: runner.infer(feeds), runner_device(runner), ctx.batch_size, ctx.threads)
     stats = t.stats()
