@@ -101,7 +101,7 @@ class Policy(nn.Module):
         x = _cast(x, self.compute_dtype)
         for i, layer in enumerate(self._linears):
             x = torch.addmv(self._gemv[i][1], self._gemv[i][0], x) if row else layer(x)
-            x = x * torch.sigmoid(x)  # Swish, as in self.body
+            x = torch.sigmoid(x).mul_(x)  # Swish as in self.body, bit for bit; in place: one buffer less per layer
             if record is not None:
                 record[f"hidden_{i}"] = keep(x)
         mu = torch.addmv(self._gemv[-1][1], self._gemv[-1][0], x) if row else self.mu(x)

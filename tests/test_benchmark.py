@@ -215,3 +215,12 @@ def test_one_row_runs_the_vector_path_with_the_same_shapes_and_values(small):
     for name in ("normalized_obs", "hidden_0", "hidden_1", "mu", "log_sigma", ACTIONS):
         assert one[name].shape == many[name].shape
         np.testing.assert_allclose(one[name], many[name], atol=1e-5, rtol=1e-5)  # gemv vs gemm: fp32 rounding only
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16", "fp64"])
+def test_forward_equals_the_exported_layer_stack_bit_for_bit(small, dtype):
+    target = resolve("cpu", dtype)
+    policy = TorchRunner(small.weights, target).policy
+    x = torch.from_numpy(np.random.default_rng(2).normal(size=(9, 8)).astype(np.float32))
+    with torch.inference_mode():
+        assert torch.equal(policy(x), policy.head(policy.mu(policy.features(x))))
