@@ -43,9 +43,10 @@ class Runner(Protocol):
 def obs_of(feeds: Feeds) -> np.ndarray:
     """The observation array of a feed dict (or a bare array)."""
     if type(feeds) is not np.ndarray:
-        if OBS not in feeds:
-            raise UserError(f"feeds {sorted(feeds)} lack {OBS!r}")
-        feeds = feeds[OBS]
+        try:
+            feeds = feeds[OBS]
+        except KeyError:
+            raise UserError(f"feeds {sorted(feeds)} lack {OBS!r}") from None
     return feeds if type(feeds) is np.ndarray else np.asarray(feeds)
 
 

@@ -28,7 +28,7 @@ class BenchmarkTask:
 
     def __init__(self, backends: list[str] | None = None, batch_sizes: list[int] | None = None,
                  scenarios: list[str] | None = None, rounds: int = 3, budget_s: float = 1.0, warmup_s: float = 0.5,
-                 settle_s: float = 0.05, chunk_rows: int = 4096, tolerance: dict[str, float] | None = None,
+                 settle_s: float = 0.05, chunk_rows: int = 1024, tolerance: dict[str, float] | None = None,
                  fp16_cpu_max_rows: int = 512, fp16_cpu_samples: int = 3):
         self.backends = [check_backend(str(b)) for b in (backends or ["eager"])]
         self.scenarios = list(scenarios or SCENARIOS)
