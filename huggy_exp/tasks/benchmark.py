@@ -68,7 +68,8 @@ class BenchmarkTask:
             backends: dict[str, dict] = {}
             runners, expected = {}, {}
             for name in dict.fromkeys(["eager", *self.backends]):
-                info = backends[name] = {"status": "passed", "reason": ""}
+                info = backends[name] = {"status": "passed", "reason": "",
+                                         "dtype": "fp32" if name == "onnxruntime" else ctx.dtype}  # the .onnx graph is fp32
                 started = time.perf_counter()
                 try:
                     runner = build(ctx, name, batch_size=chunk, dtype="fp32" if name == "onnxruntime" else None)
@@ -163,7 +164,7 @@ def _summary(result: Result, backends: dict, points: list[int], order: list[str]
             lines.append(f"{n}: {info['status'].upper()}: {info['reason']}")
         else:
             noisy = [f"b{b}" for b in points if m.get(f"{n}/b{b}/noisy")]
-            lines.append(f"{n}: load {info['load_s']:.3f} s, first call {info['cold_start_ms']:,.1f} ms, "
+            lines.append(f"{n} ({info['dtype']}): load {info['load_s']:.3f} s, first call {info['cold_start_ms']:,.1f} ms, "
                          f"max |Δ| vs eager {info['max_abs_vs_eager']:.2e}" + (f", noisy at {', '.join(noisy)}" if noisy else ""))
     lines.append(f"peak memory {m['peak_mem_mb']:,.0f} MB ({result.details['peak_mem_source']})")
     return lines
