@@ -63,6 +63,7 @@ class Policy(nn.Module):
         self.to(device=device, dtype=dtype)
         for name, value in stats.items():
             setattr(self, name, value.to(device=device, dtype=stat_dtype))
+        self._gemv = tuple((m.weight, m.bias) for m in (*self._linears, self.mu))  # in case .to() made new Parameters
         return self
 
     @property
