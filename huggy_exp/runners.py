@@ -134,6 +134,12 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
 def _compiled(fn: Callable) -> Callable:
     """torch.compile with inductor freezing (weights folded as constants). `options={"freezing": True}` is ignored on
     the CPU in torch 2.13, so the inductor config is set (process-wide: it only affects compiled graphs)."""
+    import os
+    import shutil
+
+    compilers = [c for c in (os.environ.get("CXX"), "g++", "c++", "clang++") if c and shutil.which(c)]
+    if not compilers:
+        raise Unsupported("backend compile: inductor needs a C++ compiler and none is on PATH (g++, c++, clang++, $CXX)")
     try:
         import torch._inductor.config as inductor_config
     except ImportError as exc:

@@ -224,3 +224,10 @@ def test_forward_equals_the_exported_layer_stack_bit_for_bit(small, dtype):
     x = torch.from_numpy(np.random.default_rng(2).normal(size=(9, 8)).astype(np.float32))
     with torch.inference_mode():
         assert torch.equal(policy(x), policy.head(policy.mu(policy.features(x))))
+
+
+def test_compile_without_a_cxx_compiler_is_unsupported_with_the_reason(small, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CXX", raising=False)
+    with pytest.raises(Unsupported, match="C\\+\\+ compiler"):
+        build(small_context(small, tmp_path), "compile")
