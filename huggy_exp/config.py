@@ -16,6 +16,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from huggy_exp.errors import UserError
 
 DTYPE_NAMES = ("fp32", "fp16", "bf16", "fp64")
+BACKENDS = ("eager", "compile", "graphs", "onnxruntime")
 VERDICTS = ("passed", "failed", "skipped", "error")
 MAX_SEED = 2**62  # fingerprint and stats add the step to the seed; torch generators take < 2^64
 MAX_BATCH = 2**24
@@ -95,7 +96,22 @@ class Relative:
 @dataclass
 class BatchMode(ModeConf):
     tolerance: Dict[str, float] = MISSING
-    repeats: int = rule(lo=1, hi=1000)
+    budget_s: float = rule(lo=0, hi=600, lo_open=True)
+
+
+@dataclass
+class BenchmarkMode(ModeConf):
+    backends: List[str] = MISSING
+    batch_sizes: Optional[List[int]] = MISSING
+    scenarios: List[str] = MISSING
+    rounds: int = rule(lo=1, hi=1000)
+    budget_s: float = rule(lo=0, hi=3600, lo_open=True)
+    warmup_s: float = rule(lo=0, hi=600)
+    settle_s: float = rule(lo=0, hi=60)
+    chunk_rows: int = rule(lo=1, hi=MAX_BATCH)
+    tolerance: Dict[str, float] = MISSING
+    fp16_cpu_max_rows: int = rule(lo=1, hi=MAX_BATCH)
+    fp16_cpu_samples: int = rule(lo=1, hi=1_000_000)
 
 
 @dataclass
@@ -156,6 +172,7 @@ class SyncMode(ModeConf):
 
 MODES: dict[str, type] = {
     "action": ModeConf, "sample": ModeConf, "info": ModeConf, "checkpoints": ModeConf, "batch": BatchMode,
+    "benchmark": BenchmarkMode,
     "export-onnx": ExportOnnxMode, "fingerprint": FingerprintMode, "onnx-compare": OnnxCompareMode,
     "precision": PrecisionMode, "stats": StatsMode, "sync": SyncMode,
 }
@@ -167,6 +184,8 @@ class Config:
     dtype: str = rule(choices=DTYPE_NAMES)
     batch_size: int = rule(lo=1, hi=MAX_BATCH)
     seed: int = rule(lo=0, hi=MAX_SEED)
+    backend: str = rule(choices=BACKENDS)
+    threads: int = rule(lo=1, hi=1024)
     expect: Optional[str] = rule(None, choices=VERDICTS)
     mode: Any = MISSING
     model: ModelConf = MISSING
@@ -261,10 +280,14 @@ def _check_value(kind: Any, value: Any, key: str, meta: dict) -> None:
     if origin in (list, List):
         if not isinstance(value, list):
             raise UserError(f"{key} must be a list, got {value!r}")
-        if key == "mode.require_match":
-            bad = [v for v in value if v not in DTYPE_NAMES]
-            if bad:
-                raise UserError(f"{key}: unknown dtype {bad[0]!r}; valid: {', '.join(DTYPE_NAMES)}")
+        choices = {"mode.require_match": DTYPE_NAMES, "mode.backends": BACKENDS,
+                   "mode.scenarios": ("single_stream", "offline")}.get(key)
+        bad = [v for v in value if choices and v not in choices]
+        if bad:
+            raise UserError(f"{key}: unknown entry {bad[0]!r}; valid: {', '.join(choices)}")
+        item = getattr(kind, "__args__", (Any,))[0]
+        for i, v in enumerate(value):
+            _check_value(item, v, f"{key}[{i}]", {"lo": 1, "hi": 2**31} if item is int else {})
         return
     if kind is bool:
         if not isinstance(value, bool):

@@ -44,6 +44,9 @@ class Policy(nn.Module):
             body += [_linear(weight, bias), Swish()]
         self.body = nn.Sequential(*body)
         self.mu = _linear(*weights.mu)
+        # plain tuples of the same Linear modules and Parameters (.to() converts Parameters in place): no per-call lookups
+        self._linears = tuple(m for m in body if isinstance(m, nn.Linear))
+        self._gemv = tuple((m.weight, m.bias) for m in (*self._linears, self.mu))
         if weights.conditional_sigma:
             self.log_sigma = _linear(*weights.log_sigma)
         else:
@@ -60,6 +63,7 @@ class Policy(nn.Module):
         self.to(device=device, dtype=dtype)
         for name, value in stats.items():
             setattr(self, name, value.to(device=device, dtype=stat_dtype))
+        self._gemv = tuple((m.weight, m.bias) for m in (*self._linears, self.mu))  # in case .to() made new Parameters
         return self
 
     @property
@@ -77,18 +81,39 @@ class Policy(nn.Module):
         return torch.clamp((obs - self.running_mean) / self.std, -NORMALIZER_CLAMP, NORMALIZER_CLAMP)
 
     def trace(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Every intermediate, for per-layer attribution: normalized_obs, hidden_0.., mu, log_sigma."""
-        out = {"normalized_obs": self.normalize(obs)}
-        x = out["normalized_obs"].to(self.compute_dtype)
-        for i in range(0, len(self.body), 2):
-            x = self.body[i + 1](self.body[i](x))
-            out[f"hidden_{i // 2}"] = x
-        out["mu"] = self.mu(x)
-        out["log_sigma"] = self.log_sigma_of(x, out["mu"])
+        """Every intermediate, for per-layer attribution: normalized_obs, hidden_0.., mu, log_sigma, actions.
+
+        The same code as forward() (one path, recording on the way), so what is verified is what runs.
+        """
+        out: dict[str, torch.Tensor] = {}
+        out["actions"] = self._run(obs, out)
         return out
 
+    def _run(self, obs: torch.Tensor, record: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """normalize (stat dtype) -> [Linear, Swish] x N (compute dtype) -> mu -> head; intermediates into `record`.
+
+        One row on the CPU runs as a vector through addmv (MKL's gemv): addmm's one-row path is ~2x slower there.
+        """
+        row = obs.dim() == 2 and obs.shape[0] == 1 and obs.device.type == "cpu"
+        keep = (lambda t: t.unsqueeze(0)) if row else (lambda t: t)  # noqa: E731
+        x = self.normalize(obs[0] if row else obs)
+        if record is not None:
+            record["normalized_obs"] = keep(x)
+        x = _cast(x, self.compute_dtype)
+        for i, layer in enumerate(self._linears):
+            x = torch.addmv(self._gemv[i][1], self._gemv[i][0], x) if row else layer(x)
+            x = torch.sigmoid(x).mul_(x)  # Swish as in self.body, bit for bit; in place: one buffer less per layer
+            if record is not None:
+                record[f"hidden_{i}"] = keep(x)
+        mu = torch.addmv(self._gemv[-1][1], self._gemv[-1][0], x) if row else self.mu(x)
+        if record is not None:
+            record["mu"] = keep(mu)
+            log_sigma = self.log_sigma_of(x, mu)
+            record["log_sigma"] = log_sigma.reshape(1, -1) if row else log_sigma
+        return keep(self.head(mu))
+
     def features(self, obs: torch.Tensor) -> torch.Tensor:
-        """The last hidden layer: normalize (stat dtype), then the MLP in the compute dtype."""
+        """The last hidden layer: normalize (stat dtype), then the MLP in the compute dtype (as in _run)."""
         return self.body(_cast(self.normalize(obs), self.compute_dtype))
 
     def log_sigma_of(self, x: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
@@ -107,7 +132,7 @@ class Policy(nn.Module):
         return mu if self.tanh_squash else self.squash(mu)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.head(self.mu(self.features(obs)))
+        return self._run(obs)
 
     def sample(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """clamp(mu + exp(log_sigma) * z, -3, 3) / 3 (tanh(...) for SAC), with z given: drawn on the CPU by the caller."""

@@ -170,7 +170,9 @@ MATRIX = [
     ("knob of another mode", ["mode.samples=5"], USER, "unknown key mode.samples", None),
     ("zero steps", ["mode=fingerprint", "mode.steps=0"], USER, "mode.steps=0", None),
     ("unknown loop", ["mode=fingerprint", "mode.loop=sideways"], USER, "unknown mode.loop 'sideways'", None),
-    ("zero repeats", ["mode=batch", "mode.repeats=0"], USER, "mode.repeats=0", None),
+    ("zero budget", ["mode=batch", "mode.budget_s=0"], USER, "mode.budget_s=0", None),
+    ("unknown backend", ["backend=tensorrt"], USER, "unknown backend 'tensorrt'", None),
+    ("unknown benchmark backend", ["mode=benchmark", "mode.backends=[eager,tpu]"], USER, "'tpu'", None),
     ("tolerance for fp8", ["mode=batch", "mode.tolerance.fp8=1"], USER, "unknown key mode.tolerance.fp8", None),
     ("opset too old", ["mode=export-onnx", "mode.opset=3"], USER, "mode.opset=3", None),
     ("saturation zero", ["mode=stats", "mode.saturation=0"], USER, "mode.saturation=0", None),
@@ -418,9 +420,11 @@ def _stop(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
-def _wait_for(predicate, timeout: float = 120.0) -> None:
+def _wait_for(predicate, proc: subprocess.Popen, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
+        if proc.poll() is not None:
+            pytest.fail(f"the sweep ended first (exit {proc.returncode}): {proc.stderr.read()[-2000:]}")
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
 
@@ -438,9 +442,9 @@ def test_a_server_killed_mid_sweep_leaves_pending_points_that_sync_logs_exactly_
     server = _start_server(tmp_path, port)
     sweep = tmp_path / "sweep"
     try:
-        proc = _spawn(["-m", "mode=batch", "seed=0,1,2,3", "obs.rows=32", "mode.repeats=1", f"tracking.uri={uri}",
+        proc = _spawn(["-m", "mode=batch", "seed=0,1,2,3", "obs.rows=32", "mode.budget_s=0.2", f"tracking.uri={uri}",
                        f"hydra.sweep.dir={sweep}"], tmp_path, huggy_exp_cache)
-        _wait_for(lambda: _logged(sweep / "0" / "result.json") and (sweep / "1").exists())  # point 1 under way
+        _wait_for(lambda: _logged(sweep / "0" / "result.json") and (sweep / "1").exists(), proc)  # point 1 under way
         _stop(server)
         started = time.monotonic()
         out, err = proc.communicate(timeout=300)
@@ -470,9 +474,9 @@ def test_a_server_killed_mid_sweep_leaves_pending_points_that_sync_logs_exactly_
 def test_ctrl_c_mid_sweep_prints_the_summary_and_leaves_nothing_running(tmp_path, huggy_exp_cache):
     uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
     sweep = tmp_path / "sweep"
-    proc = _spawn(["-m", "mode=batch", "seed=0,1,2,3,4,5", "obs.rows=64", "mode.repeats=3", f"tracking.uri={uri}",
+    proc = _spawn(["-m", "mode=batch", "seed=0,1,2,3,4,5", "obs.rows=64", "mode.budget_s=1.0", f"tracking.uri={uri}",
                    f"hydra.sweep.dir={sweep}"], tmp_path, huggy_exp_cache)
-    _wait_for(lambda: _logged(sweep / "0" / "result.json"))
+    _wait_for(lambda: _logged(sweep / "0" / "result.json"), proc)
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)

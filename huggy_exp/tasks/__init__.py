@@ -4,11 +4,46 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import numpy as np
+import torch
+
+from huggy_exp import timing
 from huggy_exp.context import Context
 from huggy_exp.results import Result
+from huggy_exp.runners import OBS, Runner
+
+LATENCY_KEYS = ("p50_us", "p99_us", "mean_us", "obs_per_s")
+SLOW_FP16 = "fp16 on a CPU without fp16 matmul kernels is far slower than fp32 (emulated): its timing is capped and bounded"
 
 
 class Task(Protocol):
     name: str
 
     def run(self, ctx: Context) -> Result: ...
+
+
+def runner_device(runner: Runner) -> torch.device:
+    """Where a runner's work is queued (onnxruntime's run() returns when done: nothing to synchronise)."""
+    target = getattr(runner, "target", None)
+    return target.device if target is not None else torch.device("cpu")
+
+
+def batch_of(obs: np.ndarray, rows: int) -> dict[str, np.ndarray]:
+    """Feeds of exactly `rows` rows: the observations, cycled or cut."""
+    return {OBS: np.ascontiguousarray(np.resize(obs, (rows, obs.shape[1])), np.float32)}
+
+
+def latency(runner: Runner, ctx: Context, obs: np.ndarray, result: Result) -> None:
+    """Add latency.p50_us/p99_us/mean_us/obs_per_s of the runner at the job's batch size (bounded: ≤ 0.1 s)."""
+    feeds = batch_of(obs, ctx.batch_size)
+    t = timing.quick(lambda: runner.infer(feeds), runner_device(runner), ctx.batch_size, ctx.threads)
+    stats = t.stats()
+    result.metrics.update({f"latency.{k}": stats[k] for k in (*LATENCY_KEYS, "noisy", "samples", "threads")})
+    line = (f"latency ({getattr(runner, 'name', ctx.backend)}, batch {ctx.batch_size}, {t.threads} thread(s)): "
+            f"p50 {stats['p50_us']:,.1f} µs, p99 {stats['p99_us']:,.1f} µs, {stats['obs_per_s']:,.0f} obs/s")
+    result.summary.append(line + (" (noisy)" if stats["noisy"] else ""))
+    headline = result.details.get("headline") or (result.summary[0] if result.summary else "")
+    result.details["headline"] = f"{headline}; latency p50 {stats['p50_us']:,.0f} µs" if headline else line
+    if ctx.dtype == "fp16" and runner_device(runner).type == "cpu":
+        result.summary.append(SLOW_FP16)
+        result.details["latency_note"] = SLOW_FP16

@@ -9,25 +9,34 @@ import numpy as np
 from huggy_exp.context import Context
 from huggy_exp.numerics import action_stats
 from huggy_exp.results import Result
-from huggy_exp.runners import ACTIONS, SAMPLED, TorchRunner
+from huggy_exp.errors import Unsupported
+from huggy_exp.runners import ACTIONS, SAMPLED, build
+from huggy_exp.tasks import latency
 
 
 class ActionTask:
     name = "action"
 
     def run(self, ctx: Context) -> Result:
-        runner = TorchRunner(ctx.weights, ctx.target(), ctx.batch_size)
+        runner = build(ctx)
         actions = runner.infer(ctx.observations)[ACTIONS].astype(np.float32)
-        return _actions_result(ctx.observations, actions, "deterministic")
+        result = _actions_result(ctx.observations, actions, "deterministic")
+        latency(runner, ctx, ctx.observations, result)
+        return result
 
 
 class SampleTask:
     name = "sample"
 
     def run(self, ctx: Context) -> Result:
-        runner = TorchRunner(ctx.weights, ctx.target(), ctx.batch_size)
+        runner = build(ctx)
+        if not hasattr(runner, "sample"):
+            raise Unsupported(f"backend {ctx.backend}: sampled actions take the seeded CPU noise, which only the torch "
+                              "backends accept (onnxruntime samples inside the graph: see mode=onnx-compare)")
         actions = runner.sample(ctx.observations, ctx.seed)[SAMPLED].astype(np.float32)
-        return _actions_result(ctx.observations, actions, f"sampled (seed {ctx.seed})")
+        result = _actions_result(ctx.observations, actions, f"sampled (seed {ctx.seed})")
+        latency(runner, ctx, ctx.observations, result)
+        return result
 
 
 def _actions_result(obs: np.ndarray, actions: np.ndarray, kind: str) -> Result:

@@ -7,34 +7,36 @@ import numpy as np
 from huggy_exp.context import Context
 from huggy_exp.placement import memory_stats
 from huggy_exp.results import Result
-from huggy_exp.runners import ACTIONS, TorchRunner
-from huggy_exp.timing import measure
+from huggy_exp import timing
+from huggy_exp.runners import ACTIONS, build
+from huggy_exp.tasks import latency, runner_device
 
 
 class BatchTask:
     name = "batch"
 
-    def __init__(self, tolerance: dict[str, float] | None = None, repeats: int = 3):
+    def __init__(self, tolerance: dict[str, float] | None = None, budget_s: float = 0.3):
         self.tolerance = dict(tolerance or {"fp64": 1e-12, "fp32": 1e-5, "fp16": 1e-2, "bf16": 5e-2})
-        self.repeats = repeats
+        self.budget_s = float(budget_s)
 
     def run(self, ctx: Context) -> Result:
         target, obs = ctx.target(), ctx.observations
-        batched = TorchRunner(ctx.weights, target, ctx.batch_size)
-        single = TorchRunner(ctx.weights, target, 1)
+        batched, single = build(ctx), build(ctx, batch_size=1)
         a_batched, a_single = batched.infer(obs)[ACTIONS], single.infer(obs)[ACTIONS]
         diff = np.abs(a_batched.astype(np.float64) - a_single.astype(np.float64))
         row_max = diff.max(axis=1)
         tol = self.tolerance.get(ctx.dtype, 0.0)
-        t_batched = measure(lambda: batched.infer(obs), target.device, self.repeats)
-        t_single = measure(lambda: single.infer(obs), target.device, self.repeats)
+        # --- throughput of the same runners, through the one measurement policy (fixed threads, warm-up until stable)
+        with timing.threads(ctx.threads):
+            t_batched = timing.measure(lambda: batched.infer(obs), runner_device(batched), len(obs), self.budget_s, self.budget_s / 2)
+            t_single = timing.measure(lambda: single.infer(obs), runner_device(single), len(obs), self.budget_s, self.budget_s / 2)
         metrics = {
             "rows": float(len(obs)),
             "batch_invariance_max_abs": float(diff.max()),
             "rows_bit_identical": float(np.mean(row_max == 0.0)),
             "worst_row": float(np.argmax(row_max)),
-            "batched_rows_per_s": len(obs) / t_batched["median_s"],
-            "single_rows_per_s": len(obs) / t_single["median_s"],
+            "batched_rows_per_s": len(obs) / (t_batched.stats()["p50_us"] / 1e6),
+            "single_rows_per_s": len(obs) / (t_single.stats()["p50_us"] / 1e6),
             **{f"device.{k}": v for k, v in memory_stats(target.device).items()},
         }
         result = Result(metrics=metrics, arrays={"actions": a_batched.astype(np.float32)},
@@ -46,6 +48,7 @@ class BatchTask:
         ]
         result.details["headline"] = (f"max |batched - single-row| {metrics['batch_invariance_max_abs']:.3g} (tolerance {tol:g}), "
                                       f"{metrics['rows_bit_identical']:.0%} rows bit-identical")
+        latency(batched, ctx, obs, result)
         if metrics["batch_invariance_max_abs"] > tol:
             result.fail(f"batch invariance: max diff {metrics['batch_invariance_max_abs']:.3g} > {tol:g} at row {int(metrics['worst_row'])}")
         return result
