@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import getpass
 import json
 import math
@@ -342,7 +343,9 @@ def _user() -> str:
         return "unknown"
 
 
+@functools.lru_cache(maxsize=1)
 def git_commit() -> str | None:
+    """The checkout's commit, asked once per process (a sweep's points share it)."""
     if not (REPO / ".git").exists():
         return None
     try:
