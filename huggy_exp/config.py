@@ -289,6 +289,7 @@ def _optional(kind: Any) -> bool:
 
 
 GROUPS = ("mode", "model", "obs", "tracking", "case")
+JOBS_ENV = "HUGGY_EXP_SWEEP_JOBS"  # run.py's preflight counts the jobs; the sweep callback writes it to sweep.json
 
 
 def unique_suffix() -> str:
@@ -356,8 +357,18 @@ def _known_choice(group: str, value: str, conf_dirs: list) -> None:
         raise UserError(f"unknown {group} {value!r}; valid: {', '.join(options)}")
 
 
-def preflight(argv: list[str], conf_dir) -> None:
-    """Compose and validate every job the command line asks for; the first bad one is a UserError (one line)."""
+def shares_machine(launcher: str, settings) -> bool:
+    """Whether a launcher runs jobs beside each other: joblib unless n_jobs=1, submitit (local, or SLURM nodes)."""
+    if launcher == "basic":
+        return False
+    return not (launcher == "joblib" and settings.get("n_jobs") == 1)
+
+
+def preflight(argv: list[str], conf_dir) -> int:
+    """Compose and validate every job the command line asks for; the first bad one is a UserError (one line).
+
+    Returns how many jobs Hydra will launch (the product of the swept values; 1 without -m).
+    """
     from pathlib import Path
 
     from hydra import compose, initialize_config_dir
@@ -367,7 +378,7 @@ def preflight(argv: list[str], conf_dir) -> None:
 
     args = get_args_parser().parse_args(argv)
     if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.experimental_rerun:
-        return
+        return 0
     dirs = [Path(conf_dir)] + ([Path(args.config_dir).expanduser().resolve()] if args.config_dir else [])
     if args.config_dir and not dirs[1].is_dir():
         raise UserError(f"--config-dir {args.config_dir}: no such folder")
@@ -392,6 +403,7 @@ def preflight(argv: list[str], conf_dir) -> None:
             except UserError as exc:
                 case = cfg.hydra.runtime.choices.get("case")
                 raise UserError(f"case {case}: {exc}" if case else str(exc)) from None
+    return math.prod(len(values) for values in sweeps)
 
 
 def composition_error(exc: BaseException, overrides: list[str]) -> str:

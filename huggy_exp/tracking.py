@@ -22,6 +22,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
+from huggy_exp.headline import settings
 from huggy_exp.results import read_result, update_result
 
 REPO = Path(__file__).resolve().parents[1]
@@ -182,7 +183,17 @@ class Store:
         return runs
 
     def url(self, run_id: str) -> str:
-        return f"#/experiments/{self.experiment_id}/runs/{run_id}"
+        """The run's page in the MLflow UI (full URL for a server store; for SQLite the part after the UI's address)."""
+        return run_url(self.uri, self.experiment_id, run_id)
+
+
+UI_VIEW = "workflowType=machine_learning"  # MLflow 3 UI: without it an experiment opens on its GenAI (traces) pages
+
+
+def run_url(uri: str, experiment_id: str, run_id: str | None = None) -> str:
+    """`#/experiments/<id>/runs[/<run>]?workflowType=machine_learning`, prefixed by the server for http(s) stores."""
+    path = f"#/experiments/{experiment_id}/runs" + (f"/{run_id}" if run_id else "") + f"?{UI_VIEW}"
+    return f"{uri.rstrip('/')}/{path}" if urlparse(uri).scheme in ("http", "https") else path
 
 
 # --- one job
@@ -225,7 +236,8 @@ def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None) -> d
     run_id = run.info.run_id
     try:
         stamp = int(run.info.start_time)
-        params = [Param(k, v) for k, v in flatten(record.get("params", {})).items()]
+        flat = {"mode": record["mode"], **flatten(settings(record.get("params", {}), record["dtype"]))}
+        params = [Param(k, v) for k, v in flat.items()]
         metrics = [Metric(k, float(v), stamp, 0) for k, v in record.get("metrics", {}).items()
                    if isinstance(v, (int, float)) and math.isfinite(float(v))]
         metrics += [Metric(name, float(v), stamp, int(step)) for name, points in record.get("series", {}).items()
@@ -355,10 +367,10 @@ def mark_sweep_down(sweep_dir: Path, reason: str) -> None:
         write_sweep(sweep_dir, info)
 
 
-def start_sweep(settings: dict, sweep_dir: Path, sweep_id: str, argv: list[str]) -> dict:
+def start_sweep(settings: dict, sweep_dir: Path, sweep_id: str, argv: list[str], jobs: int | None = None) -> dict:
     """Create the experiment and the parent run before the jobs start (parallel jobs then only add children)."""
-    info = {"id": sweep_id, "dir": str(sweep_dir), "argv": argv, "started": time.time(), "parent_run_id": None,
-            "tracking": {"status": "off"}}
+    info = {"id": sweep_id, "dir": str(sweep_dir), "argv": argv, "started": time.time(), "jobs": jobs,
+            "parent_run_id": None, "tracking": {"status": "off"}}
     if settings.get("enabled", True):
         try:
             store = Store.open(settings)
@@ -407,8 +419,15 @@ def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path],
             run_id = info["parent_run_id"]
             stamp = int(time.time() * 1000)
             tally = summary.get("tally", {})
+            comparison = summary.get("comparison") or {}
+            note = "\n\n".join(filter(None, [summary.get("line", ""), "\n".join(f"- {x}" for x in comparison.get("lines", []))]))
+            tags = [RunTag("mlflow.note.content", note[:MAX_TAG_CHARS])]
+            tags += [RunTag(f"recommended.{device}", str(rec["dtype"] or "none"))
+                     for device, rec in (comparison.get("recommended") or {}).items()]
             store.client.log_batch(run_id, metrics=[Metric(f"jobs_{k}", float(v), stamp, 0) for k, v in tally.items()],
-                                   tags=[RunTag("mlflow.note.content", summary.get("line", "")[:MAX_TAG_CHARS])])
+                                   tags=tags)
+            if comparison.get("table"):
+                store.client.log_table(run_id, data=_columns(comparison["table"]), artifact_file="comparison_table.json")
             for path in files:
                 if path.is_file():
                     store.client.log_artifact(run_id, str(path))
@@ -416,6 +435,12 @@ def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path],
             return store.url(run_id)
     except Exception:  # the summary files are on disk; sync re-closes nothing, so say so in the caller
         return None
+
+
+def _columns(rows: list[dict]) -> dict[str, list]:
+    """Rows as the column dict `log_table` takes (MLflow's table artifact, shown in the UI's artifact view)."""
+    names = list(dict.fromkeys(k for r in rows for k in r))
+    return {n: [r.get(n) for r in rows] for n in names}
 
 
 # --- sync: every pending result.json, exactly once

@@ -1,0 +1,55 @@
+"""What a run shows first: a few short headline metrics per mode, derived from its detailed metrics, and the params
+that matter. One table here instead of a line in every task; the full detail stays beside them."""
+
+from __future__ import annotations
+
+import math
+
+# short name -> the detailed metric it copies; per mode, in the order a reader wants them
+HEADLINES: dict[str, dict[str, str]] = {
+    "info": {"parameters": "parameters", "fp16_overflow_dims": "fp16_overflow_dims"},
+    "checkpoints": {"checkpoints": "checkpoints", "best_reward": "best_reward"},
+    "action": {"act_mean": "action_mean", "act_std": "action_std", "saturated": "saturated_share"},
+    "sample": {"act_mean": "action_mean", "act_std": "action_std", "saturated": "saturated_share"},
+    "batch": {"invariance_max": "batch_invariance_max_abs", "rows_identical": "rows_bit_identical",
+              "rows_per_s": "batched_rows_per_s"},
+    "precision": {"err_max_abs": "actions.vs_fp64.max_abs", "cos_min": "actions.vs_fp64.cosine_min_row",
+                  "err_vs_fp32": "actions.vs_fp32.max_abs", "rel_ratio": "relative.ratio"},
+    "onnx-compare": {"err_max_abs": "deterministic.max_abs", "cos_min": "deterministic.cosine_min_row",
+                     "sampled_z": "sampled.mean_z_max"},
+    "export-onnx": {"err_max_abs": "vs_torch.max_abs", "src_identical": "vs_source.bit_identical"},
+    "fingerprint": {"fp_match": "matches_cpu_fp32", "fp_qmatch": "quantized_matches_cpu_fp32",
+                    "err_max_abs": "max_abs_vs_cpu_fp32"},
+    "stats": {"drift_max": "drift_max", "saturation": "saturation_rate", "smoothness": "smoothness"},
+}
+ANY_MODE = {"p50_us": "latency.p50_us"}  # every inference mode that measures latency (the benchmark branch adds it)
+PER_DTYPE = ("thresholds", "layer_thresholds", "tolerance", "atol")  # mode tables keyed by dtype
+NOISE = ("mode._target_", "tracking.http_retries", "tracking.http_timeout_s", "tracking.enabled")
+
+
+def headline_metrics(mode: str, metrics: dict[str, float], status: str) -> dict[str, float]:
+    """`passed` (1/0, absent for skipped/error) and the mode's short metrics that the job produced, finite only."""
+    out: dict[str, float] = {}
+    if status in ("passed", "failed"):
+        out["passed"] = float(status == "passed")
+    for short, long in {**HEADLINES.get(mode, {}), **ANY_MODE}.items():
+        value = metrics.get(long)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value)):
+            out[short] = float(value)
+    return out
+
+
+def settings(params: dict, dtype: str) -> dict:
+    """The resolved config minus what does not describe this run: other dtypes' thresholds and plumbing keys."""
+    def prune(tree: dict, prefix: str) -> dict:
+        kept = {}
+        for key, value in tree.items():
+            name = f"{prefix}{key}"
+            if name in NOISE:
+                continue
+            if isinstance(value, dict) and prefix == "mode." and key in PER_DTYPE:
+                value = {k: v for k, v in value.items() if k == dtype}
+            kept[key] = prune(value, name + ".") if isinstance(value, dict) else value
+        return kept
+
+    return prune(params, "")
