@@ -19,6 +19,7 @@ CONF = Path(__file__).parent / "conf"
 def main(cfg: DictConfig) -> str:
     from huggy_exp.app import JobInfo, execute, exit_code, sync
 
+    config.setup()  # the resolvers, again: joblib and submitit run this function in fresh processes
     hc = HydraConfig.get()
     mode = hc.runtime.choices["mode"]
     if mode == "sync":

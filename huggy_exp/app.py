@@ -99,6 +99,9 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
         say(progress(sweep, job, started))
     try:
         validate(cfg, mode)
+        missing = [p for p in cfg.get("needs") or () if not Path(p).expanduser().exists()]
+        if missing:
+            raise Unsupported(f"needs {missing[0]}, which is not on this host (shared fixtures: set HUGGY_EXP_SHARED)")
         ctx = build_context(cfg, workdir)
         task = _instantiate(cfg.mode)
         result = task.run(ctx)

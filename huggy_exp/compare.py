@@ -7,6 +7,7 @@ Pure functions over the summary rows and the jobs' actions.npy; sweep.py writes 
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -14,11 +15,15 @@ import numpy as np
 from huggy_exp import plots
 
 NARROW_FIRST = ("bf16", "fp16", "fp32", "fp64")
+VERDICT_KNOBS = ("thresholds", "layer_thresholds", "specialize", "relative", "rel_floor", "tolerance", "atol",
+                 "require_match", "drift_threshold", "drift_fail", "saturation", "confidence", "repeats", "path",
+                 "decimals", "provider", "opset")  # mode knobs that judge or time the actions, not shape them
 
 
 def inputs_key(row: dict) -> tuple:
-    """Points are comparable when the mode, the observations, the seed and the model are the same."""
-    return row["mode"], row["obs"], row["seed"], row["model_sha256"]
+    """Points are comparable when the mode and its action-shaping knobs, the observations, seed and model agree."""
+    knobs = {k: v for k, v in (row.get("knobs") or {}).items() if k not in VERDICT_KNOBS and k != "_target_"}
+    return row["mode"], json.dumps(knobs, sort_keys=True, default=str), row["obs"], row["seed"], row["model_sha256"]
 
 
 def load_actions(row: dict) -> np.ndarray | None:
@@ -55,7 +60,7 @@ def compare(rows: list[dict]) -> dict:
         if row["actions_sha256"]:
             groups.setdefault((*inputs_key(row), row["dtype"]), []).append(row)
     agreement = []
-    for (mode, obs, seed, _, dtype), members in groups.items():
+    for (mode, _, obs, seed, _, dtype), members in groups.items():
         if len(members) < 2:
             continue
         hashes = list(dict.fromkeys(r["actions_sha256"] for r in members))

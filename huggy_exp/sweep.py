@@ -106,7 +106,8 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
                      "note": note, "tracking": track, "expect": r.get("expect"),
                      "expectation_met": r.get("expectation_met"), "line": line, "dir": str(path.parent),
                      "seed": r.get("seed"), "obs": obs_label(obs), "model_sha256": (r.get("model") or {}).get("sha256"),
-                     "metrics": r.get("headline_metrics") or {}, "shared_machine": r.get("shared_machine", False)})
+                     "metrics": r.get("headline_metrics") or {}, "shared_machine": r.get("shared_machine", False),
+                     "knobs": (r.get("params") or {}).get("mode") or {}})
     tally = {s: sum(r["status"] == s for r in rows) for s in ORDER}
     tally["pending"] = sum(r["tracking"] == "pending" for r in rows)
     tally["expected"] = sum(r["expect"] is not None for r in rows)
