@@ -62,10 +62,11 @@ class SweepCallback(Callback):
         info = tracking.read_sweep(self.sweep_dir) or {}
         if url:
             uri = info.get("tracking", {}).get("uri", "")
-            print(f"  parent run: {url}\n  (server: mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000)"
-                  if url.startswith("http") else
-                  f"  parent run: mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000, then open "
-                  f"http://127.0.0.1:5000/{url}")
+            if url["runs"].startswith("http"):
+                print(f"  runs:       {url['runs']}\n  parent run: {url['parent']}")
+            else:
+                print(f"  UI: mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000, then open\n"
+                      f"  runs:       http://127.0.0.1:5000/{url['runs']}\n  parent run: http://127.0.0.1:5000/{url['parent']}")
         if status == "KILLED":
             return EXIT_INTERRUPTED
         worst = max((EXIT_CODES.get(r["status"], 2) if r["expect"] is None else int(not r["expectation_met"])

@@ -188,12 +188,24 @@ class Store:
 
 
 UI_VIEW = "workflowType=machine_learning"  # MLflow 3 UI: without it an experiment opens on its GenAI (traces) pages
+SHARED_VIEW = "mlflow.sharedViewState."  # experiment tag the UI reads for `?viewStateShareKey=<key>` (its Share button)
+VIEW_PARAMS = ("mode", "device", "dtype", "batch_size", "obs.source", "seed")
+VIEW_TAGS = ("case", "status")
 
 
-def run_url(uri: str, experiment_id: str, run_id: str | None = None) -> str:
-    """`#/experiments/<id>/runs[/<run>]?workflowType=machine_learning`, prefixed by the server for http(s) stores."""
-    path = f"#/experiments/{experiment_id}/runs" + (f"/{run_id}" if run_id else "") + f"?{UI_VIEW}"
+def run_url(uri: str, experiment_id: str, run_id: str | None = None, view: str | None = None) -> str:
+    """`#/experiments/<id>/runs[/<run>]?workflowType=machine_learning[&viewStateShareKey=<view>]`; servers prefixed."""
+    path = (f"#/experiments/{experiment_id}/runs" + (f"/{run_id}" if run_id else "") + f"?{UI_VIEW}"
+            + (f"&viewStateShareKey={view}" if view else ""))
     return f"{uri.rstrip('/')}/{path}" if urlparse(uri).scheme in ("http", "https") else path
+
+
+def sweep_view(sweep_id: str, metrics: list[str]) -> str:
+    """The runs table of one sweep, its points flat (a filter un-nests children) with the headline metrics as columns."""
+    columns = ([f"metrics.`{m}`" for m in metrics] + [f"params.`{p}`" for p in VIEW_PARAMS]
+               + [f"tags.`{t}`" for t in VIEW_TAGS])
+    return json.dumps({"selectedColumns": columns, "searchFilter": f"tags.sweep_id = '{sweep_id}'",
+                       "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True})
 
 
 # --- one job
@@ -406,8 +418,12 @@ def ensure_parent(store: Store, info: dict) -> str:
     return run_id
 
 
-def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path], status: str = "FINISHED") -> str | None:
-    """Close the parent run with the sweep's tally and summary files; returns its URL path, or None if not logged."""
+def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path], status: str = "FINISHED") -> dict | None:
+    """Close the parent run with the sweep's tally, comparison and files, and save a UI view of the sweep's runs.
+
+    Returns the UI addresses {"parent": ..., "runs": ...} (full URLs for servers, else the part after the UI's
+    address), or None if not logged.
+    """
     info = read_sweep(sweep_dir)
     if not info or not info.get("parent_run_id") or info.get("tracking", {}).get("status") == "down":
         return None
@@ -432,7 +448,9 @@ def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path],
                 if path.is_file():
                     store.client.log_artifact(run_id, str(path))
             store.client.set_terminated(run_id, status)
-            return store.url(run_id)
+            headline = list(dict.fromkeys(m for r in summary.get("rows", []) for m in r.get("metrics", {})))
+            store.client.set_experiment_tag(store.experiment_id, SHARED_VIEW + info["id"], sweep_view(info["id"], headline))
+            return {"parent": store.url(run_id), "runs": run_url(store.uri, store.experiment_id, view=info["id"])}
     except Exception:  # the summary files are on disk; sync re-closes nothing, so say so in the caller
         return None
 
@@ -441,6 +459,31 @@ def _columns(rows: list[dict]) -> dict[str, list]:
     """Rows as the column dict `log_table` takes (MLflow's table artifact, shown in the UI's artifact view)."""
     names = list(dict.fromkeys(k for r in rows for k in r))
     return {n: [r.get(n) for r in rows] for n in names}
+
+
+def sweep_runs(settings: dict, sweep_id: str | None = None) -> dict:
+    """A sweep in a store (the latest, or `sweep_id`): ids, run names, headline metrics, artifacts; for UI checks."""
+    store = Store.open(settings)
+    where = "tags.`huggy.parent` = 'true'" + (f" and tags.sweep_id = '{sweep_id}'" if sweep_id else "")
+    parents = store.client.search_runs([store.experiment_id], filter_string=where, max_results=1,
+                                       order_by=["attributes.start_time DESC"])
+    if not parents:
+        raise StoreDown(f"no sweep {sweep_id or ''} in {store.uri} (experiment {store.experiment!r})".replace("  ", " "))
+    parent = parents[0]
+    sid = parent.data.tags["sweep_id"]
+    children = store.client.search_runs([store.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'",
+                                        max_results=1000)
+    return {"sweep_id": sid, "experiment_id": store.experiment_id, "uri": store.uri,
+            "parent": {"id": parent.info.run_id, "name": parent.info.run_name,
+                       "artifacts": [a.path for a in store.client.list_artifacts(parent.info.run_id)]},
+            "children": [{"id": c.info.run_id, "name": c.info.run_name, "metrics": dict(c.data.metrics),
+                          "headline": [k for k in c.data.metrics if k in _headline_names()]} for c in children]}
+
+
+def _headline_names() -> set[str]:
+    from huggy_exp.headline import ANY_MODE, HEADLINES
+
+    return {"passed", *ANY_MODE, *(k for table in HEADLINES.values() for k in table)}
 
 
 # --- sync: every pending result.json, exactly once
