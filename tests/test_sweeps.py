@@ -152,6 +152,7 @@ def test_case_library_has_50_cases_each_with_an_expected_verdict():
 
 def test_every_case_composes_and_validates():
     """preflight composes and validates each case (expect among the verdicts, known keys, ranges) and counts them."""
+    config.setup()
     assert config.preflight(["-m", "case=glob(*)"], CONF) == len(CASES)
 
 
@@ -197,6 +198,7 @@ def config_dir(tmp_path) -> Path:
     ("bad_expect", "unknown expect 'pased'"),
 ])
 def test_a_malformed_case_fails_fast_naming_its_file_and_key(config_dir, case, needle):
+    config.setup()
     with pytest.raises(UserError) as err:
         config.preflight(["--config-dir", str(config_dir), f"case={case}"], CONF)
     message = str(err.value)
