@@ -94,7 +94,7 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
     ctx = None
     interrupted = False
     workdir.mkdir(parents=True, exist_ok=True)
-    sweep = tracking.read_sweep(job.sweep_dir) or {} if job.sweep_dir is not None else None
+    sweep = (tracking.read_sweep(job.sweep_dir) or {}) if job.sweep_dir is not None else None
     if sweep is not None:
         say(progress(sweep, job, started))
     try:
@@ -114,7 +114,7 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
         interrupted = True
         result = Result(status="error", reason="interrupted (Ctrl-C) before the job finished")
     except Exception as exc:  # a bug, not a user error: keep the traceback, record the job, let a sweep go on
-        traceback.print_exc()
+        say(traceback.format_exc().rstrip(), error=True)
         result = Result(status="error", reason=f"internal error: {type(exc).__name__}: {exc}")
     if result.summary and "headline" not in result.details:
         result.details["headline"] = result.summary[0]  # one line for sweep summaries and result.json readers

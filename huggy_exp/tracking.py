@@ -450,7 +450,9 @@ def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path],
             store.client.set_terminated(run_id, status)
             headline = list(dict.fromkeys(m for r in summary.get("rows", []) for m in r.get("metrics", {})))
             store.client.set_experiment_tag(store.experiment_id, SHARED_VIEW + info["id"], sweep_view(info["id"], headline))
-            return {"parent": store.url(run_id), "runs": run_url(store.uri, store.experiment_id, view=info["id"])}
+            info["ui"] = {"parent": store.url(run_id), "runs": run_url(store.uri, store.experiment_id, view=info["id"])}
+            write_sweep(sweep_dir, info)
+            return info["ui"]
     except Exception:  # the summary files are on disk; sync re-closes nothing, so say so in the caller
         return None
 

@@ -76,8 +76,9 @@ def stop(server: subprocess.Popen) -> None:
 def render(chrome: str, url: str, profile: Path, screenshot: Path | None = None) -> str:
     """The page's DOM after its scripts ran (virtual time), or a PNG of it when `screenshot` is given."""
     args = [chrome, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--user-data-dir={profile}",
-            "--virtual-time-budget=20000", "--window-size=1600,800"]
-    args += [f"--screenshot={screenshot}"] if screenshot else ["--dump-dom"]
+            "--virtual-time-budget=20000"]
+    # the runs table draws only the rows and columns in its viewport: a huge window puts a whole sweep in it
+    args += [f"--screenshot={screenshot}", "--window-size=1600,800"] if screenshot else ["--dump-dom", "--window-size=8000,6000"]
     proc = subprocess.run([*args, url], capture_output=True, text=True, timeout=120)
     return proc.stdout
 
@@ -111,7 +112,9 @@ def check(chrome: str, base: str, sweep: dict, profile: Path, screenshot: Path |
         if name == "runs view":
             want = [parent["name"], *(c["name"] for c in children), *{m for c in children for m in c["headline"]}]
         elif name == "parent run":
-            want = [parent["name"], "jobs_passed", *(c["name"] for c in children)]
+            want = [parent["name"], "jobs_passed"]
+            if not any(c["name"] in text for c in children):  # the page lists the first children, not always all
+                missing.append(f"{name}: none of its child runs is listed at {url}")
         elif name == "child run":
             want = [children[0]["name"], *children[0]["headline"]]
         elif name == "parent plot":
