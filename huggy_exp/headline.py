@@ -27,15 +27,20 @@ PER_DTYPE = ("thresholds", "layer_thresholds", "tolerance", "atol")  # mode tabl
 NOISE = ("mode._target_", "tracking.http_retries", "tracking.http_timeout_s", "tracking.enabled")
 
 
+SIGNIFICANT = 3  # headline values are for reading (the UI prints every digit: 0.00942 not 0.0094211900...)
+DIGITS = {"cos_min": 6}  # cosines live next to 1: 0.999968 must not read as 1
+
+
 def headline_metrics(mode: str, metrics: dict[str, float], status: str) -> dict[str, float]:
-    """`passed` (1/0, absent for skipped/error) and the mode's short metrics that the job produced, finite only."""
+    """`passed` (1/0, absent for skipped/error) and the mode's short metrics that the job produced, finite only,
+    rounded to 3 significant digits, cosines to 6 (the detailed metric beside each keeps full precision)."""
     out: dict[str, float] = {}
     if status in ("passed", "failed"):
         out["passed"] = float(status == "passed")
     for short, long in {**HEADLINES.get(mode, {}), **ANY_MODE}.items():
         value = metrics.get(long)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value)):
-            out[short] = float(value)
+            out[short] = float(f"{float(value):.{DIGITS.get(short, SIGNIFICANT)}g}")
     return out
 
 
