@@ -1,5 +1,6 @@
 """Compose the Hydra config and hand the job to huggy_exp: `python run.py [mode=...] [key=value ...] [-m]`."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -18,13 +19,16 @@ CONF = Path(__file__).parent / "conf"
 def main(cfg: DictConfig) -> str:
     from huggy_exp.app import JobInfo, execute, exit_code, sync
 
+    config.setup()  # the resolvers, again: joblib and submitit run this function in fresh processes
     hc = HydraConfig.get()
     mode = hc.runtime.choices["mode"]
     if mode == "sync":
         sys.exit(sync(cfg))
     multirun = hc.mode == RunMode.MULTIRUN
+    launcher = hc.runtime.choices.get("hydra/launcher", "basic")
     job = JobInfo(overrides=tuple(hc.overrides.task), case=hc.runtime.choices.get("case"),
-                  sweep_dir=Path(hc.sweep.dir) if multirun else None, num=hc.job.num if multirun else None)
+                  sweep_dir=Path(hc.sweep.dir) if multirun else None, num=hc.job.num if multirun else None,
+                  launcher=launcher, shared_machine=multirun and config.shares_machine(launcher, hc.launcher))
     result = execute(cfg, Path(hc.runtime.output_dir), mode, job)
     code = exit_code(result, cfg.get("expect"))
     if not multirun and code:
@@ -38,7 +42,8 @@ def cli(argv: list[str]) -> None:
     sys.argv[1:] = argv
     config.setup()
     try:
-        config.preflight(argv, CONF)
+        jobs = config.preflight(argv, CONF)
+        os.environ[config.JOBS_ENV] = str(jobs)  # the sweep's size, for its progress lines (sweep.json)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

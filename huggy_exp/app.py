@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import platform
 import sys
 import time
@@ -17,7 +18,19 @@ from huggy_exp import tracking
 from huggy_exp.config import validate
 from huggy_exp.context import Context, ModelSpec, ObsSpec
 from huggy_exp.errors import Unsupported, UserError
+from huggy_exp.headline import headline_metrics
 from huggy_exp.results import EXIT_CODES, EXIT_PENDING, Result, update_result, write_result
+
+JOB_LOG = "huggy_exp.job"  # conf/hydra/job_logging/huggy.yaml sends it to the job's run.log only
+TIMED_MODES = ("batch", "benchmark")  # modes whose numbers are wall-clock timings (any mode with latency.* too)
+
+
+def say(line: str, error: bool = False) -> None:
+    """Job output: printed as before on the terminal, and logged (Hydra's job log file, run.log, gets it)."""
+    print(line, file=sys.stderr if error else sys.stdout, flush=True)
+    log = logging.getLogger(JOB_LOG)
+    if log.handlers:  # configured by Hydra's job logging; in-process callers without it get the print alone
+        log.log(logging.ERROR if error else logging.INFO, line)
 
 
 def _version(dist: str) -> str:
@@ -59,6 +72,8 @@ class JobInfo:
     case: str | None = None
     sweep_dir: Path | None = None
     num: int | None = None
+    launcher: str = "basic"
+    shared_machine: bool = False  # a parallel launcher runs other jobs beside this one: timings are not clean
 
 
 def run_name(mode: str, cfg: DictConfig, case: str | None = None) -> str:
@@ -81,8 +96,14 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
     ctx = None
     interrupted = False
     workdir.mkdir(parents=True, exist_ok=True)
+    sweep = (tracking.read_sweep(job.sweep_dir) or {}) if job.sweep_dir is not None else None
+    if sweep is not None:
+        say(progress(sweep, job, started))
     try:
         validate(cfg, mode)
+        missing = [p for p in cfg.get("needs") or () if not Path(p).expanduser().exists()]
+        if missing:
+            raise Unsupported(f"needs {missing[0]}, which is not on this host (shared fixtures: set HUGGY_EXP_SHARED)")
         ctx = build_context(cfg, workdir)
         task = _instantiate(cfg.mode)
         result = task.run(ctx)
@@ -95,10 +116,15 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
         interrupted = True
         result = Result(status="error", reason="interrupted (Ctrl-C) before the job finished")
     except Exception as exc:  # a bug, not a user error: keep the traceback, record the job, let a sweep go on
-        traceback.print_exc()
+        say(traceback.format_exc().rstrip(), error=True)
         result = Result(status="error", reason=f"internal error: {type(exc).__name__}: {exc}")
     if result.summary and "headline" not in result.details:
         result.details["headline"] = result.summary[0]  # one line for sweep summaries and result.json readers
+    timed = mode in TIMED_MODES or any(k.startswith("latency.") for k in result.metrics)
+    if job.shared_machine and timed and result.details.get("headline"):
+        result.details["headline"] += " [timed while other jobs shared the machine]"
+    head = headline_metrics(mode, result.metrics, result.status)
+    result.metrics = {**head, **result.metrics}  # first, so MLflow lists them first
     loaded = ctx.loaded_model if ctx is not None else None
     model = loaded.describe() if loaded is not None else _model_stub(cfg)
     settings = OmegaConf.to_container(cfg.tracking, resolve=True)
@@ -118,12 +144,16 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
         "environment": environment(),
         "params": OmegaConf.to_container(cfg, resolve=True),
         "interrupted": interrupted,
+        "headline_metrics": head,
+        "launcher": job.launcher,
+        "shared_machine": job.shared_machine,
         "expect": cfg.get("expect"),
         "expectation_met": None if cfg.get("expect") is None else result.status == cfg.get("expect"),
         "tracking": {"status": "pending", "reason": "not logged yet"} if settings.get("enabled", True) else {"status": "off"},
     }
-    if job.sweep_dir is not None:
-        sweep = tracking.read_sweep(job.sweep_dir) or {}
+    if job.shared_machine:
+        result.tags["shared_machine"] = "true"
+    if sweep is not None:
         record["sweep"] = {"dir": str(job.sweep_dir), "id": sweep.get("id"), "num": job.num,
                            "parent_run_id": sweep.get("parent_run_id")}
     path = write_result(workdir, record, result)
@@ -134,10 +164,10 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
     outcome = tracking.log_job(settings, workdir)
     update_result(workdir, tracking=outcome)
     if outcome["status"] == "logged":
-        print(f"  mlflow: run {outcome['run_id']} in {outcome['uri']}, experiment {outcome['experiment']!r}")
+        say(f"  mlflow: run {outcome['run_id']} in {outcome['uri']}, experiment {outcome['experiment']!r}")
     elif outcome["status"] == "pending":
-        print(f"warning: not in MLflow yet ({outcome['reason']}); result kept in {path}; "
-              "`python run.py mode=sync` logs it later", file=sys.stderr)
+        say(f"warning: not in MLflow yet ({outcome['reason']}); result kept in {path}; "
+            "`python run.py mode=sync` logs it later", error=True)
     result.tracking = outcome["status"]
     return result
 
@@ -185,10 +215,17 @@ def _print_summary(record: dict, result: Result, path: Path) -> None:
     model = record["model"]
     label = "embedded synthetic default (not real Huggy weights)" if model["synthetic"] else model["path"]
     head = f"[{record['mode']}] {record['device']} {record['dtype']} batch {record['batch_size']} · model: {label}"
-    stream = sys.stderr if result.status == "error" else sys.stdout
-    print(head)
+    say(head)
     for line in result.summary:
-        print(f"  {line}")
+        say(f"  {line}")
     status = result.status.upper() + (f": {result.reason}" if result.reason else "")
-    print(f"  {status}", file=stream)
-    print(f"  result: {path}")
+    say(f"  {status}", error=result.status == "error")
+    say(f"  result: {path}")
+
+
+def progress(sweep: dict, job: JobInfo, now: float) -> str:
+    """`[3/50] case=bf16_extreme (elapsed 12 s)`: the point starting, how many the sweep has, time since it began."""
+    total = sweep.get("jobs") or "?"
+    what = " ".join(job.overrides) or "(defaults)"
+    elapsed = now - float(sweep.get("started", now))
+    return f"[{(job.num or 0) + 1}/{total}] {what} (elapsed {elapsed:.0f} s)"

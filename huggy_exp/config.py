@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Dict, List, Optional, get_type_hints
 
+import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from huggy_exp.errors import UserError
@@ -187,6 +188,7 @@ class Config:
     backend: str = rule(choices=BACKENDS)
     threads: int = rule(lo=1, hi=1024)
     expect: Optional[str] = rule(None, choices=VERDICTS)
+    needs: List[str] = field(default_factory=list)
     mode: Any = MISSING
     model: ModelConf = MISSING
     obs: ObsConf = MISSING
@@ -321,6 +323,7 @@ def _optional(kind: Any) -> bool:
 
 
 GROUPS = ("mode", "model", "obs", "tracking", "case")
+JOBS_ENV = "HUGGY_EXP_SWEEP_JOBS"  # run.py's preflight counts the jobs; the sweep callback writes it to sweep.json
 
 
 def unique_suffix() -> str:
@@ -332,11 +335,34 @@ def unique_suffix() -> str:
     return f"{time.strftime('%H-%M-%S', time.localtime(now))}-{int(now * 1e6) % 1_000_000:06d}-{os.getpid()}"
 
 
+def available(what: str, yes: str, no: str) -> str:
+    """`${huggy_available:<device or file>,<if here>,<if not>}`: an expectation that holds on every host.
+
+    A device (cpu, cuda[:N], npu[:N], mps) is here when torch can place on it; anything else is a path that exists.
+    """
+    import re
+    from pathlib import Path
+
+    from huggy_exp.errors import Unsupported
+
+    if re.fullmatch(r"(cpu|cuda|npu|mps)(:\d+)?", str(what)):
+        from huggy_exp.placement import resolve_device
+
+        try:
+            resolve_device(str(what))
+        except Unsupported:
+            return no
+        return yes
+    return yes if Path(str(what)).expanduser().exists() else no
+
+
 def setup() -> None:
-    """Schemas into the ConfigStore and the `huggy_unique` resolver (run.py and tests call this before composing)."""
+    """Schemas into the ConfigStore and the resolvers (run.py, its jobs and tests call this before composing)."""
     register()
     if not OmegaConf.has_resolver("huggy_unique"):
         OmegaConf.register_new_resolver("huggy_unique", unique_suffix, use_cache=True)
+    if not OmegaConf.has_resolver("huggy_available"):
+        OmegaConf.register_new_resolver("huggy_available", available)
 
 
 def group_options(group: str, dirs: list) -> list[str]:
@@ -393,8 +419,18 @@ def _known_choice(group: str, value: str, conf_dirs: list) -> None:
         raise UserError(f"unknown {group} {value!r}; valid: {', '.join(options)}")
 
 
-def preflight(argv: list[str], conf_dir) -> None:
-    """Compose and validate every job the command line asks for; the first bad one is a UserError (one line)."""
+def shares_machine(launcher: str, settings) -> bool:
+    """Whether a launcher runs jobs beside each other: joblib unless n_jobs=1, submitit (local, or SLURM nodes)."""
+    if launcher == "basic":
+        return False
+    return not (launcher == "joblib" and settings.get("n_jobs") == 1)
+
+
+def preflight(argv: list[str], conf_dir) -> int:
+    """Compose and validate every job the command line asks for; the first bad one is a UserError (one line).
+
+    Returns how many jobs Hydra will launch (the product of the swept values; 1 without -m).
+    """
     from pathlib import Path
 
     from hydra import compose, initialize_config_dir
@@ -404,7 +440,7 @@ def preflight(argv: list[str], conf_dir) -> None:
 
     args = get_args_parser().parse_args(argv)
     if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.experimental_rerun:
-        return
+        return 0
     dirs = [Path(conf_dir)] + ([Path(args.config_dir).expanduser().resolve()] if args.config_dir else [])
     if args.config_dir and not dirs[1].is_dir():
         raise UserError(f"--config-dir {args.config_dir}: no such folder")
@@ -420,8 +456,9 @@ def preflight(argv: list[str], conf_dir) -> None:
             try:
                 cfg = compose(config_name=args.config_name or "config", overrides=overrides + extra,
                               return_hydra_config=True)
-            except (HydraException, OmegaConfBaseException) as exc:
-                raise UserError(composition_error(exc, overrides)) from None
+            except (HydraException, OmegaConfBaseException, yaml.YAMLError) as exc:
+                raise UserError(_in_case(composition_error(exc, overrides, _case_file(overrides, dirs)), overrides,
+                                         dirs)) from None
             _check_output_dir(cfg.hydra.sweep.dir if args.multirun else cfg.hydra.run.dir,
                               "hydra.sweep.dir" if args.multirun else "hydra.run.dir")
             mode = cfg.hydra.runtime.choices.get("mode")
@@ -429,8 +466,8 @@ def preflight(argv: list[str], conf_dir) -> None:
             try:
                 validate(with_cfg, mode)
             except UserError as exc:
-                case = cfg.hydra.runtime.choices.get("case")
-                raise UserError(f"case {case}: {exc}" if case else str(exc)) from None
+                raise UserError(_in_case(str(exc), overrides, dirs)) from None
+    return math.prod(len(values) for values in sweeps)
 
 
 def _check_output_dir(path: str, key: str) -> None:
@@ -448,24 +485,54 @@ def _check_output_dir(path: str, key: str) -> None:
         raise UserError(f"{key}={path}: cannot create a folder in {parent} ({exc.strerror or exc})") from None
 
 
-def composition_error(exc: BaseException, overrides: list[str]) -> str:
+def _case_file(overrides: list[str], dirs: list):
+    """The file of the job's case (the --config-dir copy wins, as in Hydra's search path), or None."""
+    from pathlib import Path
+
+    names = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") == "case"]
+    if not names or names[-1] == "null":
+        return None
+    files = [Path(d) / "case" / f"{names[-1]}.yaml" for d in dirs]
+    return next((f for f in reversed(files) if f.is_file()), files[0])
+
+
+def _in_case(message: str, overrides: list[str], dirs: list) -> str:
+    """Prefix a job's error with the case file it came from: `case bad (conf/case/bad.yaml): ...`."""
+    path = _case_file(overrides, dirs)
+    return message if path is None else f"case {path.stem} ({path}): {message}"
+
+
+def composition_error(exc: BaseException, overrides: list[str], case_file=None) -> str:
     """Hydra's multi-line composition report as one line: what was asked, and OmegaConf's reason with the key."""
-    head = " ".join(str(exc).split("\n")[0].split()).rstrip(".")
+    if isinstance(exc, yaml.YAMLError):
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        return f"not valid YAML: {where}{getattr(exc, 'problem', None) or str(exc).splitlines()[0]}"
+    head = " ".join(str(exc).split("\n")[0].split()).rstrip(".").rstrip(":")
     cause = exc.__cause__
-    if cause is None:
-        lines = [" ".join(ln.split()) for ln in str(exc).splitlines() if ln.strip()]
-        return "; ".join(lines[:3]) or head
-    lines = [ln.strip() for ln in str(cause).splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in str(cause if cause is not None else exc).splitlines() if ln.strip()]
+    if cause is None:  # Hydra put OmegaConf's report in its own text: `In 'case/x': ...`, the reason, `full_key: ...`
+        if not any(ln.startswith("full_key:") for ln in lines[1:]):
+            return "; ".join(" ".join(ln.split()) for ln in lines[:3]) or head
+        lines = lines[1:]
     key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), None)
     reason = lines[0] if lines else type(cause).__name__
     if key and ("not in struct" in reason or "not in '" in reason):
-        return unknown_key(key, _mode_choice(overrides))
+        return unknown_key(key, _mode_choice(overrides, case_file))
     return f"{head}: {reason}" + (f" (key {key})" if key and key not in reason else "")
 
 
-def _mode_choice(overrides: list[str]) -> str:
+def _mode_choice(overrides: list[str], case_file=None) -> str:
+    """The mode a job asked for: on the command line, else in its case file's `override /mode: x`, else action."""
     chosen = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") == "mode"]
-    return chosen[-1] if chosen else "action"
+    if chosen:
+        return chosen[-1]
+    try:
+        defaults = (yaml.safe_load(case_file.read_text()) or {}).get("defaults") or [] if case_file else []
+    except (OSError, yaml.YAMLError, AttributeError):
+        defaults = []
+    picked = [v for d in defaults if isinstance(d, dict) for k, v in d.items() if k.split()[-1] in ("/mode", "mode")]
+    return str(picked[-1]) if picked else "action"
 
 
 def unknown_key(key: str, mode: str) -> str:

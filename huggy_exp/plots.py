@@ -86,6 +86,58 @@ def scaling(path: Path, curves: dict[str, dict[str, list]], title: str) -> str:
     return _save(plt, fig, path)
 
 
+def categories(path: Path, series: dict[str, tuple[list, list]], order: tuple[str, ...], ylabel: str, title: str) -> str:
+    """One marker line per label over categorical x (dtypes in `order`); log y, zeros drawn at the bottom."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    present = [c for c in order if any(c in xs for xs, _ in series.values())]
+    for label, (xs, ys) in series.items():
+        best = {}
+        for x, y in zip(xs, ys):
+            best[x] = max(best.get(x, 0.0), y)
+        cats = [c for c in present if c in best]
+        ax.plot([present.index(c) for c in cats], [max(best[c], 1e-12) for c in cats], marker="o", label=label)
+    ax.set_xticks(range(len(present)), present)
+    ax.set_yscale("log")
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{title} (0 drawn at 1e-12)", fontsize=9)
+    ax.legend(fontsize=8)
+    return _save(plt, fig, path)
+
+
+def scatter(path: Path, series: dict[str, tuple[list, list]], xlabel: str, ylabel: str, title: str) -> str:
+    """Marker lines per label over a numeric x, both axes log."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for label, (xs, ys) in series.items():
+        order = np.argsort(xs)
+        ax.plot(np.asarray(xs)[order], np.asarray(ys)[order], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    return _save(plt, fig, path)
+
+
+def agreement(path: Path, groups: list[str], cells: list[list[tuple[str, int]]]) -> str:
+    """One row per group of comparable points; each point a cell coloured by its result class (0 = the first's)."""
+    plt = _pyplot()
+    width = max(len(c) for c in cells)
+    fig, ax = plt.subplots(figsize=(min(2 + 1.6 * width, 14), 0.5 + 0.45 * len(groups)))
+    grid = np.full((len(groups), width), np.nan)
+    for i, row in enumerate(cells):
+        for j, (label, cls) in enumerate(row):
+            grid[i, j] = cls
+            ax.text(j, i, f"{label}\n{'=' if cls == 0 else '≠'}", ha="center", va="center", fontsize=7)
+    ax.imshow(np.ma.masked_invalid(grid), cmap="RdYlGn_r", vmin=0, vmax=max(1, np.nanmax(grid)), aspect="auto")
+    ax.set_yticks(range(len(groups)), groups, fontsize=7)
+    ax.set_xticks([])
+    ax.set_title("bit-identical actions per group (= same bytes as the first point, ≠ different)", fontsize=9)
+    return _save(plt, fig, path)
+
+
 def _save(plt, fig, path: Path) -> str:
     fig.tight_layout()
     fig.savefig(path, dpi=90)

@@ -14,7 +14,9 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from huggy_exp import tracking
-from huggy_exp.results import EXIT_CODES, EXIT_INTERRUPTED, EXIT_PENDING, atomic_write_text
+from huggy_exp.config import JOBS_ENV
+from huggy_exp.compare import compare, draw
+from huggy_exp.results import EXIT_CODES, EXIT_INTERRUPTED, EXIT_PENDING, atomic_write_text, jsonable, write_table
 
 ORDER = ("passed", "failed", "skipped", "error")
 
@@ -32,7 +34,9 @@ class SweepCallback(Callback):
         self.sweep_dir = Path(config.hydra.sweep.dir)
         self.settings = OmegaConf.to_container(config.tracking, resolve=True)
         ACTIVE[0] = self
-        info = tracking.start_sweep(self.settings, self.sweep_dir, uuid.uuid4().hex[:12], sys.argv[1:])
+        jobs = os.environ.get(JOBS_ENV)
+        info = tracking.start_sweep(self.settings, self.sweep_dir, uuid.uuid4().hex[:12], sys.argv[1:],
+                                    int(jobs) if jobs and jobs.isdigit() else None)
         if info["tracking"]["status"] == "down":
             print(f"warning: MLflow store not ready ({info['tracking']['reason']}); every point stays pending in its "
                   "result.json: `python run.py mode=sync` logs them later", file=sys.stderr)
@@ -50,12 +54,19 @@ class SweepCallback(Callback):
         print(f"\nsweep summary ({len(summary['rows'])} jobs) in {self.sweep_dir}:")
         for row in summary["rows"]:
             print("  " + row["line"])
+        if summary["comparison"]["lines"]:
+            print("comparison:")
+            for line in summary["comparison"]["lines"]:
+                print("  " + line)
         print(f"  {summary['line']}")
         info = tracking.read_sweep(self.sweep_dir) or {}
         if url:
             uri = info.get("tracking", {}).get("uri", "")
-            print(f"  parent run: {url}  (mlflow ui --backend-store-uri {uri} --host 127.0.0.1, then open "
-                  f"http://127.0.0.1:5000/{url})")
+            if url["runs"].startswith("http"):
+                print(f"  runs:       {url['runs']}\n  parent run: {url['parent']}")
+            else:
+                print(f"  UI: mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000, then open\n"
+                      f"  runs:       http://127.0.0.1:5000/{url['runs']}\n  parent run: http://127.0.0.1:5000/{url['parent']}")
         if status == "KILLED":
             return EXIT_INTERRUPTED
         worst = max((EXIT_CODES.get(r["status"], 2) if r["expect"] is None else int(not r["expectation_met"])
@@ -79,7 +90,8 @@ def interrupted() -> int:
 
 
 def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
-    """One row per result.json written under the sweep dir since `since` (older ones are a reused dir's leftovers)."""
+    """One row per result.json written under the sweep dir since `since` (older ones are a reused dir's leftovers),
+    the tally, and the comparison of the points (compare.py)."""
     rows = []
     found = [p for p in sweep_dir.rglob("result.json") if p.stat().st_mtime >= since]
     for path in sorted(found, key=lambda p: (len(str(p.parent)), str(p.parent))):
@@ -89,10 +101,14 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
         missed = " (expected " + str(r.get("expect")).upper() + ")" if r.get("expectation_met") is False else ""
         line = (f"{path.parent.name:>3} {r['run_name']:<32} {r['status'].upper():<7}{missed}" + (f" {note}" if note else "")
                 + (" [not in MLflow yet]" if track == "pending" else ""))
+        obs = (r.get("params") or {}).get("obs") or {}
         rows.append({"job": path.parent.name, "run_name": r["run_name"], "mode": r["mode"], "device": r["device"],
                      "dtype": r["dtype"], "batch_size": r["batch_size"], "case": r.get("case"), "status": r["status"],
                      "note": note, "tracking": track, "expect": r.get("expect"),
-                     "expectation_met": r.get("expectation_met"), "line": line})
+                     "expectation_met": r.get("expectation_met"), "line": line, "dir": str(path.parent),
+                     "seed": r.get("seed"), "obs": obs_label(obs), "model_sha256": (r.get("model") or {}).get("sha256"),
+                     "metrics": r.get("headline_metrics") or {}, "shared_machine": r.get("shared_machine", False),
+                     "knobs": (r.get("params") or {}).get("mode") or {}})
     tally = {s: sum(r["status"] == s for r in rows) for s in ORDER}
     tally["pending"] = sum(r["tracking"] == "pending" for r in rows)
     tally["expected"] = sum(r["expect"] is not None for r in rows)
@@ -101,20 +117,45 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
             if tally["expected"] else "") + (f"{tally['passed']}/{len(rows)} passed, {tally['failed']} failed, {tally['skipped']} skipped, "
             f"{tally['error']} error" + (f"; {tally['pending']} not in MLflow yet (python run.py mode=sync)"
                                          if tally["pending"] else ""))
-    return {"rows": rows, "tally": tally, "line": line}
+    return {"rows": rows, "tally": tally, "line": line, "comparison": compare(rows)}
+
+
+def obs_label(obs: dict) -> str:
+    """`random/64/x1.0`, `zeros/8`, `file:obs.npy`: what identifies the observations a point ran on."""
+    source = obs.get("source", "?")
+    if source == "file":
+        return f"file:{obs.get('path')}"
+    return f"{source}/{obs.get('rows')}" + (f"/x{obs.get('scale')}" if source == "random" else "")
 
 
 def write_summary(sweep_dir: Path, summary: dict) -> list[Path]:
-    """summary.json, summary.csv and summary.md in the sweep dir."""
-    columns = ["job", "run_name", "mode", "device", "dtype", "batch_size", "case", "status", "expect", "tracking", "note"]
+    """summary.json, summary.csv and summary.md in the sweep dir; the comparison table and plots beside them."""
+    columns = ["job", "run_name", "mode", "device", "dtype", "batch_size", "case", "obs", "seed", "status", "expect",
+               "tracking", "vs_cpu_fp32_max_abs", "actions_sha256", "note"]
+    metric_names = list(dict.fromkeys(k for r in summary["rows"] for k in r["metrics"]))
+    flat = [{**r, **{f"m.{k}": v for k, v in r["metrics"].items()}} for r in summary["rows"]]
     paths = [sweep_dir / "summary.json", sweep_dir / "summary.csv", sweep_dir / "summary.md"]
-    atomic_write_text(paths[0], json.dumps({k: v for k, v in summary.items()}, indent=2) + "\n")
+    atomic_write_text(paths[0], json.dumps(jsonable(summary), indent=2) + "\n")
     with open(paths[1], "w", newline="") as fh:
-        writer = csv.DictWriter(fh, columns, extrasaction="ignore")
+        writer = csv.DictWriter(fh, columns + [f"m.{k}" for k in metric_names], extrasaction="ignore")
         writer.writeheader()
-        writer.writerows(summary["rows"])
-    md = [f"# Sweep {sweep_dir.name}", "", summary["line"], "", "| " + " | ".join(columns) + " |",
-          "|" + " --- |" * len(columns)]
-    md += ["| " + " | ".join(str(r.get(c, "")).replace("|", "\\|") for c in columns) + " |" for r in summary["rows"]]
+        writer.writerows(flat)
+    shown = ["job", "run_name", "status", "expect", "vs_cpu_fp32_max_abs", "note"]
+    md = [f"# Sweep {sweep_dir.name}", "", summary["line"], "", "| " + " | ".join(shown) + " |", "|" + " --- |" * len(shown)]
+    md += ["| " + " | ".join(_cell(r.get(c)) for c in shown) + " |" for r in summary["rows"]]
+    comparison = summary["comparison"]
+    if comparison["lines"]:
+        md += ["", "## Comparison", "", *(f"- {line}" for line in comparison["lines"])]
+    table = sweep_dir / "comparison.csv"
+    write_table(table, comparison["table"])
+    plots = draw(sweep_dir, summary["rows"], comparison)
+    if plots:
+        md += ["", *(f"![{p.stem}]({p.name})" for p in plots)]
     atomic_write_text(paths[2], "\n".join(md) + "\n")
-    return paths
+    return paths + [table] + plots
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return "" if value is None else str(value).replace("|", "\\|")

@@ -24,6 +24,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
+from huggy_exp.headline import settings
 from huggy_exp.results import read_result, update_result
 
 REPO = Path(__file__).resolve().parents[1]
@@ -199,7 +200,29 @@ class Store:
         return runs
 
     def url(self, run_id: str) -> str:
-        return f"#/experiments/{self.experiment_id}/runs/{run_id}"
+        """The run's page in the MLflow UI (full URL for a server store; for SQLite the part after the UI's address)."""
+        return run_url(self.uri, self.experiment_id, run_id)
+
+
+UI_VIEW = "workflowType=machine_learning"  # MLflow 3 UI: without it an experiment opens on its GenAI (traces) pages
+SHARED_VIEW = "mlflow.sharedViewState."  # experiment tag the UI reads for `?viewStateShareKey=<key>` (its Share button)
+VIEW_PARAMS = ("mode", "device", "dtype", "batch_size", "obs.source", "seed")
+VIEW_TAGS = ("case", "status")
+
+
+def run_url(uri: str, experiment_id: str, run_id: str | None = None, view: str | None = None) -> str:
+    """`#/experiments/<id>/runs[/<run>]?workflowType=machine_learning[&viewStateShareKey=<view>]`; servers prefixed."""
+    path = (f"#/experiments/{experiment_id}/runs" + (f"/{run_id}" if run_id else "") + f"?{UI_VIEW}"
+            + (f"&viewStateShareKey={view}" if view else ""))
+    return f"{uri.rstrip('/')}/{path}" if urlparse(uri).scheme in ("http", "https") else path
+
+
+def sweep_view(sweep_id: str, metrics: list[str]) -> str:
+    """The runs table of one sweep, its points flat (a filter un-nests children) with the headline metrics as columns."""
+    columns = ([f"metrics.`{m}`" for m in metrics] + [f"params.`{p}`" for p in VIEW_PARAMS]
+               + [f"tags.`{t}`" for t in VIEW_TAGS])
+    return json.dumps({"selectedColumns": columns, "searchFilter": f"tags.sweep_id = '{sweep_id}'",
+                       "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True})
 
 
 # --- one job
@@ -242,7 +265,8 @@ def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None) -> d
     run_id = run.info.run_id
     try:
         stamp = int(run.info.start_time)
-        params = [Param(k, v) for k, v in flatten(record.get("params", {})).items()]
+        flat = {"mode": record["mode"], **flatten(settings(record.get("params", {}), record["dtype"]))}
+        params = [Param(k, v) for k, v in flat.items()]
         metrics = [Metric(k, float(v), stamp, 0) for k, v in record.get("metrics", {}).items()
                    if isinstance(v, (int, float)) and math.isfinite(float(v))]
         metrics += [Metric(name, float(v), stamp, int(step)) for name, points in record.get("series", {}).items()
@@ -381,10 +405,10 @@ def mark_sweep_down(sweep_dir: Path, reason: str) -> None:
         write_sweep(sweep_dir, info)
 
 
-def start_sweep(settings: dict, sweep_dir: Path, sweep_id: str, argv: list[str]) -> dict:
+def start_sweep(settings: dict, sweep_dir: Path, sweep_id: str, argv: list[str], jobs: int | None = None) -> dict:
     """Create the experiment and the parent run before the jobs start (parallel jobs then only add children)."""
-    info = {"id": sweep_id, "dir": str(sweep_dir), "argv": argv, "started": time.time(), "parent_run_id": None,
-            "tracking": {"status": "off"}}
+    info = {"id": sweep_id, "dir": str(sweep_dir), "argv": argv, "started": time.time(), "jobs": jobs,
+            "parent_run_id": None, "tracking": {"status": "off"}}
     if settings.get("enabled", True):
         try:
             store = Store.open(settings)
@@ -420,8 +444,12 @@ def ensure_parent(store: Store, info: dict) -> str:
     return run_id
 
 
-def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path], status: str = "FINISHED") -> str | None:
-    """Close the parent run with the sweep's tally and summary files; returns its URL path, or None if not logged."""
+def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path], status: str = "FINISHED") -> dict | None:
+    """Close the parent run with the sweep's tally, comparison and files, and save a UI view of the sweep's runs.
+
+    Returns the UI addresses {"parent": ..., "runs": ...} (full URLs for servers, else the part after the UI's
+    address), or None if not logged.
+    """
     info = read_sweep(sweep_dir)
     if not info or not info.get("parent_run_id") or info.get("tracking", {}).get("status") == "down":
         return None
@@ -433,15 +461,57 @@ def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path],
             run_id = info["parent_run_id"]
             stamp = int(time.time() * 1000)
             tally = summary.get("tally", {})
+            comparison = summary.get("comparison") or {}
+            note = "\n\n".join(filter(None, [summary.get("line", ""), "\n".join(f"- {x}" for x in comparison.get("lines", []))]))
+            tags = [RunTag("mlflow.note.content", note[:MAX_TAG_CHARS])]
+            tags += [RunTag(f"recommended.{device}", str(rec["dtype"] or "none"))
+                     for device, rec in (comparison.get("recommended") or {}).items()]
             store.client.log_batch(run_id, metrics=[Metric(f"jobs_{k}", float(v), stamp, 0) for k, v in tally.items()],
-                                   tags=[RunTag("mlflow.note.content", summary.get("line", "")[:MAX_TAG_CHARS])])
+                                   tags=tags)
+            if comparison.get("table"):
+                store.client.log_table(run_id, data=_columns(comparison["table"]), artifact_file="comparison_table.json")
             for path in files:
                 if path.is_file():
                     store.client.log_artifact(run_id, str(path))
             store.client.set_terminated(run_id, status)
-            return store.url(run_id)
+            headline = list(dict.fromkeys(m for r in summary.get("rows", []) for m in r.get("metrics", {})))
+            store.client.set_experiment_tag(store.experiment_id, SHARED_VIEW + info["id"], sweep_view(info["id"], headline))
+            info["ui"] = {"parent": store.url(run_id), "runs": run_url(store.uri, store.experiment_id, view=info["id"])}
+            write_sweep(sweep_dir, info)
+            return info["ui"]
     except Exception:  # the summary files are on disk; sync re-closes nothing, so say so in the caller
         return None
+
+
+def _columns(rows: list[dict]) -> dict[str, list]:
+    """Rows as the column dict `log_table` takes (MLflow's table artifact, shown in the UI's artifact view)."""
+    names = list(dict.fromkeys(k for r in rows for k in r))
+    return {n: [r.get(n) for r in rows] for n in names}
+
+
+def sweep_runs(settings: dict, sweep_id: str | None = None) -> dict:
+    """A sweep in a store (the latest, or `sweep_id`): ids, run names, headline metrics, artifacts; for UI checks."""
+    store = Store.open(settings)
+    where = "tags.`huggy.parent` = 'true'" + (f" and tags.sweep_id = '{sweep_id}'" if sweep_id else "")
+    parents = store.client.search_runs([store.experiment_id], filter_string=where, max_results=1,
+                                       order_by=["attributes.start_time DESC"])
+    if not parents:
+        raise StoreDown(f"no sweep {sweep_id or ''} in {store.uri} (experiment {store.experiment!r})".replace("  ", " "))
+    parent = parents[0]
+    sid = parent.data.tags["sweep_id"]
+    children = store.client.search_runs([store.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'",
+                                        max_results=1000)
+    return {"sweep_id": sid, "experiment_id": store.experiment_id, "uri": store.uri,
+            "parent": {"id": parent.info.run_id, "name": parent.info.run_name,
+                       "artifacts": [a.path for a in store.client.list_artifacts(parent.info.run_id)]},
+            "children": [{"id": c.info.run_id, "name": c.info.run_name, "metrics": dict(c.data.metrics),
+                          "headline": [k for k in c.data.metrics if k in _headline_names()]} for c in children]}
+
+
+def _headline_names() -> set[str]:
+    from huggy_exp.headline import ANY_MODE, HEADLINES
+
+    return {"passed", *ANY_MODE, *(k for table in HEADLINES.values() for k in table)}
 
 
 # --- sync: every pending result.json, exactly once

@@ -339,3 +339,47 @@ PYTHON = sys.executable
 def pytest_configure(config):
     # MLflow's SQLAlchemy store trips a deprecation inside SQLAlchemy itself; nothing this project can change
     config.addinivalue_line("filterwarnings", "ignore:The ``noload`` loader strategy is deprecated:DeprecationWarning")
+
+
+# --- a real MLflow tracking server on loopback (trust and sweep tests)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(tmp_path: Path, port: int):
+    """`mlflow server` on 127.0.0.1:<port> with a SQLite store in tmp_path; returns once it answers."""
+    import subprocess
+    import time
+
+    from huggy_exp import tracking
+
+    mlflow_bin = Path(PYTHON).with_name("mlflow")
+    proc = subprocess.Popen([str(mlflow_bin), "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+                             "--artifacts-destination", str(tmp_path / "artifacts"), "--host", "127.0.0.1",
+                             "--port", str(port), "--workers", "1"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            tracking.probe(f"http://127.0.0.1:{port}")
+            return proc
+        except tracking.StoreDown:
+            time.sleep(0.5)
+    stop_server(proc)
+    pytest.fail("mlflow server did not come up on 127.0.0.1 within 90 s")
+
+
+def stop_server(proc) -> None:
+    import contextlib
+    import os
+    import signal
+
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)

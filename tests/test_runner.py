@@ -192,8 +192,10 @@ def test_tracking_creates_an_mlflow_run_with_params_metrics_tags_and_result_arti
     run = runs[0]
     assert run.info.run_name == "action-cpu-fp32-b64" and run.info.status == "FINISHED"
     assert run.data.params["device"] == "cpu" and run.data.params["obs.rows"] == "8"
-    assert run.data.params["mode._target_"] == "huggy_exp.tasks.action.ActionTask"
+    assert run.data.params["mode"] == "action" and "mode._target_" not in run.data.params  # plumbing is not a setting
     assert run.data.metrics["rows"] == 8.0 and "action_mean" in run.data.metrics
+    assert run.data.metrics["act_mean"] == pytest.approx(run.data.metrics["action_mean"], rel=5e-3)
+    assert run.data.metrics["passed"] == 1.0
     tags = run.data.tags
     assert tags["mode"] == "action" and tags["status"] == "passed" and tags["synthetic"] == "true"
     assert tags["model.sha256"] == job.record["model"]["sha256"]

@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import BODY, NORM_PREFIXES, PYTHON, REPO, mlagents_forward, save_mlagents_checkpoint, subprocess_env
+from conftest import (BODY, NORM_PREFIXES, PYTHON, REPO, free_port, mlagents_forward, save_mlagents_checkpoint, start_server,
+                      stop_server, subprocess_env)
 
 sys.path.insert(0, str(REPO))
 import run  # noqa: E402  (run.py: the command line, called in-process)
@@ -391,35 +392,6 @@ def test_two_sweeps_at_once_into_one_store_give_two_parents_and_every_child(tmp_
     assert "4/4 passed" in outputs[0][0] and "4/4 passed" in outputs[1][0]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_server(tmp_path: Path, port: int) -> subprocess.Popen:
-    mlflow_bin = Path(PYTHON).with_name("mlflow")
-    proc = subprocess.Popen([str(mlflow_bin), "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
-                             "--artifacts-destination", str(tmp_path / "artifacts"), "--host", "127.0.0.1",
-                             "--port", str(port), "--workers", "1"], cwd=tmp_path, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        try:
-            tracking.probe(f"http://127.0.0.1:{port}")
-            return proc
-        except tracking.StoreDown:
-            time.sleep(0.5)
-    _stop(proc)
-    pytest.fail("mlflow server did not come up on 127.0.0.1 within 90 s")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-
-
 def _wait_for(predicate, proc: subprocess.Popen, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -437,15 +409,15 @@ def _logged(path: Path) -> bool:
 
 
 def test_a_server_killed_mid_sweep_leaves_pending_points_that_sync_logs_exactly_once(tmp_path, huggy_exp_cache):
-    port = _free_port()
+    port = free_port()
     uri = f"http://127.0.0.1:{port}"
-    server = _start_server(tmp_path, port)
+    server = start_server(tmp_path, port)
     sweep = tmp_path / "sweep"
     try:
         proc = _spawn(["-m", "mode=batch", "seed=0,1,2,3", "obs.rows=32", "mode.budget_s=0.2", f"tracking.uri={uri}",
                        f"hydra.sweep.dir={sweep}"], tmp_path, huggy_exp_cache)
         _wait_for(lambda: _logged(sweep / "0" / "result.json") and (sweep / "1").exists(), proc)  # point 1 under way
-        _stop(server)
+        stop_server(server)
         started = time.monotonic()
         out, err = proc.communicate(timeout=300)
         assert time.monotonic() - started < 120  # seconds per sweep, not ~33 s per point
@@ -454,7 +426,7 @@ def test_a_server_killed_mid_sweep_leaves_pending_points_that_sync_logs_exactly_
         pending = summary["tally"]["pending"]
         assert 1 <= pending <= 3 and summary["tally"]["passed"] == 4
         assert "not in MLflow yet" in out and "Traceback" not in err
-        server = _start_server(tmp_path, port)
+        server = start_server(tmp_path, port)
         sync = subprocess.run([PYTHON, str(REPO / "run.py"), "mode=sync", f"tracking.uri={uri}", f"mode.paths=[{sweep}]"],
                               cwd=tmp_path, env=subprocess_env(huggy_exp_cache), capture_output=True, text=True, timeout=180)
         assert sync.returncode == 0, sync.stderr[-2000:]
@@ -468,7 +440,7 @@ def test_a_server_killed_mid_sweep_leaves_pending_points_that_sync_logs_exactly_
         assert len(parent) == 1 and len(children) == 4 == len({r.data.tags["huggy.job_id"] for r in children})
         assert "RUNNING" not in {r.info.status for r in children}
     finally:
-        _stop(server)
+        stop_server(server)
 
 
 def test_ctrl_c_mid_sweep_prints_the_summary_and_leaves_nothing_running(tmp_path, huggy_exp_cache):

@@ -1,0 +1,146 @@
+"""A sweep's points side by side: max |Δaction| against the CPU fp32 point on the same inputs, which points are
+bit-identical (device agreement, e.g. npu:0 vs npu:1), and per device the fastest dtype whose precision passes.
+
+Pure functions over the summary rows and the jobs' actions.npy; sweep.py writes and logs what they return.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from huggy_exp import plots
+
+NARROW_FIRST = ("bf16", "fp16", "fp32", "fp64")
+VERDICT_KNOBS = ("thresholds", "layer_thresholds", "specialize", "relative", "rel_floor", "tolerance", "atol",
+                 "require_match", "drift_threshold", "drift_fail", "saturation", "confidence", "repeats", "path",
+                 "decimals", "provider", "opset")  # mode knobs that judge or time the actions, not shape them
+
+
+def inputs_key(row: dict) -> tuple:
+    """Points are comparable when the mode and its action-shaping knobs, the observations, seed and model agree."""
+    knobs = {k: v for k, v in (row.get("knobs") or {}).items() if k not in VERDICT_KNOBS and k != "_target_"}
+    return row["mode"], json.dumps(knobs, sort_keys=True, default=str), row["obs"], row["seed"], row["model_sha256"]
+
+
+def load_actions(row: dict) -> np.ndarray | None:
+    path = Path(row["dir"]) / "actions.npy"
+    if row["status"] == "error" or not path.is_file():
+        return None
+    return np.load(path, allow_pickle=False)
+
+
+def compare(rows: list[dict]) -> dict:
+    """{"vs_cpu_fp32": {job: max |Δ|}, "agreement": [groups], "recommended": {device: {...}}, "lines": [...]}."""
+    actions = {r["job"]: load_actions(r) for r in rows}
+    digests = {job: hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+               for job, a in actions.items() if a is not None}
+    for row in rows:
+        row["actions_sha256"] = digests.get(row["job"])
+
+    # --- each point against the CPU fp32 point on the same inputs (same batch size preferred)
+    vs_ref: dict[str, float] = {}
+    for row in rows:
+        mine = actions[row["job"]]
+        refs = [r for r in rows if r["device"] == "cpu" and r["dtype"] == "fp32" and inputs_key(r) == inputs_key(row)
+                and actions[r["job"]] is not None and actions[r["job"]].shape == getattr(mine, "shape", None)]
+        if mine is None or not refs or (len(refs) == 1 and refs[0] is row):
+            continue
+        ref = min(refs, key=lambda r: (r["batch_size"] != row["batch_size"], r is row))
+        diff = np.abs(mine.astype(np.float64) - actions[ref["job"]].astype(np.float64))
+        vs_ref[row["job"]] = float(diff.max()) if diff.size else 0.0
+        row["vs_cpu_fp32_max_abs"] = vs_ref[row["job"]]
+
+    # --- device agreement: bit-identical actions within (inputs, dtype), across devices or repeats
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        if row["actions_sha256"]:
+            groups.setdefault((*inputs_key(row), row["dtype"]), []).append(row)
+    agreement = []
+    for (mode, _, obs, seed, _, dtype), members in groups.items():
+        if len(members) < 2:
+            continue
+        hashes = list(dict.fromkeys(r["actions_sha256"] for r in members))
+        agreement.append({"mode": mode, "dtype": dtype, "obs": obs, "seed": seed, "identical": len(hashes) == 1,
+                          "points": [{"job": r["job"], "device": r["device"], "batch_size": r["batch_size"],
+                                      "class": hashes.index(r["actions_sha256"]), "sha256": r["actions_sha256"]}
+                                     for r in members]})
+
+    # --- per device: the fastest dtype whose precision verdict passes
+    recommended = {}
+    for device in dict.fromkeys(r["device"] for r in rows):
+        checked = [r for r in rows if r["device"] == device and r["mode"] == "precision" and r["status"] in ("passed", "failed")]
+        if not checked:
+            continue
+        passing = list(dict.fromkeys(r["dtype"] for r in checked if r["status"] == "passed"))
+        failing = sorted({r["dtype"] for r in checked if r["status"] == "failed"} - set(passing))
+        timed = {d: _latency(rows, device, d) for d in passing}
+        timed = {d: t for d, t in timed.items() if t is not None}
+        choice = min(timed, key=timed.get) if timed else None
+        recommended[device] = {"dtype": choice, "p50_us": timed.get(choice), "passing": passing, "failing": failing,
+                               "why": (f"fastest passing (p50 {timed[choice]:.1f} us)" if choice else
+                                       "no latency.p50_us measured for a passing dtype: speed unknown, no pick")}
+    return {"vs_cpu_fp32": vs_ref, "agreement": agreement, "recommended": recommended,
+            "lines": comparison_lines(rows, agreement, recommended), "table": comparison_table(rows)}
+
+
+def _latency(rows: list[dict], device: str, dtype: str) -> float | None:
+    """p50 of the precision point itself, else the best p50 any point of this sweep measured on (device, dtype)."""
+    values = [r["metrics"].get("p50_us") for r in rows if r["device"] == device and r["dtype"] == dtype]
+    values = [v for v in values if isinstance(v, (int, float))]
+    return min(values) if values else None
+
+
+def comparison_lines(rows: list[dict], agreement: list[dict], recommended: dict) -> list[str]:
+    """The terminal's dtype comparison: one line per compared point, per agreement group, per device pick."""
+    lines = []
+    for r in rows:
+        if "vs_cpu_fp32_max_abs" in r and not (r["device"] == "cpu" and r["dtype"] == "fp32"):
+            lines.append(f"{r['job']:>3} {r['mode']} {r['device']} {r['dtype']} b{r['batch_size']} {r['obs']} seed {r['seed']}: "
+                         f"max |Δaction| vs cpu fp32 = {r['vs_cpu_fp32_max_abs']:.3g}")
+    for g in agreement:
+        where = ", ".join(f"{p['device']}(job {p['job']})" for p in g["points"])
+        verdict = "bit-identical" if g["identical"] else f"{len({p['class'] for p in g['points']})} different results"
+        lines.append(f"agreement {g['mode']} {g['dtype']} {g['obs']} seed {g['seed']}: {where}: {verdict}")
+    for device, rec in recommended.items():
+        lines.append(f"recommended on {device}: {rec['dtype'] or 'none'} ({rec['why']}; passing: "
+                     f"{', '.join(rec['passing']) or 'none'}; failing: {', '.join(rec['failing']) or 'none'})")
+    return lines
+
+
+def comparison_table(rows: list[dict]) -> list[dict]:
+    """One row per point for the parent run's table artifact."""
+    keys = ("job", "case", "mode", "device", "dtype", "batch_size", "obs", "seed", "status", "vs_cpu_fp32_max_abs",
+            "actions_sha256")
+    return [{**{k: r.get(k) for k in keys}, **{f"m.{k}": v for k, v in r["metrics"].items()}} for r in rows]
+
+
+def draw(sweep_dir: Path, rows: list[dict], result: dict) -> list[Path]:
+    """Plots for the parent run, only those the sweep has data for: error vs dtype, latency vs batch, agreement."""
+    files = []
+    errors: dict[str, tuple[list, list]] = {}
+    for r in rows:
+        if "vs_cpu_fp32_max_abs" in r:
+            xs, ys = errors.setdefault(r["device"], ([], []))
+            xs.append(r["dtype"])
+            ys.append(r["vs_cpu_fp32_max_abs"])
+    if errors:
+        files.append(sweep_dir / plots.categories(sweep_dir / "error_vs_dtype.png", errors, NARROW_FIRST[::-1],
+                                                  "max |Δaction| vs cpu fp32", "error vs dtype, per device"))
+    latency: dict[str, tuple[list, list]] = {}
+    for r in rows:
+        if isinstance(r["metrics"].get("p50_us"), (int, float)):
+            xs, ys = latency.setdefault(f"{r['device']} {r['dtype']}", ([], []))
+            xs.append(r["batch_size"])
+            ys.append(r["metrics"]["p50_us"])
+    if latency:
+        files.append(sweep_dir / plots.scatter(sweep_dir / "latency_vs_batch.png", latency, "batch size",
+                                               "p50 latency (us)", "latency vs batch size, per device and dtype"))
+    if result["agreement"]:
+        labels = [f"{g['mode']} {g['dtype']} {g['obs']} s{g['seed']}" for g in result["agreement"]]
+        cells = [[(f"{p['device']} #{p['job']}", p["class"]) for p in g["points"]] for g in result["agreement"]]
+        files.append(sweep_dir / plots.agreement(sweep_dir / "fingerprint_agreement.png", labels, cells))
+    return files

@@ -1,0 +1,74 @@
+"""What a run shows first: a few short headline metrics per mode, derived from its detailed metrics, and the params
+that matter. One table here instead of a line in every task; the full detail stays beside them."""
+
+from __future__ import annotations
+
+import math
+
+# short name -> the detailed metric it copies; per mode, in the order a reader wants them
+HEADLINES: dict[str, dict[str, str]] = {
+    "info": {"parameters": "parameters", "fp16_overflow_dims": "fp16_overflow_dims"},
+    "checkpoints": {"checkpoints": "checkpoints", "best_reward": "best_reward"},
+    "action": {"act_mean": "action_mean", "act_std": "action_std", "saturated": "saturated_share"},
+    "sample": {"act_mean": "action_mean", "act_std": "action_std", "saturated": "saturated_share"},
+    "batch": {"invariance_max": "batch_invariance_max_abs", "rows_identical": "rows_bit_identical",
+              "rows_per_s": "batched_rows_per_s"},
+    "precision": {"err_max_abs": "actions.vs_fp64.max_abs", "cos_min": "actions.vs_fp64.cosine_min_row",
+                  "err_vs_fp32": "actions.vs_fp32.max_abs", "rel_ratio": "relative.ratio"},
+    "onnx-compare": {"err_max_abs": "deterministic.max_abs", "cos_min": "deterministic.cosine_min_row",
+                     "sampled_z": "sampled.mean_z_max"},
+    "export-onnx": {"err_max_abs": "vs_torch.max_abs", "src_identical": "vs_source.bit_identical"},
+    "fingerprint": {"fp_match": "matches_cpu_fp32", "fp_qmatch": "quantized_matches_cpu_fp32",
+                    "err_max_abs": "max_abs_vs_cpu_fp32"},
+    "stats": {"drift_max": "drift_max", "saturation": "saturation_rate", "smoothness": "smoothness"},
+    # eager at batch 1 (single stream) and at the largest batch timed (offline); `ort_ratio` = eager obs/s over
+    # onnxruntime's at that batch (> 1: torch is faster)
+    "benchmark": {"p50_us": "eager/b1/p50_us", "p99_us": "eager/b1/p99_us", "obs_per_s": "eager/b{top}/obs_per_s",
+                  "ort_ratio": "eager/b{top}/obs_per_s / onnxruntime/b{top}/obs_per_s"},
+}
+ANY_MODE = {"p50_us": "latency.p50_us"}  # every inference mode that measures latency (the benchmark branch adds it)
+PER_DTYPE = ("thresholds", "layer_thresholds", "tolerance", "atol")  # mode tables keyed by dtype
+NOISE = ("mode._target_", "tracking.http_retries", "tracking.http_timeout_s", "tracking.enabled")
+
+
+SIGNIFICANT = 3  # headline values are for reading (the UI prints every digit: 0.00942 not 0.0094211900...)
+DIGITS = {"cos_min": 6}  # cosines live next to 1: 0.999968 must not read as 1
+
+
+def headline_metrics(mode: str, metrics: dict[str, float], status: str) -> dict[str, float]:
+    """`passed` (1/0, absent for skipped/error) and the mode's short metrics that the job produced, finite only,
+    rounded to 3 significant digits, cosines to 6 (the detailed metric beside each keeps full precision)."""
+    out: dict[str, float] = {}
+    if status in ("passed", "failed"):
+        out["passed"] = float(status == "passed")
+    top = max((int(k.split("/")[1][1:]) for k in metrics if k.count("/") == 2 and k.split("/")[1][1:].isdigit()),
+              default=None)  # benchmark: the largest batch timed
+    for short, long in {**HEADLINES.get(mode, {}), **{k: v for k, v in ANY_MODE.items() if k not in HEADLINES.get(mode, {})}}.items():
+        value = _lookup(metrics, long.replace("{top}", str(top)))
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value)):
+            out[short] = float(f"{float(value):.{DIGITS.get(short, SIGNIFICANT)}g}")
+    return out
+
+
+def _lookup(metrics: dict[str, float], name: str):
+    """A metric by name, or `a / b` of two metrics (None where either is missing or b is 0)."""
+    if " / " not in name:
+        return metrics.get(name)
+    a, b = (metrics.get(n) for n in name.split(" / "))
+    return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
+
+
+def settings(params: dict, dtype: str) -> dict:
+    """The resolved config minus what does not describe this run: other dtypes' thresholds and plumbing keys."""
+    def prune(tree: dict, prefix: str) -> dict:
+        kept = {}
+        for key, value in tree.items():
+            name = f"{prefix}{key}"
+            if name in NOISE:
+                continue
+            if isinstance(value, dict) and prefix == "mode." and key in PER_DTYPE:
+                value = {k: v for k, v in value.items() if k == dtype}
+            kept[key] = prune(value, name + ".") if isinstance(value, dict) else value
+        return kept
+
+    return prune(params, "")
