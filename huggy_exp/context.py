@@ -45,16 +45,8 @@ class ModelSpec:
         if self.hub_repo:
             return mlagents.fetch_hub(self.hub_repo)
         if self.checkpoint or self.onnx:
-            return _run_folder(Path(self.checkpoint or self.onnx).expanduser().resolve())
+            return mlagents.run_folder(Path(self.checkpoint or self.onnx).expanduser().resolve())
         return mlagents.default_results_dir()
-
-
-def _run_folder(model_file: Path) -> Path:
-    """The results folder around a model file: <run>/<Behavior>.onnx or <run>/<Behavior>/<Behavior>-<step>.pt."""
-    for folder in (model_file.parent, model_file.parent.parent):
-        if (folder / "run_logs").is_dir() or (folder / "configuration.yaml").is_file():
-            return folder
-    return model_file.parent
 
 
 def _with_onnx(loaded: mlagents.LoadedModel, onnx: str) -> mlagents.LoadedModel:

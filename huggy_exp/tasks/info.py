@@ -6,7 +6,7 @@ import numpy as np
 
 from huggy_exp.app import environment
 from huggy_exp.context import Context
-from huggy_exp.mlagents import configuration_mismatches, read_configuration, sha256_file
+from huggy_exp.mlagents import configuration_mismatches, model_configuration, sha256_file
 from huggy_exp.placement import cann_version, inventory
 from huggy_exp.results import Result
 
@@ -44,9 +44,7 @@ class InfoTask:
             "conditional_sigma": w.conditional_sigma, "tanh_squash": w.tanh_squash,
             "version_number": w.version_number, "memory_size": w.memory_size, "step": model.step,
         }
-        # a checkpoint inside a results folder: <run>/<Behavior>/<Behavior>-<step>.pt beside <run>/configuration.yaml
-        run_dir, behavior = model.path.resolve().parent.parent, model.path.resolve().parent.name
-        config = read_configuration(run_dir).get(behavior)
+        behavior, config = model_configuration(model.path)
         mismatches = configuration_mismatches(config, w) if config else []
         metrics = {k: float(v) for k, v in dims.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         if normalizer:
