@@ -25,6 +25,12 @@ HUGGY_PT = HUGGY / "Huggy" / "Huggy-2000049.pt"
 HUGGY_ONNX = HUGGY / "Huggy.onnx"
 REFERENCE = HUGGY / "reference"
 PUBLIC_RUN_LOGS = SHARED / "public_run_logs"
+PYRAMIDS = SHARED / "pyramids"
+PYRAMIDS_PT = PYRAMIDS / "Pyramids" / "Pyramids-1000021.pt"
+PYRAMIDS_ONNX = PYRAMIDS / "Pyramids.onnx"
+HUGGY_LSTM = SHARED / "huggy_lstm"
+HUGGY_LSTM_PT = HUGGY_LSTM / "Huggy" / "Huggy-2000049.pt"
+HUGGY_LSTM_ONNX = HUGGY_LSTM / "Huggy.onnx"
 
 needs_shared = pytest.mark.skipif(
     not SHARED.is_dir(),

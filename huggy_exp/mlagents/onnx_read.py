@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
 
 from huggy_exp.errors import UserError
 from huggy_exp.mlagents.results import step_from_name
-from huggy_exp.mlagents.weights import LoadedModel, Normalizer, ONNX_INPUT, PolicyWeights, check_finite, require_file, check_shapes, sha256_file
+from huggy_exp.mlagents.weights import (
+    ACTION_MASKS, ONNX_INPUT, RECURRENT_IN, LoadedModel, Lstm, Normalizer, ObsInput, PolicyWeights, check_finite, check_shapes,
+    obs_name, require_file, sha256_file,
+)
 
 
 def load_onnx(path: str | Path) -> LoadedModel:
@@ -115,91 +119,263 @@ class _Graph:
         return UserError(f"{self.origin}: not an ML-Agents policy graph: {what}")
 
 
-def weights_from_onnx(model, origin: str) -> PolicyWeights:
-    g = _Graph(model, origin)
-    if len(g.inputs) != 1:
-        raise g.fail(f"expected one observation input, found {g.inputs} (multiple sensors, masks or memory are not supported)")
-    cursor, seen = g.inputs[0], set()
-    while (passthrough := g.only(cursor, "Cast") or g.only(cursor, "Identity")) is not None and passthrough.output:
-        if id(passthrough) in seen:
+def onnx_input_sizes(path: Path) -> tuple[int, ...] | None:
+    """Widths of an ML-Agents .onnx's observation inputs obs_0, obs_1, ... (None when it has none readable)."""
+    try:
+        model = read_onnx(Path(path))
+    except UserError:
+        return None
+    dims = dict(_value_info(i) for i in model.graph.input)
+    names = sorted((n for n in dims if re.fullmatch(r"obs_\d+", n)), key=lambda n: int(n[4:]))
+    if not names or names != [obs_name(i) for i in range(len(names))]:
+        return None
+    sizes = [dims[n][-1] if len(dims[n]) == 2 else None for n in names]
+    return tuple(sizes) if all(isinstance(s, int) and s > 0 for s in sizes) else None
+
+
+PASSTHROUGH = ("Cast", "Identity")
+RESHAPES = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", *PASSTHROUGH)
+
+
+def _follow(g: _Graph, name: str, ops: tuple[str, ...] = PASSTHROUGH) -> str:
+    """Walk single-consumer ops of the given kinds from `name`; the name of the last tensor."""
+    seen = set()
+    while (node := next((n for n in [g.only(name)] if n is not None and n.op_type in ops and n.output), None)) is not None:
+        if id(node) in seen:
             raise g.fail("the graph has a cycle")
-        seen.add(id(passthrough))
-        cursor = passthrough.output[0]
+        seen.add(id(node))
+        name = node.output[0]
+    return name
 
-    normalizer = None
+
+def _source(g: _Graph, name: str, ops: tuple[str, ...] = PASSTHROUGH):
+    """The node producing `name`, looking through passthrough ops."""
+    seen = set()
+    node = g.producer.get(name)
+    while node is not None and node.op_type in ops and node.input and id(node) not in seen:
+        seen.add(id(node))
+        node = g.producer.get(node.input[0])
+    return node
+
+
+def _observation_inputs(g: _Graph, model) -> tuple[list[str], str | None, str | None]:
+    """(observation input names in order, action mask input, memory input); unsupported inputs are refused by what they are."""
+    dims = dict(_value_info(i) for i in model.graph.input if i.name in g.inputs)
+    conv = next((n for n in g.nodes if n.op_type in ("Conv", "MaxPool", "AveragePool")), None)
+    masks = ACTION_MASKS if ACTION_MASKS in dims else None
+    memory = RECURRENT_IN if RECURRENT_IN in dims else None
+    obs = [n for n in g.inputs if n not in (masks, memory)]
+    for name in obs:
+        rank = len(dims.get(name, []))
+        if rank in (3, 4) or conv is not None:
+            what = "a visual observation (CNN encoder)" if rank == 4 or conv is not None else "a variable-length observation (attention)"
+            raise UserError(f"{g.origin}: unsupported policy shape: {what} (found input {name} {dims.get(name)}"
+                            f"{f', node {conv.op_type}' if conv is not None else ''}); supported: vector observation inputs, "
+                            "an MLP, an optional LSTM, continuous and/or discrete actions")
+    if len(obs) > 1:
+        expected = [obs_name(i) for i in range(len(obs))]
+        if sorted(obs) != sorted(expected):
+            raise g.fail(f"observation inputs {obs} are not ML-Agents' {expected}")
+        obs = expected
+    if not obs:
+        raise g.fail(f"no observation input (inputs: {g.inputs})")
+    return obs, masks, memory
+
+
+def _normalizer_of(g: _Graph, name: str) -> tuple[Normalizer | None, str]:
+    """An input's Sub(mean) -> Div(std) -> Clip(-5, 5), if any, and the tensor after it."""
+    cursor = _follow(g, name)
     sub = g.only(cursor, "Sub")
-    if sub is not None:
-        mean = g.const_input(sub)
-        div = g.only(sub.output[0], "Div")
-        clip = g.only(div.output[0], "Clip") if div is not None else None
-        std = g.const_input(div) if div is not None else None
-        if mean is None or std is None or clip is None:
-            raise g.fail("observation input feeds a Sub that is not followed by Div(constant) -> Clip")
-        if (std <= 0).any():
-            first = int(np.argwhere(std.reshape(-1) <= 0)[0][0])
-            raise UserError(f"{origin}: normalizer std (the Div constant) has {int((std <= 0).sum())} values <= 0 (first at [{first}]); "
-                            "ML-Agents folds sqrt(running_variance / normalization_steps) there, which is > 0")
-        normalizer = Normalizer(mean.reshape(-1), None, None, folded_std=std.reshape(-1))
-        cursor = clip.output[0]
-    concat = g.only(cursor, "Concat")
-    if concat is not None and len(concat.input) == 1:
-        cursor = concat.output[0]
+    if sub is None:
+        return None, cursor
+    mean = g.const_input(sub)
+    div = g.only(sub.output[0], "Div") if sub.output else None
+    clip = g.only(div.output[0], "Clip") if div is not None and div.output else None
+    std = g.const_input(div) if div is not None else None
+    if mean is None or std is None or clip is None or not clip.output:
+        raise g.fail("observation input feeds a Sub that is not followed by Div(constant) -> Clip")
+    if (std <= 0).any():
+        first = int(np.argwhere(std.reshape(-1) <= 0)[0][0])
+        raise UserError(f"{g.origin}: normalizer std (the Div constant) has {int((std <= 0).sum())} values <= 0 (first at [{first}]); "
+                        "ML-Agents folds sqrt(running_variance / normalization_steps) there, which is > 0")
+    return Normalizer(mean.reshape(-1), None, None, folded_std=std.reshape(-1)), clip.output[0]
 
+
+def _linear(g: _Graph, node) -> tuple[np.ndarray, np.ndarray]:
+    names = list(node.input[1:3])
+    if len(names) < 2 or not all(n in g.const for n in names):
+        raise g.fail(f"Gemm {node.name or node.output[0]} has no constant weight and bias")
+    weight, bias = (g.weight(n) for n in names)
+    if weight.ndim != 2:
+        raise g.fail(f"Gemm {node.name or node.output[0]} weight is {list(weight.shape)}, not a matrix")
+    if not g.attr(node, "transB", 0):
+        weight = weight.T
+    return weight, bias.reshape(-1)
+
+
+def _body(g: _Graph, cursor: str) -> tuple[list, str]:
+    """The chain of Gemm -> Sigmoid -> Mul (Swish) layers from `cursor`; the layers and the last hidden tensor."""
     gemms = []
     while True:
-        candidates = [n for n in g.consumers(cursor) if n.op_type == "Gemm"]
-        # after the last hidden layer a SAC actor has two heads: mu, and a log_sigma Gemm that feeds Clip -> Exp
-        heads = [n for n in candidates if not any(c.op_type == "Clip" and any(e.op_type == "Exp" for e in g.consumers(c.output[0]))
-                                                   for c in g.consumers(n.output[0]))]
-        if len(heads) != 1:
-            break
-        gemm = heads[0]
-        if any(gemm is seen for seen in gemms) or not gemm.output:
-            raise g.fail("the layer chain loops back on itself or has no output")
-        gemms.append(gemm)
-        sig = g.only(gemm.output[0], "Sigmoid")
-        mul = next((n for n in g.consumers(gemm.output[0]) if n.op_type == "Mul" and sig is not None and sig.output[0] in n.input), None)
-        if mul is None:
-            break
-        cursor = mul.output[0]
-    if len(gemms) < 2:
-        raise g.fail("no chain of Gemm -> Sigmoid -> Mul layers followed by a mu Gemm")
+        layer = None
+        for gemm in (n for n in g.consumers(cursor) if n.op_type == "Gemm" and n.output):
+            sig = g.only(gemm.output[0], "Sigmoid")
+            mul = next((n for n in g.consumers(gemm.output[0]) if n.op_type == "Mul" and sig is not None and sig.output
+                        and sig.output[0] in n.input and n.output), None)
+            if mul is not None:
+                layer = (gemm, mul.output[0])
+                break
+        if layer is None:
+            return gemms, cursor
+        if any(layer[0] is seen for seen in gemms):
+            raise g.fail("the layer chain loops back on itself")
+        gemms.append(layer[0])
+        cursor = layer[1]
 
-    def linear(node) -> tuple[np.ndarray, np.ndarray]:
-        names = list(node.input[1:3])
-        if len(names) < 2 or not all(n in g.const for n in names):
-            raise g.fail(f"Gemm {node.name or node.output[0]} has no constant weight and bias")
-        weight, bias = (g.weight(n) for n in names)
-        if not g.attr(node, "transB", 0):
-            weight = weight.T
-        return weight, bias.reshape(-1)
 
-    layers = tuple(linear(n) for n in gemms[:-1])
-    mu_node = gemms[-1]
-    mu = linear(mu_node)
+def _lstm(g: _Graph, cursor: str, memory: str | None) -> tuple[Lstm | None, str]:
+    """ML-Agents' LSTM after the MLP (ONNX gate order i, o, f, c back to torch's i, f, g, o); the tensor the heads read."""
+    node = next((n for n in g.nodes if n.op_type == "LSTM"), None)
+    if node is None:
+        if memory is not None:
+            raise g.fail(f"input {memory} is not used by an LSTM")
+        return None, cursor
+    if memory is None:
+        raise g.fail(f"an LSTM without ML-Agents' {RECURRENT_IN} input")
+    names = list(node.input) + [""] * (7 - len(node.input))
+    if not all(n in g.const for n in names[1:4]) or not node.output:
+        raise g.fail("the LSTM has no constant W, R and B")
+    hidden = int(g.attr(node, "hidden_size", 0) or 0)
+    W, R, B = (g.weight(n) for n in names[1:4])
+    if hidden <= 0 or W.shape[:2] != (1, 4 * hidden) or R.shape != (1, 4 * hidden, hidden) or B.shape != (1, 8 * hidden):
+        raise g.fail(f"LSTM W {list(W.shape)} / R {list(R.shape)} / B {list(B.shape)} do not fit hidden_size {hidden}")
+    if (g.attr(node, "direction", b"forward") not in (b"forward", "forward") or g.attr(node, "clip") is not None
+            or g.attr(node, "input_forget", 0) or g.attr(node, "activations") is not None):
+        raise g.fail("the LSTM is not a plain forward LSTM (direction, clip, input_forget or activations set)")
+    order = lambda a: np.concatenate([a[k * hidden:(k + 1) * hidden] for k in (0, 2, 3, 1)])  # noqa: E731
+    lstm = Lstm(order(W[0]), order(R[0]), order(B[0, :4 * hidden]), order(B[0, 4 * hidden:]))
+    for index, start in ((5, 0), (6, hidden)):
+        begin = _slice_start(g, g.producer.get(names[index]))
+        if begin is not None and begin != start:
+            raise g.fail(f"LSTM initial {'h' if index == 5 else 'c'} is {RECURRENT_IN}[..., {begin}:], ML-Agents puts it at [{start}:]")
+    return lstm, _follow(g, node.output[0], RESHAPES)
 
+
+def _slice_start(g: _Graph, node) -> int | None:
+    """A Slice's first start (attribute up to opset 9, constant input after), or None."""
+    if node is None or node.op_type != "Slice":
+        return None
+    starts = g.attr(node, "starts")
+    if starts is None and len(node.input) > 1 and node.input[1] in g.const:
+        starts = g.const[node.input[1]].reshape(-1).tolist()
+    return int(starts[0]) if starts else None
+
+
+def _branch_start(g: _Graph, gemm, masks: str | None) -> int | None:
+    """Where in `action_masks` a branch Gemm's mask starts, if its logits are masked (Mul with a Slice of the masks)."""
+    if masks is None or not gemm.output:
+        return None
+    for mul in (n for n in g.consumers(gemm.output[0]) if n.op_type == "Mul"):
+        other = next((i for i in mul.input if i != gemm.output[0]), None)
+        sl = _source(g, other) if other else None
+        if sl is not None and sl.op_type == "Slice" and sl.input and _follow(g, masks) in (sl.input[0], masks):
+            start = _slice_start(g, sl)
+            if start is not None:
+                return start
+    return None
+
+
+def _heads(g: _Graph, cursor: str, masks: str | None) -> dict:
+    """Action heads on the features: discrete branch Gemms (masked logits), a SAC log_sigma Gemm (-> Clip -> Exp), mu."""
+    gemms = [n for n in g.consumers(cursor) if n.op_type == "Gemm" and n.output]
+    branches, sigma, mus = [], None, []
+    for gemm in gemms:
+        start = _branch_start(g, gemm, masks)
+        if start is not None:
+            branches.append((start, gemm))
+        elif any(c.op_type == "Clip" and c.output and any(e.op_type == "Exp" for e in g.consumers(c.output[0]))
+                 for c in g.consumers(gemm.output[0])):
+            sigma = gemm
+        else:
+            mus.append(gemm)
+    if len(mus) > 1:
+        raise g.fail(f"{len(mus)} Gemm heads on the last hidden layer that are neither masked branches nor log_sigma")
+    if not mus and not branches:
+        raise g.fail("no chain of Gemm -> Sigmoid -> Mul layers followed by a mu Gemm or discrete branch Gemms")
+    out = {"branches": tuple(_linear(g, n) for _, n in sorted(branches, key=lambda b: b[0]))}
+    starts = [s for s, _ in sorted(branches, key=lambda b: b[0])]
+    if starts != list(np.cumsum([0, *(w.shape[0] for w, _ in out["branches"])])[:-1]):
+        raise g.fail(f"discrete branches read action_masks from {starts}, not from the running sum of their sizes")
+    out["mu"], out["log_sigma"], out["tanh_squash"] = None, None, False
+    if mus:
+        out["mu"] = _linear(g, mus[0])
+        out["log_sigma"], out["tanh_squash"] = _log_sigma(g, sigma)
+    return out
+
+
+def _log_sigma(g: _Graph, sigma_gemm) -> tuple[np.ndarray | tuple, bool]:
+    """PPO: mu * 0 + log_sigma (an added constant); SAC: clip(Gemm(x), -20, 2), and tanh-squashed samples."""
     exp = next((n for n in g.nodes if n.op_type == "Exp"), None)
     if exp is None:
         raise g.fail("no Exp node computing the action std")
     src = g.producer.get(exp.input[0]) if exp.input else None
     if src is not None and src.op_type == "Clip":
-        sigma_gemm = g.producer.get(src.input[0]) if src.input else None
-        if sigma_gemm is None or sigma_gemm.op_type != "Gemm":
+        gemm = g.producer.get(src.input[0]) if src.input else None
+        if gemm is None or gemm.op_type != "Gemm":
             raise g.fail("clipped log_sigma is not produced by a Gemm")
-        log_sigma: np.ndarray | tuple = linear(sigma_gemm)
+        log_sigma: np.ndarray | tuple = _linear(g, gemm)
     elif src is not None and src.op_type == "Add" and g.const_input(src) is not None:
         log_sigma = g.const_input(src).reshape(1, -1)
     else:
         raise g.fail("log_sigma is neither an added constant nor a clipped Gemm")
-
     det = g.producer.get("deterministic_continuous_actions")
-    tanh_squash = not (det is not None and det.op_type == "Div")
+    return log_sigma, not (det is not None and det.op_type == "Div")
+
+
+def weights_from_onnx(model, origin: str) -> PolicyWeights:
+    """Rebuild PolicyWeights from an ML-Agents graph: per-input normalizers, Concat, Swish MLP, optional LSTM, heads."""
+    g = _Graph(model, origin)
+    obs, masks, memory = _observation_inputs(g, model)
+    processed = [_normalizer_of(g, name) for name in obs]
+    concat = g.only(processed[0][1], "Concat")
+    if len(obs) > 1:
+        if concat is None or list(concat.input) != [c for _, c in processed] or not concat.output:
+            raise g.fail(f"the observation inputs {obs} do not meet in one Concat, in input order")
+        cursor = concat.output[0]
+    else:
+        cursor = concat.output[0] if concat is not None and len(concat.input) == 1 and concat.output else processed[0][1]
+    gemms, cursor = _body(g, cursor)
+    if not gemms:
+        raise g.fail("no chain of Gemm -> Sigmoid -> Mul layers followed by a mu Gemm")
+    layers = tuple(_linear(g, n) for n in gemms)
+    lstm, cursor = _lstm(g, cursor, memory)
+    heads = _heads(g, cursor, masks)
+    if heads["branches"] and masks is None:
+        raise g.fail("discrete branches without ML-Agents' action_masks input")
+    sizes = [w.shape[1] for w, _ in layers[:1]]
+    inputs = _input_widths(g, model, obs, sizes[0] if sizes else 0, processed)
     scalars = {}
     for out, default in (("version_number", 3.0), ("memory_size", 0.0)):
         node = g.producer.get(out)
         name = node.input[0] if node is not None and node.op_type == "Identity" and node.input else out
         value = g.weight(name) if name in g.const else None
         scalars[out] = float(value.reshape(-1)[0]) if value is not None and value.size else default
-    weights = PolicyWeights(layers, mu, log_sigma, normalizer, tanh_squash, scalars["version_number"], scalars["memory_size"])
+    weights = PolicyWeights(layers, heads["mu"], heads["log_sigma"], inputs[0].normalizer if len(inputs) == 1 else None,
+                            heads["tanh_squash"], scalars["version_number"], scalars["memory_size"], inputs, heads["branches"], lstm)
     check_shapes(weights, origin)
     return weights
+
+
+def _input_widths(g: _Graph, model, obs: list[str], width: int, processed: list) -> tuple[ObsInput, ...]:
+    """Each input's width: its normalizer's, else its declared [batch, d], else (one input) the first layer's."""
+    dims = dict(_value_info(i) for i in model.graph.input)
+    out = []
+    for name, (normalizer, _) in zip(obs, processed):
+        declared = dims.get(name, [])
+        size = normalizer.running_mean.size if normalizer is not None else (declared[-1] if len(declared) == 2 else None)
+        if len(obs) == 1 and normalizer is None:
+            size = width
+        if not isinstance(size, int) or size <= 0:
+            raise g.fail(f"input {name} has no fixed width ({declared})")
+        out.append(ObsInput(int(size), normalizer))
+    return tuple(out)

@@ -17,10 +17,14 @@ NORMALIZER_PREFIXES = (
     "network_body.observation_encoder.processors.0.normalizer.",
     "network_body.processors.0.normalizer.",
 )
+PROCESSOR_PREFIXES = ("network_body.observation_encoder.processors.", "network_body.processors.")  # + "<i>.normalizer."
 NORMALIZER_FIELDS = ("running_mean", "running_variance", "normalization_steps")
 BODY_PREFIX = "network_body._body_endoder.seq_layers."
+LSTM_PREFIX = "network_body.lstm.lstm."
+LSTM_FIELDS = ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")
 MU_PREFIX = "action_model._continuous_distribution.mu."
 LOG_SIGMA = "action_model._continuous_distribution.log_sigma"
+BRANCH_PREFIX = "action_model._discrete_distribution.branches."
 METADATA_KEYS = (
     "version_number",
     "is_continuous_int_deprecated",
@@ -29,17 +33,23 @@ METADATA_KEYS = (
     "act_size_vector_deprecated",
     "memory_size_vector",
 )
+
+# --- ONNX names, exactly as ML-Agents' exporter writes them
 ONNX_INPUT = "obs_0"
-ONNX_OUTPUTS = (
-    "version_number",
-    "memory_size",
-    "continuous_actions",
-    "continuous_action_output_shape",
-    "deterministic_continuous_actions",
-)
+ACTION_MASKS = "action_masks"
+RECURRENT_IN = "recurrent_in"
+RECURRENT_OUT = "recurrent_out"
+CONTINUOUS_OUTPUTS = ("continuous_actions", "continuous_action_output_shape", "deterministic_continuous_actions")
+DISCRETE_OUTPUTS = ("discrete_actions", "discrete_action_output_shape", "deterministic_discrete_actions")
+ONNX_OUTPUTS = ("version_number", "memory_size", *CONTINUOUS_OUTPUTS)  # a continuous-only policy without memory
 ACTION_CLAMP = 3.0
 NORMALIZER_CLAMP = 5.0
 LOG_SIGMA_RANGE = (-20.0, 2.0)
+MASK_PENALTY = 1e8  # masked logits: logits * mask - 1e8 * (1 - mask)
+
+
+def obs_name(i: int) -> str:
+    return f"obs_{i}"
 
 
 @dataclass(frozen=True)
@@ -74,24 +84,84 @@ class Normalizer:
 
 
 @dataclass(frozen=True)
+class ObsInput:
+    """One observation tensor of the behavior (`obs_<i>`): its width and, when normalize is on, its own normalizer."""
+
+    size: int
+    normalizer: Normalizer | None = None
+
+
+@dataclass(frozen=True)
+class Lstm:
+    """ML-Agents' one-layer LSTM in torch's layout (gate blocks i, f, g, o); memory = [h, c], each hidden_size wide."""
+
+    weight_ih: np.ndarray
+    weight_hh: np.ndarray
+    bias_ih: np.ndarray
+    bias_hh: np.ndarray
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.weight_hh.shape[1])
+
+    @property
+    def memory_size(self) -> int:
+        return 2 * self.hidden_size
+
+    @property
+    def parameter_count(self) -> int:
+        return int(sum(a.size for a in (self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)))
+
+
+@dataclass(frozen=True)
 class PolicyWeights:
-    """Everything needed to rebuild an ML-Agents continuous-action actor, as float32 arrays."""
+    """Everything needed to rebuild an ML-Agents actor, as float32 arrays.
+
+    Inputs: `inputs` (one ObsInput per `obs_<i>`; by default one input as wide as the first layer, with `normalizer`).
+    Action heads: continuous (`mu`, `log_sigma`; `tanh_squash` for SAC) and/or discrete (`branches`, one Linear each).
+    Memory: `lstm` between the MLP and the heads.
+    """
 
     layers: tuple[tuple[np.ndarray, np.ndarray], ...]
-    mu: tuple[np.ndarray, np.ndarray]
-    log_sigma: np.ndarray | tuple[np.ndarray, np.ndarray]
+    mu: tuple[np.ndarray, np.ndarray] | None
+    log_sigma: np.ndarray | tuple[np.ndarray, np.ndarray] | None
     normalizer: Normalizer | None
     tanh_squash: bool = False
     version_number: float = 3.0
     memory_size: float = 0.0
+    inputs: tuple[ObsInput, ...] = ()
+    branches: tuple[tuple[np.ndarray, np.ndarray], ...] = ()
+    lstm: Lstm | None = None
+
+    def __post_init__(self) -> None:
+        if not self.inputs:
+            object.__setattr__(self, "inputs", (ObsInput(int(self.layers[0][0].shape[1]), self.normalizer),))
+        elif len(self.inputs) == 1 and self.normalizer is None:
+            object.__setattr__(self, "normalizer", self.inputs[0].normalizer)
+        if self.lstm is not None:
+            object.__setattr__(self, "memory_size", float(self.lstm.memory_size))
 
     @property
     def obs_dim(self) -> int:
+        """Width of all inputs concatenated (the first layer's input)."""
         return int(self.layers[0][0].shape[1])
 
     @property
+    def obs_sizes(self) -> tuple[int, ...]:
+        return tuple(i.size for i in self.inputs)
+
+    @property
     def act_dim(self) -> int:
-        return int(self.mu[0].shape[0])
+        """Continuous actions (0 for a discrete-only policy)."""
+        return 0 if self.mu is None else int(self.mu[0].shape[0])
+
+    @property
+    def branch_sizes(self) -> tuple[int, ...]:
+        return tuple(int(w.shape[0]) for w, _ in self.branches)
+
+    @property
+    def memory(self) -> int:
+        return 0 if self.lstm is None else self.lstm.memory_size
 
     @property
     def hidden_units(self) -> int:
@@ -106,12 +176,31 @@ class PolicyWeights:
         return isinstance(self.log_sigma, tuple)
 
     @property
+    def huggy_shaped(self) -> bool:
+        """One observation input, continuous actions only, no memory: the shape every mode handles."""
+        return len(self.inputs) == 1 and not self.branches and self.lstm is None and self.mu is not None
+
+    def describe_shape(self) -> str:
+        """'4 inputs [56, 56, 56, 4], discrete branches [5], memory 128' and the like."""
+        parts = [f"{len(self.inputs)} input{'s' if len(self.inputs) > 1 else ''} {list(self.obs_sizes)}"]
+        if self.mu is not None:
+            parts.append(f"{self.act_dim} continuous actions{' (tanh-squashed)' if self.tanh_squash else ''}")
+        if self.branches:
+            parts.append(f"discrete branches {list(self.branch_sizes)}")
+        if self.lstm is not None:
+            parts.append(f"LSTM memory {self.memory}")
+        return ", ".join(parts)
+
+    @property
     def parameter_count(self) -> int:
-        """Weights and biases of the MLP and the mu head (566,805 for Huggy); log_sigma not included."""
-        return int(sum(w.size + b.size for w, b in (*self.layers, self.mu)))
+        """Weights and biases of the MLP, LSTM and action heads (566,805 for Huggy); log_sigma not included."""
+        linears = (*self.layers, *((self.mu,) if self.mu is not None else ()), *self.branches)
+        return int(sum(w.size + b.size for w, b in linears)) + (self.lstm.parameter_count if self.lstm else 0)
 
     @property
     def log_sigma_count(self) -> int:
+        if self.log_sigma is None:
+            return 0
         parts = self.log_sigma if self.conditional_sigma else (self.log_sigma,)
         return int(sum(p.size for p in parts))
 
@@ -189,35 +278,55 @@ def check_finite(a: np.ndarray, name: str, origin: str) -> None:
 
 
 def check_shapes(w: PolicyWeights, origin: str) -> None:
-    """Every tensor must chain: [H, obs] -> [H, H]... -> mu [act, H]; normalizer and log_sigma match."""
-    for key, weight, bias in [(f"{BODY_PREFIX}{2 * i}", *layer) for i, layer in enumerate(w.layers)] + [(MU_PREFIX[:-1], *w.mu)]:
+    """Every tensor must chain: inputs -> [H, sum of inputs] -> [H, H]... (-> LSTM) -> heads [*, H]; normalizers match their inputs."""
+    linears = [(f"{BODY_PREFIX}{2 * i}", *layer) for i, layer in enumerate(w.layers)]
+    linears += [(MU_PREFIX[:-1], *w.mu)] if w.mu is not None else []
+    linears += [(f"{BRANCH_PREFIX}{b}", *branch) for b, branch in enumerate(w.branches)]
+    for key, weight, bias in linears:
         if weight.ndim != 2 or bias.ndim != 1 or 0 in weight.shape:
             raise UserError(f"{origin}: shape mismatch: {key}.weight {list(weight.shape)} / .bias {list(bias.shape)} "
                             "(expected a non-empty [out, in] matrix and an [out] vector)")
+    if w.mu is None and not w.branches:
+        raise UserError(f"{origin}: no action head: neither {MU_PREFIX}weight nor {BRANCH_PREFIX}0.weight")
     problems = []
     width = w.obs_dim
+    if sum(w.obs_sizes) != width:
+        problems.append(f"observation inputs {list(w.obs_sizes)} sum to {sum(w.obs_sizes)}, the first layer takes {width}")
     for i, (weight, bias) in enumerate(w.layers):
         key = f"{BODY_PREFIX}{2 * i}"
         if weight.ndim != 2 or weight.shape[1] != width or bias.shape != (weight.shape[0],):
             problems.append(f"{key}.weight {list(weight.shape)} / .bias {list(bias.shape)} (expected [*, {width}] and [*])")
         width = weight.shape[0] if weight.ndim == 2 else width
-    if w.mu[0].shape[1:] != (width,) or w.mu[1].shape != (w.mu[0].shape[0],):
-        problems.append(f"{MU_PREFIX}weight {list(w.mu[0].shape)} / .bias {list(w.mu[1].shape)} (expected [act, {width}] and [act])")
-    if w.conditional_sigma:
-        if w.log_sigma[0].shape != w.mu[0].shape or w.log_sigma[1].shape != w.mu[1].shape:
-            problems.append(f"{LOG_SIGMA}.weight {list(w.log_sigma[0].shape)} does not match {MU_PREFIX}weight {list(w.mu[0].shape)}")
-    elif w.log_sigma.shape != (1, w.act_dim):
-        problems.append(f"{LOG_SIGMA} {list(w.log_sigma.shape)} (expected [1, {w.act_dim}])")
-    if w.normalizer is not None:
-        n = w.normalizer
+    if w.lstm is not None:
+        m, hidden = w.lstm, w.lstm.hidden_size
+        expected = {"weight_ih_l0": (4 * hidden, width), "weight_hh_l0": (4 * hidden, hidden), "bias_ih_l0": (4 * hidden,),
+                    "bias_hh_l0": (4 * hidden,)}
+        for (name, shape), value in zip(expected.items(), (m.weight_ih, m.weight_hh, m.bias_ih, m.bias_hh)):
+            if value.shape != shape:
+                problems.append(f"{LSTM_PREFIX}{name} {list(value.shape)} (expected {list(shape)})")
+        width = hidden
+    if w.mu is not None:
+        if w.mu[0].shape[1:] != (width,) or w.mu[1].shape != (w.mu[0].shape[0],):
+            problems.append(f"{MU_PREFIX}weight {list(w.mu[0].shape)} / .bias {list(w.mu[1].shape)} (expected [act, {width}] and [act])")
+        if w.conditional_sigma:
+            if w.log_sigma[0].shape != w.mu[0].shape or w.log_sigma[1].shape != w.mu[1].shape:
+                problems.append(f"{LOG_SIGMA}.weight {list(w.log_sigma[0].shape)} does not match {MU_PREFIX}weight {list(w.mu[0].shape)}")
+        elif w.log_sigma is None or w.log_sigma.shape != (1, w.act_dim):
+            problems.append(f"{LOG_SIGMA} {None if w.log_sigma is None else list(w.log_sigma.shape)} (expected [1, {w.act_dim}])")
+    for b, (weight, bias) in enumerate(w.branches):
+        if weight.shape[1] != width or bias.shape != (weight.shape[0],):
+            problems.append(f"{BRANCH_PREFIX}{b}.weight {list(weight.shape)} / .bias {list(bias.shape)} (expected [size, {width}] and [size])")
+    for i, obs in enumerate(w.inputs):
+        n = obs.normalizer
+        if n is None:
+            continue
         stats = {"running_mean": n.running_mean,
                  "running_variance" if n.running_variance is not None else "folded std": n.std if n.running_variance is None else n.running_variance}
         for name, value in stats.items():
-            if value.shape != (w.obs_dim,):
-                problems.append(f"{NORMALIZER_PREFIXES[0]}{name} {list(value.shape)} (expected [{w.obs_dim}])")
+            if value.shape != (obs.size,):
+                problems.append(f"{PROCESSOR_PREFIXES[0]}{i}.normalizer.{name} {list(value.shape)} (expected [{obs.size}])")
     if problems:
         raise UserError(f"{origin}: shape mismatch: " + "; ".join(problems))
-
 
 
 def atomic_write(path: Path, write) -> None:

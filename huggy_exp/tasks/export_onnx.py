@@ -31,11 +31,11 @@ class MLAgentsExport(nn.Module):
         self.register_buffer("continuous_action_output_shape", torch.tensor([float(weights.act_dim)]))
 
     def forward(self, obs_0: torch.Tensor):
-        p = self.policy
-        x = p.features(obs_0)
-        mu = p.mu(x)
-        sampled = p.squash(mu + torch.randn_like(mu) * torch.exp(p.log_sigma_of(x, mu)))
-        return (self.version_number * 1, self.memory_size * 1, sampled, self.continuous_action_output_shape * 1, p.head(mu))
+        head = self.policy.continuous
+        x = self.policy.features(obs_0)
+        mu = head.mu(x)
+        sampled = head.squash(mu + torch.randn_like(mu) * torch.exp(head.log_sigma_of(x, mu)))
+        return (self.version_number * 1, self.memory_size * 1, sampled, self.continuous_action_output_shape * 1, head.head(mu))
 
 
 class ExportOnnxTask:
