@@ -139,6 +139,16 @@ class Recurrent:
         return {k: np.stack([o[k] for o in outs]) for k in outs[0]}
 
 
+def run_feeds(runner: TorchRunner, feeds: Mapping[str, np.ndarray], seed: int | None = None) -> dict[str, np.ndarray]:
+    """Deterministic outputs (sampled ones with `seed`) for single-step feeds [N, d], or for a sequence [T, N, d] run
+    step by step with the memory carried from zeros (step t sampled with seed + t); sequence outputs lead with T."""
+    if feeds[obs_name(0)].ndim == 2:
+        return runner.infer(feeds) if seed is None else runner.sample(feeds, seed)
+    steps = iter(range(len(feeds[obs_name(0)])))
+    call = runner.infer if seed is None else (lambda f: runner.sample(f, seed + next(steps)))  # noqa: E731
+    return Recurrent(call, runner.policy.memory_size).sequence(feeds)
+
+
 def reference(weights: PolicyWeights, dtype: str = "fp64", batch_size: int = 0) -> TorchRunner:
     """The CPU reference used by the comparing modes (fp64 by default)."""
     return TorchRunner(weights, resolve("cpu", dtype), batch_size)

@@ -47,6 +47,7 @@ class ExportOnnxTask:
     def run(self, ctx: Context) -> Result:
         import onnx
 
+        ctx.require_huggy_shape(self.name)
         w, obs = ctx.weights, ctx.observations
         out = Path(self.path).expanduser() if self.path else ctx.workdir / f"{Path(ctx.model.path).stem.split('-')[0]}.onnx"
         out.parent.mkdir(parents=True, exist_ok=True)
