@@ -247,7 +247,7 @@ class Policy(nn.Module):
             else:
                 out[head.sampled_name] = head.sample(*args, noise[head.sampled_name])
         if memory_out is not None:
-            out["recurrent_out"] = _cast(memory_out, torch.float32 if self.stat_dtype == torch.float32 else torch.float64)
+            out["recurrent_out"] = _cast(memory_out, self.stat_dtype)
         return out
 
     # --- the continuous single-input path (Huggy's shape), used by the comparing modes and the exporter
