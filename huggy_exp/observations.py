@@ -157,6 +157,10 @@ def load_feeds(path: str | None, weights: PolicyWeights) -> dict[str, np.ndarray
                             f"pass an .npz with arrays {', '.join(names)} (numpy.savez)")
         return {names[0]: load_observations(path, weights.obs_dim, sequence=True)}
     arrays = _read_npz(p)
+    given = sorted((n for n in arrays if n.startswith("obs_")), key=lambda n: (len(n), n))
+    if names == ["obs_0"] and weights.normalizer is None and len(given) > 1 and given == [obs_name(i) for i in range(len(given))]:
+        arrays = {**{k: v for k, v in arrays.items() if k not in given},  # one input of the concatenated width: concatenate
+                  "obs_0": np.concatenate([_check_feed(arrays[n], arrays[n].shape[-1], f"observation file {p}: {n}") for n in given], axis=-1)}
     allowed = [*names, ACTION_MASKS] if weights.branches else names
     unknown = sorted(set(arrays) - set(allowed))
     missing = [n for n in names if n not in arrays]

@@ -31,6 +31,25 @@ def feeds_of(feeds: Feeds) -> dict[str, np.ndarray]:
     return {obs_name(0): feeds} if isinstance(feeds, np.ndarray) else dict(feeds)
 
 
+def fit_inputs(feeds: dict[str, np.ndarray], sizes: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """Check the observation feeds against the policy's input widths.
+
+    Inputs without normalizers meet in one Concat before the first layer, so a policy read as one input of the
+    concatenated width (a .pt without its .onnx) takes obs_0 ... obs_<k> concatenated: the same numbers.
+    """
+    given = [obs_name(i) for i in range(len(feeds)) if obs_name(i) in feeds]
+    if len(sizes) == 1 and len(given) > 1 and sum(feeds[n].shape[-1] for n in given) == sizes[0]:
+        feeds = {**{k: v for k, v in feeds.items() if k not in given}, obs_name(0): np.concatenate([feeds[n] for n in given], axis=-1)}
+    wanted = [obs_name(i) for i in range(len(sizes))]
+    missing = [n for n in wanted if n not in feeds]
+    if missing:
+        raise UserError(f"feeds {sorted(feeds)} lack {missing} (this policy has {len(sizes)} observation inputs {list(sizes)})")
+    wrong = [f"{n} {list(np.shape(feeds[n]))}" for n, size in zip(wanted, sizes) if np.shape(feeds[n])[-1:] != (size,)]
+    if wrong:
+        raise UserError(f"feeds {', '.join(wrong)} do not fit this policy's inputs {list(sizes)} (obs_i is [N, d_i])")
+    return feeds
+
+
 def feed_rows(feeds: Feeds) -> int:
     return len(feeds_of(feeds)[obs_name(0)])
 
@@ -51,10 +70,7 @@ class TorchRunner:
 
     def _feed_chunks(self, feeds: Feeds):
         """(start, obs list, masks, memory) per chunk of `batch_size` rows, as tensors on the device."""
-        feeds = feeds_of(feeds)
-        missing = [obs_name(i) for i in range(len(self.policy.obs_sizes)) if obs_name(i) not in feeds]
-        if missing:
-            raise UserError(f"feeds {sorted(feeds)} lack {missing} (this policy has {len(self.policy.obs_sizes)} observation inputs)")
+        feeds = fit_inputs(feeds_of(feeds), self.policy.obs_sizes)
         arrays = [feeds[obs_name(i)] for i in range(len(self.policy.obs_sizes))]
         rows = len(arrays[0])
         masks = feeds.get(ACTION_MASKS) if self.policy.discrete is not None else None

@@ -237,3 +237,21 @@ def test_bad_npz_observations_are_one_line_errors(arrays, message, shaped_files,
     job = run_job(tmp_path / "job", "action", f"model.checkpoint={shaped_files['hybrid'][0]}", "obs=file", f"obs.path={tmp_path / 'bad.npz'}")
     assert job.record["status"] == "error"
     assert pytest.importorskip("re").search(message, job.record["reason"]), job.record["reason"]
+
+
+def test_a_pt_read_as_one_concatenated_input_takes_the_inputs_one_by_one(shaped_actors, tmp_path):
+    actor = shaped_actors["memory_hybrid_sac"]  # normalize: false, inputs (5, 3)
+    pt = save_mlagents_checkpoint(tmp_path / "alone" / "x-1.pt", actor.state_dict(), 1)
+    feeds = actor.random_feeds(9, seed=30)
+    feeds["recurrent_in"] = np.zeros((9, 1, 8), np.float32)
+    out = runner(pt).infer(feeds)
+    assert_matches_reference(out, actor.forward([feeds["obs_0"], feeds["obs_1"]], feeds["action_masks"], None))
+    with pytest.raises(UserError, match=r"feeds obs_0 \[9, 5\] do not fit this policy's inputs \[8\]"):
+        runner(pt).infer({"obs_0": feeds["obs_0"]})
+
+
+def test_an_unknown_observation_encoder_key_is_refused_as_an_unsupported_shape(shaped_actors, tmp_path):
+    key = "network_body.observation_encoder.processors.0.ent_encoder.seq_layers.0.weight"
+    state = {**shaped_actors["hybrid"].state_dict(), key: torch.zeros(4, 4)}
+    with pytest.raises(UserError, match="attention over variable-length observations"):
+        mlagents.load_checkpoint(save_mlagents_checkpoint(tmp_path / "odd.pt", state, 10))

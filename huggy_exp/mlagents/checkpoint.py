@@ -114,15 +114,17 @@ def _array(value: object, key: str, origin: str) -> np.ndarray:
 
 UNSUPPORTED_ENCODERS = (  # key fragments of ML-Agents encoders this package does not rebuild, and what they are
     (("conv_layers", "conv", "dense", "SimpleVisualEncoder", "NatureVisualEncoder", "ResNet", "resnet"), "a visual (CNN) encoder"),
-    (("rsa", "entity", "x_self_encoder", "residual", "attention"), "attention over variable-length observations"),
+    (("rsa", "entity", "ent_encoder", "x_self_encoder", "residual", "attention"), "attention over variable-length observations"),
     (("conditioning", "hypernet", "goal"), "goal-conditioned layers (hypernetwork)"),
 )
+ENCODER_PREFIXES = ("network_body.observation_encoder.", "network_body.processors.")
 CONTINUOUS_PREFIX = "action_model._continuous_distribution."
 
 
 def _unsupported(key: str) -> str:
     """'a visual (CNN) encoder' and the like, for a network_body key that is not a normalizer, the MLP or the LSTM."""
-    return next((what for fragments, what in UNSUPPORTED_ENCODERS if any(f in key for f in fragments)), "an encoder")
+    return next((what for fragments, what in UNSUPPORTED_ENCODERS if any(f in key for f in fragments)),
+                "an observation encoder other than a vector normalizer")
 
 
 def weights_from_state_dict(state: dict, origin: str, input_sizes: tuple[int, ...] | None = None) -> PolicyWeights:
@@ -162,8 +164,9 @@ def weights_from_state_dict(state: dict, origin: str, input_sizes: tuple[int, ..
 
     normalizers = _normalizers(arrays, origin, known)
     unexpected = sorted(k for k in arrays if k not in known)
-    encoder = next((k for k in unexpected if k.startswith("network_body.") and not k.startswith(LSTM_PREFIX)
-                    and not k.startswith(BODY_PREFIX) and any(f in k for fs, _ in UNSUPPORTED_ENCODERS for f in fs)), None)
+    encoder = next((k for k in unexpected if k.startswith(ENCODER_PREFIXES) or (
+        k.startswith("network_body.") and not k.startswith((LSTM_PREFIX, BODY_PREFIX))
+        and any(f in k for fs, _ in UNSUPPORTED_ENCODERS for f in fs))), None)
     if encoder is not None:
         raise UserError(f"{origin}: unsupported policy shape: {_unsupported(encoder)} (found {encoder}); supported: vector "
                         "observation inputs, an MLP, an optional LSTM, continuous and/or discrete actions")
