@@ -255,3 +255,44 @@ def test_an_unknown_observation_encoder_key_is_refused_as_an_unsupported_shape(s
     state = {**shaped_actors["hybrid"].state_dict(), key: torch.zeros(4, 4)}
     with pytest.raises(UserError, match="attention over variable-length observations"):
         mlagents.load_checkpoint(save_mlagents_checkpoint(tmp_path / "odd.pt", state, 10))
+
+
+@pytest.fixture(scope="module")
+def shaped_states(shaped_actors):
+    return [a.state_dict() for a in shaped_actors.values()]
+
+
+def test_edited_state_dicts_of_every_shape_load_sanely_or_fail_in_one_line(shaped_states):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    keys = sorted({k for s in shaped_states for k in s} | {"network_body.lstm.lstm.weight_ih_l1", "action_model._discrete_distribution.branches.9.weight"})
+    shapes = st.sampled_from([(3,), (2, 3), (4, 16), (16,), (1, 2), (), (0,), (32, 8), (8, 4)])
+
+    @settings(max_examples=80, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+    @given(st.integers(0, len(shaped_states) - 1), st.lists(st.tuples(st.sampled_from(keys), st.sampled_from(["del", "shape", "nan"]), shapes),
+                                                             min_size=1, max_size=3))
+    def check(which, edits):
+        state = dict(shaped_states[which])
+        for key, action, shape in edits:
+            if action == "del":
+                state.pop(key, None)
+            elif action == "shape":
+                state[key] = torch.zeros(shape)
+            elif key in state and state[key].is_floating_point() and state[key].numel():
+                state[key] = state[key].clone().reshape(-1).index_fill(0, torch.tensor([0]), float("nan")).reshape(state[key].shape)
+        try:
+            w = mlagents.weights_from_state_dict(state, "edited")
+        except UserError as exc:
+            assert "\n" not in str(exc)
+            return
+        out = TorchRunner(w, resolve("cpu", "fp32")).infer({f"obs_{i}": np.zeros((2, s), np.float32) for i, s in enumerate(w.obs_sizes)})
+        assert all(np.isfinite(v).all() for v in out.values() if v.dtype.kind == "f")
+
+    check()
+
+
+def test_an_lstm_weight_that_is_not_a_matrix_is_a_one_line_shape_error(shaped_actors, tmp_path):
+    state = {**shaped_actors["memory_discrete"].state_dict(), "network_body.lstm.lstm.weight_hh_l0": torch.zeros(32)}
+    with pytest.raises(UserError, match=r"shape mismatch: network_body.lstm.lstm.weight_ih_l0"):
+        mlagents.load_checkpoint(save_mlagents_checkpoint(tmp_path / "m.pt", state, 10))

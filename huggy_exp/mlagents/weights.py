@@ -102,7 +102,8 @@ class Lstm:
 
     @property
     def hidden_size(self) -> int:
-        return int(self.weight_hh.shape[1])
+        """H, from weight_hh [4H, H] (0 when that is not a matrix: check_shapes names it)."""
+        return int(self.weight_hh.shape[1]) if self.weight_hh.ndim == 2 else 0
 
     @property
     def memory_size(self) -> int:
@@ -302,7 +303,7 @@ def check_shapes(w: PolicyWeights, origin: str) -> None:
         expected = {"weight_ih_l0": (4 * hidden, width), "weight_hh_l0": (4 * hidden, hidden), "bias_ih_l0": (4 * hidden,),
                     "bias_hh_l0": (4 * hidden,)}
         for (name, shape), value in zip(expected.items(), (m.weight_ih, m.weight_hh, m.bias_ih, m.bias_hh)):
-            if value.shape != shape:
+            if value.shape != shape or hidden == 0:
                 problems.append(f"{LSTM_PREFIX}{name} {list(value.shape)} (expected {list(shape)})")
         width = hidden
     if w.mu is not None:
