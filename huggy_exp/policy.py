@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from huggy_exp.mlagents import ACTION_CLAMP, LOG_SIGMA_RANGE, MASK_PENALTY, NORMALIZER_CLAMP, Lstm, Normalizer, PolicyWeights
+from huggy_exp.mlagents.heads import ContinuousHead, DiscreteHead
 
 DISCRETE_SEED_OFFSET = 1_000_003  # the discrete draws' CPU stream: seed + this, apart from the Gaussian stream of `seed`
 
@@ -59,6 +60,7 @@ class ContinuousActions(nn.Module):
     """PPO's Gaussian head: deterministic clamp(mu, -3, 3) / 3, sampled clamp(mu + exp(log_sigma) * z, -3, 3) / 3."""
 
     deterministic_name, sampled_name = "deterministic_continuous_actions", "continuous_actions"
+    file_format = ContinuousHead  # its ONNX pattern, read and written
     stats = ("log_sigma_const",)
 
     def __init__(self, mu: tuple[np.ndarray, np.ndarray], log_sigma: np.ndarray | tuple[np.ndarray, np.ndarray]):
@@ -111,6 +113,7 @@ class DiscreteActions(nn.Module):
     deterministic = argmax of the softmax per branch, sampled = a categorical draw from given uniforms. int64 [N, branches]."""
 
     deterministic_name, sampled_name = "deterministic_discrete_actions", "discrete_actions"
+    file_format = DiscreteHead  # its ONNX pattern, read and written
 
     def __init__(self, branches: tuple[tuple[np.ndarray, np.ndarray], ...]):
         super().__init__()

@@ -2,7 +2,9 @@
 
 weights      weights and normalizer types, ML-Agents' key names and constants, shared checks
 checkpoint   .pt reading (torch.load weights_only) and writing
-onnx_read    .onnx graphs read by structure
+onnx_graph   lookups over an ONNX graph shared by the readers
+onnx_read    .onnx graphs read by structure (inputs, normalizers, MLP, LSTM)
+heads        the action heads' ONNX patterns, read and written (continuous PPO/SAC, discrete branches)
 onnx_write   .onnx graphs written with onnx.helper, as ML-Agents' exporter lays them out
 results      results folders, run_logs/training_status.json, configuration.yaml
 default      the embedded synthetic default
@@ -27,5 +29,5 @@ from huggy_exp.mlagents.weights import (
     check_shapes, obs_name, sha256_file,
 )
 
-__all__ = [name for name in dir() if not name.startswith("_") and name not in ("checkpoint", "default", "hub", "onnx_read",
-                                                                                 "onnx_write", "results", "weights")]
+__all__ = [name for name in dir() if not name.startswith("_") and name not in ("checkpoint", "default", "heads", "hub", "onnx_graph",
+                                                                                 "onnx_read", "onnx_write", "results", "weights")]

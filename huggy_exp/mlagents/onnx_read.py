@@ -8,10 +8,12 @@ from pathlib import Path
 import numpy as np
 
 from huggy_exp.errors import UserError
+from huggy_exp.mlagents.heads import read_heads
+from huggy_exp.mlagents.onnx_graph import RESHAPES, Graph, follow, linear, slice_start, value_info
 from huggy_exp.mlagents.results import step_from_name
 from huggy_exp.mlagents.weights import (
-    ACTION_MASKS, ONNX_INPUT, RECURRENT_IN, LoadedModel, Lstm, Normalizer, ObsInput, PolicyWeights, check_finite, check_shapes,
-    obs_name, require_file, sha256_file,
+    ACTION_MASKS, ONNX_INPUT, RECURRENT_IN, LoadedModel, Lstm, Normalizer, ObsInput, PolicyWeights, check_shapes, obs_name,
+    require_file, sha256_file,
 )
 
 
@@ -43,18 +45,12 @@ def read_onnx(path: Path):
     return model
 
 
-def _value_info(v) -> tuple[str, list]:
-    """(name, dims) of a graph input/output; a dim is an int, its symbolic name, or '?'."""
-    dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in v.type.tensor_type.shape.dim]
-    return v.name, dims
-
-
 def check_onnx_pairing(path: Path, w: PolicyWeights) -> None:
     """The .onnx compared with a policy must expose ML-Agents' input and outputs at the policy's widths."""
     model = read_onnx(Path(path))
     inits = {i.name for i in model.graph.initializer}
-    inputs = [_value_info(i) for i in model.graph.input if i.name not in inits]
-    outputs = dict(_value_info(o) for o in model.graph.output)
+    inputs = [value_info(i) for i in model.graph.input if i.name not in inits]
+    outputs = dict(value_info(o) for o in model.graph.output)
     want_out = {"deterministic_continuous_actions": w.act_dim, "continuous_actions": w.act_dim}
     fits = lambda dims, width: len(dims) == 2 and dims[1] == width  # noqa: E731
     if len(inputs) == 1 and inputs[0][0] == ONNX_INPUT and fits(inputs[0][1], w.obs_dim) and all(
@@ -68,64 +64,13 @@ def check_onnx_pairing(path: Path, w: PolicyWeights) -> None:
     )
 
 
-class _Graph:
-    """Producer/consumer/constant lookups over an ONNX graph."""
-
-    def __init__(self, model, origin: str):
-        from onnx import numpy_helper
-
-        self.origin = origin
-        self.nodes = list(model.graph.node)
-        tensors = [(i.name, i) for i in model.graph.initializer]
-        tensors += [(n.output[0], a.t) for n in self.nodes if n.op_type == "Constant" and n.output
-                    for a in n.attribute if a.name == "value"]
-        self.const = {}
-        for name, tensor in tensors:
-            try:
-                self.const[name] = numpy_helper.to_array(tensor)
-            except Exception as exc:
-                raise self.fail(f"constant {name!r} cannot be read ({type(exc).__name__})") from None
-        self.producer = {out: n for n in self.nodes for out in n.output}
-        self.inputs = [i.name for i in model.graph.input if i.name not in self.const]
-
-    def consumers(self, name: str) -> list:
-        return [n for n in self.nodes if name in n.input]
-
-    def only(self, name: str, op: str | None = None):
-        users = [n for n in self.consumers(name) if op is None or n.op_type == op]
-        return users[0] if len(users) == 1 else None
-
-    def const_input(self, node) -> np.ndarray | None:
-        name = next((n for n in node.input if n in self.const), None)
-        return None if name is None else self.weight(name)
-
-    def weight(self, name: str) -> np.ndarray:
-        """A constant as float32: numeric and finite, or an error naming it."""
-        value = self.const[name]
-        if value.dtype.kind not in "biuf":
-            raise self.fail(f"constant {name!r} is {value.dtype}, not numbers")
-        check_finite(value, f"initializer {name}", self.origin)
-        return value.astype(np.float32)
-
-    def attr(self, node, name: str, default=None):
-        from onnx import helper
-
-        for a in node.attribute:
-            if a.name == name:
-                return helper.get_attribute_value(a)
-        return default
-
-    def fail(self, what: str) -> UserError:
-        return UserError(f"{self.origin}: not an ML-Agents policy graph: {what}")
-
-
 def onnx_input_sizes(path: Path) -> tuple[int, ...] | None:
     """Widths of an ML-Agents .onnx's observation inputs obs_0, obs_1, ... (None when it has none readable)."""
     try:
         model = read_onnx(Path(path))
     except UserError:
         return None
-    dims = dict(_value_info(i) for i in model.graph.input)
+    dims = dict(value_info(i) for i in model.graph.input)
     names = sorted((n for n in dims if re.fullmatch(r"obs_\d+", n)), key=lambda n: int(n[4:]))
     if not names or names != [obs_name(i) for i in range(len(names))]:
         return None
@@ -133,34 +78,9 @@ def onnx_input_sizes(path: Path) -> tuple[int, ...] | None:
     return tuple(sizes) if all(isinstance(s, int) and s > 0 for s in sizes) else None
 
 
-PASSTHROUGH = ("Cast", "Identity")
-RESHAPES = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", *PASSTHROUGH)
-
-
-def _follow(g: _Graph, name: str, ops: tuple[str, ...] = PASSTHROUGH) -> str:
-    """Walk single-consumer ops of the given kinds from `name`; the name of the last tensor."""
-    seen = set()
-    while (node := next((n for n in [g.only(name)] if n is not None and n.op_type in ops and n.output), None)) is not None:
-        if id(node) in seen:
-            raise g.fail("the graph has a cycle")
-        seen.add(id(node))
-        name = node.output[0]
-    return name
-
-
-def _source(g: _Graph, name: str, ops: tuple[str, ...] = PASSTHROUGH):
-    """The node producing `name`, looking through passthrough ops."""
-    seen = set()
-    node = g.producer.get(name)
-    while node is not None and node.op_type in ops and node.input and id(node) not in seen:
-        seen.add(id(node))
-        node = g.producer.get(node.input[0])
-    return node
-
-
-def _observation_inputs(g: _Graph, model) -> tuple[list[str], str | None, str | None]:
+def _observation_inputs(g: Graph, model) -> tuple[list[str], str | None, str | None]:
     """(observation input names in order, action mask input, memory input); unsupported inputs are refused by what they are."""
-    dims = dict(_value_info(i) for i in model.graph.input if i.name in g.inputs)
+    dims = dict(value_info(i) for i in model.graph.input if i.name in g.inputs)
     conv = next((n for n in g.nodes if n.op_type in ("Conv", "MaxPool", "AveragePool")), None)
     masks = ACTION_MASKS if ACTION_MASKS in dims else None
     memory = RECURRENT_IN if RECURRENT_IN in dims else None
@@ -182,9 +102,9 @@ def _observation_inputs(g: _Graph, model) -> tuple[list[str], str | None, str | 
     return obs, masks, memory
 
 
-def _normalizer_of(g: _Graph, name: str) -> tuple[Normalizer | None, str]:
+def _normalizer_of(g: Graph, name: str) -> tuple[Normalizer | None, str]:
     """An input's Sub(mean) -> Div(std) -> Clip(-5, 5), if any, and the tensor after it."""
-    cursor = _follow(g, name)
+    cursor = follow(g, name)
     sub = g.only(cursor, "Sub")
     if sub is None:
         return None, cursor
@@ -201,19 +121,7 @@ def _normalizer_of(g: _Graph, name: str) -> tuple[Normalizer | None, str]:
     return Normalizer(mean.reshape(-1), None, None, folded_std=std.reshape(-1)), clip.output[0]
 
 
-def _linear(g: _Graph, node) -> tuple[np.ndarray, np.ndarray]:
-    names = list(node.input[1:3])
-    if len(names) < 2 or not all(n in g.const for n in names):
-        raise g.fail(f"Gemm {node.name or node.output[0]} has no constant weight and bias")
-    weight, bias = (g.weight(n) for n in names)
-    if weight.ndim != 2:
-        raise g.fail(f"Gemm {node.name or node.output[0]} weight is {list(weight.shape)}, not a matrix")
-    if not g.attr(node, "transB", 0):
-        weight = weight.T
-    return weight, bias.reshape(-1)
-
-
-def _body(g: _Graph, cursor: str) -> tuple[list, str]:
+def _body(g: Graph, cursor: str) -> tuple[list, str]:
     """The chain of Gemm -> Sigmoid -> Mul (Swish) layers from `cursor`; the layers and the last hidden tensor."""
     gemms = []
     while True:
@@ -233,7 +141,7 @@ def _body(g: _Graph, cursor: str) -> tuple[list, str]:
         cursor = layer[1]
 
 
-def _lstm(g: _Graph, cursor: str, memory: str | None) -> tuple[Lstm | None, str]:
+def _lstm(g: Graph, cursor: str, memory: str | None) -> tuple[Lstm | None, str]:
     """ML-Agents' LSTM after the MLP (ONNX gate order i, o, f, c back to torch's i, f, g, o); the tensor the heads read."""
     node = next((n for n in g.nodes if n.op_type == "LSTM"), None)
     if node is None:
@@ -255,86 +163,15 @@ def _lstm(g: _Graph, cursor: str, memory: str | None) -> tuple[Lstm | None, str]
     order = lambda a: np.concatenate([a[k * hidden:(k + 1) * hidden] for k in (0, 2, 3, 1)])  # noqa: E731
     lstm = Lstm(order(W[0]), order(R[0]), order(B[0, :4 * hidden]), order(B[0, 4 * hidden:]))
     for index, start in ((5, 0), (6, hidden)):
-        begin = _slice_start(g, g.producer.get(names[index]))
+        begin = slice_start(g, g.producer.get(names[index]))
         if begin is not None and begin != start:
             raise g.fail(f"LSTM initial {'h' if index == 5 else 'c'} is {RECURRENT_IN}[..., {begin}:], ML-Agents puts it at [{start}:]")
-    return lstm, _follow(g, node.output[0], RESHAPES)
-
-
-def _slice_start(g: _Graph, node) -> int | None:
-    """A Slice's first start (attribute up to opset 9, constant input after), or None."""
-    if node is None or node.op_type != "Slice":
-        return None
-    starts = g.attr(node, "starts")
-    if starts is None and len(node.input) > 1 and node.input[1] in g.const:
-        starts = g.const[node.input[1]].reshape(-1).tolist()
-    return int(starts[0]) if starts else None
-
-
-def _branch_start(g: _Graph, gemm, masks: str | None) -> int | None:
-    """Where in `action_masks` a branch Gemm's mask starts, if its logits are masked (Mul with a Slice of the masks)."""
-    if masks is None or not gemm.output:
-        return None
-    for mul in (n for n in g.consumers(gemm.output[0]) if n.op_type == "Mul"):
-        other = next((i for i in mul.input if i != gemm.output[0]), None)
-        sl = _source(g, other) if other else None
-        if sl is not None and sl.op_type == "Slice" and sl.input and _follow(g, masks) in (sl.input[0], masks):
-            start = _slice_start(g, sl)
-            if start is not None:
-                return start
-    return None
-
-
-def _heads(g: _Graph, cursor: str, masks: str | None) -> dict:
-    """Action heads on the features: discrete branch Gemms (masked logits), a SAC log_sigma Gemm (-> Clip -> Exp), mu."""
-    gemms = [n for n in g.consumers(cursor) if n.op_type == "Gemm" and n.output]
-    branches, sigma, mus = [], None, []
-    for gemm in gemms:
-        start = _branch_start(g, gemm, masks)
-        if start is not None:
-            branches.append((start, gemm))
-        elif any(c.op_type == "Clip" and c.output and any(e.op_type == "Exp" for e in g.consumers(c.output[0]))
-                 for c in g.consumers(gemm.output[0])):
-            sigma = gemm
-        else:
-            mus.append(gemm)
-    if len(mus) > 1:
-        raise g.fail(f"{len(mus)} Gemm heads on the last hidden layer that are neither masked branches nor log_sigma")
-    if not mus and not branches:
-        raise g.fail("no chain of Gemm -> Sigmoid -> Mul layers followed by a mu Gemm or discrete branch Gemms")
-    out = {"branches": tuple(_linear(g, n) for _, n in sorted(branches, key=lambda b: b[0]))}
-    starts = [s for s, _ in sorted(branches, key=lambda b: b[0])]
-    if starts != list(np.cumsum([0, *(w.shape[0] for w, _ in out["branches"])])[:-1]):
-        raise g.fail(f"discrete branches read action_masks from {starts}, not from the running sum of their sizes")
-    out["mu"], out["log_sigma"], out["tanh_squash"] = None, None, False
-    if mus:
-        out["mu"] = _linear(g, mus[0])
-        out["log_sigma"], out["tanh_squash"] = _log_sigma(g, sigma)
-    return out
-
-
-def _log_sigma(g: _Graph, sigma_gemm) -> tuple[np.ndarray | tuple, bool]:
-    """PPO: mu * 0 + log_sigma (an added constant); SAC: clip(Gemm(x), -20, 2), and tanh-squashed samples."""
-    exp = next((n for n in g.nodes if n.op_type == "Exp"), None)
-    if exp is None:
-        raise g.fail("no Exp node computing the action std")
-    src = g.producer.get(exp.input[0]) if exp.input else None
-    if src is not None and src.op_type == "Clip":
-        gemm = g.producer.get(src.input[0]) if src.input else None
-        if gemm is None or gemm.op_type != "Gemm":
-            raise g.fail("clipped log_sigma is not produced by a Gemm")
-        log_sigma: np.ndarray | tuple = _linear(g, gemm)
-    elif src is not None and src.op_type == "Add" and g.const_input(src) is not None:
-        log_sigma = g.const_input(src).reshape(1, -1)
-    else:
-        raise g.fail("log_sigma is neither an added constant nor a clipped Gemm")
-    det = g.producer.get("deterministic_continuous_actions")
-    return log_sigma, not (det is not None and det.op_type == "Div")
+    return lstm, follow(g, node.output[0], RESHAPES)
 
 
 def weights_from_onnx(model, origin: str) -> PolicyWeights:
     """Rebuild PolicyWeights from an ML-Agents graph: per-input normalizers, Concat, Swish MLP, optional LSTM, heads."""
-    g = _Graph(model, origin)
+    g = Graph(model, origin)
     obs, masks, memory = _observation_inputs(g, model)
     processed = [_normalizer_of(g, name) for name in obs]
     concat = g.only(processed[0][1], "Concat")
@@ -347,9 +184,9 @@ def weights_from_onnx(model, origin: str) -> PolicyWeights:
     gemms, cursor = _body(g, cursor)
     if not gemms:
         raise g.fail("no chain of Gemm -> Sigmoid -> Mul layers followed by a mu Gemm")
-    layers = tuple(_linear(g, n) for n in gemms)
+    layers = tuple(linear(g, n) for n in gemms)
     lstm, cursor = _lstm(g, cursor, memory)
-    heads = _heads(g, cursor, masks)
+    heads = read_heads(g, cursor, masks)
     if heads["branches"] and masks is None:
         raise g.fail("discrete branches without ML-Agents' action_masks input")
     sizes = [w.shape[1] for w, _ in layers[:1]]
@@ -366,9 +203,9 @@ def weights_from_onnx(model, origin: str) -> PolicyWeights:
     return weights
 
 
-def _input_widths(g: _Graph, model, obs: list[str], width: int, processed: list) -> tuple[ObsInput, ...]:
+def _input_widths(g: Graph, model, obs: list[str], width: int, processed: list) -> tuple[ObsInput, ...]:
     """Each input's width: its normalizer's, else its declared [batch, d], else (one input) the first layer's."""
-    dims = dict(_value_info(i) for i in model.graph.input)
+    dims = dict(value_info(i) for i in model.graph.input)
     out = []
     for name, (normalizer, _) in zip(obs, processed):
         declared = dims.get(name, [])

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import numpy as np
 
+from huggy_exp.mlagents.heads import HEADS
 from huggy_exp.mlagents.weights import (
-    ACTION_CLAMP, ACTION_MASKS, BODY_PREFIX, BRANCH_PREFIX, LOG_SIGMA, LOG_SIGMA_RANGE, MASK_PENALTY, MU_PREFIX, NORMALIZER_CLAMP,
-    PROCESSOR_PREFIXES, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, atomic_write, obs_name,
+    ACTION_MASKS, BODY_PREFIX, NORMALIZER_CLAMP, PROCESSOR_PREFIXES, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, atomic_write,
+    obs_name,
 )
 
 
@@ -47,11 +48,10 @@ def write_onnx(w: PolicyWeights, path: Path) -> None:
     from onnx import TensorProto, helper
 
     g = _Builder()
+    heads = [h for h in HEADS if h.present(w)]
     g.const("version_number.1", [w.version_number])
-    if w.mu is not None:
-        g.const("continuous_act_size_vector", [float(w.act_dim)])
-    if w.branches:
-        g.const("discrete_act_size_vector", [[float(s) for s in w.branch_sizes]])
+    for head in heads:
+        head.constants(g, w)
     g.const("memory_size_vector", [w.memory_size])
     x = g.node("Concat", [_normalized(g, w, i) for i in range(len(w.inputs))], axis=1)
     for i, (weight, bias) in enumerate(w.layers):
@@ -59,30 +59,20 @@ def write_onnx(w: PolicyWeights, path: Path) -> None:
         x = g.node("Mul", [x, g.node("Sigmoid", [x])])
     if w.lstm is not None:
         x = _lstm(g, w, x)
-    if w.mu is not None:
-        _continuous(g, w, x)
-    if w.branches:
-        _discrete(g, w, x)
+    for head in heads:
+        head.write_onnx(g, w, x)
     g.node("Identity", ["version_number.1"], "version_number")
     g.node("Identity", ["memory_size_vector"], "memory_size")
-    if w.mu is not None:
-        g.node("Identity", ["continuous_act_size_vector"], "continuous_action_output_shape")
-    if w.branches:
-        g.node("Identity", ["discrete_act_size_vector"], "discrete_action_output_shape")
+    for head in heads:
+        head.shape_output(g)
 
-    f, i64 = TensorProto.FLOAT, TensorProto.INT64
+    f = TensorProto.FLOAT
+    elem = {"float": f, "int64": TensorProto.INT64}
     inputs = [helper.make_tensor_value_info(obs_name(i), f, ["batch", obs.size]) for i, obs in enumerate(w.inputs)]
     outputs = [helper.make_tensor_value_info("version_number", f, [1]), helper.make_tensor_value_info("memory_size", f, [1])]
-    if w.mu is not None:
-        outputs += [helper.make_tensor_value_info("continuous_actions", f, ["batch", w.act_dim]),
-                    helper.make_tensor_value_info("continuous_action_output_shape", f, [1]),
-                    helper.make_tensor_value_info("deterministic_continuous_actions", f, ["batch", w.act_dim])]
+    outputs += [helper.make_tensor_value_info(name, elem[kind], dims) for head in heads for name, kind, dims in head.output_infos(w)]
     if w.branches:
-        n = len(w.branches)
         inputs.append(helper.make_tensor_value_info(ACTION_MASKS, f, ["batch", sum(w.branch_sizes)]))
-        outputs += [helper.make_tensor_value_info("discrete_actions", i64, ["batch", n]),
-                    helper.make_tensor_value_info("discrete_action_output_shape", f, [1, n]),
-                    helper.make_tensor_value_info("deterministic_discrete_actions", i64, ["batch", n])]
     if w.lstm is not None:
         inputs.append(helper.make_tensor_value_info(RECURRENT_IN, f, ["batch", 1, w.memory]))
         outputs.append(helper.make_tensor_value_info(RECURRENT_OUT, f, ["batch", 1, w.memory]))
@@ -118,41 +108,3 @@ def _lstm(g: _Builder, w: PolicyWeights, x: str) -> str:
     g.node("Transpose", [g.node("Concat", [y_h, y_c], axis=-1)], RECURRENT_OUT, perm=[1, 0, 2])
     y = g.node("Transpose", [g.node("Squeeze", [y], axes=[1])], perm=[1, 0, 2])
     return g.node("Reshape", [y, g.const("lstm_output_shape", [-1, hidden], np.int64)])
-
-
-def _continuous(g: _Builder, w: PolicyWeights, x: str) -> None:
-    """mu, log_sigma (PPO: mu * 0 + constant; SAC: clipped Gemm), RandomNormalLike samples, clamp / 3 or tanh."""
-    from onnx import TensorProto
-
-    mu = g.gemm(x, MU_PREFIX, *w.mu)
-    if w.conditional_sigma:
-        log_sigma = g.node("Clip", [g.gemm(x, LOG_SIGMA + ".", *w.log_sigma)], min=LOG_SIGMA_RANGE[0], max=LOG_SIGMA_RANGE[1])
-    else:
-        log_sigma = g.node("Add", [g.node("Mul", [mu, g.scalar(0.0)]), g.const(LOG_SIGMA, w.log_sigma)])
-    std = g.node("Exp", [log_sigma])
-    noisy = g.node("Add", [mu, g.node("Mul", [g.node("RandomNormalLike", [mu], dtype=TensorProto.FLOAT), std])])
-    if w.tanh_squash:
-        g.node("Tanh", [noisy], "continuous_actions")
-        g.node("Identity", [mu], "deterministic_continuous_actions")
-    else:
-        g.node("Div", [g.node("Clip", [noisy], min=-ACTION_CLAMP, max=ACTION_CLAMP), g.scalar(ACTION_CLAMP)], "continuous_actions")
-        g.node("Div", [g.node("Clip", [mu], min=-ACTION_CLAMP, max=ACTION_CLAMP), g.scalar(ACTION_CLAMP)],
-               "deterministic_continuous_actions")
-
-
-def _discrete(g: _Builder, w: PolicyWeights, x: str) -> None:
-    """Per branch: mask slice, logits * mask - 1e8 * (1 - mask), Softmax; Multinomial(Log(p)) and ArgMax(p), concatenated."""
-    from onnx import TensorProto
-
-    sampled, deterministic, start = [], [], 0
-    for b, (weight, bias) in enumerate(w.branches):
-        mask = g.node("Slice", [ACTION_MASKS], axes=[1], starts=[start], ends=[start + weight.shape[0]])
-        logits = g.gemm(x, f"{BRANCH_PREFIX}{b}.", weight, bias)
-        block = g.node("Add", [g.node("Mul", [mask, g.scalar(-1.0)]), g.scalar(1.0)])
-        masked = g.node("Sub", [g.node("Mul", [logits, mask]), g.node("Mul", [block, g.scalar(MASK_PENALTY)])])
-        probs = g.node("Softmax", [masked], axis=1)
-        sampled.append(g.node("Multinomial", [g.node("Log", [probs])], dtype=TensorProto.INT64, sample_size=1))
-        deterministic.append(g.node("ArgMax", [probs], axis=1, keepdims=1))
-        start += weight.shape[0]
-    g.node("Concat", sampled, "discrete_actions", axis=1)
-    g.node("Concat", deterministic, "deterministic_discrete_actions", axis=1)
