@@ -75,6 +75,15 @@ class TorchRunner:
         rows = len(arrays[0])
         masks = feeds.get(ACTION_MASKS) if self.policy.discrete is not None else None
         memory = feeds.get(RECURRENT_IN) if self.policy.memory is not None else None
+        expected = {obs_name(i): (rows, size) for i, size in enumerate(self.policy.obs_sizes)}
+        if masks is not None:
+            expected[ACTION_MASKS] = (rows, sum(self.policy.branch_sizes))
+        if memory is not None:
+            expected[RECURRENT_IN] = (rows, 1, self.policy.memory_size)
+        wrong = [f"{name} {list(np.shape(feeds[name]))} (expected {list(shape)})" for name, shape in expected.items()
+                 if np.shape(feeds[name]) != shape]
+        if wrong:
+            raise UserError(f"feeds do not fit this policy: {'; '.join(wrong)}")
         step = self.batch_size if self.batch_size and self.batch_size > 0 else rows
         to = lambda a, s: None if a is None else torch.from_numpy(np.ascontiguousarray(a[s : s + step], np.float32)).to(self.target.device)  # noqa: E731
         for start in range(0, rows, max(step, 1)):

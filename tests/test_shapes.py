@@ -296,3 +296,15 @@ def test_an_lstm_weight_that_is_not_a_matrix_is_a_one_line_shape_error(shaped_ac
     state = {**shaped_actors["memory_discrete"].state_dict(), "network_body.lstm.lstm.weight_hh_l0": torch.zeros(32)}
     with pytest.raises(UserError, match=r"shape mismatch: network_body.lstm.lstm.weight_ih_l0"):
         mlagents.load_checkpoint(save_mlagents_checkpoint(tmp_path / "m.pt", state, 10))
+
+
+@pytest.mark.parametrize("name, key, shape", [
+    ("hybrid", "action_masks", (4, 2)),
+    ("hybrid", "obs_1", (5, 2)),
+    ("memory_discrete", "recurrent_in", (4, 16)),
+])
+def test_feeds_that_do_not_fit_the_policy_are_one_line_errors(name, key, shape, shaped_actors, shaped_files):
+    feeds = shaped_actors[name].random_feeds(4, seed=40)
+    feeds[key] = np.zeros(shape, np.float32)
+    with pytest.raises(UserError, match=rf"feeds do not fit this policy: {key} \[{', '.join(map(str, shape))}\]"):
+        runner(shaped_files[name][0]).infer(feeds)
