@@ -308,3 +308,13 @@ def test_feeds_that_do_not_fit_the_policy_are_one_line_errors(name, key, shape, 
     feeds[key] = np.zeros(shape, np.float32)
     with pytest.raises(UserError, match=rf"feeds do not fit this policy: {key} \[{', '.join(map(str, shape))}\]"):
         runner(shaped_files[name][0]).infer(feeds)
+
+
+def test_a_fully_masked_branch_behaves_as_in_mlagents_uniform_and_argmax_zero(shaped_actors, shaped_files):
+    feeds = shaped_actors["branches"].random_feeds(50, seed=41)
+    feeds["action_masks"][:, 3:5] = 0.0  # branch 1 (size 2) fully masked
+    ours, theirs = runner(shaped_files["branches"][0]).infer(feeds), OnnxRunner(shaped_files["branches"][1]).infer(feeds)
+    assert (ours[DISCRETE][:, 1] == 0).all()
+    np.testing.assert_array_equal(ours[DISCRETE], theirs[DISCRETE])
+    drawn = runner(shaped_files["branches"][0]).sample({k: np.repeat(v[:1], 400, axis=0) for k, v in feeds.items()}, 1)
+    assert set(np.unique(drawn[DISCRETE_SAMPLED][:, 1])) == {0, 1}
