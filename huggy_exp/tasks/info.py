@@ -49,7 +49,7 @@ class InfoTask:
             (f"policy: {w.obs_dim} obs -> {w.num_layers}x{w.hidden_units} Swish -> {w.act_dim} actions, "
              if w.huggy_shaped else f"policy: {w.describe_shape()}; {w.num_layers}x{w.hidden_units} Swish; ")
             + f"{w.parameter_count:,} parameters (+{w.log_sigma_count} log_sigma), step {model.step}",
-            (f"normalizers on {', '.join(per_input) or 'no input'}" if len(w.inputs) > 1 else "normalizer: none") if n is None else
+            (f"normalizers on {', '.join(per_input)} (kept fp32)" if per_input else "normalizer: none") if n is None else
             f"normalizer: steps {n.steps}, std {normalizer['std_min']:.3g}..{normalizer['std_max']:.3g}, "
             + ("fp16 overflow unknown (.onnx holds only the folded std)" if normalizer["fp16_overflow_dims"] is None
                else f"{normalizer['fp16_overflow_dims']} dims overflow fp16 (kept fp32)"),
@@ -57,6 +57,8 @@ class InfoTask:
             "devices: " + ", ".join(f"{k}={v}" for k, v in devices.items()),
             *(f"{k}: {v['path']} ({v['bytes']:,} bytes, sha256 {v['sha256'][:16]}...)" for k, v in files.items()),
         ]
+        if not w.huggy_shaped:
+            summary.append(f"modes for this shape: {shape['modes']}")
         if config:
             summary.append("configuration.yaml: " + ("; ".join(mismatches) if mismatches else
                                                       f"{behavior} {config['trainer_type']} settings agree with the weights"))
