@@ -176,7 +176,7 @@ class Policy(nn.Module):
         super().__init__()
         self.obs_sizes, self.obs_dim, self.act_dim = weights.obs_sizes, weights.obs_dim, weights.act_dim
         self.branch_sizes, self.memory_size = weights.branch_sizes, weights.memory
-        self.tanh_squash = weights.tanh_squash
+        self.tanh_squash, self.huggy_shaped = weights.tanh_squash, weights.huggy_shaped
         self.normalizers = nn.ModuleList(Normalization(i.normalizer) for i in weights.inputs)
         self.has_normalizer = any(n.enabled for n in self.normalizers)
         body: list[nn.Module] = []

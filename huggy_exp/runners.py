@@ -103,7 +103,10 @@ class TorchRunner:
     @torch.inference_mode()
     def infer(self, feeds: Feeds) -> dict[str, np.ndarray]:
         """Deterministic outputs of every head (and `recurrent_out`) for the feeds."""
-        return self._run(feeds)
+        if not self.policy.huggy_shaped:  # several inputs, discrete branches, memory: every head through Policy.act
+            return self._run(feeds)
+        obs = fit_inputs(feeds_of(feeds), self.policy.obs_sizes)[obs_name(0)]
+        return self._collect([{ACTIONS: self.policy(x)} for _, x in self._chunks(obs)])
 
     @torch.inference_mode()
     def trace(self, obs: np.ndarray) -> dict[str, np.ndarray]:
@@ -118,7 +121,11 @@ class TorchRunner:
     @torch.inference_mode()
     def sample(self, feeds: Feeds, seed: int) -> dict[str, np.ndarray]:
         """Sampled actions; the noise is one CPU draw for all rows, so chunking and device do not change it."""
-        return self._run(feeds, sample_noise(self.policy, feed_rows(feeds), seed))
+        if not self.policy.huggy_shaped:
+            return self._run(feeds, sample_noise(self.policy, feed_rows(feeds), seed))
+        obs = fit_inputs(feeds_of(feeds), self.policy.obs_sizes)[obs_name(0)]
+        noise = cpu_noise(len(obs), self.policy.act_dim, seed)
+        return self._collect([{SAMPLED: self.policy.sample(x, noise[s : s + len(x)])} for s, x in self._chunks(obs)])
 
 
 def sample_noise(policy: Policy, rows: int, seed: int) -> dict[str, torch.Tensor]:
