@@ -120,11 +120,14 @@ class DiscreteActions(nn.Module):
         self.sizes = tuple(int(w.shape[0]) for w, _ in branches)
         self.branches = nn.ModuleList(_linear(w, b) for w, b in branches)
 
-    def probs(self, x: torch.Tensor, masks: torch.Tensor | None) -> list[torch.Tensor]:
-        """Per branch, the softmax of the masked logits (stat dtype)."""
+    def logits(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Per branch, the raw Linear outputs (compute dtype), before masking."""
+        return [branch(x) for branch in self.branches]
+
+    def probs(self, x: torch.Tensor, masks: torch.Tensor | None, logits: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """Per branch, the softmax of the masked logits (stat dtype); `logits` when already computed."""
         out, start = [], 0
-        for size, branch in zip(self.sizes, self.branches):
-            logits = branch(x)
+        for size, logits in zip(self.sizes, self.logits(x) if logits is None else logits):
             logits = _cast(logits, _stat_dtype(logits))
             if masks is not None:
                 allow = _cast(masks[:, start:start + size], logits.dtype)
@@ -133,8 +136,8 @@ class DiscreteActions(nn.Module):
             start += size
         return out
 
-    def forward(self, x: torch.Tensor, masks: torch.Tensor | None = None) -> torch.Tensor:
-        return torch.cat([torch.argmax(p, dim=1, keepdim=True) for p in self.probs(x, masks)], dim=1)
+    def forward(self, x: torch.Tensor, masks: torch.Tensor | None = None, logits: list[torch.Tensor] | None = None) -> torch.Tensor:
+        return torch.cat([torch.argmax(p, dim=1, keepdim=True) for p in self.probs(x, masks, logits)], dim=1)
 
     def sample(self, x: torch.Tensor, masks: torch.Tensor | None, uniform: torch.Tensor) -> torch.Tensor:
         """Inverse-CDF draw per branch from uniforms in (0, 1]: a masked action (probability 0) can never be drawn."""
@@ -259,12 +262,23 @@ class Policy(nn.Module):
         """The last hidden layer for one input: normalize (stat dtype), then the MLP in the compute dtype."""
         return self.body(_cast(self.normalize(obs), self.compute_dtype))
 
-    def trace(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Every intermediate, for per-layer attribution: normalized_obs, hidden_0.., mu, log_sigma."""
+    def trace(self, obs: torch.Tensor | list[torch.Tensor], masks: torch.Tensor | None = None,
+              memory: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Every intermediate, for per-layer attribution: normalized_obs (normalized_obs_<i> for several inputs),
+        hidden_0.., lstm (the LSTM output the heads read), mu and log_sigma (continuous), logits (every branch's raw
+        logits side by side); with the deterministic outputs of every head and recurrent_out, from the same values."""
         out: dict[str, torch.Tensor] = {}
-        x, _ = self.encode([obs], record=out)
-        out["mu"] = self.continuous.mu(x)
-        out["log_sigma"] = self.continuous.log_sigma_of(x, out["mu"])
+        x, memory_out = self.encode([obs] if isinstance(obs, torch.Tensor) else obs, memory, record=out)
+        if self.continuous is not None:
+            out["mu"] = self.continuous.mu(x)
+            out["log_sigma"] = self.continuous.log_sigma_of(x, out["mu"])
+            out[self.continuous.deterministic_name] = self.continuous.head(out["mu"])
+        if self.discrete is not None:
+            logits = self.discrete.logits(x)
+            out["logits"] = torch.cat(logits, dim=1)
+            out[self.discrete.deterministic_name] = self.discrete(x, masks, logits)
+        if memory_out is not None:
+            out["recurrent_out"] = _cast(memory_out, self.stat_dtype)
         return out
 
     def head(self, mu: torch.Tensor) -> torch.Tensor:

@@ -109,14 +109,9 @@ class TorchRunner:
         return self._collect([{ACTIONS: self.policy(x)} for _, x in self._chunks(obs)])
 
     @torch.inference_mode()
-    def trace(self, obs: np.ndarray) -> dict[str, np.ndarray]:
-        """Every intermediate plus the action, for per-layer attribution."""
-        parts = []
-        for _, x in self._chunks(obs):
-            t = self.policy.trace(x)
-            t[ACTIONS] = self.policy.head(t["mu"])
-            parts.append(t)
-        return self._collect(parts)
+    def trace(self, feeds: Feeds) -> dict[str, np.ndarray]:
+        """Every intermediate plus every deterministic output (and recurrent_out), for per-layer attribution."""
+        return self._collect([self.policy.trace(obs, masks, memory) for _, obs, masks, memory in self._feed_chunks(feeds)])
 
     @torch.inference_mode()
     def sample(self, feeds: Feeds, seed: int) -> dict[str, np.ndarray]:
@@ -171,13 +166,16 @@ class Recurrent:
         return {k: np.stack([o[k] for o in outs]) for k in outs[0]}
 
 
-def run_feeds(runner: TorchRunner, feeds: Mapping[str, np.ndarray], seed: int | None = None) -> dict[str, np.ndarray]:
-    """Deterministic outputs (sampled ones with `seed`) for single-step feeds [N, d], or for a sequence [T, N, d] run
-    step by step with the memory carried from zeros (step t sampled with seed + t); sequence outputs lead with T."""
+def run_feeds(runner: TorchRunner, feeds: Mapping[str, np.ndarray], seed: int | None = None,
+              trace: bool = False) -> dict[str, np.ndarray]:
+    """Deterministic outputs (sampled ones with `seed`; every intermediate too with `trace`) for single-step feeds
+    [N, d], or for a sequence [T, N, d] run step by step with the memory carried from zeros (step t sampled with
+    seed + t); sequence outputs lead with T."""
+    infer = runner.trace if trace else runner.infer
     if feeds[obs_name(0)].ndim == 2:
-        return runner.infer(feeds) if seed is None else runner.sample(feeds, seed)
+        return infer(feeds) if seed is None else runner.sample(feeds, seed)
     steps = iter(range(len(feeds[obs_name(0)])))
-    call = runner.infer if seed is None else (lambda f: runner.sample(f, seed + next(steps)))  # noqa: E731
+    call = infer if seed is None else (lambda f: runner.sample(f, seed + next(steps)))  # noqa: E731
     return Recurrent(call, runner.policy.memory_size).sequence(feeds)
 
 
