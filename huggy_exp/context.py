@@ -126,6 +126,13 @@ class Context:
         w = self.weights
         return make_feeds(self.obs.source, w, self.obs.rows, self.seed, self.obs.scale, self.obs.path)
 
+    def make_feeds(self, rows: int) -> dict[str, np.ndarray]:
+        """`feeds` with another row count (a file gives what it holds)."""
+        if self.obs.source == "file":
+            return self.feeds
+        w = self.weights
+        return make_feeds(self.obs.source, w, rows, self.seed, self.obs.scale, self.obs.path)
+
     def require_huggy_shape(self, mode: str) -> None:
         """Modes not yet taught the other ML-Agents shapes refuse them in one line, naming what the policy has."""
         w = self.weights

@@ -112,6 +112,20 @@ def action_stats(actions: np.ndarray, saturation: float = 0.999) -> dict[str, fl
     }
 
 
+def discrete_histogram(actions: np.ndarray, sizes: tuple[int, ...] | None = None) -> tuple[dict[str, float], list[dict]]:
+    """Share of each action per branch of int [..., branches] discrete actions: metrics
+    `discrete.branch_<b>.action_<k>_share` and table rows (branch, action, count, share); every action of a branch of
+    known size is listed, else up to the largest one taken."""
+    flat = np.asarray(actions).reshape(-1, np.shape(actions)[-1])
+    metrics, table = {}, []
+    for b in range(flat.shape[1]):
+        size = sizes[b] if sizes else int(flat[:, b].max(initial=0)) + 1
+        counts = np.bincount(flat[:, b], minlength=size)
+        table += [{"branch": b, "action": k, "count": int(c), "share": float(c / len(flat))} for k, c in enumerate(counts)]
+        metrics.update({f"discrete.branch_{b}.action_{k}_share": float(c / len(flat)) for k, c in enumerate(counts)})
+    return metrics, table
+
+
 def limits_for(table: dict, dtype: str, device: str, specialize: dict | None = None) -> dict:
     """Thresholds for a dtype, overridden by a `<device kind>_<dtype>` entry of `specialize` (e.g. npu_fp16)."""
     limits = dict(table.get(dtype) or {})

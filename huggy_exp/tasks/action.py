@@ -9,7 +9,7 @@ import numpy as np
 
 from huggy_exp.context import Context
 from huggy_exp.mlagents import RECURRENT_OUT
-from huggy_exp.numerics import action_stats
+from huggy_exp.numerics import action_stats, discrete_histogram
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, TorchRunner, run_feeds
 
@@ -57,12 +57,10 @@ def _actions_result(feeds: dict, actions: np.ndarray | None, discrete: np.ndarra
                        f"range [{stats['action_min']:+.4f}, {stats['action_max']:+.4f}], saturated {stats['saturated_share']:.1%}")
     table = []
     if discrete is not None:
-        flat = discrete.reshape(-1, discrete.shape[-1])
-        for b in range(flat.shape[1]):
-            counts = np.bincount(flat[:, b], minlength=int(flat[:, b].max()) + 1)
-            table += [{"branch": b, "action": k, "count": int(c), "share": float(c / len(flat))} for k, c in enumerate(counts)]
-            metrics.update({f"discrete.branch_{b}.action_{k}_share": float(c / len(flat)) for k, c in enumerate(counts)})
-            summary.append(f"{kind} discrete actions, branch {b}: counts {counts.tolist()}")
+        shares, table = discrete_histogram(discrete)
+        metrics.update(shares)
+        for b in range(discrete.shape[-1]):
+            summary.append(f"{kind} discrete actions, branch {b}: counts {[r['count'] for r in table if r['branch'] == b]}")
     if memory is not None:
         metrics["memory_abs_max"] = float(np.abs(memory).max())
         summary.append(f"memories {'x'.join(map(str, arrays['memories'].shape))}: max |memory| {metrics['memory_abs_max']:.3g}")
