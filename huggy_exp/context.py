@@ -14,6 +14,9 @@ from huggy_exp.observations import make_feeds, make_observations
 from huggy_exp.placement import Target, check_device, check_dtype, resolve
 
 
+SHAPED_MODES = ("info", "action", "sample", "batch", "precision", "fingerprint", "stats")  # modes that take every ML-Agents shape
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """Where the policy comes from; all unset means the embedded synthetic default."""
@@ -140,7 +143,7 @@ class Context:
             return
         kinds = [k for k, on in (("several-input", len(w.inputs) > 1), ("discrete", bool(w.branches)), ("memory", w.lstm is not None)) if on]
         raise UserError(f"mode {mode} does not support {'/'.join(kinds)} policies yet (this policy: {w.describe_shape()}); "
-                        "modes that do: info, action, sample, batch")
+                        f"modes that do: {', '.join(SHAPED_MODES)}")
 
     def onnx_path(self) -> Path:
         """The ML-Agents .onnx that goes with the model (configured, beside the .pt, or the embedded default's)."""
