@@ -78,11 +78,21 @@ def margins(logits: np.ndarray, sizes: tuple[int, ...]) -> np.ndarray:
     return np.stack(out, axis=-1)
 
 
-def discrete_agreement(actual: np.ndarray, expected: np.ndarray, margin: np.ndarray, bound: float) -> dict[str, float]:
+def logit_scale(logits: np.ndarray, sizes: tuple[int, ...]) -> np.ndarray:
+    """Per branch, max(1, largest |raw logit|): [..., sum(sizes)] -> [..., branches]. A dtype's rounding error in a
+    logit grows with its magnitude, so the margin a flip is allowed is `margin` times this."""
+    z = np.abs(np.asarray(logits, np.float64))
+    bounds = np.cumsum(sizes)[:-1]
+    return np.stack([np.maximum(part.max(axis=-1), 1.0) for part in np.split(z, bounds, axis=-1)], axis=-1)
+
+
+def discrete_agreement(actual: np.ndarray, expected: np.ndarray, margin: np.ndarray, bound: float,
+                       scale: np.ndarray | float = 1.0) -> dict[str, float]:
     """Discrete actions [..., branches] against a reference whose top-1 minus top-2 masked logit is `margin`.
 
-    A flip (a differing action) is within the dtype's error where the reference's margin is at most `bound`: the
-    rounding of the dtype can swap two actions that close. A flip where the margin is larger is a failure.
+    A flip (a differing action) is within the dtype's error where the reference's margin is at most `bound * scale`
+    (scale: `logit_scale`, 1 by default): the rounding of the dtype can swap two actions that close. A flip where the
+    margin is larger is a failure.
     """
     a, e, m = np.asarray(actual), np.asarray(expected), np.asarray(margin, np.float64)
     if a.shape != e.shape or m.shape != e.shape:
@@ -92,7 +102,7 @@ def discrete_agreement(actual: np.ndarray, expected: np.ndarray, margin: np.ndar
         "decisions": float(e.size),
         "agreement": float(np.mean(~flips)) if e.size else 1.0,
         "flips": float(flips.sum()),
-        "flips_beyond_margin": float(np.sum(flips & (m > bound))),
+        "flips_beyond_margin": float(np.sum(flips & (m > bound * np.asarray(scale, np.float64)))),
         "flip_margin_max": float(m[flips].max(initial=0.0)),
         "margin_min": float(m.min(initial=np.inf)),
         "margin_bound": float(bound),

@@ -12,7 +12,8 @@ import numpy as np
 from huggy_exp import plots
 from huggy_exp.context import Context
 from huggy_exp.mlagents import ACTION_MASKS, MASK_PENALTY, RECURRENT_OUT
-from huggy_exp.numerics import compare, discrete_agreement, error_ratio, limits_for, margins, masked_logits, ratio_verdict, rel_rmse
+from huggy_exp.numerics import (compare, discrete_agreement, error_ratio, limits_for, logit_scale, margins, masked_logits, ratio_verdict,
+                                rel_rmse)
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, TorchRunner, reference, run_feeds
 
@@ -63,11 +64,12 @@ class PrecisionTask:
         if discrete:
             bound = float(limits.get("margin", 0.0))
             margin = margins(masked_logits(want["logits"], feeds.get(ACTION_MASKS), MASK_PENALTY), w.branch_sizes)
-            d = discrete_agreement(got[DISCRETE], want[DISCRETE], margin, bound)
+            scale = logit_scale(want["logits"], w.branch_sizes)
+            d = discrete_agreement(got[DISCRETE], want[DISCRETE], margin, bound, scale)
             metrics.update({f"discrete_actions.vs_fp64.{k}": v for k, v in d.items()})
             sampled_same = got[DISCRETE_SAMPLED] == want[DISCRETE_SAMPLED]
             metrics["sampled_discrete_actions.vs_fp64.agreement"] = float(np.mean(sampled_same))
-            tables["discrete"] = [{"branch": b, "size": size, **discrete_agreement(got[DISCRETE][..., b], want[DISCRETE][..., b], margin[..., b], bound)}
+            tables["discrete"] = [{"branch": b, "size": size, **discrete_agreement(got[DISCRETE][..., b], want[DISCRETE][..., b], margin[..., b], bound, scale[..., b])}
                                   for b, size in enumerate(w.branch_sizes)]
 
         # --- relative verdict: device error / CPU error in the same dtype (both against fp64)
@@ -118,7 +120,7 @@ class PrecisionTask:
                 result.fail(f"{int(nan_inf)} NaN/Inf mismatches in {label}")
         if discrete and metrics["discrete_actions.vs_fp64.flips_beyond_margin"]:
             result.fail(f"{int(metrics['discrete_actions.vs_fp64.flips_beyond_margin'])} discrete action flips vs fp64 where fp64's "
-                        f"best masked logit leads by more than {bound:g} (largest {metrics['discrete_actions.vs_fp64.flip_margin_max']:.3g})")
+                        f"best masked logit leads by more than {bound:g} x max(1, |logit|) (largest margin {metrics['discrete_actions.vs_fp64.flip_margin_max']:.3g})")
         if first_bad is not None:
             result.fail(f"layer {first_bad} rel_rmse {metrics[f'layer.{first_bad}.rel_rmse']:.3g} > {layer_limit:g}")
         if verdict == "fail":
@@ -130,7 +132,7 @@ class PrecisionTask:
         if discrete:
             parts.append(f"discrete agreement {metrics['discrete_actions.vs_fp64.agreement']:.2%} vs fp64 "
                          f"({int(metrics['discrete_actions.vs_fp64.flips'])} flips, "
-                         f"{int(metrics['discrete_actions.vs_fp64.flips_beyond_margin'])} beyond margin {bound:g})")
+                         f"{int(metrics['discrete_actions.vs_fp64.flips_beyond_margin'])} beyond margin {bound:g} x max(1, |logit|))")
         if memory:
             parts.append(f"memories max_abs {metrics['memories.vs_fp64.max_abs']:.2e} vs fp64")
         parts += [f"worst layer {worst} (rel_rmse {metrics[f'layer.{worst}.rel_rmse']:.2e})",
