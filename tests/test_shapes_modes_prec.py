@@ -24,15 +24,15 @@ def obs_list(actor, feeds):
     return [feeds[f"obs_{i}"] for i in range(len(actor.spec.inputs))]
 
 
-def carried(actor, seq: dict) -> list[dict]:
-    """The float64 reference over a [T, N, d] sequence, the memory carried from zeros."""
+def carried(actor, seq: dict) -> dict[str, np.ndarray]:
+    """The float64 reference over a [T, N, d] sequence, the memory carried from zeros; every output [T, N, *]."""
     memory, out = None, []
     for t in range(len(seq["obs_0"])):
         step = {k: v[t] for k, v in seq.items()}
         ref = actor.forward(obs_list(actor, step), step.get("action_masks"), memory)
         memory = ref.get(RECURRENT_OUT)
         out.append(ref)
-    return out
+    return {k: np.stack([r[k] for r in out]) for k in out[0]}
 
 
 def sequence(actor, steps: int, rows: int, seed: int, masked: bool = True) -> dict[str, np.ndarray]:
@@ -87,15 +87,20 @@ def test_precision_fp32_passes_on_every_shape_and_reports_each_output(name, shap
     assert_outputs_match(job.workdir, actor.forward(obs_list(actor, feeds), feeds.get("action_masks")))
 
 
-def test_precision_runs_a_sequence_step_by_step_with_the_memory_carried(shaped_actors, shaped_files, tmp_path):
-    actor = shaped_actors["memory_discrete"]
-    seq = sequence(actor, steps=6, rows=5, seed=40)
+def sequence_job(mode, name, actor, files, tmp_path, steps, rows, seed):
+    """`mode` over an .npz sequence [T, N, d] of the actor's inputs and masks: passed, with the outputs the float64
+    reference gives with the memory carried."""
+    seq = sequence(actor, steps=steps, rows=rows, seed=seed)
     np.savez(tmp_path / "seq.npz", **seq)
-    job = run_job(tmp_path / "job", "precision", f"model.checkpoint={shaped_files['memory_discrete'][0]}", "obs=file", f"obs.path={tmp_path / 'seq.npz'}")
+    job = run_job(tmp_path / "job", mode, f"model.checkpoint={files[name][0]}", "obs=file", f"obs.path={tmp_path / 'seq.npz'}")
     assert job.record["status"] == "passed", job.record["reason"]
+    assert_outputs_match(job.workdir, carried(actor, seq))
+    return job
+
+
+def test_precision_runs_a_sequence_step_by_step_with_the_memory_carried(shaped_actors, shaped_files, tmp_path):
+    job = sequence_job("precision", "memory_discrete", shaped_actors["memory_discrete"], shaped_files, tmp_path, steps=6, rows=5, seed=40)
     assert job.record["metrics"]["steps"] == 6 and job.record["metrics"]["discrete_actions.vs_fp64.decisions"] == 6 * 5 * 2
-    refs = carried(actor, seq)
-    assert_outputs_match(job.workdir, {k: np.stack([r[k] for r in refs]) for k in refs[0]})
     steps = table(job.workdir / "step_errors.csv")
     assert [int(r["step"]) for r in steps] == list(range(6)) and all(float(r["memories_max_abs"]) < ATOL for r in steps)
 
@@ -211,13 +216,8 @@ def test_fingerprint_hashes_every_output_and_matches_cpu_fp32(name, shaped_files
 
 
 def test_fingerprint_carries_the_memory_through_the_sequence(shaped_actors, shaped_files, tmp_path):
-    actor = shaped_actors["memory_hybrid_sac"]
-    seq = sequence(actor, steps=5, rows=4, seed=60)
-    np.savez(tmp_path / "seq.npz", **seq)
-    job = run_job(tmp_path / "job", "fingerprint", f"model.checkpoint={shaped_files['memory_hybrid_sac'][0]}", "obs=file", f"obs.path={tmp_path / 'seq.npz'}")
-    assert job.record["status"] == "passed", job.record["reason"]
-    refs = carried(actor, seq)
-    assert_outputs_match(job.workdir, {k: np.stack([r[k] for r in refs]) for k in refs[0]})
+    job = sequence_job("fingerprint", "memory_hybrid_sac", shaped_actors["memory_hybrid_sac"], shaped_files, tmp_path, steps=5, rows=4, seed=60)
+    assert job.record["metrics"]["steps"] == 5 and job.record["metrics"]["memories.matches_cpu_fp32"] == 1.0
 
 
 def test_fingerprint_bf16_names_the_diverging_output_and_fails_when_required(shaped_files, tmp_path):
@@ -244,8 +244,7 @@ def test_stats_closed_loop_on_every_shape_carries_the_memory(name, shaped_actors
     obs = np.load(tmp_path / "observations.npy")
     bounds = np.cumsum(spec.inputs)[:-1]
     seq = {f"obs_{i}": part for i, part in enumerate(np.split(obs, bounds, axis=-1))}
-    refs = carried(actor, seq)
-    assert_outputs_match(tmp_path, {k: np.stack([r[k] for r in refs]) for k in refs[0]})
+    assert_outputs_match(tmp_path, carried(actor, seq))
     if spec.branches:
         rows = table(tmp_path / "discrete_histogram.csv")
         for b, size in enumerate(spec.branches):
@@ -275,9 +274,9 @@ def test_stats_replays_an_npz_trajectory_with_the_memory_carried(shaped_actors, 
     np.savez(tmp_path / "traj.npz", **{k: v[:, 0] for k, v in seq.items()})  # [T, d]: one environment
     job = run_job(tmp_path / "job", "stats", f"model.checkpoint={shaped_files['memory_discrete'][0]}", "mode.source=replay",
                   f"mode.trajectory={tmp_path / 'traj.npz'}")
-    assert job.record["status"] == "passed", job.record["reason"] and job.record["metrics"]["steps"] == 7
-    refs = carried(actor, seq)
-    assert_outputs_match(job.workdir, {k: np.stack([r[k] for r in refs]) for k in refs[0]})
+    assert job.record["status"] == "passed", job.record["reason"]
+    assert job.record["metrics"]["steps"] == 7
+    assert_outputs_match(job.workdir, carried(actor, seq))
 
 
 def test_stats_drift_fail_catches_discrete_drift_in_bf16(shaped_files, tmp_path):
