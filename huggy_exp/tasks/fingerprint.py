@@ -64,6 +64,7 @@ class FingerprintTask:
         self.dynamics = dict(dynamics or {})
 
     def run(self, ctx: Context) -> Result:
+        ctx.require_huggy_shape(self.name)
         dynamics = Dynamics(seed=ctx.seed, **self.dynamics)
         mine = action_sequence(build(ctx), ctx, self.loop, self.kind, self.steps, self.envs, dynamics)
         ref = action_sequence(reference(ctx, "fp32", ctx.batch_size), ctx, self.loop, self.kind, self.steps, self.envs, dynamics)

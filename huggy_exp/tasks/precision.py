@@ -25,6 +25,7 @@ class PrecisionTask:
         self.rel_floor = rel_floor
 
     def run(self, ctx: Context) -> Result:
+        ctx.require_huggy_shape(self.name)
         target, obs, w = ctx.target(), ctx.observations, ctx.weights
         # --- run the policy under test and the CPU references on the same observations
         device = build(ctx)

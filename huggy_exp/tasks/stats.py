@@ -40,6 +40,7 @@ class StatsTask:
         return Dynamics(seed=ctx.seed, **self.dynamics).rollout(policy, start, self.steps, ctx.weights.normalizer, ctx.weights.act_dim)
 
     def run(self, ctx: Context) -> Result:
+        ctx.require_huggy_shape(self.name)
         obs, actions = self._rollout(build(ctx), ctx)
         ref_obs, ref_actions = self._rollout(reference(ctx, "fp32", ctx.batch_size), ctx)
         a = actions.astype(np.float64)
