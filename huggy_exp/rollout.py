@@ -14,7 +14,7 @@ import numpy as np
 from huggy_exp.dynamics import Dynamics
 from huggy_exp.errors import UserError
 from huggy_exp.mlagents import ACTION_MASKS, RECURRENT_OUT, Normalizer, PolicyWeights, obs_name
-from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, Recurrent, TorchRunner
+from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, Recurrent, Runner
 
 KINDS = ("deterministic", "sampled")
 OUTPUT_FILES = (("actions", ACTIONS, SAMPLED), ("discrete_actions", DISCRETE, DISCRETE_SAMPLED), ("memories", RECURRENT_OUT, RECURRENT_OUT))
@@ -65,12 +65,12 @@ class Stepper:
     Step t of a sampled run draws with seed + t (the same CPU noise on every device).
     """
 
-    def __init__(self, runner: TorchRunner, kind: str = "deterministic", seed: int = 0, masks: np.ndarray | None = None):
+    def __init__(self, runner: Runner, kind: str = "deterministic", seed: int = 0, masks: np.ndarray | None = None):
         if kind not in KINDS:
             raise UserError(f"unknown actions kind {kind!r}; valid: {', '.join(KINDS)}")
         self.runner, self.kind, self.seed, self.masks, self.t = runner, kind, int(seed), masks, 0
         call = runner.infer if kind == "deterministic" else (lambda f: runner.sample(f, self.seed + self.t))  # noqa: E731
-        self.recurrent = Recurrent(call, runner.policy.memory_size)
+        self.recurrent = Recurrent(call, runner.memory_size)
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         feeds = dict(feeds)
@@ -94,11 +94,11 @@ def named(out: dict[str, np.ndarray], kind: str) -> dict[str, np.ndarray]:
     return named
 
 
-def open_loop(runner: TorchRunner, feeds: dict[str, np.ndarray], kind: str = "deterministic", seed: int = 0) -> dict[str, np.ndarray]:
+def open_loop(runner: Runner, feeds: dict[str, np.ndarray], kind: str = "deterministic", seed: int = 0) -> dict[str, np.ndarray]:
     """Feeds [T, envs, d] (and action_masks [T, envs, .]): outputs [T, envs, *]. A policy without memory runs all T x envs
     rows as one batch (sampled: one draw with `seed`); with memory, step by step, the memory carried from zeros."""
     steps, envs = feeds[obs_name(0)].shape[:2]
-    if not runner.policy.memory_size:
+    if not runner.memory_size:
         flat = {k: v.reshape(steps * envs, *v.shape[2:]) for k, v in feeds.items()}
         out = Stepper(runner, kind, seed)(flat)
         return {k: v.reshape(steps, envs, *v.shape[1:]) for k, v in out.items()}
@@ -107,7 +107,7 @@ def open_loop(runner: TorchRunner, feeds: dict[str, np.ndarray], kind: str = "de
     return {k: np.stack([o[k] for o in outs]) for k in outs[0]}
 
 
-def closed_loop(runner: TorchRunner, weights: PolicyWeights, start: dict[str, np.ndarray], steps: int, dynamics: Dynamics,
+def closed_loop(runner: Runner, weights: PolicyWeights, start: dict[str, np.ndarray], steps: int, dynamics: Dynamics,
                 kind: str = "deterministic", seed: int = 0) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """From the start feeds [envs, d_i] (action_masks, when given, hold for every step): the observations the policy saw
     ([T, envs, sum of widths], float32) and its outputs [T, envs, *], through `dynamics`."""

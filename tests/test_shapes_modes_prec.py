@@ -106,7 +106,7 @@ def test_precision_runs_a_sequence_step_by_step_with_the_memory_carried(shaped_a
 
 
 class _Flipping(TorchRunner):
-    """The runner under test, with one chosen deterministic discrete decision changed (row, branch) -> action."""
+    """The runner under test (what precision's build() returns), with one chosen deterministic discrete decision changed (row, branch) -> action."""
 
     flip: tuple[int, int, int] = (0, 0, 0)
 
@@ -140,7 +140,7 @@ def test_a_flip_fails_only_where_the_fp64_margin_exceeds_the_bound(case, shaped_
     bound = (0.5 if case == "large" else 1.5) * margin / scale  # relative to the branch's logit scale, as the mode takes it
     assert (margin > 0.5) if case == "large" else (margin < 0.05)
     monkeypatch.setattr(_Flipping, "flip", (row, branch, action))
-    monkeypatch.setattr(precision_module, "TorchRunner", _Flipping)
+    monkeypatch.setattr(precision_module, "build", lambda ctx: _Flipping(ctx.weights, ctx.target(), ctx.batch_size))
     job = run_job(tmp_path / "job", "precision", f"model.checkpoint={shaped_files['branches'][0]}", "obs=file", f"obs.path={tmp_path / 'obs.npz'}",
                   f"mode.thresholds.fp32.margin={bound}")
     m = job.record["metrics"]
@@ -162,7 +162,7 @@ def test_a_nan_memory_the_reference_does_not_have_fails(shaped_files, tmp_path, 
             out[RECURRENT_OUT][1, 0, 3] = np.nan
             return out
 
-    monkeypatch.setattr(precision_module, "TorchRunner", NanMemory)
+    monkeypatch.setattr(precision_module, "build", lambda ctx: NanMemory(ctx.weights, ctx.target(), ctx.batch_size))
     job = run_job(tmp_path, "precision", f"model.checkpoint={shaped_files['memory_hybrid_sac'][0]}", "obs.rows=6")
     assert job.record["status"] == "failed"
     assert "1 NaN/Inf mismatches in memories" in job.record["reason"] and job.record["metrics"]["memories.vs_fp64.nan_mismatch"] == 1

@@ -15,7 +15,7 @@ from huggy_exp.mlagents import ONNX_INPUT, ONNX_OUTPUTS, PolicyWeights
 from huggy_exp.numerics import compare
 from huggy_exp.policy import Policy
 from huggy_exp.results import Result
-from huggy_exp.runners import ACTIONS, OnnxRunner, reference
+from huggy_exp.runners import ACTIONS, build, reference
 
 BATCH_OUTPUTS = ("continuous_actions", "deterministic_continuous_actions")
 
@@ -72,8 +72,8 @@ class ExportOnnxTask:
             result.fail(p)
 
         # --- run it, against the fp32 torch policy and against the source .onnx
-        exported = OnnxRunner(out).infer(obs)
-        torch_fp32 = reference(w, "fp32").infer(obs)[ACTIONS]
+        exported = build(ctx, "onnxruntime", device="cpu", dtype="fp32", batch_size=0, threads=0, onnx=out).infer(obs)
+        torch_fp32 = reference(ctx, "fp32").infer(obs)[ACTIONS]
         m_torch = compare(exported[ACTIONS], torch_fp32)
         result.metrics.update({f"vs_torch.{k}": v for k, v in m_torch.items()})
         if m_torch["max_abs"] > self.atol:
@@ -81,7 +81,7 @@ class ExportOnnxTask:
         source = ctx.model.onnx_path
         headline = f"exported {out.name} (opset {self.opset}): vs torch max_abs {m_torch['max_abs']:.2e}"
         if source is not None:
-            theirs = OnnxRunner(source).infer(obs)
+            theirs = build(ctx, "onnxruntime", device="cpu", dtype="fp32", batch_size=0, threads=0, onnx=source).infer(obs)
             m_src = compare(exported[ACTIONS], theirs[ACTIONS])
             identical = bool(np.array_equal(exported[ACTIONS], theirs[ACTIONS]))
             result.metrics.update({f"vs_source.{k}": v for k, v in m_src.items()})

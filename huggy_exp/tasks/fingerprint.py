@@ -10,18 +10,20 @@ import numpy as np
 from huggy_exp import rollout
 from huggy_exp.context import Context
 from huggy_exp.dynamics import Dynamics
-from huggy_exp.errors import UserError
+from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.results import Result
-from huggy_exp.runners import TorchRunner, reference
+from huggy_exp.runners import Runner, build, reference
 
 LOOPS = ("open", "closed")
 KINDS = rollout.KINDS
 
 
-def output_sequences(runner: TorchRunner, ctx: Context, loop: str, kind: str, steps: int, envs: int,
+def output_sequences(runner: Runner, ctx: Context, loop: str, kind: str, steps: int, envs: int,
                      dynamics: Dynamics) -> dict[str, np.ndarray]:
     """Every output [T, envs, *] by file name (actions, discrete_actions, memories): open-loop over the observation
     source (steps x envs rows, or a file's [T, N, d] sequence), or closed-loop through `dynamics`."""
+    if kind == "sampled" and not hasattr(runner, "sample"):
+        raise Unsupported(f"backend {ctx.backend}: sampled actions take the seeded CPU noise, which only the torch backends accept")
     w = ctx.weights
     if loop == "open":
         feeds = ctx.make_feeds(steps * envs)
@@ -36,7 +38,7 @@ def output_sequences(runner: TorchRunner, ctx: Context, loop: str, kind: str, st
     return outputs
 
 
-def action_sequence(runner: TorchRunner, ctx: Context, loop: str, kind: str, steps: int, envs: int,
+def action_sequence(runner: Runner, ctx: Context, loop: str, kind: str, steps: int, envs: int,
                     dynamics: Dynamics) -> np.ndarray:
     """Continuous actions [T, envs, act] float32 (see output_sequences for every output)."""
     return output_sequences(runner, ctx, loop, kind, steps, envs, dynamics)["actions"]
@@ -77,8 +79,8 @@ class FingerprintTask:
 
     def run(self, ctx: Context) -> Result:
         dynamics = Dynamics(seed=ctx.seed, **self.dynamics)
-        mine = output_sequences(TorchRunner(ctx.weights, ctx.target(), ctx.batch_size), ctx, self.loop, self.kind, self.steps, self.envs, dynamics)
-        ref = output_sequences(reference(ctx.weights, "fp32", ctx.batch_size), ctx, self.loop, self.kind, self.steps, self.envs, dynamics)
+        mine = output_sequences(build(ctx), ctx, self.loop, self.kind, self.steps, self.envs, dynamics)
+        ref = output_sequences(reference(ctx, "fp32", ctx.batch_size), ctx, self.loop, self.kind, self.steps, self.envs, dynamics)
         names = list(mine)  # actions, discrete_actions, memories: whichever the policy has, in that order
         exact = {n: first_divergence(mine[n], ref[n]) for n in names}
         quant = {n: first_divergence(quantize(mine[n], self.decimals), quantize(ref[n], self.decimals)) for n in names}

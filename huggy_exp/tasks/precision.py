@@ -11,11 +11,13 @@ import numpy as np
 
 from huggy_exp import plots
 from huggy_exp.context import Context
+from huggy_exp.errors import Unsupported
 from huggy_exp.mlagents import ACTION_MASKS, MASK_PENALTY, RECURRENT_OUT
 from huggy_exp.numerics import (compare, discrete_agreement, error_ratio, limits_for, logit_scale, margins, masked_logits, ratio_verdict,
                                 rel_rmse)
 from huggy_exp.results import Result
-from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, TorchRunner, reference, run_feeds
+from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, build, reference, run_feeds
+from huggy_exp.tasks import latency
 
 LAYER_ORDER = ("lstm", RECURRENT_OUT, "mu", "logits")  # after normalized_obs* and hidden_*
 
@@ -34,12 +36,16 @@ class PrecisionTask:
     def run(self, ctx: Context) -> Result:
         target, feeds, w = ctx.target(), ctx.feeds, ctx.weights
         # --- run the policy under test and the CPU references on the same feeds (a sequence: step by step, memory carried)
-        device = TorchRunner(w, target, ctx.batch_size)
+        device = build(ctx)
+        if not hasattr(device, "trace"):
+            raise Unsupported(f"backend {ctx.backend}: precision's per-layer attribution needs a torch backend "
+                              "(eager, compile, graphs); compare onnxruntime with mode=onnx-compare")
         got = {**run_feeds(device, feeds, ctx.seed), **run_feeds(device, feeds, trace=True)}
-        ref64 = reference(w, "fp64")
+        ref64 = reference(ctx, "fp64")
         want = {**run_feeds(ref64, feeds, ctx.seed), **run_feeds(ref64, feeds, trace=True)}
-        cpu32 = got if (target.kind == "cpu" and ctx.dtype == "fp32") else run_feeds(reference(w, "fp32"), feeds, trace=True)
-        cpu_same = got if target.kind == "cpu" else run_feeds(reference(w, ctx.dtype, ctx.batch_size), feeds, trace=True)
+        cpu_eager = target.kind == "cpu" and ctx.backend == "eager"
+        cpu32 = got if (cpu_eager and ctx.dtype == "fp32") else run_feeds(reference(ctx, "fp32"), feeds, trace=True)
+        cpu_same = got if cpu_eager else run_feeds(reference(ctx, ctx.dtype, ctx.batch_size), feeds, trace=True)
         continuous, discrete, memory = ACTIONS in got, DISCRETE in got, RECURRENT_OUT in got
         limits = limits_for(self.thresholds, ctx.dtype, ctx.device, self.specialize)
 
@@ -169,6 +175,7 @@ class PrecisionTask:
             result.arrays["discrete_actions"] = got[DISCRETE].astype(np.int64)
         if memory:
             result.arrays["memories"] = got[RECURRENT_OUT].astype(np.float32).squeeze(-2)
+        latency(device, ctx, feeds, result)
         return result
 
 

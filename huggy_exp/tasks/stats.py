@@ -13,7 +13,7 @@ from huggy_exp.mlagents import NORMALIZER_CLAMP
 from huggy_exp.numerics import discrete_histogram
 from huggy_exp.observations import load_feeds, load_observations
 from huggy_exp.results import Result
-from huggy_exp.runners import TorchRunner, reference
+from huggy_exp.runners import Runner, build, reference
 
 SOURCES = ("dynamics", "replay")
 
@@ -32,7 +32,7 @@ class StatsTask:
         self.drift_threshold, self.drift_fail, self.saturation = drift_threshold, drift_fail, saturation
         self.dynamics = dict(dynamics or {})
 
-    def _rollout(self, runner: TorchRunner, ctx: Context) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def _rollout(self, runner: Runner, ctx: Context) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Observations [T, envs, sum of widths] and every output [T, envs, *] (actions, discrete_actions, memories)."""
         w = ctx.weights
         if self.source == "replay":
@@ -46,8 +46,8 @@ class StatsTask:
 
     def run(self, ctx: Context) -> Result:
         w = ctx.weights
-        obs, out = self._rollout(TorchRunner(w, ctx.target(), ctx.batch_size), ctx)
-        ref_obs, ref = self._rollout(reference(w, "fp32", ctx.batch_size), ctx)
+        obs, out = self._rollout(build(ctx), ctx)
+        ref_obs, ref = self._rollout(reference(ctx, "fp32", ctx.batch_size), ctx)
         steps, envs = obs.shape[:2]
         metrics: dict[str, float] = {"steps": float(steps), "envs": float(envs)}
         tables: dict[str, list[dict]] = {}
