@@ -230,6 +230,16 @@ def test_fingerprint_bf16_names_the_diverging_output_and_fails_when_required(sha
     assert failed.record["status"] == "failed" and "quantized fingerprint differs" in failed.record["reason"]
 
 
+def test_fingerprint_on_onnxruntime_carries_the_memory_and_matches_torch_quantized(shaped_files, tmp_path):
+    args = (f"model.checkpoint={shaped_files['memory_hybrid_sac'][0]}", "mode.steps=6", "mode.envs=3")
+    onnx = run_job(tmp_path / "onnx", "fingerprint", *args, "backend=onnxruntime")
+    torch_ = run_job(tmp_path / "torch", "fingerprint", *args)
+    assert onnx.record["status"] == "passed", onnx.record["reason"]
+    assert onnx.record["metrics"]["quantized_matches_cpu_fp32"] == 1.0 and onnx.record["metrics"]["max_abs_vs_cpu_fp32"] < ATOL
+    np.testing.assert_allclose(np.load(tmp_path / "onnx" / "memories.npy"), np.load(tmp_path / "torch" / "memories.npy"), atol=ATOL, rtol=0)
+    assert torch_.record["fingerprint_quantized"] == onnx.record["fingerprint_quantized"]
+
+
 # --- stats
 
 
