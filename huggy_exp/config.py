@@ -81,6 +81,7 @@ class ModeConf:
 class Threshold:
     max_abs: float = rule(lo=0)
     cosine_min: float = rule(lo=-1, hi=1)
+    margin: float = rule(lo=0)  # discrete: a flip fails where fp64's top-1 minus top-2 masked logit exceeds margin x max(1, |logit|)
 
 
 @dataclass

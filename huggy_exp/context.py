@@ -10,9 +10,12 @@ import numpy as np
 
 from huggy_exp import mlagents
 from huggy_exp.errors import UserError
-from huggy_exp.observations import make_observations
+from huggy_exp.observations import make_feeds, make_observations
 from huggy_exp.placement import Target, check_device, check_dtype, resolve
 from huggy_exp.runners import check_backend
+
+
+SHAPED_MODES = ("info", "action", "sample", "batch", "precision", "fingerprint", "stats")  # modes that take every ML-Agents shape
 
 
 @dataclass(frozen=True)
@@ -28,7 +31,7 @@ class ModelSpec:
 
     def open(self) -> mlagents.LoadedModel:
         if self.checkpoint:
-            loaded = mlagents.load_checkpoint(self.checkpoint)
+            loaded = mlagents.load_checkpoint(self.checkpoint, self.onnx)
             if self.onnx:
                 loaded = _with_onnx(loaded, self.onnx)
             return loaded
@@ -46,16 +49,8 @@ class ModelSpec:
         if self.hub_repo:
             return mlagents.fetch_hub(self.hub_repo)
         if self.checkpoint or self.onnx:
-            return _run_folder(Path(self.checkpoint or self.onnx).expanduser().resolve())
+            return mlagents.run_folder(Path(self.checkpoint or self.onnx).expanduser().resolve())
         return mlagents.default_results_dir()
-
-
-def _run_folder(model_file: Path) -> Path:
-    """The results folder around a model file: <run>/<Behavior>.onnx or <run>/<Behavior>/<Behavior>-<step>.pt."""
-    for folder in (model_file.parent, model_file.parent.parent):
-        if (folder / "run_logs").is_dir() or (folder / "configuration.yaml").is_file():
-            return folder
-    return model_file.parent
 
 
 def _with_onnx(loaded: mlagents.LoadedModel, onnx: str) -> mlagents.LoadedModel:
@@ -121,12 +116,40 @@ class Context:
 
     @cached_property
     def observations(self) -> np.ndarray:
+        """float32 [N, obs_dim] for the single input of a Huggy-shaped policy (see `feeds` for every shape)."""
         return self.make_observations(self.obs.rows)
 
     def make_observations(self, rows: int) -> np.ndarray:
         """The configured source with another row count (a file gives what it holds)."""
         w = self.weights
+        if self.obs.source == "file" and str(self.obs.path or "").endswith(".npz"):
+            obs = self.feeds[mlagents.obs_name(0)]
+            if obs.ndim != 2:
+                raise UserError(f"obs.path={self.obs.path}: obs_0 is a sequence {list(obs.shape)}; this mode takes [N, {w.obs_dim}]")
+            return obs
         return make_observations(self.obs.source, w.obs_dim, rows, self.seed, self.obs.scale, self.obs.path, w.normalizer)
+
+    @cached_property
+    def feeds(self) -> dict[str, np.ndarray]:
+        """Every input of the policy by ML-Agents' ONNX name (obs_0.., action_masks from a file); [T, N, d] is a sequence."""
+        w = self.weights
+        return make_feeds(self.obs.source, w, self.obs.rows, self.seed, self.obs.scale, self.obs.path)
+
+    def make_feeds(self, rows: int) -> dict[str, np.ndarray]:
+        """`feeds` with another row count (a file gives what it holds)."""
+        if self.obs.source == "file":
+            return self.feeds
+        w = self.weights
+        return make_feeds(self.obs.source, w, rows, self.seed, self.obs.scale, self.obs.path)
+
+    def require_huggy_shape(self, mode: str) -> None:
+        """Modes not yet taught the other ML-Agents shapes refuse them in one line, naming what the policy has."""
+        w = self.weights
+        if w.huggy_shaped:
+            return
+        kinds = [k for k, on in (("several-input", len(w.inputs) > 1), ("discrete", bool(w.branches)), ("memory", w.lstm is not None)) if on]
+        raise UserError(f"mode {mode} does not support {'/'.join(kinds)} policies yet (this policy: {w.describe_shape()}); "
+                        f"modes that do: {', '.join(SHAPED_MODES)}")
 
     def onnx_path(self) -> Path:
         """The ML-Agents .onnx that goes with the model (configured, beside the .pt, or the embedded default's)."""

@@ -58,6 +58,57 @@ def cosine(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.dot(x, y) / (nx * ny))
 
 
+def masked_logits(logits: np.ndarray, masks: np.ndarray | None, penalty: float) -> np.ndarray:
+    """ML-Agents' masking in float64: logits * mask - penalty * (1 - mask); all allowed without masks."""
+    z = np.asarray(logits, np.float64)
+    if masks is None:
+        return z
+    m = np.asarray(masks, np.float64)
+    return z * m - penalty * (1.0 - m)
+
+
+def margins(logits: np.ndarray, sizes: tuple[int, ...]) -> np.ndarray:
+    """Per branch, the best minus the second-best logit: [..., sum(sizes)] -> [..., branches] (inf for a branch of 1)."""
+    z = np.asarray(logits, np.float64)
+    out, start = [], 0
+    for size in sizes:
+        top = np.sort(z[..., start:start + size], axis=-1)
+        out.append(top[..., -1] - top[..., -2] if size > 1 else np.full(top.shape[:-1], np.inf))
+        start += size
+    return np.stack(out, axis=-1)
+
+
+def logit_scale(logits: np.ndarray, sizes: tuple[int, ...]) -> np.ndarray:
+    """Per branch, max(1, largest |raw logit|): [..., sum(sizes)] -> [..., branches]. A dtype's rounding error in a
+    logit grows with its magnitude, so the margin a flip is allowed is `margin` times this."""
+    z = np.abs(np.asarray(logits, np.float64))
+    bounds = np.cumsum(sizes)[:-1]
+    return np.stack([np.maximum(part.max(axis=-1), 1.0) for part in np.split(z, bounds, axis=-1)], axis=-1)
+
+
+def discrete_agreement(actual: np.ndarray, expected: np.ndarray, margin: np.ndarray, bound: float,
+                       scale: np.ndarray | float = 1.0) -> dict[str, float]:
+    """Discrete actions [..., branches] against a reference whose top-1 minus top-2 masked logit is `margin`.
+
+    A flip (a differing action) is within the dtype's error where the reference's margin is at most `bound * scale`
+    (scale: `logit_scale`, 1 by default): the rounding of the dtype can swap two actions that close. A flip where the
+    margin is larger is a failure.
+    """
+    a, e, m = np.asarray(actual), np.asarray(expected), np.asarray(margin, np.float64)
+    if a.shape != e.shape or m.shape != e.shape:
+        raise UserError(f"cannot compare discrete actions of shapes {list(a.shape)}, {list(e.shape)} (margins {list(m.shape)})")
+    flips = a != e
+    return {
+        "decisions": float(e.size),
+        "agreement": float(np.mean(~flips)) if e.size else 1.0,
+        "flips": float(flips.sum()),
+        "flips_beyond_margin": float(np.sum(flips & (m > bound * np.asarray(scale, np.float64)))),
+        "flip_margin_max": float(m[flips].max(initial=0.0)),
+        "margin_min": float(m.min(initial=np.inf)),
+        "margin_bound": float(bound),
+    }
+
+
 def action_stats(actions: np.ndarray, saturation: float = 0.999) -> dict[str, float]:
     a = np.asarray(actions, np.float64)
     if a.size == 0:
@@ -69,6 +120,20 @@ def action_stats(actions: np.ndarray, saturation: float = 0.999) -> dict[str, fl
         "action_max": float(a.max()),
         "saturated_share": float(np.mean(np.abs(a) >= saturation)),
     }
+
+
+def discrete_histogram(actions: np.ndarray, sizes: tuple[int, ...] | None = None) -> tuple[dict[str, float], list[dict]]:
+    """Share of each action per branch of int [..., branches] discrete actions: metrics
+    `discrete.branch_<b>.action_<k>_share` and table rows (branch, action, count, share); every action of a branch of
+    known size is listed, else up to the largest one taken."""
+    flat = np.asarray(actions).reshape(-1, np.shape(actions)[-1])
+    metrics, table = {}, []
+    for b in range(flat.shape[1]):
+        size = sizes[b] if sizes else int(flat[:, b].max(initial=0)) + 1
+        counts = np.bincount(flat[:, b], minlength=size)
+        table += [{"branch": b, "action": k, "count": int(c), "share": float(c / len(flat))} for k, c in enumerate(counts)]
+        metrics.update({f"discrete.branch_{b}.action_{k}_share": float(c / len(flat)) for k, c in enumerate(counts)})
+    return metrics, table
 
 
 def limits_for(table: dict, dtype: str, device: str, specialize: dict | None = None) -> dict:

@@ -25,6 +25,12 @@ HUGGY_PT = HUGGY / "Huggy" / "Huggy-2000049.pt"
 HUGGY_ONNX = HUGGY / "Huggy.onnx"
 REFERENCE = HUGGY / "reference"
 PUBLIC_RUN_LOGS = SHARED / "public_run_logs"
+PYRAMIDS = SHARED / "pyramids"
+PYRAMIDS_PT = PYRAMIDS / "Pyramids" / "Pyramids-1000021.pt"
+PYRAMIDS_ONNX = PYRAMIDS / "Pyramids.onnx"
+HUGGY_LSTM = SHARED / "huggy_lstm"
+HUGGY_LSTM_PT = HUGGY_LSTM / "Huggy" / "Huggy-2000049.pt"
+HUGGY_LSTM_ONNX = HUGGY_LSTM / "Huggy.onnx"
 
 needs_shared = pytest.mark.skipif(
     not SHARED.is_dir(),
@@ -339,6 +345,210 @@ PYTHON = sys.executable
 def pytest_configure(config):
     # MLflow's SQLAlchemy store trips a deprecation inside SQLAlchemy itself; nothing this project can change
     config.addinivalue_line("filterwarnings", "ignore:The ``noload`` loader strategy is deprecated:DeprecationWarning")
+
+
+# --- other ML-Agents shapes: several inputs, discrete branches, hybrid, LSTM memory, SAC (literal key names again)
+
+BRANCH = "action_model._discrete_distribution.branches."
+LSTM = "network_body.lstm.lstm."
+
+
+@dataclass(frozen=True)
+class ShapeSpec:
+    name: str
+    inputs: tuple[int, ...]
+    normalize: bool
+    continuous: int = 0
+    branches: tuple[int, ...] = ()
+    memory: int = 0  # memory_size = 2 x LSTM hidden
+    sac: bool = False
+    hidden: int = 16
+    layers: int = 2
+    seed: int = 0
+
+
+SHAPES = {
+    "multi_input": ShapeSpec("multi_input", (6, 4, 3), True, continuous=3, seed=31),
+    "branches": ShapeSpec("branches", (5,), False, branches=(3, 2, 4), seed=32),
+    "hybrid": ShapeSpec("hybrid", (7, 2), True, continuous=2, branches=(3,), seed=33),
+    "memory_discrete": ShapeSpec("memory_discrete", (6,), True, branches=(4, 2), memory=16, seed=34),
+    "memory_hybrid_sac": ShapeSpec("memory_hybrid_sac", (5, 3), False, continuous=2, branches=(3,), memory=8, sac=True, seed=35),
+    "sac_inputs": ShapeSpec("sac_inputs", (4, 4), True, continuous=3, sac=True, seed=36),
+}
+
+
+@dataclass
+class ShapedActor:
+    """An ML-Agents actor of any supported shape as float32 arrays, with its own float64 numpy forward."""
+
+    spec: ShapeSpec
+    norms: list[tuple[np.ndarray, np.ndarray, int] | None]
+    layers: list[tuple[np.ndarray, np.ndarray]]
+    lstm: tuple[np.ndarray, ...] | None  # weight_ih, weight_hh, bias_ih, bias_hh (torch gate order i, f, g, o)
+    mu: tuple[np.ndarray, np.ndarray] | None
+    log_sigma: np.ndarray | tuple[np.ndarray, np.ndarray] | None
+    branches: list[tuple[np.ndarray, np.ndarray]]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        t = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
+        s = self.spec
+        sd = {
+            "version_number": torch.tensor([3.0]),
+            "is_continuous_int_deprecated": torch.tensor([1.0 if not s.branches else 0.0]),
+            "continuous_act_size_vector": torch.tensor([float(s.continuous)]),
+            "discrete_act_size_vector": torch.tensor([[float(b) for b in s.branches]]).reshape(1, -1),
+            "act_size_vector_deprecated": torch.tensor([float(s.continuous + sum(s.branches))]),
+            "memory_size_vector": torch.tensor([float(s.memory)]),
+        }
+        for i, norm in enumerate(self.norms):
+            if norm is None:
+                continue
+            for prefix in (f"network_body.observation_encoder.processors.{i}.normalizer.", f"network_body.processors.{i}.normalizer."):
+                sd[prefix + "normalization_steps"] = torch.tensor(norm[2], dtype=torch.int64)
+                sd[prefix + "running_mean"] = t(norm[0])
+                sd[prefix + "running_variance"] = t(norm[1])
+        for i, (w, b) in enumerate(self.layers):
+            sd[f"{BODY}{2 * i}.weight"], sd[f"{BODY}{2 * i}.bias"] = t(w), t(b)
+        if self.lstm is not None:
+            for name, value in zip(("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0"), self.lstm):
+                sd[LSTM + name] = t(value)
+        if self.mu is not None:
+            if s.sac:
+                sd[LOG_SIGMA + ".weight"], sd[LOG_SIGMA + ".bias"] = t(self.log_sigma[0]), t(self.log_sigma[1])
+            else:
+                sd[LOG_SIGMA] = t(self.log_sigma)
+            sd[MU + "weight"], sd[MU + "bias"] = t(self.mu[0]), t(self.mu[1])
+        for b, (w, bias) in enumerate(self.branches):
+            sd[f"{BRANCH}{b}.weight"], sd[f"{BRANCH}{b}.bias"] = t(w), t(bias)
+        return sd
+
+    def save(self, path: Path, step: int = 5000) -> Path:
+        return save_mlagents_checkpoint(path, self.state_dict(), step)
+
+    # --- float64 reference forward, one step
+    def std32(self, i: int) -> np.ndarray:
+        mean, var, steps = self.norms[i]
+        return torch.sqrt(torch.from_numpy(var) / torch.tensor(steps, dtype=torch.int64)).numpy()
+
+    def features(self, obs: list[np.ndarray], memory: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+        parts = []
+        for i, x in enumerate(obs):
+            x = np.asarray(x, np.float64)
+            if self.norms[i] is not None:
+                x = np.clip((x - self.norms[i][0].astype(np.float64)) / self.std32(i).astype(np.float64), -5.0, 5.0)
+            parts.append(x)
+        x = np.concatenate(parts, axis=1)
+        for w, b in self.layers:
+            x = x @ w.astype(np.float64).T + b
+            x = x / (1.0 + np.exp(-x))
+        if self.lstm is None:
+            return x, None
+        w_ih, w_hh, b_ih, b_hh = (a.astype(np.float64) for a in self.lstm)
+        hidden = self.spec.memory // 2
+        mem = np.zeros((len(x), self.spec.memory)) if memory is None else np.asarray(memory, np.float64).reshape(len(x), -1)
+        h, c = mem[:, :hidden], mem[:, hidden:]
+        gates = x @ w_ih.T + b_ih + h @ w_hh.T + b_hh
+        i_, f_, g_, o_ = np.split(gates, 4, axis=1)
+        sig = lambda z: 1.0 / (1.0 + np.exp(-z))  # noqa: E731
+        c = sig(f_) * c + sig(i_) * np.tanh(g_)
+        h = sig(o_) * np.tanh(c)
+        return h, np.concatenate([h, c], axis=1)[:, None, :]
+
+    def logits(self, x: np.ndarray, masks: np.ndarray | None) -> list[np.ndarray]:
+        out, start = [], 0
+        for w, b in self.branches:
+            z = x @ w.astype(np.float64).T + b
+            if masks is not None:
+                m = masks[:, start:start + len(b)].astype(np.float64)
+                z = z * m - 1e8 * (1 - m)
+            out.append(z)
+            start += len(b)
+        return out
+
+    def forward(self, obs: list[np.ndarray], masks: np.ndarray | None = None, memory: np.ndarray | None = None) -> dict:
+        """Deterministic outputs by ML-Agents' names, plus 'margins' (top-1 minus top-2 masked logit per branch)."""
+        x, memory_out = self.features(obs, memory)
+        out = {}
+        if self.mu is not None:
+            mu = x @ self.mu[0].astype(np.float64).T + self.mu[1]
+            out["deterministic_continuous_actions"] = mu if self.spec.sac else np.clip(mu, -3, 3) / 3
+        if self.branches:
+            logits = self.logits(x, masks)
+            out["deterministic_discrete_actions"] = np.stack([np.argmax(z, axis=1) for z in logits], axis=1)
+            out["margins"] = np.stack([np.diff(np.sort(z, axis=1)[:, -2:], axis=1)[:, 0] for z in logits], axis=1)
+        if memory_out is not None:
+            out["recurrent_out"] = memory_out
+        return out
+
+    def random_feeds(self, rows: int, seed: int = 0, masked: bool = True) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(seed)
+        feeds = {}
+        for i, size in enumerate(self.spec.inputs):
+            z = rng.standard_normal((rows, size))
+            if self.norms[i] is not None:
+                z = self.norms[i][0] + self.std32(i) * z
+            feeds[f"obs_{i}"] = z.astype(np.float32)
+        if self.branches and masked:
+            masks = (rng.random((rows, sum(self.spec.branches))) > 0.3).astype(np.float32)
+            start = 0
+            for size in self.spec.branches:  # at least one allowed action per branch, as ML-Agents requires
+                masks[np.arange(rows), start + rng.integers(0, size, rows)] = 1.0
+                start += size
+            feeds["action_masks"] = masks
+        return feeds
+
+
+def make_shaped_actor(spec: ShapeSpec) -> ShapedActor:
+    rng = np.random.default_rng(spec.seed)
+    f32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
+    norms = []
+    for size in spec.inputs:
+        if not spec.normalize:
+            norms.append(None)
+            continue
+        steps = 50_000
+        std = np.exp(rng.uniform(np.log(0.05), np.log(20.0), size))
+        var = f32(std**2 * steps)
+        var[0] = 1.0  # never varied
+        norms.append((f32(rng.uniform(-10, 10, size)), var, steps))
+    layers, fan_in = [], sum(spec.inputs)
+    for _ in range(spec.layers):
+        layers.append((f32(rng.normal(0, 1 / np.sqrt(fan_in), (spec.hidden, fan_in))), f32(rng.normal(0, 0.1, spec.hidden))))
+        fan_in = spec.hidden
+    lstm = None
+    if spec.memory:
+        hidden = spec.memory // 2
+        lstm = (f32(rng.normal(0, 0.5 / np.sqrt(fan_in), (4 * hidden, fan_in))), f32(rng.normal(0, 0.5 / np.sqrt(hidden), (4 * hidden, hidden))),
+                f32(rng.normal(0, 0.1, 4 * hidden)), f32(rng.normal(0, 0.1, 4 * hidden)))
+        fan_in = hidden
+    mu = log_sigma = None
+    if spec.continuous:
+        mu = (f32(rng.normal(0, 2 / np.sqrt(fan_in), (spec.continuous, fan_in))), f32(rng.normal(0, 0.2, spec.continuous)))
+        log_sigma = ((f32(rng.normal(0, 0.3 / np.sqrt(fan_in), (spec.continuous, fan_in))), f32(rng.normal(-0.5, 0.1, spec.continuous)))
+                     if spec.sac else f32(rng.uniform(-0.5, 0.5, (1, spec.continuous))))
+    branches = [(f32(rng.normal(0, 3 / np.sqrt(fan_in), (size, fan_in))), f32(rng.normal(0, 0.3, size))) for size in spec.branches]
+    return ShapedActor(spec, norms, layers, lstm, mu, log_sigma, branches)
+
+
+@pytest.fixture(scope="session")
+def shaped_actors() -> dict[str, ShapedActor]:
+    return {name: make_shaped_actor(spec) for name, spec in SHAPES.items()}
+
+
+@pytest.fixture(scope="session")
+def shaped_files(shaped_actors, tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    """Per shape: the .pt written here in ML-Agents' layout, and beside it the .onnx the package writes for the same weights
+    (ML-Agents' graph layout; it also tells the .pt loader how inputs without normalizers split)."""
+    from huggy_exp import mlagents
+
+    root = tmp_path_factory.mktemp("shapes")
+    files = {}
+    for name, actor in shaped_actors.items():
+        pt = actor.save(root / name / f"{name}-5000.pt")
+        weights = mlagents.weights_from_state_dict(actor.state_dict(), name, actor.spec.inputs)
+        mlagents.write_onnx(weights, pt.with_suffix(".onnx"))
+        files[name] = (pt, pt.with_suffix(".onnx"))
+    return files
 
 
 # --- a real MLflow tracking server on loopback (trust and sweep tests)

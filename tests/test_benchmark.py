@@ -223,7 +223,7 @@ def test_forward_equals_the_exported_layer_stack_bit_for_bit(small, dtype):
     policy = TorchRunner(small.weights, target).policy
     x = torch.from_numpy(np.random.default_rng(2).normal(size=(9, 8)).astype(np.float32))
     with torch.inference_mode():
-        assert torch.equal(policy(x), policy.head(policy.mu(policy.features(x))))
+        assert torch.equal(policy(x), policy.head(policy.continuous.mu(policy.features(x))))
 
 
 def test_compile_without_a_cxx_compiler_is_unsupported_with_the_reason(small, tmp_path, monkeypatch):

@@ -118,14 +118,22 @@ def test_shape_mismatch_is_a_user_error_naming_the_key(key, shape, huggy_actor, 
     assert key in str(err.value)
 
 
-def test_discrete_action_branch_is_a_user_error(huggy_actor, tmp_path):
+def test_a_discrete_branch_beside_mu_loads_as_a_hybrid_policy(huggy_actor, tmp_path):
     state = huggy_actor.state_dict()
     state["discrete_act_size_vector"] = torch.tensor([[3.0]])
     state["action_model._discrete_distribution.branches.0.weight"] = torch.zeros(3, 32)
     state["action_model._discrete_distribution.branches.0.bias"] = torch.zeros(3)
-    path = huggy_actor.save(tmp_path / "discrete.pt", state=state)
-    with pytest.raises(UserError, match="discrete"):
-        mlagents.load_checkpoint(path)
+    w = mlagents.load_checkpoint(huggy_actor.save(tmp_path / "hybrid.pt", state=state)).weights
+    assert (w.act_dim, w.branch_sizes) == (21, (3,))
+
+
+def test_declared_branch_sizes_must_match_the_branches(huggy_actor, tmp_path):
+    state = huggy_actor.state_dict()
+    state["discrete_act_size_vector"] = torch.tensor([[4.0]])
+    state["action_model._discrete_distribution.branches.0.weight"] = torch.zeros(3, 32)
+    state["action_model._discrete_distribution.branches.0.bias"] = torch.zeros(3)
+    with pytest.raises(UserError, match=r"discrete_act_size_vector says branches \[4.0\] but the weights have \[3\]"):
+        mlagents.load_checkpoint(huggy_actor.save(tmp_path / "declared.pt", state=state))
 
 
 def test_declared_action_count_must_match_mu_rows(huggy_actor, tmp_path):

@@ -104,17 +104,18 @@ def test_cpu_resolves_every_dtype(name, dtype):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_normalizer_buffers_stay_float32_under_low_precision(dtype, huggy_actor):
     policy = Policy(huggy_actor.policy_weights()).place(torch.device("cpu"), dtype)
-    assert policy.mu.weight.dtype == dtype and policy.body[0].weight.dtype == dtype
-    assert policy.running_mean.dtype == torch.float32 and policy.std.dtype == torch.float32
+    assert policy.continuous.mu.weight.dtype == dtype and policy.body[0].weight.dtype == dtype
+    stats = policy.normalizers[0]
+    assert stats.running_mean.dtype == torch.float32 and stats.std.dtype == torch.float32
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_normalizer_statistics_keep_their_exact_float32_values_under_low_precision(dtype, huggy_actor):
     # casting the module to fp16 and the statistics back to fp32 afterwards would round them through fp16
     policy = Policy(huggy_actor.policy_weights()).place(torch.device("cpu"), dtype)
-    np.testing.assert_array_equal(policy.running_mean.numpy(), huggy_actor.mean)
-    np.testing.assert_array_equal(policy.std.numpy(), huggy_actor.std32())
-    np.testing.assert_array_equal(policy.log_sigma_const.numpy(), huggy_actor.log_sigma)
+    np.testing.assert_array_equal(policy.normalizers[0].running_mean.numpy(), huggy_actor.mean)
+    np.testing.assert_array_equal(policy.normalizers[0].std.numpy(), huggy_actor.std32())
+    np.testing.assert_array_equal(policy.continuous.log_sigma_const.numpy(), huggy_actor.log_sigma)
 
 
 def test_fp16_normalizer_stays_finite(huggy_actor):

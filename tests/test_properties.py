@@ -74,15 +74,16 @@ def state_dicts(draw) -> dict:
 
 def _loaded_weights_are_sane(w: mlagents.PolicyWeights) -> None:
     """What a loader hands on is finite and runnable; a normalizer has variance > 0 and steps >= 1."""
-    arrays = [a for layer in w.layers for a in layer] + list(w.mu)
-    arrays += list(w.log_sigma) if w.conditional_sigma else [w.log_sigma]
-    if w.normalizer is not None:
-        arrays += [w.normalizer.running_mean, w.normalizer.std]
-        if w.normalizer.running_variance is not None:
-            assert (w.normalizer.running_variance > 0).all() and w.normalizer.steps >= 1
+    arrays = [a for layer in (*w.layers, *w.branches) for a in layer] + list(w.mu or ())
+    arrays += list(w.log_sigma) if w.conditional_sigma else [w.log_sigma] if w.log_sigma is not None else []
+    for n in (i.normalizer for i in w.inputs if i.normalizer is not None):
+        arrays += [n.running_mean, n.std]
+        if n.running_variance is not None:
+            assert (n.running_variance > 0).all() and n.steps >= 1
     assert all(np.isfinite(a).all() for a in arrays)
-    obs = np.zeros((2, w.obs_dim), np.float32)
-    assert TorchRunner(w, resolve("cpu", "fp32")).infer(obs)[ACTIONS].shape == (2, w.act_dim)
+    feeds = {f"obs_{i}": np.zeros((2, size), np.float32) for i, size in enumerate(w.obs_sizes)}
+    out = TorchRunner(w, resolve("cpu", "fp32")).infer(feeds)
+    assert out[ACTIONS].shape == (2, w.act_dim) if w.mu is not None else out["deterministic_discrete_actions"].shape == (2, len(w.branches))
 
 
 @PROPERTY

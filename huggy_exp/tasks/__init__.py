@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 import numpy as np
@@ -28,14 +29,20 @@ def runner_device(runner: Runner) -> torch.device:
     return target.device if target is not None else torch.device("cpu")
 
 
-def batch_of(obs: np.ndarray, rows: int) -> dict[str, np.ndarray]:
-    """Feeds of exactly `rows` rows: the observations, cycled or cut."""
-    return {OBS: np.ascontiguousarray(np.resize(obs, (rows, obs.shape[1])), np.float32)}
+def batch_of(feeds: np.ndarray | Mapping[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    """Feeds of exactly `rows` rows: every input (a bare array is obs_0) cycled or cut; of a [T, N, d] sequence, step 0."""
+    if isinstance(feeds, np.ndarray):
+        return {OBS: np.ascontiguousarray(np.resize(feeds, (rows, feeds.shape[1])), np.float32)}
+    if feeds[OBS].ndim == 3:
+        feeds = {k: v[0] for k, v in feeds.items()}
+    return {k: np.ascontiguousarray(np.resize(v, (rows, *v.shape[1:])), np.float32) for k, v in feeds.items()}
 
 
-def latency(runner: Runner, ctx: Context, obs: np.ndarray, result: Result) -> None:
-    """Add latency.p50_us/p99_us/mean_us/obs_per_s of the runner at the job's batch size (bounded: ≤ 0.1 s)."""
-    feeds = batch_of(obs, ctx.batch_size)
+def latency(runner: Runner, ctx: Context, feeds: np.ndarray | Mapping[str, np.ndarray], result: Result) -> None:
+    """Add latency.p50_us/p99_us/mean_us/obs_per_s of the runner at the job's batch size (bounded: ≤ 0.1 s).
+
+    Every input of the policy (obs_0.. and masks) at that batch size; a sequence is timed as its first step."""
+    feeds = batch_of(feeds, ctx.batch_size)
     t = timing.quick(lambda: runner.infer(feeds), runner_device(runner), ctx.batch_size, ctx.threads)
     stats = t.stats()
     result.metrics.update({f"latency.{k}": stats[k] for k in (*LATENCY_KEYS, "noisy", "samples", "threads")})

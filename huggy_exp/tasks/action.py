@@ -1,4 +1,5 @@
-"""`action` and `sample`: deterministic / sampled actions for the observations, written as actions.npy (float32)."""
+"""`action` and `sample`: deterministic / sampled actions of every head for the feeds, written as actions.npy (float32
+continuous), discrete_actions.npy (int64 [..., branches]) and memories.npy (the memory after each step)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import hashlib
 import numpy as np
 
 from huggy_exp.context import Context
-from huggy_exp.numerics import action_stats
+from huggy_exp.mlagents import RECURRENT_OUT
+from huggy_exp.numerics import action_stats, discrete_histogram
 from huggy_exp.results import Result
 from huggy_exp.errors import Unsupported
-from huggy_exp.runners import ACTIONS, SAMPLED, build
+from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, build, run_feeds
 from huggy_exp.tasks import latency
 
 
@@ -19,9 +21,9 @@ class ActionTask:
 
     def run(self, ctx: Context) -> Result:
         runner = build(ctx)
-        actions = runner.infer(ctx.observations)[ACTIONS].astype(np.float32)
-        result = _actions_result(ctx.observations, actions, "deterministic")
-        latency(runner, ctx, ctx.observations, result)
+        out = run_feeds(runner, ctx.feeds)
+        result = _actions_result(ctx.feeds, out.get(ACTIONS), out.get(DISCRETE), out.get(RECURRENT_OUT), "deterministic")
+        latency(runner, ctx, ctx.feeds, result)
         return result
 
 
@@ -33,19 +35,49 @@ class SampleTask:
         if not hasattr(runner, "sample"):
             raise Unsupported(f"backend {ctx.backend}: sampled actions take the seeded CPU noise, which only the torch "
                               "backends accept (onnxruntime samples inside the graph: see mode=onnx-compare)")
-        actions = runner.sample(ctx.observations, ctx.seed)[SAMPLED].astype(np.float32)
-        result = _actions_result(ctx.observations, actions, f"sampled (seed {ctx.seed})")
-        latency(runner, ctx, ctx.observations, result)
+        out = run_feeds(runner, ctx.feeds, ctx.seed)
+        result = _actions_result(ctx.feeds, out.get(SAMPLED), out.get(DISCRETE_SAMPLED), out.get(RECURRENT_OUT),
+                                 f"sampled (seed {ctx.seed})")
+        latency(runner, ctx, ctx.feeds, result)
         return result
 
 
-def _actions_result(obs: np.ndarray, actions: np.ndarray, kind: str) -> Result:
-    digest = hashlib.sha256(actions.tobytes()).hexdigest()
-    stats = action_stats(actions)
-    summary = [
-        f"{kind} actions {actions.shape[0]}x{actions.shape[1]}: mean {stats['action_mean']:+.4f}, std {stats['action_std']:.4f}, "
-        f"range [{stats['action_min']:+.4f}, {stats['action_max']:+.4f}], saturated {stats['saturated_share']:.1%}",
-        f"actions sha256 {digest[:16]}...",
-    ]
-    return Result(metrics={"rows": float(len(actions)), **stats}, arrays={"actions": actions, "obs": obs},
-                  tags={"actions_sha256": digest}, details={"actions_sha256": digest}, summary=summary)
+def _actions_result(feeds: dict, actions: np.ndarray | None, discrete: np.ndarray | None, memory: np.ndarray | None,
+                    kind: str) -> Result:
+    arrays: dict[str, np.ndarray] = {}
+    if actions is not None:
+        arrays["actions"] = actions.astype(np.float32)
+    if discrete is not None:
+        arrays["discrete_actions"] = discrete.astype(np.int64)
+    if memory is not None:
+        arrays["memories"] = memory.astype(np.float32).squeeze(-2)  # [..., N, 1, m] -> [..., N, m]
+    digest = hashlib.sha256(b"".join(a.tobytes() for a in arrays.values())).hexdigest()
+    first = next(iter(arrays.values()))
+    sequence = feeds["obs_0"].ndim == 3
+    rows = first.shape[1] if sequence else first.shape[0]
+    metrics = {"rows": float(rows)}
+    summary = []
+    if sequence:
+        metrics["steps"] = float(first.shape[0])
+        summary.append(f"sequence of {first.shape[0]} steps x {rows} agents, memory carried from zeros")
+    if actions is not None:
+        stats = action_stats(actions)
+        metrics.update(stats)
+        summary.append(f"{kind} actions {'x'.join(map(str, actions.shape))}: mean {stats['action_mean']:+.4f}, std {stats['action_std']:.4f}, "
+                       f"range [{stats['action_min']:+.4f}, {stats['action_max']:+.4f}], saturated {stats['saturated_share']:.1%}")
+    table = []
+    if discrete is not None:
+        shares, table = discrete_histogram(discrete)
+        metrics.update(shares)
+        for b in range(discrete.shape[-1]):
+            summary.append(f"{kind} discrete actions, branch {b}: counts {[r['count'] for r in table if r['branch'] == b]}")
+    if memory is not None:
+        metrics["memory_abs_max"] = float(np.abs(memory).max())
+        summary.append(f"memories {'x'.join(map(str, arrays['memories'].shape))}: max |memory| {metrics['memory_abs_max']:.3g}")
+    summary.append(f"actions sha256 {digest[:16]}...")
+    inputs = {"obs": feeds["obs_0"]} if list(feeds) == ["obs_0"] else dict(feeds)
+    result = Result(metrics=metrics, arrays={**arrays, **inputs}, tags={"actions_sha256": digest},
+                    details={"actions_sha256": digest}, summary=summary)
+    if table:
+        result.tables["discrete_histogram"] = table
+    return result

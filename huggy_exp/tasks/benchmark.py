@@ -47,6 +47,7 @@ class BenchmarkTask:
         return sorted({*([1] if "single_stream" in self.scenarios else []), *(ladder if "offline" in self.scenarios else [])})
 
     def run(self, ctx: Context) -> Result:
+        ctx.require_huggy_shape(self.name)
         target = ctx.target()
         device = target.device
         result = Result()

@@ -31,11 +31,11 @@ class MLAgentsExport(nn.Module):
         self.register_buffer("continuous_action_output_shape", torch.tensor([float(weights.act_dim)]))
 
     def forward(self, obs_0: torch.Tensor):
-        p = self.policy
-        x = p.features(obs_0)
-        mu = p.mu(x)
-        sampled = p.squash(mu + torch.randn_like(mu) * torch.exp(p.log_sigma_of(x, mu)))
-        return (self.version_number * 1, self.memory_size * 1, sampled, self.continuous_action_output_shape * 1, p.head(mu))
+        head = self.policy.continuous
+        x = self.policy.features(obs_0)
+        mu = head.mu(x)
+        sampled = head.squash(mu + torch.randn_like(mu) * torch.exp(head.log_sigma_of(x, mu)))
+        return (self.version_number * 1, self.memory_size * 1, sampled, self.continuous_action_output_shape * 1, head.head(mu))
 
 
 class ExportOnnxTask:
@@ -47,6 +47,7 @@ class ExportOnnxTask:
     def run(self, ctx: Context) -> Result:
         import onnx
 
+        ctx.require_huggy_shape(self.name)
         w, obs = ctx.weights, ctx.observations
         out = Path(self.path).expanduser() if self.path else ctx.workdir / f"{Path(ctx.model.path).stem.split('-')[0]}.onnx"
         out.parent.mkdir(parents=True, exist_ok=True)

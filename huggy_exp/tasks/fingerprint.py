@@ -1,4 +1,5 @@
-"""`fingerprint`: SHA-256 of the exact action bytes over T deterministic steps, plus a quantized one for cross-device use."""
+"""`fingerprint`: SHA-256 of the exact output bytes over T steps (continuous actions, discrete actions, memories: every
+output the policy has, the memory carried step to step), plus a quantized one for cross-device use."""
 
 from __future__ import annotations
 
@@ -6,48 +7,61 @@ import hashlib
 
 import numpy as np
 
+from huggy_exp import rollout
 from huggy_exp.context import Context
 from huggy_exp.dynamics import Dynamics
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.results import Result
-from huggy_exp.runners import ACTIONS, SAMPLED, Runner, build, reference
+from huggy_exp.runners import Runner, build, reference
 
 LOOPS = ("open", "closed")
-KINDS = ("deterministic", "sampled")
+KINDS = rollout.KINDS
+
+
+def output_sequences(runner: Runner, ctx: Context, loop: str, kind: str, steps: int, envs: int,
+                     dynamics: Dynamics) -> dict[str, np.ndarray]:
+    """Every output [T, envs, *] by file name (actions, discrete_actions, memories): open-loop over the observation
+    source (steps x envs rows, or a file's [T, N, d] sequence), or closed-loop through `dynamics`."""
+    if kind == "sampled" and not hasattr(runner, "sample"):
+        raise Unsupported(f"backend {ctx.backend}: sampled actions take the seeded CPU noise, which only the torch backends accept")
+    w = ctx.weights
+    if loop == "open":
+        feeds = ctx.make_feeds(steps * envs)
+        if feeds["obs_0"].ndim == 2:
+            rows = len(feeds["obs_0"])
+            if rows % envs:
+                raise UserError(f"mode.envs={envs} does not divide the {rows} observation rows of the file")
+            feeds = {k: v.reshape(rows // envs, envs, v.shape[-1]) for k, v in feeds.items()}
+        return rollout.open_loop(runner, feeds, kind, ctx.seed)
+    start = {k: (v[0] if v.ndim == 3 else v) for k, v in ctx.make_feeds(envs).items()}
+    _, outputs = rollout.closed_loop(runner, w, start, steps, dynamics, kind, ctx.seed)
+    return outputs
 
 
 def action_sequence(runner: Runner, ctx: Context, loop: str, kind: str, steps: int, envs: int,
                     dynamics: Dynamics) -> np.ndarray:
-    """Actions [T, envs, act] float32: open-loop over the observation source, or closed-loop through `dynamics`."""
-    if kind == "sampled" and not hasattr(runner, "sample"):
-        raise Unsupported(f"backend {ctx.backend}: sampled actions take the seeded CPU noise, which only the torch backends accept")
-
-    def act(obs: np.ndarray, t: int) -> np.ndarray:
-        if kind == "sampled":
-            return runner.sample(obs, ctx.seed + t)[SAMPLED].astype(np.float32)
-        return runner.infer(obs)[ACTIONS].astype(np.float32)
-
-    if loop == "open":
-        obs = ctx.make_observations(steps * envs)
-        return act(obs, 0).reshape(-1, envs, ctx.weights.act_dim)
-    start = ctx.make_observations(envs)
-    counter = iter(range(steps))
-    _, actions = dynamics.rollout(lambda o: act(o, next(counter)), start, steps, ctx.weights.normalizer, ctx.weights.act_dim)
-    return actions
+    """Continuous actions [T, envs, act] float32 (see output_sequences for every output)."""
+    return output_sequences(runner, ctx, loop, kind, steps, envs, dynamics)["actions"]
 
 
 def quantize(actions: np.ndarray, decimals: int) -> np.ndarray:
-    """round(a * 10^decimals) as int64: -0.0 and +0.0 agree, as do values equal to `decimals` places."""
+    """round(a * 10^decimals) as int64: -0.0 and +0.0 agree, as do values equal to `decimals` places. Integers stay."""
+    if np.asarray(actions).dtype.kind in "iu":
+        return np.asarray(actions, np.int64)
     return np.rint(np.asarray(actions, np.float64) * 10**decimals).astype(np.int64)
 
 
 def first_divergence(a: np.ndarray, b: np.ndarray) -> tuple[int, int, float] | None:
-    """(step, action dimension, |difference|) of the first element where two [T, envs, act] sequences part."""
+    """(step, dimension, |difference|) of the first element where two [T, envs, dim] sequences part."""
     differ = a != b
     if not differ.any():
         return None
     t, env, dim = map(int, np.argwhere(differ)[0])
     return t, dim, float(abs(np.float64(a[t, env, dim]) - np.float64(b[t, env, dim])))
+
+
+def digest(arrays: list[np.ndarray]) -> str:
+    return hashlib.sha256(b"".join(np.ascontiguousarray(a).tobytes() for a in arrays)).hexdigest()
 
 
 class FingerprintTask:
@@ -65,35 +79,58 @@ class FingerprintTask:
 
     def run(self, ctx: Context) -> Result:
         dynamics = Dynamics(seed=ctx.seed, **self.dynamics)
-        mine = action_sequence(build(ctx), ctx, self.loop, self.kind, self.steps, self.envs, dynamics)
-        ref = action_sequence(reference(ctx, "fp32", ctx.batch_size), ctx, self.loop, self.kind, self.steps, self.envs, dynamics)
-        digest = hashlib.sha256(mine.tobytes()).hexdigest()
-        qdigest = hashlib.sha256(quantize(mine, self.decimals).tobytes()).hexdigest()
-        ref_digest = hashlib.sha256(ref.tobytes()).hexdigest()
-        ref_qdigest = hashlib.sha256(quantize(ref, self.decimals).tobytes()).hexdigest()
-        exact = first_divergence(mine, ref)
-        quant = first_divergence(quantize(mine, self.decimals), quantize(ref, self.decimals))
-        result = Result(arrays={"actions": mine.reshape(len(mine), -1) if self.envs == 1 else mine})
-        result.metrics = {
-            "steps": float(len(mine)),
-            "matches_cpu_fp32": float(exact is None),
-            "quantized_matches_cpu_fp32": float(quant is None),
-            "first_divergence_step": float(exact[0]) if exact else -1.0,
-            "first_divergence_dim": float(exact[1]) if exact else -1.0,
-            "first_divergence_abs": exact[2] if exact else 0.0,
-            "max_abs_vs_cpu_fp32": float(np.max(np.abs(mine.astype(np.float64) - ref))),
-        }
-        fp = {"fingerprint_sha256": digest, "fingerprint_quantized": qdigest,
-              "cpu_fp32_sha256": ref_digest, "cpu_fp32_quantized": ref_qdigest}
+        mine = output_sequences(build(ctx), ctx, self.loop, self.kind, self.steps, self.envs, dynamics)
+        ref = output_sequences(reference(ctx, "fp32", ctx.batch_size), ctx, self.loop, self.kind, self.steps, self.envs, dynamics)
+        names = list(mine)  # actions, discrete_actions, memories: whichever the policy has, in that order
+        exact = {n: first_divergence(mine[n], ref[n]) for n in names}
+        quant = {n: first_divergence(quantize(mine[n], self.decimals), quantize(ref[n], self.decimals)) for n in names}
+        fp = {"fingerprint_sha256": digest([mine[n] for n in names]),
+              "fingerprint_quantized": digest([quantize(mine[n], self.decimals) for n in names]),
+              "cpu_fp32_sha256": digest([ref[n] for n in names]),
+              "cpu_fp32_quantized": digest([quantize(ref[n], self.decimals) for n in names])}
+        steps = len(mine[names[0]])
+        first_exact, first_quant = _first(exact), _first(quant)
+        result = Result(arrays={n: (a.reshape(len(a), -1) if self.envs == 1 and a.shape[1] == 1 else a) for n, a in mine.items()})
+        result.metrics = {"steps": float(steps), **_divergence_metrics(mine, ref, names, exact, quant, first_exact, first_quant)}
+        if len(names) > 1:  # each output on its own too
+            for n in names:
+                result.metrics.update({f"{n}.{k}": v for k, v in _divergence_metrics(mine, ref, [n], exact, quant, exact[n], quant[n]).items()})
+                fp[f"{n}.fingerprint_sha256"] = digest([mine[n]])
+                fp[f"{n}.fingerprint_quantized"] = digest([quantize(mine[n], self.decimals)])
         result.tags.update(fp)
-        where = "equals the CPU fp32 fingerprint" if exact is None else (
-            f"parts from CPU fp32 at step {exact[0]}, action {exact[1]} by {exact[2]:.3g}")
-        qwhere = "quantized equal" if quant is None else f"quantized parts at step {quant[0]}, action {quant[1]}"
-        headline = f"sha256 {digest[:16]}.. quantized({self.decimals}) {qdigest[:16]}..: {where}; {qwhere}"
+        where = "equals the CPU fp32 fingerprint" if first_exact is None else (
+            f"parts from CPU fp32 at step {first_exact[1][0]}, {_what(first_exact[0], names)} {first_exact[1][1]} by {first_exact[1][2]:.3g}")
+        qwhere = "quantized equal" if first_quant is None else (
+            f"quantized parts at step {first_quant[1][0]}, {_what(first_quant[0], names)} {first_quant[1][1]}")
+        headline = f"sha256 {fp['fingerprint_sha256'][:16]}.. quantized({self.decimals}) {fp['fingerprint_quantized'][:16]}..: {where}; {qwhere}"
+        as_dict = lambda d: None if d is None else dict(zip(("step", "dim", "abs"), d[1]), **({"output": d[0]} if len(names) > 1 else {}))  # noqa: E731
         result.details.update({**fp, "loop": self.loop, "actions": self.kind, "decimals": self.decimals, "headline": headline,
-                               "first_divergence": None if exact is None else dict(zip(("step", "dim", "abs"), exact)),
-                               "first_quantized_divergence": None if quant is None else dict(zip(("step", "dim", "abs"), quant))})
-        result.summary = [f"{self.loop}-loop, {self.kind} actions, {len(mine)} steps x {self.envs} env(s) on {ctx.device} {ctx.dtype}", headline]
-        if ctx.dtype in self.require_match and quant is not None:
-            result.fail(f"quantized fingerprint differs from CPU fp32 ({qwhere}, by {quant[2] / 10**self.decimals:.3g})")
+                               "outputs": names, "first_divergence": as_dict(first_exact), "first_quantized_divergence": as_dict(first_quant)})
+        envs = mine[names[0]].shape[1]
+        result.summary = [f"{self.loop}-loop, {self.kind} {'actions' if names == ['actions'] else 'outputs (' + ', '.join(names) + ')'}, {steps} steps x {envs} env(s) on {ctx.device} {ctx.dtype}"
+                          + (", memory carried from zeros" if "memories" in names else ""), headline]
+        if ctx.dtype in self.require_match and first_quant is not None:
+            result.fail(f"quantized fingerprint differs from CPU fp32 ({qwhere}, by {first_quant[1][2] / 10**self.decimals:.3g})")
         return result
+
+
+def _first(found: dict[str, tuple | None]) -> tuple[str, tuple[int, int, float]] | None:
+    """The (output, divergence) at the earliest step, the first output in order at a tie."""
+    hits = [(d[0], i, name, d) for i, (name, d) in enumerate(found.items()) if d is not None]
+    return (min(hits)[2], min(hits)[3]) if hits else None
+
+
+def _what(output: str, names: list[str]) -> str:
+    return {"actions": "action", "discrete_actions": "branch", "memories": "memory unit"}[output] if len(names) > 1 else "action"
+
+
+def _divergence_metrics(mine: dict, ref: dict, names: list[str], exact: dict, quant: dict, first_exact, first_quant) -> dict[str, float]:
+    exact_hit = first_exact[1] if first_exact and isinstance(first_exact[0], str) else first_exact
+    return {
+        "matches_cpu_fp32": float(all(exact[n] is None for n in names)),
+        "quantized_matches_cpu_fp32": float(all(quant[n] is None for n in names)),
+        "first_divergence_step": float(exact_hit[0]) if exact_hit else -1.0,
+        "first_divergence_dim": float(exact_hit[1]) if exact_hit else -1.0,
+        "first_divergence_abs": exact_hit[2] if exact_hit else 0.0,
+        "max_abs_vs_cpu_fp32": max(float(np.max(np.abs(mine[n].astype(np.float64) - ref[n]), initial=0.0)) for n in names),
+    }

@@ -24,6 +24,7 @@ class OnnxCompareTask:
         self.sample_rows, self.samples, self.confidence, self.rel_floor = sample_rows, samples, confidence, rel_floor
 
     def run(self, ctx: Context) -> Result:
+        ctx.require_huggy_shape(self.name)
         obs, w = ctx.observations, ctx.weights
         onnx_path = ctx.onnx_path()
         check_onnx_pairing(onnx_path, w)
