@@ -133,7 +133,7 @@ class Context:
             return
         kinds = [k for k, on in (("several-input", len(w.inputs) > 1), ("discrete", bool(w.branches)), ("memory", w.lstm is not None)) if on]
         raise UserError(f"mode {mode} does not support {'/'.join(kinds)} policies yet (this policy: {w.describe_shape()}); "
-                        "modes that do: info, action, sample, batch")
+                        "modes that do: info, action, sample, batch, onnx-compare, export-onnx")
 
     def onnx_path(self) -> Path:
         """The ML-Agents .onnx that goes with the model (configured, beside the .pt, or the embedded default's)."""

@@ -128,6 +128,12 @@ class TorchRunner:
         return self._collect([{SAMPLED: self.policy.sample(x, noise[s : s + len(x)])} for s, x in self._chunks(obs)])
 
 
+    @torch.inference_mode()
+    def distributions(self, feeds: Feeds) -> dict[str, np.ndarray]:
+        """What the sampled outputs draw from (Policy.distributions): mu, log_sigma, masked_logits, recurrent_out."""
+        return self._collect([self.policy.distributions(obs, masks, memory) for _, obs, masks, memory in self._feed_chunks(feeds)])
+
+
 def sample_noise(policy: Policy, rows: int, seed: int) -> dict[str, torch.Tensor]:
     """CPU noise for every head, keyed by its sampled output: Gaussian z (continuous), uniforms in (0, 1] (discrete)."""
     noise = {}
@@ -174,11 +180,18 @@ class Recurrent:
 def run_feeds(runner: TorchRunner, feeds: Mapping[str, np.ndarray], seed: int | None = None) -> dict[str, np.ndarray]:
     """Deterministic outputs (sampled ones with `seed`) for single-step feeds [N, d], or for a sequence [T, N, d] run
     step by step with the memory carried from zeros (step t sampled with seed + t); sequence outputs lead with T."""
-    if feeds[obs_name(0)].ndim == 2:
-        return runner.infer(feeds) if seed is None else runner.sample(feeds, seed)
+    if seed is None or feeds[obs_name(0)].ndim == 2:
+        return over_steps(runner.infer if seed is None else (lambda f: runner.sample(f, seed)), feeds, runner.policy.memory_size)
     steps = iter(range(len(feeds[obs_name(0)])))
-    call = runner.infer if seed is None else (lambda f: runner.sample(f, seed + next(steps)))  # noqa: E731
-    return Recurrent(call, runner.policy.memory_size).sequence(feeds)
+    return Recurrent(lambda f: runner.sample(f, seed + next(steps)), runner.policy.memory_size).sequence(feeds)
+
+
+def over_steps(infer: Callable[[Feeds], dict[str, np.ndarray]], feeds: Mapping[str, np.ndarray], memory_size: int) -> dict[str, np.ndarray]:
+    """Any runner's infer (torch, onnxruntime, distributions) on single-step feeds [N, d], or on a sequence [T, N, d] step by
+    step with its own memory carried from zeros (outputs lead with T)."""
+    if feeds[obs_name(0)].ndim == 2:
+        return infer(feeds)
+    return Recurrent(infer, memory_size).sequence(feeds)
 
 
 def reference(weights: PolicyWeights, dtype: str = "fp64", batch_size: int = 0) -> TorchRunner:
