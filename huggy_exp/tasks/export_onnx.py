@@ -80,7 +80,9 @@ class ExportOnnxTask:
             with warnings.catch_warnings():
                 # deliberate: the TorchScript exporter is the one ML-Agents uses and the only one that writes opset 9
                 warnings.simplefilter("ignore", DeprecationWarning)
-                warnings.simplefilter("ignore", UserWarning)  # "Exporting a model to ONNX with a batch_size other than 1" (LSTM)
+                warnings.simplefilter("ignore", torch.jit.TracerWarning)  # nn.LSTM's own shape checks, constant for the trace
+                # the exporter's LSTM advice is met: h0/c0 come from the recurrent_in input
+                warnings.filterwarnings("ignore", "Exporting a model to ONNX with a batch_size other than 1", UserWarning)
                 torch.onnx.export(MLAgentsExport(w).eval(), dummy, str(out), input_names=input_names, output_names=output_names,
                                   dynamic_axes=dynamic, opset_version=self.opset, dynamo=False)
         except Exception as exc:
