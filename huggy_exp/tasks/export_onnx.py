@@ -14,7 +14,7 @@ from huggy_exp.errors import UserError
 from huggy_exp.mlagents import PolicyWeights, interface
 from huggy_exp.numerics import discrete_margins
 from huggy_exp.policy import Policy
-from huggy_exp.results import Result
+from huggy_exp.results import Result, first_nonfinite
 from huggy_exp.runners import ACTIONS, DISCRETE_SAMPLED, OnnxRunner, over_steps, reference, run_feeds
 from huggy_exp.tasks.compare import check_constants, compare_outputs, expected_constants, feeds_with_masks, is_sequence
 
@@ -148,6 +148,8 @@ class ExportOnnxTask:
             if det in exported and (sampled not in exported or np.shape(exported[sampled]) != np.shape(exported[det])
                                     or np.asarray(exported[sampled]).dtype != np.asarray(exported[det]).dtype):
                 failures.append(f"{sampled} is not shaped and typed like {det}")
+            elif sampled in exported and (bad := first_nonfinite(exported[sampled])) is not None:
+                failures.append(f"{sampled}: {bad[0]} NaN/inf values (first at {list(bad[1])})")
         if w.branches and DISCRETE_SAMPLED in exported and "action_masks" in feeds:
             picks = np.asarray(exported[DISCRETE_SAMPLED])
             starts = np.cumsum([0, *w.branch_sizes])[:-1]

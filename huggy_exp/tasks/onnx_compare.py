@@ -10,7 +10,7 @@ from huggy_exp import plots
 from huggy_exp.context import Context
 from huggy_exp.mlagents import ACTION_CLAMP, ACTION_MASKS, RECURRENT_IN, RECURRENT_OUT, check_onnx_pairing
 from huggy_exp.numerics import categorical_check, discrete_margins, limits_for, sampling_check
-from huggy_exp.results import Result
+from huggy_exp.results import Result, first_nonfinite
 from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, OnnxRunner, TorchRunner, over_steps, reference, run_feeds
 from huggy_exp.tasks.compare import check_constants, compare_outputs, expected_constants, feeds_with_masks, is_sequence
 
@@ -62,6 +62,9 @@ class OnnxCompareTask:
             rows_feeds[RECURRENT_IN] = memory[:n]
         tiled = {k: np.tile(v, (self.samples,) + (1,) * (v.ndim - 1)) for k, v in rows_feeds.items()}
         draws = ort.infer(tiled)
+        for name in (SAMPLED, DISCRETE_SAMPLED):
+            if name in draws and (bad := first_nonfinite(draws[name])) is not None:
+                result.fail(f"{name}: {bad[0]} NaN/inf values in onnxruntime's draws (first at {list(bad[1])})")
         headline = []
         if w.mu is not None:
             stats = self._continuous(draws[SAMPLED].reshape(self.samples, n, -1), last, n, w.tanh_squash, result)
