@@ -229,3 +229,15 @@ def test_pyramids_graph_with_misplaced_masks_fails(tmp_path):
                   f"obs.path={tmp_path / 'obs.npz'}")
     assert job.record["status"] == "failed"
     assert "deterministic_discrete_actions" in job.record["reason"] and "draws of a masked action" in job.record["reason"]
+
+
+def test_a_graph_without_an_output_the_policy_has_is_a_one_line_error(shaped_files, tmp_path):
+    def drop_sampled(graph):
+        keep = [o for o in graph.output if o.name != "discrete_actions"]
+        del graph.output[:]
+        graph.output.extend(keep)
+    bad = edited(shaped_files["memory_discrete"][1], tmp_path / "bad.onnx", drop_sampled)
+    job = run_job(tmp_path / "job", "onnx-compare", f"model.checkpoint={shaped_files['memory_discrete'][0]}", f"model.onnx={bad}", *FAST)
+    assert job.record["status"] == "error"
+    reason = job.record["reason"]
+    assert "is not an ML-Agents policy for this checkpoint" in reason and "discrete_actions [N, 2]" in reason and "\n" not in reason

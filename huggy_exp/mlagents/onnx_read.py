@@ -56,7 +56,7 @@ def check_onnx_pairing(path: Path, w: PolicyWeights) -> None:
     outputs = dict(value_info(o) for o in model.graph.output)
     io = interface(w)
     want_in = [(name, dims[1:]) for name, _, dims in io["inputs"]]
-    want_out = {name: dims[1:] for name, _, dims in io["outputs"] if dims[:1] == ["batch"] and not name.startswith("discrete_action")}
+    want_out = {name: dims[1:] for name, _, dims in io["outputs"] if dims[:1] == ["batch"]}
     if [(n, list(d[1:])) for n, d in inputs] == want_in and all(
             name in outputs and list(outputs[name][1:]) == dims for name, dims in want_out.items()):
         return
