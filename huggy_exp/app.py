@@ -43,6 +43,8 @@ def build_context(cfg: DictConfig, workdir: Path) -> Context:
         dtype=str(cfg.dtype),
         batch_size=int(cfg.batch_size),
         seed=int(cfg.seed),
+        backend=str(cfg.backend),
+        threads=int(cfg.threads),
         model_spec=ModelSpec(**{k: model.get(k) for k in ModelSpec.__dataclass_fields__}),
         obs=ObsSpec(**{k: obs[k] for k in ObsSpec.__dataclass_fields__ if k in obs}),
         workdir=workdir,

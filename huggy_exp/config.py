@@ -16,6 +16,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from huggy_exp.errors import UserError
 
 DTYPE_NAMES = ("fp32", "fp16", "bf16", "fp64")
+BACKENDS = ("eager", "compile", "graphs", "onnxruntime")
 VERDICTS = ("passed", "failed", "skipped", "error")
 MAX_SEED = 2**62  # fingerprint and stats add the step to the seed; torch generators take < 2^64
 MAX_BATCH = 2**24
@@ -95,7 +96,22 @@ class Relative:
 @dataclass
 class BatchMode(ModeConf):
     tolerance: Dict[str, float] = MISSING
-    repeats: int = rule(lo=1, hi=1000)
+    budget_s: float = rule(lo=0, hi=600, lo_open=True)
+
+
+@dataclass
+class BenchmarkMode(ModeConf):
+    backends: List[str] = MISSING
+    batch_sizes: Optional[List[int]] = MISSING
+    scenarios: List[str] = MISSING
+    rounds: int = rule(lo=1, hi=1000)
+    budget_s: float = rule(lo=0, hi=3600, lo_open=True)
+    warmup_s: float = rule(lo=0, hi=600)
+    settle_s: float = rule(lo=0, hi=60)
+    chunk_rows: int = rule(lo=1, hi=MAX_BATCH)
+    tolerance: Dict[str, float] = MISSING
+    fp16_cpu_max_rows: int = rule(lo=1, hi=MAX_BATCH)
+    fp16_cpu_samples: int = rule(lo=1, hi=1_000_000)
 
 
 @dataclass
@@ -152,11 +168,13 @@ class StatsMode(ModeConf):
 
 @dataclass
 class SyncMode(ModeConf):
+    _target_: Optional[str] = None  # not a task: run.py hands it to tracking.sync
     paths: List[str] = MISSING
 
 
 MODES: dict[str, type] = {
     "action": ModeConf, "sample": ModeConf, "info": ModeConf, "checkpoints": ModeConf, "batch": BatchMode,
+    "benchmark": BenchmarkMode,
     "export-onnx": ExportOnnxMode, "fingerprint": FingerprintMode, "onnx-compare": OnnxCompareMode,
     "precision": PrecisionMode, "stats": StatsMode, "sync": SyncMode,
 }
@@ -168,6 +186,8 @@ class Config:
     dtype: str = rule(choices=DTYPE_NAMES)
     batch_size: int = rule(lo=1, hi=MAX_BATCH)
     seed: int = rule(lo=0, hi=MAX_SEED)
+    backend: str = rule(choices=BACKENDS)
+    threads: int = rule(lo=1, hi=1024)
     expect: Optional[str] = rule(None, choices=VERDICTS)
     mode: Any = MISSING
     model: ModelConf = MISSING
@@ -201,6 +221,14 @@ def validate(cfg: DictConfig, mode: str) -> None:
     _check(Config, plain, "")
     _check(MODES[mode], plain["mode"], "mode.")
     check_device(str(plain["device"]))
+    track = plain["tracking"]
+    if track.get("enabled") and track.get("uri"):
+        from huggy_exp.tracking import StoreDown, check_uri
+
+        try:
+            check_uri(track["uri"])
+        except StoreDown as exc:
+            raise UserError(str(exc)) from None
 
 
 def _check(schema: type, values: Any, prefix: str) -> None:
@@ -254,10 +282,14 @@ def _check_value(kind: Any, value: Any, key: str, meta: dict) -> None:
     if origin in (list, List):
         if not isinstance(value, list):
             raise UserError(f"{key} must be a list, got {value!r}")
-        if key == "mode.require_match":
-            bad = [v for v in value if v not in DTYPE_NAMES]
-            if bad:
-                raise UserError(f"{key}: unknown dtype {bad[0]!r}; valid: {', '.join(DTYPE_NAMES)}")
+        choices = {"mode.require_match": DTYPE_NAMES, "mode.backends": BACKENDS,
+                   "mode.scenarios": ("single_stream", "offline")}.get(key)
+        bad = [v for v in value if choices and v not in choices]
+        if bad:
+            raise UserError(f"{key}: unknown entry {bad[0]!r}; valid: {', '.join(choices)}")
+        item = getattr(kind, "__args__", (Any,))[0]
+        for i, v in enumerate(value):
+            _check_value(item, v, f"{key}[{i}]", {"lo": 1, "hi": 2**31} if item is int else {})
         return
     if kind is bool:
         if not isinstance(value, bool):
@@ -321,13 +353,18 @@ def expand(argv: list[str], conf_dirs: list) -> tuple[list[str], list[list[str]]
     from hydra.core.override_parser.types import Glob
     from hydra.errors import HydraException
 
-    try:
-        parsed = OverridesParser.create().parse_overrides(argv)
-    except HydraException as exc:
-        raise UserError(" ".join(str(exc).split())) from None
+    parser = OverridesParser.create()
+    parsed = []
+    for arg in argv:
+        try:
+            parsed += parser.parse_overrides([arg])
+        except HydraException as exc:
+            reason = " ".join(str(exc).split()).split(" See https://")[0]
+            raise UserError(f"{arg}: {reason} (Hydra's override grammar: key=value, -m key=a,b,c)") from None
     plain, sweeps = [], []
     for o in parsed:
-        if o.get_key_element().startswith("hydra"):
+        if o.get_key_element().startswith("hydra"):  # Hydra's own settings: composed too, never swept by us
+            plain.append(o.input_line)
             continue
         key = o.get_key_element()
         if not o.is_sweep_override():
@@ -387,6 +424,8 @@ def preflight(argv: list[str], conf_dir) -> None:
                               return_hydra_config=True)
             except (HydraException, OmegaConfBaseException) as exc:
                 raise UserError(composition_error(exc, overrides)) from None
+            _check_output_dir(cfg.hydra.sweep.dir if args.multirun else cfg.hydra.run.dir,
+                              "hydra.sweep.dir" if args.multirun else "hydra.run.dir")
             mode = cfg.hydra.runtime.choices.get("mode")
             with_cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
             try:
@@ -396,12 +435,28 @@ def preflight(argv: list[str], conf_dir) -> None:
                 raise UserError(f"case {case}: {exc}" if case else str(exc)) from None
 
 
+def _check_output_dir(path: str, key: str) -> None:
+    """The job directory must be creatable: try it in its nearest existing parent (root ignores permission bits)."""
+    import tempfile
+    from pathlib import Path
+
+    target = Path(path).expanduser().absolute()
+    parent = next((p for p in [target, *target.parents] if p.exists()), Path("/"))
+    if not parent.is_dir():
+        raise UserError(f"{key}={path}: {parent} is a file, not a folder")
+    try:
+        Path(tempfile.mkdtemp(dir=parent, prefix=".huggy_exp-probe-")).rmdir()
+    except OSError as exc:
+        raise UserError(f"{key}={path}: cannot create a folder in {parent} ({exc.strerror or exc})") from None
+
+
 def composition_error(exc: BaseException, overrides: list[str]) -> str:
     """Hydra's multi-line composition report as one line: what was asked, and OmegaConf's reason with the key."""
     head = " ".join(str(exc).split("\n")[0].split()).rstrip(".")
     cause = exc.__cause__
     if cause is None:
-        return head
+        lines = [" ".join(ln.split()) for ln in str(exc).splitlines() if ln.strip()]
+        return "; ".join(lines[:3]) or head
     lines = [ln.strip() for ln in str(cause).splitlines() if ln.strip()]
     key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), None)
     reason = lines[0] if lines else type(cause).__name__

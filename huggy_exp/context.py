@@ -12,6 +12,7 @@ from huggy_exp import mlagents
 from huggy_exp.errors import UserError
 from huggy_exp.observations import make_feeds, make_observations
 from huggy_exp.placement import Target, check_device, check_dtype, resolve
+from huggy_exp.runners import check_backend
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,8 @@ class Context:
     dtype: str = "fp32"
     batch_size: int = 64
     seed: int = 0
+    backend: str = "eager"
+    threads: int = 1
     model_spec: ModelSpec = field(default_factory=ModelSpec)
     obs: ObsSpec = field(default_factory=ObsSpec)
     workdir: Path = Path(".")
@@ -86,6 +89,9 @@ class Context:
         check_dtype(self.dtype)
         if int(self.batch_size) <= 0:
             raise UserError(f"batch_size must be a positive integer, got {self.batch_size}")
+        if int(self.threads) <= 0:
+            raise UserError(f"threads must be a positive integer, got {self.threads}")
+        check_backend(self.backend)
         self.workdir = Path(self.workdir)
 
     @cached_property

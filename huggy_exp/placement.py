@@ -115,6 +115,24 @@ def memory_stats(device: torch.device) -> dict[str, float]:
     return stats
 
 
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a fresh allocator peak where the device module keeps one (the CPU's RSS peak cannot be reset)."""
+    fn = getattr(device_module(device), "reset_peak_memory_stats", None) if device.type != "cpu" else None
+    if fn is not None:
+        fn(device)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak allocator memory on an accelerator (device module); on the CPU the process's peak RSS."""
+    if device.type != "cpu":
+        fn = getattr(device_module(device), "max_memory_allocated", None)
+        if fn is not None:
+            return float(fn(device)) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
 def inventory() -> dict[str, object]:
     """What devices this process can see, without importing torch_npu unless it is installed."""
     found: dict[str, object] = {"cpu": 1, "cuda": torch.cuda.device_count() if torch.cuda.is_available() else 0}

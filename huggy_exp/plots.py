@@ -67,6 +67,25 @@ def lines(path: Path, series: dict[str, np.ndarray], xlabel: str, ylabel: str, t
     return _save(plt, fig, path)
 
 
+def scaling(path: Path, curves: dict[str, dict[str, list]], title: str) -> str:
+    """Latency (p50, p99 dashed) and throughput against batch size, log-log, one line per backend."""
+    plt = _pyplot()
+    fig, (lat, thr) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for label, c in curves.items():
+        x, p50 = zip(*c["p50_us"])
+        line = lat.plot(x, p50, marker="o", label=f"{label} p50")[0]
+        lat.plot(*zip(*c["p99_us"]), linestyle="--", color=line.get_color(), label=f"{label} p99")
+        thr.plot(*zip(*c["obs_per_s"]), marker="o", color=line.get_color(), label=label)
+    for ax, ylabel in ((lat, "latency per call (µs)"), (thr, "throughput (obs/s)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch size")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    return _save(plt, fig, path)
+
+
 def _save(plt, fig, path: Path) -> str:
     fig.tight_layout()
     fig.savefig(path, dpi=90)

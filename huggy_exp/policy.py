@@ -192,8 +192,15 @@ class Policy(nn.Module):
         if weights.mu is not None:
             self.continuous = (SquashedActions if weights.tanh_squash else ContinuousActions)(weights.mu, weights.log_sigma)
         self.discrete = DiscreteActions(weights.branches) if weights.branches else None
+        # plain tuples of the same Linear modules and Parameters (.to() converts Parameters in place): no per-call lookups
+        self._linears = tuple(m for m in body if isinstance(m, nn.Linear))
+        self._cache_parameters()
         self.requires_grad_(False)
         self.eval()
+
+    def _cache_parameters(self) -> None:
+        mu = (self.continuous.mu,) if self.continuous is not None else ()
+        self._gemv = tuple((m.weight, m.bias) for m in (*self._linears, *mu))
 
     def place(self, device: torch.device, dtype: torch.dtype) -> "Policy":
         """Move to the device; the layers take `dtype`, the statistics stay fp32 (fp64 only for an fp64 run)."""
@@ -202,6 +209,7 @@ class Policy(nn.Module):
         self.to(device=device, dtype=dtype)
         for module, name, value in exempt:  # taken before .to(): fp16 would round them
             module._buffers[name] = value.to(device=device, dtype=stat_dtype)
+        self._cache_parameters()  # in case .to() made new Parameters
         return self
 
     @property
@@ -279,19 +287,45 @@ class Policy(nn.Module):
         return self.body(_cast(self.normalize(obs), self.compute_dtype))
 
     def trace(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Every intermediate, for per-layer attribution: normalized_obs, hidden_0.., mu, log_sigma."""
+        """Every intermediate, for per-layer attribution: normalized_obs, hidden_0.., mu, log_sigma, actions.
+
+        The same code as forward() (one path, recording on the way), so what is verified is what runs.
+        """
         out: dict[str, torch.Tensor] = {}
-        x, _ = self.encode([obs], record=out)
-        out["mu"] = self.continuous.mu(x)
-        out["log_sigma"] = self.continuous.log_sigma_of(x, out["mu"])
+        out["actions"] = self._run(obs, out)
         return out
+
+    def _run(self, obs: torch.Tensor, record: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """normalize (stat dtype) -> [Linear, Swish] x N (compute dtype) -> mu -> head; intermediates into `record`.
+
+        Huggy's shape only (one input, continuous actions, no memory); Policy.act runs every shape.
+        One row on the CPU runs as a vector through addmv (MKL's gemv): addmm's one-row path is ~2x slower there.
+        """
+        head = self.continuous
+        row = obs.dim() == 2 and obs.shape[0] == 1 and obs.device.type == "cpu"
+        keep = (lambda t: t.unsqueeze(0)) if row else (lambda t: t)  # noqa: E731
+        x = self.normalize(obs[0] if row else obs)
+        if record is not None:
+            record["normalized_obs"] = keep(x)
+        x = _cast(x, self.compute_dtype)
+        for i, layer in enumerate(self._linears):
+            x = torch.addmv(self._gemv[i][1], self._gemv[i][0], x) if row else layer(x)
+            x = torch.sigmoid(x).mul_(x)  # Swish as in self.body, bit for bit; in place: one buffer less per layer
+            if record is not None:
+                record[f"hidden_{i}"] = keep(x)
+        mu = torch.addmv(self._gemv[-1][1], self._gemv[-1][0], x) if row else head.mu(x)
+        if record is not None:
+            record["mu"] = keep(mu)
+            log_sigma = head.log_sigma_of(x, mu)
+            record["log_sigma"] = log_sigma.reshape(1, -1) if row else log_sigma
+        return keep(head.head(mu))
 
     def head(self, mu: torch.Tensor) -> torch.Tensor:
         return self.continuous.head(mu)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        """Deterministic continuous actions of a single-input policy without memory."""
-        return self.continuous(self.features(obs))
+        """Deterministic continuous actions of a single-input policy without memory: the one path, _run."""
+        return self._run(obs)
 
     def sample(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         return self.continuous.sample(self.features(obs), noise)

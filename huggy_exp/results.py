@@ -31,6 +31,7 @@ class Result:
     files: list[str] = field(default_factory=list)  # extra files: names in the job dir, or absolute paths
     details: dict = field(default_factory=dict)
     summary: list[str] = field(default_factory=list)
+    series: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # stepped metrics: name -> [(step, value)]
     tracking: str = "off"  # set by app after the job: off | logged | pending
 
     def fail(self, reason: str) -> None:
@@ -110,6 +111,7 @@ def write_result(workdir: Path, record: dict, result: Result) -> Path:
         "status": result.status,
         "reason": result.reason,
         "metrics": result.metrics,
+        "series": {name: [list(p) for p in points] for name, points in result.series.items()},
         "tags": result.tags,
         "arrays": {name: f"{name}.npy" for name in result.arrays},
         "tables": {name: f"{name}.csv" for name in result.tables},

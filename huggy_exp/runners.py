@@ -1,29 +1,65 @@
-"""Every backend behind one contract: infer(feeds) -> {output name: ndarray}. References are runners.
+"""Every backend behind one contract (Polygraphy's): infer(feeds) -> {output name: ndarray}. References are runners.
 
 Feeds are keyed by ML-Agents' ONNX input names: `obs_0` ... `obs_<k>` (float32 [N, d_i]), `action_masks` (float32
 [N, sum of branch sizes], 1 = allowed; all allowed when absent), `recurrent_in` (float32 [N, 1, memory]; zeros when
 absent). A bare array is `obs_0`. Outputs carry ML-Agents' output names. `Recurrent` carries the memory between steps.
+
+`build()` is the one factory: backend `eager` (the policy in inference mode), `compile` (torch.compile with
+inductor freezing), `graphs` (CUDA / NPU graph replay through the device module) or `onnxruntime` (the
+ML-Agents .onnx on the provider that matches the device). For Huggy's shape the torch runners share one forward path
+(Policy._run): trace() records the intermediates of that path, and its actions come from infer(), the timed call.
+Every other shape (several inputs, discrete branches, memory) runs through Policy.act (eager) or on onnxruntime.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
 
-from huggy_exp.errors import UserError
-from huggy_exp.mlagents import ACTION_MASKS, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name
-from huggy_exp.placement import Target, resolve, synchronize
+from huggy_exp.errors import Unsupported, UserError
+from huggy_exp.mlagents import ACTION_MASKS, ONNX_INPUT, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name
+from huggy_exp.placement import Target, device_module, resolve, synchronize
 from huggy_exp.policy import Policy, cpu_noise, cpu_uniform
+
+if TYPE_CHECKING:
+    from huggy_exp.context import Context
 
 ACTIONS = "deterministic_continuous_actions"
 SAMPLED = "continuous_actions"
 DISCRETE = "deterministic_discrete_actions"
 DISCRETE_SAMPLED = "discrete_actions"
+OBS = ONNX_INPUT
+BACKENDS = ("eager", "compile", "graphs", "onnxruntime")
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "npu": "CANNExecutionProvider"}
 
 Feeds = Mapping[str, np.ndarray] | np.ndarray
+_F32 = np.dtype(np.float32)
+
+
+class Runner(Protocol):
+    name: str
+
+    def infer(self, feeds: Feeds) -> dict[str, np.ndarray]: ...
+
+
+def obs_of(feeds: Feeds) -> np.ndarray:
+    """The observation array of a feed dict (or a bare array)."""
+    if type(feeds) is not np.ndarray:
+        try:
+            feeds = feeds[OBS]
+        except KeyError:
+            raise UserError(f"feeds {sorted(feeds)} lack {OBS!r}") from None
+    return feeds if type(feeds) is np.ndarray else np.asarray(feeds)
+
+
+def check_backend(name: str) -> str:
+    if name not in BACKENDS:
+        raise UserError(f"unknown backend {name!r}; valid: {', '.join(BACKENDS)}")
+    return name
 
 
 def feeds_of(feeds: Feeds) -> dict[str, np.ndarray]:
@@ -55,18 +91,43 @@ def feed_rows(feeds: Feeds) -> int:
 
 
 class TorchRunner:
-    """The rebuilt policy on one (device, dtype), fed in chunks of `batch_size` rows."""
+    """The rebuilt policy on one (device, dtype), fed in chunks of `batch_size` rows, run by one torch backend."""
 
-    def __init__(self, weights: PolicyWeights, target: Target, batch_size: int = 0):
+    def __init__(self, weights: PolicyWeights, target: Target, batch_size: int = 0, backend: str = "eager"):
         self.target = target
         self.batch_size = batch_size
+        self.backend = check_backend(backend)
+        if backend == "onnxruntime":
+            raise UserError("TorchRunner runs torch backends; build onnxruntime with runners.build()")
+        if backend != "eager" and not weights.huggy_shaped:
+            raise UserError(f"backend {backend} runs Huggy's shape only (one input, continuous actions, no memory); "
+                            f"this policy has {weights.describe_shape()}: use backend eager or onnxruntime")
         self.policy = Policy(weights).place(target.device, target.dtype)
-        self.name = f"torch-{target.device_name}-{target.dtype_name}"
+        self.shape = weights.describe_shape()
+        self.name = f"torch-{backend}-{target.device_name}-{target.dtype_name}"
+        self._forward: Callable = self.policy
+        self._sample: Callable = self.policy.sample
+        if backend == "compile":
+            self._forward, self._sample = _compiled(self.policy.forward), _compiled(self.policy.sample)
+        elif backend == "graphs":
+            graphs = _graph_api(target.device)
+            self._forward, self._sample = GraphReplay(self.policy.forward, graphs), GraphReplay(self.policy.sample, graphs)
 
-    def _chunks(self, obs: np.ndarray):
-        step = self.batch_size if self.batch_size and self.batch_size > 0 else len(obs)
-        for start in range(0, len(obs), step):
-            yield start, torch.from_numpy(np.ascontiguousarray(obs[start : start + step])).to(self.target.device)
+    @property
+    def fixed_shape(self) -> bool:
+        """Compiled code and captured graphs run one chunk shape: the last chunk is padded to it."""
+        return self.backend in ("compile", "graphs")
+
+    def _chunks(self, *arrays: np.ndarray, pad: bool | None = None):
+        pad = self.fixed_shape if pad is None else pad
+        rows = len(arrays[0])
+        step = min(self.batch_size, rows) if self.batch_size and self.batch_size > 0 else rows
+        for start in range(0, rows, max(step, 1)):
+            parts = [np.ascontiguousarray(a[start : start + step]) for a in arrays]
+            n = len(parts[0])
+            if pad and n < step:
+                parts = [np.concatenate([p, np.repeat(p[-1:], step - n, axis=0)]) for p in parts]
+            yield start, n, [torch.from_numpy(p).to(self.target.device) for p in parts]
 
     def _feed_chunks(self, feeds: Feeds):
         """(start, obs list, masks, memory) per chunk of `batch_size` rows, as tensors on the device."""
@@ -98,35 +159,60 @@ class TorchRunner:
 
     def _collect(self, parts: list[dict[str, torch.Tensor]]) -> dict[str, np.ndarray]:
         synchronize(self.target.device)
+        if len(parts) == 1:
+            return {k: _numpy(v) for k, v in parts[0].items()}
         return {k: np.concatenate([_numpy(p[k]) for p in parts]) for k in parts[0]}
 
-    @torch.inference_mode()
+    @property
+    def memory_size(self) -> int:
+        return self.policy.memory_size
+
+    def _obs(self, feeds: Feeds) -> np.ndarray:
+        """The one input of a Huggy-shaped policy: a bare array or {obs_0} of the right width as it is (kept lean for
+        timing); anything else checked by fit_inputs (obs_0 ... obs_<k> concatenated, one-line errors)."""
+        if type(feeds) is np.ndarray or len(feeds) == 1 and OBS in feeds:
+            obs = obs_of(feeds)
+            if obs.ndim == 2 and obs.shape[1] == self.policy.obs_dim:
+                return obs
+        return fit_inputs(feeds_of(feeds), self.policy.obs_sizes)[OBS]
+
+    def _require_huggy_shape(self, what: str) -> None:
+        if not self.policy.huggy_shaped:
+            raise UserError(f"{what} handles Huggy's shape only (one input, continuous actions, no memory); "
+                            f"this policy has {self.shape}")
+
     def infer(self, feeds: Feeds) -> dict[str, np.ndarray]:
         """Deterministic outputs of every head (and `recurrent_out`) for the feeds."""
         if not self.policy.huggy_shaped:  # several inputs, discrete branches, memory: every head through Policy.act
-            return self._run(feeds)
-        obs = fit_inputs(feeds_of(feeds), self.policy.obs_sizes)[obs_name(0)]
-        return self._collect([{ACTIONS: self.policy(x)} for _, x in self._chunks(obs)])
+            with torch.inference_mode():
+                return self._run(feeds)
+        obs = self._obs(feeds)
+        with torch.inference_mode():
+            if self.batch_size <= 0 or len(obs) <= self.batch_size and not self.fixed_shape:  # one chunk, kept lean
+                x = torch.from_numpy(np.ascontiguousarray(obs))
+                return {ACTIONS: _numpy(self._forward(x if self.target.kind == "cpu" else x.to(self.target.device)))}
+            return self._collect([{ACTIONS: self._forward(x)[:n]} for _, n, (x,) in self._chunks(obs)])
 
     @torch.inference_mode()
-    def trace(self, obs: np.ndarray) -> dict[str, np.ndarray]:
-        """Every intermediate plus the action, for per-layer attribution."""
-        parts = []
-        for _, x in self._chunks(obs):
-            t = self.policy.trace(x)
-            t[ACTIONS] = self.policy.head(t["mu"])
-            parts.append(t)
-        return self._collect(parts)
+    def trace(self, feeds: Feeds) -> dict[str, np.ndarray]:
+        """The intermediates of the policy's one forward path (eager), with the actions of infer(), the timed path."""
+        self._require_huggy_shape("trace (per-layer attribution)")
+        obs = self._obs(feeds)
+        parts = [self.policy.trace(x) for _, _, (x,) in self._chunks(obs, pad=False)]
+        out = self._collect(parts)
+        out.pop("actions")
+        out[ACTIONS] = self.infer(obs)[ACTIONS]
+        return out
 
     @torch.inference_mode()
     def sample(self, feeds: Feeds, seed: int) -> dict[str, np.ndarray]:
         """Sampled actions; the noise is one CPU draw for all rows, so chunking and device do not change it."""
         if not self.policy.huggy_shaped:
             return self._run(feeds, sample_noise(self.policy, feed_rows(feeds), seed))
-        obs = fit_inputs(feeds_of(feeds), self.policy.obs_sizes)[obs_name(0)]
-        noise = cpu_noise(len(obs), self.policy.act_dim, seed)
-        return self._collect([{SAMPLED: self.policy.sample(x, noise[s : s + len(x)])} for s, x in self._chunks(obs)])
-
+        obs = self._obs(feeds)
+        noise = cpu_noise(len(obs), self.policy.act_dim, seed).numpy()
+        parts = [{SAMPLED: self._sample(x, z)[:n]} for _, n, (x, z) in self._chunks(obs, noise)]
+        return self._collect(parts)
 
     @torch.inference_mode()
     def distributions(self, feeds: Feeds) -> dict[str, np.ndarray]:
@@ -177,13 +263,14 @@ class Recurrent:
         return {k: np.stack([o[k] for o in outs]) for k in outs[0]}
 
 
-def run_feeds(runner: TorchRunner, feeds: Mapping[str, np.ndarray], seed: int | None = None) -> dict[str, np.ndarray]:
+def run_feeds(runner: TorchRunner | OnnxRunner, feeds: Mapping[str, np.ndarray],
+              seed: int | None = None) -> dict[str, np.ndarray]:
     """Deterministic outputs (sampled ones with `seed`) for single-step feeds [N, d], or for a sequence [T, N, d] run
     step by step with the memory carried from zeros (step t sampled with seed + t); sequence outputs lead with T."""
     if seed is None or feeds[obs_name(0)].ndim == 2:
-        return over_steps(runner.infer if seed is None else (lambda f: runner.sample(f, seed)), feeds, runner.policy.memory_size)
+        return over_steps(runner.infer if seed is None else (lambda f: runner.sample(f, seed)), feeds, runner.memory_size)
     steps = iter(range(len(feeds[obs_name(0)])))
-    return Recurrent(lambda f: runner.sample(f, seed + next(steps)), runner.policy.memory_size).sequence(feeds)
+    return Recurrent(lambda f: runner.sample(f, seed + next(steps)), runner.memory_size).sequence(feeds)
 
 
 def over_steps(infer: Callable[[Feeds], dict[str, np.ndarray]], feeds: Mapping[str, np.ndarray], memory_size: int) -> dict[str, np.ndarray]:
@@ -194,22 +281,83 @@ def over_steps(infer: Callable[[Feeds], dict[str, np.ndarray]], feeds: Mapping[s
     return Recurrent(infer, memory_size).sequence(feeds)
 
 
-def reference(weights: PolicyWeights, dtype: str = "fp64", batch_size: int = 0) -> TorchRunner:
-    """The CPU reference used by the comparing modes (fp64 by default)."""
-    return TorchRunner(weights, resolve("cpu", dtype), batch_size)
-
-
 def _numpy(t: torch.Tensor) -> np.ndarray:
+    if t.dtype == torch.float32 and t.device.type == "cpu":
+        return t.numpy()
     t = t.detach().cpu()
     if not t.is_floating_point():
         return t.numpy()  # discrete actions: int64
     return (t.double() if t.dtype == torch.float64 else t.float()).numpy()
 
 
+def _compiled(fn: Callable) -> Callable:
+    """torch.compile with inductor freezing (weights folded as constants). `options={"freezing": True}` is ignored on
+    the CPU in torch 2.13, so the inductor config is set (process-wide: it only affects compiled graphs)."""
+    import os
+    import shutil
+
+    compilers = [c for c in (os.environ.get("CXX"), "g++", "c++", "clang++") if c and shutil.which(c)]
+    if not compilers:
+        raise Unsupported("backend compile: inductor needs a C++ compiler and none is on PATH (g++, c++, clang++, $CXX)")
+    try:
+        import torch._inductor.config as inductor_config
+    except ImportError as exc:
+        raise Unsupported(f"backend compile: torch inductor is unavailable ({exc})") from None
+    inductor_config.freezing = True
+    return torch.compile(fn, dynamic=False)
+
+
+def _graph_api(device: torch.device):
+    """The device module's graph class and capture context (torch.cuda.CUDAGraph, torch_npu's NPUGraph)."""
+    if device.type == "cpu":
+        raise Unsupported("backend graphs: the CPU has no graph replay (CUDA graphs / NPU graphs need cuda or npu)")
+    mod = device_module(device)
+    cls = getattr(mod, "CUDAGraph", None) or getattr(mod, "NPUGraph", None)
+    if cls is None or not hasattr(mod, "graph"):
+        raise Unsupported(f"backend graphs: torch.{device.type} offers no graph capture here")
+    return mod, cls
+
+
+class GraphReplay:
+    """Capture `fn` once per input shape on static buffers, then replay: copy inputs in, replay, clone outputs."""
+
+    def __init__(self, fn: Callable, graphs):
+        self.fn, (self.mod, self.cls) = fn, graphs
+        self.captured: dict[tuple, tuple] = {}
+
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        key = tuple((tuple(t.shape), t.dtype) for t in inputs)
+        if key not in self.captured:
+            static = [t.clone() for t in inputs]
+            side = self.mod.Stream()
+            side.wait_stream(self.mod.current_stream())
+            with self.mod.stream(side):
+                for _ in range(3):
+                    self.fn(*static)
+            self.mod.current_stream().wait_stream(side)
+            graph = self.cls()
+            with self.mod.graph(graph):
+                out = self.fn(*static)
+            self.captured[key] = (graph, static, out)
+        graph, static, out = self.captured[key]
+        for s, t in zip(static, inputs):
+            s.copy_(t)
+        graph.replay()
+        return out.clone()
+
+
+def check_provider(session, provider: str) -> None:
+    """onnxruntime silently falls back to the CPU when a provider cannot start: refuse that."""
+    active = session.get_providers()
+    if not active or active[0] != provider:
+        raise Unsupported(f"onnxruntime session runs on {active}, not on the requested {provider} (no silent fallback)")
+
+
 class OnnxRunner:
     """onnxruntime on one execution provider; a missing provider fails with the list of available ones."""
 
-    def __init__(self, path: Path, provider: str = "CPUExecutionProvider", threads: int = 0, seed: int | None = None):
+    def __init__(self, path: Path, provider: str = "CPUExecutionProvider", threads: int = 0, seed: int | None = None,
+                 batch_size: int = 0, device_id: int | None = None):
         import onnxruntime as ort
 
         if seed is not None:
@@ -221,17 +369,41 @@ class OnnxRunner:
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+        providers = [(provider, {"device_id": device_id})] if device_id is not None else [provider]
         try:
-            self.session = ort.InferenceSession(str(path), options, providers=[provider])
+            self.session = ort.InferenceSession(str(path), options, providers=providers)
         except Exception as exc:
             raise UserError(f"onnxruntime could not load {path}: {str(exc).splitlines()[0]}") from None
+        check_provider(self.session, provider)
         self.inputs = {i.name: i.shape for i in self.session.get_inputs()}
         self.input = next(iter(self.inputs))
+        shape = self.inputs.get(RECURRENT_IN)
+        self.memory_size = int(shape[-1]) if shape and isinstance(shape[-1], int) else 0
         self.outputs = [o.name for o in self.session.get_outputs()]
+        self._batched = {i for i, o in enumerate(self.session.get_outputs()) if o.shape and not isinstance(o.shape[0], int)}
+        self.batch_size = batch_size
         self.name = f"onnxruntime-{provider}"
 
     def infer(self, feeds: Feeds) -> dict[str, np.ndarray]:
         """The graph's outputs; absent action_masks are all ones, an absent recurrent_in is zeros (ML-Agents' defaults)."""
+        if len(self.inputs) == 1:  # Huggy's graph: obs_0 alone
+            obs = obs_of(feeds)
+            if obs.dtype is not _F32 and obs.dtype != _F32 or not obs.flags.c_contiguous:
+                obs = np.ascontiguousarray(obs, np.float32)
+            given = {self.input: obs}
+        else:
+            given = self._given(feeds)
+        rows = len(next(iter(given.values())))
+        if not self.batch_size or rows <= self.batch_size:  # one call: the common case, kept lean for timing
+            return dict(zip(self.outputs, self.session.run(self.outputs, given)))
+        step = self.batch_size
+        parts = [self.session.run(self.outputs, {k: v[s : s + step] for k, v in given.items()}) for s in range(0, rows, step)]
+        return {name: (np.concatenate([p[i] for p in parts]) if i in self._batched else parts[0][i])
+                for i, name in enumerate(self.outputs)}
+
+    def _given(self, feeds: Feeds) -> dict[str, np.ndarray]:
+        """Every graph input from the feeds, float32 and contiguous; masks and memory filled in when absent."""
         feeds = {self.input: feeds} if isinstance(feeds, np.ndarray) else feeds_of(feeds)
         rows = len(next(iter(feeds.values())))
         given = {}
@@ -243,5 +415,27 @@ class OnnxRunner:
                 given[name] = fill((rows, *(1 for _ in shape[1:-1]), shape[-1]), np.float32)
             else:
                 raise UserError(f"feeds {sorted(feeds)} lack the graph input {name!r}")
-        values = self.session.run(None, given)
-        return dict(zip(self.outputs, values))
+        return given
+
+
+def build(ctx: Context, backend: str | None = None, *, device: str | None = None, dtype: str | None = None,
+          batch_size: int | None = None, threads: int | None = None, provider: str | None = None,
+          onnx: Path | None = None) -> Runner:
+    """The one factory: a runner for the context's (backend, device, dtype, batch size) or the overrides given."""
+    backend = check_backend(backend or ctx.backend)
+    batch = ctx.batch_size if batch_size is None else batch_size
+    if backend == "onnxruntime":
+        target = ctx.target(device, dtype)
+        if target.dtype_name != "fp32":
+            raise Unsupported(f"backend onnxruntime runs the float32 .onnx graph; dtype {target.dtype_name} does not apply")
+        provider = provider or PROVIDERS.get(target.kind)
+        if provider is None:
+            raise Unsupported(f"backend onnxruntime: no execution provider for device {target.device_name}")
+        index = target.device.index if target.kind != "cpu" else None
+        return OnnxRunner(onnx or ctx.onnx_path(), provider, ctx.threads if threads is None else threads, ctx.seed, batch, index)
+    return TorchRunner(ctx.weights, ctx.target(device, dtype), batch, backend)
+
+
+def reference(ctx: Context, dtype: str = "fp64", batch_size: int = 0) -> TorchRunner:
+    """The CPU eager reference used by the comparing modes (fp64 by default)."""
+    return TorchRunner(ctx.weights, resolve("cpu", dtype), batch_size, "eager")

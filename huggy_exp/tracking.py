@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import getpass
 import json
 import math
 import os
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -128,6 +130,20 @@ def _mlflow():
     return mlflow
 
 
+def _forget_stores() -> None:
+    """MLflow caches one store and one SQLAlchemy engine (open SQLite connections) per URI; after a failure the next
+    try must build fresh ones, or a store moved aside and recreated keeps answering from the broken file."""
+    with contextlib.suppress(Exception):  # private caches: if they move, a long-lived process keeps the old store
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+        from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+        _tracking_store_registry._get_store_with_resolved_uri.cache_clear()
+        with SqlAlchemyStore._engine_map_lock:
+            for engine in SqlAlchemyStore._engine_map.values():
+                engine.dispose()
+            SqlAlchemyStore._engine_map.clear()
+
+
 def _explain(uri: str, exc: BaseException) -> str:
     """One line; a SQLite store broken by an interrupted migration (or not a database at all) names the fix."""
     text = " ".join(str(exc).split()) or type(exc).__name__
@@ -158,6 +174,7 @@ class Store:
         except StoreDown:
             raise
         except Exception as exc:
+            _forget_stores()
             raise StoreDown(_explain(uri, exc)) from None
 
     def _ensure_experiment(self) -> str:
@@ -232,9 +249,16 @@ def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None) -> d
                     for step, v in points if isinstance(v, (int, float)) and math.isfinite(float(v))]
         for i in range(0, max(len(params), len(metrics)), 100):
             store.client.log_batch(run_id, metrics=metrics[i:i + 100], params=params[i:i + 100])
-        update_result(workdir, tracking=_logged(store, run_id, record))  # the logged copy says where it lives
+        # on disk "logging" (sync retries it) until the run is complete; the copy in MLflow says where it lives
+        update_result(workdir, tracking={**_logged(store, run_id, record), "status": "logging"})
         for path in artifacts(record, workdir):
-            store.client.log_artifact(run_id, str(path))
+            if path.name == "result.json":
+                with tempfile.TemporaryDirectory() as tmp:
+                    copy = Path(tmp) / "result.json"
+                    copy.write_text(json.dumps({**read_result(workdir), "tracking": _logged(store, run_id, record)}, indent=2))
+                    store.client.log_artifact(run_id, str(copy))
+            else:
+                store.client.log_artifact(run_id, str(path))
         store.client.log_batch(run_id, tags=[RunTag("huggy.complete", "true")])
         store.client.set_terminated(run_id, run_status(record))
     except BaseException as exc:
@@ -319,7 +343,9 @@ def _user() -> str:
         return "unknown"
 
 
+@functools.lru_cache(maxsize=1)
 def git_commit() -> str | None:
+    """The checkout's commit, asked once per process (a sweep's points share it)."""
     if not (REPO / ".git").exists():
         return None
     try:
@@ -427,7 +453,7 @@ def sync(settings: dict, roots: list[Path]) -> dict[str, int]:
     found = sorted({p for root in roots if root.is_dir() for p in root.rglob("result.json")})
     for path in found:
         record = read_result(path.parent)
-        if (record.get("tracking") or {}).get("status") != "pending":
+        if (record.get("tracking") or {}).get("status") not in ("pending", "logging"):  # logging: a crash mid-copy
             continue
         counts["seen"] += 1
         outcome = log_job({**settings, "enabled": True}, path.parent, retry_down=True)

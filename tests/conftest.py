@@ -192,6 +192,22 @@ def save_mlagents_checkpoint(path: Path, policy_state: dict, step: int) -> Path:
     return path
 
 
+def mlagents_forward(state: dict, obs: np.ndarray) -> np.ndarray:
+    """ML-Agents 1.1.0's SimpleActor deterministic path, op for op (Normalizer, LinearEncoder + Swish, mu, clamp/3)."""
+    import torch
+
+    p = "network_body.observation_encoder.processors.0.normalizer."
+    x = torch.from_numpy(obs)
+    x = torch.clamp((x - state[p + "running_mean"]) / torch.sqrt(state[p + "running_variance"]
+                                                                  / state[p + "normalization_steps"]), -5, 5)
+    body = "network_body._body_endoder.seq_layers."
+    for i in range(0, 2 * len([k for k in state if k.startswith(body) and k.endswith(".weight")]), 2):
+        x = torch.nn.functional.linear(x, state[f"{body}{i}.weight"], state[f"{body}{i}.bias"])
+        x = torch.mul(x, torch.sigmoid(x))
+    mu_w, mu_b = state["action_model._continuous_distribution.mu.weight"], state["action_model._continuous_distribution.mu.bias"]
+    return (torch.clamp(torch.nn.functional.linear(x, mu_w, mu_b), -3, 3) / 3).numpy()
+
+
 # --- fixtures
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import HUGGY_ONNX, HUGGY_PT, REFERENCE, assert_same_weights, needs_shared
+from conftest import HUGGY_ONNX, HUGGY_PT, REFERENCE, assert_same_weights, mlagents_forward, needs_shared
 
 from huggy_exp import mlagents
 from huggy_exp.placement import resolve
@@ -63,22 +63,6 @@ def test_fp32_cpu_actions_match_mlagents_stored_reference(source, huggy_pt_model
     actions = TorchRunner(model.weights, resolve("cpu", "fp32"), batch_size=64).infer(reference_obs)[ACTIONS]
     assert actions.shape == reference_actions.shape == (64, 21)
     np.testing.assert_allclose(actions, reference_actions, atol=CROSS_CPU_ATOL, rtol=0)
-
-
-def mlagents_forward(state: dict, obs: np.ndarray) -> np.ndarray:
-    """ML-Agents 1.1.0's SimpleActor deterministic path, op for op (Normalizer, LinearEncoder + Swish, mu, clamp/3)."""
-    import torch
-
-    p = "network_body.observation_encoder.processors.0.normalizer."
-    x = torch.from_numpy(obs)
-    x = torch.clamp((x - state[p + "running_mean"]) / torch.sqrt(state[p + "running_variance"]
-                                                                  / state[p + "normalization_steps"]), -5, 5)
-    body = "network_body._body_endoder.seq_layers."
-    for i in (0, 2, 4):
-        x = torch.nn.functional.linear(x, state[f"{body}{i}.weight"], state[f"{body}{i}.bias"])
-        x = torch.mul(x, torch.sigmoid(x))
-    mu_w, mu_b = state["action_model._continuous_distribution.mu.weight"], state["action_model._continuous_distribution.mu.bias"]
-    return (torch.clamp(torch.nn.functional.linear(x, mu_w, mu_b), -3, 3) / 3).numpy()
 
 
 def test_fp32_cpu_actions_are_bit_identical_to_mlagents_ops_on_this_machine(huggy_pt_model, reference_obs):

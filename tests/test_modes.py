@@ -286,7 +286,8 @@ def test_onnx_compare_huggy_fp32_cpu_matches_mlagents_graph(huggy_onnx_runs):
 @needs_shared
 def test_onnx_compare_is_repeatable_run_to_run(huggy_onnx_runs):
     a, b = huggy_onnx_runs
-    assert a.metrics == b.metrics  # includes the sampled-action statistics (onnxruntime seeded)
+    numeric = lambda m: {k: v for k, v in m.items() if not k.startswith("latency.")}  # noqa: E731 (timings vary)
+    assert numeric(a.metrics) == numeric(b.metrics)  # includes the sampled-action statistics (onnxruntime seeded)
     np.testing.assert_array_equal(np.load(a.workdir / "onnx_actions.npy"), np.load(b.workdir / "onnx_actions.npy"))
 
 

@@ -146,7 +146,7 @@ def test_sample_same_seed_gives_identical_actions_file(tmp_path):
 
 
 def test_batch_reports_invariance_and_common_fields(tmp_path):
-    job = run_job(tmp_path, "batch", "obs.rows=16", "batch_size=4", "mode.repeats=1", "seed=2")
+    job = run_job(tmp_path, "batch", "obs.rows=16", "batch_size=4", "mode.budget_s=0.05", "seed=2")
     r = job.record
     _assert_common_record(r, "batch", "passed")
     assert (r["device"], r["dtype"], r["batch_size"], r["seed"]) == ("cpu", "fp32", 4, 2)
@@ -158,7 +158,7 @@ def test_batch_reports_invariance_and_common_fields(tmp_path):
 
 
 def test_batch_fails_when_invariance_exceeds_tolerance(tmp_path):
-    r = run_job(tmp_path, "batch", "obs.rows=16", "batch_size=8", "mode.repeats=1", "mode.tolerance.fp32=0").record
+    r = run_job(tmp_path, "batch", "obs.rows=16", "batch_size=8", "mode.budget_s=0.05", "mode.tolerance.fp32=0").record
     assert r["status"] == "failed" and "batch invariance" in r["reason"]
 
 

@@ -218,7 +218,7 @@ def test_sample_batch_and_info_pass_on_every_shape_from_random_inputs(mode, shap
     assert (mode != "info") or job.record["shape"]["branch_sizes"] == [3, 2, 4]
 
 
-@pytest.mark.parametrize("mode", ["precision", "fingerprint", "stats"])
+@pytest.mark.parametrize("mode", ["precision", "fingerprint", "stats", "benchmark"])
 def test_modes_not_yet_taught_other_shapes_refuse_them_in_one_line(mode, shaped_files, tmp_path):
     job = run_job(tmp_path, mode, f"model.checkpoint={shaped_files['memory_discrete'][0]}", "obs.rows=4")
     assert job.record["status"] == "error"
@@ -318,3 +318,43 @@ def test_a_fully_masked_branch_behaves_as_in_mlagents_uniform_and_argmax_zero(sh
     np.testing.assert_array_equal(ours[DISCRETE], theirs[DISCRETE])
     drawn = runner(shaped_files["branches"][0]).sample({k: np.repeat(v[:1], 400, axis=0) for k, v in feeds.items()}, 1)
     assert set(np.unique(drawn[DISCRETE_SAMPLED][:, 1])) == {0, 1}
+
+
+# --- backends (runners.build) on other shapes
+
+
+@pytest.mark.parametrize("backend", ["compile", "graphs"])
+def test_compile_and_graphs_refuse_other_shapes_in_one_line_naming_the_shape(backend, shaped_files, tmp_path):
+    w = mlagents.load_checkpoint(shaped_files["hybrid"][0]).weights
+    with pytest.raises(UserError, match=rf"backend {backend} runs Huggy's shape only .*this policy has 2 inputs \[7, 2\], 2 continuous"):
+        TorchRunner(w, resolve("cpu", "fp32"), 0, backend)
+    job = run_job(tmp_path, "action", f"model.checkpoint={shaped_files['hybrid'][0]}", "obs.rows=4", f"backend={backend}")
+    assert job.record["status"] == "error" and job.record["reason"].startswith(f"backend {backend} runs Huggy's shape only")
+    assert "\n" not in job.record["reason"]
+
+
+def test_action_and_batch_on_onnxruntime_agree_with_eager_on_every_output_and_log_latency(shaped_files, tmp_path):
+    for name in ("hybrid", "memory_discrete"):
+        model = f"model.onnx={shaped_files[name][1]}"
+        for mode in ("action", "batch"):
+            jobs = {b: run_job(tmp_path / name / mode / b, mode, model, "obs.rows=12", "batch_size=5", f"backend={b}",
+                               *(["mode.budget_s=0.02"] if mode == "batch" else []))
+                    for b in ("eager", "onnxruntime")}
+            for b, job in jobs.items():
+                assert job.record["status"] == "passed", (name, mode, b, job.record["reason"])
+                assert job.record["metrics"]["latency.p50_us"] > 0
+            for file in ("actions.npy", "discrete_actions.npy", "memories.npy"):
+                if (jobs["eager"].workdir / file).is_file():
+                    ours, theirs = (np.load(jobs[b].workdir / file) for b in ("eager", "onnxruntime"))
+                    assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
+                    np.testing.assert_allclose(ours, theirs, atol=ATOL, rtol=0)
+
+
+def test_an_lstm_sequence_on_onnxruntime_carries_the_memory_like_eager(shaped_actors, shaped_files, tmp_path):
+    actor = shaped_actors["memory_discrete"]
+    np.save(tmp_path / "seq.npy", np.stack([actor.random_feeds(4, seed=50 + t, masked=False)["obs_0"] for t in range(4)]))
+    args = ("action", f"model.onnx={shaped_files['memory_discrete'][1]}", "obs=file", f"obs.path={tmp_path / 'seq.npy'}")
+    eager, ort = run_job(tmp_path / "eager", *args), run_job(tmp_path / "ort", *args, "backend=onnxruntime")
+    assert ort.record["status"] == "passed", ort.record["reason"]
+    np.testing.assert_allclose(np.load(ort.workdir / "memories.npy"), np.load(eager.workdir / "memories.npy"), atol=ATOL, rtol=0)
+    np.testing.assert_array_equal(np.load(ort.workdir / "discrete_actions.npy"), np.load(eager.workdir / "discrete_actions.npy"))

@@ -11,25 +11,35 @@ from huggy_exp.context import Context
 from huggy_exp.mlagents import RECURRENT_OUT
 from huggy_exp.numerics import action_stats
 from huggy_exp.results import Result
-from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, TorchRunner, run_feeds
+from huggy_exp.errors import Unsupported
+from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, build, run_feeds
+from huggy_exp.tasks import latency
 
 
 class ActionTask:
     name = "action"
 
     def run(self, ctx: Context) -> Result:
-        runner = TorchRunner(ctx.weights, ctx.target(), ctx.batch_size)
+        runner = build(ctx)
         out = run_feeds(runner, ctx.feeds)
-        return _actions_result(ctx.feeds, out.get(ACTIONS), out.get(DISCRETE), out.get(RECURRENT_OUT), "deterministic")
+        result = _actions_result(ctx.feeds, out.get(ACTIONS), out.get(DISCRETE), out.get(RECURRENT_OUT), "deterministic")
+        latency(runner, ctx, ctx.feeds, result)
+        return result
 
 
 class SampleTask:
     name = "sample"
 
     def run(self, ctx: Context) -> Result:
-        runner = TorchRunner(ctx.weights, ctx.target(), ctx.batch_size)
+        runner = build(ctx)
+        if not hasattr(runner, "sample"):
+            raise Unsupported(f"backend {ctx.backend}: sampled actions take the seeded CPU noise, which only the torch "
+                              "backends accept (onnxruntime samples inside the graph: see mode=onnx-compare)")
         out = run_feeds(runner, ctx.feeds, ctx.seed)
-        return _actions_result(ctx.feeds, out.get(SAMPLED), out.get(DISCRETE_SAMPLED), out.get(RECURRENT_OUT), f"sampled (seed {ctx.seed})")
+        result = _actions_result(ctx.feeds, out.get(SAMPLED), out.get(DISCRETE_SAMPLED), out.get(RECURRENT_OUT),
+                                 f"sampled (seed {ctx.seed})")
+        latency(runner, ctx, ctx.feeds, result)
+        return result
 
 
 def _actions_result(feeds: dict, actions: np.ndarray | None, discrete: np.ndarray | None, memory: np.ndarray | None,

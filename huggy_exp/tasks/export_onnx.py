@@ -15,7 +15,7 @@ from huggy_exp.mlagents import PolicyWeights, interface
 from huggy_exp.numerics import discrete_margins
 from huggy_exp.policy import Policy
 from huggy_exp.results import Result, first_nonfinite
-from huggy_exp.runners import ACTIONS, DISCRETE_SAMPLED, OnnxRunner, over_steps, reference, run_feeds
+from huggy_exp.runners import ACTIONS, DISCRETE_SAMPLED, build, over_steps, reference, run_feeds
 from huggy_exp.tasks.compare import check_constants, compare_outputs, expected_constants, feeds_with_masks, is_sequence
 
 STEMS = {"vs_torch": {ACTIONS: "vs_torch", "deterministic_discrete_actions": "vs_torch.discrete", "recurrent_out": "vs_torch.recurrent_out"},
@@ -100,10 +100,10 @@ class ExportOnnxTask:
                                "interface.opset": float(found["opset"]), "interface.problems": float(len(problems))})
 
         # --- run it (a sequence step by step, each graph carrying its own memory), against the fp32 torch policy and the source
-        exported_runner = OnnxRunner(out, seed=ctx.seed)
-        exported = over_steps(exported_runner.infer, feeds, w.memory)
-        torch_fp32 = run_feeds(reference(w, "fp32"), feeds)
-        ref_dist = over_steps(reference(w, "fp32").distributions, feeds, w.memory) if w.branches else None
+        graph = lambda path: build(ctx, "onnxruntime", device="cpu", dtype="fp32", batch_size=0, threads=0, onnx=path)  # noqa: E731
+        exported = run_feeds(graph(out), feeds)
+        torch_fp32 = run_feeds(reference(ctx, "fp32"), feeds)
+        ref_dist = over_steps(reference(ctx, "fp32").distributions, feeds, w.memory) if w.branches else None
         margins = discrete_margins(ref_dist["masked_logits"], w.branch_sizes) if ref_dist is not None else None
         metrics, failures, rows = compare_outputs(exported, torch_fp32, STEMS["vs_torch"], self.atol, 1e-3, margins)
         c_metrics, c_failures, constants = check_constants(exported, expected_constants(w), sequence, "", "exported")
@@ -114,7 +114,7 @@ class ExportOnnxTask:
         source = ctx.model.onnx_path
         headline = f"exported {out.name} (opset {self.opset}, {w.describe_shape()}): vs torch " + _brief(result.metrics, "vs_torch")
         if source is not None:
-            theirs = over_steps(OnnxRunner(source, seed=ctx.seed).infer, feeds, w.memory)
+            theirs = run_feeds(graph(source), feeds)
             m_src, f_src, rows_src = compare_outputs(exported, theirs, STEMS["vs_source"], self.atol, 1e-3, margins)
             s_metrics, s_failures, _ = check_constants(exported, {k: np.asarray(theirs[k][0] if sequence else theirs[k])
                                                                    for k in expected_constants(w) if k in theirs}, sequence,

@@ -8,17 +8,20 @@ import numpy as np
 
 from huggy_exp.context import Context
 from huggy_exp.dynamics import Dynamics
-from huggy_exp.errors import UserError
+from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.results import Result
-from huggy_exp.runners import ACTIONS, SAMPLED, TorchRunner, reference
+from huggy_exp.runners import ACTIONS, SAMPLED, Runner, build, reference
 
 LOOPS = ("open", "closed")
 KINDS = ("deterministic", "sampled")
 
 
-def action_sequence(runner: TorchRunner, ctx: Context, loop: str, kind: str, steps: int, envs: int,
+def action_sequence(runner: Runner, ctx: Context, loop: str, kind: str, steps: int, envs: int,
                     dynamics: Dynamics) -> np.ndarray:
     """Actions [T, envs, act] float32: open-loop over the observation source, or closed-loop through `dynamics`."""
+    if kind == "sampled" and not hasattr(runner, "sample"):
+        raise Unsupported(f"backend {ctx.backend}: sampled actions take the seeded CPU noise, which only the torch backends accept")
+
     def act(obs: np.ndarray, t: int) -> np.ndarray:
         if kind == "sampled":
             return runner.sample(obs, ctx.seed + t)[SAMPLED].astype(np.float32)
@@ -26,10 +29,10 @@ def action_sequence(runner: TorchRunner, ctx: Context, loop: str, kind: str, ste
 
     if loop == "open":
         obs = ctx.make_observations(steps * envs)
-        return act(obs, 0).reshape(-1, envs, runner.policy.act_dim)
+        return act(obs, 0).reshape(-1, envs, ctx.weights.act_dim)
     start = ctx.make_observations(envs)
     counter = iter(range(steps))
-    _, actions = dynamics.rollout(lambda o: act(o, next(counter)), start, steps, ctx.weights.normalizer, runner.policy.act_dim)
+    _, actions = dynamics.rollout(lambda o: act(o, next(counter)), start, steps, ctx.weights.normalizer, ctx.weights.act_dim)
     return actions
 
 
@@ -63,8 +66,8 @@ class FingerprintTask:
     def run(self, ctx: Context) -> Result:
         ctx.require_huggy_shape(self.name)
         dynamics = Dynamics(seed=ctx.seed, **self.dynamics)
-        mine = action_sequence(TorchRunner(ctx.weights, ctx.target(), ctx.batch_size), ctx, self.loop, self.kind, self.steps, self.envs, dynamics)
-        ref = action_sequence(reference(ctx.weights, "fp32", ctx.batch_size), ctx, self.loop, self.kind, self.steps, self.envs, dynamics)
+        mine = action_sequence(build(ctx), ctx, self.loop, self.kind, self.steps, self.envs, dynamics)
+        ref = action_sequence(reference(ctx, "fp32", ctx.batch_size), ctx, self.loop, self.kind, self.steps, self.envs, dynamics)
         digest = hashlib.sha256(mine.tobytes()).hexdigest()
         qdigest = hashlib.sha256(quantize(mine, self.decimals).tobytes()).hexdigest()
         ref_digest = hashlib.sha256(ref.tobytes()).hexdigest()

@@ -36,7 +36,8 @@ class InfoTask:
         shape = {"inputs": [{"name": f"obs_{i}", "size": o.size, "normalized": o.normalizer is not None} for i, o in enumerate(w.inputs)],
                  "continuous_actions": w.act_dim, "branch_sizes": list(w.branch_sizes), "memory_size": w.memory,
                  "lstm_hidden": w.lstm.hidden_size if w.lstm else 0, "description": w.describe_shape(),
-                 "modes": "every mode" if w.huggy_shaped else "info, action, sample, batch, onnx-compare, export-onnx (other modes refuse this shape for now)"}
+                 "modes": "every mode" if w.huggy_shaped else ("info, action, sample, batch, onnx-compare, export-onnx on backend "
+                                                                 "eager or onnxruntime (other modes and backends refuse this shape for now)")}
         behavior, config = model_configuration(model.path)
         mismatches = configuration_mismatches(config, w) if config else []
         metrics = {k: float(v) for k, v in dims.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}

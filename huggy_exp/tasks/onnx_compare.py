@@ -11,7 +11,8 @@ from huggy_exp.context import Context
 from huggy_exp.mlagents import ACTION_CLAMP, ACTION_MASKS, RECURRENT_IN, RECURRENT_OUT, check_onnx_pairing
 from huggy_exp.numerics import categorical_check, discrete_margins, limits_for, sampling_check
 from huggy_exp.results import Result, first_nonfinite
-from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, OnnxRunner, TorchRunner, over_steps, reference, run_feeds
+from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, build, over_steps, reference, run_feeds
+from huggy_exp.tasks import latency
 from huggy_exp.tasks.compare import check_constants, compare_outputs, expected_constants, feeds_with_masks, is_sequence
 
 STEMS = {ACTIONS: "deterministic", DISCRETE: "deterministic_discrete", RECURRENT_OUT: "recurrent_out"}
@@ -30,16 +31,16 @@ class OnnxCompareTask:
         self.masks = masks
 
     def run(self, ctx: Context) -> Result:
-        target, w = ctx.target(), ctx.weights
+        w = ctx.weights
         feeds = feeds_with_masks(ctx, self.masks)
         sequence = is_sequence(feeds)
         onnx_path = ctx.onnx_path()
         check_onnx_pairing(onnx_path, w)
-        ort = OnnxRunner(onnx_path, self.provider, seed=ctx.seed)
-        mine = run_feeds(TorchRunner(w, target, ctx.batch_size), feeds)
-        theirs = over_steps(ort.infer, feeds, w.memory)
+        ort = build(ctx, "onnxruntime", device="cpu", dtype="fp32", batch_size=0, threads=0, provider=self.provider)
+        under_test = build(ctx)
+        mine, theirs = run_feeds(under_test, feeds), run_feeds(ort, feeds)
         # what the sampled outputs draw from, and the discrete margins: the fp32 CPU policy, its own memory carried
-        dist = over_steps(reference(w, "fp32").distributions, feeds, w.memory)
+        dist = over_steps(reference(ctx, "fp32").distributions, feeds, w.memory)
         result = Result()
 
         # --- deterministic outputs, element-wise (discrete exactly) and the constant outputs exactly
@@ -98,7 +99,7 @@ class OnnxCompareTask:
         result.details.update({"onnx": str(onnx_path), "provider": self.provider, "atol": atol, "constants": constants,
                                "sequence": sequence, "headline": "; ".join(parts + headline)})
         lead = f"{len(feeds['obs_0'])} steps x {feeds['obs_0'].shape[1]} agents, memory carried on both sides; " if sequence else ""
-        result.summary[:0] = [f"{ort.name} on {onnx_path.name} vs torch {ctx.device} {ctx.dtype}: {lead}{w.describe_shape()}",
+        result.summary[:0] = [f"{ort.name} on {onnx_path.name} vs {under_test.name} ({ctx.device} {ctx.dtype}): {lead}{w.describe_shape()}",
                               result.details["headline"]]
         result.tables["outputs"] = [*rows, *({"output": k, **v} for k, v in constants.items())]
         for name, key in ((ACTIONS, "actions"), (DISCRETE, "discrete_actions"), (RECURRENT_OUT, "memories")):
@@ -109,6 +110,7 @@ class OnnxCompareTask:
         if diffs:
             result.files.append(plots.error_histogram(ctx.workdir / "error_histogram.png", diffs,
                                                       f"deterministic outputs, {ctx.device} {ctx.dtype} vs {ort.name}"))
+        latency(under_test, ctx, feeds, result)
         return result
 
     def _continuous(self, draws: np.ndarray, dist: dict, n: int, tanh_squash: bool, result: Result) -> dict:

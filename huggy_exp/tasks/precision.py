@@ -8,7 +8,9 @@ from huggy_exp import plots
 from huggy_exp.context import Context
 from huggy_exp.numerics import compare, error_ratio, limits_for, ratio_verdict, rel_rmse
 from huggy_exp.results import Result
-from huggy_exp.runners import ACTIONS, SAMPLED, TorchRunner, reference
+from huggy_exp.errors import Unsupported
+from huggy_exp.runners import ACTIONS, SAMPLED, build, reference
+from huggy_exp.tasks import latency
 
 
 class PrecisionTask:
@@ -26,12 +28,16 @@ class PrecisionTask:
         ctx.require_huggy_shape(self.name)
         target, obs, w = ctx.target(), ctx.observations, ctx.weights
         # --- run the policy under test and the CPU references on the same observations
-        device = TorchRunner(w, target, ctx.batch_size)
+        device = build(ctx)
+        if not hasattr(device, "trace"):
+            raise Unsupported(f"backend {ctx.backend}: precision's per-layer attribution needs a torch backend "
+                              "(eager, compile, graphs); compare onnxruntime with mode=onnx-compare")
         got = {**device.trace(obs), **device.sample(obs, ctx.seed)}
-        ref64 = reference(w, "fp64")
+        ref64 = reference(ctx, "fp64")
         want = {**ref64.trace(obs), **ref64.sample(obs, ctx.seed)}
-        cpu32 = got if (target.kind == "cpu" and ctx.dtype == "fp32") else reference(w, "fp32").trace(obs)
-        cpu_same = got if target.kind == "cpu" else reference(w, ctx.dtype, ctx.batch_size).trace(obs)
+        cpu_eager = target.kind == "cpu" and ctx.backend == "eager"
+        cpu32 = got if (cpu_eager and ctx.dtype == "fp32") else reference(ctx, "fp32").trace(obs)
+        cpu_same = got if cpu_eager else reference(ctx, ctx.dtype, ctx.batch_size).trace(obs)
 
         # --- element-wise metrics per output
         metrics: dict[str, float] = {}
@@ -105,4 +111,5 @@ class PrecisionTask:
         result.files.append(plots.bars(wd / "layer_errors.png", [r["layer"] for r in layer_rows], [r["rel_rmse"] for r in layer_rows],
                                        [layer_limit] * len(layer_rows), "rel_rmse vs fp64", f"per-layer error, {ctx.device} {ctx.dtype}"))
         result.arrays["actions"] = got[ACTIONS].astype(np.float32)
+        latency(device, ctx, obs, result)
         return result

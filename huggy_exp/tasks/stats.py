@@ -11,7 +11,7 @@ from huggy_exp.errors import UserError
 from huggy_exp.mlagents import NORMALIZER_CLAMP
 from huggy_exp.observations import load_observations
 from huggy_exp.results import Result
-from huggy_exp.runners import ACTIONS, TorchRunner, reference
+from huggy_exp.runners import ACTIONS, Runner, build, reference
 
 SOURCES = ("dynamics", "replay")
 
@@ -30,7 +30,7 @@ class StatsTask:
         self.drift_threshold, self.drift_fail, self.saturation = drift_threshold, drift_fail, saturation
         self.dynamics = dict(dynamics or {})
 
-    def _rollout(self, runner: TorchRunner, ctx: Context) -> tuple[np.ndarray, np.ndarray]:
+    def _rollout(self, runner: Runner, ctx: Context) -> tuple[np.ndarray, np.ndarray]:
         """Observations and actions, both [T, envs, *]."""
         policy = lambda obs: runner.infer(obs)[ACTIONS].astype(np.float32)  # noqa: E731
         if self.source == "replay":
@@ -41,8 +41,8 @@ class StatsTask:
 
     def run(self, ctx: Context) -> Result:
         ctx.require_huggy_shape(self.name)
-        obs, actions = self._rollout(TorchRunner(ctx.weights, ctx.target(), ctx.batch_size), ctx)
-        ref_obs, ref_actions = self._rollout(reference(ctx.weights, "fp32", ctx.batch_size), ctx)
+        obs, actions = self._rollout(build(ctx), ctx)
+        ref_obs, ref_actions = self._rollout(reference(ctx, "fp32", ctx.batch_size), ctx)
         a = actions.astype(np.float64)
 
         # --- per action dimension, over time and environments

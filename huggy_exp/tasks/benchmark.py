@@ -1,0 +1,181 @@
+"""`benchmark`: latency and throughput of each backend over a batch-size ladder, checked against eager before timing.
+
+Scenarios as MLPerf names them: `single_stream` (batch 1, one query at a time: latency percentiles) and `offline`
+(throughput over the batch ladder). Backends are interleaved in rounds so machine drift hits them alike.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from huggy_exp import plots, timing
+from huggy_exp.context import Context
+from huggy_exp.errors import Unsupported, UserError
+from huggy_exp.placement import peak_memory_mb, reset_peak_memory, synchronize
+from huggy_exp.results import Result
+from huggy_exp.runners import ACTIONS, build, check_backend
+from huggy_exp.tasks import SLOW_FP16, batch_of, runner_device
+
+SCENARIOS = ("single_stream", "offline")
+POINT_STATS = ("p50_us", "p90_us", "p95_us", "p99_us", "mean_us", "min_us", "max_us", "iqr_us", "obs_per_s", "noisy", "samples")
+SERIES_STATS = ("p50_us", "p99_us", "obs_per_s")
+
+
+class BenchmarkTask:
+    name = "benchmark"
+
+    def __init__(self, backends: list[str] | None = None, batch_sizes: list[int] | None = None,
+                 scenarios: list[str] | None = None, rounds: int = 3, budget_s: float = 1.0, warmup_s: float = 0.5,
+                 settle_s: float = 0.05, chunk_rows: int = 1024, tolerance: dict[str, float] | None = None,
+                 fp16_cpu_max_rows: int = 512, fp16_cpu_samples: int = 3):
+        self.backends = [check_backend(str(b)) for b in (backends or ["eager"])]
+        self.scenarios = list(scenarios or SCENARIOS)
+        for s in self.scenarios:
+            if s not in SCENARIOS:
+                raise UserError(f"unknown mode.scenarios entry {s!r}; valid: {', '.join(SCENARIOS)}")
+        self.batch_sizes = [_positive(b, "mode.batch_sizes") for b in (batch_sizes or [])]
+        self.rounds, self.chunk_rows = _positive(rounds, "mode.rounds"), _positive(chunk_rows, "mode.chunk_rows")
+        self.budget_s, self.warmup_s, self.settle_s = float(budget_s), float(warmup_s), float(settle_s)
+        self.tolerance = dict(tolerance or {"fp64": 1e-9, "fp32": 1e-5, "fp16": 1e-2, "bf16": 5e-2})
+        self.fp16_cpu_max_rows, self.fp16_cpu_samples = int(fp16_cpu_max_rows), int(fp16_cpu_samples)
+
+    def points(self, ctx: Context) -> list[int]:
+        """Batch sizes to time: 1 for single_stream, the ladder (default: batch_size) for offline."""
+        ladder = self.batch_sizes or [ctx.batch_size]
+        return sorted({*([1] if "single_stream" in self.scenarios else []), *(ladder if "offline" in self.scenarios else [])})
+
+    def run(self, ctx: Context) -> Result:
+        ctx.require_huggy_shape(self.name)
+        target = ctx.target()
+        device = target.device
+        result = Result()
+        points, capped = self.points(ctx), []
+        slow = target.kind == "cpu" and ctx.dtype == "fp16"
+        if slow:
+            capped = [b for b in points if b > self.fp16_cpu_max_rows]
+            points = [b for b in points if b <= self.fp16_cpu_max_rows] or [1]
+            result.summary.append(f"{SLOW_FP16}; points above {self.fp16_cpu_max_rows} rows skipped "
+                                  f"({capped or 'none'}), at most {self.fp16_cpu_samples} timed calls per point and round")
+            result.details["fp16_cpu_note"] = SLOW_FP16
+        obs = ctx.observations
+        feeds = {b: batch_of(obs, b) for b in points}
+        chunk = min(max(points), self.chunk_rows)
+        reset_peak_memory(device)
+
+        with timing.threads(ctx.threads) as threads:
+            # --- build each backend, first call per shape (compilation included), check against eager
+            backends: dict[str, dict] = {}
+            runners, expected = {}, {}
+            for name in dict.fromkeys(["eager", *self.backends]):
+                info = backends[name] = {"status": "passed", "reason": "",
+                                         "dtype": "fp32" if name == "onnxruntime" else ctx.dtype}  # the .onnx graph is fp32
+                started = time.perf_counter()
+                try:
+                    runner = build(ctx, name, batch_size=chunk, dtype="fp32" if name == "onnxruntime" else None)
+                    info["load_s"] = time.perf_counter() - started
+                    worst = 0.0
+                    for i, b in enumerate(points):
+                        started = time.perf_counter()
+                        got = runner.infer(feeds[b])[ACTIONS]
+                        synchronize(runner_device(runner))
+                        if i == 0:
+                            info["cold_start_ms"] = (time.perf_counter() - started) * 1e3
+                        if name == "eager":
+                            expected[b] = got
+                        worst = max(worst, float(np.max(np.abs(got.astype(np.float64) - expected[b]))))
+                    info["max_abs_vs_eager"] = worst
+                except (Unsupported, UserError) as exc:
+                    info.update(status="skipped", reason=str(exc))
+                    continue
+                tol = self.tolerance.get(ctx.dtype, 0.0)
+                if not worst <= tol:
+                    info.update(status="failed", reason=f"actions differ from eager by {worst:.3g} > {tol:g} ({ctx.dtype}): not timed")
+                    result.fail(f"backend {name}: {info['reason']}")
+                    continue
+                runners[name] = runner
+            timed = [b for b in self.backends if b in runners]
+
+            # --- timing: rounds x points x backends, the backend order rotated each round
+            timings = {(n, b): timing.Timing(rows=b, threads=threads) for n in timed for b in points}
+            cap = self.fp16_cpu_samples if slow else 10_000
+            for r in range(self.rounds):
+                order = timed[r % len(timed):] + timed[: r % len(timed)] if timed else []
+                for b in points:
+                    for name in order:
+                        time.sleep(self.settle_s)  # let thread pools stop spinning between blocks
+                        fn = lambda runner=runners[name], f=feeds[b]: runner.infer(f)  # noqa: E731
+                        t = timing.measure(fn, runner_device(runners[name]), b, self.budget_s / self.rounds,
+                                           self.warmup_s if r == 0 else self.warmup_s / 5, max_samples=cap,
+                                           min_warmup=1 if slow else 2)
+                        timings[(name, b)].extend(t)
+
+        # --- metrics, series, table
+        rows = []
+        for name in self.backends:
+            info = backends[name]
+            for key in ("cold_start_ms", "load_s", "max_abs_vs_eager"):
+                if key in info:
+                    result.metrics[f"{name}/{key}"] = float(info[key])
+            for b in points + capped:
+                row = {"backend": name, "batch": b, "status": info["status"], "reason": info["reason"]}
+                if (name, b) in timings:
+                    stats = timings[(name, b)].stats()
+                    row.update(stats)
+                    result.metrics.update({f"{name}/b{b}/{k}": stats[k] for k in POINT_STATS})
+                    for k in SERIES_STATS:
+                        result.series.setdefault(f"{name}/{k}", []).append((b, stats[k]))
+                elif b in capped:
+                    row.update(status="skipped", reason=f"fp16 on the CPU capped at {self.fp16_cpu_max_rows} rows")
+                rows.append(row)
+        result.metrics["peak_mem_mb"] = peak_memory_mb(device)
+        result.metrics["threads"] = float(threads)
+        result.tables["benchmark"] = rows
+        result.details.update({"points": points, "scenarios": self.scenarios, "chunk_rows": chunk, "threads": threads,
+                               "backends": backends, "peak_mem_source": "device allocator" if device.type != "cpu" else "process RSS"})
+        if not timed:
+            result.status = "skipped" if result.status == "passed" else result.status
+            result.reason = result.reason or "; ".join(f"{n}: {backends[n]['reason']}" for n in self.backends)
+        else:
+            result.files.append(plots.scaling(ctx.workdir / "benchmark.png", {n: _curve(result, n) for n in timed},
+                                              f"{ctx.device} {ctx.dtype}, {threads} thread(s)"))
+        result.summary[:0] = _summary(result, backends, points, self.backends)
+        result.details["headline"] = result.summary[0]
+        return result
+
+
+def _curve(result: Result, name: str) -> dict[str, list]:
+    return {k: result.series[f"{name}/{k}"] for k in SERIES_STATS}
+
+
+def _summary(result: Result, backends: dict, points: list[int], order: list[str]) -> list[str]:
+    m = result.metrics
+    lines = []
+    if 1 in points:
+        lines.append("single_stream b1 p50/p99: " + ", ".join(
+            f"{n} {m[f'{n}/b1/p50_us']:,.1f}/{m[f'{n}/b1/p99_us']:,.1f} µs" for n in order if f"{n}/b1/p50_us" in m))
+    top = max(points)
+    if top != 1 or not lines:
+        lines.append(f"offline b{top}: " + ", ".join(
+            f"{n} {m[f'{n}/b{top}/obs_per_s']:,.0f} obs/s" for n in order if f"{n}/b{top}/obs_per_s" in m))
+    for n in order:
+        info = backends[n]
+        if info["status"] != "passed":
+            lines.append(f"{n}: {info['status'].upper()}: {info['reason']}")
+        else:
+            noisy = [f"b{b}" for b in points if m.get(f"{n}/b{b}/noisy")]
+            lines.append(f"{n} ({info['dtype']}): load {info['load_s']:.3f} s, first call {info['cold_start_ms']:,.1f} ms, "
+                         f"max |Δ| vs eager {info['max_abs_vs_eager']:.2e}" + (f", noisy at {', '.join(noisy)}" if noisy else ""))
+    lines.append(f"peak memory {m['peak_mem_mb']:,.0f} MB ({result.details['peak_mem_source']})")
+    return lines
+
+
+def _positive(value, key: str) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = 0
+    if number <= 0 or isinstance(value, bool):
+        raise UserError(f"{key}: {value!r} is not a positive integer")
+    return number

@@ -1,0 +1,233 @@
+"""The measurement policy, the runner contract across backends, and the benchmark mode (no timing is asserted)."""
+
+from __future__ import annotations
+
+import json
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from test_modes import run_mode, small_weights
+
+from huggy_exp import mlagents, timing
+from huggy_exp.context import Context, ModelSpec
+from huggy_exp.errors import Unsupported, UserError
+from huggy_exp.runners import ACTIONS, OBS, SAMPLED, TorchRunner, build, check_provider
+from huggy_exp.placement import resolve
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    w = small_weights()
+    pt = tmp_path_factory.mktemp("bench_small") / "Small" / "Small-100.pt"
+    mlagents.save_checkpoint(w, pt, 100)
+    mlagents.write_onnx(w, pt.with_suffix(".onnx"))
+    return SimpleNamespace(weights=w, pt=pt, model=f"model.checkpoint={pt}")
+
+
+def small_context(small, tmp_path, **kw) -> Context:
+    return Context(model_spec=ModelSpec(checkpoint=str(small.pt)), workdir=tmp_path, **kw)
+
+
+# --- timing
+
+
+def test_harness_measures_a_known_sleep():
+    t = timing.measure(lambda: time.sleep(0.002), CPU, rows=1, budget_s=0.05, warmup_s=0.01)
+    stats = t.stats()
+    assert 1_900 <= stats["p50_us"] < 50_000  # sleep never returns early; the bound above is loose on purpose
+    assert stats["samples"] >= 1 and stats["min_us"] <= stats["p50_us"] <= stats["p99_us"] <= stats["max_us"]
+
+
+def test_percentiles_on_known_samples():
+    t = timing.Timing(samples=[i * 1e-6 for i in range(1, 101)], rows=4, threads=1)
+    s = t.stats()
+    assert s["p50_us"] == pytest.approx(50.5) and s["p90_us"] == pytest.approx(90.1)
+    assert s["p95_us"] == pytest.approx(95.05) and s["p99_us"] == pytest.approx(99.01)
+    assert (s["min_us"], s["max_us"], s["mean_us"]) == pytest.approx((1, 100, 50.5))
+    assert s["iqr_us"] == pytest.approx(49.5) and s["noisy"] == 1.0
+    assert s["obs_per_s"] == pytest.approx(4 * 100 / (5050e-6))
+
+
+def test_a_steady_measurement_is_not_noisy():
+    s = timing.Timing(samples=[1e-3] * 20 + [1.05e-3] * 20).stats()
+    assert s["noisy"] == 0.0 and s["p50_us"] == pytest.approx(1025)
+
+
+def test_threads_are_fixed_for_the_block_and_restored():
+    before = torch.get_num_threads()
+    with timing.threads(1) as n:
+        assert n == torch.get_num_threads() == 1
+        assert timing.measure(lambda: None, CPU, budget_s=0.001, warmup_s=0.001).threads == 1
+    assert torch.get_num_threads() == before
+
+
+def test_samples_become_a_torch_utils_benchmark_measurement():
+    m = timing.measurement(timing.Timing(samples=[1e-3, 2e-3, 3e-3]), "x")
+    assert m.median == pytest.approx(2e-3)
+
+
+# --- runners
+
+
+def test_trace_and_infer_are_one_forward_path(small):
+    runner = TorchRunner(small.weights, resolve("cpu", "fp32"), batch_size=5)
+    obs = np.random.default_rng(0).normal(size=(12, 8)).astype(np.float32)
+    traced = runner.trace({OBS: obs})
+    np.testing.assert_array_equal(traced[ACTIONS], runner.infer({OBS: obs})[ACTIONS])
+    x = torch.from_numpy(obs)
+    with torch.inference_mode():
+        np.testing.assert_array_equal(runner.policy.trace(x)["actions"].numpy(), runner.policy(x).numpy())
+    assert {"normalized_obs", "hidden_0", "hidden_1", "mu", "log_sigma"} <= set(traced)
+
+
+def test_feeds_are_keyed_by_the_onnx_input_name(small):
+    runner = TorchRunner(small.weights, resolve("cpu", "fp32"))
+    with pytest.raises(UserError, match="obs_0"):
+        runner.infer({"obs": np.zeros((1, 8), np.float32)})
+
+
+def test_onnxruntime_matches_eager(small, tmp_path):
+    ctx = small_context(small, tmp_path, batch_size=3)
+    obs = ctx.make_observations(10)
+    want = build(ctx, "eager").infer({OBS: obs})[ACTIONS]
+    got = build(ctx, "onnxruntime").infer({OBS: obs})
+    np.testing.assert_allclose(got[ACTIONS], want, atol=1e-5, rtol=0)
+    assert got[ACTIONS].shape == (10, 3) and got["version_number"].shape == (1,)
+
+
+def test_compile_matches_eager_with_a_padded_last_chunk(small, tmp_path):
+    ctx = small_context(small, tmp_path, batch_size=4)
+    obs = ctx.make_observations(6)  # chunks of 4 and 2 -> the 2 is padded to 4
+    try:
+        runner = build(ctx, "compile")
+        got = runner.infer({OBS: obs})
+    except Exception as exc:  # no C compiler / inductor here: say why instead of failing the suite
+        pytest.skip(f"torch.compile unavailable here: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+    want = build(ctx, "eager").infer({OBS: obs})
+    np.testing.assert_allclose(got[ACTIONS], want[ACTIONS], atol=1e-5, rtol=0)
+    sampled = runner.sample({OBS: obs}, seed=3)[SAMPLED]
+    np.testing.assert_allclose(sampled, build(ctx, "eager").sample({OBS: obs}, seed=3)[SAMPLED], atol=1e-5, rtol=0)
+
+
+def test_graphs_on_the_cpu_are_unsupported_with_the_reason(small, tmp_path):
+    with pytest.raises(Unsupported, match="graph"):
+        build(small_context(small, tmp_path), "graphs")
+
+
+def test_onnxruntime_in_half_precision_is_unsupported(small, tmp_path):
+    with pytest.raises(Unsupported, match="float32"):
+        build(small_context(small, tmp_path, dtype="bf16"), "onnxruntime")
+
+
+def test_onnxruntime_provider_fallback_is_refused():
+    session = SimpleNamespace(get_providers=lambda: ["CPUExecutionProvider"])
+    with pytest.raises(Unsupported, match="CUDAExecutionProvider"):
+        check_provider(session, "CUDAExecutionProvider")
+    check_provider(session, "CPUExecutionProvider")
+
+
+def test_unknown_backend_is_a_user_error(small, tmp_path):
+    with pytest.raises(UserError, match="valid: eager, compile, graphs, onnxruntime"):
+        small_context(small, tmp_path, backend="tensorrt")
+
+
+# --- modes
+
+
+FAST = ["mode.rounds=2", "mode.budget_s=0.02", "mode.warmup_s=0.01", "mode.settle_s=0"]
+
+
+@pytest.mark.parametrize("mode", ["action", "sample", "batch", "precision", "onnx-compare"])
+def test_every_inference_mode_logs_latency(small, tmp_path, mode):
+    run = run_mode(tmp_path, mode, small.model, "obs.rows=8", "batch_size=4", "mode.budget_s=0.02" if mode == "batch" else "seed=0")
+    assert run.record["status"] == "passed", run.record["reason"]
+    for key in ("p50_us", "p99_us", "mean_us", "obs_per_s"):
+        assert run.metrics[f"latency.{key}"] > 0
+    assert run.metrics["latency.threads"] == 1
+
+
+def test_action_with_the_onnxruntime_backend(small, tmp_path):
+    run = run_mode(tmp_path, "action", small.model, "obs.rows=8", "backend=onnxruntime")
+    eager = run_mode(tmp_path / "eager", "action", small.model, "obs.rows=8")
+    assert run.record["status"] == "passed"
+    np.testing.assert_allclose(np.load(run.workdir / "actions.npy"), np.load(eager.workdir / "actions.npy"), atol=1e-5)
+
+
+def test_benchmark_writes_point_metrics_series_and_plot(small, tmp_path):
+    run = run_mode(tmp_path, "benchmark", small.model, "mode.backends=[eager,onnxruntime,graphs]", "mode.batch_sizes=[2,8]", *FAST)
+    assert run.record["status"] == "passed", run.record["reason"]
+    m = run.metrics
+    for backend in ("eager", "onnxruntime"):
+        for b in (1, 2, 8):
+            for stat in ("p50_us", "p90_us", "p95_us", "p99_us", "mean_us", "min_us", "max_us", "iqr_us", "obs_per_s", "noisy"):
+                assert f"{backend}/b{b}/{stat}" in m
+        assert m[f"{backend}/cold_start_ms"] > 0 and m[f"{backend}/load_s"] >= 0
+        assert [s for s, _ in run.record["series"][f"{backend}/p50_us"]] == [1, 2, 8]
+    assert m["peak_mem_mb"] > 0 and not any(k.startswith("graphs/b") for k in m)
+    assert run.record["backends"]["graphs"]["status"] == "skipped" and "graph" in run.record["backends"]["graphs"]["reason"]
+    assert (run.workdir / "benchmark.png").is_file() and (run.workdir / "benchmark.csv").is_file()
+
+
+def test_benchmark_does_not_time_a_backend_that_disagrees_with_eager(small, tmp_path):
+    run = run_mode(tmp_path, "benchmark", small.model, "mode.backends=[onnxruntime]", "mode.tolerance.fp32=1e-12", *FAST)
+    assert run.record["status"] == "failed" and "onnxruntime" in run.record["reason"]
+    assert not any(k.startswith("onnxruntime/b") for k in run.metrics)
+
+
+def test_benchmark_fp16_on_the_cpu_is_capped_and_says_so(small, tmp_path):
+    run = run_mode(tmp_path, "benchmark", small.model, "dtype=fp16", "mode.backends=[eager]", "mode.batch_sizes=[1024]",
+                   "mode.fp16_cpu_max_rows=64", *FAST)
+    assert run.record["status"] == "passed"
+    assert "fp16" in run.record["fp16_cpu_note"] and "eager/b1/p50_us" in run.metrics and "eager/b1024/p50_us" not in run.metrics
+    assert run.metrics["eager/b1/samples"] <= 2 * 3
+
+
+def test_benchmark_bad_ladder_is_a_user_error(small, tmp_path):
+    run = run_mode(tmp_path, "benchmark", small.model, "mode.batch_sizes=[0]")
+    assert run.record["status"] == "error" and "mode.batch_sizes" in run.record["reason"]
+
+
+def test_benchmark_series_reach_mlflow_with_the_batch_size_as_step(small, tmp_path):
+    import mlflow
+
+    from huggy_exp.app import execute
+    from test_modes import compose
+
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    cfg = compose(["mode=benchmark", "tracking=mlflow", f"tracking.uri={uri}", small.model, "mode.backends=[eager]",
+                   "mode.batch_sizes=[4]", *FAST])
+    execute(cfg, workdir=tmp_path / "job", mode="benchmark")
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    run = client.search_runs([client.get_experiment_by_name("huggy_exp").experiment_id])[0]
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "eager/obs_per_s")) == [1, 4]
+    assert json.loads((tmp_path / "job" / "result.json").read_text())["series"]["eager/p50_us"][0][0] == 1
+
+
+def test_one_row_runs_the_vector_path_with_the_same_shapes_and_values(small):
+    runner = TorchRunner(small.weights, resolve("cpu", "fp32"), batch_size=1)
+    obs = np.random.default_rng(1).normal(size=(3, 8)).astype(np.float32)
+    one, many = runner.trace({OBS: obs}), TorchRunner(small.weights, resolve("cpu", "fp32")).trace({OBS: obs})
+    for name in ("normalized_obs", "hidden_0", "hidden_1", "mu", "log_sigma", ACTIONS):
+        assert one[name].shape == many[name].shape
+        np.testing.assert_allclose(one[name], many[name], atol=1e-5, rtol=1e-5)  # gemv vs gemm: fp32 rounding only
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16", "fp64"])
+def test_forward_equals_the_exported_layer_stack_bit_for_bit(small, dtype):
+    target = resolve("cpu", dtype)
+    policy = TorchRunner(small.weights, target).policy
+    x = torch.from_numpy(np.random.default_rng(2).normal(size=(9, 8)).astype(np.float32))
+    with torch.inference_mode():
+        assert torch.equal(policy(x), policy.head(policy.continuous.mu(policy.features(x))))
+
+
+def test_compile_without_a_cxx_compiler_is_unsupported_with_the_reason(small, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CXX", raising=False)
+    with pytest.raises(Unsupported, match="C\\+\\+ compiler"):
+        build(small_context(small, tmp_path), "compile")
