@@ -121,6 +121,7 @@ class ExportOnnxMode(ModeConf):
     path: Optional[str] = MISSING
     opset: int = rule(lo=7, hi=21)
     atol: float = rule(lo=0)
+    masks: str = rule(choices=("random", "feeds"))
 
 
 @dataclass
@@ -143,6 +144,7 @@ class OnnxCompareMode(ModeConf):
     samples: int = rule(lo=2, hi=1_000_000)
     confidence: float = rule(lo=0, hi=1, lo_open=True)
     rel_floor: float = rule(lo=0, lo_open=True)
+    masks: str = rule(choices=("random", "feeds"))
 
 
 @dataclass

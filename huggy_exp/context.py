@@ -15,7 +15,7 @@ from huggy_exp.placement import Target, check_device, check_dtype, resolve
 from huggy_exp.runners import check_backend
 
 
-SHAPED_MODES = ("info", "action", "sample", "batch", "precision", "fingerprint", "stats")  # modes that take every ML-Agents shape
+SHAPED_MODES = ("info", "action", "sample", "batch", "precision", "onnx-compare", "export-onnx", "fingerprint", "stats")  # modes that take every ML-Agents shape
 
 
 @dataclass(frozen=True)

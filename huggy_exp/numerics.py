@@ -226,3 +226,96 @@ def sampling_check(samples: np.ndarray, mu: np.ndarray, sigma: np.ndarray, lo: f
         "samples_per_cell": float(reps),
         "confidence": float(confidence),
     }
+
+
+# --- discrete actions: exact agreement where the choice is clear, and sampled draws against the masked softmax
+
+
+def discrete_margins(masked_logits: np.ndarray, branch_sizes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Per branch, the best minus the second-best masked logit (`margins`) and |best| ([..., n_branches])."""
+    z = np.asarray(masked_logits, np.float64)
+    bounds = np.cumsum(branch_sizes)[:-1]
+    best = np.stack([np.abs(part.max(axis=-1)) for part in np.split(z, bounds, axis=-1)], axis=-1)
+    return margins(z, branch_sizes), best
+
+
+def discrete_match(actual: np.ndarray, expected: np.ndarray, margins: np.ndarray, scales: np.ndarray,
+                   tol: float) -> dict[str, float]:
+    """Equal discrete actions; a mismatch is excused only where the masked-logit margin is within the dtype's error
+    (margin <= tol * max(1, |best logit|)): there the two sides may round to either action."""
+    a, e = np.asarray(actual), np.asarray(expected)
+    differ = a != e
+    near = ~(margins > tol * np.maximum(1.0, scales))  # NaN margins count as near: never a silent pass (see unexcused)
+    return {
+        "agreement": float(np.mean(~differ)) if differ.size else 1.0,
+        "mismatches": float(differ.sum()),
+        "excused": float((differ & near).sum()),
+        "unexcused": float((differ & ~near).sum()),
+        "near_ties": float(near.sum()),
+        "margin_min": float(np.min(margins)) if margins.size else float("inf"),
+    }
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    z = np.asarray(logits, np.float64)
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _chi2_pvalue(counts: np.ndarray, expected: np.ndarray) -> float:
+    """Goodness of fit of counts to expected counts; bins expected under 5 are pooled; a draw of probability 0 gives 0."""
+    from scipy.stats import chi2
+
+    if counts[expected <= 0].sum() > 0:
+        return 0.0
+    keep = expected >= 5
+    obs, exp = list(counts[keep].astype(np.float64)), list(expected[keep])
+    rest_o, rest_e = float(counts[~keep].sum()), float(expected[~keep].sum())
+    if rest_e > 0:
+        if rest_e >= 5 or not exp:
+            obs.append(rest_o)
+            exp.append(rest_e)
+        else:  # too small to stand alone: pooled with the smallest bin
+            i = int(np.argmin(exp))
+            obs[i] += rest_o
+            exp[i] += rest_e
+    if len(exp) < 2:
+        return 1.0
+    o, e = np.asarray(obs), np.asarray(exp)
+    return float(chi2.sf(np.sum((o - e) ** 2 / e), len(e) - 1))
+
+
+def categorical_check(draws: np.ndarray, masked_logits: np.ndarray, branch_sizes: tuple[int, ...], masks: np.ndarray | None,
+                      confidence: float = 0.999) -> dict[str, float]:
+    """Do discrete draws [S, rows, n_branches] follow softmax(masked logits [rows, sum of sizes]) per (row, branch)?
+
+    A chi-square goodness-of-fit test per cell (bins expected under 5 pooled), Bonferroni over the cells: pass when the
+    smallest p-value is at least (1 - confidence) / cells. A draw of a masked action or outside the branch is counted apart
+    (`masked_draws`, `out_of_range`) and is always a failure.
+    """
+    d = np.asarray(draws)
+    reps = d.shape[0]
+    pvalues, masked, out_of_range, freq_max, start = [], 0, 0, 0.0, 0
+    for b, size in enumerate(branch_sizes):
+        p = softmax(np.asarray(masked_logits)[:, start:start + size])
+        picks = d[..., b]
+        bad = (picks < 0) | (picks >= size)
+        out_of_range += int(bad.sum())
+        for r in range(p.shape[0]):
+            counts = np.bincount(picks[:, r][~bad[:, r]].astype(np.int64), minlength=size)
+            if masks is not None:
+                masked += int(counts[np.asarray(masks)[r, start:start + size] == 0].sum())
+            freq_max = max(freq_max, float(np.max(np.abs(counts / reps - p[r]))))
+            pvalues.append(_chi2_pvalue(counts, reps * p[r]))
+        start += size
+    cells = len(pvalues)
+    return {
+        "p_min": float(min(pvalues, default=1.0)),
+        "p_crit": float((1.0 - confidence) / max(cells, 1)),
+        "cells": float(cells),
+        "samples_per_cell": float(reps),
+        "masked_draws": float(masked),
+        "out_of_range": float(out_of_range),
+        "freq_max_abs": freq_max,
+        "confidence": float(confidence),
+    }

@@ -219,3 +219,18 @@ def _check_feed(a: np.ndarray, width: int, origin: str) -> np.ndarray:
     if bad.any():
         raise UserError(f"{origin}: {int(bad.sum())} NaN/inf values (first at {[int(i) for i in np.argwhere(bad)[0]]})")
     return a
+
+
+def random_masks(branch_sizes: tuple[int, ...], lead: tuple[int, ...], seed: int) -> np.ndarray:
+    """float32 action_masks [*lead, sum of branch sizes] from the seed stream (seed, 'masks'), as ML-Agents' references
+    mask: rows r % 3 == 0 mask k ~ U{1..size-1} random actions in every branch, rows r % 3 == 1 one action of the first
+    branch, rows r % 3 == 2 none; every branch keeps at least one allowed action."""
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(seed), 0x6D61736B])))
+    rows = int(np.prod(lead, dtype=np.int64))
+    kind = np.arange(rows) % 3
+    parts = []
+    for b, size in enumerate(branch_sizes):
+        k = np.where(kind == 0, rng.integers(1, max(size, 2), rows), (kind == 1) & (b == 0)) * (size > 1)
+        rank = np.argsort(np.argsort(rng.random((rows, size)), axis=1), axis=1)  # a random order of the actions per row
+        parts.append((rank >= k[:, None]).astype(np.float32))
+    return np.concatenate(parts, axis=1).reshape(*lead, -1)

@@ -30,7 +30,7 @@ def error_histogram(path: Path, errors: dict[str, np.ndarray], title: str) -> st
     ax.set_xlabel("log10 |error|")
     ax.set_ylabel("elements")
     ax.set_title(f"{title}\n({'; '.join(zeros)})", fontsize=9)
-    if errors:
+    if ax.get_legend_handles_labels()[0]:  # all exact (or NaN): nothing drawn, no legend
         ax.legend(fontsize=8)
     return _save(plt, fig, path)
 

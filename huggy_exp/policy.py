@@ -124,17 +124,23 @@ class DiscreteActions(nn.Module):
         """Per branch, the raw Linear outputs (compute dtype), before masking."""
         return [branch(x) for branch in self.branches]
 
-    def probs(self, x: torch.Tensor, masks: torch.Tensor | None, logits: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
-        """Per branch, the softmax of the masked logits (stat dtype); `logits` when already computed."""
+    def masked_logits(self, x: torch.Tensor, masks: torch.Tensor | None,
+                      logits: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """Per branch, logits * mask - 1e8 * (1 - mask) (stat dtype); the raw logits without masks; `logits` when
+        already computed."""
         out, start = [], 0
         for size, logits in zip(self.sizes, self.logits(x) if logits is None else logits):
             logits = _cast(logits, _stat_dtype(logits))
             if masks is not None:
                 allow = _cast(masks[:, start:start + size], logits.dtype)
                 logits = logits * allow - MASK_PENALTY * (-1.0 * allow + 1.0)
-            out.append(torch.softmax(logits, dim=-1))
+            out.append(logits)
             start += size
         return out
+
+    def probs(self, x: torch.Tensor, masks: torch.Tensor | None, logits: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """Per branch, the softmax of the masked logits (stat dtype)."""
+        return [torch.softmax(z, dim=-1) for z in self.masked_logits(x, masks, logits)]
 
     def forward(self, x: torch.Tensor, masks: torch.Tensor | None = None, logits: list[torch.Tensor] | None = None) -> torch.Tensor:
         return torch.cat([torch.argmax(p, dim=1, keepdim=True) for p in self.probs(x, masks, logits)], dim=1)
@@ -260,6 +266,21 @@ class Policy(nn.Module):
                 out[head.deterministic_name] = head(*args)
             else:
                 out[head.sampled_name] = head.sample(*args, noise[head.sampled_name])
+        if memory_out is not None:
+            out["recurrent_out"] = _cast(memory_out, self.stat_dtype)
+        return out
+
+    def distributions(self, obs: list[torch.Tensor], masks: torch.Tensor | None = None,
+                      memory: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """What the sampled outputs draw from: `mu` and `log_sigma` (continuous), `masked_logits` (discrete, every branch
+        side by side, stat dtype), and `recurrent_out`."""
+        x, memory_out = self.encode(obs, memory)
+        out = {}
+        if self.continuous is not None:
+            out["mu"] = self.continuous.mu(x)
+            out["log_sigma"] = self.continuous.log_sigma_of(x, out["mu"])
+        if self.discrete is not None:
+            out["masked_logits"] = torch.cat(self.discrete.masked_logits(x, masks), dim=1)
         if memory_out is not None:
             out["recurrent_out"] = _cast(memory_out, self.stat_dtype)
         return out

@@ -216,6 +216,11 @@ class TorchRunner:
         parts = [{SAMPLED: self._sample(x, z)[:n]} for _, n, (x, z) in self._chunks(obs, noise)]
         return self._collect(parts)
 
+    @torch.inference_mode()
+    def distributions(self, feeds: Feeds) -> dict[str, np.ndarray]:
+        """What the sampled outputs draw from (Policy.distributions): mu, log_sigma, masked_logits, recurrent_out."""
+        return self._collect([self.policy.distributions(obs, masks, memory) for _, obs, masks, memory in self._feed_chunks(feeds)])
+
 
 def sample_noise(policy: Policy, rows: int, seed: int) -> dict[str, torch.Tensor]:
     """CPU noise for every head, keyed by its sampled output: Gaussian z (continuous), uniforms in (0, 1] (discrete)."""
@@ -266,11 +271,18 @@ def run_feeds(runner: TorchRunner | OnnxRunner, feeds: Mapping[str, np.ndarray],
     [N, d], or for a sequence [T, N, d] run step by step with the memory carried from zeros (step t sampled with
     seed + t); sequence outputs lead with T."""
     infer = runner.trace if trace else runner.infer
-    if feeds[obs_name(0)].ndim == 2:
-        return infer(feeds) if seed is None else runner.sample(feeds, seed)
+    if seed is None or feeds[obs_name(0)].ndim == 2:
+        return over_steps(infer if seed is None else (lambda f: runner.sample(f, seed)), feeds, runner.memory_size)
     steps = iter(range(len(feeds[obs_name(0)])))
-    call = infer if seed is None else (lambda f: runner.sample(f, seed + next(steps)))  # noqa: E731
-    return Recurrent(call, runner.memory_size).sequence(feeds)
+    return Recurrent(lambda f: runner.sample(f, seed + next(steps)), runner.memory_size).sequence(feeds)
+
+
+def over_steps(infer: Callable[[Feeds], dict[str, np.ndarray]], feeds: Mapping[str, np.ndarray], memory_size: int) -> dict[str, np.ndarray]:
+    """Any runner's infer (torch, onnxruntime, distributions) on single-step feeds [N, d], or on a sequence [T, N, d] step by
+    step with its own memory carried from zeros (outputs lead with T)."""
+    if feeds[obs_name(0)].ndim == 2:
+        return infer(feeds)
+    return Recurrent(infer, memory_size).sequence(feeds)
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:

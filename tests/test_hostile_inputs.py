@@ -248,7 +248,7 @@ ROWS = [
     ("onnx inf log_sigma", onnx_initializer(LOG_SIGMA, _set((0, 0), np.inf)), f"initializer {LOG_SIGMA} has 1 inf"),
     ("onnx folded std <= 0", onnx_initializer("normalizer_folded_std", _set(3, 0.0)), "normalizer std (the Div constant) has 1 values <= 0"),
     ("onnx-compare: not an ML-Agents graph", onnx_pairing_other_graph,
-     "expected input obs_0 [N, 59] and outputs deterministic_continuous_actions [N, 21], continuous_actions [N, 21]; "
+     "expected inputs obs_0 [N, 59] and outputs continuous_actions [N, 21], deterministic_continuous_actions [N, 21]; "
      "found inputs x [N, 10]; outputs y [N, 10]"),
     ("onnx-compare: another policy's sizes", onnx_pairing_other_size, "found inputs obs_0 [N, 243]"),
     # --- run_logs/training_status.json

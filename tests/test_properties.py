@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import BODY, LOG_SIGMA, MU, NORM_PREFIXES, Spec, make_actor
+from conftest import BODY, LOG_SIGMA, Spec, make_actor
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp

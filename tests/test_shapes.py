@@ -218,7 +218,7 @@ def test_sample_batch_and_info_pass_on_every_shape_from_random_inputs(mode, shap
     assert (mode != "info") or job.record["shape"]["branch_sizes"] == [3, 2, 4]
 
 
-@pytest.mark.parametrize("mode", ["onnx-compare", "export-onnx", "benchmark"])
+@pytest.mark.parametrize("mode", ["benchmark"])
 def test_modes_not_yet_taught_other_shapes_refuse_them_in_one_line(mode, shaped_files, tmp_path):
     job = run_job(tmp_path, mode, f"model.checkpoint={shaped_files['memory_discrete'][0]}", "obs.rows=4")
     assert job.record["status"] == "error"

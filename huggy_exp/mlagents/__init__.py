@@ -17,7 +17,7 @@ from huggy_exp.mlagents.default import (
 )
 from huggy_exp.mlagents.hub import fetch_hub
 from huggy_exp.mlagents.onnx_read import check_onnx_pairing, load_onnx, onnx_input_sizes, read_onnx, weights_from_onnx
-from huggy_exp.mlagents.onnx_write import write_onnx
+from huggy_exp.mlagents.onnx_write import interface, write_onnx
 from huggy_exp.mlagents.results import (
     configuration_mismatches, latest_checkpoint, list_checkpoints, model_configuration, read_configuration, read_training_status, results_model,
     run_folder,

@@ -46,21 +46,24 @@ def read_onnx(path: Path):
 
 
 def check_onnx_pairing(path: Path, w: PolicyWeights) -> None:
-    """The .onnx compared with a policy must expose ML-Agents' input and outputs at the policy's widths."""
+    """The .onnx compared with a policy must take ML-Agents' inputs (obs_<i>, action_masks, recurrent_in) at the policy's
+    widths, in order, and expose its action outputs at the policy's widths."""
+    from huggy_exp.mlagents.onnx_write import interface
+
     model = read_onnx(Path(path))
     inits = {i.name for i in model.graph.initializer}
     inputs = [value_info(i) for i in model.graph.input if i.name not in inits]
     outputs = dict(value_info(o) for o in model.graph.output)
-    want_out = {"deterministic_continuous_actions": w.act_dim, "continuous_actions": w.act_dim}
-    fits = lambda dims, width: len(dims) == 2 and dims[1] == width  # noqa: E731
-    if len(inputs) == 1 and inputs[0][0] == ONNX_INPUT and fits(inputs[0][1], w.obs_dim) and all(
-            name in outputs and fits(outputs[name], width) for name, width in want_out.items()):
+    io = interface(w)
+    want_in = [(name, dims[1:]) for name, _, dims in io["inputs"]]
+    want_out = {name: dims[1:] for name, _, dims in io["outputs"] if dims[:1] == ["batch"]}
+    if [(n, list(d[1:])) for n, d in inputs] == want_in and all(
+            name in outputs and list(outputs[name][1:]) == dims for name, dims in want_out.items()):
         return
     show = lambda items: ", ".join(f"{n} [{', '.join(str(d) if isinstance(d, int) else 'N' for d in dims)}]" for n, dims in items) or "none"  # noqa: E731
     raise UserError(
-        f"onnx file {path} is not an ML-Agents policy for this checkpoint: expected input {ONNX_INPUT} [N, {w.obs_dim}] and outputs "
-        + ", ".join(f"{n} [N, {k}]" for n, k in want_out.items())
-        + f"; found inputs {show(inputs)}; outputs {show(outputs.items())}"
+        f"onnx file {path} is not an ML-Agents policy for this checkpoint: expected inputs {show((n, ['N', *d]) for n, d in want_in)} "
+        f"and outputs {show((n, ['N', *d]) for n, d in want_out.items())}; found inputs {show(inputs)}; outputs {show(outputs.items())}"
     )
 
 

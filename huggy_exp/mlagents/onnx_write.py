@@ -66,21 +66,31 @@ def write_onnx(w: PolicyWeights, path: Path) -> None:
     for head in heads:
         head.shape_output(g)
 
-    f = TensorProto.FLOAT
-    elem = {"float": f, "int64": TensorProto.INT64}
-    inputs = [helper.make_tensor_value_info(obs_name(i), f, ["batch", obs.size]) for i, obs in enumerate(w.inputs)]
-    outputs = [helper.make_tensor_value_info("version_number", f, [1]), helper.make_tensor_value_info("memory_size", f, [1])]
-    outputs += [helper.make_tensor_value_info(name, elem[kind], dims) for head in heads for name, kind, dims in head.output_infos(w)]
-    if w.branches:
-        inputs.append(helper.make_tensor_value_info(ACTION_MASKS, f, ["batch", sum(w.branch_sizes)]))
-    if w.lstm is not None:
-        inputs.append(helper.make_tensor_value_info(RECURRENT_IN, f, ["batch", 1, w.memory]))
-        outputs.append(helper.make_tensor_value_info(RECURRENT_OUT, f, ["batch", 1, w.memory]))
+    elem = {"float": TensorProto.FLOAT, "int64": TensorProto.INT64}
+    io = interface(w)
+    inputs = [helper.make_tensor_value_info(name, elem[kind], dims) for name, kind, dims in io["inputs"]]
+    outputs = [helper.make_tensor_value_info(name, elem[kind], dims) for name, kind, dims in io["outputs"]]
     graph = helper.make_graph(g.nodes, "huggy_exp policy", inputs, outputs, initializer=g.inits)
     model = helper.make_model(graph, producer_name="huggy_exp", opset_imports=[helper.make_opsetid("", 9)])
     model.ir_version = 4
     onnx.checker.check_model(model)
     atomic_write(path, lambda tmp: onnx.save(model, tmp))
+
+
+def interface(w: PolicyWeights) -> dict[str, list[tuple[str, str, list]]]:
+    """ML-Agents' graph inputs and outputs for these weights, in its order, as (name, element type, dims); "batch" is the
+    symbolic batch: obs_<i>, action_masks (discrete), recurrent_in (memory); version_number, memory_size, each head's
+    three outputs (continuous, then discrete), recurrent_out (memory)."""
+    heads = [h for h in HEADS if h.present(w)]
+    inputs = [(obs_name(i), "float", ["batch", obs.size]) for i, obs in enumerate(w.inputs)]
+    outputs = [("version_number", "float", [1]), ("memory_size", "float", [1])]
+    outputs += [info for head in heads for info in head.output_infos(w)]
+    if w.branches:
+        inputs.append((ACTION_MASKS, "float", ["batch", sum(w.branch_sizes)]))
+    if w.lstm is not None:
+        inputs.append((RECURRENT_IN, "float", ["batch", 1, w.memory]))
+        outputs.append((RECURRENT_OUT, "float", ["batch", 1, w.memory]))
+    return {"inputs": inputs, "outputs": outputs}
 
 
 def _normalized(g: _Builder, w: PolicyWeights, i: int) -> str:
