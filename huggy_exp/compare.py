@@ -26,20 +26,33 @@ def inputs_key(row: dict) -> tuple:
     return row["mode"], json.dumps(knobs, sort_keys=True, default=str), row["obs"], row["seed"], row["model_sha256"]
 
 
-def load_actions(row: dict) -> np.ndarray | None:
-    path = Path(row["dir"]) / "actions.npy"
-    if row["status"] == "error" or not path.is_file():
+OUTPUT_FILES = ("actions.npy", "discrete_actions.npy", "memories.npy")  # whichever the policy has (README: Policy shapes)
+
+
+def load_outputs(row: dict) -> dict[str, np.ndarray]:
+    """A point's output arrays by file stem: continuous `actions`, `discrete_actions`, `memories` (empty on error)."""
+    if row["status"] == "error":
+        return {}
+    d = Path(row["dir"])
+    return {f[:-4]: np.load(d / f, allow_pickle=False) for f in OUTPUT_FILES if (d / f).is_file()}
+
+
+def _digest(outputs: dict[str, np.ndarray]) -> str | None:
+    if not outputs:
         return None
-    return np.load(path, allow_pickle=False)
+    h = hashlib.sha256()
+    for name, a in outputs.items():
+        h.update(name.encode() + str(a.dtype).encode() + str(a.shape).encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
 
 
 def compare(rows: list[dict]) -> dict:
     """{"vs_cpu_fp32": {job: max |Δ|}, "agreement": [groups], "recommended": {device: {...}}, "lines": [...]}."""
-    actions = {r["job"]: load_actions(r) for r in rows}
-    digests = {job: hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
-               for job, a in actions.items() if a is not None}
+    outputs = {r["job"]: load_outputs(r) for r in rows}
+    actions = {job: o.get("actions") for job, o in outputs.items()}
     for row in rows:
-        row["actions_sha256"] = digests.get(row["job"])
+        row["actions_sha256"] = _digest(outputs[row["job"]])  # every output the policy has, memories included
 
     # --- each point against the CPU fp32 point on the same inputs (same batch size preferred)
     vs_ref: dict[str, float] = {}
@@ -53,6 +66,15 @@ def compare(rows: list[dict]) -> dict:
         diff = np.abs(mine.astype(np.float64) - actions[ref["job"]].astype(np.float64))
         vs_ref[row["job"]] = float(diff.max()) if diff.size else 0.0
         row["vs_cpu_fp32_max_abs"] = vs_ref[row["job"]]
+    # discrete actions: the share of decisions equal to the CPU fp32 point's
+    for row in rows:
+        mine = outputs[row["job"]].get("discrete_actions")
+        refs = [r for r in rows if r is not row and r["device"] == "cpu" and r["dtype"] == "fp32"
+                and inputs_key(r) == inputs_key(row)
+                and getattr(outputs[r["job"]].get("discrete_actions"), "shape", None) == getattr(mine, "shape", None)]
+        if mine is not None and refs:
+            ref = min(refs, key=lambda r: r["batch_size"] != row["batch_size"])
+            row["vs_cpu_fp32_discrete_agreement"] = float(np.mean(mine == outputs[ref["job"]]["discrete_actions"]))
 
     # --- device agreement: bit-identical actions within (inputs, dtype), across devices or repeats
     groups: dict[tuple, list[dict]] = {}
@@ -69,27 +91,31 @@ def compare(rows: list[dict]) -> dict:
                                       "class": hashes.index(r["actions_sha256"]), "sha256": r["actions_sha256"]}
                                      for r in members]})
 
-    # --- per device: the fastest dtype whose precision verdict passes
+    # --- per device (and model, when the sweep has several): the fastest dtype whose precision verdict passes
     recommended = {}
-    for device in dict.fromkeys(r["device"] for r in rows):
-        checked = [r for r in rows if r["device"] == device and r["mode"] == "precision" and r["status"] in ("passed", "failed")]
+    several = len({r["model_sha256"] for r in rows if r["mode"] == "precision"}) > 1
+    for device, model in dict.fromkeys((r["device"], r["model_sha256"]) for r in rows):
+        checked = [r for r in rows if r["device"] == device and r["model_sha256"] == model and r["mode"] == "precision"
+                   and r["status"] in ("passed", "failed")]
         if not checked:
             continue
         passing = list(dict.fromkeys(r["dtype"] for r in checked if r["status"] == "passed"))
         failing = sorted({r["dtype"] for r in checked if r["status"] == "failed"} - set(passing))
-        timed = {d: _latency(rows, device, d) for d in passing}
+        timed = {d: _latency(rows, device, d, model) for d in passing}
         timed = {d: t for d, t in timed.items() if t is not None}
         choice = min(timed, key=timed.get) if timed else None
-        recommended[device] = {"dtype": choice, "p50_us": timed.get(choice), "passing": passing, "failing": failing,
+        key = f"{device} with {checked[0].get('model_name') or model}" if several else device
+        recommended[key] = {"dtype": choice, "p50_us": timed.get(choice), "passing": passing, "failing": failing,
                                "why": (f"fastest passing (p50 {timed[choice]:.1f} us)" if choice else
                                        "no latency.p50_us measured for a passing dtype: speed unknown, no pick")}
     return {"vs_cpu_fp32": vs_ref, "agreement": agreement, "recommended": recommended,
             "lines": comparison_lines(rows, agreement, recommended), "table": comparison_table(rows)}
 
 
-def _latency(rows: list[dict], device: str, dtype: str) -> float | None:
-    """p50 of the precision point itself, else the best p50 any point of this sweep measured on (device, dtype)."""
-    values = [r["metrics"].get("p50_us") for r in rows if r["device"] == device and r["dtype"] == dtype]
+def _latency(rows: list[dict], device: str, dtype: str, model: str | None = None) -> float | None:
+    """The best p50 any point of this sweep measured on (device, dtype) with this model."""
+    values = [r["metrics"].get("p50_us") for r in rows if r["device"] == device and r["dtype"] == dtype
+              and (model is None or r.get("model_sha256") == model)]
     values = [v for v in values if isinstance(v, (int, float))]
     return min(values) if values else None
 
@@ -101,6 +127,9 @@ def comparison_lines(rows: list[dict], agreement: list[dict], recommended: dict)
         if "vs_cpu_fp32_max_abs" in r and not (r["device"] == "cpu" and r["dtype"] == "fp32"):
             lines.append(f"{r['job']:>3} {r['mode']} {r['device']} {r['dtype']} b{r['batch_size']} {r['obs']} seed {r['seed']}: "
                          f"max |Δaction| vs cpu fp32 = {r['vs_cpu_fp32_max_abs']:.3g}")
+        if "vs_cpu_fp32_discrete_agreement" in r and not (r["device"] == "cpu" and r["dtype"] == "fp32"):
+            lines.append(f"{r['job']:>3} {r['mode']} {r['device']} {r['dtype']} b{r['batch_size']} {r['obs']} seed {r['seed']}: "
+                         f"discrete actions equal to cpu fp32's: {r['vs_cpu_fp32_discrete_agreement']:.2%}")
     for g in agreement:
         where = ", ".join(f"{p['device']}(job {p['job']})" for p in g["points"])
         verdict = "bit-identical" if g["identical"] else f"{len({p['class'] for p in g['points']})} different results"

@@ -107,7 +107,7 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
                      "note": note, "tracking": track, "expect": r.get("expect"),
                      "expectation_met": r.get("expectation_met"), "line": line, "dir": str(path.parent),
                      "seed": r.get("seed"), "obs": obs_label(obs), "model_sha256": (r.get("model") or {}).get("sha256"),
-                     "metrics": r.get("headline_metrics") or {}, "shared_machine": r.get("shared_machine", False),
+                     "model_name": _model_name(r.get("model") or {}), "metrics": r.get("headline_metrics") or {}, "shared_machine": r.get("shared_machine", False),
                      "knobs": (r.get("params") or {}).get("mode") or {}})
     tally = {s: sum(r["status"] == s for r in rows) for s in ORDER}
     tally["pending"] = sum(r["tracking"] == "pending" for r in rows)
@@ -118,6 +118,13 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
             f"{tally['error']} error" + (f"; {tally['pending']} not in MLflow yet (python run.py mode=sync)"
                                          if tally["pending"] else ""))
     return {"rows": rows, "tally": tally, "line": line, "comparison": compare(rows)}
+
+
+def _model_name(model: dict) -> str:
+    """A short name for a sweep's model: `embedded default`, or the file name."""
+    if model.get("synthetic"):
+        return "embedded default"
+    return Path(str(model.get("path") or "?")).name
 
 
 def obs_label(obs: dict) -> str:
@@ -131,7 +138,7 @@ def obs_label(obs: dict) -> str:
 def write_summary(sweep_dir: Path, summary: dict) -> list[Path]:
     """summary.json, summary.csv and summary.md in the sweep dir; the comparison table and plots beside them."""
     columns = ["job", "run_name", "mode", "device", "dtype", "batch_size", "case", "obs", "seed", "status", "expect",
-               "tracking", "vs_cpu_fp32_max_abs", "actions_sha256", "note"]
+               "tracking", "vs_cpu_fp32_max_abs", "vs_cpu_fp32_discrete_agreement", "actions_sha256", "note"]
     metric_names = list(dict.fromkeys(k for r in summary["rows"] for k in r["metrics"]))
     flat = [{**r, **{f"m.{k}": v for k, v in r["metrics"].items()}} for r in summary["rows"]]
     paths = [sweep_dir / "summary.json", sweep_dir / "summary.csv", sweep_dir / "summary.md"]

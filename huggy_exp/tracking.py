@@ -16,6 +16,7 @@ import getpass
 import json
 import math
 import os
+import re
 import subprocess
 import tempfile
 import time
@@ -464,7 +465,7 @@ def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path],
             comparison = summary.get("comparison") or {}
             note = "\n\n".join(filter(None, [summary.get("line", ""), "\n".join(f"- {x}" for x in comparison.get("lines", []))]))
             tags = [RunTag("mlflow.note.content", note[:MAX_TAG_CHARS])]
-            tags += [RunTag(f"recommended.{device}", str(rec["dtype"] or "none"))
+            tags += [RunTag(re.sub(r"[^\w./\- :]", "_", f"recommended.{device}"), str(rec["dtype"] or "none"))
                      for device, rec in (comparison.get("recommended") or {}).items()]
             store.client.log_batch(run_id, metrics=[Metric(f"jobs_{k}", float(v), stamp, 0) for k, v in tally.items()],
                                    tags=tags)

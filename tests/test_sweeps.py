@@ -117,6 +117,35 @@ def test_recommended_dtype_is_the_fastest_that_passes(tmp_path):
     assert rec["dtype"] == "bf16" and rec["p50_us"] == 9.0 and rec["failing"] == ["fp16"]
 
 
+def test_discrete_and_memory_outputs_are_compared_and_fingerprinted(tmp_path):
+    """A discrete/memory policy: decisions compared with CPU fp32, and a memory that differs breaks bit-identity."""
+    rows = [_point(tmp_path, str(i), dev, dt, None) for i, (dev, dt) in enumerate([("cpu", "fp32"), ("npu:0", "fp32"),
+                                                                                   ("npu:1", "fp32"), ("npu:0", "bf16")])]
+    picks = np.array([[0, 1], [2, 1], [1, 0], [3, 1]], np.int64)
+    memory = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
+    for row, (p, m) in zip(rows, [(picks, memory), (picks, memory), (picks, memory + np.float32(1e-6)),
+                                  (np.where(picks == 3, 2, picks), memory)]):
+        np.save(Path(row["dir"]) / "discrete_actions.npy", p)
+        np.save(Path(row["dir"]) / "memories.npy", m)
+    out = compare.compare(rows)
+    assert rows[3]["vs_cpu_fp32_discrete_agreement"] == pytest.approx(7 / 8)
+    assert rows[1]["vs_cpu_fp32_discrete_agreement"] == 1.0 and "vs_cpu_fp32_max_abs" not in rows[1]
+    assert any(x.endswith("discrete actions equal to cpu fp32's: 87.50%") for x in out["lines"]), out["lines"]
+    (fp32,) = [g for g in out["agreement"] if g["dtype"] == "fp32"]
+    assert [p["class"] for p in fp32["points"]] == [0, 0, 1]  # same decisions, memory one ulp off: not identical
+
+
+def test_recommendation_is_per_model_when_a_sweep_has_several(tmp_path):
+    a = np.zeros((4, 21))
+    rows = [_point(tmp_path, "0", "cpu", "fp32", a, p50=40.0), _point(tmp_path, "1", "cpu", "bf16", a, p50=9.0),
+            _point(tmp_path, "2", "cpu", "fp32", a, p50=50.0), _point(tmp_path, "3", "cpu", "bf16", a, status="failed", p50=5.0)]
+    for row, (sha, name) in zip(rows, [("m1", "Huggy.pt")] * 2 + [("m2", "Pyramids.pt")] * 2):
+        row.update(model_sha256=sha, model_name=name)
+    rec = compare.compare(rows)["recommended"]
+    assert rec["cpu with Huggy.pt"]["dtype"] == "bf16" and rec["cpu with Pyramids.pt"]["dtype"] == "fp32"
+    assert rec["cpu with Pyramids.pt"]["failing"] == ["bf16"]
+
+
 def test_comparison_plots_cover_error_latency_and_agreement(tmp_path):
     a = np.random.default_rng(1).uniform(-1, 1, (4, 21))
     rows = [_point(tmp_path, str(i), dev, dt, a + (0.01 if dt == "bf16" else 0.0), p50=p50, batch=b)
