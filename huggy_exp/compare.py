@@ -113,11 +113,15 @@ def compare(rows: list[dict]) -> dict:
 
 
 def _latency(rows: list[dict], device: str, dtype: str, model: str | None = None) -> float | None:
-    """The best p50 any point of this sweep measured on (device, dtype) with this model."""
-    values = [r["metrics"].get("p50_us") for r in rows if r["device"] == device and r["dtype"] == dtype
-              and (model is None or r.get("model_sha256") == model)]
-    values = [v for v in values if isinstance(v, (int, float))]
-    return min(values) if values else None
+    """p50 on (device, dtype, model): the precision points' own (like for like: each measures at its batch size), else
+    the best any point of this sweep measured."""
+    mine = [r for r in rows if r["device"] == device and r["dtype"] == dtype and (model is None or r.get("model_sha256") == model)]
+    for points in ([r for r in mine if r["mode"] == "precision"], mine):
+        values = [r["metrics"].get("p50_us") for r in points]
+        values = [v for v in values if isinstance(v, (int, float))]
+        if values:
+            return min(values)
+    return None
 
 
 def comparison_lines(rows: list[dict], agreement: list[dict], recommended: dict) -> list[str]:

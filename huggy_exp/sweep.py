@@ -124,7 +124,7 @@ def _model_name(model: dict) -> str:
     """A short name for a sweep's model: `embedded default`, or the file name."""
     if model.get("synthetic"):
         return "embedded default"
-    return Path(str(model.get("path") or "?")).name
+    return "/".join(Path(str(model.get("path") or "?")).parts[-3:])  # huggy_lstm/Huggy/Huggy-2000049.pt
 
 
 def obs_label(obs: dict) -> str:
