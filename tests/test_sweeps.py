@@ -317,7 +317,7 @@ def test_three_parallel_joblib_sweeps_into_one_sqlite_store_lose_and_duplicate_n
 
 
 @pytest.mark.skipif(os.environ.get("HUGGY_EXP_FULL_LAUNCHERS") != "1",
-                    reason="~4 min of subprocesses: HUGGY_EXP_FULL_LAUNCHERS=1 runs it (the smaller checks below always run)")
+                    reason="~2.5 min of subprocesses: HUGGY_EXP_FULL_LAUNCHERS=1 runs it (a 2-point submitit sweep always runs)")
 def test_three_submitit_local_sweeps_into_one_sqlite_store(tmp_path, huggy_exp_cache):
     _three_sweeps_at_once(tmp_path, huggy_exp_cache, f"sqlite:///{tmp_path / 'mlflow.db'}",
                           ["hydra/launcher=submitit_local", f"hydra.launcher.submitit_folder={tmp_path / 'submitit'}"])
@@ -365,7 +365,7 @@ def test_sweep_against_a_loopback_mlflow_server(tmp_path, huggy_exp_cache):
 
 
 @pytest.mark.skipif(os.environ.get("HUGGY_EXP_FULL_LAUNCHERS") != "1",
-                    reason="~3 min of subprocesses: HUGGY_EXP_FULL_LAUNCHERS=1 runs it (the 2-point check above always runs)")
+                    reason="~1 min of subprocesses: HUGGY_EXP_FULL_LAUNCHERS=1 runs it (the 2-point check above always runs)")
 def test_three_sweeps_into_one_loopback_mlflow_server(tmp_path, huggy_exp_cache):
     port = free_port()
     server = start_server(tmp_path, port)
