@@ -15,7 +15,8 @@ from huggy_exp.placement import Target, check_device, check_dtype, resolve
 from huggy_exp.runners import check_backend
 
 
-SHAPED_MODES = ("info", "action", "sample", "batch", "precision", "onnx-compare", "export-onnx", "fingerprint", "stats")  # modes that take every ML-Agents shape
+SHAPED_MODES = ("info", "action", "sample", "batch", "precision", "onnx-compare", "export-onnx", "fingerprint", "stats",
+                "benchmark")  # every mode that loads a policy takes every ML-Agents shape (`checkpoints` loads none)
 
 
 @dataclass(frozen=True)
@@ -141,15 +142,6 @@ class Context:
             return self.feeds
         w = self.weights
         return make_feeds(self.obs.source, w, rows, self.seed, self.obs.scale, self.obs.path)
-
-    def require_huggy_shape(self, mode: str) -> None:
-        """Modes not yet taught the other ML-Agents shapes refuse them in one line, naming what the policy has."""
-        w = self.weights
-        if w.huggy_shaped:
-            return
-        kinds = [k for k, on in (("several-input", len(w.inputs) > 1), ("discrete", bool(w.branches)), ("memory", w.lstm is not None)) if on]
-        raise UserError(f"mode {mode} does not support {'/'.join(kinds)} policies yet (this policy: {w.describe_shape()}); "
-                        f"modes that do: {', '.join(SHAPED_MODES)}")
 
     def onnx_path(self) -> Path:
         """The ML-Agents .onnx that goes with the model (configured, beside the .pt, or the embedded default's)."""

@@ -218,11 +218,15 @@ def test_sample_batch_and_info_pass_on_every_shape_from_random_inputs(mode, shap
     assert (mode != "info") or job.record["shape"]["branch_sizes"] == [3, 2, 4]
 
 
-@pytest.mark.parametrize("mode", ["benchmark"])
-def test_modes_not_yet_taught_other_shapes_refuse_them_in_one_line(mode, shaped_files, tmp_path):
-    job = run_job(tmp_path, mode, f"model.checkpoint={shaped_files['memory_discrete'][0]}", "obs.rows=4")
-    assert job.record["status"] == "error"
-    assert job.record["reason"].startswith(f"mode {mode} does not support discrete/memory policies yet")
+@pytest.mark.parametrize("name", ["memory_discrete", "memory_hybrid_sac", "multi_input"])
+def test_benchmark_passes_on_other_shapes_timing_eager_and_onnxruntime(name, shaped_files, tmp_path):
+    job = run_job(tmp_path, "benchmark", f"model.checkpoint={shaped_files[name][0]}", "obs.rows=4", "mode.budget_s=0.02",
+                  "mode.rounds=1", "mode.warmup_s=0.01", "mode.settle_s=0", "mode.batch_sizes=[1,4]",
+                  "mode.backends=[eager,onnxruntime,compile]")
+    assert job.record["status"] == "passed", job.record["reason"]
+    assert job.record["metrics"]["eager/b1/p50_us"] > 0 and job.record["metrics"]["onnxruntime/b4/obs_per_s"] > 0
+    assert job.record["backends"]["compile"]["status"] == "skipped"
+    assert job.record["backends"]["compile"]["reason"].startswith("backend compile runs Huggy's shape only")
 
 
 @pytest.mark.parametrize("arrays, message", [

@@ -2,6 +2,11 @@
 
 Scenarios as MLPerf names them: `single_stream` (batch 1, one query at a time: latency percentiles) and `offline`
 (throughput over the batch ladder). Backends are interleaved in rounds so machine drift hits them alike.
+
+Every ML-Agents shape: each batch point feeds every input (obs_0..obs_k; action_masks all allowed unless the observation
+file gives them; recurrent_in zeros [b, 1, m]), one step per call as an agent runs per decision (a [T, N, d] sequence:
+its first step). The gate against eager compares every deterministic output; compile and graphs run Huggy's shape only
+and are skipped, with the reason, on any other.
 """
 
 from __future__ import annotations
@@ -13,14 +18,18 @@ import numpy as np
 from huggy_exp import plots, timing
 from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported, UserError
+from huggy_exp.mlagents import ACTION_MASKS, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name
+from huggy_exp.numerics import REL_FLOOR, discrete_margins
 from huggy_exp.placement import peak_memory_mb, reset_peak_memory, synchronize
 from huggy_exp.results import Result
-from huggy_exp.runners import ACTIONS, build, check_backend
+from huggy_exp.runners import ACTIONS, DISCRETE, build, check_backend
 from huggy_exp.tasks import SLOW_FP16, batch_of, runner_device
+from huggy_exp.tasks.compare import compare_outputs
 
 SCENARIOS = ("single_stream", "offline")
 POINT_STATS = ("p50_us", "p90_us", "p95_us", "p99_us", "mean_us", "min_us", "max_us", "iqr_us", "obs_per_s", "noisy", "samples")
 SERIES_STATS = ("p50_us", "p99_us", "obs_per_s")
+STEMS = {ACTIONS: "actions", DISCRETE: "discrete", RECURRENT_OUT: "recurrent_out"}
 
 
 class BenchmarkTask:
@@ -47,8 +56,8 @@ class BenchmarkTask:
         return sorted({*([1] if "single_stream" in self.scenarios else []), *(ladder if "offline" in self.scenarios else [])})
 
     def run(self, ctx: Context) -> Result:
-        ctx.require_huggy_shape(self.name)
         target = ctx.target()
+        w = ctx.weights
         device = target.device
         result = Result()
         points, capped = self.points(ctx), []
@@ -59,15 +68,15 @@ class BenchmarkTask:
             result.summary.append(f"{SLOW_FP16}; points above {self.fp16_cpu_max_rows} rows skipped "
                                   f"({capped or 'none'}), at most {self.fp16_cpu_samples} timed calls per point and round")
             result.details["fp16_cpu_note"] = SLOW_FP16
-        obs = ctx.observations
-        feeds = {b: batch_of(obs, b) for b in points}
+        feeds, timed_as = self.feeds(ctx, points)
         chunk = min(max(points), self.chunk_rows)
         reset_peak_memory(device)
 
         with timing.threads(ctx.threads) as threads:
             # --- build each backend, first call per shape (compilation included), check against eager
             backends: dict[str, dict] = {}
-            runners, expected = {}, {}
+            runners, expected, margins = {}, {}, {}
+            tol = self.tolerance.get(ctx.dtype, 0.0)
             for name in dict.fromkeys(["eager", *self.backends]):
                 info = backends[name] = {"status": "passed", "reason": "",
                                          "dtype": "fp32" if name == "onnxruntime" else ctx.dtype}  # the .onnx graph is fp32
@@ -75,23 +84,24 @@ class BenchmarkTask:
                 try:
                     runner = build(ctx, name, batch_size=chunk, dtype="fp32" if name == "onnxruntime" else None)
                     info["load_s"] = time.perf_counter() - started
-                    worst = 0.0
+                    gate = Gate(w, tol)
                     for i, b in enumerate(points):
                         started = time.perf_counter()
-                        got = runner.infer(feeds[b])[ACTIONS]
+                        got = runner.infer(feeds[b])
                         synchronize(runner_device(runner))
                         if i == 0:
                             info["cold_start_ms"] = (time.perf_counter() - started) * 1e3
                         if name == "eager":
                             expected[b] = got
-                        worst = max(worst, float(np.max(np.abs(got.astype(np.float64) - expected[b]))))
-                    info["max_abs_vs_eager"] = worst
+                            if w.branches:  # the masked-logit margins that may excuse a discrete flip
+                                margins[b] = discrete_margins(runner.distributions(feeds[b])["masked_logits"], w.branch_sizes)
+                        gate.add(b, got, expected[b], margins.get(b))
+                    info.update(gate.info())
                 except (Unsupported, UserError) as exc:
                     info.update(status="skipped", reason=str(exc))
                     continue
-                tol = self.tolerance.get(ctx.dtype, 0.0)
-                if not worst <= tol:
-                    info.update(status="failed", reason=f"actions differ from eager by {worst:.3g} > {tol:g} ({ctx.dtype}): not timed")
+                if gate.failures:
+                    info.update(status="failed", reason=gate.reason(ctx.dtype))
                     result.fail(f"backend {name}: {info['reason']}")
                     continue
                 runners[name] = runner
@@ -115,7 +125,7 @@ class BenchmarkTask:
         rows = []
         for name in self.backends:
             info = backends[name]
-            for key in ("cold_start_ms", "load_s", "max_abs_vs_eager"):
+            for key in ("cold_start_ms", "load_s", "max_abs_vs_eager", *(() if w.huggy_shaped else GATE_METRICS)):
                 if key in info:
                     result.metrics[f"{name}/{key}"] = float(info[key])
             for b in points + capped:
@@ -132,6 +142,9 @@ class BenchmarkTask:
         result.metrics["peak_mem_mb"] = peak_memory_mb(device)
         result.metrics["threads"] = float(threads)
         result.tables["benchmark"] = rows
+        if not w.huggy_shaped:
+            result.summary.append(f"policy: {w.describe_shape()}; {timed_as}")
+            result.details.update({"shape": w.describe_shape(), "feeds": timed_as})
         result.details.update({"points": points, "scenarios": self.scenarios, "chunk_rows": chunk, "threads": threads,
                                "backends": backends, "peak_mem_source": "device allocator" if device.type != "cpu" else "process RSS"})
         if not timed:
@@ -143,6 +156,83 @@ class BenchmarkTask:
         result.summary[:0] = _summary(result, backends, points, self.backends)
         result.details["headline"] = result.summary[0]
         return result
+
+    def feeds(self, ctx: Context, points: list[int]) -> tuple[dict[int, dict[str, np.ndarray]], str]:
+        """Per batch point, every input of the policy at that many rows, and what is timed (in words)."""
+        w = ctx.weights
+        if w.huggy_shaped:
+            obs = ctx.observations
+            return {b: batch_of(obs, b) for b in points}, "obs_0"
+        base = ctx.feeds
+        sequence = base[obs_name(0)].ndim == 3
+        feeds = {b: step_feeds(w, base, b) for b in points}
+        said = [f"every input per batch point ({', '.join(obs_name(i) for i in range(len(w.inputs)))}"]
+        if w.branches:
+            said.append(f"action_masks {'from the observation file' if ACTION_MASKS in base else 'all allowed'}")
+        if w.memory:
+            said.append(f"recurrent_in zeros [b, 1, {w.memory}]")
+        text = ", ".join(said) + "): one step per call, as an agent runs per decision"
+        if sequence:
+            steps, agents = base[obs_name(0)].shape[:2]
+            text += f"; the {steps}-step x {agents}-agent sequence is timed on its first step (zero memory)"
+        return feeds, text
+
+
+GATE_METRICS = ("discrete_mismatches", "discrete_excused", "discrete_unexcused", "recurrent_out_max_abs_vs_eager")
+
+
+def step_feeds(w: PolicyWeights, base: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    """One decision step of `rows` agents: every observation input (and the file's masks) cycled or cut to `rows` (of a
+    sequence, its first step), masks all allowed when not given, and zero memory."""
+    feeds = batch_of(base, rows)
+    if w.branches and ACTION_MASKS not in feeds:
+        feeds[ACTION_MASKS] = np.ones((rows, sum(w.branch_sizes)), np.float32)
+    if w.memory:
+        feeds[RECURRENT_IN] = np.zeros((rows, 1, w.memory), np.float32)
+    return feeds
+
+
+class Gate:
+    """A backend's deterministic outputs against eager's over the batch points: every output the policy has.
+
+    Continuous actions within `tol`, recurrent_out within tol x max(1, |memory|), discrete actions equal (a flip
+    excused only where eager's masked-logit margin is within the tolerance); NaN/inf mismatches and missing outputs fail.
+    """
+
+    def __init__(self, w: PolicyWeights, tol: float):
+        self.huggy, self.continuous, self.branches, self.memory = w.huggy_shaped, w.mu is not None, bool(w.branches), bool(w.memory)
+        self.tol, self.failures = tol, {}
+        self.worst = {ACTIONS: 0.0, RECURRENT_OUT: 0.0, "tolerance": 0.0}
+        self.counts = {"mismatches": 0.0, "excused": 0.0, "unexcused": 0.0}
+
+    def add(self, rows: int, got: dict, expected: dict, margins: tuple[np.ndarray, np.ndarray] | None) -> None:
+        metrics, failures, _ = compare_outputs(got, expected, STEMS, self.tol, REL_FLOOR, margins)
+        for name in (ACTIONS, RECURRENT_OUT):
+            self.worst[name] = max(self.worst[name], metrics.get(f"{STEMS[name]}.max_abs", 0.0))
+        self.worst["tolerance"] = max(self.worst["tolerance"], metrics.get("recurrent_out.tolerance", 0.0))
+        for k in self.counts:
+            self.counts[k] += metrics.get(f"discrete.{k}", 0.0)
+        for failure in failures:  # the first failure of each output, with the batch point it came from
+            self.failures.setdefault(failure.split(" ")[0].rstrip(":"), f"b{rows}: {failure}")
+
+    def info(self) -> dict:
+        """max_abs_vs_eager: continuous actions (absent for a discrete-only policy); the other outputs' figures too."""
+        out = {"max_abs_vs_eager": self.worst[ACTIONS]} if self.continuous else {}
+        said = [f"max |Δ| vs eager {self.worst[ACTIONS]:.2e}"] if self.continuous else []
+        if self.branches:
+            out.update({f"discrete_{k}": v for k, v in self.counts.items()})
+            said.append(f"discrete actions: {int(self.counts['mismatches'])} differ ({int(self.counts['excused'])} excused near-ties)")
+        if self.memory:
+            out["recurrent_out_max_abs_vs_eager"] = self.worst[RECURRENT_OUT]
+            said.append(f"recurrent_out max |Δ| {self.worst[RECURRENT_OUT]:.2e} (tolerance {self.worst['tolerance']:.2g})")
+        if not self.huggy:  # Huggy's result.json keeps its keys
+            out["vs_eager"] = ", ".join(said)
+        return out
+
+    def reason(self, dtype: str) -> str:
+        if self.huggy and list(self.failures) == [ACTIONS] and "max_abs" in self.failures[ACTIONS]:
+            return f"actions differ from eager by {self.worst[ACTIONS]:.3g} > {self.tol:g} ({dtype}): not timed"
+        return f"{'; '.join(self.failures.values())} (vs eager, {dtype}): not timed"
 
 
 def _curve(result: Result, name: str) -> dict[str, list]:
@@ -165,8 +255,9 @@ def _summary(result: Result, backends: dict, points: list[int], order: list[str]
             lines.append(f"{n}: {info['status'].upper()}: {info['reason']}")
         else:
             noisy = [f"b{b}" for b in points if m.get(f"{n}/b{b}/noisy")]
+            gate = info.get("vs_eager") or f"max |Δ| vs eager {info['max_abs_vs_eager']:.2e}"  # Huggy: actions only
             lines.append(f"{n} ({info['dtype']}): load {info['load_s']:.3f} s, first call {info['cold_start_ms']:,.1f} ms, "
-                         f"max |Δ| vs eager {info['max_abs_vs_eager']:.2e}" + (f", noisy at {', '.join(noisy)}" if noisy else ""))
+                         f"{gate}" + (f", noisy at {', '.join(noisy)}" if noisy else ""))
     lines.append(f"peak memory {m['peak_mem_mb']:,.0f} MB ({result.details['peak_mem_source']})")
     return lines
 
