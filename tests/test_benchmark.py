@@ -179,6 +179,13 @@ def test_benchmark_does_not_time_a_backend_that_disagrees_with_eager(small, tmp_
     assert not any(k.startswith("onnxruntime/b") for k in run.metrics)
 
 
+def test_benchmark_in_fp64_holds_onnxruntimes_fp32_graph_to_the_fp32_tolerance(small, tmp_path):
+    """onnxruntime runs the fp32 .onnx in an fp64 job: the fp64 tolerance (1e-9) would always fail it."""
+    run = run_mode(tmp_path, "benchmark", small.model, "dtype=fp64", "mode.backends=[onnxruntime]", *FAST)
+    assert run.record["status"] == "passed", run.record["reason"]
+    assert 0 < run.metrics["onnxruntime/max_abs_vs_eager"] <= 1e-5 and "onnxruntime/b1/p50_us" in run.metrics
+
+
 def test_benchmark_fp16_on_the_cpu_is_capped_and_says_so(small, tmp_path):
     run = run_mode(tmp_path, "benchmark", small.model, "dtype=fp16", "mode.backends=[eager]", "mode.batch_sizes=[1024]",
                    "mode.fp16_cpu_max_rows=64", *FAST)

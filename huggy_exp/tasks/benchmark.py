@@ -76,7 +76,6 @@ class BenchmarkTask:
             # --- build each backend, first call per shape (compilation included), check against eager
             backends: dict[str, dict] = {}
             runners, expected, margins = {}, {}, {}
-            tol = self.tolerance.get(ctx.dtype, 0.0)
             for name in dict.fromkeys(["eager", *self.backends]):
                 info = backends[name] = {"status": "passed", "reason": "",
                                          "dtype": "fp32" if name == "onnxruntime" else ctx.dtype}  # the .onnx graph is fp32
@@ -84,6 +83,8 @@ class BenchmarkTask:
                 try:
                     runner = build(ctx, name, batch_size=chunk, dtype="fp32" if name == "onnxruntime" else None)
                     info["load_s"] = time.perf_counter() - started
+                    # a backend running another dtype (onnxruntime's fp32 graph in an fp64 job) is held to the looser
+                    tol = max(self.tolerance.get(ctx.dtype, 0.0), self.tolerance.get(info["dtype"], 0.0))
                     gate = Gate(w, tol)
                     for i, b in enumerate(points):
                         started = time.perf_counter()
