@@ -165,13 +165,16 @@ def draw(sweep_dir: Path, rows: list[dict], result: dict) -> list[Path]:
                                                   "max |Δaction| vs cpu fp32", "error vs dtype, per device"))
     latency: dict[str, tuple[list, list]] = {}
     for r in rows:
-        if isinstance(r["metrics"].get("p50_us"), (int, float)):
-            xs, ys = latency.setdefault(f"{r['device']} {r['dtype']}", ([], []))
-            xs.append(r["batch_size"])
-            ys.append(r["metrics"]["p50_us"])
+        points = r.get("latency_points")
+        if points is None and isinstance(r["metrics"].get("p50_us"), (int, float)):
+            points = [["eager", r["batch_size"], r["metrics"]["p50_us"]]]
+        for backend, batch, p50 in points or ():
+            xs, ys = latency.setdefault(f"{r['device']} {r['dtype']} {backend}", ([], []))
+            xs.append(batch)
+            ys.append(p50)
     if latency:
         files.append(sweep_dir / plots.scatter(sweep_dir / "latency_vs_batch.png", latency, "batch size",
-                                               "p50 latency (us)", "latency vs batch size, per device and dtype"))
+                                               "p50 latency per call (us)", "latency vs batch size, per device, dtype and backend"))
     if result["agreement"]:
         labels = [f"{g['mode']} {g['dtype']} {g['obs']} s{g['seed']}" for g in result["agreement"]]
         cells = [[(f"{p['device']} #{p['job']}", p["class"]) for p in g["points"]] for g in result["agreement"]]

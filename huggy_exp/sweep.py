@@ -107,7 +107,8 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
                      "note": note, "tracking": track, "expect": r.get("expect"),
                      "expectation_met": r.get("expectation_met"), "line": line, "dir": str(path.parent),
                      "seed": r.get("seed"), "obs": obs_label(obs), "model_sha256": (r.get("model") or {}).get("sha256"),
-                     "model_name": _model_name(r.get("model") or {}), "metrics": r.get("headline_metrics") or {}, "shared_machine": r.get("shared_machine", False),
+                     "model_name": _model_name(r.get("model") or {}),
+                     "latency_points": latency_points(r), "metrics": r.get("headline_metrics") or {}, "shared_machine": r.get("shared_machine", False),
                      "knobs": (r.get("params") or {}).get("mode") or {}})
     tally = {s: sum(r["status"] == s for r in rows) for s in ORDER}
     tally["pending"] = sum(r["tracking"] == "pending" for r in rows)
@@ -118,6 +119,20 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
             f"{tally['error']} error" + (f"; {tally['pending']} not in MLflow yet (python run.py mode=sync)"
                                          if tally["pending"] else ""))
     return {"rows": rows, "tally": tally, "line": line, "comparison": compare(rows)}
+
+
+def latency_points(record: dict) -> list[list]:
+    """[backend, batch, p50 µs] a job timed: benchmark's `<backend>/b<N>/p50_us` ladder, else its `latency.p50_us`."""
+    metrics = record.get("metrics") or {}
+    points = []
+    for key, value in metrics.items():
+        parts = key.split("/")
+        if len(parts) == 3 and parts[2] == "p50_us" and parts[1][:1] == "b" and parts[1][1:].isdigit():
+            points.append([parts[0], int(parts[1][1:]), float(value)])
+    if not points and isinstance(metrics.get("latency.p50_us"), (int, float)):
+        backend = (record.get("params") or {}).get("backend") or "eager"
+        points.append([backend, int(record.get("batch_size") or 0), float(metrics["latency.p50_us"])])
+    return points
 
 
 def _model_name(model: dict) -> str:

@@ -156,6 +156,16 @@ def test_comparison_plots_cover_error_latency_and_agreement(tmp_path):
     assert all(f.stat().st_size > 5_000 for f in files)
 
 
+def test_latency_points_follow_the_benchmark_ladder_per_backend():
+    from huggy_exp.sweep import latency_points
+
+    bench = {"metrics": {"eager/b1/p50_us": 90.0, "eager/b64/p50_us": 400.0, "onnxruntime/b64/p50_us": 300.0,
+                         "eager/b1/p99_us": 120.0, "eager/load_s": 0.1}, "batch_size": 64}
+    assert latency_points(bench) == [["eager", 1, 90.0], ["eager", 64, 400.0], ["onnxruntime", 64, 300.0]]
+    job = {"metrics": {"latency.p50_us": 12.0}, "batch_size": 8, "params": {"backend": "onnxruntime"}}
+    assert latency_points(job) == [["onnxruntime", 8, 12.0]] and latency_points({"metrics": {}}) == []
+
+
 def test_points_with_different_action_shaping_knobs_are_not_grouped(tmp_path):
     a = np.zeros((32, 21))
     rows = [_point(tmp_path, "0", "cpu", "fp32", a, mode="fingerprint"), _point(tmp_path, "1", "cpu", "fp32", a + 1, mode="fingerprint")]
