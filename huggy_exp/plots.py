@@ -8,8 +8,11 @@ import numpy as np
 
 
 def _pyplot():
+    import logging
+
     import matplotlib
 
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font search logs at INFO into Hydra's log
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
