@@ -12,7 +12,7 @@ def _pyplot():
 
     import matplotlib
 
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font search logs at INFO into Hydra's log
+    logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)  # "findfont: ... Falling back" warnings: noise
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
