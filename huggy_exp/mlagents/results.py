@@ -53,19 +53,24 @@ def list_checkpoints(results_dir: str | Path) -> list[dict]:
     return out
 
 
+def _parse_text(path: Path, parse, kind: str, error: type, utf8_hint: str = ""):
+    """`parse` of a UTF-8 text file; unreadable, not UTF-8 or not valid `kind` is one line naming the file."""
+    try:
+        return parse(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path} is not UTF-8 text (bad byte at offset {exc.start}){utf8_hint}") from None
+    except (error, RecursionError) as exc:
+        raise UserError(f"{path} is not valid {kind}: {(str(exc).strip() or 'nested too deeply').splitlines()[0]}") from None
+    except OSError as exc:
+        raise UserError(f"{path} cannot be read: {exc.strerror or exc}") from None
+
+
 def read_training_status(path: Path) -> dict[str, dict]:
     """ML-Agents' run_logs/training_status.json, checked: {behavior: {"checkpoints": [entry, ...], "final": steps or None}}.
 
     Behaviors without a "checkpoints" list (ML-Agents also records lesson numbers and ELO there) and "metadata" are skipped.
     """
-    try:
-        doc = json.loads(path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path} is not UTF-8 text (bad byte at offset {exc.start}); ML-Agents writes it as UTF-8 JSON") from None
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise UserError(f"{path} is not valid JSON: {str(exc) or 'nested too deeply'}") from None
-    except OSError as exc:
-        raise UserError(f"{path} cannot be read: {exc.strerror or exc}") from None
+    doc = _parse_text(path, json.loads, "JSON", json.JSONDecodeError, "; ML-Agents writes it as UTF-8 JSON")
     if not isinstance(doc, dict):
         raise UserError(f"{path}: top level is a JSON {_json_kind(doc)}, expected an object of behaviors "
                         '({"<Behavior>": {"checkpoints": [...]}, "metadata": {...}})')
@@ -124,12 +129,7 @@ def read_configuration(root: Path) -> dict[str, dict]:
     path = Path(root) / "configuration.yaml"
     if not path.is_file():
         return {}
-    try:
-        doc = yaml.safe_load(path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path} is not UTF-8 text (bad byte at offset {exc.start})") from None
-    except (yaml.YAMLError, RecursionError) as exc:
-        raise UserError(f"{path} is not valid YAML: {(str(exc).strip() or 'nested too deeply').splitlines()[0]}") from None
+    doc = _parse_text(path, yaml.safe_load, "YAML", yaml.YAMLError)
     shape = "a mapping 'behaviors: {<Behavior>: {trainer_type: ..., network_settings: {...}}}'"
     behaviors = (doc or {}).get("behaviors") if isinstance(doc or {}, dict) else None
     if not isinstance(doc or {}, dict) or not isinstance(behaviors or {}, dict):
