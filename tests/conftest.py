@@ -593,3 +593,38 @@ def stop_server(proc) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
+
+
+# --- the small Huggy-shaped policy of the mode and benchmark tests
+
+
+def small_weights():
+    """8 obs -> 2 x 16 Swish -> 3 actions; a normalizer whose running_variance overflows float16 in 3 dims."""
+    from huggy_exp import mlagents
+
+    rng = np.random.default_rng(5)
+    f32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
+    obs, act, hidden, steps = 8, 3, 16, 100_000
+    layers = ((f32(rng.normal(0, 1 / np.sqrt(obs), (hidden, obs))), f32(rng.normal(0, 0.05, hidden))),
+              (f32(rng.normal(0, 1 / np.sqrt(hidden), (hidden, hidden))), f32(rng.normal(0, 0.05, hidden))))
+    mu = (f32(rng.normal(0, 2 / np.sqrt(hidden), (act, hidden))), f32(rng.normal(0, 0.2, act)))
+    log_sigma = f32(rng.uniform(-0.5, 0.5, (1, act)))
+    mean = f32(rng.uniform(-20, 40, obs))
+    variance = f32(np.exp(rng.uniform(np.log(0.05), np.log(15.0), obs)) ** 2 * steps)
+    variance[0] = 6.2e8  # Huggy's largest running_variance
+    variance[3] = 1.0  # a dimension that never varied
+    return mlagents.PolicyWeights(layers, mu, log_sigma, mlagents.Normalizer(mean, variance, steps))
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """The small policy as an ML-Agents .pt with its .onnx beside it."""
+    from types import SimpleNamespace
+
+    from huggy_exp import mlagents
+
+    w = small_weights()
+    pt = tmp_path_factory.mktemp("small") / "Small" / "Small-100.pt"
+    mlagents.save_checkpoint(w, pt, 100)
+    mlagents.write_onnx(w, pt.with_suffix(".onnx"))
+    return SimpleNamespace(weights=w, pt=pt, onnx=pt.with_suffix(".onnx"), model=f"model.checkpoint={pt}")

@@ -9,24 +9,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from test_modes import run_mode, small_weights
+from test_modes import run_mode
 
-from huggy_exp import mlagents, timing
+from huggy_exp import timing
 from huggy_exp.context import Context, ModelSpec
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.runners import ACTIONS, OBS, SAMPLED, TorchRunner, build, check_provider
 from huggy_exp.placement import resolve
 
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(scope="module")
-def small(tmp_path_factory):
-    w = small_weights()
-    pt = tmp_path_factory.mktemp("bench_small") / "Small" / "Small-100.pt"
-    mlagents.save_checkpoint(w, pt, 100)
-    mlagents.write_onnx(w, pt.with_suffix(".onnx"))
-    return SimpleNamespace(weights=w, pt=pt, model=f"model.checkpoint={pt}")
 
 
 def small_context(small, tmp_path, **kw) -> Context:

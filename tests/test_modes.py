@@ -93,32 +93,6 @@ def mode_knobs(mode: str, **changes) -> dict:
     return knobs
 
 
-def small_weights() -> mlagents.PolicyWeights:
-    """8 obs -> 2 x 16 Swish -> 3 actions; a normalizer whose running_variance overflows float16 in 3 dims."""
-    rng = np.random.default_rng(5)
-    f32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
-    obs, act, hidden, steps = 8, 3, 16, 100_000
-    layers = ((f32(rng.normal(0, 1 / np.sqrt(obs), (hidden, obs))), f32(rng.normal(0, 0.05, hidden))),
-              (f32(rng.normal(0, 1 / np.sqrt(hidden), (hidden, hidden))), f32(rng.normal(0, 0.05, hidden))))
-    mu = (f32(rng.normal(0, 2 / np.sqrt(hidden), (act, hidden))), f32(rng.normal(0, 0.2, act)))
-    log_sigma = f32(rng.uniform(-0.5, 0.5, (1, act)))
-    mean = f32(rng.uniform(-20, 40, obs))
-    variance = f32(np.exp(rng.uniform(np.log(0.05), np.log(15.0), obs)) ** 2 * steps)
-    variance[0] = 6.2e8  # Huggy's largest running_variance
-    variance[3] = 1.0  # a dimension that never varied
-    return mlagents.PolicyWeights(layers, mu, log_sigma, mlagents.Normalizer(mean, variance, steps))
-
-
-@pytest.fixture(scope="module")
-def small(tmp_path_factory):
-    """The small policy as an ML-Agents .pt with its .onnx beside it."""
-    w = small_weights()
-    pt = tmp_path_factory.mktemp("small") / "Small" / "Small-100.pt"
-    mlagents.save_checkpoint(w, pt, 100)
-    mlagents.write_onnx(w, pt.with_suffix(".onnx"))
-    return SimpleNamespace(weights=w, pt=pt, onnx=pt.with_suffix(".onnx"), model=f"model.checkpoint={pt}")
-
-
 def test_small_policy_is_a_meaningful_fp16_case(small):
     assert small.weights.normalizer.fp16_overflow_dims() >= 1
     assert (small.weights.obs_dim, small.weights.act_dim, small.weights.num_layers) == (8, 3, 2)
