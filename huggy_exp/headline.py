@@ -41,13 +41,22 @@ def headline_metrics(mode: str, metrics: dict[str, float], status: str) -> dict[
     out: dict[str, float] = {}
     if status in ("passed", "failed"):
         out["passed"] = float(status == "passed")
-    top = max((int(k.split("/")[1][1:]) for k in metrics if k.count("/") == 2 and k.split("/")[1][1:].isdigit()),
-              default=None)  # benchmark: the largest batch timed
+    top = max((batch for _, batch, _ in ladder(metrics, "obs_per_s")), default=None)  # benchmark: the largest batch timed
     for short, long in {**HEADLINES.get(mode, {}), **{k: v for k, v in ANY_MODE.items() if k not in HEADLINES.get(mode, {})}}.items():
         value = _lookup(metrics, long.replace("{top}", str(top)))
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value)):
             out[short] = float(f"{float(value):.{DIGITS.get(short, SIGNIFICANT)}g}")
     return out
+
+
+def ladder(metrics: dict[str, float], stat: str) -> list[tuple[str, int, float]]:
+    """(backend, batch, value) of a benchmark's per-point metrics `<backend>/b<batch>/<stat>`."""
+    points = []
+    for key, value in metrics.items():
+        parts = key.split("/")
+        if len(parts) == 3 and parts[2] == stat and parts[1][:1] == "b" and parts[1][1:].isdigit():
+            points.append((parts[0], int(parts[1][1:]), float(value)))
+    return points
 
 
 def _lookup(metrics: dict[str, float], name: str):

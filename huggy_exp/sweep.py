@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from huggy_exp import tracking
 from huggy_exp.config import JOBS_ENV
+from huggy_exp.headline import ladder
 from huggy_exp.compare import compare, draw
 from huggy_exp.results import EXIT_CODES, EXIT_INTERRUPTED, EXIT_PENDING, atomic_write_text, jsonable, write_table
 
@@ -124,11 +125,7 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
 def latency_points(record: dict) -> list[list]:
     """[backend, batch, p50 µs] a job timed: benchmark's `<backend>/b<N>/p50_us` ladder, else its `latency.p50_us`."""
     metrics = record.get("metrics") or {}
-    points = []
-    for key, value in metrics.items():
-        parts = key.split("/")
-        if len(parts) == 3 and parts[2] == "p50_us" and parts[1][:1] == "b" and parts[1][1:].isdigit():
-            points.append([parts[0], int(parts[1][1:]), float(value)])
+    points = [list(point) for point in ladder(metrics, "p50_us")]
     if not points and isinstance(metrics.get("latency.p50_us"), (int, float)):
         backend = (record.get("params") or {}).get("backend") or "eager"
         points.append([backend, int(record.get("batch_size") or 0), float(metrics["latency.p50_us"])])
