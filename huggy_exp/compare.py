@@ -16,7 +16,7 @@ from huggy_exp import plots
 
 NARROW_FIRST = ("bf16", "fp16", "fp32", "fp64")
 VERDICT_KNOBS = ("thresholds", "layer_thresholds", "specialize", "relative", "rel_floor", "tolerance", "atol",
-                 "require_match", "drift_threshold", "drift_fail", "saturation", "confidence", "repeats", "path",
+                 "require_match", "drift_threshold", "drift_fail", "saturation", "confidence", "budget_s", "path",
                  "decimals", "provider", "opset")  # mode knobs that judge or time the actions, not shape them
 
 

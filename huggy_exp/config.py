@@ -539,7 +539,7 @@ def _mode_choice(overrides: list[str], case_file=None) -> str:
 
 
 def unknown_key(key: str, mode: str) -> str:
-    """`unknown key mode.tolerence; valid keys of mode (batch): repeats, tolerance`."""
+    """`unknown key mode.tolerence; valid keys of mode (batch): budget_s, tolerance`."""
     parts = key.split(".")
     kind: Any = MODES.get(mode, ModeConf) if parts[0] == "mode" else Config
     for part in (parts[1:] if parts[0] == "mode" else parts)[:-1]:

@@ -25,7 +25,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
-from huggy_exp.headline import settings
+from huggy_exp.headline import headline_names, settings
 from huggy_exp.results import read_result, update_result
 
 REPO = Path(__file__).resolve().parents[1]
@@ -500,19 +500,14 @@ def sweep_runs(settings: dict, sweep_id: str | None = None) -> dict:
         raise StoreDown(f"no sweep {sweep_id or ''} in {store.uri} (experiment {store.experiment!r})".replace("  ", " "))
     parent = parents[0]
     sid = parent.data.tags["sweep_id"]
+    shown = headline_names()
     children = store.client.search_runs([store.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'",
                                         max_results=1000)
     return {"sweep_id": sid, "experiment_id": store.experiment_id, "uri": store.uri,
             "parent": {"id": parent.info.run_id, "name": parent.info.run_name,
                        "artifacts": [a.path for a in store.client.list_artifacts(parent.info.run_id)]},
             "children": [{"id": c.info.run_id, "name": c.info.run_name, "metrics": dict(c.data.metrics),
-                          "headline": [k for k in c.data.metrics if k in _headline_names()]} for c in children]}
-
-
-def _headline_names() -> set[str]:
-    from huggy_exp.headline import ANY_MODE, HEADLINES
-
-    return {"passed", *ANY_MODE, *(k for table in HEADLINES.values() for k in table)}
+                          "headline": [k for k in c.data.metrics if k in shown]} for c in children]}
 
 
 # --- sync: every pending result.json, exactly once
