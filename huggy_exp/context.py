@@ -15,9 +15,6 @@ from huggy_exp.placement import Target, check_device, check_dtype, resolve
 from huggy_exp.runners import check_backend
 
 
-SHAPED_MODES = ("info", "action", "sample", "batch", "precision", "onnx-compare", "export-onnx", "fingerprint", "stats",
-                "benchmark")  # every mode that loads a policy takes every ML-Agents shape (`checkpoints` loads none)
-
 
 @dataclass(frozen=True)
 class ModelSpec:

@@ -103,7 +103,6 @@ class TorchRunner:
             raise UserError(f"backend {backend} runs Huggy's shape only (one input, continuous actions, no memory); "
                             f"this policy has {weights.describe_shape()}: use backend eager or onnxruntime")
         self.policy = Policy(weights).place(target.device, target.dtype)
-        self.shape = weights.describe_shape()
         self.name = f"torch-{backend}-{target.device_name}-{target.dtype_name}"
         self._forward: Callable = self.policy
         self._sample: Callable = self.policy.sample
@@ -175,11 +174,6 @@ class TorchRunner:
             if obs.ndim == 2 and obs.shape[1] == self.policy.obs_dim:
                 return obs
         return fit_inputs(feeds_of(feeds), self.policy.obs_sizes)[OBS]
-
-    def _require_huggy_shape(self, what: str) -> None:
-        if not self.policy.huggy_shaped:
-            raise UserError(f"{what} handles Huggy's shape only (one input, continuous actions, no memory); "
-                            f"this policy has {self.shape}")
 
     def infer(self, feeds: Feeds) -> dict[str, np.ndarray]:
         """Deterministic outputs of every head (and `recurrent_out`) for the feeds."""

@@ -12,7 +12,7 @@ from huggy_exp.mlagents.heads import read_heads
 from huggy_exp.mlagents.onnx_graph import RESHAPES, Graph, follow, linear, slice_start, value_info
 from huggy_exp.mlagents.results import step_from_name
 from huggy_exp.mlagents.weights import (
-    ACTION_MASKS, ONNX_INPUT, RECURRENT_IN, LoadedModel, Lstm, Normalizer, ObsInput, PolicyWeights, check_shapes, obs_name,
+    ACTION_MASKS, RECURRENT_IN, LoadedModel, Lstm, Normalizer, ObsInput, PolicyWeights, check_shapes, obs_name,
     require_file, sha256_file,
 )
 

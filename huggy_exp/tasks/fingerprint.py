@@ -38,12 +38,6 @@ def output_sequences(runner: Runner, ctx: Context, loop: str, kind: str, steps: 
     return outputs
 
 
-def action_sequence(runner: Runner, ctx: Context, loop: str, kind: str, steps: int, envs: int,
-                    dynamics: Dynamics) -> np.ndarray:
-    """Continuous actions [T, envs, act] float32 (see output_sequences for every output)."""
-    return output_sequences(runner, ctx, loop, kind, steps, envs, dynamics)["actions"]
-
-
 def quantize(actions: np.ndarray, decimals: int) -> np.ndarray:
     """round(a * 10^decimals) as int64: -0.0 and +0.0 agree, as do values equal to `decimals` places. Integers stay."""
     if np.asarray(actions).dtype.kind in "iu":

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from huggy_exp.app import environment
-from huggy_exp.context import SHAPED_MODES, Context
+from huggy_exp.context import Context
 from huggy_exp.mlagents import configuration_mismatches, model_configuration, sha256_file
 from huggy_exp.placement import cann_version, inventory
 from huggy_exp.results import Result
@@ -36,8 +36,8 @@ class InfoTask:
         shape = {"inputs": [{"name": f"obs_{i}", "size": o.size, "normalized": o.normalizer is not None} for i, o in enumerate(w.inputs)],
                  "continuous_actions": w.act_dim, "branch_sizes": list(w.branch_sizes), "memory_size": w.memory,
                  "lstm_hidden": w.lstm.hidden_size if w.lstm else 0, "description": w.describe_shape(),
-                 "modes": "every mode" if w.huggy_shaped else (f"every mode ({', '.join(SHAPED_MODES)}) on backend eager or "
-                                                                 "onnxruntime (compile and graphs run Huggy's shape only)")}
+                 "modes": "every mode" if w.huggy_shaped else ("every mode, on backend eager or onnxruntime "
+                                                                 "(compile and graphs run Huggy's shape only)")}
         behavior, config = model_configuration(model.path)
         mismatches = configuration_mismatches(config, w) if config else []
         metrics = {k: float(v) for k, v in dims.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
