@@ -76,21 +76,24 @@ class FingerprintTask:
         mine = output_sequences(build(ctx), ctx, self.loop, self.kind, self.steps, self.envs, dynamics)
         ref = output_sequences(reference(ctx, "fp32", ctx.batch_size), ctx, self.loop, self.kind, self.steps, self.envs, dynamics)
         names = list(mine)  # actions, discrete_actions, memories: whichever the policy has, in that order
+        qmine = {n: quantize(mine[n], self.decimals) for n in names}
+        qref = {n: quantize(ref[n], self.decimals) for n in names}
         exact = {n: first_divergence(mine[n], ref[n]) for n in names}
-        quant = {n: first_divergence(quantize(mine[n], self.decimals), quantize(ref[n], self.decimals)) for n in names}
+        quant = {n: first_divergence(qmine[n], qref[n]) for n in names}
         fp = {"fingerprint_sha256": digest([mine[n] for n in names]),
-              "fingerprint_quantized": digest([quantize(mine[n], self.decimals) for n in names]),
+              "fingerprint_quantized": digest([qmine[n] for n in names]),
               "cpu_fp32_sha256": digest([ref[n] for n in names]),
-              "cpu_fp32_quantized": digest([quantize(ref[n], self.decimals) for n in names])}
+              "cpu_fp32_quantized": digest([qref[n] for n in names])}
         steps = len(mine[names[0]])
         first_exact, first_quant = _first(exact), _first(quant)
         result = Result(arrays={n: (a.reshape(len(a), -1) if self.envs == 1 and a.shape[1] == 1 else a) for n, a in mine.items()})
-        result.metrics = {"steps": float(steps), **_divergence_metrics(mine, ref, names, exact, quant, first_exact, first_quant)}
+        result.metrics = {"steps": float(steps),
+                          **_divergence_metrics(mine, ref, names, exact, quant, first_exact[1] if first_exact else None)}
         if len(names) > 1:  # each output on its own too
             for n in names:
-                result.metrics.update({f"{n}.{k}": v for k, v in _divergence_metrics(mine, ref, [n], exact, quant, exact[n], quant[n]).items()})
+                result.metrics.update({f"{n}.{k}": v for k, v in _divergence_metrics(mine, ref, [n], exact, quant, exact[n]).items()})
                 fp[f"{n}.fingerprint_sha256"] = digest([mine[n]])
-                fp[f"{n}.fingerprint_quantized"] = digest([quantize(mine[n], self.decimals)])
+                fp[f"{n}.fingerprint_quantized"] = digest([qmine[n]])
         result.tags.update(fp)
         where = "equals the CPU fp32 fingerprint" if first_exact is None else (
             f"parts from CPU fp32 at step {first_exact[1][0]}, {_what(first_exact[0], names)} {first_exact[1][1]} by {first_exact[1][2]:.3g}")
@@ -118,8 +121,9 @@ def _what(output: str, names: list[str]) -> str:
     return {"actions": "action", "discrete_actions": "branch", "memories": "memory unit"}[output] if len(names) > 1 else "action"
 
 
-def _divergence_metrics(mine: dict, ref: dict, names: list[str], exact: dict, quant: dict, first_exact, first_quant) -> dict[str, float]:
-    exact_hit = first_exact[1] if first_exact and isinstance(first_exact[0], str) else first_exact
+def _divergence_metrics(mine: dict, ref: dict, names: list[str], exact: dict, quant: dict,
+                        exact_hit: tuple[int, int, float] | None) -> dict[str, float]:
+    """Match flags and the first exact divergence (step, dim, |Δ|) of `names`."""
     return {
         "matches_cpu_fp32": float(all(exact[n] is None for n in names)),
         "quantized_matches_cpu_fp32": float(all(quant[n] is None for n in names)),
