@@ -92,17 +92,19 @@ def discrete_agreement(actual: np.ndarray, expected: np.ndarray, margin: np.ndar
 
     A flip (a differing action) is within the dtype's error where the reference's margin is at most `bound * scale`
     (scale: `logit_scale`, 1 by default): the rounding of the dtype can swap two actions that close. A flip where the
-    margin is larger is a failure.
+    margin is larger, or NaN, is a failure.
     """
     a, e, m = np.asarray(actual), np.asarray(expected), np.asarray(margin, np.float64)
     if a.shape != e.shape or m.shape != e.shape:
         raise UserError(f"cannot compare discrete actions of shapes {list(a.shape)}, {list(e.shape)} (margins {list(m.shape)})")
     flips = a != e
+    near = m <= bound * np.asarray(scale, np.float64)  # NaN is never near: a NaN margin never excuses a flip
     return {
         "decisions": float(e.size),
         "agreement": float(np.mean(~flips)) if e.size else 1.0,
         "flips": float(flips.sum()),
-        "flips_beyond_margin": float(np.sum(flips & (m > bound * np.asarray(scale, np.float64)))),
+        "flips_beyond_margin": float(np.sum(flips & ~near)),
+        "near_ties": float(near.sum()),
         "flip_margin_max": float(m[flips].max(initial=0.0)),
         "margin_min": float(m.min(initial=np.inf)),
         "margin_bound": float(bound),
@@ -241,19 +243,12 @@ def discrete_margins(masked_logits: np.ndarray, branch_sizes: tuple[int, ...]) -
 
 def discrete_match(actual: np.ndarray, expected: np.ndarray, margins: np.ndarray, scales: np.ndarray,
                    tol: float) -> dict[str, float]:
-    """Equal discrete actions; a mismatch is excused only where the masked-logit margin is within the dtype's error
-    (margin <= tol * max(1, |best logit|)): there the two sides may round to either action."""
-    a, e = np.asarray(actual), np.asarray(expected)
-    differ = a != e
-    near = ~(margins > tol * np.maximum(1.0, scales))  # NaN margins count as near: never a silent pass (see unexcused)
-    return {
-        "agreement": float(np.mean(~differ)) if differ.size else 1.0,
-        "mismatches": float(differ.sum()),
-        "excused": float((differ & near).sum()),
-        "unexcused": float((differ & ~near).sum()),
-        "near_ties": float(near.sum()),
-        "margin_min": float(np.min(margins)) if margins.size else float("inf"),
-    }
+    """`discrete_agreement` in onnx-compare's terms: equal discrete actions, a mismatch excused only where the
+    masked-logit margin is within the dtype's error (margin <= tol * max(1, |best logit|)), where the two sides may
+    round to either action; a NaN margin never excuses."""
+    d = discrete_agreement(actual, expected, margins, tol, np.maximum(1.0, np.asarray(scales, np.float64)))
+    return {"agreement": d["agreement"], "mismatches": d["flips"], "excused": d["flips"] - d["flips_beyond_margin"],
+            "unexcused": d["flips_beyond_margin"], "near_ties": d["near_ties"], "margin_min": d["margin_min"]}
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

@@ -176,6 +176,8 @@ def test_discrete_agreement_counts_flips_against_the_bound():
     got = discrete_agreement(np.array([[2], [0], [1]]), np.array([[0], [1], [0]]), m, bound=0.2)
     assert got["flips"] == 3 and got["flips_beyond_margin"] == 1 and got["flip_margin_max"] == pytest.approx(5.0)
     assert discrete_agreement(np.array([[0]]), np.array([[0]]), m[:1], 0.0)["agreement"] == 1.0
+    nan = discrete_agreement(np.array([[1]]), np.array([[0]]), np.array([[np.nan]]), bound=1e9)
+    assert nan["flips_beyond_margin"] == 1 and nan["near_ties"] == 0  # a NaN margin never excuses a flip
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
