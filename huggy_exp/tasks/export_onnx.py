@@ -15,11 +15,10 @@ from huggy_exp.mlagents import PolicyWeights, interface
 from huggy_exp.numerics import discrete_margins
 from huggy_exp.policy import Policy
 from huggy_exp.results import Result, first_nonfinite
-from huggy_exp.runners import ACTIONS, DISCRETE_SAMPLED, build, over_steps, reference, run_feeds
+from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, RECURRENT_OUT, build, over_steps, reference, run_feeds
 from huggy_exp.tasks.compare import check_constants, compare_outputs, expected_constants, feeds_with_masks, is_sequence
 
-STEMS = {"vs_torch": {ACTIONS: "vs_torch", "deterministic_discrete_actions": "vs_torch.discrete", "recurrent_out": "vs_torch.recurrent_out"},
-         "vs_source": {ACTIONS: "vs_source", "deterministic_discrete_actions": "vs_source.discrete", "recurrent_out": "vs_source.recurrent_out"}}
+STEMS = {p: {ACTIONS: p, DISCRETE: f"{p}.discrete", RECURRENT_OUT: f"{p}.recurrent_out"} for p in ("vs_torch", "vs_source")}
 
 
 class MLAgentsExport(nn.Module):
@@ -102,11 +101,13 @@ class ExportOnnxTask:
         # --- run it (a sequence step by step, each graph carrying its own memory), against the fp32 torch policy and the source
         graph = lambda path: build(ctx, "onnxruntime", device="cpu", dtype="fp32", batch_size=0, threads=0, onnx=path)  # noqa: E731
         exported = run_feeds(graph(out), feeds)
-        torch_fp32 = run_feeds(reference(ctx, "fp32"), feeds)
-        ref_dist = over_steps(reference(ctx, "fp32").distributions, feeds, w.memory) if w.branches else None
+        ref = reference(ctx, "fp32")
+        torch_fp32 = run_feeds(ref, feeds)
+        ref_dist = over_steps(ref.distributions, feeds, w.memory) if w.branches else None
         margins = discrete_margins(ref_dist["masked_logits"], w.branch_sizes) if ref_dist is not None else None
         metrics, failures, rows = compare_outputs(exported, torch_fp32, STEMS["vs_torch"], self.atol, 1e-3, margins)
-        c_metrics, c_failures, constants = check_constants(exported, expected_constants(w), sequence, "", "exported")
+        consts = expected_constants(w)
+        c_metrics, c_failures, constants = check_constants(exported, consts, sequence, "", "exported")
         result.metrics.update({**metrics, **c_metrics})
         for reason in failures + c_failures:
             result.fail(f"exported graph vs torch fp32: {reason}")
@@ -117,9 +118,9 @@ class ExportOnnxTask:
             theirs = run_feeds(graph(source), feeds)
             m_src, f_src, rows_src = compare_outputs(exported, theirs, STEMS["vs_source"], self.atol, 1e-3, margins)
             s_metrics, s_failures, _ = check_constants(exported, {k: np.asarray(theirs[k][0] if sequence else theirs[k])
-                                                                   for k in expected_constants(w) if k in theirs}, sequence,
+                                                                   for k in consts if k in theirs}, sequence,
                                                        "vs_source.", "exported")
-            compared = [k for k in (*STEMS["vs_source"], *expected_constants(w)) if k in theirs and k in exported]
+            compared = [k for k in (*STEMS["vs_source"], *consts) if k in theirs and k in exported]
             identical = bool(compared) and all(np.array_equal(exported[k], theirs[k]) for k in compared)
             result.metrics.update({**m_src, **s_metrics, "vs_source.bit_identical": float(identical)})
             for reason in f_src + s_failures:
@@ -132,8 +133,7 @@ class ExportOnnxTask:
             headline += f" (the graph is float32 from the CPU; device={ctx.device} dtype={ctx.dtype} do not apply)"
         result.details.update({"exported": str(out), "source_onnx": str(source) if source else None, "interface": found,
                                "constants": constants, "sequence": sequence, "headline": headline})
-        for name, key in ((ACTIONS, "exported_actions"), ("deterministic_discrete_actions", "exported_discrete_actions"),
-                          ("recurrent_out", "exported_memories")):
+        for name, key in ((ACTIONS, "exported_actions"), (DISCRETE, "exported_discrete_actions"), (RECURRENT_OUT, "exported_memories")):
             if name in exported:
                 result.arrays[key] = np.asarray(exported[name])
         result.tables["outputs"] = rows
