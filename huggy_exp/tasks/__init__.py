@@ -29,13 +29,21 @@ def runner_device(runner: Runner) -> torch.device:
     return target.device if target is not None else torch.device("cpu")
 
 
+def is_sequence(feeds: Mapping[str, np.ndarray]) -> bool:
+    """Feeds of [T, N, d] arrays: a sequence run step by step with the memory carried."""
+    return feeds[OBS].ndim == 3
+
+
+def first_step(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Step 0 of a sequence (every input); single-step feeds as they are."""
+    return {k: v[0] for k, v in feeds.items()} if is_sequence(feeds) else dict(feeds)
+
+
 def batch_of(feeds: np.ndarray | Mapping[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
     """Feeds of exactly `rows` rows: every input (a bare array is obs_0) cycled or cut; of a [T, N, d] sequence, step 0."""
     if isinstance(feeds, np.ndarray):
         return {OBS: np.ascontiguousarray(np.resize(feeds, (rows, feeds.shape[1])), np.float32)}
-    if feeds[OBS].ndim == 3:
-        feeds = {k: v[0] for k, v in feeds.items()}
-    return {k: np.ascontiguousarray(np.resize(v, (rows, *v.shape[1:])), np.float32) for k, v in feeds.items()}
+    return {k: np.ascontiguousarray(np.resize(v, (rows, *v.shape[1:])), np.float32) for k, v in first_step(feeds).items()}
 
 
 def latency(runner: Runner, ctx: Context, feeds: np.ndarray | Mapping[str, np.ndarray], result: Result) -> None:

@@ -13,7 +13,7 @@ from huggy_exp.numerics import action_stats, discrete_histogram
 from huggy_exp.results import Result
 from huggy_exp.errors import Unsupported
 from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, build, run_feeds
-from huggy_exp.tasks import latency
+from huggy_exp.tasks import is_sequence, latency
 
 
 class ActionTask:
@@ -53,7 +53,7 @@ def _actions_result(feeds: dict, actions: np.ndarray | None, discrete: np.ndarra
         arrays["memories"] = memory.astype(np.float32).squeeze(-2)  # [..., N, 1, m] -> [..., N, m]
     digest = hashlib.sha256(b"".join(a.tobytes() for a in arrays.values())).hexdigest()
     first = next(iter(arrays.values()))
-    sequence = feeds["obs_0"].ndim == 3
+    sequence = is_sequence(feeds)
     rows = first.shape[1] if sequence else first.shape[0]
     metrics = {"rows": float(rows)}
     summary = []

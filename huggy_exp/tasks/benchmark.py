@@ -23,7 +23,7 @@ from huggy_exp.numerics import REL_FLOOR, discrete_margins
 from huggy_exp.placement import peak_memory_mb, reset_peak_memory, synchronize
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, DISCRETE, build, check_backend
-from huggy_exp.tasks import SLOW_FP16, batch_of, runner_device
+from huggy_exp.tasks import SLOW_FP16, batch_of, is_sequence, runner_device
 from huggy_exp.tasks.compare import compare_outputs
 
 SCENARIOS = ("single_stream", "offline")
@@ -165,7 +165,7 @@ class BenchmarkTask:
             obs = ctx.observations
             return {b: batch_of(obs, b) for b in points}, "obs_0"
         base = ctx.feeds
-        sequence = base[obs_name(0)].ndim == 3
+        sequence = is_sequence(base)
         feeds = {b: step_feeds(w, base, b) for b in points}
         said = [f"every input per batch point ({', '.join(obs_name(i) for i in range(len(w.inputs)))}"]
         if w.branches:

@@ -24,10 +24,6 @@ def feeds_with_masks(ctx: Context, masks: str) -> dict[str, np.ndarray]:
     return feeds
 
 
-def is_sequence(feeds: dict[str, np.ndarray]) -> bool:
-    return feeds[obs_name(0)].ndim == 3
-
-
 def expected_constants(w: PolicyWeights) -> dict[str, np.ndarray]:
     """The constant outputs ML-Agents' graph has for these weights, as it writes them."""
     out = {"version_number": np.array([w.version_number], np.float32), "memory_size": np.array([w.memory_size], np.float32)}

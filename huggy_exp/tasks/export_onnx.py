@@ -16,7 +16,8 @@ from huggy_exp.numerics import discrete_margins
 from huggy_exp.policy import Policy
 from huggy_exp.results import Result, first_nonfinite
 from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, RECURRENT_OUT, build, over_steps, reference, run_feeds
-from huggy_exp.tasks.compare import check_constants, compare_outputs, expected_constants, feeds_with_masks, is_sequence
+from huggy_exp.tasks import is_sequence
+from huggy_exp.tasks.compare import check_constants, compare_outputs, expected_constants, feeds_with_masks
 
 STEMS = {p: {ACTIONS: p, DISCRETE: f"{p}.discrete", RECURRENT_OUT: f"{p}.recurrent_out"} for p in ("vs_torch", "vs_source")}
 

@@ -13,6 +13,7 @@ from huggy_exp.dynamics import Dynamics
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.results import Result
 from huggy_exp.runners import Runner, build, reference
+from huggy_exp.tasks import first_step
 
 LOOPS = ("open", "closed")
 KINDS = rollout.KINDS
@@ -33,7 +34,7 @@ def output_sequences(runner: Runner, ctx: Context, loop: str, kind: str, steps: 
                 raise UserError(f"mode.envs={envs} does not divide the {rows} observation rows of the file")
             feeds = {k: v.reshape(rows // envs, envs, v.shape[-1]) for k, v in feeds.items()}
         return rollout.open_loop(runner, feeds, kind, ctx.seed)
-    start = {k: (v[0] if v.ndim == 3 else v) for k, v in ctx.make_feeds(envs).items()}
+    start = first_step(ctx.make_feeds(envs))
     _, outputs = rollout.closed_loop(runner, w, start, steps, dynamics, kind, ctx.seed)
     return outputs
 

@@ -13,7 +13,8 @@ from huggy_exp.numerics import categorical_check, discrete_margins, limits_for, 
 from huggy_exp.results import Result, first_nonfinite
 from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, build, over_steps, reference, run_feeds
 from huggy_exp.tasks import latency
-from huggy_exp.tasks.compare import check_constants, compare_outputs, expected_constants, feeds_with_masks, is_sequence
+from huggy_exp.tasks import is_sequence
+from huggy_exp.tasks.compare import check_constants, compare_outputs, expected_constants, feeds_with_masks
 
 STEMS = {ACTIONS: "deterministic", DISCRETE: "deterministic_discrete", RECURRENT_OUT: "recurrent_out"}
 

@@ -17,7 +17,7 @@ from huggy_exp.numerics import (compare, discrete_agreement, error_ratio, limits
                                 rel_rmse)
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, build, reference, run_feeds
-from huggy_exp.tasks import latency
+from huggy_exp.tasks import is_sequence, latency
 
 LAYER_ORDER = ("lstm", RECURRENT_OUT, "mu", "logits")  # after normalized_obs* and hidden_*
 
@@ -103,7 +103,7 @@ class PrecisionTask:
         worst = max(layer_rows, key=lambda r: r["rel_rmse"])["layer"]
 
         # --- sequences: the error of every output at every step
-        sequence = feeds["obs_0"].ndim == 3
+        sequence = is_sequence(feeds)
         if sequence:
             metrics["steps"] = float(len(feeds["obs_0"]))
             tables["step_errors"] = _step_errors(got, want, [(label, key) for label, key, _, ref_name in pairs if ref_name == "fp64"])

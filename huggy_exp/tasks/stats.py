@@ -14,6 +14,7 @@ from huggy_exp.numerics import discrete_histogram
 from huggy_exp.observations import load_feeds, load_observations
 from huggy_exp.results import Result
 from huggy_exp.runners import Runner, build, reference
+from huggy_exp.tasks import first_step
 
 SOURCES = ("dynamics", "replay")
 
@@ -41,7 +42,7 @@ class StatsTask:
             else:
                 feeds = rollout.split(load_observations(self.trajectory, w.obs_dim)[:, None, :], w)
             return rollout.side_by_side(feeds, w), rollout.open_loop(runner, feeds)
-        start = {k: v[0] if v.ndim == 3 else v for k, v in ctx.make_feeds(self.envs).items()}  # a file: its rows (a sequence: step 0)
+        start = first_step(ctx.make_feeds(self.envs))  # a file: its rows (a sequence: step 0)
         return rollout.closed_loop(runner, w, start, self.steps, Dynamics(seed=ctx.seed, **self.dynamics))
 
     def run(self, ctx: Context) -> Result:
