@@ -1,5 +1,7 @@
-"""`diff`: what changed between two sweeps (or bundles, or job dirs), point by point: status, accuracy, outputs,
-fingerprints, latency and environment, with replay's rules (huggy_exp/certify.py). Points on one side only are listed."""
+"""`diff`: what changed between two sweeps (or bundles, or job dirs), point by point, with replay's rules.
+
+Described in docs/modes.md#diff and docs/port-certificate.md.
+"""
 
 from __future__ import annotations
 

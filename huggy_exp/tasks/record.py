@@ -1,5 +1,7 @@
-"""`record`: one point's behaviour into a port-certificate bundle (huggy_exp/bundle.py): the inputs, the CPU fp64
-reference, this point's outputs, their comparison against fp64, fingerprints, every latency sample, the host."""
+"""`record`: one point's behaviour into a port-certificate bundle (huggy_exp/bundle.py).
+
+Described in docs/modes.md#record and docs/port-certificate.md.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""`replay`: a bundle's inputs run here at this point, held to what the bundle recorded (huggy_exp/certify.py rules):
-bitwise agreement and ULP distance with the recorded point of the same dtype, msprobe's dual benchmark against the
-reference point, the latency change with its test, and the environment diff; a markdown report with plots."""
+"""`replay`: a bundle's inputs run here at this point, held to what the bundle recorded (huggy_exp/certify.py's rules).
+
+Described in docs/modes.md#replay and docs/port-certificate.md.
+"""
 
 from __future__ import annotations
 
