@@ -309,7 +309,7 @@ def test_a_broken_store_is_one_line_naming_the_file_and_the_fix_then_sync_logs_e
     assert str(db) in reason and "mv " in reason and "mode=sync" in reason
     db.rename(db.with_name("mlflow.db.broken"))
     counts = tracking.sync({"uri": uri}, [tmp_path])
-    assert counts == {"seen": 1, "logged": 1, "pending": 0}
+    assert counts == {"seen": 1, "logged": 1, "pending": 0, "skipped": 0, "closed": 0}
     assert len(_runs(uri)) == 1
     assert tracking.sync({"uri": uri}, [tmp_path])["seen"] == 0  # exactly once
 
@@ -350,7 +350,7 @@ def test_sync_replaces_a_partial_copy_and_never_duplicates(tmp_path):
     from huggy_exp.results import update_result
 
     update_result(tmp_path / "job", tracking={"status": "pending", "reason": "crashed while logging"})
-    assert tracking.sync({"uri": uri}, [tmp_path]) == {"seen": 1, "logged": 1, "pending": 0}
+    assert tracking.sync({"uri": uri}, [tmp_path]) == {"seen": 1, "logged": 1, "pending": 0, "skipped": 0, "closed": 0}
     runs = _runs(uri)
     assert len(runs) == 1 and runs[0].info.status == "FINISHED" and runs[0].data.tags["huggy.complete"] == "true"
     assert runs[0].data.metrics["rows"] == 4.0
