@@ -424,7 +424,8 @@ def doc_commands() -> list[tuple[str, list[str]]]:
         for span in spans:
             for line in span.replace("\\\n", " ").splitlines():
                 line = line.split(" #")[0].strip().lstrip("$ ")
-                if "python run.py" not in line or re.search(r"<[^>]*>|…|\.\.\.|\|", line):
+                # placeholders, a synopsis (`key=value [-m]`), or a case the reader writes first (`conf/case/mine.yaml`)
+                if "python run.py" not in line or re.search(r"<[^>]*>|…|\.\.\.|\||\[-|key=value|conf/case/", line):
                     continue
                 try:
                     argv = shlex.split(line.split("python run.py", 1)[1].split("&&")[0].split(";")[0])
@@ -434,14 +435,18 @@ def doc_commands() -> list[tuple[str, list[str]]]:
     return found
 
 
-def test_every_example_command_of_the_docs_composes(tmp_path):
+def compose_examples(tmp_path: Path, globbed: bool) -> None:
+    config.setup()  # the schemas in Hydra's ConfigStore, as run.py's cli does first
     commands = doc_commands()
     assert len(commands) >= 10, commands
-    failures = []
+    failures, seen = [], set()
     for where, argv in commands:
         if any(a.startswith(("--help", "--hydra-help", "--cfg", "--info")) for a in argv):
             continue
         argv = [a for a in argv if not a.startswith(("hydra.run.dir=", "hydra.sweep.dir="))]
+        if tuple(argv) in seen or any("glob(" in a for a in argv) != globbed:
+            continue
+        seen.add(tuple(argv))
         try:
             config.preflight(config.normalize_argv(argv + [f"hydra.run.dir={tmp_path / 'r'}",
                                                            f"hydra.sweep.dir={tmp_path / 's'}"]), CONF)
@@ -449,7 +454,16 @@ def test_every_example_command_of_the_docs_composes(tmp_path):
             if "needs" in str(exc) or "not found" in str(exc):  # a file the reader has (fixtures, their own model)
                 continue
             failures.append(f"{where}\n    -> {exc}")
-    assert not failures, "\n".join(failures)
+    assert seen and not failures, "\n".join(failures)
+
+
+def test_every_example_command_of_the_docs_composes(tmp_path):
+    compose_examples(tmp_path, globbed=False)
+
+
+@pytest.mark.slow
+def test_every_globbed_example_command_of_the_docs_composes(tmp_path):
+    compose_examples(tmp_path, globbed=True)  # each `case=glob(...)` composes every case it matches
 
 
 # --- 15. messages: one line
