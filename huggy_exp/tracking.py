@@ -369,6 +369,11 @@ def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None) -> d
                     copy = Path(tmp) / "result.json"
                     copy.write_text(json.dumps({**read_result(workdir), "tracking": _logged(store, run_id, record)}, indent=2))
                     store.client.log_artifact(run_id, str(copy))
+            elif path.suffix == ".yaml" and redact(text := path.read_text(errors="replace")) != text:
+                with tempfile.TemporaryDirectory() as tmp:  # Hydra's copy of a config file that holds a URI password
+                    copy = Path(tmp) / path.name
+                    copy.write_text(redact(text))
+                    store.client.log_artifact(run_id, str(copy))
             else:
                 store.client.log_artifact(run_id, str(path))
         store.client.log_batch(run_id, tags=[RunTag("huggy.complete", "true")])
