@@ -120,6 +120,24 @@ def test_concurrent_recordings_merge_into_one_manifest(tmp_path):
     assert all(b.outputs(f"cpu/fp32/eager/b{i + 1}")["actions"][0, 0] == i for i in range(8))
 
 
+def test_record_never_writes_nan_outputs_into_a_bundle(small, tmp_path, monkeypatch):
+    import huggy_exp.tasks.record as record_module
+
+    class NaNRunner:
+        def __init__(self, runner):
+            self.runner, self.name, self.memory_size = runner, runner.name, runner.memory_size
+
+        def infer(self, feeds):
+            out = self.runner.infer(feeds)
+            return {k: np.where(np.arange(v.size).reshape(v.shape) == 3, np.float32(np.nan), v) for k, v in out.items()}
+
+    real = record_module.build
+    monkeypatch.setattr(record_module, "build", lambda ctx: NaNRunner(real(ctx)))
+    r = record(tmp_path / "job", tmp_path / "b", small.model).record
+    assert r["status"] == "failed" and "not recorded" in r["reason"] and "NaN" in r["reason"]
+    assert not (tmp_path / "b").exists()
+
+
 def test_record_refuses_a_bundle_of_another_model(default_bundle, small, tmp_path):
     out = copy_bundle(default_bundle, tmp_path / "b")
     job = record(tmp_path / "job", out, small.model)
