@@ -17,11 +17,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import HUGGY_LSTM, HUGGY_LSTM_PT, PYRAMIDS_PT, PYTHON, REPO, needs_shared, run_job, subprocess_env
+from conftest import HUGGY_LSTM, HUGGY_LSTM_PT, PYRAMIDS_PT, PYTHON, REPO, Job, needs_shared, subprocess_env
+from conftest import run_job as run_any
 from huggy_exp import bundle, certify, environment
 
 FAST = ["mode.latency.budget_s=0.03", "mode.latency.warmup_s=0.005", "mode.latency.max_samples=40"]
 SMALL_ROWS = ["obs.rows=8", "batch_size=8"]
+
+
+def run_job(workdir: Path, mode: str, *overrides: str) -> Job:
+    """A job in-process; its free-form details read beside the common keys of result.json (wherever the file nests them)."""
+    job = run_any(workdir, mode, *overrides)
+    return Job(job.result, {**job.record, **(job.record.get("details") or {})}, job.workdir)
 
 
 def record(workdir: Path, out: Path, *overrides: str):
