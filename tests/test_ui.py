@@ -19,6 +19,8 @@ from huggy_exp import report, tracking, ui
 SHOTS = Path(os.environ.get("HUGGY_EXP_UI_SHOTS", REPO / "test-artifacts" / "ui"))  # screenshots of the slow tests
 PRECISION_HEADLINE = ["passed", "err_max_abs", "cos_min", "err_vs_fp32", "rel_ratio", "p50_us"]
 
+pytestmark = pytest.mark.slow  # mlflow ui, a browser and a sweep: processes, run by `pytest -m slow`
+
 
 def _ui_check():
     spec = importlib.util.spec_from_file_location("ui_check", REPO / "scripts" / "ui_check.py")
