@@ -572,8 +572,8 @@ def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path],
             tally = summary.get("tally", {})
             comparison = summary.get("comparison") or {}
             advice = recommendation(comparison)
-            note = "\n\n".join(filter(None, [summary.get("line", ""), advice and f"**Recommended** {advice}",
-                                              "\n".join(f"- {x}" for x in comparison.get("lines", []))]))
+            head = summary.get("line", "") + (f" · **Recommended** {advice}" if advice else "")  # one paragraph: in view
+            note = "\n\n".join(filter(None, [head, "\n".join(f"- {x}" for x in comparison.get("lines", []))]))
             tags = [RunTag("mlflow.note.content", note[:MAX_TAG_CHARS])]
             if advice:
                 tags += [RunTag("recommendation", advice[:MAX_TAG_CHARS]), RunTag("verdict", f"recommends {advice}"[:MAX_TAG_CHARS])]
@@ -649,7 +649,7 @@ def sweep_runs(settings: dict, sweep_id: str | None = None) -> dict:
     return {"sweep_id": sid, "experiment_id": store.experiment_id, "experiment": store.experiment, "uri": store.uri,
             "runs": run_url(store.uri, store.experiment_id, view=sid),
             "report": str(Path(folder) / "report.html") if folder else None,
-            "parent": {"id": parent.info.run_id, "name": parent.info.run_name, "tally": note.split("\n")[0],
+            "parent": {"id": parent.info.run_id, "name": parent.info.run_name, "tally": note.split("\n")[0].split(" · ")[0],
                        "recommendation": parent.data.tags.get("recommendation", ""),
                        "artifacts": [a.path for a in store.client.list_artifacts(parent.info.run_id)]},
             "children": [{"id": c.info.run_id, "name": c.info.run_name, "metrics": dict(c.data.metrics),
