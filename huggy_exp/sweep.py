@@ -178,6 +178,9 @@ def write_summary(sweep_dir: Path, summary: dict) -> list[Path]:
         md += ["", "## Comparison", "", *(f"- {line}" for line in comparison["lines"])]
     table = sweep_dir / "comparison.csv"
     write_table(table, comparison["table"])
+    if comparison.get("device_agreement"):  # replays (mode=replay): one table of which points agree bit for bit
+        write_table(sweep_dir / "device_agreement.csv", comparison["device_agreement"])
+        paths.append(sweep_dir / "device_agreement.csv")
     plots = draw(sweep_dir, summary["rows"], comparison)
     md += ["", f"Everything above with the plots embedded, in one file: [{report.REPORT}]({report.REPORT})."]
     if plots:
