@@ -54,7 +54,7 @@ def test_headline_metrics_copy_the_modes_detail_and_say_passed():
 def test_every_mode_with_a_task_has_headline_metrics():
     from huggy_exp.headline import HEADLINES
 
-    assert set(HEADLINES) == set(config.MODES) - {"sync"}
+    assert set(HEADLINES) == set(config.MODES) - set(config.NOT_TASKS)
 
 
 def test_params_keep_the_runs_own_dtype_and_drop_plumbing():
