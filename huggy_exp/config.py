@@ -17,7 +17,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from huggy_exp.errors import UserError
 
 DTYPE_NAMES = ("fp32", "fp16", "bf16", "fp64")
-BACKENDS = ("eager", "compile", "graphs", "onnxruntime")
+BACKENDS = ("eager", "compile", "fused", "graphs", "onnxruntime")
 VERDICTS = ("passed", "failed", "skipped", "error")
 MAX_SEED = 2**62  # fingerprint and stats add the step to the seed; torch generators take < 2^64
 MAX_BATCH = 2**24
