@@ -15,8 +15,7 @@ from huggy_exp.errors import UserError
 CONF = Path(__file__).parent / "conf"
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")
-def main(cfg: DictConfig) -> str:
+def one_job(cfg: DictConfig) -> str:
     from huggy_exp.app import JobInfo, execute, exit_code, sync
 
     config.setup()  # the resolvers, again: joblib and submitit run this function in fresh processes
@@ -36,19 +35,26 @@ def main(cfg: DictConfig) -> str:
     return result.status
 
 
+main = hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")(one_job)
+
+
 def cli(argv: list[str]) -> None:
     """Validate every job first (one line, exit 2, on the first bad value), then let Hydra run them."""
     argv = [a.replace("+case=", "case=", 1) if a.startswith("+case=") else a for a in argv]  # case is a group now
     sys.argv[1:] = argv
     config.setup()
+    composed: list[DictConfig] = []
     try:
-        jobs = config.preflight(argv, CONF)
+        jobs = config.preflight(argv, CONF, keep=composed)
         os.environ[config.JOBS_ENV] = str(jobs)  # the sweep's size, for its progress lines (sweep.json)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     try:
-        main()
+        if len(composed) == 1 and config.single_run(argv):
+            config.run_once(composed[0], one_job)  # composed once, by preflight
+        else:
+            main()
     except KeyboardInterrupt:
         from huggy_exp.sweep import interrupted
 
