@@ -8,7 +8,7 @@ import sys
 import time
 import traceback
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
@@ -74,6 +74,7 @@ class JobInfo:
     num: int | None = None
     launcher: str = "basic"
     shared_machine: bool = False  # a parallel launcher runs other jobs beside this one: timings are not clean
+    tracker: object | None = field(default=None, compare=False)  # tracking_worker.Helper: logs in place of tracking.log_job
 
 
 def run_name(mode: str, cfg: DictConfig, case: str | None = None) -> str:
@@ -161,7 +162,7 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
     if interrupted:
         update_result(workdir, tracking={"status": "pending", "reason": "interrupted: `python run.py mode=sync` logs it"})
         raise KeyboardInterrupt
-    outcome = tracking.log_job(settings, workdir)
+    outcome = (job.tracker or tracking).log_job(settings, workdir)
     update_result(workdir, tracking=outcome)
     if outcome["status"] == "logged":
         say(f"  mlflow: run {outcome['run_id']} in {outcome['uri']}, experiment {outcome['experiment']!r}")

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import CONF, subprocess_env
+from conftest import CONF, run_job, subprocess_env
 
 from huggy_exp import config
 
@@ -58,3 +58,49 @@ def test_a_single_action_run_imports_no_tracking_plotting_or_onnx_packages(tmp_p
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+# --- MLflow beside the job: the helper process
+
+
+def pending_job(tmp_path):
+    job = run_job(tmp_path / "job", "info")
+    record = json.loads((job.workdir / "result.json").read_text())
+    record["tracking"] = {"status": "pending", "reason": "not logged yet"}
+    (job.workdir / "result.json").write_text(json.dumps(record))
+    return job.workdir, record
+
+
+def test_the_helper_logs_the_job_as_log_job_would(tmp_path):
+    from huggy_exp import tracking
+    from huggy_exp.tracking_worker import Helper
+
+    workdir, record = pending_job(tmp_path)
+    settings = {"enabled": True, "uri": f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}", "experiment": "helper"}
+    outcome = Helper.spawn().log_job(settings, workdir)
+    assert outcome["status"] == "logged", outcome
+    store = tracking.Store.open(settings)
+    [run] = store.find("huggy.job_id", record["job_id"])
+    assert run.info.run_id == outcome["run_id"] and run.data.tags["huggy.complete"] == "true"
+
+
+def test_a_helper_that_died_leaves_the_logging_to_the_job(tmp_path):
+    from huggy_exp.tracking_worker import Helper
+
+    workdir, _ = pending_job(tmp_path)
+    settings = {"enabled": True, "uri": f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}", "experiment": "helper"}
+    dead = Helper(subprocess.Popen([sys.executable, "-c", "pass"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+    assert dead.log_job(settings, workdir)["status"] == "logged"
+
+
+def test_no_helper_where_mlflow_is_imported_and_an_idle_one_ends_at_once():
+    import time
+
+    import mlflow  # noqa: F401
+    from huggy_exp.tracking_worker import Helper
+
+    assert Helper.start() is None
+    helper = Helper.spawn()
+    started = time.perf_counter()
+    helper.close()
+    assert helper.proc.returncode is not None and time.perf_counter() - started < 3
