@@ -82,3 +82,12 @@ def test_benchmark_gates_fused_against_eager_and_times_it(small, tmp_path):
     m = run.record["metrics"]
     assert run.record["status"] == "passed", run.record["reason"]
     assert m["fused/max_abs_vs_eager"] <= 1e-5 and m["fused/b1/p50_us"] > 0
+
+
+def test_a_nan_observation_gives_nan_actions_as_eager_does():
+    w = small_weights()
+    obs = np.zeros((2, w.obs_dim), np.float32)
+    obs[1, 2] = np.nan
+    got = fused_or_skip(w).infer({OBS: obs})[ACTIONS]
+    want = TorchRunner(w, resolve("cpu", "fp32"), 0, "eager").infer({OBS: obs})[ACTIONS]
+    assert np.isfinite(got[0]).all() and np.array_equal(np.isnan(got), np.isnan(want)) and np.isnan(got[1]).any()
