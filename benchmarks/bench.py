@@ -285,6 +285,8 @@ import json, sys, time
 t = [time.perf_counter()]
 import torch; t.append(time.perf_counter())
 import hydra; from hydra import compose, initialize_config_dir; t.append(time.perf_counter())
+from huggy_exp import config
+config.setup()
 with initialize_config_dir(config_dir=sys.argv[1], version_base="1.3"):
     compose(config_name="config", overrides=["mode=action", "tracking=none"], return_hydra_config=True)
 t.append(time.perf_counter())
@@ -297,8 +299,14 @@ print(json.dumps(dict(zip(["import_torch_s", "import_hydra_s", "compose_s", "imp
 def breakdown(runs: int = 3) -> dict[str, float]:
     """Medians over fresh interpreters of what a single run pays: torch, hydra, one compose, mlflow."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    got = [json.loads(subprocess.run([sys.executable, "-c", BREAKDOWN, str(REPO / "conf")], cwd=REPO, env=env, check=True,
-                                     capture_output=True, text=True).stdout) for _ in range(runs)]
+    got = []
+    for _ in range(runs):
+        proc = subprocess.run([sys.executable, "-c", BREAKDOWN, str(REPO / "conf")], cwd=REPO, env=env, capture_output=True,
+                              text=True)
+        if proc.returncode:
+            print(f"breakdown failed: {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+            return dict.fromkeys(("import_torch_s", "import_hydra_s", "compose_s", "import_mlflow_s"), float("nan"))
+        got.append(json.loads(proc.stdout))
     return {k: statistics.median(g[k] for g in got) for k in got[0]}
 
 
