@@ -18,13 +18,15 @@ CONF = Path(__file__).parent / "conf"
 
 
 def one_job(cfg: DictConfig, tracker=None) -> str:
-    from huggy_exp.app import JobInfo, execute, exit_code, sync
+    from huggy_exp.app import JobInfo, execute, exit_code, sync, ui
 
     config.setup()  # the resolvers, again: joblib and submitit run this function in fresh processes
     hc = HydraConfig.get()
     mode = hc.runtime.choices["mode"]
     if mode == "sync":
         sys.exit(sync(cfg))
+    if mode == "ui":
+        sys.exit(ui(cfg))
     multirun = hc.mode == RunMode.MULTIRUN
     launcher = hc.runtime.choices.get("hydra/launcher", "basic")
     job = JobInfo(overrides=tuple(hc.overrides.task), case=hc.runtime.choices.get("case"),
@@ -46,9 +48,13 @@ def cli(argv: list[str], mlflow_helper: bool = False) -> None:
 
     `mlflow_helper`: a single run imports mlflow in a helper process beside the job (the command line; in-process callers
     that run many jobs pay mlflow's import once and need none)."""
-    argv = [a.replace("+case=", "case=", 1) if a.startswith("+case=") else a for a in argv]  # case is a group now
-    sys.argv[1:] = argv
     config.setup()
+    try:
+        argv = config.normalize_argv(argv)
+        sys.argv[1:] = argv
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
     single = config.single_run(argv)
     # MLflow's import (2-3 s of CPU) starts now in a helper process, beside torch's import and the job
     tracked = mlflow_helper and single and not {"tracking=none", "tracking.enabled=false"} & set(argv)
@@ -62,8 +68,8 @@ def cli(argv: list[str], mlflow_helper: bool = False) -> None:
             print(f"error: {exc}", file=sys.stderr)
             sys.exit(2)
         once = composed[0] if len(composed) == 1 and single else None
-        if helper and not (once and once.tracking.enabled and once.hydra.runtime.choices.mode != "sync"):
-            helper.close()  # nothing to log after all (tracking off in a case file, mode=sync logs in this process)
+        if helper and not (once and once.tracking.enabled and once.hydra.runtime.choices.mode not in ("sync", "ui")):
+            helper.close()  # nothing to log after all (tracking off in a case file; sync and ui work in this process)
             helper = None
         if once:
             config.run_once(once, functools.partial(one_job, tracker=helper))  # composed once, by preflight
