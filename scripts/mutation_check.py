@@ -143,7 +143,8 @@ def pytest(repo: Path, args: list[str], timeout: float) -> tuple[int, str, float
                               env=env, capture_output=True, text=True, timeout=timeout, preexec_fn=_default_sigint)
         return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - started
     except subprocess.TimeoutExpired as exc:
-        return 124, str(exc.stdout or ""), time.monotonic() - started
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else str(exc.stdout or "")
+        return 124, out, time.monotonic() - started
 
 
 def first_failure(output: str) -> str:
@@ -170,6 +171,8 @@ def check(mutation: Mutation, rev: str | None, slow: bool, timeout: float) -> di
             total += seconds
             if rc in (0, 5):  # passed, or nothing collected
                 continue
+            if rc == 124:  # a run cut short proves nothing either way
+                return {"name": mutation.name, "verdict": f"unknown ({verdict} run timed out)", "by": "", "seconds": total}
             if rc == 1:
                 return {"name": mutation.name, "verdict": verdict, "by": first_failure(out), "seconds": total}
             return {"name": mutation.name, "verdict": f"{verdict} (pytest exit {rc})", "by": first_failure(out),
@@ -202,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         r = check(mutation, args.rev, not args.no_slow, args.timeout)
         results.append(r)
         print(f"| `{r['name']}` | {mutation.what} | {r['verdict']} | {r['by']} | {r['seconds']:.0f} |", flush=True)
-    return 1 if any(r["verdict"] in ("MISSED", "not applied") for r in results) else 0
+    return 1 if any(r["verdict"] in ("MISSED", "not applied") or r["verdict"].startswith("unknown") for r in results) else 0
 
 
 if __name__ == "__main__":
