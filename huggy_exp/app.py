@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from huggy_exp import tracking
 from huggy_exp.config import validate
-from huggy_exp.context import Context, ModelSpec, ObsSpec
+from huggy_exp.context import Context, ModelSpec, ObsSpec, VerifySpec
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.headline import headline_metrics
 from huggy_exp.results import EXIT_CODES, EXIT_PENDING, Result, update_result, write_result
@@ -60,6 +60,7 @@ def build_context(cfg: DictConfig, workdir: Path) -> Context:
         threads=int(cfg.threads),
         model_spec=ModelSpec(**{k: model.get(k) for k in ModelSpec.__dataclass_fields__}),
         obs=ObsSpec(**{k: obs[k] for k in ObsSpec.__dataclass_fields__ if k in obs}),
+        verify=VerifySpec(**OmegaConf.to_container(cfg.verify, resolve=True)) if "verify" in cfg else VerifySpec(),
         workdir=workdir,
     )
 
@@ -118,11 +119,11 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
     except Exception as exc:  # a bug, not a user error: keep the traceback, record the job, let a sweep go on
         say(traceback.format_exc().rstrip(), error=True)
         result = Result(status="error", reason=f"internal error: {type(exc).__name__}: {exc}")
-    if result.summary and "headline" not in result.details:
-        result.details["headline"] = result.summary[0]  # one line for sweep summaries and result.json readers
-    timed = mode in TIMED_MODES or any(k.startswith("latency.") for k in result.metrics)
-    if job.shared_machine and timed and result.details.get("headline"):
-        result.details["headline"] += " [timed while other jobs shared the machine]"
+    if result.summary and not result.headline:
+        result.headline = result.summary[0]
+    timed = mode in TIMED_MODES or bool(result.latency)
+    if job.shared_machine and timed and result.headline:
+        result.headline += " [timed while other jobs shared the machine]"
     head = headline_metrics(mode, result.metrics, result.status)
     result.metrics = {**head, **result.metrics}  # first, so MLflow lists them first
     loaded = ctx.loaded_model if ctx is not None else None

@@ -81,7 +81,16 @@ class ModeConf:
 class Threshold:
     max_abs: float = rule(lo=0)
     cosine_min: float = rule(lo=-1, hi=1)
-    margin: float = rule(lo=0)  # discrete: a flip fails where fp64's top-1 minus top-2 masked logit exceeds margin x max(1, |logit|)
+    margin: float = rule(lo=0)  # discrete: a flip fails where fp64's top-1 minus top-2 masked logit exceeds margin x max(1, |best|)
+    rtol: float = rule(0.0, lo=0)
+
+
+@dataclass
+class VerifyConf:
+    limits: Dict[str, Threshold] = MISSING
+    specialize: Dict[str, Any] = MISSING
+    rel_floor: float = rule(lo=0, lo_open=True)
+    decimals: int = rule(lo=0, hi=9)
 
 
 @dataclass
@@ -149,11 +158,9 @@ class OnnxCompareMode(ModeConf):
 
 @dataclass
 class PrecisionMode(ModeConf):
-    thresholds: Dict[str, Threshold] = MISSING
     layer_thresholds: Dict[str, LayerThreshold] = MISSING
-    specialize: Dict[str, Any] = MISSING
+    layer_specialize: Dict[str, Any] = MISSING
     relative: Relative = MISSING
-    rel_floor: float = rule(lo=0, lo_open=True)
 
 
 @dataclass
@@ -196,6 +203,7 @@ class Config:
     model: ModelConf = MISSING
     obs: ObsConf = MISSING
     tracking: TrackingConf = MISSING
+    verify: VerifyConf = MISSING
 
 
 def register() -> None:
@@ -275,7 +283,7 @@ def _check_value(kind: Any, value: Any, key: str, meta: dict) -> None:
     if origin in (dict, Dict):
         if not isinstance(value, dict):
             raise UserError(f"{key} must be a mapping, got {value!r}")
-        if key.split(".")[-1] in ("tolerance", "atol", "thresholds", "layer_thresholds"):
+        if key.split(".")[-1] in ("tolerance", "atol", "limits", "layer_thresholds"):
             for k in value:
                 if k not in DTYPE_NAMES:
                     raise UserError(f"unknown key {key}.{k}; valid: {', '.join(DTYPE_NAMES)}")

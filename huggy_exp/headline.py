@@ -9,12 +9,11 @@ import math
 HEADLINES: dict[str, dict[str, str]] = {
     "info": {"parameters": "parameters", "fp16_overflow_dims": "fp16_overflow_dims"},
     "checkpoints": {"checkpoints": "checkpoints", "best_reward": "best_reward"},
-    "action": {"act_mean": "action_mean", "act_std": "action_std", "saturated": "saturated_share"},
-    "sample": {"act_mean": "action_mean", "act_std": "action_std", "saturated": "saturated_share"},
+    "action": {"act_mean": "action_mean", "act_std": "action_std"},
+    "sample": {"act_mean": "action_mean", "act_std": "action_std"},
     "batch": {"invariance_max": "batch_invariance_max_abs", "rows_identical": "rows_bit_identical",
               "rows_per_s": "batched_rows_per_s"},
-    "precision": {"err_max_abs": "actions.vs_fp64.max_abs", "cos_min": "actions.vs_fp64.cosine_min_row",
-                  "err_vs_fp32": "actions.vs_fp32.max_abs", "rel_ratio": "relative.ratio"},
+    "precision": {"rel_ratio": "relative/ratio"},
     "onnx-compare": {"err_max_abs": "deterministic.max_abs", "cos_min": "deterministic.cosine_min_row",
                      "sampled_z": "sampled.mean_z_max"},
     "export-onnx": {"err_max_abs": "vs_torch.max_abs", "src_identical": "vs_source.bit_identical"},
@@ -26,13 +25,22 @@ HEADLINES: dict[str, dict[str, str]] = {
     "benchmark": {"p50_us": "eager/b1/p50_us", "p99_us": "eager/b1/p99_us", "obs_per_s": "eager/b{top}/obs_per_s",
                   "ort_ratio": "eager/b{top}/obs_per_s / onnxruntime/b{top}/obs_per_s"},
 }
-ANY_MODE = {"p50_us": "latency.p50_us"}  # every inference mode that measures latency (the benchmark branch adds it)
+# every inference point (docs/verification.md): its errors vs CPU fp64 and fp32, and its latency; `a | b`: the first found
+ANY_MODE = {
+    "max_abs_vs_fp64": "actions/vs_fp64/max_abs | sampled_actions/vs_fp64/max_abs | memories/vs_fp64/max_abs",
+    "cosine_vs_fp64": "actions/vs_fp64/cosine_min_row | sampled_actions/vs_fp64/cosine_min_row | memories/vs_fp64/cosine_min_row",
+    "agreement_vs_fp64": "discrete_actions/vs_fp64/agreement | sampled_discrete_actions/vs_fp64/agreement",
+    "max_abs_vs_fp32": "actions/vs_fp32/max_abs | sampled_actions/vs_fp32/max_abs | memories/vs_fp32/max_abs",
+    "p50_us": "latency/p50_us",
+    "p99_us": "latency/p99_us",
+    "obs_per_s": "latency/obs_per_s",
+}
 PER_DTYPE = ("thresholds", "layer_thresholds", "tolerance", "atol")  # mode tables keyed by dtype
 NOISE = ("mode._target_", "tracking.http_retries", "tracking.http_timeout_s", "tracking.enabled")
 
 
 SIGNIFICANT = 3  # headline values are for reading (the UI prints every digit: 0.00942 not 0.0094211900...)
-DIGITS = {"cos_min": 6}  # cosines live next to 1: 0.999968 must not read as 1
+DIGITS = {"cos_min": 6, "cosine_vs_fp64": 6}  # cosines live next to 1: 0.999968 must not read as 1
 
 
 def headline_metrics(mode: str, metrics: dict[str, float], status: str) -> dict[str, float]:
@@ -65,7 +73,9 @@ def ladder(metrics: dict[str, float], stat: str) -> list[tuple[str, int, float]]
 
 
 def _lookup(metrics: dict[str, float], name: str):
-    """A metric by name, or `a / b` of two metrics (None where either is missing or b is 0)."""
+    """A metric by name, `a | b` (the first present), or `a / b` of two metrics (None where either is missing or b is 0)."""
+    if " | " in name:
+        return next((metrics[n] for n in name.split(" | ") if n in metrics), None)
     if " / " not in name:
         return metrics.get(name)
     a, b = (metrics.get(n) for n in name.split(" / "))
@@ -80,7 +90,7 @@ def settings(params: dict, dtype: str) -> dict:
             name = f"{prefix}{key}"
             if name in NOISE:
                 continue
-            if isinstance(value, dict) and prefix == "mode." and key in PER_DTYPE:
+            if isinstance(value, dict) and (prefix == "mode." and key in PER_DTYPE or name == "verify.limits"):
                 value = {k: v for k, v in value.items() if k == dtype}
             kept[key] = prune(value, name + ".") if isinstance(value, dict) else value
         return kept

@@ -19,11 +19,11 @@ from huggy_exp import plots, timing
 from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.mlagents import ACTION_MASKS, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name
-from huggy_exp.numerics import REL_FLOOR, discrete_margins
+from huggy_exp.numerics import REL_FLOOR
 from huggy_exp.placement import peak_memory_mb, reset_peak_memory, synchronize
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, DISCRETE, build, check_backend
-from huggy_exp.tasks import SLOW_FP16, batch_of, is_sequence, runner_device
+from huggy_exp.tasks import SLOW_FP16, batch_of, is_sequence, runner_device, verify_point
 from huggy_exp.tasks.compare import compare_outputs
 
 SCENARIOS = ("single_stream", "offline")
@@ -95,7 +95,7 @@ class BenchmarkTask:
                         if name == "eager":
                             expected[b] = got
                             if w.branches:  # the masked-logit margins that may excuse a discrete flip
-                                margins[b] = discrete_margins(runner.distributions(feeds[b])["masked_logits"], w.branch_sizes)
+                                margins[b] = runner.distributions(feeds[b])["masked_logits"]
                         gate.add(b, got, expected[b], margins.get(b))
                     info.update(gate.info())
                 except (Unsupported, UserError) as exc:
@@ -155,7 +155,16 @@ class BenchmarkTask:
             result.files.append(plots.scaling(ctx.workdir / "benchmark.png", {n: _curve(result, n) for n in timed},
                                               f"{ctx.device} {ctx.dtype}, {threads} thread(s)"))
         result.summary[:0] = _summary(result, backends, points, self.backends)
-        result.details["headline"] = result.summary[0]
+        ladder = result.summary[0]
+        if "eager" in runners:  # the point's verdict and latency: eager on (device, dtype) at the job's batch size
+            b = ctx.batch_size if ctx.batch_size in points else max(points)
+            if ("eager", b) in timings:
+                stats = timings[("eager", b)].stats()
+                result.latency = {**{k: stats[k] for k in ("p50_us", "p99_us", "mean_us", "obs_per_s", "noisy", "samples")},
+                                  "threads": float(threads), "batch_size": float(b)}
+                result.metrics.update({f"latency/{k}": v for k, v in result.latency.items()})
+            verify_point(ctx, result, runners["eager"], feeds[b])
+            result.headline += f"; {ladder}"
         return result
 
     def feeds(self, ctx: Context, points: list[int]) -> tuple[dict[int, dict[str, np.ndarray]], str]:
@@ -202,12 +211,13 @@ class Gate:
 
     def __init__(self, w: PolicyWeights, tol: float):
         self.huggy, self.continuous, self.branches, self.memory = w.huggy_shaped, w.mu is not None, bool(w.branches), bool(w.memory)
+        self.branch_sizes = w.branch_sizes
         self.tol, self.failures = tol, {}
         self.worst = {ACTIONS: 0.0, RECURRENT_OUT: 0.0, "tolerance": 0.0}
         self.counts = {"mismatches": 0.0, "excused": 0.0, "unexcused": 0.0}
 
-    def add(self, rows: int, got: dict, expected: dict, margins: tuple[np.ndarray, np.ndarray] | None) -> None:
-        metrics, failures, _ = compare_outputs(got, expected, STEMS, self.tol, REL_FLOOR, margins)
+    def add(self, rows: int, got: dict, expected: dict, masked_logits: np.ndarray | None) -> None:
+        metrics, failures, _ = compare_outputs(got, expected, STEMS, self.tol, REL_FLOOR, masked_logits, self.branch_sizes)
         for name in (ACTIONS, RECURRENT_OUT):
             self.worst[name] = max(self.worst[name], metrics.get(f"{STEMS[name]}.max_abs", 0.0))
         self.worst["tolerance"] = max(self.worst["tolerance"], metrics.get("recurrent_out.tolerance", 0.0))
@@ -231,7 +241,7 @@ class Gate:
         return out
 
     def reason(self, dtype: str) -> str:
-        if self.huggy and list(self.failures) == [ACTIONS] and "max_abs" in self.failures[ACTIONS]:
+        if self.huggy and list(self.failures) == ["actions"] and "max_abs" in self.failures["actions"]:
             return f"actions differ from eager by {self.worst[ACTIONS]:.3g} > {self.tol:g} ({dtype}): not timed"
         return f"{'; '.join(self.failures.values())} (vs eager, {dtype}): not timed"
 
