@@ -1,8 +1,6 @@
-"""`precision`: the policy on (device, dtype) against CPU references in fp64 and fp32, with verdicts.
+"""`precision`: the policy on (device, dtype) against CPU fp64 and fp32 references.
 
-Every output is compared by the verification engine (huggy_exp/verify.py) like every sweep point's; precision adds the
-per-layer attribution (every input's normalizer, the MLP, the LSTM and memory, mu and the logits), the relative verdict
-(device error over the CPU's in the same dtype), per-step errors of a sequence and the plots.
+Described in docs/modes.md#precision; every output is compared by the verification engine (docs/verification.md).
 """
 
 from __future__ import annotations
