@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from huggy_exp.errors import UserError
+
 REL_FLOOR = 1e-3  # relative errors divide by max(|expected|, REL_FLOOR): actions are O(1), zeros must not explode
 # msprobe's ULP standard: a share of elements above this many ULPs of the compared dtype is reported
 ULP_STANDARD = {"fp16": 1.0, "bf16": 1.0, "fp32": 32.0, "fp64": 32.0}
@@ -112,7 +114,7 @@ class Comparison:
 
     @property
     def failures(self) -> list[str]:
-        return [f"{stem}: {f}" for stem, o in self.outputs.items() for f in o.failures]
+        return [f"{o.output.name}: {f}" for o in self.outputs.values() for f in o.failures]
 
     def metrics(self, reference: str) -> dict[str, float]:
         return {f"{stem}/vs_{reference}/{k}": v for stem, o in self.outputs.items() for k, v in o.metrics.items()}
@@ -138,7 +140,7 @@ def compare(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], rule
         got, ref = actual.get(out.name), expected.get(out.name)
         oc = OutputComparison(out)
         if got is None or ref is None or np.shape(got) != np.shape(ref) and out.rule != "constant":
-            oc.failures.append(f"{out.name}: {'missing' if got is None else f'shape {list(np.shape(got))}'}"
+            oc.failures.append(f"{'missing' if got is None else f'shape {list(np.shape(got))}'}"
                                f", expected {'nothing' if ref is None else list(np.shape(ref))}")
         else:
             _RULE[out.rule](oc, np.asarray(got), np.asarray(ref), actual, expected, rules)
@@ -213,7 +215,7 @@ def _nonfinite(oc: OutputComparison, got: np.ndarray) -> int:
     bad = ~np.isfinite(a) if a.dtype.kind in "fc" else np.zeros(a.shape, bool)
     oc.metrics["nonfinite"] = float(bad.sum())
     if bad.any():
-        oc.failures.append(f"{int(bad.sum())} NaN/inf values (first at {[int(i) for i in np.argwhere(bad)[0]]})")
+        oc.failures.append(f"{int(bad.sum())} NaN/Inf values (first at {[int(i) for i in np.argwhere(bad)[0]]})")
     return int(bad.sum())
 
 
@@ -261,7 +263,7 @@ def _rows(actual: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndar
     """Both as float64 [rows, values per row] (the last axis is a row's values; one row for a vector)."""
     a, e = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
     if a.size != e.size:
-        raise ValueError(f"cannot compare arrays of shapes {list(a.shape)} and {list(e.shape)} element-wise")
+        raise UserError(f"cannot compare arrays of shapes {list(a.shape)} and {list(e.shape)} element-wise")
     width = a.shape[-1] if a.ndim > 1 and a.shape[-1] else max(a.size, 1)
     return a.reshape(-1, width) if a.size else a.reshape(0, 1), e.reshape(-1, width) if e.size else e.reshape(0, 1)
 
@@ -277,6 +279,8 @@ def ulp(values: np.ndarray, dtype: str) -> np.ndarray:
 def cosine(x: np.ndarray, y: np.ndarray) -> float:
     """Cosine similarity; two all-zero vectors are identical (1.0), one zero vector against another is 0.0."""
     x, y = np.asarray(x, np.float64).ravel(), np.asarray(y, np.float64).ravel()
+    if x.size != y.size:
+        raise UserError(f"cannot compare vectors of {x.size} and {y.size} values")
     nx, ny = float(np.linalg.norm(x)), float(np.linalg.norm(y))
     if nx == 0.0 and ny == 0.0:
         return 1.0
@@ -351,7 +355,7 @@ def discrete_agreement(actual: np.ndarray, expected: np.ndarray, margin: np.ndar
     """
     a, e, m = np.asarray(actual), np.asarray(expected), np.asarray(margin, np.float64)
     if a.shape != e.shape or m.shape != e.shape:
-        raise ValueError(f"cannot compare discrete actions of shapes {list(a.shape)}, {list(e.shape)} (margins {list(m.shape)})")
+        raise UserError(f"cannot compare discrete actions of shapes {list(a.shape)}, {list(e.shape)} (margins {list(m.shape)})")
     flips = a != e
     allowed = bound * np.asarray(scale, np.float64)
     near = m <= allowed  # NaN is never near: a NaN margin never excuses a flip

@@ -286,7 +286,7 @@ def test_onnx_compare_tampered_graph_fails(tmp_path):
     run = run_mode(tmp_path / "job", "onnx-compare", f"model.checkpoint={HUGGY_PT}", f"model.onnx={bad}", "mode.samples=64")
     assert run.record["status"] == "failed"
     assert run.record["details"]["onnx"] == str(bad)
-    assert "actions: max_abs" in run.record["reason"]
+    assert "deterministic_continuous_actions: max_abs" in run.record["reason"]
     assert run.metrics["deterministic.max_abs"] > 1e-2
 
 

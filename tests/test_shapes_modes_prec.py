@@ -154,7 +154,7 @@ def test_a_flip_fails_only_where_the_fp64_margin_exceeds_the_bound(case, shaped_
     assert m["discrete_actions/vs_fp64/flip_margin_max"] == pytest.approx(margin, rel=1e-6)
     if case == "large":
         assert m["discrete_actions/vs_fp64/flips_beyond_margin"] == 1
-        assert job.record["status"] == "failed" and "discrete_actions: 1 of 96 actions differ" in job.record["reason"]
+        assert job.record["status"] == "failed" and "deterministic_discrete_actions: 1 of 96 actions differ" in job.record["reason"]
     else:
         assert m["discrete_actions/vs_fp64/flips_beyond_margin"] == 0
         assert job.record["status"] == "passed", job.record["reason"]
@@ -171,7 +171,7 @@ def test_a_nan_memory_the_reference_does_not_have_fails(shaped_files, tmp_path, 
     monkeypatch.setattr(precision_module, "build", lambda ctx: NanMemory(ctx.weights, ctx.target(), ctx.batch_size))
     job = run_job(tmp_path, "precision", f"model.checkpoint={shaped_files['memory_hybrid_sac'][0]}", "obs.rows=6")
     assert job.record["status"] == "failed"
-    assert "memories: 1 NaN/inf values" in job.record["reason"] and job.record["metrics"]["memories/vs_fp64/nan_mismatch"] == 1
+    assert "recurrent_out: 1 NaN/Inf values" in job.record["reason"] and job.record["metrics"]["memories/vs_fp64/nan_mismatch"] == 1
 
 
 def test_discrete_agreement_counts_flips_against_the_bound():

@@ -47,7 +47,7 @@ def test_headline_metrics_copy_the_modes_detail_and_say_passed():
     metrics = {"actions/vs_fp64/max_abs": 3.0123e-7, "actions/vs_fp64/cosine_min_row": 0.999876, "relative/ratio": 1.0,
                "actions/vs_fp32/max_abs": float("nan"), "latency/p50_us": 12.5}
     head = headline_metrics("precision", metrics, "failed")
-    assert head == {"passed": 0.0, "err_max_abs": 3.01e-7, "cos_min": 0.999876, "rel_ratio": 1.0, "p50_us": 12.5}
+    assert head == {"passed": 0.0, "rel_ratio": 1.0, "max_abs_vs_fp64": 3.01e-7, "cosine_vs_fp64": 0.999876, "p50_us": 12.5}
     assert "passed" not in headline_metrics("action", {}, "skipped")
 
 

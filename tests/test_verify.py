@@ -33,7 +33,7 @@ def test_an_error_over_atol_fails_naming_the_output_value_and_limit():
     b = a.copy()
     b[2, 1] += 3e-5
     c = compare({ACT: b}, {ACT: a}, FP32)
-    assert not c.passed and c.failures == ["actions: max_abs 3e-05 > atol 1e-05 (1 elements)"]
+    assert not c.passed and c.failures == ["deterministic_continuous_actions: max_abs 3e-05 > atol 1e-05 (1 elements)"]
     assert c.get("actions", "required_atol") == pytest.approx(3e-5, rel=1e-3)
     assert c.get("actions", "worst_row") == 2.0
     loose = Rules(Limits(atol=c.get("actions", "required_atol") * 1.0001), "fp32")
@@ -61,7 +61,7 @@ def test_nan_or_inf_fails_whatever_the_limits(bad):
     b = a.copy()
     b[0, 0] = bad
     c = compare({ACT: b, MEM: b[:, None, :]}, {ACT: a, MEM: a[:, None, :]}, Rules(Limits(), "fp32"))  # no limit at all
-    assert not c.passed and len(c.failures) == 2 and all("1 NaN/inf values (first at [0, 0" in f for f in c.failures)
+    assert not c.passed and len(c.failures) == 2 and all("1 NaN/Inf values (first at [0, 0" in f for f in c.failures)
     assert c.get("actions", "nonfinite") == 1.0
 
 
