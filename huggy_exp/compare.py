@@ -92,8 +92,10 @@ def compare(rows: list[dict]) -> dict:
                                      for r in members]})
 
     recommended = recommend(rows)
+    replays = replay_agreement(rows)
     return {"vs_cpu_fp32": vs_ref, "agreement": agreement, "recommended": recommended,
-            "lines": comparison_lines(rows, agreement, recommended), "table": comparison_table(rows)}
+            "lines": comparison_lines(rows, agreement, recommended) + replays["lines"], "table": comparison_table(rows),
+            "device_agreement": replays["table"]}
 
 
 VERIFIED_MODES = ("action", "sample", "batch", "precision", "onnx-compare", "fingerprint", "stats", "benchmark")
@@ -114,7 +116,8 @@ def recommend(rows: list[dict]) -> dict:
         key = f"{device} with {checked[0].get('model_name') or model}" if several else device
         recommended[key] = {"dtype": choice, "p50_us": timed[choice]["p50_us"] if choice else None, "passing": passing,
                             "failing": failing, "noisy": bool(choice and timed[choice]["noisy"]),
-                            "figures": {d: t for d, t in timed.items()}, "why": _why(choice, timed)}
+                            "figures": {d: t for d, t in timed.items()}, "p50_by_dtype": {d: t["p50_us"] for d, t in timed.items()},
+                            "why": _why(choice, timed)}
     return recommended
 
 
@@ -150,6 +153,35 @@ def _latency(rows: list[dict], dtype: str) -> dict | None:
             "max_abs": best["metrics"].get("max_abs_vs_fp64"), "limit": best.get("max_abs_limit")}
 
 
+def replay_agreement(rows: list[dict]) -> dict:
+    """The replays of a sweep (`-m device=npu:0,npu:1`, or `threads=1,2`) as one device-agreement table: per bundle and
+    dtype, which points gave the same output bytes as each other (class 0 = the first's) and as the recording."""
+    table = []
+    for row in rows:
+        if row["mode"] != "replay" or row["status"] == "error" or not row.get("actions_sha256"):
+            continue
+        record = json.loads((Path(row["dir"]) / "result.json").read_text())
+        share = (record.get("metrics") or {}).get("agreement/bitwise_share")
+        record = {**record, **(record.get("details") or {})}  # a task's details, wherever result.json keeps them
+        table.append({"job": row["job"], "bundle": record.get("bundle"), "point": record.get("point"), "dtype": row["dtype"],
+                      "threads": record.get("threads"), "recorded_point": record.get("recorded_point"),
+                      "equal_to_recording": None if share is None else share == 1.0, "sha256": row["actions_sha256"],
+                      "status": row["status"]})
+    lines = []
+    for group in dict.fromkeys((t["bundle"], t["dtype"]) for t in table):
+        members = [t for t in table if (t["bundle"], t["dtype"]) == group]
+        hashes = list(dict.fromkeys(t["sha256"] for t in members))
+        for t in members:
+            t["class"] = hashes.index(t["sha256"])
+        cells = ", ".join(f"{t['point']} t{t['threads']} (job {t['job']}): class {t['class']}, "
+                          + {True: "= recording", False: "≠ recording", None: "no recording"}[t["equal_to_recording"]] for t in members)
+        verdict = "all bit-identical" if len(hashes) == 1 else f"{len(hashes)} different results"
+        lines.append(f"device agreement {group[1]} (bundle {Path(str(group[0])).name}): {verdict}; {cells}")
+    return {"table": table, "lines": lines}
+
+
+
+
 def comparison_lines(rows: list[dict], agreement: list[dict], recommended: dict) -> list[str]:
     """The terminal's dtype comparison: one line per compared point, per agreement group, per device pick."""
     lines = []
@@ -181,26 +213,30 @@ def draw(sweep_dir: Path, rows: list[dict], result: dict) -> list[Path]:
     """Plots for the parent run, only those the sweep has data for: error vs dtype, latency vs batch, agreement."""
     files = []
     errors: dict[str, tuple[list, list]] = {}
+    limits: dict[str, float] = {}
+    versus = "vs cpu fp64" if any("err_max_abs" in r["metrics"] for r in rows) else "vs cpu fp32"
     for r in rows:
-        if "vs_cpu_fp32_max_abs" in r:
+        value = r["metrics"].get("err_max_abs") if versus == "vs cpu fp64" else r.get("vs_cpu_fp32_max_abs")
+        if isinstance(value, (int, float)):
             xs, ys = errors.setdefault(r["device"], ([], []))
             xs.append(r["dtype"])
-            ys.append(r["vs_cpu_fp32_max_abs"])
+            ys.append(value)
+            if isinstance((r.get("limits") or {}).get("max_abs"), (int, float)):
+                limits[r["dtype"]] = max(limits.get(r["dtype"], 0.0), r["limits"]["max_abs"])
     if errors:
         files.append(sweep_dir / plots.categories(sweep_dir / "error_vs_dtype.png", errors, NARROW_FIRST[::-1],
-                                                  "max |Δaction| vs cpu fp32", "error vs dtype, per device"))
-    latency: dict[str, tuple[list, list]] = {}
+                                                  f"max |Δaction| {versus}", f"worst action error per dtype {versus}, "
+                                                  "per device (red: the dtype's limit)", limits))
+    curves: dict[str, dict[str, list]] = {}
     for r in rows:
-        points = r.get("latency_points")
-        if points is None and isinstance(r["metrics"].get("p50_us"), (int, float)):
-            points = [["eager", r["batch_size"], r["metrics"]["p50_us"]]]
-        for backend, batch, p50 in points or ():
-            xs, ys = latency.setdefault(f"{r['device']} {r['dtype']} {backend}", ([], []))
-            xs.append(batch)
-            ys.append(p50)
-    if latency:
-        files.append(sweep_dir / plots.scatter(sweep_dir / "latency_vs_batch.png", latency, "batch size",
-                                               "p50 latency per call (us)", "latency vs batch size, per device, dtype and backend"))
+        if r.get("latency_points") is None and isinstance(r["metrics"].get("p50_us"), (int, float)):
+            r = {**r, "latency_points": [["eager", r["batch_size"], r["metrics"]["p50_us"]]]}  # rows without a ladder
+        for stat in ("latency_points", "throughput_points"):
+            for backend, batch, value in r.get(stat) or ():
+                curves.setdefault(f"{r['device']} {r['dtype']} {backend}", {"latency_points": [], "throughput_points": []})[stat].append((batch, value))
+    if curves:
+        files.append(sweep_dir / plots.versus_batch(sweep_dir / "latency_vs_batch.png", curves,
+                                                    "latency and throughput vs batch size, per device, dtype and backend"))
     if result["agreement"]:
         labels = [f"{g['mode']} {g['dtype']} {g['obs']} s{g['seed']}" for g in result["agreement"]]
         cells = [[(f"{p['device']} #{p['job']}", p["class"]) for p in g["points"]] for g in result["agreement"]]

@@ -20,6 +20,10 @@ HEADLINES: dict[str, dict[str, str]] = {
     "fingerprint": {"fp_match": "matches_cpu_fp32", "fp_qmatch": "quantized_matches_cpu_fp32",
                     "err_max_abs": "max_abs_vs_cpu_fp32"},
     "stats": {"drift_max": "drift_max", "saturation": "saturation_rate", "smoothness": "smoothness"},
+    "record": {"err_max_abs": "vs_fp64/actions/max_abs", "points": "bundle/points"},
+    "replay": {"bitwise": "agreement/bitwise_share", "ulp_max": "agreement/ulp_max", "dual_ratio": "dual/worst_ratio",
+               "lat_ratio": "latency_change/median_ratio", "lat_p": "latency_change/p_value"},
+    "diff": {"changed": "diff/changed", "only_base": "diff/only_baseline", "only_cand": "diff/only_candidate"},
     # eager at batch 1 (single stream) and at the largest batch timed (offline); `ort_ratio` = eager obs/s over
     # onnxruntime's at that batch (> 1: torch is faster)
     "benchmark": {"p50_us": "eager/b1/p50_us", "p99_us": "eager/b1/p99_us", "obs_per_s": "eager/b{top}/obs_per_s",
@@ -70,6 +74,12 @@ def ladder(metrics: dict[str, float], stat: str) -> list[tuple[str, int, float]]
         if len(parts) == 3 and parts[2] == stat and parts[1][:1] == "b" and parts[1][1:].isdigit():
             points.append((parts[0], int(parts[1][1:]), float(value)))
     return points
+
+
+def noisy(record: dict) -> bool:
+    """Whether a timing the job reported flagged itself noisy (IQR / median above timing.py's bound)."""
+    metrics = record.get("metrics") or {}
+    return bool(metrics.get("latency/noisy") or (record.get("latency") or {}).get("noisy")) or any(value for _, _, value in ladder(metrics, "noisy"))
 
 
 def _lookup(metrics: dict[str, float], name: str):
