@@ -122,9 +122,11 @@ class System:
     query is answered (empty, on failure) and the first error is re-raised once the test has ended.
     """
 
-    def __init__(self, lg, infer: Infer, feeds: Mapping[str, np.ndarray], layout: Layout, batch_size: int):
+    def __init__(self, lg, infer: Infer, feeds: Mapping[str, np.ndarray], layout: Layout, batch_size: int,
+                 buckets: list[int] | None = None):
         self.lg, self.infer, self.feeds, self.layout = lg, infer, feeds, layout
         self.batch_size = max(int(batch_size), 1)
+        self.buckets = sorted(buckets or [])
         self.count = len(next(iter(feeds.values())))
         self.error: BaseException | None = None
         self.samples = 0
@@ -134,7 +136,7 @@ class System:
         try:
             if self.error is None:
                 index = np.fromiter((q.index for q in samples), np.int64, len(samples))
-                rows = self.layout.pack(self.infer({k: v[index] for k, v in self.feeds.items()}))
+                rows = self.layout.pack(self.infer({k: v[self.padded(index)] for k, v in self.feeds.items()}))
                 size = rows.strides[0]
                 base = rows.ctypes.data
                 self.lg.QuerySamplesComplete([self.lg.QuerySampleResponse(q.id, base + i * size, size)
@@ -144,6 +146,12 @@ class System:
         except BaseException as exc:  # noqa: BLE001 - re-raised by run() after LoadGen has finished
             self.error = self.error or exc
         self.lg.QuerySamplesComplete([self.lg.QuerySampleResponse(q.id, 0, 0) for q in samples])
+
+    def padded(self, index: np.ndarray) -> np.ndarray:
+        """A fixed-shape runner (compile, graphs) runs the shapes it was built for: the rows padded up to the smallest
+        bucket that holds them (its last row repeated; the extra answers are dropped), as a serving engine's profiles."""
+        fits = [b for b in self.buckets if b >= len(index)]
+        return np.concatenate([index, np.repeat(index[-1:], fits[0] - len(index))]) if fits else index
 
     def issue(self, samples: list) -> None:
         for start in range(0, len(samples), self.batch_size):  # offline hands over every sample at once
@@ -294,13 +302,14 @@ class Outcome:
 
 def run_scenarios(scenarios: list[str], infer: Infer, feeds: Mapping[str, np.ndarray], batch_size: int,
                   settings: Settings, workdir: Path, expected_latency_s: float, expected_qps: float, check: Check,
-                  search_steps: int = 6, search_ms: int = 500, min_latency_s: float = 0.0) -> Outcome:
+                  search_steps: int = 6, search_ms: int = 500, min_latency_s: float = 0.0,
+                  buckets: list[int] | None = None) -> Outcome:
     """Each LoadGen scenario in performance mode (its logged responses checked), one AccuracyOnly run over every QSL
     sample, and the server's QPS search. `check(qsl_index, outputs)` compares responses with the reference and returns
-    (metrics named `vs_<reference>/...`, failures)."""
+    (metrics named `vs_<reference>/...`, failures). `buckets`: the row counts a fixed-shape runner was built for."""
     lg = require()
     layout = Layout(infer({k: v[:1] for k, v in feeds.items()}), CHECKED)
-    system = System(lg, infer, feeds, layout, batch_size)
+    system = System(lg, infer, feeds, layout, batch_size, buckets)
     out = Outcome({}, [], [], [], [])
     root = Path(workdir) / "loadgen"
 

@@ -6,7 +6,7 @@
 # DEVICE: cuda | cuda:N | npu | npu:N (cpu: a dry run of every step on the CPU alone, as CI runs it with --quick).
 # Steps (each a Hydra sweep with tracking=none, its summary.{md,csv,json} under OUTDIR/<step>/):
 #   1 points      the default per-point checks (mode=action) on cpu and DEVICE x fp32, fp16, bf16
-#   2 checks      precision, fingerprint and stats on cpu and DEVICE x fp32, fp16, bf16
+#   2 precision, fingerprint, stats: on cpu and DEVICE x fp32, fp16, bf16
 #   3 benchmark   backend=eager,compile,graphs on cpu and DEVICE, batch 1 .. 65536, with LoadGen's single_stream,
 #                 multi_stream, offline and server scenarios and the control loop on that backend
 #   4 fixtures-*  the shipped ML-Agents fixtures (pyramids, huggy_lstm; $HUGGY_EXP_SHARED or ../shared/fixtures/mlagents)
@@ -47,14 +47,14 @@ if [ -n "$quick" ]; then
     bench=(mode.rounds=1 mode.budget_s=0.05 mode.warmup_s=0.01 mode.settle_s=0 mode.min_duration_ms=50
            mode.min_query_count=64 mode.qsl_samples=64 mode.check_samples=16 mode.search_steps=2 mode.search_ms=50
            mode.duration_s=0.2 mode.loop_search_s=0.1 mode.rate_hz=100 mode.latency_bound_ms=1000 obs.rows=16)
-    checks=(obs.rows=16 mode.steps=8)
-    backends="eager,compile"
+    steps=(obs.rows=16 mode.steps=8)
+    backends="eager"  # compile on the CPU spends ~30 s compiling per shape: the GPU run covers it
 else
     dtypes="fp32,fp16,bf16"
     ladder="[1,8,64,512,4096,65536]"
     bench=(mode.rounds=2 mode.budget_s=0.4 mode.warmup_s=0.2 mode.min_duration_ms=1000 mode.search_steps=5
            mode.search_ms=400 mode.duration_s=2 mode.loop_search_s=0.5 mode.rate_hz=1000)
-    checks=()
+    steps=()
     backends="eager,compile,graphs"
 fi
 scenarios="mode.scenarios=[single_stream,multi_stream,offline,server,control_loop]"
@@ -81,7 +81,7 @@ step() {  # step NAME ARGS...: one sweep into OUTDIR/NAME, its summary appended 
         echo '`python run.py -m tracking=none '"$*"'`'
         echo
         if [ -f "$out/$name/summary.md" ]; then
-            tail -n +3 "$out/$name/summary.md"
+            tail -n +3 "$out/$name/summary.md" | sed "s|](\([^)/]*\.png\))|]($name/\1)|"  # plots: in the step's folder
         else
             tail -n 5 "$out/$name.log"
         fi
@@ -92,8 +92,10 @@ step() {  # step NAME ARGS...: one sweep into OUTDIR/NAME, its summary appended 
 }
 
 step points "device=$devices" "dtype=$dtypes" obs.rows=64
-step checks "mode=precision,fingerprint,stats" "device=$devices" "dtype=$dtypes" "${checks[@]}"
-step benchmark mode=benchmark "device=$devices" "backend=$backends" "mode.backends=[eager,compile,graphs,onnxruntime]" \
+step precision mode=precision "device=$devices" "dtype=$dtypes" obs.rows=64
+step fingerprint mode=fingerprint "device=$devices" "dtype=$dtypes" "${steps[@]}"  # one mode a step: run.py's
+step stats mode=stats "device=$devices" "dtype=$dtypes" "${steps[@]}"              # preflight checks knobs per mode
+step benchmark mode=benchmark "device=$devices" "backend=$backends" "mode.backends=[$backends,onnxruntime]" \
     "mode.batch_sizes=$ladder" batch_size=64 "$scenarios" "${bench[@]}"
 fixtures=()
 for f in "$shared/pyramids/Pyramids/Pyramids-1000021.pt" "$shared/huggy_lstm/Huggy/Huggy-2000049.pt"; do

@@ -196,7 +196,7 @@ class BenchmarkTask:
             qsl = self.feeds(ctx, [self.qsl_samples])[0][self.qsl_samples]
             tol = max(self.tolerance.get(ctx.dtype, 0.0), self.tolerance.get("fp32" if ctx.backend == "onnxruntime" else ctx.dtype, 0.0))
             extra.run_loadgen(ctx, runner, runners["eager"], qsl, lg, self.loadgen, STEMS, tol, point,
-                              self.search_steps, self.search_ms, result)
+                              self.search_steps, self.search_ms, result, points)
         if extra.CONTROL_LOOP in wanted:
             extra.run_control_loop(ctx, runner, self.loop, result)
 

@@ -45,14 +45,16 @@ def reference_check(w: PolicyWeights, eager: Runner, feeds: Mapping[str, np.ndar
 
 def run_loadgen(ctx: Context, runner: Runner, eager: Runner, feeds: Mapping[str, np.ndarray], scenarios: list[str],
                 settings: loadgen.Settings, stems: dict[str, str], tol: float, point: dict[str, float],
-                search_steps: int, search_ms: int, result: Result) -> None:
+                search_steps: int, search_ms: int, result: Result, points: list[int]) -> None:
     """LoadGen's scenarios on the runner; metrics, LoadGen's files, the server search table, failures into `result`.
 
-    `point` is timing.py's figures of this runner at the job's batch size (LoadGen's expected latency and QPS)."""
+    `point` is timing.py's figures of this runner at the job's batch size (LoadGen's expected latency and QPS); a
+    fixed-shape runner (compile, graphs) answers in the batch sizes it was timed at (`points`)."""
     check = reference_check(ctx.weights, eager, feeds, stems, tol)
     single = point.get("b1_p50_us", point["p50_us"] / max(ctx.batch_size, 1)) * 1e-6
     out = loadgen.run_scenarios(scenarios, runner.infer, feeds, ctx.batch_size, settings, ctx.workdir, single,
-                                point["obs_per_s"], check, search_steps, search_ms, point.get("b1_min_us", 0.0) * 1e-6)
+                                point["obs_per_s"], check, search_steps, search_ms, point.get("b1_min_us", 0.0) * 1e-6,
+                                points if getattr(runner, "fixed_shape", False) else None)
     result.metrics.update(out.metrics)
     result.files += out.files
     result.summary += out.lines
