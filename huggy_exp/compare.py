@@ -26,7 +26,7 @@ def inputs_key(row: dict) -> tuple:
     return row["mode"], json.dumps(knobs, sort_keys=True, default=str), row["obs"], row["seed"], row["model_sha256"]
 
 
-OUTPUT_FILES = ("actions.npy", "discrete_actions.npy", "memories.npy")  # whichever the policy has (README: Policy shapes)
+OUTPUT_FILES = ("actions.npy", "discrete_actions.npy", "memories.npy")  # whichever the policy has (docs/policy-shapes.md)
 
 
 def load_outputs(row: dict) -> dict[str, np.ndarray]:

@@ -48,7 +48,11 @@ def check_device(name: str) -> tuple[str, int | None]:
 
 
 def _import_backend(kind: str) -> None:
-    """torch_npu registers the 'npu' device; import it only when an npu device is asked for."""
+    """torch_npu registers the 'npu' device; import it only when an npu device is asked for.
+
+    torch >= 2.5 may have imported it already: it auto-loads an installed torch_npu at `import torch` (its device-backend
+    entry point; TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns that off), and without CANN `import torch` itself fails.
+    """
     if kind != "npu" or hasattr(torch, "npu"):
         return
     try:

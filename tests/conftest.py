@@ -616,7 +616,7 @@ def small_weights():
     return mlagents.PolicyWeights(layers, mu, log_sigma, mlagents.Normalizer(mean, variance, steps))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def small(tmp_path_factory):
     """The small policy as an ML-Agents .pt with its .onnx beside it."""
     from types import SimpleNamespace

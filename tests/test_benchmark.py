@@ -91,6 +91,7 @@ def test_onnxruntime_matches_eager(small, tmp_path):
     assert got[ACTIONS].shape == (10, 3) and got["version_number"].shape == (1,)
 
 
+@pytest.mark.slow
 def test_compile_matches_eager_with_a_padded_last_chunk(small, tmp_path):
     ctx = small_context(small, tmp_path, batch_size=4)
     obs = ctx.make_observations(6)  # chunks of 4 and 2 -> the 2 is padded to 4

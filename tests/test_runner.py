@@ -337,6 +337,7 @@ def test_cli_action_reproduces_mlagents_actions(tmp_path, cli_reference, huggy_e
     assert (out / ".hydra" / "config.yaml").is_file()
 
 
+@pytest.mark.slow
 def test_cli_sweep_over_dtype_and_device_records_every_point(tmp_path, huggy_exp_cache):
     sweep = tmp_path / "sweep"
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -364,6 +365,7 @@ def test_cli_sweep_over_dtype_and_device_records_every_point(tmp_path, huggy_exp
     assert {r.data.tags["status"] for r in runs} == ({"passed", "skipped"} if not _npu_present() else {"passed"})
 
 
+@pytest.mark.slow
 def test_cli_bad_inputs_exit_nonzero_with_one_line_naming_the_value(tmp_path, huggy_exp_cache):
     marker = tmp_path / "PWNED"
     evil = write_evil_pt(tmp_path / "evil.pt", marker)

@@ -242,6 +242,7 @@ def test_a_malformed_case_fails_fast_naming_its_file_and_key(config_dir, case, n
     assert "\n" not in message
 
 
+@pytest.mark.slow
 def test_a_case_from_config_dir_runs(config_dir, tmp_path, huggy_exp_cache):
     proc = _run_py(["--config-dir", str(config_dir), "case=mine", f"hydra.run.dir={tmp_path / 'run'}", "tracking=none"],
                    huggy_exp_cache)
@@ -250,6 +251,7 @@ def test_a_case_from_config_dir_runs(config_dir, tmp_path, huggy_exp_cache):
     assert record["case"] == "mine" and record["expectation_met"] is True and record["run_name"].startswith("mine:")
 
 
+@pytest.mark.slow
 def test_case_library_runs_with_its_tally_parent_run_comparison_and_job_logs(tmp_path, huggy_exp_cache):
     """A sample of the library (all of it with HUGGY_EXP_FULL_LIBRARY=1): every case meets its expected verdict."""
     full = os.environ.get("HUGGY_EXP_FULL_LIBRARY") == "1"
@@ -315,6 +317,7 @@ def _three_sweeps_at_once(tmp_path: Path, cache: Path, uri: str, launcher: list[
         assert c.info.status == "FINISHED"
 
 
+@pytest.mark.slow
 def test_three_parallel_joblib_sweeps_into_one_sqlite_store_lose_and_duplicate_nothing(tmp_path, huggy_exp_cache):
     """Three 8-point joblib sweeps at once (2 workers each) into one SQLite store: 3 parents, 24 children."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -328,11 +331,13 @@ def test_three_parallel_joblib_sweeps_into_one_sqlite_store_lose_and_duplicate_n
 
 @pytest.mark.skipif(os.environ.get("HUGGY_EXP_FULL_LAUNCHERS") != "1",
                     reason="~2.5 min of subprocesses: HUGGY_EXP_FULL_LAUNCHERS=1 runs it (a 2-point submitit sweep always runs)")
+@pytest.mark.slow
 def test_three_submitit_local_sweeps_into_one_sqlite_store(tmp_path, huggy_exp_cache):
     _three_sweeps_at_once(tmp_path, huggy_exp_cache, f"sqlite:///{tmp_path / 'mlflow.db'}",
                           ["hydra/launcher=submitit_local", f"hydra.launcher.submitit_folder={tmp_path / 'submitit'}"])
 
 
+@pytest.mark.slow
 def test_submitit_local_sweep_logs_a_parent_and_its_children(tmp_path, huggy_exp_cache):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     proc = _run_py(["-m", "hydra/launcher=submitit_local", "dtype=fp32,bf16", "obs.rows=4",
@@ -354,6 +359,7 @@ def test_slurm_launcher_preset_composes():
     assert cfg.hydra.launcher._target_.endswith("SlurmLauncher") and cfg.hydra.launcher.timeout_min == 60
 
 
+@pytest.mark.slow
 def test_sweep_against_a_loopback_mlflow_server(tmp_path, huggy_exp_cache):
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
@@ -376,6 +382,7 @@ def test_sweep_against_a_loopback_mlflow_server(tmp_path, huggy_exp_cache):
 
 @pytest.mark.skipif(os.environ.get("HUGGY_EXP_FULL_LAUNCHERS") != "1",
                     reason="~1 min of subprocesses: HUGGY_EXP_FULL_LAUNCHERS=1 runs it (the 2-point check above always runs)")
+@pytest.mark.slow
 def test_three_sweeps_into_one_loopback_mlflow_server(tmp_path, huggy_exp_cache):
     port = free_port()
     server = start_server(tmp_path, port)

@@ -356,6 +356,36 @@ def test_sync_replaces_a_partial_copy_and_never_duplicates(tmp_path):
     assert runs[0].data.metrics["rows"] == 4.0
 
 
+def test_result_json_is_replaced_atomically_never_rewritten_in_place(tmp_path):
+    """A reader that opened result.json before the job rewrote it (the tracking outcome) still reads the whole old
+    record: the new one is a new file moved over it, never a truncate-and-write a crash could leave half done."""
+    from huggy_exp.results import update_result, write_result
+
+    write_result(tmp_path, {"mode": "action"}, Result(metrics={"rows": 4.0}))
+    with open(tmp_path / "result.json") as before:
+        update_result(tmp_path, tracking={"status": "logged", "run_id": "r1"})
+        old = json.loads(before.read())
+    assert "tracking" not in old and old["metrics"] == {"rows": 4.0}
+    assert json.loads((tmp_path / "result.json").read_text())["tracking"]["run_id"] == "r1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["result.json"]  # no temp file left behind
+
+
+def test_the_sqlite_store_lock_excludes_every_other_writer(tmp_path):
+    """While one writer holds mlruns/mlflow.db.lock, another (a process, or another open of the file) cannot take it:
+    the in-process check of what the concurrent sweeps of the slow run exercise."""
+    import fcntl
+
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    lock = tmp_path / "store" / "mlflow.db.lock"
+    with tracking.store_lock(uri):
+        with open(lock, "a") as other, pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with open(lock, "a") as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released on exit
+    with tracking.store_lock("http://127.0.0.1:9"):  # servers serialise themselves: no lock, no file
+        pass
+
+
 # --- processes: concurrent first runs, an outage, an interrupt
 
 
@@ -364,6 +394,7 @@ def _spawn(args: list[str], cwd: Path, cache: Path, **kw) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
+@pytest.mark.slow
 def test_four_first_runs_at_once_on_a_fresh_store_lose_nothing_and_share_no_directory(tmp_path, huggy_exp_cache):
     uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
     procs = [_spawn(["obs.rows=4", f"seed={i}", f"tracking.uri={uri}"], tmp_path, huggy_exp_cache) for i in range(4)]
@@ -378,6 +409,7 @@ def test_four_first_runs_at_once_on_a_fresh_store_lose_nothing_and_share_no_dire
     assert all("alembic" not in o[1] for o in outputs)
 
 
+@pytest.mark.slow
 def test_two_sweeps_at_once_into_one_store_give_two_parents_and_every_child(tmp_path, huggy_exp_cache):
     uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
     procs = [_spawn(["-m", "seed=0,1,2,3", "obs.rows=4", f"tracking.uri={uri}", f"hydra.sweep.dir={tmp_path / f's{k}'}"],
@@ -408,6 +440,7 @@ def _logged(path: Path) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_a_server_killed_mid_sweep_leaves_pending_points_that_sync_logs_exactly_once(tmp_path, huggy_exp_cache):
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
@@ -443,6 +476,7 @@ def test_a_server_killed_mid_sweep_leaves_pending_points_that_sync_logs_exactly_
         stop_server(server)
 
 
+@pytest.mark.slow
 def test_ctrl_c_mid_sweep_prints_the_summary_and_leaves_nothing_running(tmp_path, huggy_exp_cache):
     uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
     sweep = tmp_path / "sweep"

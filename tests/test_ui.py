@@ -9,6 +9,8 @@ import pytest
 
 from conftest import PYTHON, REPO, subprocess_env
 
+pytestmark = pytest.mark.slow  # mlflow ui, a browser and a sweep: processes, run by `pytest -m slow`
+
 
 def _ui_check():
     spec = importlib.util.spec_from_file_location("ui_check", REPO / "scripts" / "ui_check.py")

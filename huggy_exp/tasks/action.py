@@ -1,5 +1,4 @@
-"""`action` and `sample`: deterministic / sampled actions of every head for the feeds, written as actions.npy (float32
-continuous), discrete_actions.npy (int64 [..., branches]) and memories.npy (the memory after each step)."""
+"""`action` and `sample`: deterministic and sampled outputs of every head. Described in docs/modes.md#action."""
 
 from __future__ import annotations
 

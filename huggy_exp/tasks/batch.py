@@ -1,5 +1,4 @@
-"""`batch`: inference in chunks of batch_size, and batch invariance: every row against single-row inference
-(every output the policy has; a sequence is compared step by step, each run carrying its own memory)."""
+"""`batch`: batched inference and batch invariance. Described in docs/modes.md#batch."""
 
 from __future__ import annotations
 

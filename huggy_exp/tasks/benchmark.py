@@ -1,12 +1,6 @@
-"""`benchmark`: latency and throughput of each backend over a batch-size ladder, checked against eager before timing.
+"""`benchmark`: latency and throughput of each backend, gated against eager first.
 
-Scenarios as MLPerf names them: `single_stream` (batch 1, one query at a time: latency percentiles) and `offline`
-(throughput over the batch ladder). Backends are interleaved in rounds so machine drift hits them alike.
-
-Every ML-Agents shape: each batch point feeds every input (obs_0..obs_k; action_masks all allowed unless the observation
-file gives them; recurrent_in zeros [b, 1, m]), one step per call as an agent runs per decision (a [T, N, d] sequence:
-its first step). The gate against eager compares every deterministic output; compile and graphs run Huggy's shape only
-and are skipped, with the reason, on any other.
+Described in docs/modes.md#benchmark.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`checkpoints`: list an ML-Agents results folder with step, reward, size and sha256."""
+"""`checkpoints`: list an ML-Agents results folder. Described in docs/modes.md#checkpoints."""
 
 from __future__ import annotations
 

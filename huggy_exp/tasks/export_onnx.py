@@ -1,4 +1,7 @@
-"""`export-onnx`: export the rebuilt policy as an ML-Agents-compatible .onnx, check it, and compare with the source."""
+"""`export-onnx`: the rebuilt policy as an ML-Agents .onnx, checked and compared.
+
+Described in docs/modes.md#export-onnx.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""`fingerprint`: SHA-256 of the exact output bytes over T steps (continuous actions, discrete actions, memories: every
-output the policy has, the memory carried step to step), plus a quantized one for cross-device use."""
+"""`fingerprint`: SHA-256 of the exact output bytes over T steps, and a quantized one.
+
+Described in docs/modes.md#fingerprint.
+"""
 
 from __future__ import annotations
 

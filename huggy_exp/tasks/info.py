@@ -1,5 +1,4 @@
-"""`info`: versions, devices found, model dimensions and shape (inputs, branches, memory), parameter count, normalizer
-summary, files."""
+"""`info`: versions, devices, model dimensions, normalizer summary, files. Described in docs/modes.md#info."""
 
 from __future__ import annotations
 

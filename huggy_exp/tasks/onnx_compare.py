@@ -1,6 +1,7 @@
-"""`onnx-compare`: the torch policy on (device, dtype) against onnxruntime running the ML-Agents .onnx, every output of
-every shape: deterministic continuous and discrete actions, recurrent_out (a [T, N, d] sequence step by step, each side
-carrying its own memory), the constant outputs; sampled continuous and discrete actions statistically."""
+"""`onnx-compare`: the policy against onnxruntime running the ML-Agents .onnx.
+
+Described in docs/modes.md#onnx-compare.
+"""
 
 from __future__ import annotations
 

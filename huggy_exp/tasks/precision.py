@@ -1,8 +1,6 @@
-"""`precision`: the policy on (device, dtype) against CPU references in fp64 and fp32, with verdicts.
+"""`precision`: the policy on (device, dtype) against CPU fp64 and fp32 references.
 
-Every shape: continuous actions element-wise, discrete actions by agreement and by the fp64 reference's margin (a
-flip counts as a failure only where the best masked logit led the second by more than the dtype's bound), memories
-like activations; a sequence [T, N, d] runs step by step with each run carrying its own memory.
+Described in docs/modes.md#precision.
 """
 
 from __future__ import annotations

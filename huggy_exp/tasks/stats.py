@@ -1,5 +1,4 @@
-"""`stats`: a closed-loop rollout (surrogate dynamics or a replayed trajectory) of any policy shape, the memory carried
-step to step: continuous action statistics, discrete action histograms per branch, and drift vs CPU fp32."""
+"""`stats`: a closed-loop rollout, action statistics and drift vs CPU fp32. Described in docs/modes.md#stats."""
 
 from __future__ import annotations
 

@@ -1,0 +1,197 @@
+"""Does the test suite catch the bugs it exists to catch? Apply each known mutation to a temp copy and run the tests.
+
+    python scripts/mutation_check.py                  # every mutation: the default run, then the slow run
+    python scripts/mutation_check.py --only silu      # one mutation (repeatable)
+    python scripts/mutation_check.py --rev main~3     # the tree of a commit instead of the working tree
+
+Per mutation, on a fresh copy of the tree (tracked and untracked-but-not-ignored files; `../shared` linked beside it):
+1. the mutation's hint tests (`-m 'not slow'`, a subset of the default run) with `-x`: a failure there is a failure
+   of the default run, found quickly;
+2. else the whole default run (`python -m pytest -q -x`);
+3. else the slow run (`python -m pytest -q -x -m slow`).
+It reports `default`, `slow only` or `MISSED`, with the first failing test, or `not applied` when the code it
+mutates is no longer spelled as below (then update the mutation). Before any mutation, the union of the hint tests
+runs on the unmutated copy: if one fails there, a "catch" would mean nothing, so the check stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    what: str
+    edits: tuple[tuple[str, str, str], ...]  # (file, old, new): old must occur in file; every occurrence is replaced
+    hints: tuple[str, ...] = ()  # tests (node ids or files) expected to catch it, tried first
+
+
+MUTATIONS = (
+    Mutation("silu", "Swish x*sigmoid(x) swapped for F.silu (8e-7 off ML-Agents' own ops)", (
+        ("huggy_exp/policy.py", "return x * torch.sigmoid(x)", "return torch.nn.functional.silu(x)"),
+        ("huggy_exp/policy.py", "x = torch.sigmoid(x).mul_(x)", "x = torch.nn.functional.silu(x)"),
+    ), ("tests/test_trust.py::test_fp32_cpu_actions_are_bit_identical_to_mlagents_ops_on_our_own_fixture",
+        "tests/test_conformance.py")),
+    Mutation("device-noise", "sampling noise from the device's default generator, not a seeded CPU generator", (
+        ("huggy_exp/policy.py", 'gen = torch.Generator(device="cpu").manual_seed(int(seed))', "gen = None"),
+        ("huggy_exp/policy.py", 'gen = torch.Generator(device="cpu").manual_seed(int(seed) + DISCRETE_SEED_OFFSET)',
+         "gen = None"),
+    ), ("tests/test_policy_placement.py::test_sampled_actions_same_seed_identical_bytes",)),
+    Mutation("nan-passes", "NaN/inf in a job's outputs no longer fails it (Result.check_finite skipped)", (
+        ("huggy_exp/results.py", "        for name, array in self.arrays.items():\n",
+         "        return\n        for name, array in self.arrays.items():\n"),
+    ), ("tests/test_trust.py::test_nan_inf_in_any_output_array_fails_with_count_and_place",)),
+    Mutation("nan-mismatch", "comparison metrics stop counting NaN that differ between actual and expected", (
+        ("huggy_exp/numerics.py", "nan_mismatch = int(np.sum(np.isnan(a) != np.isnan(e)))", "nan_mismatch = 0"),
+    ), ("tests/test_numerics.py",)),
+    Mutation("margin-dropped", "discrete margin rule dropped: every flip is excused, whatever the margin", (
+        ("huggy_exp/numerics.py", "near = m <= bound * np.asarray(scale, np.float64)", "near = np.ones_like(flips)"),
+    ), ("tests/test_shapes_modes_prec.py::test_a_flip_fails_only_where_the_fp64_margin_exceeds_the_bound",)),
+    Mutation("margin-ignored", "discrete margin rule dropped the other way: no flip is ever excused", (
+        ("huggy_exp/numerics.py", "near = m <= bound * np.asarray(scale, np.float64)", "near = np.zeros_like(flips)"),
+    ), ("tests/test_numerics.py",
+        "tests/test_shapes_modes_prec.py::test_a_flip_fails_only_where_the_fp64_margin_exceeds_the_bound")),
+    Mutation("non-atomic-result", "result.json written in place (truncate + write) instead of temp file + os.replace", (
+        ("huggy_exp/results.py", "    fd, tmp = tempfile.mkstemp(",
+         "    path.write_text(text)\n    return\n    fd, tmp = tempfile.mkstemp("),
+    ), ("tests/test_trust.py::test_result_json_is_replaced_atomically_never_rewritten_in_place",)),
+    Mutation("provider-unchecked", "onnxruntime's silent CPU fallback accepted (session providers not checked)", (
+        ("huggy_exp/runners.py", "    active = session.get_providers()\n",
+         "    return\n    active = session.get_providers()\n"),
+    ), ("tests/test_benchmark.py::test_onnxruntime_provider_fallback_is_refused",)),
+    Mutation("sqlite-unlocked", "the SQLite store's file lock removed (flock never taken)", (
+        ("huggy_exp/tracking.py", "fcntl.flock(fh, fcntl.LOCK_EX)", "pass"),
+    ), ("tests/test_trust.py::test_the_sqlite_store_lock_excludes_every_other_writer",)),
+    Mutation("fp16-normalizer", "normalizer statistics cast to the compute dtype (fp16 overflows at ~6e8)", (
+        ("huggy_exp/policy.py", "module._buffers[name] = value.to(device=device, dtype=stat_dtype)",
+         "module._buffers[name] = value.to(device=device, dtype=dtype)"),
+    ), ("tests/test_policy_placement.py::test_normalizer_buffers_stay_float32_under_low_precision",)),
+)
+
+
+def copy_tree(dest: Path, rev: str | None) -> Path:
+    """The tree (tracked + untracked-not-ignored files, or a commit's) under dest/repo, with dest/shared linked."""
+    repo = dest / "repo"
+    repo.mkdir(parents=True)
+    if rev:
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(repo)], input=archive, check=True)
+    else:
+        listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard", "-z"], check=True,
+                                capture_output=True).stdout.decode().split("\0")
+        for rel in filter(None, listed):
+            src = REPO / rel
+            if src.is_file():
+                (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, repo / rel)
+    shared = REPO.parent / "shared"
+    if shared.is_dir():
+        (dest / "shared").symlink_to(shared.resolve())
+    return repo
+
+
+def apply(repo: Path, mutation: Mutation) -> str | None:
+    """Apply every edit; the reason it cannot be applied, or None."""
+    for rel, old, new in mutation.edits:
+        path = repo / rel
+        text = path.read_text() if path.is_file() else ""
+        if old not in text:
+            return f"{rel} no longer contains {old.strip().splitlines()[0]!r}"
+        path.write_text(text.replace(old, new))
+    return None
+
+
+def present(repo: Path, hints) -> list[str]:
+    """The hints this tree has (a file, or file::test whose def is in it): an older tree may lack a newer test."""
+    found = []
+    for hint in hints:
+        file, _, test = hint.partition("::")
+        path = repo / file
+        if path.is_file() and (not test or f"def {test}(" in path.read_text()):
+            found.append(hint)
+    return found
+
+
+def pytest(repo: Path, args: list[str], timeout: float) -> tuple[int, str, float]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_"))}
+    env["PYTHONPATH"] = str(repo)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    started = time.monotonic()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *args], cwd=repo,
+                              env=env, capture_output=True, text=True, timeout=timeout)
+        return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - started
+    except subprocess.TimeoutExpired as exc:
+        return 124, str(exc.stdout or ""), time.monotonic() - started
+
+
+def first_failure(output: str) -> str:
+    found = re.search(r"^(?:FAILED|ERROR) (\S+)", output, re.M)
+    return found.group(1) if found else output.strip().splitlines()[-1][:120] if output.strip() else "?"
+
+
+def check(mutation: Mutation, rev: str | None, slow: bool, timeout: float) -> dict:
+    with tempfile.TemporaryDirectory(prefix=f"mutation-{mutation.name}-") as tmp:
+        repo = copy_tree(Path(tmp), rev)
+        problem = apply(repo, mutation)
+        if problem:
+            return {"name": mutation.name, "verdict": "not applied", "by": problem, "seconds": 0.0}
+        runs = []
+        hints = present(repo, mutation.hints)
+        if hints:
+            runs.append(("default", ["-m", "not slow", *hints]))
+        runs.append(("default", []))
+        if slow:
+            runs.append(("slow only", ["-m", "slow"]))
+        total = 0.0
+        for verdict, args in runs:
+            rc, out, seconds = pytest(repo, args, timeout)
+            total += seconds
+            if rc in (0, 5):  # passed, or nothing collected
+                continue
+            if rc == 1:
+                return {"name": mutation.name, "verdict": verdict, "by": first_failure(out), "seconds": total}
+            return {"name": mutation.name, "verdict": f"{verdict} (pytest exit {rc})", "by": first_failure(out),
+                    "seconds": total}
+        return {"name": mutation.name, "verdict": "MISSED", "by": "", "seconds": total}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", choices=[m.name for m in MUTATIONS], help="run only this mutation")
+    parser.add_argument("--rev", help="check a commit's tree (git archive) instead of the working tree")
+    parser.add_argument("--no-slow", action="store_true", help="skip the slow run (a miss then reads 'MISSED')")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per pytest run (default 1800)")
+    args = parser.parse_args(argv)
+    chosen = [m for m in MUTATIONS if not args.only or m.name in args.only]
+    with tempfile.TemporaryDirectory(prefix="mutation-baseline-") as tmp:
+        repo = copy_tree(Path(tmp), args.rev)
+        hints = present(repo, sorted({h for m in chosen for h in m.hints}))
+        rc, out, seconds = pytest(repo, ["-m", "not slow", *hints], args.timeout) if hints else (0, "", 0.0)
+    if rc != 0:
+        print(f"the unmutated hint tests fail ({first_failure(out)}): fix that first", file=sys.stderr)
+        return 2
+    print(f"baseline: the hint tests pass unmutated ({seconds:.0f} s)", flush=True)
+    print("| mutation | what | caught by | first failing test | s |\n| --- | --- | --- | --- | --- |", flush=True)
+    results = []
+    for mutation in chosen:
+        r = check(mutation, args.rev, not args.no_slow, args.timeout)
+        results.append(r)
+        print(f"| `{r['name']}` | {mutation.what} | {r['verdict']} | {r['by']} | {r['seconds']:.0f} |", flush=True)
+    return 1 if any(r["verdict"] in ("MISSED", "not applied") for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
