@@ -108,8 +108,36 @@ def compare(rows: list[dict]) -> dict:
         recommended[key] = {"dtype": choice, "p50_us": timed.get(choice), "passing": passing, "failing": failing,
                                "why": (f"fastest passing (p50 {timed[choice]:.1f} us)" if choice else
                                        "no latency.p50_us measured for a passing dtype: speed unknown, no pick")}
+    replays = replay_agreement(rows)
     return {"vs_cpu_fp32": vs_ref, "agreement": agreement, "recommended": recommended,
-            "lines": comparison_lines(rows, agreement, recommended), "table": comparison_table(rows)}
+            "lines": comparison_lines(rows, agreement, recommended) + replays["lines"], "table": comparison_table(rows),
+            "device_agreement": replays["table"]}
+
+
+def replay_agreement(rows: list[dict]) -> dict:
+    """The replays of a sweep (`-m device=npu:0,npu:1`, or `threads=1,2`) as one device-agreement table: per bundle and
+    dtype, which points gave the same output bytes as each other (class 0 = the first's) and as the recording."""
+    table = []
+    for row in rows:
+        if row["mode"] != "replay" or row["status"] == "error" or not row.get("actions_sha256"):
+            continue
+        record = json.loads((Path(row["dir"]) / "result.json").read_text())
+        share = (record.get("metrics") or {}).get("agreement/bitwise_share")
+        table.append({"job": row["job"], "bundle": record.get("bundle"), "point": record.get("point"), "dtype": row["dtype"],
+                      "threads": record.get("threads"), "recorded_point": record.get("recorded_point"),
+                      "equal_to_recording": None if share is None else share == 1.0, "sha256": row["actions_sha256"],
+                      "status": row["status"]})
+    lines = []
+    for group in dict.fromkeys((t["bundle"], t["dtype"]) for t in table):
+        members = [t for t in table if (t["bundle"], t["dtype"]) == group]
+        hashes = list(dict.fromkeys(t["sha256"] for t in members))
+        for t in members:
+            t["class"] = hashes.index(t["sha256"])
+        cells = ", ".join(f"{t['point']} t{t['threads']} (job {t['job']}): class {t['class']}, "
+                          + {True: "= recording", False: "≠ recording", None: "no recording"}[t["equal_to_recording"]] for t in members)
+        verdict = "all bit-identical" if len(hashes) == 1 else f"{len(hashes)} different results"
+        lines.append(f"device agreement {group[1]} (bundle {Path(str(group[0])).name}): {verdict}; {cells}")
+    return {"table": table, "lines": lines}
 
 
 def _latency(rows: list[dict], device: str, dtype: str, model: str | None = None) -> float | None:

@@ -185,6 +185,41 @@ class StatsMode(ModeConf):
 
 
 @dataclass
+class LatencySamples:
+    budget_s: float = rule(lo=0, hi=600, lo_open=True)
+    warmup_s: float = rule(lo=0, hi=600)
+    max_samples: int = rule(lo=5, hi=1_000_000)
+
+
+@dataclass
+class RecordMode(ModeConf):
+    out: Optional[str] = MISSING
+    latency: LatencySamples = MISSING
+    decimals: int = rule(lo=0, hi=9)
+
+
+@dataclass
+class ReplayMode(ModeConf):
+    bundle: Optional[str] = MISSING
+    reference_point: Optional[str] = MISSING
+    allow_other_model: bool = MISSING
+    tolerance: Dict[str, float] = MISSING
+    require_bitwise: bool = MISSING
+    latency: LatencySamples = MISSING
+    alpha: float = rule(lo=0, hi=1, lo_open=True)
+    fail_on_latency: bool = MISSING
+    decimals: int = rule(lo=0, hi=9)
+
+
+@dataclass
+class DiffMode(ModeConf):
+    baseline: Optional[str] = MISSING
+    candidate: Optional[str] = MISSING
+    alpha: float = rule(lo=0, hi=1, lo_open=True)
+    fail_on_latency: bool = MISSING
+
+
+@dataclass
 class SyncMode(ModeConf):
     _target_: Optional[str] = None  # not a task: run.py hands it to tracking.sync
     paths: List[str] = MISSING
@@ -195,6 +230,7 @@ MODES: dict[str, type] = {
     "benchmark": BenchmarkMode,
     "export-onnx": ExportOnnxMode, "fingerprint": FingerprintMode, "onnx-compare": OnnxCompareMode,
     "precision": PrecisionMode, "stats": StatsMode, "sync": SyncMode,
+    "record": RecordMode, "replay": ReplayMode, "diff": DiffMode,
 }
 
 

@@ -141,6 +141,23 @@ def agreement(path: Path, groups: list[str], cells: list[list[tuple[str, int]]])
     return _save(plt, fig, path)
 
 
+def distributions(path: Path, samples: dict[str, np.ndarray], xlabel: str, title: str) -> str:
+    """Empirical CDF of each label's samples (latencies: the whole distribution, not only its percentiles)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for label, values in samples.items():
+        x = np.sort(np.asarray(values, np.float64))
+        if x.size:
+            ax.step(x, np.arange(1, x.size + 1) / x.size, where="post", label=f"{label} (n={x.size})")
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("share of calls <= x")
+    ax.set_title(title, fontsize=9)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    return _save(plt, fig, path)
+
+
 def _save(plt, fig, path: Path) -> str:
     fig.tight_layout()
     fig.savefig(path, dpi=90)

@@ -167,6 +167,9 @@ def write_summary(sweep_dir: Path, summary: dict) -> list[Path]:
         md += ["", "## Comparison", "", *(f"- {line}" for line in comparison["lines"])]
     table = sweep_dir / "comparison.csv"
     write_table(table, comparison["table"])
+    if comparison.get("device_agreement"):  # replays (mode=replay): one table of which points agree bit for bit
+        write_table(sweep_dir / "device_agreement.csv", comparison["device_agreement"])
+        paths.append(sweep_dir / "device_agreement.csv")
     plots = draw(sweep_dir, summary["rows"], comparison)
     if plots:
         md += ["", *(f"![{p.stem}]({p.name})" for p in plots)]

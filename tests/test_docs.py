@@ -18,7 +18,7 @@ DOCS = REPO / "docs"
 PAGES = sorted(DOCS.rglob("*.md"))
 STYLED = ["README.md", "CONTRIBUTING.md", "docs/getting-started.md", "docs/configuration.md", "docs/modes.md",
           "docs/policy-shapes.md", "docs/backends-and-timing.md", "docs/tracking-and-sweeps.md", "docs/cases.md",
-          "docs/troubleshooting.md", "docs/architecture.md", "docs/hardware/ascend.md"]
+          "docs/troubleshooting.md", "docs/architecture.md", "docs/hardware/ascend.md", "docs/port-certificate.md"]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 
