@@ -38,10 +38,10 @@ def main(cfg: DictConfig) -> str:
 
 def cli(argv: list[str]) -> None:
     """Validate every job first (one line, exit 2, on the first bad value), then let Hydra run them."""
-    argv = [a.replace("+case=", "case=", 1) if a.startswith("+case=") else a for a in argv]  # case is a group now
-    sys.argv[1:] = argv
     config.setup()
     try:
+        argv = config.normalize_argv(argv)
+        sys.argv[1:] = argv
         jobs = config.preflight(argv, CONF)
         os.environ[config.JOBS_ENV] = str(jobs)  # the sweep's size, for its progress lines (sweep.json)
     except UserError as exc:

@@ -15,18 +15,21 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from huggy_exp import tracking
-from huggy_exp.config import validate
+from huggy_exp.config import held_result, validate
 from huggy_exp.context import Context, ModelSpec, ObsSpec
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.headline import headline_metrics
 from huggy_exp.results import EXIT_CODES, EXIT_PENDING, Result, update_result, write_result
+from huggy_exp.safety import NO_INFERENCE, check_job_memory, disk_full_message, is_disk_full
 
 JOB_LOG = "huggy_exp.job"  # conf/hydra/job_logging/huggy.yaml sends it to the job's run.log only
 TIMED_MODES = ("batch", "benchmark")  # modes whose numbers are wall-clock timings (any mode with latency.* too)
 
 
 def say(line: str, error: bool = False) -> None:
-    """Job output: printed as before on the terminal, and logged (Hydra's job log file, run.log, gets it)."""
+    """Job output: printed as before on the terminal, and logged (Hydra's job log file, run.log, gets it); a password in
+    a URI never shows."""
+    line = tracking.redact(line)
     print(line, file=sys.stderr if error else sys.stdout, flush=True)
     log = logging.getLogger(JOB_LOG)
     if log.handlers:  # configured by Hydra's job logging; in-process callers without it get the print alone
@@ -108,7 +111,13 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
     started = time.time()
     ctx = None
     interrupted = False
+    logging.raiseExceptions = False  # a full disk under run.log must not print a traceback per line logged
     workdir.mkdir(parents=True, exist_ok=True)
+    held = held_result(workdir)
+    if held is not None:  # a second job in the same folder (a race past run.py's check): the first one's result stays
+        reason = f"job folder {workdir} already holds a job's result ({held}); left as it was, this job did not run"
+        say(f"  ERROR: {reason}", error=True)
+        return Result(status="error", reason=reason)
     sweep = (tracking.read_sweep(job.sweep_dir) or {}) if job.sweep_dir is not None else None
     if sweep is not None:
         say(progress(sweep, job, started))
@@ -118,9 +127,16 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
         if missing:
             raise Unsupported(f"needs {missing[0]}, which is not on this host (shared fixtures: set HUGGY_EXP_SHARED)")
         ctx = build_context(cfg, workdir)
+        if mode not in NO_INFERENCE:
+            check_job_memory(mode, OmegaConf.to_container(cfg, resolve=True), ctx.weights)
         task = _instantiate(cfg.mode)
         result = task.run(ctx)
         result.check_finite()
+    except OSError as exc:
+        if not is_disk_full(exc):
+            say(traceback.format_exc().rstrip(), error=True)
+        result = Result(status="error", reason=disk_full_message(exc) if is_disk_full(exc)
+                        else f"internal error: {type(exc).__name__}: {exc}")
     except Unsupported as exc:
         result = Result(status="skipped", reason=str(exc))
     except UserError as exc:
@@ -141,12 +157,14 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
     loaded = ctx.loaded_model if ctx is not None else None
     model = loaded.describe() if loaded is not None else _model_stub(cfg)
     settings = OmegaConf.to_container(cfg.tracking, resolve=True)
+    params = OmegaConf.to_container(cfg, resolve=True)
+    params["tracking"] = tracking.public_settings(params.get("tracking") or {})
     record = {
         "mode": mode,
         "run_name": run_name(mode, cfg, job.case),
         "job_id": uuid.uuid4().hex,
         "case": job.case,
-        "overrides": list(job.overrides),
+        "overrides": [tracking.redact(o) for o in job.overrides],
         "device": str(cfg.device),
         "dtype": str(cfg.dtype),
         "batch_size": cfg.batch_size,
@@ -155,7 +173,7 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "duration_s": round(time.time() - started, 3),
         "environment": environment(),
-        "params": OmegaConf.to_container(cfg, resolve=True),
+        "params": params,
         "interrupted": interrupted,
         "headline_metrics": head,
         "launcher": job.launcher,
@@ -169,13 +187,28 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
     if sweep is not None:
         record["sweep"] = {"dir": str(job.sweep_dir), "id": sweep.get("id"), "num": job.num,
                            "parent_run_id": sweep.get("parent_run_id")}
-    path = write_result(workdir, record, result)
+    try:
+        path = write_result(workdir, record, result)
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        result.status, result.reason = "error", disk_full_message(exc)
+        say(f"  ERROR: {result.reason}; the job's result was not written (nothing of it is half-written)", error=True)
+        if interrupted:
+            raise KeyboardInterrupt from None
+        return result
     _print_summary(record, result, path)
     if interrupted:
         update_result(workdir, tracking={"status": "pending", "reason": "interrupted: `python run.py mode=sync` logs it"})
         raise KeyboardInterrupt
     outcome = tracking.log_job(settings, workdir)
-    update_result(workdir, tracking=outcome)
+    try:
+        update_result(workdir, tracking=outcome)
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        say(f"  ERROR: {disk_full_message(exc)}; result.json keeps its earlier tracking state", error=True)
+        result.status, result.reason = "error", disk_full_message(exc)
     if outcome["status"] == "logged":
         say(f"  mlflow: run {outcome['run_id']} in {outcome['uri']}, experiment {outcome['experiment']!r}")
     elif outcome["status"] == "pending":
@@ -195,12 +228,18 @@ def exit_code(result: Result, expect: str | None = None) -> int:
 
 
 def sync(cfg: DictConfig) -> int:
-    """`mode=sync`: log every pending result.json under mode.paths; exit 0 when none is left pending, else 3."""
+    """`mode=sync`: log every pending result.json under mode.paths and end RUNNING runs no live process owns.
+
+    Exit 0 when all is in, 2 when a file was skipped (named on its own line), else 3 while some result stays pending.
+    """
     settings = {**OmegaConf.to_container(cfg.tracking, resolve=True), "enabled": True}
     roots = [Path(p).expanduser() for p in cfg.mode.paths]
-    counts = tracking.sync(settings, roots)
-    print(f"sync: {counts['seen']} pending result(s) under {', '.join(map(str, roots))}: {counts['logged']} logged, "
-          f"{counts['pending']} still pending")
+    counts = tracking.sync(settings, roots, say=lambda line: say(line, error=line.startswith("sync: skipped")))
+    say(f"sync: {counts['seen']} pending result(s) under {', '.join(map(str, roots))}: {counts['logged']} logged, "
+        f"{counts['pending']} still pending" + (f", {counts['skipped']} file(s) skipped" if counts["skipped"] else "")
+        + (f"; {counts['closed']} orphaned RUNNING run(s) ended" if counts["closed"] else ""))
+    if counts["skipped"]:
+        return EXIT_CODES["error"]
     return EXIT_PENDING if counts["pending"] else 0
 
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from huggy_exp.errors import UserError
 from huggy_exp.mlagents import sha256_file
-from huggy_exp.mlagents.weights import atomic_write
+from huggy_exp.safety import atomic_write
 
 FORMAT = "huggy_exp-port-bundle"
 VERSION = 1

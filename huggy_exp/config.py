@@ -61,6 +61,7 @@ class TrackingConf:
     experiment: Optional[str] = MISSING
     http_retries: int = rule(lo=0, hi=10)
     http_timeout_s: int = rule(lo=0, hi=600)
+    user: Optional[str] = None
 
 
 @dataclass
@@ -138,6 +139,7 @@ class ExportOnnxMode(ModeConf):
     opset: int = rule(lo=7, hi=21)
     atol: float = rule(lo=0)
     masks: str = rule(choices=("random", "feeds"))
+    overwrite: bool = False
 
 
 @dataclass
@@ -430,6 +432,34 @@ def group_options(group: str, dirs: list) -> list[str]:
     return sorted({p.stem for d in dirs for p in (Path(d) / group).glob("*.yaml")})
 
 
+def free_maps() -> tuple[str, ...]:
+    """`mode.<key>` of every schema map with free keys (Dict[str, Any], e.g. mode.specialize)."""
+    return tuple(sorted({f"mode.{f.name}" for schema in MODES.values() for f in fields(schema)
+                         if get_type_hints(schema)[f.name] == Dict[str, Any]}))
+
+
+def normalize_argv(argv: list[str]) -> list[str]:
+    """The command line as Hydra must see it: `+case=` as `case=` (a group now); an override of a free map
+    (`mode.specialize={npu_fp16: {...}}`, as the docs write it) merged with `++`, since Hydra refuses new keys there
+    without it; a server URI's `user:password@` moved into MLflow's variables, so no file or log ever holds it."""
+    import re
+
+    out = []
+    for arg in argv:
+        if arg.startswith("+case="):
+            arg = arg[1:]
+        key = arg.split("=", 1)[0]
+        if "=" in arg and not key.startswith(("+", "~")) and any(key == m or key.startswith(m + ".") for m in free_maps()):
+            arg = "++" + arg
+        uri = re.fullmatch(r"(\+{0,2}tracking\.uri=)(['\"]?)(https?://[^@]*@.*)\2", arg)
+        if uri:
+            from huggy_exp.tracking import use_credentials
+
+            arg = f"{uri[1]}{uri[2]}{use_credentials(uri[3])}{uri[2]}"
+        out.append(arg)
+    return out
+
+
 def expand(argv: list[str], conf_dirs: list) -> tuple[list[str], list[list[str]]]:
     """(plain overrides, one list of `key=value` per swept value); glob() only on groups and never empty."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -443,6 +473,10 @@ def expand(argv: list[str], conf_dirs: list) -> tuple[list[str], list[list[str]]
             parsed += parser.parse_overrides([arg])
         except HydraException as exc:
             reason = " ".join(str(exc).split()).split(" See https://")[0]
+            if not arg.isascii():
+                key, _, value = arg.partition("=")
+                raise UserError(f"{arg}: Hydra reads only ASCII outside quotes; quote the value: "
+                                f"{key}='{value}' (in the shell: \"{key}='{value}'\")") from None
             raise UserError(f"{arg}: {reason} (Hydra's override grammar: key=value, -m key=a,b,c)") from None
     plain, sweeps = [], []
     for o in parsed:
@@ -497,7 +531,14 @@ def preflight(argv: list[str], conf_dir) -> int:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    args = get_args_parser().parse_args(argv)
+    parser = get_args_parser()
+
+    def refuse(message: str):
+        raise UserError(f"{message.replace('unrecognized arguments', 'unknown option')}; run.py takes key=value overrides "
+                        "and Hydra's flags (-m, --cfg job, --info, --config-dir DIR, --help)")
+
+    parser.error = refuse  # argparse would print its 8-line usage; one line, exit 2, as for every other bad value
+    args = parser.parse_args(argv)
     if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.experimental_rerun:
         return 0
     dirs = [Path(conf_dir)] + ([Path(args.config_dir).expanduser().resolve()] if args.config_dir else [])
@@ -530,18 +571,46 @@ def preflight(argv: list[str], conf_dir) -> int:
 
 
 def _check_output_dir(path: str, key: str) -> None:
-    """The job directory must be creatable: try it in its nearest existing parent (root ignores permission bits)."""
+    """The job directory must be creatable (tried in its nearest existing parent: root ignores permission bits), hold no
+    earlier job's result (it would be overwritten, a result pending for MLflow lost), and have room for a job's files."""
     import tempfile
     from pathlib import Path
+
+    from huggy_exp.safety import check_free
 
     target = Path(path).expanduser().absolute()
     parent = next((p for p in [target, *target.parents] if p.exists()), Path("/"))
     if not parent.is_dir():
         raise UserError(f"{key}={path}: {parent} is a file, not a folder")
+    held = held_result(target, sweep=key == "hydra.sweep.dir")
+    if held is not None:
+        raise UserError(f"{key}={path} already holds a job's result ({held}); refused, so that it is not overwritten: "
+                        f"choose another {key} (the default is a fresh folder per run)")
     try:
         Path(tempfile.mkdtemp(dir=parent, prefix=".huggy_exp-probe-")).rmdir()
     except OSError as exc:
         raise UserError(f"{key}={path}: cannot create a folder in {parent} ({exc.strerror or exc})") from None
+    check_free(target, key)
+
+
+def held_result(folder, sweep: bool = False) -> str | None:
+    """`result.json, tracking pending` if `folder` (a sweep: any job folder under it) already holds a job's result."""
+    import json
+    from pathlib import Path
+
+    folder = Path(folder)
+    if sweep:
+        found = next(iter(sorted(folder.glob("**/result.json"))), None) if folder.is_dir() else None
+    else:
+        found = folder / "result.json"
+    if found is None or not found.is_file():
+        return None
+    try:
+        state = (json.loads(found.read_text()).get("tracking") or {}).get("status", "unknown")
+    except (OSError, ValueError, AttributeError):
+        state = "unreadable"
+    shown = found.relative_to(folder) if found.is_relative_to(folder) else found
+    return f"{shown}, tracking {state}" + (": not in MLflow yet" if state in ("pending", "logging") else "")
 
 
 def _case_file(overrides: list[str], dirs: list):

@@ -280,16 +280,26 @@ def _chi2_pvalue(counts: np.ndarray, expected: np.ndarray) -> float:
     return float(chi2.sf(np.sum((o - e) ** 2 / e), len(e) - 1))
 
 
+def allowed_branches(masks: np.ndarray, branch_sizes: tuple[int, ...]) -> np.ndarray:
+    """bool [..., n_branches]: whether each branch of each row has an action allowed. A branch with none is drawn
+    uniformly, as ML-Agents does (its masked logits are all equal), so none of its draws counts as a masked one."""
+    m = np.asarray(masks)
+    starts = np.cumsum([0, *branch_sizes])
+    return np.stack([m[..., a:b].any(axis=-1) for a, b in zip(starts[:-1], starts[1:])], axis=-1)
+
+
 def categorical_check(draws: np.ndarray, masked_logits: np.ndarray, branch_sizes: tuple[int, ...], masks: np.ndarray | None,
                       confidence: float = 0.999) -> dict[str, float]:
     """Do discrete draws [S, rows, n_branches] follow softmax(masked logits [rows, sum of sizes]) per (row, branch)?
 
     A chi-square goodness-of-fit test per cell (bins expected under 5 pooled), Bonferroni over the cells: pass when the
     smallest p-value is at least (1 - confidence) / cells. A draw of a masked action or outside the branch is counted apart
-    (`masked_draws`, `out_of_range`) and is always a failure.
+    (`masked_draws`, `out_of_range`) and is always a failure; a branch with every action masked is drawn uniformly
+    (ML-Agents), so its draws are checked against the uniform softmax, not counted as masked.
     """
     d = np.asarray(draws)
     reps = d.shape[0]
+    live = allowed_branches(masks, branch_sizes) if masks is not None else None
     pvalues, masked, out_of_range, freq_max, start = [], 0, 0, 0.0, 0
     for b, size in enumerate(branch_sizes):
         p = softmax(np.asarray(masked_logits)[:, start:start + size])
@@ -298,7 +308,7 @@ def categorical_check(draws: np.ndarray, masked_logits: np.ndarray, branch_sizes
         out_of_range += int(bad.sum())
         for r in range(p.shape[0]):
             counts = np.bincount(picks[:, r][~bad[:, r]].astype(np.int64), minlength=size)
-            if masks is not None:
+            if masks is not None and live[r, b]:
                 masked += int(counts[np.asarray(masks)[r, start:start + size] == 0].sum())
             freq_max = max(freq_max, float(np.max(np.abs(counts / reps - p[r]))))
             pvalues.append(_chi2_pvalue(counts, reps * p[r]))

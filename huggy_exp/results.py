@@ -5,12 +5,12 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from huggy_exp.safety import atomic_write, atomic_write_text
 
 STATUSES = ("passed", "failed", "skipped", "error")
 EXIT_CODES = {"passed": 0, "skipped": 0, "failed": 1, "error": 2}
@@ -77,23 +77,16 @@ def jsonable(value):
     return value
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def write_table(path: Path, rows: list[dict]) -> None:
     columns = list(dict.fromkeys(k for row in rows for k in row))
-    with open(path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, columns)
-        writer.writeheader()
-        writer.writerows(jsonable(rows))
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, columns)
+            writer.writeheader()
+            writer.writerows(jsonable(rows))
+
+    atomic_write(path, write)
 
 
 def write_result(workdir: Path, record: dict, result: Result) -> Path:
@@ -103,7 +96,7 @@ def write_result(workdir: Path, record: dict, result: Result) -> Path:
     """
     workdir.mkdir(parents=True, exist_ok=True)
     for name, array in result.arrays.items():
-        np.save(workdir / f"{name}.npy", np.asarray(array), allow_pickle=False)
+        atomic_write(workdir / f"{name}.npy", lambda tmp, a=array: _save_npy(tmp, a))
     for name, rows in result.tables.items():
         write_table(workdir / f"{name}.csv", rows)
     record = {
@@ -121,6 +114,11 @@ def write_result(workdir: Path, record: dict, result: Result) -> Path:
     path = workdir / "result.json"
     atomic_write_text(path, json.dumps(jsonable(record), indent=2, sort_keys=False) + "\n")
     return path
+
+
+def _save_npy(tmp: str, array) -> None:
+    with open(tmp, "wb") as fh:  # a file object: np.save would append .npy to a bare name
+        np.save(fh, np.asarray(array), allow_pickle=False)
 
 
 def read_result(workdir: Path) -> dict:

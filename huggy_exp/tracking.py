@@ -9,24 +9,27 @@ once per sweep (later points of that sweep go straight to pending).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import functools
-import getpass
 import json
 import math
 import os
+import platform
 import re
+import sqlite3
 import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 from huggy_exp.headline import headline_names, settings
 from huggy_exp.results import read_result, update_result
+from huggy_exp.safety import disk_full_message, free_bytes, is_disk_full, size
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_EXPERIMENT = "huggy_exp"
@@ -46,7 +49,50 @@ def default_uri() -> str:
 
 
 def store_uri(uri: str | None) -> str:
-    return uri or default_uri()
+    """The store's URI without a server's `user:password@` (those go where MLflow reads them: use_credentials)."""
+    return use_credentials(uri) if uri else default_uri()
+
+
+# --- credentials: never printed or stored; MLflow gets them from MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD
+
+USERINFO = re.compile(r"(?P<scheme>\b[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s'\"]*):(?P<password>[^@/\s'\"]*)@", re.I)
+
+
+def redact(text: object) -> str:
+    """Any `scheme://user:password@` in the text as `scheme://user:***@` (MLflow masks MLFLOW_TRACKING_PASSWORD alike)."""
+    return USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@", str(text))
+
+
+def split_credentials(uri: str) -> tuple[str, str | None, str | None]:
+    """(URI without userinfo, user, password) of an http(s) URI; other schemes (databases) keep theirs."""
+    p = urlparse(uri)
+    if p.scheme not in ("http", "https") or "@" not in p.netloc:
+        return uri, None, None
+    host = p.netloc.rsplit("@", 1)[1]
+    return p._replace(netloc=host).geturl(), unquote(p.username or ""), unquote(p.password or "")
+
+
+def use_credentials(uri: str) -> str:
+    """A server URI's `user:password@` moved into MLflow's own variables (the URI's win); returns the URI without it."""
+    clean, user, password = split_credentials(uri)
+    if user is not None:
+        os.environ["MLFLOW_TRACKING_USERNAME"] = user
+        os.environ["MLFLOW_TRACKING_PASSWORD"] = password or ""
+    return clean
+
+
+def public_settings(settings: dict) -> dict:
+    """The tracking settings as result.json and MLflow may record them: the URI's password masked."""
+    return {**settings, "uri": redact(settings["uri"])} if settings.get("uri") else dict(settings)
+
+
+def _auth_headers() -> dict[str, str]:
+    """What MLflow's client sends: basic auth from MLFLOW_TRACKING_USERNAME/PASSWORD, or MLFLOW_TRACKING_TOKEN."""
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    if user is not None and password is not None:
+        return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+    token = os.environ.get("MLFLOW_TRACKING_TOKEN")
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def _sqlite_path(uri: str) -> Path | None:
@@ -62,33 +108,54 @@ def artifact_root(uri: str) -> str | None:
 def check_uri(uri: str) -> None:
     """MLflow >= 3.13 refuses a plain folder store; say so before any job runs."""
     scheme = urlparse(uri).scheme
+    shown = redact(uri)
     if scheme in ("", "file"):
-        raise StoreDown(f"tracking.uri={uri!r}: MLflow 3 needs a database or server store, e.g. sqlite:///path/mlflow.db")
+        raise StoreDown(f"tracking.uri={shown!r}: MLflow 3 needs a database or server store, e.g. sqlite:///path/mlflow.db")
     if scheme not in ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks"):
-        raise StoreDown(f"tracking.uri={uri!r}: unknown scheme {scheme!r}; use sqlite:///path/mlflow.db or http://host:port")
+        raise StoreDown(f"tracking.uri={shown!r}: unknown scheme {scheme!r}; use sqlite:///path/mlflow.db or http://host:port")
+
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
 def probe(uri: str) -> None:
-    """Seconds, not minutes: a SQLite folder that cannot be written, or a server that does not answer /health."""
+    """Seconds, not minutes, and one line: a SQLite store that is not a writable database file (a folder, another kind
+    of file, a read-only one), or a server that does not answer /health (with the credentials MLflow will send)."""
     check_uri(uri)
     db = _sqlite_path(uri)
     if db is not None:
         try:
+            if db.exists() and not db.is_file():
+                raise StoreDown(f"MLflow store {db} is a {'folder' if db.is_dir() else 'special file'}, not a SQLite "
+                                "database file: give tracking.uri=sqlite:///<folder>/mlflow.db")
             db.parent.mkdir(parents=True, exist_ok=True)
             with open(_lock_path(db), "a"):
                 pass
             if db.exists() and not os.access(db, os.W_OK):
                 raise PermissionError(f"{db} is read-only")
+            if db.exists() and db.stat().st_size:
+                with open(db, "rb") as fh:
+                    head = fh.read(len(SQLITE_MAGIC))
+                if head != SQLITE_MAGIC:
+                    raise StoreDown(f"MLflow store {db} is not a SQLite database; move it aside (mv {db} {db}.broken), "
+                                    "then `python run.py mode=sync` logs every pending result.json into a fresh store")
+                with contextlib.closing(sqlite3.connect(db.absolute().as_uri() + "?mode=ro", uri=True, timeout=PROBE_TIMEOUT_S)) as con:
+                    con.execute("PRAGMA schema_version").fetchone()
+        except sqlite3.Error as exc:
+            raise StoreDown(f"MLflow store {db} cannot be opened as SQLite ({exc}); move it aside "
+                            f"(mv {db} {db}.broken) and sync into a fresh one") from None
         except OSError as exc:
             raise StoreDown(f"MLflow store {db} is not writable ({exc.strerror or exc})") from None
         return
     if urlparse(uri).scheme in ("http", "https"):
+        clean = split_credentials(uri)[0]
+        request = urllib.request.Request(clean.rstrip("/") + "/health", headers=_auth_headers())
         try:
-            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=PROBE_TIMEOUT_S) as reply:
+            with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT_S) as reply:
                 reply.read(64)
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise StoreDown(f"tracking server {uri} did not answer within {PROBE_TIMEOUT_S:g} s ({reason})") from None
+            raise StoreDown(f"tracking server {redact(uri)} did not answer within {PROBE_TIMEOUT_S:g} s ({reason})") from None
 
 
 def _lock_path(db: Path) -> Path:
@@ -129,6 +196,8 @@ def _mlflow():
 
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # it logs a database error with its traceback, then raises it: the caller reports that in one line
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     return mlflow
 
 
@@ -148,8 +217,11 @@ def _forget_stores() -> None:
 
 def _explain(uri: str, exc: BaseException) -> str:
     """One line; a SQLite store broken by an interrupted migration (or not a database at all) names the fix."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    text = redact(" ".join(str(exc).split()) or type(exc).__name__)
     db = _sqlite_path(uri)
+    if db is not None and "database or disk is full" in text:
+        return (f"MLflow store {db}: its disk is full ({size(free_bytes(db))} free there); free some space, then "
+                "`python run.py mode=sync` logs the pending results")
     if db is not None and any(s in text for s in ("alembic", "file is not a database", "no such table", "malformed")):
         return (f"MLflow store {db} is broken ({text[:160]}); move it aside (mv {db} {db}.broken), then "
                 f"`python run.py mode=sync` logs every pending result.json into a fresh store")
@@ -159,8 +231,8 @@ def _explain(uri: str, exc: BaseException) -> str:
 class Store:
     """An open MLflow client on one store and experiment; create with `Store.open` (locks SQLite while migrating)."""
 
-    def __init__(self, uri: str, experiment: str):
-        self.uri, self.experiment = uri, experiment
+    def __init__(self, uri: str, experiment: str, user: str | None = None):
+        self.uri, self.experiment, self.user = uri, experiment, user
         mlflow = _mlflow()
         self.client = mlflow.MlflowClient(tracking_uri=uri)
         self.experiment_id = self._ensure_experiment()
@@ -172,7 +244,7 @@ class Store:
         probe(uri)
         try:
             with store_lock(uri):
-                return cls(uri, settings.get("experiment") or DEFAULT_EXPERIMENT)
+                return cls(uri, settings.get("experiment") or DEFAULT_EXPERIMENT, settings.get("user"))
         except StoreDown:
             raise
         except Exception as exc:
@@ -236,20 +308,35 @@ def log_job(settings: dict, workdir: Path, retry_down: bool = False) -> dict:
     """
     if not settings.get("enabled", True):
         return {"status": "off"}
-    record = read_result(workdir)
-    sweep = read_sweep(Path(record["sweep"]["dir"])) if record.get("sweep") else None
-    if sweep and sweep.get("tracking", {}).get("status") == "down" and not retry_down:
-        return {"status": "pending", "reason": sweep["tracking"]["reason"]}
+    with folder_lock(workdir):  # one logger per job at a time (a job and a sync, two syncs), on any store
+        record = read_result(workdir)
+        if (record.get("tracking") or {}).get("status") == "logged":  # another process logged it while we waited
+            return record["tracking"]
+        sweep = read_sweep(Path(record["sweep"]["dir"])) if record.get("sweep") else None
+        if sweep and sweep.get("tracking", {}).get("status") == "down" and not retry_down:
+            return {"status": "pending", "reason": sweep["tracking"]["reason"]}
+        try:
+            store = Store.open(settings)
+            with store_lock(store.uri):
+                return _log_job(store, record, workdir, sweep)
+        except StoreDown as exc:
+            if sweep:
+                mark_sweep_down(Path(record["sweep"]["dir"]), str(exc))
+            return {"status": "pending", "reason": str(exc)}
+        except Exception as exc:  # tracking is best effort; the job's result is already on disk
+            uri = store_uri(settings.get("uri"))
+            return {"status": "pending", "reason": disk_full_message(exc) if is_disk_full(exc) else _explain(uri, exc)}
+
+
+@contextlib.contextmanager
+def folder_lock(folder: Path):
+    """An exclusive flock on the folder itself (no lock file: a full disk or a read-only job dir still locks)."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        store = Store.open(settings)
-        with store_lock(store.uri):
-            return _log_job(store, record, workdir, sweep)
-    except StoreDown as exc:
-        if sweep:
-            mark_sweep_down(Path(record["sweep"]["dir"]), str(exc))
-        return {"status": "pending", "reason": str(exc)}
-    except Exception as exc:  # tracking is best effort; the job's result is already on disk
-        return {"status": "pending", "reason": _explain(store_uri(settings.get("uri")), exc)}
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None) -> dict:
@@ -259,7 +346,7 @@ def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None) -> d
     for old in store.find("huggy.job_id", job_id):  # exactly once: a complete copy is kept, a partial one replaced
         if old.data.tags.get("huggy.complete") == "true":
             return _logged(store, old.info.run_id, record)
-        store.client.delete_run(old.info.run_id)
+        end_partial(store, old)
     parent = _parent_id(store, sweep)
     tags = run_tags(record, parent)
     run = store.client.create_run(store.experiment_id, run_name=record["run_name"], tags=tags)
@@ -289,10 +376,12 @@ def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None) -> d
                 store.client.log_artifact(run_id, str(path), folder.as_posix() if keep else None)
         store.client.log_batch(run_id, tags=[RunTag("huggy.complete", "true")])
         store.client.set_terminated(run_id, run_status(record))
-    except BaseException as exc:
-        update_result(workdir, tracking={"status": "pending", "reason": f"logging interrupted ({type(exc).__name__})"})
+    except BaseException as exc:  # end the run first: on a full disk the result.json update below may fail too
         with contextlib.suppress(Exception):
             store.client.set_terminated(run_id, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+        with contextlib.suppress(OSError):
+            update_result(workdir, tracking={"status": "pending", "reason": f"logging interrupted ({type(exc).__name__}); "
+                                             f"partial run {run_id} ended, sync replaces it"})
         raise
     return _logged(store, run_id, record)
 
@@ -309,12 +398,29 @@ def _logged(store: Store, run_id: str, record: dict) -> dict:
             "experiment_id": store.experiment_id, "parent_run_id": (record.get("sweep") or {}).get("parent_run_id")}
 
 
+def end_partial(store: Store, run) -> None:
+    """A partial copy of a job (a crash mid-copy): ended FAILED with the reason, then deleted (sync logs a whole one)."""
+    from mlflow.entities import RunTag
+
+    run_id = run.info.run_id
+    if run.info.status == "RUNNING":
+        store.client.log_batch(run_id, tags=[RunTag("huggy.end_reason", "partial copy: logging stopped before it was "
+                                                                         "complete; replaced by a complete one")])
+        store.client.set_terminated(run_id, "FAILED")
+    if run.info.lifecycle_stage != "deleted":
+        store.client.delete_run(run_id)
+
+
 def _parent_id(store: Store, sweep: dict | None) -> str | None:
     if not sweep:
         return None
     if sweep.get("parent_run_id"):
         return sweep["parent_run_id"]
-    run_id = ensure_parent(store, sweep)  # the sweep started while the store was down: a parent after the fact
+    with folder_lock(Path(sweep["dir"])):  # two syncs of a sweep that started while the store was down: one parent
+        sweep = read_sweep(Path(sweep["dir"])) or sweep
+        if sweep.get("parent_run_id"):
+            return sweep["parent_run_id"]
+        run_id = ensure_parent(store, sweep)  # a parent after the fact
     store.client.set_terminated(run_id, "FINISHED")
     return run_id
 
@@ -327,11 +433,14 @@ def run_tags(record: dict, parent: str | None) -> dict[str, str]:
         "mode": record["mode"], "device": record["device"], "dtype": record["dtype"], "status": record["status"],
         "reason": record.get("reason", ""), "synthetic": str(model.get("synthetic")).lower(),
         "model.sha256": str(model.get("sha256")), "huggy.job_id": record["job_id"],
-        "mlflow.source.name": "run.py", "mlflow.source.type": "LOCAL", "mlflow.user": _user(),
+        "mlflow.source.name": "run.py", "mlflow.source.type": "LOCAL", "huggy.owner": owner(),
         "mlflow.note.content": record.get("headline") or record.get("reason") or record["status"],
         **{f"env.{k}": str(env[k]) for k in ENV_TAGS if k in env},
         **(record.get("tags") or {}),
     }
+    user = ((record.get("params") or {}).get("tracking") or {}).get("user")
+    if user:
+        tags["mlflow.user"] = user
     if record.get("case"):
         tags["case"] = record["case"]
     if record.get("overrides") is not None:
@@ -364,11 +473,36 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
     return flat
 
 
-def _user() -> str:
+def owner() -> str:
+    """`<host>:<boot id>:<pid>:<start time>` of this process: sync ends a RUNNING run whose owner is gone."""
+    return f"{platform.node()}:{_boot_id()}:{os.getpid()}:{_start_time(os.getpid())}"
+
+
+def owner_alive(tag: str) -> bool | None:
+    """Whether the process named by an owner tag still runs; None when it ran on another host (it cannot be told)."""
     try:
-        return getpass.getuser()
-    except Exception:  # no passwd entry (containers): not worth failing a run over
-        return "unknown"
+        host, boot, pid, start = tag.rsplit(":", 3)
+    except ValueError:
+        return None
+    if host != platform.node():
+        return None
+    now = _start_time(int(pid)) if pid.isdigit() else "gone"
+    return boot == _boot_id() and now != "gone" and start == now
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
+    except OSError:
+        return "?"
+
+
+def _start_time(pid: int) -> str:
+    """The process's start time in clock ticks since boot (with the pid, it names one process), or `gone`."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return "gone"
 
 
 @functools.lru_cache(maxsize=1)
@@ -411,7 +545,7 @@ def mark_sweep_down(sweep_dir: Path, reason: str) -> None:
 
 def start_sweep(settings: dict, sweep_dir: Path, sweep_id: str, argv: list[str], jobs: int | None = None) -> dict:
     """Create the experiment and the parent run before the jobs start (parallel jobs then only add children)."""
-    info = {"id": sweep_id, "dir": str(sweep_dir), "argv": argv, "started": time.time(), "jobs": jobs,
+    info = {"id": sweep_id, "dir": str(sweep_dir), "argv": [redact(a) for a in argv], "started": time.time(), "jobs": jobs,
             "parent_run_id": None, "tracking": {"status": "off"}}
     if settings.get("enabled", True):
         try:
@@ -432,9 +566,13 @@ def ensure_parent(store: Store, info: dict) -> str:
     if found:
         run_id = found[0].info.run_id
     else:
-        tags = {"huggy.sweep_id": info["id"], "sweep_id": info["id"], "huggy.parent": "true",
-                "mlflow.source.name": "run.py", "mlflow.user": _user(), "overrides": " ".join(info.get("argv", [])),
-                "mlflow.note.content": f"sweep {info['id']}: python run.py {' '.join(info.get('argv', []))}"}
+        argv = redact(" ".join(info.get("argv", [])))
+        tags = {"huggy.sweep_id": info["id"], "sweep_id": info["id"], "huggy.parent": "true", "huggy.owner": owner(),
+                "huggy.jobs": str(info.get("jobs") or ""), "huggy.sweep_dir": str(info.get("dir") or ""),
+                "mlflow.source.name": "run.py", "overrides": argv,
+                "mlflow.note.content": f"sweep {info['id']}: python run.py {argv}"}
+        if store.user:
+            tags["mlflow.user"] = store.user
         commit = git_commit()
         if commit:
             tags["mlflow.source.git.commit"] = commit
@@ -516,16 +654,81 @@ def sweep_runs(settings: dict, sweep_id: str | None = None) -> dict:
 # --- sync: every pending result.json, exactly once
 
 
-def sync(settings: dict, roots: list[Path]) -> dict[str, int]:
-    """Log every result.json whose tracking is pending; returns counts (logged, already, pending)."""
-    counts = {"logged": 0, "pending": 0, "seen": 0}
+RECORD_KEYS = ("job_id", "mode", "run_name", "status", "device", "dtype")  # what logging a result reads
+
+
+def sync(settings: dict, roots: list[Path], say=print) -> dict[str, int]:
+    """Log every result.json whose tracking is pending (a file that is not a result is named and skipped), then end
+    every RUNNING run whose process is gone; returns counts (seen, logged, pending, skipped, closed)."""
+    counts = {"logged": 0, "pending": 0, "seen": 0, "skipped": 0, "closed": 0}
     found = sorted({p for root in roots if root.is_dir() for p in root.rglob("result.json")})
     for path in found:
-        record = read_result(path.parent)
-        if (record.get("tracking") or {}).get("status") not in ("pending", "logging"):  # logging: a crash mid-copy
+        try:
+            record = read_result(path.parent)
+            if not isinstance(record, dict):
+                raise ValueError(f"a JSON {type(record).__name__}, not an object")
+            state = (record.get("tracking") or {}).get("status")
+            missing = [k for k in RECORD_KEYS if k not in record]
+            if state in ("pending", "logging") and missing:
+                raise ValueError(f"no {', '.join(missing)}: not a job's result.json")
+        except (OSError, ValueError, AttributeError) as exc:
+            counts["skipped"] += 1
+            say(f"sync: skipped {path}: not a readable result ({' '.join(str(exc).split())[:160]})")
+            continue
+        if state not in ("pending", "logging"):  # logging: a crash mid-copy
             continue
         counts["seen"] += 1
-        outcome = log_job({**settings, "enabled": True}, path.parent, retry_down=True)
-        update_result(path.parent, tracking=outcome)
+        try:
+            outcome = log_job({**settings, "enabled": True}, path.parent, retry_down=True)
+            update_result(path.parent, tracking=outcome)
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # a result.json of the wrong shape: name it, go on
+            counts["seen"] -= 1
+            counts["skipped"] += 1
+            say(f"sync: skipped {path}: {disk_full_message(exc) if is_disk_full(exc) else f'{type(exc).__name__}: {exc}'}")
+            continue
         counts["logged" if outcome["status"] == "logged" else "pending"] += 1
+    try:
+        store = Store.open({**settings, "enabled": True})
+        with store_lock(store.uri):
+            counts["closed"] = close_orphans(store, say)
+    except StoreDown:
+        pass  # the pending count says the store is down
     return counts
+
+
+def close_orphans(store: Store, say=print) -> int:
+    """End every RUNNING run of the experiment whose owner process is gone: a job's partial copy FAILED (and deleted),
+    a sweep's parent FINISHED when all its jobs are in, else KILLED, each with `huggy.end_reason`."""
+    from mlflow.entities import RunTag, ViewType
+
+    runs = store.client.search_runs([store.experiment_id], filter_string="attributes.status = 'RUNNING'",
+                                    run_view_type=ViewType.ALL, max_results=5000)
+    closed = 0
+    for run in runs:
+        tags = run.data.tags
+        tag = tags.get("huggy.owner")
+        if tag is None or owner_alive(tag) is not False:  # not ours, alive, or on another host: left as it is
+            continue
+        pid = tag.rsplit(":", 3)[2]
+        if tags.get("huggy.parent") == "true":
+            children = store.client.search_runs([store.experiment_id], max_results=5000,
+                                                filter_string=f"tags.`mlflow.parentRunId` = '{run.info.run_id}' "
+                                                              "and tags.`huggy.complete` = 'true'")
+            done, jobs = len(children), int(tags.get("huggy.jobs") or 0)
+            status = "FINISHED" if jobs and done >= jobs else "KILLED"
+            reason = (f"the sweep's process (pid {pid}) ended without closing it; {done} of {jobs or '?'} jobs are in "
+                      "MLflow" + ("" if status == "FINISHED" else ": the sweep did not complete"))
+        elif tags.get("huggy.complete") == "true":  # the copy was whole; only its closing was lost
+            status = "FAILED" if tags.get("status") == "error" else "FINISHED"
+            reason = f"its job's process (pid {pid}) ended after the copy was complete, before closing it"
+        else:
+            status, reason = "FAILED", f"its job's process (pid {pid}) ended while logging it: a partial copy"
+        if run.info.lifecycle_stage == "deleted":
+            store.client.restore_run(run.info.run_id)
+        store.client.log_batch(run.info.run_id, tags=[RunTag("huggy.end_reason", reason)])
+        store.client.set_terminated(run.info.run_id, status)
+        if run.info.lifecycle_stage == "deleted" or reason.endswith("a partial copy"):
+            store.client.delete_run(run.info.run_id)
+        say(f"sync: run {run.info.run_id} ({run.info.run_name}) was RUNNING with no live process: ended {status} ({reason})")
+        closed += 1
+    return closed

@@ -562,19 +562,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(tmp_path: Path, port: int):
-    """`mlflow server` on 127.0.0.1:<port> with a SQLite store in tmp_path; returns once it answers."""
+def start_server(tmp_path: Path, port: int, auth_password: str | None = None):
+    """`mlflow server` on 127.0.0.1:<port> with a SQLite store in tmp_path; returns once it answers. With
+    `auth_password`: MLflow's basic-auth app (mlflow[auth]), user `admin` with that password."""
     import subprocess
     import time
 
     from huggy_exp import tracking
 
     mlflow_bin = Path(PYTHON).with_name("mlflow")
-    proc = subprocess.Popen([str(mlflow_bin), "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+    auth = ["--app-name", "basic-auth"] if auth_password else []
+    env = {**os.environ, "MLFLOW_AUTH_ADMIN_PASSWORD": auth_password,
+           "MLFLOW_FLASK_SERVER_SECRET_KEY": "test-only"} if auth_password else None
+    proc = subprocess.Popen([str(mlflow_bin), "server", *auth, "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
                              "--artifacts-destination", str(tmp_path / "artifacts"), "--host", "127.0.0.1",
                              "--port", str(port), "--workers", "1"], cwd=tmp_path, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 90
+                            stderr=subprocess.DEVNULL, start_new_session=True, env=env)
+    deadline = time.monotonic() + (240 if auth_password else 90)
     while time.monotonic() < deadline:
         try:
             tracking.probe(f"http://127.0.0.1:{port}")

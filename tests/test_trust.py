@@ -309,7 +309,7 @@ def test_a_broken_store_is_one_line_naming_the_file_and_the_fix_then_sync_logs_e
     assert str(db) in reason and "mv " in reason and "mode=sync" in reason
     db.rename(db.with_name("mlflow.db.broken"))
     counts = tracking.sync({"uri": uri}, [tmp_path])
-    assert counts == {"seen": 1, "logged": 1, "pending": 0}
+    assert counts == {"seen": 1, "logged": 1, "pending": 0, "skipped": 0, "closed": 0}
     assert len(_runs(uri)) == 1
     assert tracking.sync({"uri": uri}, [tmp_path])["seen"] == 0  # exactly once
 
@@ -350,7 +350,7 @@ def test_sync_replaces_a_partial_copy_and_never_duplicates(tmp_path):
     from huggy_exp.results import update_result
 
     update_result(tmp_path / "job", tracking={"status": "pending", "reason": "crashed while logging"})
-    assert tracking.sync({"uri": uri}, [tmp_path]) == {"seen": 1, "logged": 1, "pending": 0}
+    assert tracking.sync({"uri": uri}, [tmp_path]) == {"seen": 1, "logged": 1, "pending": 0, "skipped": 0, "closed": 0}
     runs = _runs(uri)
     assert len(runs) == 1 and runs[0].info.status == "FINISHED" and runs[0].data.tags["huggy.complete"] == "true"
     assert runs[0].data.metrics["rows"] == 4.0
@@ -472,6 +472,7 @@ def test_a_server_killed_mid_sweep_leaves_pending_points_that_sync_logs_exactly_
         children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id]
         assert len(parent) == 1 and len(children) == 4 == len({r.data.tags["huggy.job_id"] for r in children})
         assert "RUNNING" not in {r.info.status for r in children}
+        assert parent[0].info.status == "FINISHED"  # its sweep could not close it; sync did, all four jobs being in
     finally:
         stop_server(server)
 

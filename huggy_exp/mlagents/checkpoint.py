@@ -9,9 +9,10 @@ import numpy as np
 
 from huggy_exp.errors import UserError
 from huggy_exp.mlagents.results import sibling_onnx
+from huggy_exp.safety import MAX_CHECKPOINT_BYTES, atomic_write, check_file_size, check_zip
 from huggy_exp.mlagents.weights import (
     BODY_PREFIX, BRANCH_PREFIX, LOG_SIGMA, LSTM_FIELDS, LSTM_PREFIX, METADATA_KEYS, MU_PREFIX, NORMALIZER_FIELDS,
-    PROCESSOR_PREFIXES, LoadedModel, Lstm, Normalizer, ObsInput, PolicyWeights, atomic_write, check_finite, check_shapes,
+    PROCESSOR_PREFIXES, LoadedModel, Lstm, Normalizer, ObsInput, PolicyWeights, check_finite, check_shapes,
     read_count, require_file, sha256_file,
 )
 
@@ -30,6 +31,10 @@ def load_checkpoint(path: str | Path, onnx: str | Path | None = None) -> LoadedM
     kind = _torch_container(path)
     if kind is None:
         raise UserError(f"checkpoint {path} is not a torch file: neither a zip archive (torch.save) nor a pickle stream")
+    if kind == "zip archive":
+        check_zip(path, MAX_CHECKPOINT_BYTES, "checkpoint")  # the storages' inflated sizes, before torch reads one
+    else:
+        check_file_size(path, MAX_CHECKPOINT_BYTES, "checkpoint")
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for bad files; all mean the same to the user

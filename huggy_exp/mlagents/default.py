@@ -10,7 +10,8 @@ import numpy as np
 
 from huggy_exp.mlagents.checkpoint import load_checkpoint, save_checkpoint
 from huggy_exp.mlagents.onnx_write import write_onnx
-from huggy_exp.mlagents.weights import LoadedModel, Normalizer, PolicyWeights, atomic_write
+from huggy_exp.safety import atomic_write
+from huggy_exp.mlagents.weights import LoadedModel, Normalizer, PolicyWeights
 
 DEFAULT_NAME = "Huggy"
 DEFAULT_STEP = 2_000_050

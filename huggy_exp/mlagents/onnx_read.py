@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from huggy_exp.errors import UserError
+from huggy_exp.safety import MAX_ONNX_BYTES, check_file_size, size
 from huggy_exp.mlagents.heads import read_heads
 from huggy_exp.mlagents.onnx_graph import RESHAPES, Graph, follow, linear, slice_start, value_info
 from huggy_exp.mlagents.results import step_from_name
@@ -29,10 +30,12 @@ def read_onnx(path: Path):
     import onnx
     from onnx.external_data_helper import load_external_data_for_model
 
+    check_file_size(path, MAX_ONNX_BYTES, "onnx file")
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:
         raise UserError(f"onnx file {path} could not be parsed (truncated or not ONNX?): {type(exc).__name__}") from None
+    check_external_sizes(model, path)
     try:
         load_external_data_for_model(model, str(path.parent))
     except onnx.checker.ValidationError as exc:
@@ -43,6 +46,38 @@ def read_onnx(path: Path):
     except Exception as exc:
         raise UserError(f"onnx file {path}: external data could not be read: {type(exc).__name__}: {str(exc).strip()[:200]}") from None
     return model
+
+
+def check_external_sizes(model, path: Path) -> None:
+    """Before any external data is read: each tensor's declared length must be what its shape and type hold, and the
+    model with all of them within MAX_ONNX_BYTES (a data file's real size counts where no length is declared)."""
+    import math
+
+    from onnx import TensorProto, external_data_helper, helper
+
+    total = path.stat().st_size
+    for tensor in external_data_helper._get_all_tensors(model):
+        if not external_data_helper.uses_external_data(tensor):
+            continue
+        info = {e.key: e.value for e in tensor.external_data}
+        try:
+            itemsize = helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+        except (KeyError, TypeError, ValueError):
+            itemsize = 1
+        expected = math.prod(tensor.dims) * itemsize if tensor.data_type != TensorProto.STRING else None
+        declared = int(info["length"]) if str(info.get("length", "")).isdigit() else None
+        where = f"onnx file {path}: initializer {tensor.name!r}"
+        if declared is not None and expected is not None and declared != expected:
+            raise UserError(f"{where} declares {size(declared)} of external data, but its shape {list(tensor.dims)} "
+                            f"holds {size(expected)}; refused before reading it")
+        if declared is None:  # onnx reads the data file from the offset to its end
+            data = path.parent / info.get("location", "")
+            offset = int(info["offset"]) if str(info.get("offset", "")).isdigit() else 0
+            declared = max(data.stat().st_size - offset, 0) if data.is_file() else 0
+        total += declared
+        if total > MAX_ONNX_BYTES:
+            raise UserError(f"{where}: the model with its external data reaches {size(total)}, over the "
+                            f"{size(MAX_ONNX_BYTES)} limit for a policy network (docs/reliability.md); refused before reading it")
 
 
 def check_onnx_pairing(path: Path, w: PolicyWeights) -> None:

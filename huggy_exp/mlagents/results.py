@@ -44,6 +44,8 @@ def list_checkpoints(results_dir: str | Path) -> list[dict]:
         for ck in info["checkpoints"]:
             row = rows.setdefault((behavior, ck["steps"]), _row(behavior, ck["steps"]))
             row["reward"] = ck.get("reward")
+            if "reward_nonfinite" in ck:
+                row["reward_nonfinite"] = ck["reward_nonfinite"]
             row["creation_time"] = ck.get("creation_time")
             row["logged_files"] = [ck.get("file_path"), *ck.get("auxillary_file_paths", [])]
             row["final"] = row["final"] or ck["steps"] == info["final"]
@@ -114,6 +116,10 @@ def _status_entry(path: Path, where: str, ck: object) -> dict:
     for key in ("reward", "creation_time"):
         if not number(ck.get(key)):
             raise _bad_status(path, f"{where}.{key}", ck[key], "a number or null")
+    if ck.get("creation_time") is not None and not np.isfinite(ck["creation_time"]):
+        raise _bad_status(path, f"{where}.creation_time", ck["creation_time"], "a finite number or null")
+    if ck.get("reward") is not None and not np.isfinite(ck["reward"]):  # JSON has no NaN; Python's json writes it anyway
+        ck = {**ck, "reward": None, "reward_nonfinite": json.dumps(ck["reward"])}  # "NaN", "Infinity", "-Infinity"
     if not (ck.get("file_path") is None or isinstance(ck["file_path"], str)):
         raise _bad_status(path, f"{where}.file_path", ck["file_path"], "a string")
     aux = ck.get("auxillary_file_paths", [])

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -328,15 +326,3 @@ def check_shapes(w: PolicyWeights, origin: str) -> None:
                 problems.append(f"{PROCESSOR_PREFIXES[0]}{i}.normalizer.{name} {list(value.shape)} (expected [{obs.size}])")
     if problems:
         raise UserError(f"{origin}: shape mismatch: " + "; ".join(problems))
-
-
-def atomic_write(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)

@@ -18,7 +18,8 @@ class CheckpointsTask:
         for r in rows:
             pt, onnx = r["files"].get("pt"), r["files"].get("onnx")
             table.append({
-                "behavior": r["behavior"], "step": r["step"], "reward": r["reward"], "final": r["final"],
+                "behavior": r["behavior"], "step": r["step"], "reward": r["reward"],
+                "reward_nonfinite": r.get("reward_nonfinite"), "final": r["final"],
                 "present": r["present"], "pt_bytes": pt and pt["bytes"], "onnx_bytes": onnx and onnx["bytes"],
                 "pt_sha256": pt and pt["sha256"], "onnx_sha256": onnx and onnx["sha256"],
                 "pt": pt and pt["path"], "onnx": onnx and onnx["path"],
@@ -29,10 +30,16 @@ class CheckpointsTask:
                     for b, c in config.items()]
         for t in table:
             size = t["pt_bytes"] or t["onnx_bytes"]
-            reward = "-" if t["reward"] is None else f"{t['reward']:.3f}"
+            reward = t["reward_nonfinite"] or "-" if t["reward"] is None else f"{t['reward']:.3f}"
             files = "missing" if not t["present"] else f"{size:,} B sha256 {(t['pt_sha256'] or t['onnx_sha256'])[:12]}"
             summary.append(f"{t['behavior']} step {t['step']:>9}  reward {reward:>7}  {files}{'  (final)' if t['final'] else ''}")
-        metrics = {"checkpoints": float(len(rows)), "present": float(sum(r["present"] for r in rows))}
+        odd = [t for t in table if t["reward_nonfinite"]]
+        if odd:
+            summary.append(f"warning: {len(odd)} reward(s) in training_status.json are not finite "
+                           f"({', '.join(sorted({t['reward_nonfinite'] for t in odd}))}): kept as no reward (null), "
+                           "left out of best_reward")
+        metrics = {"checkpoints": float(len(rows)), "present": float(sum(r["present"] for r in rows)),
+                   "nonfinite_rewards": float(len(odd))}
         if rewards:
             metrics["best_reward"] = float(max(rewards))
         return Result(metrics=metrics, tables={"checkpoints": table}, details={"results_dir": str(folder), "checkpoints": rows, "configuration": config},

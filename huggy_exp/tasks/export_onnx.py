@@ -5,6 +5,7 @@ Described in docs/modes.md#export-onnx.
 
 from __future__ import annotations
 
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -15,9 +16,10 @@ from torch import nn
 from huggy_exp.context import Context
 from huggy_exp.errors import UserError
 from huggy_exp.mlagents import PolicyWeights, interface
-from huggy_exp.numerics import discrete_margins
+from huggy_exp.numerics import allowed_branches, discrete_margins
 from huggy_exp.policy import Policy
 from huggy_exp.results import Result, first_nonfinite
+from huggy_exp.safety import atomic_write, claim_output
 from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, RECURRENT_OUT, build, over_steps, reference, run_feeds
 from huggy_exp.tasks import is_sequence
 from huggy_exp.tasks.compare import check_constants, compare_outputs, expected_constants, feeds_with_masks
@@ -64,8 +66,9 @@ class MLAgentsExport(nn.Module):
 class ExportOnnxTask:
     name = "export-onnx"
 
-    def __init__(self, path: str | None = None, opset: int = 9, atol: float = 1e-5, masks: str = "random"):
-        self.path, self.opset, self.atol, self.masks = path, opset, atol, masks
+    def __init__(self, path: str | None = None, opset: int = 9, atol: float = 1e-5, masks: str = "random",
+                 overwrite: bool = False):
+        self.path, self.opset, self.atol, self.masks, self.overwrite = path, opset, atol, masks, overwrite
 
     def run(self, ctx: Context) -> Result:
         import onnx
@@ -73,8 +76,11 @@ class ExportOnnxTask:
         w = ctx.weights
         feeds = feeds_with_masks(ctx, self.masks)
         sequence = is_sequence(feeds)
-        out = Path(self.path).expanduser() if self.path else ctx.workdir / f"{Path(ctx.model.path).stem.split('-')[0]}.onnx"
-        out.parent.mkdir(parents=True, exist_ok=True)
+        own = (ctx.model.path, ctx.model.onnx_path, ctx.model_spec.checkpoint, ctx.model_spec.onnx, ctx.model_spec.results_dir)
+        out = (claim_output(self.path, self.overwrite, own, "mode.path") if self.path
+               else ctx.workdir / f"{Path(ctx.model.path).stem.split('-')[0]}.onnx")
+        tmpdir = tempfile.TemporaryDirectory(prefix="huggy_exp-export-")
+        traced = Path(tmpdir.name) / out.name  # the exporter writes here; `out` gets the checked graph in one step
         io = interface(w)
         input_names, output_names = [n for n, _, _ in io["inputs"]], [n for n, _, _ in io["outputs"]]
         dummy = tuple(torch.ones(1, *dims[1:]) if name == "action_masks" else torch.zeros(1, *dims[1:]) for name, _, dims in io["inputs"])
@@ -86,13 +92,14 @@ class ExportOnnxTask:
                 warnings.simplefilter("ignore", torch.jit.TracerWarning)  # nn.LSTM's own shape checks, constant for the trace
                 # the exporter's LSTM advice is met: h0/c0 come from the recurrent_in input
                 warnings.filterwarnings("ignore", "Exporting a model to ONNX with a batch_size other than 1", UserWarning)
-                torch.onnx.export(MLAgentsExport(w).eval(), dummy, str(out), input_names=input_names, output_names=output_names,
+                torch.onnx.export(MLAgentsExport(w).eval(), dummy, str(traced), input_names=input_names, output_names=output_names,
                                   dynamic_axes=dynamic, opset_version=self.opset, dynamo=False)
         except Exception as exc:
             raise UserError(f"torch.onnx.export failed at opset {self.opset}: {str(exc).splitlines()[0]}") from None
-        model = _name_outputs(onnx.load(str(out)), output_names)
+        model = _name_outputs(onnx.load(str(traced)), output_names)
+        tmpdir.cleanup()
         onnx.checker.check_model(model, full_check=True)
-        onnx.save(model, str(out))
+        atomic_write(out, lambda tmp: onnx.save(model, tmp), overwrite=self.overwrite)
         found = _interface(model)
         result = Result(files=[str(out) if self.path else out.name])  # an artifact wherever it was written
         problems = _interface_problems(found, io, self.opset)
@@ -159,7 +166,8 @@ class ExportOnnxTask:
             starts = np.cumsum([0, *w.branch_sizes])[:-1]
             inside = (picks >= 0) & (picks < np.asarray(w.branch_sizes))
             chosen = np.take_along_axis(feeds["action_masks"], np.where(inside, picks, 0) + starts, axis=-1)
-            masked = int(np.sum((chosen == 0) | ~inside))
+            live = allowed_branches(feeds["action_masks"], w.branch_sizes)  # a fully masked branch draws uniformly
+            masked = int(np.sum(((chosen == 0) & live) | ~inside))
             result.metrics["sampled.discrete_masked_draws"] = float(masked)
             if masked:
                 failures.append(f"{DISCRETE_SAMPLED}: {masked} draws of a masked action or outside their branch")

@@ -1,0 +1,736 @@
+"""Reliability: nothing destroyed, nothing lost, no host taken down (issue 19's failure classes, each with variants).
+
+Default tests run in-process (run.py's cli, the tracking API); `slow` ones start real processes: a tmpfs that is full,
+a child bounded by RLIMIT_AS, `mlflow server` on 127.0.0.1 (with basic auth), kill -9 mid-sweep. docs/reliability.md
+is the user's page of what each class now does.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import json
+import os
+import re
+import shlex
+import subprocess
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import (CONF, PYTHON, REPO, free_port, save_mlagents_checkpoint, start_server, stop_server,
+                      subprocess_env)
+from test_trust import _runs, _spawn, _wait_for, cli
+
+from huggy_exp import config, safety, tracking
+from huggy_exp.errors import UserError
+
+
+def one_line(got, fragment: str) -> str:
+    """The single line of the output naming `fragment`, with no traceback anywhere."""
+    text = got.out + got.err
+    lines = [ln for ln in text.splitlines() if fragment in ln]
+    assert lines, f"no line names {fragment!r}:\n{text[-3000:]}"
+    assert "Traceback" not in text, text[-3000:]
+    return lines[0]
+
+
+# --- 1. outputs never replace a file unasked, the model's own files never
+
+
+def test_export_refuses_an_existing_file_and_the_models_own_files(tmp_path, huggy_pt):
+    model = [f"model.checkpoint={huggy_pt}", "mode=export-onnx", "tracking=none"]
+    existing = tmp_path / "mine.onnx"
+    existing.write_bytes(b"precious")
+    got = cli([*model, f"mode.path={existing}"], tmp_path / "a")
+    assert got.code == 2 and "mode.overwrite=true" in one_line(got, "already exists")
+    assert existing.read_bytes() == b"precious"
+    got = cli([*model, f"mode.path={existing}", "mode.overwrite=true"], tmp_path / "b")
+    assert got.code == 0, got.err[-2000:]
+    assert existing.read_bytes()[:4] != b"prec" and not list(tmp_path.glob(".mine.onnx.*"))  # replaced in one step
+    before = huggy_pt.read_bytes()
+    for i, target in enumerate((huggy_pt, huggy_pt.parent / "." / huggy_pt.name)):  # the checkpoint, spelt two ways
+        got = cli([*model, f"mode.path={target}", "mode.overwrite=true"], tmp_path / f"c{i}")
+        assert got.code == 2 and "model's own file" in one_line(got, "refused even with mode.overwrite=true")
+    assert huggy_pt.read_bytes() == before
+
+
+def test_claim_output_protects_a_results_folder_and_follows_links(tmp_path):
+    results = tmp_path / "results"
+    (results / "Huggy").mkdir(parents=True)
+    status = results / "Huggy" / "training_status.json"
+    status.write_text("{}")
+    with pytest.raises(UserError, match="model's own file"):
+        safety.claim_output(status, True, [results], "mode.path")
+    assert safety.claim_output(results / "Huggy" / "new.onnx", False, [results], "mode.path").name == "new.onnx"
+    link = tmp_path / "link.onnx"
+    link.symlink_to(status)
+    with pytest.raises(UserError, match="model's own file"):
+        safety.claim_output(link, True, [status], "mode.path")
+    with pytest.raises(UserError, match="already exists"):
+        safety.claim_output(link, False, [], "mode.path")
+    with pytest.raises(UserError, match="already exists"):
+        safety.atomic_write_text(status, "x", overwrite=False)
+    assert status.read_text() == "{}"
+
+
+# --- 2. a job folder that holds a result is refused; a pending result is never destroyed
+
+
+def test_a_reused_job_dir_is_refused_and_its_pending_result_survives(tmp_path):
+    down = tmp_path / "not-a-db"
+    down.mkdir()
+    job = tmp_path / "job"
+    first = cli(["obs.rows=4", f"tracking.uri=sqlite:///{down}"], job)
+    assert first.code == 3 and first.record["tracking"]["status"] == "pending"
+    kept = {p.name: p.read_bytes() for p in [job / "result.json", *sorted((job / ".hydra").iterdir())]}
+    for again in (["obs.rows=8", "tracking=none"], ["mode=info", "tracking=none"]):
+        got = cli(again, job)
+        assert got.code == 2 and "pending: not in MLflow yet" in one_line(got, "already holds a job's result")
+    assert {p.name: p.read_bytes() for p in [job / "result.json", *sorted((job / ".hydra").iterdir())]} == kept
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    assert tracking.sync({"uri": uri}, [tmp_path])["logged"] == 1  # the pending result is still there to sync
+
+
+def test_a_reused_sweep_dir_is_refused(tmp_path):
+    sweep = tmp_path / "sweep"
+    first = cli(["-m", "mode=info", "seed=0,1", "tracking=none", f"hydra.sweep.dir={sweep}"], None)
+    assert first.code == 0, first.err[-2000:]
+    got = cli(["-m", "mode=info", "seed=2,3", "tracking=none", f"hydra.sweep.dir={sweep}"], None)
+    assert got.code == 2 and "0/result.json" in one_line(got, "hydra.sweep.dir")
+
+
+def test_execute_never_writes_over_a_result_even_past_the_command_line_check(tmp_path):
+    from huggy_exp.app import execute
+    from conftest import compose_config
+
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "result.json").write_text('{"tracking": {"status": "pending"}}')
+    result = execute(compose_config(["mode=info", "tracking=none"]), job, "info")
+    assert result.status == "error" and "left as it was" in result.reason
+    assert (job / "result.json").read_text() == '{"tracking": {"status": "pending"}}'
+
+
+# --- 6. one bad file never stops sync
+
+
+def test_sync_names_and_skips_bad_results_and_logs_the_rest(tmp_path):
+    down = tmp_path / "down"
+    down.mkdir()
+    good = cli(["obs.rows=4", f"tracking.uri=sqlite:///{down}"], tmp_path / "runs" / "good")
+    assert good.code == 3
+    (tmp_path / "runs" / "torn").mkdir()
+    (tmp_path / "runs" / "torn" / "result.json").write_text('{"status": "passed", "tracking": {"status": "pend')
+    (tmp_path / "runs" / "list").mkdir()
+    (tmp_path / "runs" / "list" / "result.json").write_text("[1, 2, 3]")
+    (tmp_path / "runs" / "shape").mkdir()
+    (tmp_path / "runs" / "shape" / "result.json").write_text('{"tracking": {"status": "pending"}}')  # no job_id
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    got = cli(["mode=sync", f"tracking.uri={uri}", f"mode.paths=[{tmp_path / 'runs'}]"], None)
+    assert got.code == 2
+    skipped = [ln for ln in got.err.splitlines() if ln.startswith("sync: skipped")]
+    assert sorted(Path(ln.split()[2].rstrip(":")).parent.name for ln in skipped) == ["list", "shape", "torn"]
+    assert "1 logged, 0 still pending, 3 file(s) skipped" in got.out and "Traceback" not in got.err
+    assert len(_runs(uri)) == 1
+
+
+# --- 7. a store that is not a database: a probe of seconds, one line
+
+
+@pytest.mark.parametrize("kind", ["folder", "text file", "under a file"])
+def test_a_store_that_is_no_database_is_found_in_seconds(tmp_path, kind):
+    target = {"folder": tmp_path, "text file": tmp_path / "notes.db", "under a file": tmp_path / "f" / "x.db"}[kind]
+    if kind == "text file":
+        target.write_text("hello\n" * 100)
+    if kind == "under a file":
+        (tmp_path / "f").write_text("a file")
+    started = time.monotonic()
+    with pytest.raises(tracking.StoreDown) as exc:
+        tracking.Store.open({"uri": f"sqlite:///{target}"})
+    assert time.monotonic() - started < 5
+    assert "\n" not in str(exc.value) and str(target) in str(exc.value)
+
+
+def test_a_folder_store_costs_one_warning_line(tmp_path):
+    got = cli(["obs.rows=4", f"tracking.uri=sqlite:///{tmp_path}"], tmp_path / "job")
+    assert got.code == 3
+    assert [ln for ln in got.err.splitlines() if ln.strip()] == [one_line(got, "not in MLflow yet")]
+
+
+# --- 8. memory: user-driven allocations estimated first, refused in one line naming the user's keys
+
+
+@pytest.mark.parametrize("args, keys", [
+    (["batch_size=10000000"], "batch_size=10000000"),
+    (["mode=stats", "mode.steps=1000000", "mode.envs=1000000"], "mode.steps=1000000 × mode.envs=1000000"),
+    (["mode=fingerprint", "mode.steps=1000000", "mode.envs=100000"], "mode.steps=1000000 × mode.envs=100000"),
+    (["mode=onnx-compare", "mode.sample_rows=100000", "mode.samples=1000000"], "mode.sample_rows=100000 × mode.samples"),
+    (["mode=benchmark", "mode.batch_sizes=[1,16777216]"], "mode.batch_sizes"),
+])
+def test_allocations_too_large_for_memory_are_refused_naming_the_users_keys(tmp_path, args, keys):
+    got = cli([*args, "tracking=none"], tmp_path / "job")
+    line = one_line(got, keys)
+    assert got.code == 2 and "obs.rows" not in line and ("available" in line or "limit" in line)
+    assert got.record["status"] == "error"
+
+
+def test_the_estimate_is_checked_against_the_memory_left(monkeypatch, default_model):
+    weights = default_model.weights
+    cfg = config_plain(["mode=stats", "mode.steps=2000", "mode.envs=100"])
+    monkeypatch.setattr(safety, "available_memory", lambda: (8 << 30, "left under a test limit"))
+    safety.check_job_memory("stats", cfg, weights)  # 200,000 rows fit in 8 GiB
+    monkeypatch.setattr(safety, "available_memory", lambda: (64 << 20, "left under a test limit"))
+    with pytest.raises(UserError, match=r"mode.steps=2000 × mode.envs=100: .* only 64.0 MiB is left under a test limit"):
+        safety.check_job_memory("stats", cfg, weights)
+
+
+def config_plain(overrides: list[str]) -> dict:
+    from omegaconf import OmegaConf
+
+    from conftest import compose_config
+
+    return OmegaConf.to_container(compose_config(overrides), resolve=True)
+
+
+# --- 9. size bombs: declared and inflated sizes checked before reading
+
+
+def test_a_checkpoint_whose_storages_inflate_past_the_cap_is_refused_before_loading(tmp_path, huggy_pt, monkeypatch):
+    bomb = tmp_path / "bomb.pt"
+    extra = zipfile.ZipInfo("archive/data/999")
+    extra.compress_type = zipfile.ZIP_DEFLATED  # 300 MiB of zeros in ~300 KB
+    with zipfile.ZipFile(huggy_pt) as src, zipfile.ZipFile(bomb, "w", compresslevel=1) as dst:
+        for item in src.infolist():
+            dst.writestr(item, src.read(item))
+        with dst.open(extra, "w", force_zip64=True) as fh:
+            for _ in range(300):
+                fh.write(bytes(1 << 20))
+    from huggy_exp.mlagents import load_checkpoint
+
+    with pytest.raises(UserError, match="inflated, over the 256.0 MiB limit"):
+        load_checkpoint(bomb)
+    monkeypatch.setattr("huggy_exp.mlagents.checkpoint.MAX_CHECKPOINT_BYTES", 1 << 10)  # the cap, whatever it is
+    with pytest.raises(UserError, match="over the 1.0 KiB limit"):
+        load_checkpoint(huggy_pt)
+
+
+def test_a_deflated_archive_over_the_cap_is_refused(tmp_path):
+    bomb = tmp_path / "bomb.zip"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as zf:
+        with zf.open("archive/data/0", "w", force_zip64=True) as fh:
+            for _ in range(8):
+                fh.write(bytes(1 << 20))
+    with pytest.raises(UserError, match="inflate"):
+        safety.check_zip(bomb, 4 << 20, "checkpoint")
+    safety.check_zip(bomb, 16 << 20, "checkpoint")
+
+
+def _onnx_with_external(tmp_path: Path, length: int | None, data_bytes: int, dims=(4, 4)) -> Path:
+    import onnx
+    from onnx import TensorProto, helper
+
+    tensor = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=list(dims), data_location=TensorProto.EXTERNAL)
+    entries = {"location": "w.bin", **({"length": str(length)} if length is not None else {})}
+    for k, v in entries.items():
+        tensor.external_data.add(key=k, value=v)
+    node = helper.make_node("MatMul", ["obs_0", "w"], ["y"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("obs_0", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [tensor])
+    path = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(graph), str(path))
+    with open(tmp_path / "w.bin", "wb") as fh:
+        fh.truncate(data_bytes)  # sparse: no disk, no memory
+    return path
+
+
+@pytest.mark.parametrize("length, data, match", [
+    (None, 1536 << 20, "over the 256.0 MiB limit"),  # no length declared: the whole 1.5 GiB file would be read
+    (1536 << 20, 1536 << 20, "declares 1.5 GiB"),  # a length its shape cannot hold
+])
+def test_onnx_external_data_is_sized_before_it_is_read(tmp_path, length, data, match):
+    import resource
+
+    from huggy_exp.mlagents.onnx_read import read_onnx
+
+    path = _onnx_with_external(tmp_path, length, data)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(UserError, match=match):
+        read_onnx(path)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # KiB: nothing was read
+
+
+# --- 10. a fully masked branch is drawn uniformly (ML-Agents), never "a masked draw"
+
+
+def test_draws_of_a_fully_masked_branch_are_not_masked_draws():
+    from huggy_exp.numerics import categorical_check
+
+    rng = np.random.default_rng(0)
+    sizes = (3, 2)
+    masks = np.ones((2, 5), np.float32)
+    masks[0, :3] = 0  # row 0: branch 0 has no action allowed
+    masks[1, 1] = 0  # row 1: action 1 of branch 0 masked, the branch alive
+    logits = np.where(masks > 0, 0.0, -1e8)
+    draws = np.stack([rng.integers(0, 3, (4000, 2)), rng.integers(0, 2, (4000, 2))], axis=-1)
+    draws[:, 1, 0] = rng.choice([0, 2], 4000)
+    stats = categorical_check(draws, logits, sizes, masks)
+    assert stats["masked_draws"] == 0 and stats["p_min"] >= stats["p_crit"]
+    draws[:10, 1, 0] = 1  # a draw of a masked action in a live branch still counts
+    assert categorical_check(draws, logits, sizes, masks)["masked_draws"] == 10
+
+
+@pytest.mark.parametrize("mode", ["onnx-compare", "export-onnx"])
+def test_onnx_compare_and_export_pass_with_fully_masked_branches(tmp_path, shaped_actors, shaped_files, mode):
+    actor = shaped_actors["branches"]
+    feeds = actor.random_feeds(64, seed=3)
+    feeds["action_masks"][::4, :3] = 0  # every 4th row: branch 0 fully masked
+    feeds["action_masks"][1::4, 3:5] = 0  # and branch 1 on others
+    np.savez(tmp_path / "obs.npz", **feeds)
+    got = cli([f"model.checkpoint={shaped_files['branches'][0]}", f"mode={mode}", "obs=file",
+               f"obs.path={tmp_path / 'obs.npz'}", "mode.masks=feeds", "tracking=none"], tmp_path / "job")
+    assert got.code == 0 and got.record["status"] == "passed", (got.record or {}).get("reason", got.err[-2000:])
+    metrics = got.record["metrics"]
+    assert metrics.get("sampled_discrete.masked_draws", 0) == 0 and metrics.get("sampled.discrete_masked_draws", 0) == 0
+
+
+# --- 11. non-finite rewards are marked, never stored as "nan"
+
+
+def test_nonfinite_rewards_are_marked_and_left_out(tmp_path, results_folder):
+    import shutil
+
+    folder = tmp_path / "run"
+    shutil.copytree(results_folder, folder)
+    status = folder / "run_logs" / "training_status.json"
+    text = status.read_text()
+    rewards = re.findall(r'"reward": ([-0-9.e]+)', text)
+    text = text.replace(f'"reward": {rewards[0]}', '"reward": NaN', 1).replace(f'"reward": {rewards[1]}', '"reward": -Infinity', 1)
+    status.write_text(text)
+    got = cli(["mode=checkpoints", f"model.results_dir={folder}", "tracking=none"], tmp_path / "job")
+    assert got.code == 0, got.err[-2000:]
+    assert "not finite (-Infinity, NaN)" in one_line(got, "reward(s) in training_status.json")
+    rows = {r["step"]: r for r in got.record["checkpoints"]}
+    assert {s: r.get("reward_nonfinite") for s, r in rows.items()} == {100: "NaN", 200: None, 300: "-Infinity"}
+    assert rows[100]["reward"] is None and rows[300]["reward"] is None
+    assert not re.search(r'"reward": "', (tmp_path / "job" / "result.json").read_text())  # a number or null, never a string
+    assert got.record["metrics"]["nonfinite_rewards"] == 2
+    status.write_text(text.replace('"creation_time": ', '"creation_time": Infinity, "x": ', 1))
+    got = cli(["mode=checkpoints", f"model.results_dir={folder}", "tracking=none"], tmp_path / "job2")
+    assert got.code == 2 and "a finite number or null" in one_line(got, "creation_time")
+
+
+# --- 12. credentials: redacted everywhere, used by the probe
+
+
+@pytest.mark.parametrize("uri, shown", [
+    ("http://alice:s3cr%40t@host:5000", "http://alice:***@host:5000"),
+    ("https://bob:pw@[::1]:443/mlflow", "https://bob:***@[::1]:443/mlflow"),
+    ("postgresql://u:pw@db/mlflow", "postgresql://u:***@db/mlflow"),
+    ("http://host:5000", "http://host:5000"),
+])
+def test_credentials_are_redacted(uri, shown):
+    assert tracking.redact(f"reason: {uri} did not answer") == f"reason: {shown} did not answer"
+
+
+def test_the_probe_sends_the_uris_credentials(monkeypatch):
+    seen = []
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.headers.get("Authorization"))
+            ok = self.headers.get("Authorization") == "Basic " + base64.b64encode(b"alice:s3cr@t").decode()
+            self.send_response(200 if ok else 401)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    port = server.server_address[1]
+    try:
+        tracking.probe(tracking.store_uri(f"http://alice:s3cr%40t@127.0.0.1:{port}"))
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "wrong")
+        with pytest.raises(tracking.StoreDown) as exc:
+            tracking.probe(f"http://127.0.0.1:{port}")
+        assert "wrong" not in str(exc.value)
+    finally:
+        server.shutdown()
+    assert seen[0].startswith("Basic ")
+
+
+def test_a_uri_password_never_reaches_files_or_output(tmp_path, monkeypatch):
+    for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)  # restored (unset) after the test
+    port = free_port()  # nothing listens: the job stays pending, and says where in one line
+    got = cli(["obs.rows=4", f"tracking.uri=http://alice:hunter2@127.0.0.1:{port}"], tmp_path / "job")
+    assert got.code == 3
+    everything = got.out + got.err + "".join(p.read_text() for p in (tmp_path / "job").rglob("*") if p.is_file()
+                                             and p.suffix in (".json", ".log", ".yaml"))
+    assert "hunter2" not in everything and f"127.0.0.1:{port}" in got.record["tracking"]["reason"]
+    assert os.environ["MLFLOW_TRACKING_PASSWORD"] == "hunter2"  # where MLflow's client reads it
+
+
+# --- 13. mlflow.user is a config key, never the environment
+
+
+def test_mlflow_user_comes_from_the_config_and_nothing_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("USER", "env-sentinel-user")
+    monkeypatch.setenv("LOGNAME", "env-sentinel-user")
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    plain = cli(["obs.rows=4", f"tracking.uri={uri}"], tmp_path / "a")
+    named = cli(["obs.rows=4", f"tracking.uri={uri}", "tracking.user=ci-bot"], tmp_path / "b")
+    assert (plain.code, named.code) == (0, 0)
+    users = {r.data.tags.get("huggy.job_id"): r.data.tags.get("mlflow.user") for r in _runs(uri)}
+    assert users == {plain.record["job_id"]: None, named.record["job_id"]: "ci-bot"}
+    for job in ("a", "b"):
+        assert "env-sentinel-user" not in (tmp_path / job / "result.json").read_text()
+    assert all("env-sentinel-user" not in json.dumps(r.data.tags) + json.dumps(r.data.params) for r in _runs(uri))
+
+
+# --- 14. the docs' examples run as written
+
+
+def test_the_readmes_specialize_form_works_on_the_command_line(tmp_path, huggy_pt, shaped_files):
+    base = [f"model.checkpoint={huggy_pt}", "tracking=none", "obs.rows=8"]
+    for i, form in enumerate(["mode.specialize={npu_fp16: {max_abs: 0.02}, layers: {npu_fp16: {rel_rmse: 0.005}}}",
+                              "mode.specialize.cpu_fp32={max_abs: 1.0e-3}"]):
+        got = cli([*base, "mode=precision", form], tmp_path / f"p{i}")
+        assert got.code == 0, got.err[-2000:]
+        assert got.record["params"]["mode"]["specialize"]
+    got = cli([f"model.checkpoint={shaped_files['multi_input'][0]}", "tracking=none", "obs.rows=8", "mode=onnx-compare",
+               "mode.specialize={npu_fp16: {atol: 2.0e-02}}"], tmp_path / "o")
+    assert got.code == 0, got.err[-2000:]
+
+
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("**/*.md"))]
+
+
+def doc_commands() -> list[tuple[str, list[str]]]:
+    """Every `python run.py ...` of the docs (code blocks and inline code), as argv; placeholders are left out."""
+    found = []
+    for doc in DOCS:
+        text = doc.read_text()
+        spans = re.findall(r"```[a-z]*\n(.*?)```", text, re.S) + re.findall(r"`([^`\n]*python run\.py[^`\n]*)`", text)
+        for span in spans:
+            for line in span.replace("\\\n", " ").splitlines():
+                line = line.split(" #")[0].strip().lstrip("$ ")
+                # placeholders, a synopsis (`key=value [-m]`), or a case the reader writes first (`conf/case/mine.yaml`)
+                if "python run.py" not in line or re.search(r"<[^>]*>|…|\.\.\.|\||\[-|key=value|conf/case/", line):
+                    continue
+                try:
+                    argv = shlex.split(line.split("python run.py", 1)[1].split("&&")[0].split(";")[0])
+                except ValueError:
+                    continue
+                found.append((f"{doc.name}: {line}", argv))
+    return found
+
+
+def compose_examples(tmp_path: Path, globbed: bool) -> None:
+    config.setup()  # the schemas in Hydra's ConfigStore, as run.py's cli does first
+    commands = doc_commands()
+    assert len(commands) >= 10, commands
+    failures, seen = [], set()
+    for where, argv in commands:
+        if any(a.startswith(("--help", "--hydra-help", "--cfg", "--info")) for a in argv):
+            continue
+        argv = [a for a in argv if not a.startswith(("hydra.run.dir=", "hydra.sweep.dir="))]
+        if tuple(argv) in seen or any("glob(" in a for a in argv) != globbed:
+            continue
+        seen.add(tuple(argv))
+        try:
+            config.preflight(config.normalize_argv(argv + [f"hydra.run.dir={tmp_path / 'r'}",
+                                                           f"hydra.sweep.dir={tmp_path / 's'}"]), CONF)
+        except UserError as exc:
+            if "needs" in str(exc) or "not found" in str(exc):  # a file the reader has (fixtures, their own model)
+                continue
+            failures.append(f"{where}\n    -> {exc}")
+    assert seen and not failures, "\n".join(failures)
+
+
+def test_every_example_command_of_the_docs_composes(tmp_path):
+    compose_examples(tmp_path, globbed=False)
+
+
+@pytest.mark.slow
+def test_every_globbed_example_command_of_the_docs_composes(tmp_path):
+    compose_examples(tmp_path, globbed=True)  # each `case=glob(...)` composes every case it matches
+
+
+# --- 15. messages: one line
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["-x"], "unknown option: -x"),
+    (["--frobnicate", "mode=info"], "unknown option: --frobnicate"),
+    (["model.checkpoint=/data/chiens/médor.pt"], "model.checkpoint='/data/chiens/médor.pt'"),
+    (["obs=file", "obs.path=/tmp/観測.npy"], "obs.path='/tmp/観測.npy'"),
+])
+def test_bad_command_lines_get_one_line(tmp_path, args, fragment):
+    got = cli(args, tmp_path / "job")
+    assert got.code == 2
+    assert [ln for ln in (got.out + got.err).splitlines() if ln.strip()] == [one_line(got, fragment)]
+
+
+def test_a_quoted_non_ascii_path_is_read(tmp_path, huggy_pt):
+    import shutil
+
+    odd = tmp_path / "chiens été" / "médor.pt"
+    odd.parent.mkdir()
+    shutil.copy(huggy_pt, odd)
+    got = cli([f"model.checkpoint='{odd}'", "tracking=none", "obs.rows=4"], tmp_path / "job")
+    assert got.code == 0, got.err[-2000:]
+
+
+# --- 4. sync leaves nothing RUNNING that no live process owns (the fast variant; kill -9 below)
+
+
+def dead_owner() -> str:
+    """An owner tag of a process of this host that has ended."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return tracking.owner().rsplit(":", 2)[0] + f":{child.pid}:1"
+
+
+def test_sync_ends_orphaned_runs_with_their_reason(tmp_path):
+    from mlflow.entities import RunTag
+
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    store = tracking.Store.open({"uri": uri})
+    dead = dead_owner()
+    client = store.client
+
+    def parent(jobs: int, done: int) -> str:
+        run = client.create_run(store.experiment_id, tags={"huggy.parent": "true", "huggy.owner": dead, "huggy.jobs": str(jobs)})
+        for _ in range(done):
+            child = client.create_run(store.experiment_id, tags={"mlflow.parentRunId": run.info.run_id, "huggy.complete": "true"})
+            client.set_terminated(child.info.run_id, "FINISHED")
+        return run.info.run_id
+
+    killed, finished = parent(3, 1), parent(2, 2)
+    partial = client.create_run(store.experiment_id, tags={"huggy.owner": dead, "huggy.job_id": "j1"}).info.run_id
+    deleted = client.create_run(store.experiment_id, tags={"huggy.owner": dead, "huggy.job_id": "j2"}).info.run_id
+    client.delete_run(deleted)
+    alive = client.create_run(store.experiment_id, tags={"huggy.owner": tracking.owner()}).info.run_id
+    elsewhere = client.create_run(store.experiment_id, tags={"huggy.owner": "other-host:x:1:1"}).info.run_id
+    client.log_batch(alive, tags=[RunTag("note", "this process: still running")])
+    counts = tracking.sync({"uri": uri}, [tmp_path / "none"])
+    assert counts["closed"] == 4
+    status = {rid: client.get_run(rid) for rid in (killed, finished, partial, deleted, alive, elsewhere)}
+    assert status[killed].info.status == "KILLED" and "1 of 3 jobs" in status[killed].data.tags["huggy.end_reason"]
+    assert status[finished].info.status == "FINISHED"
+    assert status[partial].info.status == "FAILED" and status[partial].info.lifecycle_stage == "deleted"
+    assert status[deleted].info.status == "FAILED" and status[deleted].info.lifecycle_stage == "deleted"
+    assert status[alive].info.status == "RUNNING" and status[elsewhere].info.status == "RUNNING"
+    assert tracking.sync({"uri": uri}, [tmp_path / "none"])["closed"] == 0
+
+
+# --- slow: real processes
+
+
+def mount_tmpfs(path: Path, size: str) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    mounted = []
+
+    def make(name: str, size: str) -> Path:
+        path = tmp_path / name
+        mount_tmpfs(path, size)
+        mounted.append(path)
+        return path
+
+    yield make
+    for path in mounted:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def fill(disk: Path, leave: int = 0) -> Path:
+    """Fill a tmpfs, leaving about `leave` bytes."""
+    filler = disk / "filler"
+    with open(filler, "wb") as fh:
+        try:
+            while safety.free_bytes(disk) > leave:
+                fh.write(bytes(min(1 << 20, max(safety.free_bytes(disk) - leave, 4096))))
+                fh.flush()
+        except OSError:
+            pass
+    return filler
+
+
+def run_py(args: list[str], cwd: Path, cache: Path, timeout: int = 240, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, str(REPO / "run.py"), *args], cwd=cwd, env=subprocess_env(cache), capture_output=True,
+                          text=True, timeout=timeout, **kw)
+
+
+@pytest.mark.slow
+def test_a_full_disk_at_start_is_one_line_naming_the_path_and_free_space(tmp_path, tmpfs, huggy_exp_cache):
+    disk = tmpfs("full", "2m")
+    fill(disk, leave=64 << 10)
+    for args in (["mode=info", f"hydra.run.dir={disk / 'job'}"], ["-m", "mode=info", "seed=0,1", f"hydra.sweep.dir={disk / 'sw'}"]):
+        got = run_py([*args, "tracking=none"], tmp_path, huggy_exp_cache)
+        assert got.returncode == 2 and "Traceback" not in got.stderr, got.stderr[-2000:]
+        line = [ln for ln in got.stderr.splitlines() if ln.strip()]
+        assert len(line) == 1 and str(disk) in line[0] and "free on its disk" in line[0], got.stderr
+
+
+@pytest.mark.slow
+def test_a_disk_full_during_the_job_ends_the_run_failed_and_keeps_the_result_consistent(tmp_path, tmpfs, huggy_exp_cache, huggy_pt):
+    disk = tmpfs("out", "1m")
+    fill(disk)
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    got = run_py([f"model.checkpoint={huggy_pt}", "mode=export-onnx", f"mode.path={disk / 'Huggy.onnx'}",
+                  f"tracking.uri={uri}", f"hydra.run.dir={tmp_path / 'job'}"], tmp_path, huggy_exp_cache)
+    assert got.returncode == 2 and "Traceback" not in got.stdout + got.stderr, got.stderr[-3000:]
+    assert f"no space left writing {disk / 'Huggy.onnx'}" in got.stderr and "free on its disk" in got.stderr
+    record = json.loads((tmp_path / "job" / "result.json").read_text())
+    assert record["status"] == "error" and record["tracking"]["status"] == "logged"
+    assert [r.info.status for r in _runs(uri)] == ["FAILED"]
+    assert not [p for p in disk.iterdir() if p.name != "filler"]  # no half-written file left
+
+
+@pytest.mark.slow
+def test_a_store_disk_filling_mid_copy_leaves_nothing_running_after_sync(tmp_path, tmpfs, huggy_exp_cache):
+    disk = tmpfs("store", "8m")
+    uri = f"sqlite:///{disk / 'mlflow.db'}"
+    first = run_py(["obs.rows=4", f"tracking.uri={uri}", f"hydra.run.dir={tmp_path / 'a'}"], tmp_path, huggy_exp_cache)
+    assert first.returncode == 0, first.stderr[-2000:]
+    filler = fill(disk, leave=16 << 10)
+    got = run_py(["obs.rows=4096", f"tracking.uri={uri}", f"hydra.run.dir={tmp_path / 'b'}"], tmp_path, huggy_exp_cache)
+    assert got.returncode == 3 and "Traceback" not in got.stdout + got.stderr, got.stderr[-3000:]
+    record = json.loads((tmp_path / "b" / "result.json").read_text())
+    assert record["status"] == "passed" and record["tracking"]["status"] == "pending"
+    filler.unlink()
+    sync = run_py(["mode=sync", f"tracking.uri={uri}", f"mode.paths=[{tmp_path}]"], tmp_path, huggy_exp_cache)
+    assert sync.returncode == 0, sync.stdout + sync.stderr[-2000:]
+    from mlflow.entities import ViewType
+
+    client = tracking.Store.open({"uri": uri}).client
+    every = client.search_runs([client.get_experiment_by_name("huggy_exp").experiment_id], run_view_type=ViewType.ALL)
+    assert "RUNNING" not in {r.info.status for r in every}
+    copies = [r for r in _runs(uri) if r.data.tags.get("huggy.job_id") == record["job_id"]]
+    assert len(copies) == 1 and copies[0].info.status == "FINISHED"
+
+
+def _limited(limit: int):
+    def apply():
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    return apply
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, keys", [
+    (["batch_size=200000"], "batch_size=200000"),
+    (["obs.rows=3000000"], "obs.rows=3000000"),
+    (["mode=stats", "mode.steps=20000", "mode.envs=100"], "mode.steps=20000 × mode.envs=100"),
+])
+def test_a_memory_bounded_process_refuses_what_does_not_fit_in_one_line(tmp_path, huggy_exp_cache, args, keys):
+    got = run_py([*args, "tracking=none", f"hydra.run.dir={tmp_path / 'job'}"], tmp_path, huggy_exp_cache,
+                 preexec_fn=_limited(3 << 30))
+    assert got.returncode == 2, got.stderr[-3000:]
+    line = [ln for ln in got.stderr.splitlines() if keys in ln]
+    assert line and "RLIMIT_AS" in line[0] and "Traceback" not in got.stdout + got.stderr, got.stderr[-3000:]
+    assert json.loads((tmp_path / "job" / "result.json").read_text())["status"] == "error"
+
+
+@pytest.mark.slow
+def test_a_memory_bounded_process_still_runs_an_ordinary_job(tmp_path, huggy_exp_cache):
+    got = run_py(["tracking=none", "mode=precision", f"hydra.run.dir={tmp_path / 'job'}"], tmp_path, huggy_exp_cache,
+                 preexec_fn=_limited(3 << 30))
+    assert got.returncode == 0, got.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_kill_9_mid_sweep_then_sync_leaves_nothing_running(tmp_path, huggy_exp_cache):
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    sweep = tmp_path / "sweep"
+    proc = _spawn(["-m", "mode=batch", "seed=0,1,2,3,4,5", "obs.rows=64", "mode.budget_s=1.0", f"tracking.uri={uri}",
+                   f"hydra.sweep.dir={sweep}"], tmp_path, huggy_exp_cache, start_new_session=True)
+    _wait_for(lambda: (sweep / "1" / "result.json").is_file(), proc)
+    os.killpg(proc.pid, 9)
+    proc.communicate(timeout=60)
+    from mlflow.entities import ViewType
+
+    def every():
+        client = tracking.Store.open({"uri": uri}).client
+        return client.search_runs([client.get_experiment_by_name("huggy_exp").experiment_id], run_view_type=ViewType.ALL)
+
+    assert "RUNNING" in {r.info.status for r in every()}  # the parent, at least: what sync must repair
+    sync = run_py(["mode=sync", f"tracking.uri={uri}", f"mode.paths=[{sweep}]"], tmp_path, huggy_exp_cache)
+    assert sync.returncode == 0, sync.stdout + sync.stderr[-2000:]
+    assert "orphaned RUNNING run(s) ended" in sync.stdout
+    runs = every()
+    assert "RUNNING" not in {r.info.status for r in runs}
+    parent = [r for r in runs if r.data.tags.get("huggy.parent") == "true"]
+    assert len(parent) == 1 and parent[0].info.status == "KILLED"
+    assert "of 6 jobs are in MLflow" in parent[0].data.tags["huggy.end_reason"]
+    results = [json.loads(p.read_text()) for p in sweep.glob("*/result.json")]
+    live = [r for r in runs if r.info.lifecycle_stage == "active" and r.data.tags.get("huggy.job_id")]
+    assert sorted(r.data.tags["huggy.job_id"] for r in live) == sorted(r["job_id"] for r in results)
+
+
+@pytest.mark.slow
+def test_concurrent_syncs_against_a_server_log_each_job_once_under_one_parent(tmp_path, huggy_exp_cache):
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    sweep = tmp_path / "sweep"
+    down = run_py(["-m", "mode=info", "seed=0,1,2,3", f"tracking.uri={uri}", f"hydra.sweep.dir={sweep}"], tmp_path,
+                  huggy_exp_cache)
+    assert down.returncode == 3, down.stderr[-2000:]  # the server is not up yet: every point pending, no parent
+    server = start_server(tmp_path, port)
+    try:
+        syncs = [_spawn(["mode=sync", f"tracking.uri={uri}", f"mode.paths=[{sweep}]"], tmp_path, huggy_exp_cache)
+                 for _ in range(3)]
+        outs = [p.communicate(timeout=300) for p in syncs]
+        assert [p.returncode for p in syncs] == [0, 0, 0], [o[1][-1500:] for o in outs]
+        runs = _runs(uri)
+        parents = [r for r in runs if r.data.tags.get("huggy.parent") == "true"]
+        children = [r for r in runs if r.data.tags.get("huggy.job_id")]
+        assert len(parents) == 1 and len(children) == 4 == len({r.data.tags["huggy.job_id"] for r in children})
+        assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parents[0].info.run_id}
+    finally:
+        stop_server(server)
+
+
+@pytest.mark.slow
+def test_a_password_protected_server_is_probed_and_logged_with_the_uris_credentials(tmp_path, huggy_exp_cache):
+    pytest.importorskip("flask_wtf", reason="MLflow's basic-auth server needs mlflow[auth] (Flask-WTF)")
+    port = free_port()
+    password = "s3cret-Pw_42"
+    server = start_server(tmp_path, port, auth_password=password)
+    try:
+        job = tmp_path / "job"
+        got = run_py(["obs.rows=4", f"tracking.uri=http://admin:{password}@127.0.0.1:{port}", f"hydra.run.dir={job}"],
+                     tmp_path, huggy_exp_cache)
+        assert got.returncode == 0, got.stderr[-3000:]
+        wrong = run_py(["obs.rows=4", f"tracking.uri=http://admin:not-{password[::-1]}@127.0.0.1:{port}",
+                        f"hydra.run.dir={tmp_path / 'wrong'}"], tmp_path, huggy_exp_cache)
+        assert wrong.returncode == 3 and "Traceback" not in wrong.stderr, wrong.stderr[-3000:]
+        seen = got.stdout + got.stderr + wrong.stdout + wrong.stderr
+        seen += "".join(p.read_text() for d in (job, tmp_path / "wrong") for p in d.rglob("*")
+                        if p.is_file() and p.suffix in (".json", ".log", ".yaml"))
+        assert password not in seen and password[::-1] not in seen
+        env = {**os.environ, "MLFLOW_TRACKING_USERNAME": "admin", "MLFLOW_TRACKING_PASSWORD": password}
+        check = subprocess.run([PYTHON, "-c", "import json, mlflow; c = mlflow.MlflowClient(tracking_uri='http://127.0.0.1:"
+                                f"{port}'); r = c.search_runs([c.get_experiment_by_name('huggy_exp').experiment_id])[0]; "
+                                "print(json.dumps([r.data.params, r.data.tags]))"], env=env, capture_output=True, text=True,
+                               timeout=120)
+        assert check.returncode == 0 and password not in check.stdout, check.stderr[-2000:]
+    finally:
+        stop_server(server)
