@@ -17,13 +17,15 @@ CONF = Path(__file__).parent / "conf"
 
 @hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")
 def main(cfg: DictConfig) -> str:
-    from huggy_exp.app import JobInfo, execute, exit_code, sync
+    from huggy_exp.app import JobInfo, execute, exit_code, sync, ui
 
     config.setup()  # the resolvers, again: joblib and submitit run this function in fresh processes
     hc = HydraConfig.get()
     mode = hc.runtime.choices["mode"]
     if mode == "sync":
         sys.exit(sync(cfg))
+    if mode == "ui":
+        sys.exit(ui(cfg))
     multirun = hc.mode == RunMode.MULTIRUN
     launcher = hc.runtime.choices.get("hydra/launcher", "basic")
     job = JobInfo(overrides=tuple(hc.overrides.task), case=hc.runtime.choices.get("case"),

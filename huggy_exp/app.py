@@ -19,7 +19,8 @@ from huggy_exp.config import held_result, validate
 from huggy_exp.context import Context, ModelSpec, ObsSpec
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.headline import headline_metrics
-from huggy_exp.results import EXIT_CODES, EXIT_PENDING, Result, update_result, write_result
+from huggy_exp.report import write_job_report
+from huggy_exp.results import EXIT_CODES, EXIT_PENDING, Result, read_result, update_result, write_result
 from huggy_exp.safety import NO_INFERENCE, check_job_memory, disk_full_message, is_disk_full
 
 JOB_LOG = "huggy_exp.job"  # conf/hydra/job_logging/huggy.yaml sends it to the job's run.log only
@@ -197,6 +198,7 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
         if interrupted:
             raise KeyboardInterrupt from None
         return result
+    write_job_report(workdir, read_result(workdir), [workdir / f for f in result.files if str(f).endswith(".png")])
     _print_summary(record, result, path)
     if interrupted:
         update_result(workdir, tracking={"status": "pending", "reason": "interrupted: `python run.py mode=sync` logs it"})
@@ -241,6 +243,27 @@ def sync(cfg: DictConfig) -> int:
     if counts["skipped"]:
         return EXIT_CODES["error"]
     return EXIT_PENDING if counts["pending"] else 0
+
+
+def ui(cfg: DictConfig) -> int:
+    """`mode=ui`: MLflow's UI on the store, on a free loopback port, at the latest sweep's runs; Ctrl-C stops it."""
+    from huggy_exp import ui as mlflow_ui
+
+    settings = {**OmegaConf.to_container(cfg.tracking, resolve=True), "enabled": True}
+    uri = tracking.store_uri(settings.get("uri"))
+    try:
+        latest = tracking.latest_sweep_url(settings)
+    except tracking.StoreDown as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if uri.startswith(("http://", "https://")):
+        print(f"tracking server {uri}: its UI is already there" + (f"; latest sweep's runs: {latest}" if latest else ""))
+        return 0
+    try:
+        return mlflow_ui.serve(uri, latest, int(settings.get("ui_port") or 5000), float(cfg.mode.wait_s))
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 def _instantiate(mode_cfg: DictConfig):

@@ -93,7 +93,7 @@ def compare(rows: list[dict]) -> dict:
 
     # --- per device (and model, when the sweep has several): the fastest dtype whose precision verdict passes
     recommended = {}
-    several = len({r["model_sha256"] for r in rows if r["mode"] == "precision"}) > 1
+    several = len({r["model_sha256"] for r in rows if r["mode"] == "precision" and r["status"] in ("passed", "failed")}) > 1
     for device, model in dict.fromkeys((r["device"], r["model_sha256"]) for r in rows):
         checked = [r for r in rows if r["device"] == device and r["model_sha256"] == model and r["mode"] == "precision"
                    and r["status"] in ("passed", "failed")]
@@ -101,13 +101,17 @@ def compare(rows: list[dict]) -> dict:
             continue
         passing = list(dict.fromkeys(r["dtype"] for r in checked if r["status"] == "passed"))
         failing = sorted({r["dtype"] for r in checked if r["status"] == "failed"} - set(passing))
-        timed = {d: _latency(rows, device, d, model) for d in passing}
-        timed = {d: t for d, t in timed.items() if t is not None}
+        measured = {d: _latency(rows, device, d, model) for d in passing}
+        measured = {d: m for d, m in measured.items() if m is not None}
+        timed = {d: p50 for d, (p50, _) in measured.items()}
         choice = min(timed, key=timed.get) if timed else None
+        noisy = bool(choice and measured[choice][1])
         key = f"{device} with {checked[0].get('model_name') or model}" if several else device
-        recommended[key] = {"dtype": choice, "p50_us": timed.get(choice), "passing": passing, "failing": failing,
-                               "why": (f"fastest passing (p50 {timed[choice]:.1f} us)" if choice else
-                                       "no latency.p50_us measured for a passing dtype: speed unknown, no pick")}
+        recommended[key] = {"dtype": choice, "p50_us": timed.get(choice), "noisy": noisy, "passing": passing,
+                            "failing": failing, "p50_by_dtype": timed,
+                            "why": (f"fastest passing (p50 {timed[choice]:.1f} us"
+                                    + (", NOISY: re-measure before relying on it)" if noisy else ")") if choice else
+                                    "no latency.p50_us measured for a passing dtype: speed unknown, no pick")}
     replays = replay_agreement(rows)
     return {"vs_cpu_fp32": vs_ref, "agreement": agreement, "recommended": recommended,
             "lines": comparison_lines(rows, agreement, recommended) + replays["lines"], "table": comparison_table(rows),
@@ -123,6 +127,7 @@ def replay_agreement(rows: list[dict]) -> dict:
             continue
         record = json.loads((Path(row["dir"]) / "result.json").read_text())
         share = (record.get("metrics") or {}).get("agreement/bitwise_share")
+        record = {**record, **(record.get("details") or {})}  # a task's details, wherever result.json keeps them
         table.append({"job": row["job"], "bundle": record.get("bundle"), "point": record.get("point"), "dtype": row["dtype"],
                       "threads": record.get("threads"), "recorded_point": record.get("recorded_point"),
                       "equal_to_recording": None if share is None else share == 1.0, "sha256": row["actions_sha256"],
@@ -140,13 +145,13 @@ def replay_agreement(rows: list[dict]) -> dict:
     return {"table": table, "lines": lines}
 
 
-def _latency(rows: list[dict], device: str, dtype: str, model: str | None = None) -> float | None:
-    """p50 on (device, dtype, model): the precision points' own (like for like: each measures at its batch size), else
-    the best any point of this sweep measured."""
+def _latency(rows: list[dict], device: str, dtype: str, model: str | None = None) -> tuple[float, bool] | None:
+    """(p50, noisy) on (device, dtype, model): the precision points' own (like for like: each measures at its batch
+    size), else the best any point of this sweep measured; noisy when the point that gave it flagged its timing."""
     mine = [r for r in rows if r["device"] == device and r["dtype"] == dtype and (model is None or r.get("model_sha256") == model)]
     for points in ([r for r in mine if r["mode"] == "precision"], mine):
-        values = [r["metrics"].get("p50_us") for r in points]
-        values = [v for v in values if isinstance(v, (int, float))]
+        values = [(r["metrics"]["p50_us"], bool(r.get("noisy"))) for r in points
+                  if isinstance(r["metrics"].get("p50_us"), (int, float))]
         if values:
             return min(values)
     return None
@@ -183,26 +188,30 @@ def draw(sweep_dir: Path, rows: list[dict], result: dict) -> list[Path]:
     """Plots for the parent run, only those the sweep has data for: error vs dtype, latency vs batch, agreement."""
     files = []
     errors: dict[str, tuple[list, list]] = {}
+    limits: dict[str, float] = {}
+    versus = "vs cpu fp64" if any("err_max_abs" in r["metrics"] for r in rows) else "vs cpu fp32"
     for r in rows:
-        if "vs_cpu_fp32_max_abs" in r:
+        value = r["metrics"].get("err_max_abs") if versus == "vs cpu fp64" else r.get("vs_cpu_fp32_max_abs")
+        if isinstance(value, (int, float)):
             xs, ys = errors.setdefault(r["device"], ([], []))
             xs.append(r["dtype"])
-            ys.append(r["vs_cpu_fp32_max_abs"])
+            ys.append(value)
+            if isinstance((r.get("limits") or {}).get("max_abs"), (int, float)):
+                limits[r["dtype"]] = max(limits.get(r["dtype"], 0.0), r["limits"]["max_abs"])
     if errors:
         files.append(sweep_dir / plots.categories(sweep_dir / "error_vs_dtype.png", errors, NARROW_FIRST[::-1],
-                                                  "max |Δaction| vs cpu fp32", "error vs dtype, per device"))
-    latency: dict[str, tuple[list, list]] = {}
+                                                  f"max |Δaction| {versus}", f"worst action error per dtype {versus}, "
+                                                  "per device (red: the dtype's limit)", limits))
+    curves: dict[str, dict[str, list]] = {}
     for r in rows:
-        points = r.get("latency_points")
-        if points is None and isinstance(r["metrics"].get("p50_us"), (int, float)):
-            points = [["eager", r["batch_size"], r["metrics"]["p50_us"]]]
-        for backend, batch, p50 in points or ():
-            xs, ys = latency.setdefault(f"{r['device']} {r['dtype']} {backend}", ([], []))
-            xs.append(batch)
-            ys.append(p50)
-    if latency:
-        files.append(sweep_dir / plots.scatter(sweep_dir / "latency_vs_batch.png", latency, "batch size",
-                                               "p50 latency per call (us)", "latency vs batch size, per device, dtype and backend"))
+        if r.get("latency_points") is None and isinstance(r["metrics"].get("p50_us"), (int, float)):
+            r = {**r, "latency_points": [["eager", r["batch_size"], r["metrics"]["p50_us"]]]}  # rows without a ladder
+        for stat in ("latency_points", "throughput_points"):
+            for backend, batch, value in r.get(stat) or ():
+                curves.setdefault(f"{r['device']} {r['dtype']} {backend}", {"latency_points": [], "throughput_points": []})[stat].append((batch, value))
+    if curves:
+        files.append(sweep_dir / plots.versus_batch(sweep_dir / "latency_vs_batch.png", curves,
+                                                    "latency and throughput vs batch size, per device, dtype and backend"))
     if result["agreement"]:
         labels = [f"{g['mode']} {g['dtype']} {g['obs']} s{g['seed']}" for g in result["agreement"]]
         cells = [[(f"{p['device']} #{p['job']}", p["class"]) for p in g["points"]] for g in result["agreement"]]

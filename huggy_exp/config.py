@@ -62,6 +62,7 @@ class TrackingConf:
     http_retries: int = rule(lo=0, hi=10)
     http_timeout_s: int = rule(lo=0, hi=600)
     user: Optional[str] = None
+    ui_port: int = rule(lo=1, hi=65535)
 
 
 @dataclass
@@ -227,11 +228,18 @@ class SyncMode(ModeConf):
     paths: List[str] = MISSING
 
 
+@dataclass
+class UiMode(ModeConf):
+    _target_: Optional[str] = None  # not a task: run.py hands it to huggy_exp.ui (the port is tracking.ui_port)
+    wait_s: float = rule(lo=1, hi=3600)
+
+
+NOT_TASKS = ("sync", "ui")  # modes run.py handles itself (tracking), not task classes
 MODES: dict[str, type] = {
     "action": ModeConf, "sample": ModeConf, "info": ModeConf, "checkpoints": ModeConf, "batch": BatchMode,
     "benchmark": BenchmarkMode,
     "export-onnx": ExportOnnxMode, "fingerprint": FingerprintMode, "onnx-compare": OnnxCompareMode,
-    "precision": PrecisionMode, "stats": StatsMode, "sync": SyncMode,
+    "precision": PrecisionMode, "stats": StatsMode, "sync": SyncMode, "ui": UiMode,
     "record": RecordMode, "replay": ReplayMode, "diff": DiffMode,
 }
 

@@ -74,6 +74,12 @@ def ladder(metrics: dict[str, float], stat: str) -> list[tuple[str, int, float]]
     return points
 
 
+def noisy(record: dict) -> bool:
+    """Whether a timing the job reported flagged itself noisy (IQR / median above timing.py's bound)."""
+    metrics = record.get("metrics") or {}
+    return bool(metrics.get("latency.noisy")) or any(value for _, _, value in ladder(metrics, "noisy"))
+
+
 def _lookup(metrics: dict[str, float], name: str):
     """A metric by name, or `a / b` of two metrics (None where either is missing or b is 0)."""
     if " / " not in name:

@@ -89,10 +89,12 @@ def scaling(path: Path, curves: dict[str, dict[str, list]], title: str) -> str:
     return _save(plt, fig, path)
 
 
-def categories(path: Path, series: dict[str, tuple[list, list]], order: tuple[str, ...], ylabel: str, title: str) -> str:
-    """One marker line per label over categorical x (dtypes in `order`); log y, zeros drawn at the bottom."""
+def categories(path: Path, series: dict[str, tuple[list, list]], order: tuple[str, ...], ylabel: str, title: str,
+               limits: dict[str, float] | None = None) -> str:
+    """One marker line per label over categorical x (dtypes in `order`), with each category's limit as a red bar;
+    log y, zeros drawn at the bottom."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = plt.subplots(figsize=(8, 4.2))
     present = [c for c in order if any(c in xs for xs, _ in series.values())]
     for label, (xs, ys) in series.items():
         best = {}
@@ -100,27 +102,42 @@ def categories(path: Path, series: dict[str, tuple[list, list]], order: tuple[st
             best[x] = max(best.get(x, 0.0), y)
         cats = [c for c in present if c in best]
         ax.plot([present.index(c) for c in cats], [max(best[c], 1e-12) for c in cats], marker="o", label=label)
+    for i, c in enumerate(present):
+        if limits and c in limits:
+            ax.hlines(limits[c], i - 0.3, i + 0.3, colors="tab:red", linewidth=2,
+                      label="limit" if i == min(j for j, d in enumerate(present) if d in limits) else None)
+            ax.annotate(f"limit {limits[c]:g}", (i + 0.32, limits[c]), fontsize=8, color="tab:red", va="center")
     ax.set_xticks(range(len(present)), present)
+    ax.set_xlabel("dtype")
     ax.set_yscale("log")
     ax.set_ylabel(ylabel)
-    ax.set_title(f"{title} (0 drawn at 1e-12)", fontsize=9)
+    ax.set_title(f"{title} (0 drawn at 1e-12)", fontsize=10)
     ax.legend(fontsize=8)
     return _save(plt, fig, path)
 
 
-def scatter(path: Path, series: dict[str, tuple[list, list]], xlabel: str, ylabel: str, title: str) -> str:
-    """Marker lines per label over a numeric x, both axes log."""
+def versus_batch(path: Path, curves: dict[str, dict[str, list]], title: str) -> str:
+    """p50 latency per call and throughput against batch size, side by side, one line per label; batch sizes in
+    numeric order on a log2 axis labelled with the sizes themselves."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for label, (xs, ys) in series.items():
-        order = np.argsort(xs)
-        ax.plot(np.asarray(xs)[order], np.asarray(ys)[order], marker="o", label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
+    fig, (lat, thr) = plt.subplots(1, 2, figsize=(12, 4.4))
+    sizes = sorted({b for c in curves.values() for pts in c.values() for b, _ in pts})
+    for label, c in curves.items():
+        for ax, key in ((lat, "latency_points"), (thr, "throughput_points")):
+            points = sorted(c.get(key) or [])
+            if points:
+                ax.plot(*zip(*points), marker="o", label=label)
+    for ax, ylabel in ((lat, "p50 latency per call (µs)"), (thr, "throughput (observations / s)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(sizes, [str(b) for b in sizes])
+        ax.minorticks_off()
+        ax.set_xlabel("batch size (rows per call)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
     return _save(plt, fig, path)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import sys
 import time
 import uuid
@@ -13,9 +14,9 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from huggy_exp import tracking
+from huggy_exp import report, tracking
 from huggy_exp.config import JOBS_ENV
-from huggy_exp.headline import ladder
+from huggy_exp.headline import ladder, noisy
 from huggy_exp.compare import compare, draw
 from huggy_exp.results import EXIT_CODES, EXIT_INTERRUPTED, EXIT_PENDING, atomic_write_text, jsonable, write_table
 
@@ -50,6 +51,8 @@ class SweepCallback(Callback):
         """Write the summaries, close the parent run, print the tally; returns the sweep's exit code."""
         assert self.sweep_dir is not None
         summary = summarize(self.sweep_dir, since=self.started)
+        info = tracking.read_sweep(self.sweep_dir) or {}
+        summary["title"] = tracking.sweep_name(info.get("argv", sys.argv[1:]), info.get("started") or self.started)
         files = write_summary(self.sweep_dir, summary)
         url = tracking.end_sweep(self.settings, self.sweep_dir, summary, files, status)
         print(f"\nsweep summary ({len(summary['rows'])} jobs) in {self.sweep_dir}:")
@@ -66,8 +69,11 @@ class SweepCallback(Callback):
             if url["runs"].startswith("http"):
                 print(f"  runs:       {url['runs']}\n  parent run: {url['parent']}")
             else:
-                print(f"  UI: mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000, then open\n"
-                      f"  runs:       http://127.0.0.1:5000/{url['runs']}\n  parent run: http://127.0.0.1:5000/{url['parent']}")
+                port = int(self.settings.get("ui_port") or 5000)
+                store = "" if uri == tracking.default_uri() else f" tracking.uri={uri}"
+                print(f"  UI: python run.py mode=ui{store} (or: mlflow ui --backend-store-uri {uri} --host 127.0.0.1 "
+                      f"--port {port} --workers 1), then open\n"
+                      f"  runs:       http://127.0.0.1:{port}/{url['runs']}\n  parent run: http://127.0.0.1:{port}/{url['parent']}")
         if status == "KILLED":
             return EXIT_INTERRUPTED
         worst = max((EXIT_CODES.get(r["status"], 2) if r["expect"] is None else int(not r["expectation_met"])
@@ -109,7 +115,8 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
                      "expectation_met": r.get("expectation_met"), "line": line, "dir": str(path.parent),
                      "seed": r.get("seed"), "obs": obs_label(obs), "model_sha256": (r.get("model") or {}).get("sha256"),
                      "model_name": _model_name(r.get("model") or {}),
-                     "latency_points": latency_points(r), "metrics": r.get("headline_metrics") or {}, "shared_machine": r.get("shared_machine", False),
+                     "latency_points": latency_points(r), "throughput_points": latency_points(r, "obs_per_s"), "metrics": r.get("headline_metrics") or {}, "shared_machine": r.get("shared_machine", False),
+                     "noisy": noisy(r), "run_id": (r.get("tracking") or {}).get("run_id"), "limits": r.get("limits") or {},
                      "knobs": (r.get("params") or {}).get("mode") or {}})
     tally = {s: sum(r["status"] == s for r in rows) for s in ORDER}
     tally["pending"] = sum(r["tracking"] == "pending" for r in rows)
@@ -122,13 +129,14 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
     return {"rows": rows, "tally": tally, "line": line, "comparison": compare(rows)}
 
 
-def latency_points(record: dict) -> list[list]:
-    """[backend, batch, p50 µs] a job timed: benchmark's `<backend>/b<N>/p50_us` ladder, else its `latency.p50_us`."""
+def latency_points(record: dict, stat: str = "p50_us") -> list[list]:
+    """[backend, batch, value] a job timed: benchmark's `<backend>/b<N>/<stat>` ladder, else its `latency.<stat>`
+    (stat p50_us or obs_per_s)."""
     metrics = record.get("metrics") or {}
-    points = [list(point) for point in ladder(metrics, "p50_us")]
-    if not points and isinstance(metrics.get("latency.p50_us"), (int, float)):
+    points = [list(point) for point in ladder(metrics, stat)]
+    if not points and isinstance(metrics.get(f"latency.{stat}"), (int, float)):
         backend = (record.get("params") or {}).get("backend") or "eager"
-        points.append([backend, int(record.get("batch_size") or 0), float(metrics["latency.p50_us"])])
+        points.append([backend, int(record.get("batch_size") or 0), float(metrics[f"latency.{stat}"])])
     return points
 
 
@@ -159,9 +167,12 @@ def write_summary(sweep_dir: Path, summary: dict) -> list[Path]:
         writer = csv.DictWriter(fh, columns + [f"m.{k}" for k in metric_names], extrasaction="ignore")
         writer.writeheader()
         writer.writerows(flat)
-    shown = ["job", "run_name", "status", "expect", "vs_cpu_fp32_max_abs", "note"]
-    md = [f"# Sweep {sweep_dir.name}", "", summary["line"], "", "| " + " | ".join(shown) + " |", "|" + " --- |" * len(shown)]
-    md += ["| " + " | ".join(_cell(r.get(c)) for c in shown) + " |" for r in summary["rows"]]
+    md = [f"# {summary.get('title') or 'Sweep ' + sweep_dir.name}", "", summary["line"], ""]
+    advice = tracking.recommendation(summary["comparison"])
+    if advice:
+        md += [f"**Recommended:** {advice}", ""]
+    md += ["| " + " | ".join(report.VERDICT_HEAD) + " |", "|" + " --- |" * len(report.VERDICT_HEAD)]
+    md += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in report.verdict_rows(summary["rows"])]
     comparison = summary["comparison"]
     if comparison["lines"]:
         md += ["", "## Comparison", "", *(f"- {line}" for line in comparison["lines"])]
@@ -171,13 +182,17 @@ def write_summary(sweep_dir: Path, summary: dict) -> list[Path]:
         write_table(sweep_dir / "device_agreement.csv", comparison["device_agreement"])
         paths.append(sweep_dir / "device_agreement.csv")
     plots = draw(sweep_dir, summary["rows"], comparison)
+    md += ["", f"Everything above with the plots embedded, in one file: [{report.REPORT}]({report.REPORT})."]
     if plots:
         md += ["", *(f"![{p.stem}]({p.name})" for p in plots)]
     atomic_write_text(paths[2], "\n".join(md) + "\n")
-    return paths + [table] + plots
+    env = next((json.loads((Path(r["dir"]) / "result.json").read_text()).get("environment") for r in summary["rows"]), {}) or {}
+    page = report.write_sweep_report(sweep_dir, summary.get("title") or f"Sweep {sweep_dir.name}", summary, plots, env)
+    return paths + [table, page] + plots
 
 
 def _cell(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.3g}"
-    return "" if value is None else str(value).replace("|", "\\|")
+    """A markdown table cell: numbers as the report prints them, a report's marked-up cell as its text."""
+    if isinstance(value, tuple) and value and value[0] == "html":
+        value = re.sub(r"<[^>]+>", "", value[1]).strip()
+    return report.fmt(value).replace("|", "\\|")

@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from huggy_exp.headline import headline_names, settings
+from huggy_exp.headline import PER_DTYPE, headline_names, noisy, settings
 from huggy_exp.results import read_result, update_result
 from huggy_exp.safety import disk_full_message, free_bytes, is_disk_full, size
 
@@ -265,12 +265,13 @@ class Store:
                 raise
             return found.experiment_id
 
-    def find(self, key: str, value: str):
+    def find(self, key: str, value: str, also: str = ""):
+        """Active runs whose tag `key` is `value` (and `also`, a further filter clause)."""
         from mlflow.entities import ViewType
 
-        runs = self.client.search_runs([self.experiment_id], filter_string=f"tags.`{key}` = '{value}'",
-                                       run_view_type=ViewType.ACTIVE_ONLY, max_results=10)
-        return runs
+        where = f"tags.`{key}` = '{value}'" + (f" and {also}" if also else "")
+        return self.client.search_runs([self.experiment_id], filter_string=where, run_view_type=ViewType.ACTIVE_ONLY,
+                                       max_results=10)
 
     def url(self, run_id: str) -> str:
         """The run's page in the MLflow UI (full URL for a server store; for SQLite the part after the UI's address)."""
@@ -279,8 +280,15 @@ class Store:
 
 UI_VIEW = "workflowType=machine_learning"  # MLflow 3 UI: without it an experiment opens on its GenAI (traces) pages
 SHARED_VIEW = "mlflow.sharedViewState."  # experiment tag the UI reads for `?viewStateShareKey=<key>` (its Share button)
-VIEW_PARAMS = ("mode", "device", "dtype", "batch_size", "obs.source", "seed")
-VIEW_TAGS = ("case", "status")
+PARENT_TAG = "huggy.parent"
+SWEEP_DIR_TAG = "huggy.sweep_dir"  # on the parent: the sweep's folder (summary.md, report.html)
+# the runs table's first screen, left to right after the run name: the verdict, the error with its limit, the cosine,
+# the latency at the job's own batch, the fingerprint prefix, and why a point was skipped; then the rest
+FIRST_METRICS = ("err_max_abs", "cos_min", "p50_us")  # headline names (headline.py), in this order
+LIMIT_PARAM = "limit/max_abs"
+VIEW_PARAMS = ("device", "dtype", "batch_size", "mode", "obs.source", "seed")
+# px: the first six fit in the 630 px MLflow leaves beside the name at 1600 px with its Assistant panel open
+WIDTHS = {"verdict": 180, "metric": 84, "limit": 92, "fingerprint": 104, "reason": 440, "created": 44}
 
 
 def run_url(uri: str, experiment_id: str, run_id: str | None = None, view: str | None = None) -> str:
@@ -290,12 +298,30 @@ def run_url(uri: str, experiment_id: str, run_id: str | None = None, view: str |
     return f"{uri.rstrip('/')}/{path}" if urlparse(uri).scheme in ("http", "https") else path
 
 
+def view_columns(metrics: list[str]) -> list[str]:
+    """The runs table's columns in display order (MLflow column ids) for a sweep whose points logged `metrics`
+    (headline names, in the headline table's order)."""
+    shown = [m for m in metrics if m != "passed"]  # the verdict column says it in words
+    first = [m for m in FIRST_METRICS if m in shown]
+    metric_cols = [f"metrics.`{m}`" for m in first]
+    if "err_max_abs" in first:
+        metric_cols.insert(1, f"params.`{LIMIT_PARAM}`")
+    return (["tags.`verdict`", *metric_cols, "tags.`fingerprint`", "tags.`reason`",
+             *(f"metrics.`{m}`" for m in shown if m not in first), *(f"params.`{p}`" for p in VIEW_PARAMS), "tags.`case`"])
+
+
 def sweep_view(sweep_id: str, metrics: list[str]) -> str:
-    """The runs table of one sweep, its points flat (a filter un-nests children) with the headline metrics as columns."""
-    columns = ([f"metrics.`{m}`" for m in metrics] + [f"params.`{p}`" for p in VIEW_PARAMS]
-               + [f"tags.`{t}`" for t in VIEW_TAGS])
+    """The runs table of one sweep as MLflow's shared view state: its points flat (a filter un-nests children), sorted
+    by name, the columns of `view_columns` in that order and narrow enough to fit beside MLflow's Assistant panel
+    (it opens on a first visit to a local server and takes a quarter of the window)."""
+    columns = view_columns(metrics)
+    kind = {"tags.`verdict`": "verdict", "tags.`fingerprint`": "fingerprint", "tags.`reason`": "reason",
+            f"params.`{LIMIT_PARAM}`": "limit"}
+    widths = {c: WIDTHS[kind.get(c, "metric")] for c in columns[:len(columns) - len(VIEW_PARAMS) - 1]}
+    widths["runDateAndNestInfo"] = WIDTHS["created"]  # "Created" is pinned beside the name: its icon is enough
     return json.dumps({"selectedColumns": columns, "searchFilter": f"tags.sweep_id = '{sweep_id}'",
-                       "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True})
+                       "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True,
+                       "columnOrder": ["attributes.`Run Name`", "runDateAndNestInfo", *columns], "columnWidths": widths})
 
 
 # --- one job
@@ -353,8 +379,8 @@ def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None) -> d
     run_id = run.info.run_id
     try:
         stamp = int(run.info.start_time)
-        flat = {"mode": record["mode"], **flatten(settings(record.get("params", {}), record["dtype"]))}
-        params = [Param(k, v) for k, v in flat.items()]
+        flat = {"mode": record["mode"], **flatten(settings(record.get("params", {}), record["dtype"])), **limit_params(record)}
+        params = [Param(k, v) for k, v in flat.items() if not _per_dtype(k, record["dtype"])]
         metrics = [Metric(k, float(v), stamp, 0) for k, v in record.get("metrics", {}).items()
                    if isinstance(v, (int, float)) and math.isfinite(float(v))]
         metrics += [Metric(name, float(v), stamp, int(step)) for name, points in record.get("series", {}).items()
@@ -368,6 +394,11 @@ def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None) -> d
                 with tempfile.TemporaryDirectory() as tmp:
                     copy = Path(tmp) / "result.json"
                     copy.write_text(json.dumps({**read_result(workdir), "tracking": _logged(store, run_id, record)}, indent=2))
+                    store.client.log_artifact(run_id, str(copy))
+            elif path.suffix == ".yaml" and redact(text := path.read_text(errors="replace")) != text:
+                with tempfile.TemporaryDirectory() as tmp:  # Hydra's copy of a config file that holds a URI password
+                    copy = Path(tmp) / path.name
+                    copy.write_text(redact(text))
                     store.client.log_artifact(run_id, str(copy))
             else:  # a file in a job-dir folder keeps it (loadgen/<scenario>/mlperf_log_summary.txt, one per scenario);
                 # Hydra's .hydra/config.yaml and files outside the job dir land at the top
@@ -431,6 +462,7 @@ def run_tags(record: dict, parent: str | None) -> dict[str, str]:
     env = record.get("environment") or {}
     tags = {
         "mode": record["mode"], "device": record["device"], "dtype": record["dtype"], "status": record["status"],
+        "verdict": verdict(record),  # status, for filters; verdict, for reading: the runs table's first column
         "reason": record.get("reason", ""), "synthetic": str(model.get("synthetic")).lower(),
         "model.sha256": str(model.get("sha256")), "huggy.job_id": record["job_id"],
         "mlflow.source.name": "run.py", "mlflow.source.type": "LOCAL", "huggy.owner": owner(),
@@ -455,8 +487,40 @@ def run_tags(record: dict, parent: str | None) -> dict[str, str]:
     return {k: str(v)[:MAX_TAG_CHARS] for k, v in tags.items()}
 
 
+def limit_params(record: dict) -> dict[str, str]:
+    """The limits this point was judged by, under keys every dtype shares (`limit/max_abs`, `limit/cosine_min`, ...),
+    so a compare view lines them up; the effective ones (after `specialize`) where the job reported them."""
+    limits = dict(record.get("limits") or {})
+    if record.get("layer_threshold") is not None:
+        limits.setdefault("layer_rel_rmse", record["layer_threshold"])
+    if not limits:
+        mode = (record.get("params") or {}).get("mode") or {}
+        for table in PER_DTYPE:
+            own = (mode.get(table) or {}).get(record["dtype"]) if isinstance(mode.get(table), dict) else None
+            if isinstance(own, dict):
+                limits.update({(k if table == "thresholds" else f"{table}.{k}"): v for k, v in own.items()})
+            elif own is not None:
+                limits[table] = own
+    return {f"limit/{k}": str(v) for k, v in limits.items() if v is not None}
+
+
+def _per_dtype(key: str, dtype: str) -> bool:
+    """`mode.thresholds.fp32.max_abs`: a per-dtype key, replaced by its `limit/...` twin (one row for every dtype)."""
+    parts = key.split(".")
+    return len(parts) > 3 and parts[0] == "mode" and parts[1] in PER_DTYPE and parts[2] == dtype
+
+
+def verdict(record: dict) -> str:
+    """The verdict as the runs table's first column shows it: `passed`, `passed, p50 noisy`, `skipped: <why>`."""
+    status, reason = record["status"], record.get("reason")
+    if status != "passed" and reason:
+        return f"{status}: {reason}"
+    return f"{status}, p50 noisy" if noisy(record) else status
+
+
 def artifacts(record: dict, workdir: Path) -> list[Path]:
-    names = ["result.json", *record.get("arrays", {}).values(), *record.get("tables", {}).values(), *record.get("files", [])]
+    names = ["result.json", "report.html", *record.get("arrays", {}).values(), *record.get("tables", {}).values(),
+             *record.get("files", [])]
     paths = [p if p.is_absolute() else workdir / p for p in map(Path, names)] + [workdir / ".hydra" / "config.yaml"]
     return [p for p in dict.fromkeys(paths) if p.is_file()]
 
@@ -560,23 +624,58 @@ def start_sweep(settings: dict, sweep_dir: Path, sweep_id: str, argv: list[str],
     return info
 
 
+SWEEP_FUNCTIONS = ("glob(", "range(", "choice(", "interval(", "tag(", "sort(", "shuffle(")
+
+
+def sweep_overrides(argv: list[str]) -> dict[str, str]:
+    """The command line's `key=value` overrides that describe the sweep (not Hydra's or tracking's plumbing)."""
+    found = {}
+    for arg in argv:
+        key, eq, value = arg.lstrip("+~").partition("=")
+        if eq and not key.startswith(("hydra", "tracking.", "-")):
+            found[key] = value
+    return found
+
+
+def is_swept(value: str) -> bool:
+    return "," in value or value.startswith(SWEEP_FUNCTIONS)
+
+
+def sweep_name(argv: list[str], started: float) -> str:
+    """`sweep mode=precision dtype=fp32,fp16,bf16 · 12-01 07:45`: what was swept (and the mode), and when."""
+    overrides = sweep_overrides(argv)
+    shown = {k: v for k, v in overrides.items() if k == "mode" or is_swept(v)} or overrides
+    what = " ".join(f"{k}={v}" for k, v in shown.items()) or "(defaults)"
+    if len(what) > 110:
+        what = what[:109] + "…"
+    return f"sweep {what} · {time.strftime('%m-%d %H:%M', time.localtime(started))}"
+
+
 def ensure_parent(store: Store, info: dict) -> str:
-    """The sweep's parent run (found by its sweep id, else created); its id is written back to sweep.json."""
-    found = store.find("huggy.sweep_id", info["id"])
+    """The sweep's parent run (found by its sweep id, else created); its id is written back to sweep.json.
+
+    Named after what was swept, with the overrides as params (a swept key holds its list of values)."""
+    from mlflow.entities import Param
+
+    found = store.find("sweep_id", info["id"], also=f"tags.`{PARENT_TAG}` = 'true'")
     if found:
         run_id = found[0].info.run_id
     else:
-        argv = redact(" ".join(info.get("argv", [])))
-        tags = {"huggy.sweep_id": info["id"], "sweep_id": info["id"], "huggy.parent": "true", "huggy.owner": owner(),
-                "huggy.jobs": str(info.get("jobs") or ""), "huggy.sweep_dir": str(info.get("dir") or ""),
-                "mlflow.source.name": "run.py", "overrides": argv,
-                "mlflow.note.content": f"sweep {info['id']}: python run.py {argv}"}
+        argv = info.get("argv", [])
+        shown = redact(" ".join(argv))
+        tags = {"sweep_id": info["id"], PARENT_TAG: "true", "huggy.owner": owner(), "huggy.jobs": str(info.get("jobs") or ""),
+                SWEEP_DIR_TAG: str(info.get("dir") or ""), "mlflow.source.name": "run.py", "overrides": shown,
+                "mlflow.note.content": f"python run.py {shown}"}
         if store.user:
             tags["mlflow.user"] = store.user
         commit = git_commit()
         if commit:
             tags["mlflow.source.git.commit"] = commit
-        run_id = store.client.create_run(store.experiment_id, run_name=f"sweep-{info['id']}", tags=tags).info.run_id
+        name = redact(sweep_name(argv, info.get("started") or time.time()))
+        run_id = store.client.create_run(store.experiment_id, run_name=name, tags=tags).info.run_id
+        params = [Param(k, redact(v)[:MAX_PARAM_CHARS]) for k, v in sweep_overrides(argv).items()]
+        if params:
+            store.client.log_batch(run_id, params=params)
     if info.get("parent_run_id") != run_id:
         info["parent_run_id"] = run_id
         info["tracking"] = {"status": "logged", "uri": store.uri, "experiment_id": store.experiment_id,
@@ -586,8 +685,21 @@ def ensure_parent(store: Store, info: dict) -> str:
     return run_id
 
 
+def recommendation(comparison: dict) -> str:
+    """The sweep's recommendation in one line: `cpu: fp32 (p50 6,210 µs; passing fp32, fp16, bf16)`, per device."""
+    parts = []
+    for device, rec in (comparison.get("recommended") or {}).items():
+        if rec.get("dtype"):
+            figure = f"p50 {rec['p50_us']:,.0f} µs" + (" NOISY: re-measure before relying on it" if rec.get("noisy") else "")
+            parts.append(f"{device}: {rec['dtype']} ({figure}; passing {', '.join(rec.get('passing') or []) or 'none'})")
+        else:
+            parts.append(f"{device}: none ({rec.get('why', 'no passing dtype')})")
+    return "; ".join(parts)
+
+
 def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path], status: str = "FINISHED") -> dict | None:
-    """Close the parent run with the sweep's tally, comparison and files, and save a UI view of the sweep's runs.
+    """Close the parent run with the sweep's tally, recommendation, comparison and files (the HTML report among
+    them), tag each point with its output fingerprint, and save the UI view of the sweep's runs.
 
     Returns the UI addresses {"parent": ..., "runs": ...} (full URLs for servers, else the part after the UI's
     address), or None if not logged.
@@ -604,25 +716,57 @@ def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path],
             stamp = int(time.time() * 1000)
             tally = summary.get("tally", {})
             comparison = summary.get("comparison") or {}
-            note = "\n\n".join(filter(None, [summary.get("line", ""), "\n".join(f"- {x}" for x in comparison.get("lines", []))]))
+            advice = recommendation(comparison)
+            head = summary.get("line", "") + (f" · **Recommended** {advice}" if advice else "")  # one paragraph: in view
+            note = "\n\n".join(filter(None, [head, "\n".join(f"- {x}" for x in comparison.get("lines", []))]))
             tags = [RunTag("mlflow.note.content", note[:MAX_TAG_CHARS])]
-            tags += [RunTag(re.sub(r"[^\w./\- :]", "_", f"recommended.{device}"), str(rec["dtype"] or "none"))
-                     for device, rec in (comparison.get("recommended") or {}).items()]
+            if advice:
+                tags += [RunTag("recommendation", advice[:MAX_TAG_CHARS]), RunTag("verdict", f"recommends {advice}"[:MAX_TAG_CHARS])]
             store.client.log_batch(run_id, metrics=[Metric(f"jobs_{k}", float(v), stamp, 0) for k, v in tally.items()],
                                    tags=tags)
+            for row in summary.get("rows", []):  # the output fingerprint is known once the sweep compared its points
+                if row.get("run_id") and row.get("actions_sha256"):
+                    store.client.set_tag(row["run_id"], "fingerprint", row["actions_sha256"][:12])
             if comparison.get("table"):
                 store.client.log_table(run_id, data=_columns(comparison["table"]), artifact_file="comparison_table.json")
             for path in files:
-                if path.is_file():
+                if path.name.endswith(".md") and path.is_file():
+                    _log_markdown(store, run_id, path, int(settings.get("ui_port") or 5000))
+                elif path.is_file():
                     store.client.log_artifact(run_id, str(path))
             store.client.set_terminated(run_id, status)
             headline = list(dict.fromkeys(m for r in summary.get("rows", []) for m in r.get("metrics", {})))
             store.client.set_experiment_tag(store.experiment_id, SHARED_VIEW + info["id"], sweep_view(info["id"], headline))
             info["ui"] = {"parent": store.url(run_id), "runs": run_url(store.uri, store.experiment_id, view=info["id"])}
+            name = store.client.get_run(run_id).info.run_name
+            store.client.set_experiment_tag(store.experiment_id, "mlflow.note.content", (  # the home page lists it
+                f"Latest sweep: [{name}]({info['ui']['runs']})"
+                f" (verdict, error with its limit, cosine, p50 and fingerprint first). {summary.get('line', '')}"
+                + (f" Recommended: {advice}." if advice else "")))
             write_sweep(sweep_dir, info)
             return info["ui"]
     except Exception:  # the summary files are on disk; sync re-closes nothing, so say so in the caller
         return None
+
+
+def ui_base(uri: str, ui_port: int = 5000) -> str:
+    """The UI's address for a store: the server itself, or where mode=ui serves a SQLite store (tracking.ui_port)."""
+    return uri.rstrip("/") if urlparse(uri).scheme in ("http", "https") else f"http://127.0.0.1:{ui_port}"
+
+
+def _log_markdown(store: Store, run_id: str, path: Path, ui_port: int) -> None:
+    """A markdown artifact whose relative image links point at the run's own artifacts: MLflow's viewer draws only
+    images with an absolute address (a relative one is shown as its link text, a data: URI is dropped)."""
+    def absolute(match: re.Match) -> str:
+        name = match.group(2)
+        if re.match(r"^[a-z][a-z0-9+.-]*:", name):
+            return match.group(0)
+        return f"![{match.group(1)}]({ui_base(store.uri, ui_port)}/get-artifact?path={name}&run_uuid={run_id})"
+
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / path.name
+        copy.write_text(re.sub(r"!\[([^\]]*)\]\(([^)\s]+)\)", absolute, path.read_text()))
+        store.client.log_artifact(run_id, str(copy))
 
 
 def _columns(rows: list[dict]) -> dict[str, list]:
@@ -632,9 +776,10 @@ def _columns(rows: list[dict]) -> dict[str, list]:
 
 
 def sweep_runs(settings: dict, sweep_id: str | None = None) -> dict:
-    """A sweep in a store (the latest, or `sweep_id`): ids, run names, headline metrics, artifacts; for UI checks."""
+    """A sweep in a store (the latest, or `sweep_id`) as the UI should show it, for UI checks: ids, names, verdicts,
+    headline metrics, params, the parent's tally, recommendation and artifacts, the runs URL, the HTML report's path."""
     store = Store.open(settings)
-    where = "tags.`huggy.parent` = 'true'" + (f" and tags.sweep_id = '{sweep_id}'" if sweep_id else "")
+    where = f"tags.`{PARENT_TAG}` = 'true'" + (f" and tags.sweep_id = '{sweep_id}'" if sweep_id else "")
     parents = store.client.search_runs([store.experiment_id], filter_string=where, max_results=1,
                                        order_by=["attributes.start_time DESC"])
     if not parents:
@@ -644,11 +789,32 @@ def sweep_runs(settings: dict, sweep_id: str | None = None) -> dict:
     shown = headline_names()
     children = store.client.search_runs([store.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'",
                                         max_results=1000)
-    return {"sweep_id": sid, "experiment_id": store.experiment_id, "uri": store.uri,
-            "parent": {"id": parent.info.run_id, "name": parent.info.run_name,
+    folder = parent.data.tags.get(SWEEP_DIR_TAG)
+    note = parent.data.tags.get("mlflow.note.content", "")
+    return {"sweep_id": sid, "experiment_id": store.experiment_id, "experiment": store.experiment, "uri": store.uri,
+            "runs": run_url(store.uri, store.experiment_id, view=sid),
+            "report": str(Path(folder) / "report.html") if folder else None,
+            "parent": {"id": parent.info.run_id, "name": parent.info.run_name, "tally": note.split("\n")[0].split(" · ")[0],
+                       "recommendation": parent.data.tags.get("recommendation", ""),
                        "artifacts": [a.path for a in store.client.list_artifacts(parent.info.run_id)]},
             "children": [{"id": c.info.run_id, "name": c.info.run_name, "metrics": dict(c.data.metrics),
+                          "status": c.data.tags.get("status", ""),
+                          "reason": c.data.tags.get("reason", ""), "params": dict(c.data.params),
                           "headline": [k for k in c.data.metrics if k in shown]} for c in children]}
+
+
+def latest_sweep_url(settings: dict) -> str | None:
+    """The runs view of the store's latest finished sweep (the part after the UI's address for SQLite, a full URL
+    for a server); None when the store has no sweep yet."""
+    store = Store.open(settings)
+    parents = store.client.search_runs([store.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = 'true'",
+                                       max_results=20, order_by=["attributes.start_time DESC"])
+    views = set((store.client.get_experiment(store.experiment_id).tags or {}))
+    for parent in parents:
+        sweep_id = parent.data.tags.get("sweep_id")
+        if SHARED_VIEW + str(sweep_id) in views:
+            return run_url(store.uri, store.experiment_id, view=sweep_id)
+    return None
 
 
 # --- sync: every pending result.json, exactly once

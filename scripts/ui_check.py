@@ -1,134 +1,339 @@
-"""Render a sweep in the real MLflow UI (headless Chromium against `mlflow ui` on 127.0.0.1) and check what a person sees.
+"""Open a sweep in the real MLflow UI (headless Chromium at 1600x1000 against `mlflow ui` on 127.0.0.1) and check what
+a person sees without clicking or configuring anything.
 
-    python scripts/ui_check.py [--store sqlite:///mlruns/mlflow.db] [--sweep <sweep id>] [--screenshot docs/ui_runs.png]
+    python scripts/ui_check.py [--store sqlite:///mlruns/mlflow.db] [--sweep <id>] [--port 5000 | --ui URL]
+                               [--shots DIR] [--screenshot docs/ui_runs.png]
 
-Checks, on the pages the sweep's printed URLs open: the sweep's runs view lists the parent and every child with the
-headline metric columns; the parent's page carries its tally and comparison; its artifacts list the summary files and
-the comparison plot renders as an image; a child's page shows its headline metrics. Exit 0 when all hold, 1 with
-what is missing, 2 when it cannot run (no Chromium: Debian `apt-get install chromium`; no such sweep or store).
+Pages, each in a browser profile that has never seen MLflow (so its Assistant panel opens, as on a first visit):
+- the runs URL the sweep printed: the verdict column first, then max error vs fp64, its limit, cosine, p50 and the
+  fingerprint prefix, all within the viewport beside the Assistant panel; every point's verdict readable, a skipped
+  point's reason begun in its verdict cell, and a point with metrics showing them;
+- the root URL: the experiment listed with the latest sweep in its description, and the experiment page linking to
+  the sweep's runs;
+- a child that has metrics (not a skipped one): its headline metrics and values;
+- the parent: its description with the tally and the recommendation;
+- the parent's plots and summary.md in MLflow's artifact viewer: every image decoded (naturalWidth > 0);
+- the compare view of the sweep's passing children: every one of them and the headline metrics;
+- the HTML report, from disk (file://) and as the parent's MLflow artifact: title, tally, verdicts, images decoded.
+
+Screenshots of every page go to --shots (default: a temporary folder, printed). Exit 0 when everything holds, 1
+naming what does not, 2 when it cannot run (no Chromium: Debian `apt-get install chromium`; no such sweep or store).
 """
 
 from __future__ import annotations
 
 import argparse
-import html
-import os
-import re
-import shutil
-import signal
-import socket
-import subprocess
+import json
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
+from urllib.parse import quote
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
 
-from huggy_exp import tracking  # noqa: E402
+from browser import Browser, BrowserError, find_browser  # noqa: E402
 
-BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-WAIT_S = 90
+from huggy_exp import tracking, ui  # noqa: E402
+from huggy_exp.errors import UserError  # noqa: E402
 
+WIDTH, HEIGHT = 1600, 1000
+PAGES = ("runs", "root", "child", "parent", "images", "compare", "report")
+LOAD_S = 90  # one page of the MLflow UI on a busy 2-core machine
 
-def browser() -> str | None:
-    return next((path for name in BROWSERS if (path := shutil.which(name))), None)
+# JavaScript helpers: is an element's box inside the viewport (and inside the clipping box `clip`), and is its left
+# part really on top (not under a panel or another element)?
+JS_SEEN = """
+window.__inview = el => { const r = el.getBoundingClientRect();
+  return r.width > 0 && r.left >= 0 && r.right <= innerWidth + 1 && r.top >= 0 && r.bottom <= innerHeight + 1; };
+window.__textSeen = t => {  // is some element whose own text contains t on screen?
+  const walk = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (let n = walk.nextNode(); n; n = walk.nextNode()) if (n.nodeValue.includes(t) && __seen(n.parentElement)) return true;
+  return false;
+};
+window.__seen = (el, clip) => {
+  const r = el.getBoundingClientRect();
+  const c = clip ? clip.getBoundingClientRect() : {left: 0, right: innerWidth, top: 0, bottom: innerHeight};
+  const inside = r.width > 0 && r.left >= Math.max(0, c.left) - 1 && r.right <= Math.min(innerWidth, c.right) + 1
+                 && r.top >= 0 && r.bottom <= innerHeight + 1;
+  if (!inside) return false;
+  const hit = document.elementFromPoint(Math.min(r.left + 8, r.right - 1), (r.top + r.bottom) / 2);
+  return !!hit && (el === hit || el.contains(hit));
+};
+"""
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_ui(uri: str, port: int, log: Path) -> subprocess.Popen:
-    """`mlflow ui` on loopback, in its own process group (stopped with everything it started); waits for /health."""
-    mlflow_bin = Path(sys.executable).with_name("mlflow")
-    command = [str(mlflow_bin) if mlflow_bin.exists() else "mlflow", "ui", "--backend-store-uri", uri,
-               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=open(log, "w"), start_new_session=True)
-    deadline = time.time() + WAIT_S
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                return server
-        except OSError:
-            if server.poll() is not None or time.time() > deadline:
-                stop(server)
-                raise SystemExit(f"error: mlflow ui did not start within {WAIT_S} s; its log: {log}")
-            time.sleep(0.5)
-
-
-def stop(server: subprocess.Popen) -> None:
-    with_group = lambda sig: os.killpg(server.pid, sig)  # noqa: E731
-    try:
-        with_group(signal.SIGTERM)
-        server.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        with_group(signal.SIGKILL)
-        server.wait()
-    except ProcessLookupError:
-        pass
-
-
-def render(chrome: str, url: str, profile: Path, screenshot: Path | None = None) -> str:
-    """The page's DOM after its scripts ran (virtual time), or a PNG of it when `screenshot` is given."""
-    args = [chrome, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--user-data-dir={profile}",
-            "--virtual-time-budget=20000"]
-    # the runs table draws only the rows and columns in its viewport: a huge window puts a whole sweep in it
-    args += [f"--screenshot={screenshot}", "--window-size=1600,800"] if screenshot else ["--dump-dom", "--window-size=8000,6000"]
-    proc = subprocess.run([*args, url], capture_output=True, text=True, timeout=120)
-    return proc.stdout
-
-
-def visible_text(dom: str) -> str:
-    dom = re.sub(r"<(script|style)\b.*?</\1>", " ", dom, flags=re.S)
-    return html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", dom)))
-
-
-def check(chrome: str, base: str, sweep: dict, profile: Path, screenshot: Path | None) -> list[str]:
-    """What is missing from the pages; empty when everything is there."""
-    exp, parent, children = sweep["experiment_id"], sweep["parent"], sweep["children"]
-    missing = []
-    pages = {
-        "runs view": tracking.run_url(sweep["uri"], exp, view=sweep["sweep_id"]),
-        "parent run": tracking.run_url(sweep["uri"], exp, parent["id"]),
-        "child run": tracking.run_url(sweep["uri"], exp, children[0]["id"]) if children else None,
+JS_GRID = JS_SEEN + """
+(() => {
+  const clip = document.querySelector('.ag-center-cols-viewport') || document.querySelector('.ag-body-viewport');
+  const headers = {};
+  for (const h of document.querySelectorAll('.ag-header-cell[col-id]')) {
+    const r = h.getBoundingClientRect();
+    headers[h.getAttribute('col-id')] = {left: Math.round(r.left), right: Math.round(r.right), seen: __seen(h, h.closest('.ag-pinned-left-header') ? null : clip)};
+  }
+  const rows = {};
+  for (const row of document.querySelectorAll('.ag-row[row-index]')) {
+    const i = row.getAttribute('row-index');
+    rows[i] = rows[i] || {};
+    for (const cell of row.querySelectorAll('.ag-cell[col-id]')) {
+      const pinned = !!cell.closest('.ag-pinned-left-cols-container');
+      rows[i][cell.getAttribute('col-id')] = {text: cell.innerText.trim(), seen: __seen(cell, pinned ? null : clip)};
     }
-    plots = [a for a in parent["artifacts"] if a.endswith(".png")]
-    if plots:
-        pages["parent plot"] = tracking.run_url(sweep["uri"], exp, parent["id"]).replace(
-            f"/runs/{parent['id']}?", f"/runs/{parent['id']}/artifacts/{plots[0]}?")
-    for name, path in pages.items():
-        if path is None:
-            missing.append("the sweep has no child run")
+  }
+  return {headers, rows: Object.values(rows), assistant: !!document.querySelector('[data-assistant-ui]') || document.body.innerText.includes('MLflow Assistant')};
+})()
+"""
+
+# the text a reader meets scrolling every scrolling box top to bottom (MLflow's compare tables render only the rows in view)
+JS_SCROLLED_TEXT = """(async () => {
+  const seen = [document.body.innerText];
+  for (const box of [...document.querySelectorAll('*')].filter(e => e.scrollHeight > e.clientHeight + 20)) {
+    for (let y = 0; y <= box.scrollHeight; y += Math.max(100, box.clientHeight - 40)) {
+      box.scrollTop = y; await new Promise(r => setTimeout(r, 150)); seen.push(box.innerText);
+    }
+  }
+  return seen.join('\\n');
+})()"""
+
+JS_IMAGES = "[...document.images].map(i => [i.alt, i.currentSrc.slice(0, 60), i.complete, i.naturalWidth])"
+
+
+class Check:
+    """One browser profile per page (a first visit every time), screenshots into `shots`, findings into `missing`."""
+
+    def __init__(self, chrome: str, base: str, shots: Path, tmp: Path):
+        self.chrome, self.base, self.shots, self.tmp = chrome, base, shots, tmp
+        self.missing: list[str] = []
+        self.pages = 0
+
+    def url(self, path: str) -> str:
+        return path if path.startswith(("http://", "https://", "file://")) else f"{self.base}/{path}"
+
+    def visit(self, name: str, path: str, ready: str, timeout_s: float = LOAD_S):
+        """A fresh browser on `path`; waits until the JavaScript `ready` is truthy, then screenshots. Returns it open."""
+        self.pages += 1
+        browser = Browser(self.chrome, self.tmp / f"profile-{self.pages}", WIDTH, HEIGHT)
+        browser.open(self.url(path))
+        if not browser.wait(ready, timeout_s, settle_s=1.5):
+            self.miss(name, f"the page did not get ready within {timeout_s:g} s ({ready}) at {self.url(path)}")
+        shot = browser.screenshot(self.shots / f"{name}.png")
+        print(f"  {name}: {self.url(path)}\n    screenshot {shot}")
+        return browser
+
+    def miss(self, name: str, what: str) -> None:
+        self.missing.append(f"{name}: {what}")
+        print(f"    MISSING {what}")
+
+
+def first_screen(sweep: dict) -> list[tuple[str, str]]:
+    """(column id, what it is) that must be in view on the runs page: verdict first, then the headline columns."""
+    metrics = list(dict.fromkeys(m for c in sweep["children"] for m in c["headline"]))
+    wanted = {"tags.`verdict`": "the verdict", "metrics.`err_max_abs`": "error vs fp64",
+              f"params.`{tracking.LIMIT_PARAM}`": "its limit", "metrics.`cos_min`": "cosine",
+              "metrics.`p50_us`": "p50 at the job's batch", "tags.`fingerprint`": "fingerprint prefix"}
+    columns = tracking.view_columns(metrics)
+    return [(c, wanted[c]) for c in columns if c in wanted]
+
+
+def check_runs(check: Check, sweep: dict, runs_path: str, screenshot: Path | None) -> None:
+    name = "runs"
+    children = sweep["children"]
+    ready = f"document.querySelectorAll('.ag-row[row-index]').length >= {len(children)} && document.querySelectorAll('.ag-header-cell[col-id]').length > 3"
+    with check.visit(name, runs_path, ready) as page:
+        grid = page.evaluate(JS_GRID)
+        if screenshot is not None:
+            page.screenshot(screenshot)
+            print(f"    and {screenshot}")
+    headers = grid["headers"]
+    columns = first_screen(sweep)
+    for column, what in columns:
+        if column not in headers:
+            check.miss(name, f"no {what} column ({column}) on the first screen")
+        elif not headers[column]["seen"]:
+            check.miss(name, f"the {what} column ({column}) is not within the {WIDTH}x{HEIGHT} viewport "
+                             f"(x {headers[column]['left']}..{headers[column]['right']})")
+    data = {c: h for c, h in headers.items() if c.startswith(("metrics.", "params.", "tags."))}
+    if data and "tags.`verdict`" in headers and min(data, key=lambda c: data[c]["left"]) != "tags.`verdict`":
+        check.miss(name, f"the verdict is not the first column after the run name (first: {min(data, key=lambda c: data[c]['left'])})")
+    rows = {r.get("attributes.`Run Name`", {}).get("text", "").split("\n")[-1]: r for r in grid["rows"]}  # after its colour
+    for child in children:
+        row = rows.get(child["name"])
+        if row is None:
+            check.miss(name, f"the point {child['name']} is not listed")
             continue
-        url = path if path.startswith("http") else f"{base}/{path}"
-        dom = render(chrome, url, profile)
-        text = visible_text(dom)
-        want: list[str] = []
-        if name == "runs view":
-            want = [parent["name"], *(c["name"] for c in children), *{m for c in children for m in c["headline"]}]
-        elif name == "parent run":
-            want = [parent["name"], "jobs_passed"]
-            if not any(c["name"] in text for c in children):  # the page lists the first children, not always all
-                missing.append(f"{name}: none of its child runs is listed at {url}")
-        elif name == "child run":
-            want = [children[0]["name"], *children[0]["headline"]]
-        elif name == "parent plot":
-            if not re.search(rf'<img[^>]*alt="{re.escape(plots[0])}"[^>]*src="blob:', dom):
-                missing.append(f"{name}: {plots[0]} is not rendered as an image at {url}")
-            want = [a for a in parent["artifacts"] if a.startswith("summary")]
-        missing += [f"{name}: {w!r} not on the page {url}" for w in dict.fromkeys(want) if w not in text]
-        print(f"  {name}: {url} -> {'ok' if not any(m.startswith(name) for m in missing) else 'MISSING'}")
-    if screenshot is not None:
-        screenshot.parent.mkdir(parents=True, exist_ok=True)
-        path = pages["runs view"]
-        render(chrome, path if path.startswith("http") else f"{base}/{path}", profile, screenshot)
-        print(f"  screenshot: {screenshot}")
-    return missing
+        cell = row.get("tags.`verdict`", {"text": "", "seen": False})
+        if not cell["seen"] or not cell["text"].startswith(child["status"]):
+            check.miss(name, f"{child['name']}: verdict {cell['text']!r} does not read {child['status']!r} in view")
+        if child["status"] == "skipped" and child["reason"] and child["reason"][:12] not in cell["text"]:
+            check.miss(name, f"{child['name']}: skipped without its reason in view ({cell['text']!r})")
+    with_metrics = [c for c in children if c["headline"]]
+    if not with_metrics:
+        check.miss(name, "no point of the sweep has headline metrics")
+    for child in with_metrics[:1]:
+        row = rows.get(child["name"]) or {}
+        for column, what in columns:
+            cell = row.get(column)
+            if column.startswith("metrics.") and (cell is None or cell["text"] in ("", "-") or not cell["seen"]):
+                check.miss(name, f"{child['name']}: {what} shows {cell and cell['text']!r}, not its value, in view")
+    print(f"    columns in view: {', '.join(c for c, _ in columns if headers.get(c, {}).get('seen'))}")
+
+
+def check_root(check: Check, sweep: dict) -> None:
+    name = "root"
+    ready = f"document.body.innerText.includes({json.dumps(sweep['experiment'])})"
+    with check.visit(name, "", ready) as page:
+        text = page.evaluate("document.body.innerText")
+    if "Latest sweep" not in text:
+        check.miss(name, "the experiment's description does not name the latest sweep on the home page")
+    name = "experiment"
+    link = f"a[href*='viewStateShareKey={sweep['sweep_id']}']"
+    with check.visit(name, f"#/experiments/{sweep['experiment_id']}", f"!!document.querySelector({json.dumps(link)})") as page:
+        # in view, not hit-tested: on a first visit MLflow dims this page under its "Detect Issues" popover
+        seen = page.evaluate(JS_SEEN + f"(() => {{ const a = document.querySelector({json.dumps(link)}); return !!a && __inview(a); }})()")
+    if not seen:
+        check.miss(name, "the experiment page (what clicking the experiment opens) has no link to the sweep's runs in view")
+
+
+def check_child(check: Check, sweep: dict) -> None:
+    name = "child"
+    child = next((c for c in sweep["children"] if c["headline"]), None)
+    if child is None:
+        check.miss(name, "no child with metrics to open")
+        return
+    path = tracking.run_url(sweep["uri"], sweep["experiment_id"], child["id"])
+    with check.visit(name, path, f"document.body.innerText.includes({json.dumps(child['headline'][0])})") as page:
+        text = page.evaluate("document.body.innerText")
+    for metric in child["headline"]:
+        if metric not in text:
+            check.miss(name, f"{child['name']}: headline metric {metric} not on its page")
+
+
+def check_parent(check: Check, sweep: dict) -> None:
+    name = "parent"
+    parent = sweep["parent"]
+    path = tracking.run_url(sweep["uri"], sweep["experiment_id"], parent["id"])
+    tally = parent["tally"]
+    with check.visit(name, path, f"document.body.innerText.includes({json.dumps(tally[:20])})") as page:
+        seen = page.evaluate(JS_SEEN + "Object.fromEntries(%s.map(t => [t, __textSeen(t)]))" % json.dumps([tally[:20], "Recommended"]))
+    if not seen.get(tally[:20]):
+        check.miss(name, f"the tally ({tally!r}) is not in view in the parent's description")
+    if parent["recommendation"] and not seen.get("Recommended"):
+        check.miss(name, "the recommendation is not in view in the parent's description")
+
+
+def artifact_path(sweep: dict, run_id: str, artifact: str) -> str:
+    return tracking.run_url(sweep["uri"], sweep["experiment_id"], run_id).replace(
+        f"/runs/{run_id}?", f"/runs/{run_id}/artifacts/{artifact}?")
+
+
+def check_images(check: Check, sweep: dict) -> None:
+    parent = sweep["parent"]
+    for artifact in [a for a in parent["artifacts"] if a.endswith(".png")] + ["summary.md"]:
+        if artifact not in parent["artifacts"]:
+            check.miss("images", f"the parent has no {artifact}")
+            continue
+        name = "artifact-" + artifact.replace(".", "-")
+        want = f"[...document.images].some(i => i.alt === {json.dumps(artifact)} || i.currentSrc.includes({json.dumps(quote(artifact))}) || i.currentSrc.includes('get-artifact'))"
+        with check.visit(name, artifact_path(sweep, parent["id"], artifact), f"{want} && [...document.images].every(i => i.complete)") as page:
+            images = page.evaluate(JS_IMAGES)
+            text = page.evaluate("document.body.innerText")
+        mine = [i for i in images if i[0] == artifact or "get-artifact" in i[1] or quote(artifact) in i[1]]
+        if not mine:
+            check.miss(name, f"{artifact}: no image on its artifact page")
+        for alt, src, _, natural in mine:
+            if natural <= 0:
+                check.miss(name, f"{artifact}: image {alt or src!r} did not decode (naturalWidth 0)")
+        if artifact.endswith(".md") and "](" in text:
+            check.miss(name, "summary.md shows an image as its link text")
+
+
+def check_compare(check: Check, sweep: dict) -> None:
+    name = "compare"
+    passing = [c for c in sweep["children"] if c["status"] == "passed"]
+    if len(passing) < 2:
+        print(f"  {name}: fewer than two passing points, nothing to compare")
+        return
+    runs = quote(json.dumps([c["id"] for c in passing]))
+    path = f"#/compare-runs?runs={runs}&experiments={quote(json.dumps([sweep['experiment_id']]))}"
+    if sweep["uri"].startswith("http"):
+        path = f"{sweep['uri'].rstrip('/')}/{path}"
+    with check.visit(name, path, " && ".join(f"document.body.innerText.includes({json.dumps(c['name'])})" for c in passing)) as page:
+        text = page.evaluate(JS_SCROLLED_TEXT)
+    for child in passing:
+        if child["name"] not in text:
+            check.miss(name, f"{child['name']} is not in the compare view")
+    for metric in dict.fromkeys(m for c in passing for m in c["headline"]):
+        if metric not in text:
+            check.miss(name, f"headline metric {metric} is not in the compare view")
+    if tracking.LIMIT_PARAM in {p for c in passing for p in c["params"]} and tracking.LIMIT_PARAM not in text:
+        check.miss(name, f"the {tracking.LIMIT_PARAM} row is not in the compare view")
+
+
+def report_ready(title: str) -> str:
+    return (f"document.body && document.body.innerText.includes({json.dumps(title[:30])}) && "
+            "[...document.images].every(i => i.complete)")
+
+
+def check_report_file(check: Check, sweep: dict, report: Path) -> None:
+    name = "report-file"
+    if not report.is_file():
+        check.miss(name, f"no {report} beside summary.md")
+        return
+    title = sweep["parent"]["name"]
+    with check.visit(name, report.resolve().as_uri(), report_ready(title), 30) as page:
+        text = page.evaluate("document.body.innerText")
+        images = page.evaluate(JS_IMAGES)
+    _report_content(check, name, sweep, text, images)
+
+
+def check_report_artifact(check: Check, sweep: dict) -> None:
+    """The report in MLflow's artifact viewer: it draws .html in an iframe, read here through the frame's own context."""
+    name = "report-artifact"
+    parent = sweep["parent"]
+    if "report.html" not in parent["artifacts"]:
+        check.miss(name, "report.html is not an artifact of the parent")
+        return
+    with check.visit(name, artifact_path(sweep, parent["id"], "report.html"), "!!document.querySelector('iframe')") as page:
+        frames = page.call("Page.getFrameTree")["frameTree"].get("childFrames", [])  # one tree: browser.py's flags
+        text, images = "", []
+        deadline = time.time() + 30
+        while frames and time.time() < deadline:
+            world = page.call("Page.createIsolatedWorld", frameId=frames[0]["frame"]["id"])["executionContextId"]
+            result = page.call("Runtime.evaluate", expression="JSON.stringify([document.body ? document.body.innerText : '', "
+                               + JS_IMAGES + "])", contextId=world, returnByValue=True)
+            text, images = json.loads(result["result"].get("value") or '["", []]')
+            if sweep["parent"]["tally"][:20] in text and all(i[2] for i in images):
+                break
+            time.sleep(1)
+            frames = page.call("Page.getFrameTree")["frameTree"].get("childFrames", [])
+        page.screenshot(check.shots / f"{name}.png")
+        seen = page.evaluate(JS_SEEN + "(() => { const f = document.querySelector('iframe'); const r = f.getBoundingClientRect(); return r.height > 300 && r.width > 500; })()")
+    if not frames:
+        check.miss(name, "the artifact viewer shows no frame for report.html")
+        return
+    if not seen:
+        check.miss(name, "the report's frame is too small to read")
+    _report_content(check, name, sweep, text, images)
+
+
+def _report_content(check: Check, name: str, sweep: dict, text: str, images: list) -> None:
+    parent = sweep["parent"]
+    for want, what in ((parent["name"][:30], "the sweep's name"), (parent["tally"][:20], "the tally"),
+                       ("Verdicts", "the verdict table"), ("Environment", "the environment")):
+        if want not in text:
+            check.miss(name, f"the report lacks {what} ({want!r})")
+    for child in sweep["children"]:
+        if child["name"] not in text:
+            check.miss(name, f"the report's verdict table lacks {child['name']}")
+    if parent["recommendation"] and "Recommendation" not in text:
+        check.miss(name, "the report lacks the recommendation")
+    plots = [a for a in parent["artifacts"] if a.endswith(".png")]
+    if len(images) < len(plots):
+        check.miss(name, f"the report embeds {len(images)} image(s) for {len(plots)} plot(s)")
+    for alt, src, _, natural in images:
+        if natural <= 0:
+            check.miss(name, f"the report's image {alt or src!r} did not decode")
 
 
 def main(argv: list[str]) -> int:
@@ -136,36 +341,57 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--store", default=tracking.default_uri(), help="tracking URI (default: the repo's SQLite store)")
     parser.add_argument("--experiment", default=tracking.DEFAULT_EXPERIMENT)
     parser.add_argument("--sweep", default=None, help="sweep id (default: the latest sweep in the store)")
-    parser.add_argument("--screenshot", type=Path, default=None, help="also save a PNG of the sweep's runs view")
+    parser.add_argument("--port", type=int, default=5000, help="port for `mlflow ui` (the next free one if taken); "
+                        "the sweep's tracking.ui_port, so summary.md's images point at this UI")
+    parser.add_argument("--ui", default=None, help="check a UI that is already running at this address instead")
+    parser.add_argument("--only", nargs="+", choices=PAGES, help="check these pages only (default: all)")
+    parser.add_argument("--shots", type=Path, default=None, help="folder for the screenshots (default: a temporary one)")
+    parser.add_argument("--screenshot", type=Path, default=None, help="also save the runs page here (docs/ui_runs.png)")
     args = parser.parse_args(argv)
-    chrome = browser()
+    chrome = find_browser()
     if chrome is None:
-        print("error: needs a headless Chromium (Debian: apt-get install chromium); none of "
-              f"{', '.join(BROWSERS)} is on PATH", file=sys.stderr)
+        print("error: needs a headless Chromium (Debian: apt-get install chromium); none of chromium, "
+              "chromium-browser, google-chrome is on PATH", file=sys.stderr)
         return 2
-    settings = {"uri": args.store, "experiment": args.experiment}
     try:
-        sweep = tracking.sweep_runs(settings, args.sweep)
+        sweep = tracking.sweep_runs({"uri": args.store, "experiment": args.experiment}, args.sweep)
     except tracking.StoreDown as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="huggy-ui-") as tmp:
-        server = None
-        base = ""
-        if not sweep["uri"].startswith("http"):
-            port = free_port()
-            server = start_ui(sweep["uri"], port, Path(tmp) / "mlflow-ui.log")
-            base = f"http://127.0.0.1:{port}"
+        shots = args.shots or Path(tmp) / "shots"
+        shots.mkdir(parents=True, exist_ok=True)
+        server, base = None, ""
         try:
-            print(f"sweep {sweep['sweep_id']}: parent {sweep['parent']['name']}, {len(sweep['children'])} children")
-            missing = check(chrome, base, sweep, Path(tmp) / "profile", args.screenshot)
+            if args.ui:
+                base = args.ui.rstrip("/")
+            elif not sweep["uri"].startswith("http"):
+                port = ui.free_port(args.port)
+                started = time.time()
+                server = ui.start(sweep["uri"], port, Path(tmp) / "mlflow-ui.log", 240)
+                base = f"http://{ui.HOST}:{port}"
+                print(f"mlflow ui on {base} answered after {time.time() - started:.0f} s")
+            print(f"sweep {sweep['sweep_id']}: parent {sweep['parent']['name']!r}, {len(sweep['children'])} points; "
+                  f"screenshots in {shots}")
+            check = Check(chrome, base, shots, Path(tmp))
+            pages = {"runs": lambda: check_runs(check, sweep, sweep["runs"], args.screenshot),
+                     "root": lambda: check_root(check, sweep), "child": lambda: check_child(check, sweep),
+                     "parent": lambda: check_parent(check, sweep), "images": lambda: check_images(check, sweep),
+                     "compare": lambda: check_compare(check, sweep),
+                     "report": lambda: (check_report_file(check, sweep, Path(sweep["report"] or "report.html")),
+                                        check_report_artifact(check, sweep))}
+            for page in args.only or list(pages):
+                pages[page]()
+        except (UserError, BrowserError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         finally:
             if server is not None:
-                stop(server)
-    for line in missing:
+                ui.stop(server)
+    for line in check.missing:
         print(f"MISSING {line}")
-    print("ui check: " + ("passed" if not missing else f"{len(missing)} thing(s) missing"))
-    return 1 if missing else 0
+    print("ui check: " + ("passed" if not check.missing else f"{len(check.missing)} thing(s) missing"))
+    return 1 if check.missing else 0
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import assert_same_weights, compose_config
-from huggy_exp import mlagents
+from huggy_exp import config, mlagents
 from huggy_exp.context import Context, ModelSpec, ObsSpec
 from huggy_exp.dynamics import Dynamics
 from huggy_exp.placement import resolve
@@ -34,7 +34,7 @@ CONF = REPO / "conf"
 SHARED = REPO.parent / "shared" / "fixtures" / "mlagents"
 HUGGY_PT = SHARED / "huggy" / "Huggy" / "Huggy-2000049.pt"
 REFERENCE = SHARED / "huggy" / "reference"
-MODES = sorted(p.stem for p in (CONF / "mode").glob("*.yaml") if p.stem != "sync")  # sync is tracking, not a task
+MODES = sorted(p.stem for p in (CONF / "mode").glob("*.yaml") if p.stem not in config.NOT_TASKS)  # sync, ui: not tasks
 READS_A_RUN = ("replay", "diff")  # they need a bundle or sweep to read: tests/test_certificate.py runs them
 
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"genuine ML-Agents fixtures not found at {SHARED}")

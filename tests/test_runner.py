@@ -23,8 +23,9 @@ from conftest import (
     run_job,
     subprocess_env,
 )
+from huggy_exp import config
 
-MODES = sorted(p.stem for p in CONF.glob("mode/*.yaml") if p.stem != "sync")  # sync is tracking, not a task
+MODES = sorted(p.stem for p in CONF.glob("mode/*.yaml") if p.stem not in config.NOT_TASKS)  # sync, ui: not tasks
 CORE_MODES = ("info", "checkpoints", "action", "sample", "batch")
 COMMON_KEYS = ("mode", "run_name", "device", "dtype", "batch_size", "seed", "model", "status", "reason", "metrics",
                "started", "duration_s", "environment")

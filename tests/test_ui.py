@@ -1,13 +1,23 @@
-"""scripts/ui_check.py against a real `mlflow ui` and headless Chromium; skipped, saying why, where Chromium is absent."""
+"""What the MLflow UI shows first, the sweep's parent run, the HTML reports, mode=ui; and scripts/ui_check.py against
+a real `mlflow ui` in headless Chromium (slow: CI installs Debian's chromium so that it runs)."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import socket
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
 from conftest import PYTHON, REPO, subprocess_env
+from huggy_exp import report, tracking, ui
+
+SHOTS = Path(os.environ.get("HUGGY_EXP_UI_SHOTS", REPO / "test-artifacts" / "ui"))  # screenshots of the slow tests
+PRECISION_HEADLINE = ["passed", "err_max_abs", "cos_min", "err_vs_fp32", "rel_ratio", "p50_us"]
 
 pytestmark = pytest.mark.slow  # mlflow ui, a browser and a sweep: processes, run by `pytest -m slow`
 
@@ -19,23 +29,211 @@ def _ui_check():
     return module
 
 
-CHROMIUM = _ui_check().browser()
+CHROMIUM = _ui_check().find_browser()
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium); "
-                                              "scripts/ui_check.py is a manual tool where CI lacks it")
-def test_ui_shows_the_sweeps_runs_headline_metrics_and_plots(tmp_path, huggy_exp_cache):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = subprocess_env(huggy_exp_cache)
-    sweep = subprocess.run([PYTHON, "run.py", "-m", "mode=precision", "dtype=fp32,bf16", "obs.rows=4",
-                            f"hydra.sweep.dir={tmp_path / 'sweep'}", f"tracking.uri={uri}"],
-                           cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
-    assert sweep.returncode == 0, sweep.stderr[-3000:]
-    check = subprocess.run([PYTHON, "scripts/ui_check.py", "--store", uri, "--screenshot", str(tmp_path / "ui.png")],
-                           cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
-    assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-3000:]
-    assert "ui check: passed" in check.stdout and "runs view" in check.stdout and "parent plot" in check.stdout
-    assert (tmp_path / "ui.png").stat().st_size > 10_000
+# --- the runs table's first screen
+
+
+def test_runs_view_shows_the_verdict_then_error_limit_cosine_p50_and_fingerprint():
+    columns = tracking.view_columns(PRECISION_HEADLINE)
+    assert columns[:6] == ["tags.`verdict`", "metrics.`err_max_abs`", "params.`limit/max_abs`", "metrics.`cos_min`",
+                           "metrics.`p50_us`", "tags.`fingerprint`"]
+    assert "metrics.`passed`" not in columns  # the verdict says it in words
+
+
+def test_the_first_screen_fits_beside_the_assistant_panel():
+    view = json.loads(tracking.sweep_view("abc", PRECISION_HEADLINE))
+    assert view["columnOrder"][:3] == ["attributes.`Run Name`", "runDateAndNestInfo", "tags.`verdict`"]
+    assert view["searchFilter"] == "tags.sweep_id = 'abc'" and view["selectedColumns"][0] == "tags.`verdict`"
+    first = view["columnOrder"][2:8]
+    # 1600 px window, Assistant panel open: the grid is x 222..1160, the name and Created end at 529
+    assert sum(view["columnWidths"][c] for c in first) <= 1160 - 529
+
+
+def test_a_skipped_point_reads_its_reason_and_a_noisy_one_says_so():
+    assert tracking.verdict({"status": "skipped", "reason": "npu needs torch_npu"}) == "skipped: npu needs torch_npu"
+    assert tracking.verdict({"status": "passed", "metrics": {"latency.noisy": 1.0}}) == "passed, p50 noisy"
+    assert tracking.verdict({"status": "passed", "metrics": {"latency.noisy": 0.0}}) == "passed"
+
+
+def test_limits_are_params_under_keys_every_dtype_shares():
+    record = {"dtype": "bf16", "limits": {"max_abs": 0.05, "cosine_min": 0.99}, "layer_threshold": 0.02}
+    assert tracking.limit_params(record) == {"limit/max_abs": "0.05", "limit/cosine_min": "0.99",
+                                             "limit/layer_rel_rmse": "0.02"}
+    from_config = {"dtype": "fp16", "params": {"mode": {"atol": {"fp16": 0.01, "fp32": 1e-5}}}}
+    assert tracking.limit_params(from_config) == {"limit/atol": "0.01"}
+    assert tracking._per_dtype("mode.thresholds.bf16.max_abs", "bf16")
+    assert not tracking._per_dtype("mode.relative.warn", "bf16")
+
+
+# --- the sweep's parent
+
+
+def test_a_parent_is_named_after_what_was_swept():
+    started = time.mktime((2026, 12, 1, 7, 45, 0, 0, 0, -1))
+    argv = ["-m", "mode=precision", "dtype=fp32,fp16,bf16", "tracking.uri=sqlite:///x.db", "hydra.sweep.dir=/tmp/s"]
+    assert tracking.sweep_name(argv, started) == "sweep mode=precision dtype=fp32,fp16,bf16 · 12-01 07:45"
+    assert tracking.sweep_name(["-m", "case=glob(*bf16*)"], started) == "sweep case=glob(*bf16*) · 12-01 07:45"
+    assert tracking.sweep_overrides(argv) == {"mode": "precision", "dtype": "fp32,fp16,bf16"}
+
+
+def _summary(tmp_path: Path) -> dict:
+    rec = {"cpu": {"dtype": "fp32", "p50_us": 1350.0, "noisy": True, "passing": ["fp32", "bf16"], "failing": [],
+                   "p50_by_dtype": {"fp32": 1350.0, "bf16": 2900.0}, "why": "fastest passing"}}
+    return {"rows": [], "tally": {"passed": 2, "failed": 0, "skipped": 1, "error": 0}, "title": "sweep dtype=fp32,bf16",
+            "line": "2/3 passed, 0 failed, 1 skipped, 0 error", "comparison": {"recommended": rec, "lines": [], "table": []}}
+
+
+def test_a_parent_carries_the_swept_keys_one_sweep_id_and_one_recommendation_tag(tmp_path):
+    import mlflow
+
+    settings = {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    info = tracking.start_sweep(settings, tmp_path / "sweep", "abc123", ["-m", "mode=precision", "dtype=fp32,bf16"], 2)
+    (tmp_path / "sweep" / "summary.md").write_text("# s\n\n![error_vs_dtype](error_vs_dtype.png)\n")
+    ui_urls = tracking.end_sweep({**settings, "ui_port": 5123}, tmp_path / "sweep", _summary(tmp_path),
+                                 [tmp_path / "sweep" / "summary.md"])
+    client = mlflow.MlflowClient(settings["uri"])
+    parent = client.get_run(info["parent_run_id"])
+    assert parent.info.run_name.startswith("sweep mode=precision dtype=fp32,bf16 · ")
+    assert parent.data.params == {"mode": "precision", "dtype": "fp32,bf16"}
+    tags = parent.data.tags
+    assert tags["sweep_id"] == "abc123" and not [k for k in tags if "sweep_id" in k and k != "sweep_id"]
+    assert not [k for k in tags if " " in k] and not [k for k in tags if k.startswith("recommended")]
+    assert tags["recommendation"].startswith("cpu: fp32 (p50 1,350 µs NOISY")
+    assert "2/3 passed" in tags["mlflow.note.content"] and "Recommended" in tags["mlflow.note.content"]
+    assert ui_urls["runs"].endswith("viewStateShareKey=abc123")
+    md = Path(client.download_artifacts(parent.info.run_id, "summary.md", str(tmp_path / "dl"))).read_text()
+    assert f"](http://127.0.0.1:5123/get-artifact?path=error_vs_dtype.png&run_uuid={parent.info.run_id})" in md
+    experiment = client.get_experiment(parent.info.experiment_id)
+    assert "viewStateShareKey=abc123" in experiment.tags["mlflow.note.content"]  # the home page names the sweep
+    assert tracking.latest_sweep_url(settings) == ui_urls["runs"]
+
+
+# --- the HTML reports
+
+
+def test_a_sweep_report_is_one_file_with_everything_embedded(tmp_path):
+    from huggy_exp import plots
+
+    png = tmp_path / plots.categories(tmp_path / "error_vs_dtype.png", {"cpu": (["fp32", "bf16"], [1e-6, 0.01])},
+                                      ("fp32", "bf16"), "max |Δaction|", "error", {"fp32": 1e-5, "bf16": 0.05})
+    summary = _summary(tmp_path)
+    summary["rows"] = [{"job": "0", "run_name": "precision-cpu-fp32-b64", "status": "passed", "noisy": True,
+                        "metrics": {"err_max_abs": 5.78e-7, "cos_min": 0.999968, "p50_us": 1350.0},
+                        "limits": {"max_abs": 1e-5}, "actions_sha256": "acbec772540e99", "note": ""},
+                       {"job": "1", "run_name": "precision-npu:0-fp32-b64", "status": "skipped", "metrics": {},
+                        "note": "npu needs torch_npu"}]
+    path = report.write_sweep_report(tmp_path, summary["title"], summary, [png], {"torch": "2.13.0+cpu"})
+    page = path.read_text()
+    assert page.count('src="data:image/png;base64,') == 1 and "<script" not in page and 'src="http' not in page
+    for text in ("2/3 passed", "Recommendation", "1e-05", "5.78e-07", "0.999968", "acbec772540e", "npu needs torch_npu",
+                 "noisy", "2.13.0+cpu", "2,900"):
+        assert text in page, text
+
+
+def test_a_job_writes_its_own_report_and_logs_it(tmp_path):
+    from conftest import run_job
+
+    job = run_job(tmp_path, "action", "obs.rows=4")
+    page = (job.workdir / "report.html").read_text()
+    assert job.record["run_name"] in page and "Environment" in page and "act_mean" in page
+    assert "report.html" in [p.name for p in tracking.artifacts(job.record, job.workdir)]
+
+
+# --- mode=ui
+
+
+def test_the_ui_port_moves_past_a_taken_one():
+    with socket.socket() as taken:
+        taken.bind((ui.HOST, 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert ui.free_port(port) != port
+
+
+@pytest.mark.slow
+def test_mode_ui_prints_the_latest_sweeps_runs_and_stops_on_ctrl_c(tmp_path, huggy_exp_cache):
+    import signal
+
+    settings = {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    tracking.start_sweep(settings, tmp_path / "sweep", "feed01", ["-m", "dtype=fp32,bf16"], 2)
+    tracking.end_sweep(settings, tmp_path / "sweep", _summary(tmp_path), [])
+    with socket.socket() as s:
+        s.bind((ui.HOST, 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([PYTHON, "run.py", "mode=ui", f"tracking.uri={settings['uri']}", f"tracking.ui_port={port}",
+                             f"hydra.run.dir={tmp_path / 'out'}"], cwd=REPO, env=subprocess_env(huggy_exp_cache),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "Ctrl-C stops it" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    out = "".join(lines) + proc.stdout.read()
+    assert proc.wait(timeout=60) == 0, out
+    assert f"latest sweep's runs: http://127.0.0.1:{port}/#/experiments/" in out and "viewStateShareKey=feed01" in out
+    assert "stopped" in out
+    with socket.socket() as s:  # the server and its workers are gone: the port is free again
+        s.bind((ui.HOST, port))
+
+
+# --- the real browser
+
+
+@pytest.fixture(scope="module")
+def ui_sweep(tmp_path_factory, huggy_exp_cache):
+    """A precision sweep over dtype x device (the NPU points are skipped here) in a fresh store, and a free port
+    that its summary.md images point at."""
+    tmp = tmp_path_factory.mktemp("ui")
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    with socket.socket() as s:
+        s.bind((ui.HOST, 0))
+        port = s.getsockname()[1]
+    sweep = subprocess.run([PYTHON, "run.py", "-m", "mode=precision", "dtype=fp32,fp16,bf16", "device=cpu,npu:0",
+                            "obs.rows=4", f"hydra.sweep.dir={tmp / 'sweep'}", f"tracking.uri={uri}",
+                            f"tracking.ui_port={port}"],
+                           cwd=REPO, env=subprocess_env(huggy_exp_cache), capture_output=True, text=True, timeout=600)
+    assert sweep.returncode == 0, sweep.stdout[-2000:] + sweep.stderr[-3000:]
+    return {"uri": uri, "port": port, "env": subprocess_env(huggy_exp_cache), "out": sweep.stdout}
+
+
+def _check(ui_sweep: dict, shots: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "scripts/ui_check.py", "--store", ui_sweep["uri"], "--port", str(ui_sweep["port"]),
+                           "--shots", str(shots), *extra], cwd=REPO, env=ui_sweep["env"], capture_output=True,
+                          text=True, timeout=900)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
+def test_the_ui_answers_which_dtype_is_safe_and_how_fast_on_its_first_screen(ui_sweep):
+    assert "runs:       http://127.0.0.1:" in ui_sweep["out"] and "viewStateShareKey=" in ui_sweep["out"]
+    check = _check(ui_sweep, SHOTS / "passing")
+    assert check.returncode == 0, check.stdout[-4000:] + check.stderr[-3000:]
+    assert "ui check: passed" in check.stdout
+    for page in ("runs", "root", "experiment", "child", "parent", "artifact-summary-md", "compare", "report-file",
+                 "report-artifact"):
+        assert (SHOTS / "passing" / f"{page}.png").stat().st_size > 10_000, page
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
+def test_the_check_fails_when_the_verdict_column_is_moved_out_of_view(ui_sweep):
+    import mlflow
+
+    client = mlflow.MlflowClient(ui_sweep["uri"])
+    experiment = client.get_experiment_by_name(tracking.DEFAULT_EXPERIMENT)
+    key = next(k for k in experiment.tags if k.startswith(tracking.SHARED_VIEW))
+    view = json.loads(experiment.tags[key])
+    view["columnOrder"] = [c for c in view["columnOrder"] if c != "tags.`verdict`"] + ["tags.`verdict`"]
+    client.set_experiment_tag(experiment.experiment_id, key, json.dumps(view))
+    try:
+        check = _check(ui_sweep, SHOTS / "verdict-moved", "--only", "runs")
+    finally:
+        client.set_experiment_tag(experiment.experiment_id, key, experiment.tags[key])
+    assert check.returncode == 1, check.stdout[-3000:] + check.stderr[-2000:]
+    assert "the verdict column (tags.`verdict`) is not within the 1600x1000 viewport" in check.stdout
 
 
 def test_ui_check_fails_when_the_store_has_no_sweep(tmp_path):
