@@ -127,6 +127,7 @@ def replay_agreement(rows: list[dict]) -> dict:
             continue
         record = json.loads((Path(row["dir"]) / "result.json").read_text())
         share = (record.get("metrics") or {}).get("agreement/bitwise_share")
+        record = {**record, **(record.get("details") or {})}  # a task's details, wherever result.json keeps them
         table.append({"job": row["job"], "bundle": record.get("bundle"), "point": record.get("point"), "dtype": row["dtype"],
                       "threads": record.get("threads"), "recorded_point": record.get("recorded_point"),
                       "equal_to_recording": None if share is None else share == 1.0, "sha256": row["actions_sha256"],

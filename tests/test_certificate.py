@@ -17,11 +17,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import HUGGY_LSTM, HUGGY_LSTM_PT, PYRAMIDS_PT, PYTHON, REPO, needs_shared, run_job, subprocess_env
+from conftest import HUGGY_LSTM, HUGGY_LSTM_PT, PYRAMIDS_PT, PYTHON, REPO, Job, needs_shared, subprocess_env
+from conftest import run_job as run_any
 from huggy_exp import bundle, certify, environment
 
 FAST = ["mode.latency.budget_s=0.03", "mode.latency.warmup_s=0.005", "mode.latency.max_samples=40"]
 SMALL_ROWS = ["obs.rows=8", "batch_size=8"]
+
+
+def run_job(workdir: Path, mode: str, *overrides: str) -> Job:
+    """A job in-process; its free-form details read beside the common keys of result.json (wherever the file nests them)."""
+    job = run_any(workdir, mode, *overrides)
+    return Job(job.result, {**job.record, **(job.record.get("details") or {})}, job.workdir)
 
 
 def record(workdir: Path, out: Path, *overrides: str):
@@ -118,6 +125,24 @@ def test_concurrent_recordings_merge_into_one_manifest(tmp_path):
     b = bundle.read(tmp_path)
     assert len(b.points) == 8
     assert all(b.outputs(f"cpu/fp32/eager/b{i + 1}")["actions"][0, 0] == i for i in range(8))
+
+
+def test_record_never_writes_nan_outputs_into_a_bundle(small, tmp_path, monkeypatch):
+    import huggy_exp.tasks.record as record_module
+
+    class NaNRunner:
+        def __init__(self, runner):
+            self.runner, self.name, self.memory_size = runner, runner.name, runner.memory_size
+
+        def infer(self, feeds):
+            out = self.runner.infer(feeds)
+            return {k: np.where(np.arange(v.size).reshape(v.shape) == 3, np.float32(np.nan), v) for k, v in out.items()}
+
+    real = record_module.build
+    monkeypatch.setattr(record_module, "build", lambda ctx: NaNRunner(real(ctx)))
+    r = record(tmp_path / "job", tmp_path / "b", small.model).record
+    assert r["status"] == "failed" and "not recorded" in r["reason"] and "NaN" in r["reason"]
+    assert not (tmp_path / "b").exists()
 
 
 def test_record_refuses_a_bundle_of_another_model(default_bundle, small, tmp_path):

@@ -330,7 +330,7 @@ def test_three_parallel_joblib_sweeps_into_one_sqlite_store_lose_and_duplicate_n
 
 
 @pytest.mark.skipif(os.environ.get("HUGGY_EXP_FULL_LAUNCHERS") != "1",
-                    reason="~2.5 min of subprocesses: HUGGY_EXP_FULL_LAUNCHERS=1 runs it (a 2-point submitit sweep always runs)")
+                    reason="~2.5 min of subprocesses: HUGGY_EXP_FULL_LAUNCHERS=1 runs it (the slow run always has a 2-point submitit sweep)")
 @pytest.mark.slow
 def test_three_submitit_local_sweeps_into_one_sqlite_store(tmp_path, huggy_exp_cache):
     _three_sweeps_at_once(tmp_path, huggy_exp_cache, f"sqlite:///{tmp_path / 'mlflow.db'}",
@@ -381,7 +381,7 @@ def test_sweep_against_a_loopback_mlflow_server(tmp_path, huggy_exp_cache):
 
 
 @pytest.mark.skipif(os.environ.get("HUGGY_EXP_FULL_LAUNCHERS") != "1",
-                    reason="~1 min of subprocesses: HUGGY_EXP_FULL_LAUNCHERS=1 runs it (the 2-point check above always runs)")
+                    reason="~1 min of subprocesses: HUGGY_EXP_FULL_LAUNCHERS=1 runs it (the slow run always has the 2-point check above)")
 @pytest.mark.slow
 def test_three_sweeps_into_one_loopback_mlflow_server(tmp_path, huggy_exp_cache):
     port = free_port()

@@ -60,6 +60,7 @@ def load_side(path: str | None, which: str) -> dict[str, Point]:
             raise UserError(f"mode.{which}: {path_} is not readable JSON ({exc})") from None
         if record.get("mode") == "diff":
             continue
+        record = {**(record.get("details") or {}), **record}  # a task's details, wherever result.json keeps them
         point = job_point(record, path_.parent)
         key, n = point.key, 2
         while key in points:

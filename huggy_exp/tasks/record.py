@@ -12,7 +12,7 @@ import numpy as np
 from huggy_exp import bundle, environment, timing
 from huggy_exp.certify import errors, named_outputs
 from huggy_exp.context import Context
-from huggy_exp.results import Result
+from huggy_exp.results import Result, first_nonfinite
 from huggy_exp.runners import Runner, build, reference, run_feeds
 from huggy_exp.tasks import SLOW_FP16, batch_of, runner_device
 from huggy_exp.tasks.fingerprint import digest, quantize
@@ -57,6 +57,11 @@ class RecordTask:
         outputs = named_outputs(run_feeds(runner, feeds))
         fp64 = named_outputs(run_feeds(reference(ctx, "fp64"), feeds), np.float64)
         comparison = {name: errors(outputs[name], fp64[name]) for name in outputs}
+        bad = {name: where for name, a in outputs.items() if (where := first_nonfinite(a)) is not None}
+        if bad:  # a certificate of NaN outputs would hold every replay to them: the job fails, the bundle is untouched
+            result = Result(arrays=dict(outputs))
+            result.fail(f"not recorded: {', '.join(f'{n} has {c} NaN/inf values (first at {list(i)})' for n, (c, i) in bad.items())}")
+            return result
         timed = time_calls(runner, ctx, feeds, self.latency)
         # --- into the bundle
         key = bundle.point_key(ctx.device, ctx.dtype, ctx.backend, ctx.batch_size)
