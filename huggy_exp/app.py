@@ -8,7 +8,7 @@ import sys
 import time
 import traceback
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
@@ -78,6 +78,7 @@ class JobInfo:
     num: int | None = None
     launcher: str = "basic"
     shared_machine: bool = False  # a parallel launcher runs other jobs beside this one: timings are not clean
+    tracker: object | None = field(default=None, compare=False)  # tracking_worker.Helper: logs in place of tracking.log_job
 
 
 def run_name(mode: str, cfg: DictConfig, case: str | None = None) -> str:
@@ -203,7 +204,7 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
     if interrupted:
         update_result(workdir, tracking={"status": "pending", "reason": "interrupted: `python run.py mode=sync` logs it"})
         raise KeyboardInterrupt
-    outcome = tracking.log_job(settings, workdir)
+    outcome = (job.tracker or tracking).log_job(settings, workdir)
     try:
         update_result(workdir, tracking=outcome)
     except OSError as exc:

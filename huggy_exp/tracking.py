@@ -201,6 +201,12 @@ def _mlflow():
     return mlflow
 
 
+def preload() -> None:
+    """Import mlflow and its SQLAlchemy store (2-3 s of CPU, no I/O): what a helper process does before the job ends."""
+    _mlflow()
+    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401  (SQLite stores; servers skip it, it is only imported)
+
+
 def _forget_stores() -> None:
     """MLflow caches one store and one SQLAlchemy engine (open SQLite connections) per URI; after a failure the next
     try must build fresh ones, or a store moved aside and recreated keeps answering from the broken file."""
