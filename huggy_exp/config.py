@@ -19,6 +19,7 @@ from huggy_exp.errors import UserError
 DTYPE_NAMES = ("fp32", "fp16", "bf16", "fp64")
 BACKENDS = ("eager", "compile", "fused", "graphs", "onnxruntime")
 VERDICTS = ("passed", "failed", "skipped", "error")
+SCENARIOS = ("single_stream", "multi_stream", "offline", "server", "control_loop")  # mode=benchmark
 MAX_SEED = 2**62  # fingerprint and stats add the step to the seed; torch generators take < 2^64
 MAX_BATCH = 2**24
 
@@ -116,6 +117,21 @@ class BenchmarkMode(ModeConf):
     tolerance: Dict[str, float] = MISSING
     fp16_cpu_max_rows: int = rule(lo=1, hi=MAX_BATCH)
     fp16_cpu_samples: int = rule(lo=1, hi=1_000_000)
+    qsl_samples: int = rule(lo=1, hi=1_000_000)
+    min_duration_ms: Optional[int] = rule(None, lo=1, hi=3_600_000)
+    max_duration_ms: int = rule(lo=1, hi=3_600_000)
+    min_query_count: int = rule(lo=1, hi=10_000_000)
+    samples_per_query: int = rule(lo=1, hi=65_536)
+    check_samples: int = rule(lo=0, hi=1_000_000)
+    target_qps: float = rule(lo=0, hi=10_000_000, lo_open=True)
+    latency_bound_ms: float = rule(lo=0, hi=3_600_000, lo_open=True)
+    search_steps: int = rule(lo=0, hi=30)
+    search_ms: int = rule(lo=1, hi=600_000)
+    rate_hz: float = rule(lo=0, hi=100_000, lo_open=True)  # 10 µs a tick: beyond that no Python loop keeps time
+    duration_s: float = rule(lo=0, hi=3600, lo_open=True)
+    max_miss_rate: float = rule(lo=0, hi=1)
+    confidence: float = rule(lo=0, hi=1, lo_open=True)
+    loop_search_s: float = rule(lo=0, hi=600, lo_open=True)
 
 
 @dataclass
@@ -270,6 +286,10 @@ def validate(cfg: DictConfig, mode: str) -> None:
     _check(Config, plain, "")
     _check(MODES[mode], plain["mode"], "mode.")
     check_device(str(plain["device"]))
+    if mode == "benchmark":
+        from huggy_exp.loadgen import check_available
+
+        check_available(plain["mode"]["scenarios"])
     track = plain["tracking"]
     if track.get("enabled") and track.get("uri"):
         from huggy_exp.tracking import StoreDown, check_uri
@@ -332,7 +352,7 @@ def _check_value(kind: Any, value: Any, key: str, meta: dict) -> None:
         if not isinstance(value, list):
             raise UserError(f"{key} must be a list, got {value!r}")
         choices = {"mode.require_match": DTYPE_NAMES, "mode.backends": BACKENDS,
-                   "mode.scenarios": ("single_stream", "offline")}.get(key)
+                   "mode.scenarios": SCENARIOS}.get(key)
         bad = [v for v in value if choices and v not in choices]
         if bad:
             raise UserError(f"{key}: unknown entry {bad[0]!r}; valid: {', '.join(choices)}")
