@@ -24,10 +24,14 @@ HEADLINES: dict[str, dict[str, str]] = {
     "replay": {"bitwise": "agreement/bitwise_share", "ulp_max": "agreement/ulp_max", "dual_ratio": "dual/worst_ratio",
                "lat_ratio": "latency_change/median_ratio", "lat_p": "latency_change/p_value"},
     "diff": {"changed": "diff/changed", "only_base": "diff/only_baseline", "only_cand": "diff/only_candidate"},
-    # eager at batch 1 (single stream) and at the largest batch timed (offline); `ort_ratio` = eager obs/s over
-    # onnxruntime's at that batch (> 1: torch is faster)
-    "benchmark": {"p50_us": "eager/b1/p50_us", "p99_us": "eager/b1/p99_us", "obs_per_s": "eager/b{top}/obs_per_s",
-                  "ort_ratio": "eager/b{top}/obs_per_s / onnxruntime/b{top}/obs_per_s"},
+    # at the job's own batch size ({batch}; a ladder without it: its largest): eager's and onnxruntime's p50 and
+    # `eager_vs_ort` = eager p50 / onnxruntime p50 (> 1: torch is slower); throughput at the largest batch timed;
+    # the LoadGen server's highest QPS under its p99 bound, and the control loop's miss rate and highest rate
+    "benchmark": {"p50_us": "eager/b{batch}/p50_us", "p99_us": "eager/b{batch}/p99_us",
+                  "ort_p50_us": "onnxruntime/b{batch}/p50_us",
+                  "eager_vs_ort": "eager/b{batch}/p50_us / onnxruntime/b{batch}/p50_us",
+                  "obs_per_s": "eager/b{top}/obs_per_s", "server_qps": "loadgen/server/max_qps",
+                  "miss_rate": "control_loop/miss_rate", "loop_hz_max": "control_loop/max_rate_hz"},
 }
 # every inference point (docs/verification.md): its errors vs CPU fp64 and fp32, and its latency; `a | b`: the first found
 ANY_MODE = {
@@ -47,15 +51,17 @@ SIGNIFICANT = 3  # headline values are for reading (the UI prints every digit: 0
 DIGITS = {"cos_min": 6, "cosine_vs_fp64": 6}  # cosines live next to 1: 0.999968 must not read as 1
 
 
-def headline_metrics(mode: str, metrics: dict[str, float], status: str) -> dict[str, float]:
+def headline_metrics(mode: str, metrics: dict[str, float], status: str, batch_size: int | None = None) -> dict[str, float]:
     """`passed` (1/0, absent for skipped/error) and the mode's short metrics that the job produced, finite only,
     rounded to 3 significant digits, cosines to 6 (the detailed metric beside each keeps full precision)."""
     out: dict[str, float] = {}
     if status in ("passed", "failed"):
         out["passed"] = float(status == "passed")
-    top = max((batch for _, batch, _ in ladder(metrics, "obs_per_s")), default=None)  # benchmark: the largest batch timed
+    timed = {batch for _, batch, _ in ladder(metrics, "obs_per_s")}
+    top = max(timed, default=None)  # benchmark: the largest batch timed
+    batch = batch_size if batch_size in timed else top  # ... and the job's own batch size, when it was timed
     for short, long in {**HEADLINES.get(mode, {}), **{k: v for k, v in ANY_MODE.items() if k not in HEADLINES.get(mode, {})}}.items():
-        value = _lookup(metrics, long.replace("{top}", str(top)))
+        value = _lookup(metrics, long.replace("{top}", str(top)).replace("{batch}", str(batch)))
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value)):
             out[short] = float(f"{float(value):.{DIGITS.get(short, SIGNIFICANT)}g}")
     return out

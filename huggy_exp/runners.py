@@ -5,8 +5,9 @@ Feeds are keyed by ML-Agents' ONNX input names: `obs_0` ... `obs_<k>` (float32 [
 absent). A bare array is `obs_0`. Outputs carry ML-Agents' output names. `Recurrent` carries the memory between steps.
 
 `build()` is the one factory: backend `eager` (the policy in inference mode), `compile` (torch.compile with
-inductor freezing), `graphs` (CUDA / NPU graph replay through the device module) or `onnxruntime` (the
-ML-Agents .onnx on the provider that matches the device). For Huggy's shape the torch runners share one forward path
+inductor freezing), `fused` (the whole forward as one C++ kernel on the CPU: huggy_exp/fused.py), `graphs` (CUDA /
+NPU graph replay through the device module) or `onnxruntime` (the ML-Agents .onnx on the provider that matches the
+device). For Huggy's shape the torch runners share one forward path
 (Policy._run): trace() records the intermediates of that path, and its actions come from infer(), the timed call.
 Every other shape (several inputs, discrete branches, memory) runs through Policy.act (eager) or on onnxruntime.
 """
@@ -33,7 +34,7 @@ SAMPLED = "continuous_actions"
 DISCRETE = "deterministic_discrete_actions"
 DISCRETE_SAMPLED = "discrete_actions"
 OBS = ONNX_INPUT
-BACKENDS = ("eager", "compile", "graphs", "onnxruntime")
+BACKENDS = ("eager", "compile", "fused", "graphs", "onnxruntime")
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "npu": "CANNExecutionProvider"}
 
 Feeds = Mapping[str, np.ndarray] | np.ndarray
@@ -108,6 +109,10 @@ class TorchRunner:
         self._sample: Callable = self.policy.sample
         if backend == "compile":
             self._forward, self._sample = _compiled(self.policy.forward), _compiled(self.policy.sample)
+        elif backend == "fused":
+            from huggy_exp.fused import FusedMLP
+
+            self._forward = FusedMLP(self.policy)  # deterministic actions; sampled ones run eager
         elif backend == "graphs":
             graphs = _graph_api(target.device)
             self._forward, self._sample = GraphReplay(self.policy.forward, graphs), GraphReplay(self.policy.sample, graphs)

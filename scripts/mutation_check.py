@@ -20,6 +20,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -135,6 +136,12 @@ def present(repo: Path, hints) -> list[str]:
     return found
 
 
+def _default_sigint() -> None:
+    """Started in the background (`&` without job control), this process ignores SIGINT, and so would the suite's
+    Ctrl-C test: its failure would read as a catch. The suite gets a terminal's default."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def pytest(repo: Path, args: list[str], timeout: float) -> tuple[int, str, float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_"))}
     env["PYTHONPATH"] = str(repo)
@@ -142,7 +149,7 @@ def pytest(repo: Path, args: list[str], timeout: float) -> tuple[int, str, float
     started = time.monotonic()
     try:
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *args], cwd=repo,
-                              env=env, capture_output=True, text=True, timeout=timeout)
+                              env=env, capture_output=True, text=True, timeout=timeout, preexec_fn=_default_sigint)
         return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - started
     except subprocess.TimeoutExpired as exc:
         return 124, str(exc.stdout or ""), time.monotonic() - started

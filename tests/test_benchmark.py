@@ -124,7 +124,7 @@ def test_onnxruntime_provider_fallback_is_refused():
 
 
 def test_unknown_backend_is_a_user_error(small, tmp_path):
-    with pytest.raises(UserError, match="valid: eager, compile, graphs, onnxruntime"):
+    with pytest.raises(UserError, match="valid: eager, compile, fused, graphs, onnxruntime"):
         small_context(small, tmp_path, backend="tensorrt")
 
 

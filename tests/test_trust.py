@@ -389,9 +389,15 @@ def test_the_sqlite_store_lock_excludes_every_other_writer(tmp_path):
 # --- processes: concurrent first runs, an outage, an interrupt
 
 
+def _default_sigint() -> None:
+    """A shell without job control starts background jobs with SIGINT ignored, and Python then never raises
+    KeyboardInterrupt: a suite started with `&` would see Ctrl-C do nothing. The job gets a terminal's default."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _spawn(args: list[str], cwd: Path, cache: Path, **kw) -> subprocess.Popen:
     return subprocess.Popen([PYTHON, str(REPO / "run.py"), *args], cwd=cwd, env=subprocess_env(cache),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint, **kw)
 
 
 @pytest.mark.slow
