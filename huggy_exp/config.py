@@ -19,6 +19,7 @@ from huggy_exp.errors import UserError
 DTYPE_NAMES = ("fp32", "fp16", "bf16", "fp64")
 BACKENDS = ("eager", "compile", "fused", "graphs", "onnxruntime")
 VERDICTS = ("passed", "failed", "skipped", "error")
+SCENARIOS = ("single_stream", "multi_stream", "offline", "server", "control_loop")  # mode=benchmark
 MAX_SEED = 2**62  # fingerprint and stats add the step to the seed; torch generators take < 2^64
 MAX_BATCH = 2**24
 
@@ -83,7 +84,16 @@ class ModeConf:
 class Threshold:
     max_abs: float = rule(lo=0)
     cosine_min: float = rule(lo=-1, hi=1)
-    margin: float = rule(lo=0)  # discrete: a flip fails where fp64's top-1 minus top-2 masked logit exceeds margin x max(1, |logit|)
+    margin: float = rule(lo=0)  # discrete: a flip fails where fp64's top-1 minus top-2 masked logit exceeds margin x max(1, |best|)
+    rtol: float = rule(0.0, lo=0)
+
+
+@dataclass
+class VerifyConf:
+    limits: Dict[str, Threshold] = MISSING
+    specialize: Dict[str, Any] = MISSING
+    rel_floor: float = rule(lo=0, lo_open=True)
+    decimals: int = rule(lo=0, hi=9)
 
 
 @dataclass
@@ -116,6 +126,21 @@ class BenchmarkMode(ModeConf):
     tolerance: Dict[str, float] = MISSING
     fp16_cpu_max_rows: int = rule(lo=1, hi=MAX_BATCH)
     fp16_cpu_samples: int = rule(lo=1, hi=1_000_000)
+    qsl_samples: int = rule(lo=1, hi=1_000_000)
+    min_duration_ms: Optional[int] = rule(None, lo=1, hi=3_600_000)
+    max_duration_ms: int = rule(lo=1, hi=3_600_000)
+    min_query_count: int = rule(lo=1, hi=10_000_000)
+    samples_per_query: int = rule(lo=1, hi=65_536)
+    check_samples: int = rule(lo=0, hi=1_000_000)
+    target_qps: float = rule(lo=0, hi=10_000_000, lo_open=True)
+    latency_bound_ms: float = rule(lo=0, hi=3_600_000, lo_open=True)
+    search_steps: int = rule(lo=0, hi=30)
+    search_ms: int = rule(lo=1, hi=600_000)
+    rate_hz: float = rule(lo=0, hi=100_000, lo_open=True)  # 10 µs a tick: beyond that no Python loop keeps time
+    duration_s: float = rule(lo=0, hi=3600, lo_open=True)
+    max_miss_rate: float = rule(lo=0, hi=1)
+    confidence: float = rule(lo=0, hi=1, lo_open=True)
+    loop_search_s: float = rule(lo=0, hi=600, lo_open=True)
 
 
 @dataclass
@@ -152,11 +177,9 @@ class OnnxCompareMode(ModeConf):
 
 @dataclass
 class PrecisionMode(ModeConf):
-    thresholds: Dict[str, Threshold] = MISSING
     layer_thresholds: Dict[str, LayerThreshold] = MISSING
-    specialize: Dict[str, Any] = MISSING
+    layer_specialize: Dict[str, Any] = MISSING
     relative: Relative = MISSING
-    rel_floor: float = rule(lo=0, lo_open=True)
 
 
 @dataclass
@@ -242,6 +265,7 @@ class Config:
     model: ModelConf = MISSING
     obs: ObsConf = MISSING
     tracking: TrackingConf = MISSING
+    verify: VerifyConf = MISSING
 
 
 def register() -> None:
@@ -270,6 +294,10 @@ def validate(cfg: DictConfig, mode: str) -> None:
     _check(Config, plain, "")
     _check(MODES[mode], plain["mode"], "mode.")
     check_device(str(plain["device"]))
+    if mode == "benchmark":
+        from huggy_exp.loadgen import check_available
+
+        check_available(plain["mode"]["scenarios"])
     track = plain["tracking"]
     if track.get("enabled") and track.get("uri"):
         from huggy_exp.tracking import StoreDown, check_uri
@@ -321,7 +349,7 @@ def _check_value(kind: Any, value: Any, key: str, meta: dict) -> None:
     if origin in (dict, Dict):
         if not isinstance(value, dict):
             raise UserError(f"{key} must be a mapping, got {value!r}")
-        if key.split(".")[-1] in ("tolerance", "atol", "thresholds", "layer_thresholds"):
+        if key.split(".")[-1] in ("tolerance", "atol", "limits", "layer_thresholds"):
             for k in value:
                 if k not in DTYPE_NAMES:
                     raise UserError(f"unknown key {key}.{k}; valid: {', '.join(DTYPE_NAMES)}")
@@ -332,7 +360,7 @@ def _check_value(kind: Any, value: Any, key: str, meta: dict) -> None:
         if not isinstance(value, list):
             raise UserError(f"{key} must be a list, got {value!r}")
         choices = {"mode.require_match": DTYPE_NAMES, "mode.backends": BACKENDS,
-                   "mode.scenarios": ("single_stream", "offline")}.get(key)
+                   "mode.scenarios": SCENARIOS}.get(key)
         bad = [v for v in value if choices and v not in choices]
         if bad:
             raise UserError(f"{key}: unknown entry {bad[0]!r}; valid: {', '.join(choices)}")

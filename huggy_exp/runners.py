@@ -122,16 +122,18 @@ class TorchRunner:
         """Compiled code and captured graphs run one chunk shape: the last chunk is padded to it."""
         return self.backend in ("compile", "graphs")
 
-    def _chunks(self, *arrays: np.ndarray, pad: bool | None = None):
+    def _chunks(self, *arrays: np.ndarray | torch.Tensor, pad: bool | None = None):
+        """(start, rows, tensors on the device) per chunk of `batch_size` rows; arrays (inputs) or CPU tensors (noise)."""
         pad = self.fixed_shape if pad is None else pad
         rows = len(arrays[0])
         step = min(self.batch_size, rows) if self.batch_size and self.batch_size > 0 else rows
         for start in range(0, rows, max(step, 1)):
-            parts = [np.ascontiguousarray(a[start : start + step]) for a in arrays]
+            parts = [torch.from_numpy(np.ascontiguousarray(a[start : start + step])) if isinstance(a, np.ndarray)
+                     else a.narrow(0, start, min(step, rows - start)) for a in arrays]
             n = len(parts[0])
             if pad and n < step:
-                parts = [np.concatenate([p, np.repeat(p[-1:], step - n, axis=0)]) for p in parts]
-            yield start, n, [torch.from_numpy(p).to(self.target.device) for p in parts]
+                parts = [torch.cat([p, p[-1:].expand(step - n, *p.shape[1:])]) for p in parts]
+            yield start, n, [p.to(self.target.device) for p in parts]
 
     def _feed_chunks(self, feeds: Feeds):
         """(start, obs list, masks, memory) per chunk of `batch_size` rows, as tensors on the device."""
@@ -190,7 +192,7 @@ class TorchRunner:
             if self.batch_size <= 0 or len(obs) <= self.batch_size and not self.fixed_shape:  # one chunk, kept lean
                 x = torch.from_numpy(np.ascontiguousarray(obs))
                 return {ACTIONS: _numpy(self._forward(x if self.target.kind == "cpu" else x.to(self.target.device)))}
-            return self._collect([{ACTIONS: self._forward(x)[:n]} for _, n, (x,) in self._chunks(obs)])
+            return self._collect([{ACTIONS: self._forward(x).narrow(0, 0, n)} for _, n, (x,) in self._chunks(obs)])
 
     @torch.inference_mode()
     def trace(self, feeds: Feeds) -> dict[str, np.ndarray]:
@@ -211,8 +213,8 @@ class TorchRunner:
         if not self.policy.huggy_shaped:
             return self._run(feeds, sample_noise(self.policy, feed_rows(feeds), seed))
         obs = self._obs(feeds)
-        noise = cpu_noise(len(obs), self.policy.act_dim, seed).numpy()
-        parts = [{SAMPLED: self._sample(x, z)[:n]} for _, n, (x, z) in self._chunks(obs, noise)]
+        noise = cpu_noise(len(obs), self.policy.act_dim, seed)
+        parts = [{SAMPLED: self._sample(x, z).narrow(0, 0, n)} for _, n, (x, z) in self._chunks(obs, noise)]
         return self._collect(parts)
 
     @torch.inference_mode()

@@ -406,8 +406,11 @@ def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None) -> d
                     copy = Path(tmp) / path.name
                     copy.write_text(redact(text))
                     store.client.log_artifact(run_id, str(copy))
-            else:
-                store.client.log_artifact(run_id, str(path))
+            else:  # a file in a job-dir folder keeps it (loadgen/<scenario>/mlperf_log_summary.txt, one per scenario);
+                # Hydra's .hydra/config.yaml and files outside the job dir land at the top
+                folder = path.parent.relative_to(workdir) if path.is_relative_to(workdir) else Path(".")
+                keep = str(folder) != "." and not folder.parts[0].startswith(".")
+                store.client.log_artifact(run_id, str(path), folder.as_posix() if keep else None)
         store.client.log_batch(run_id, tags=[RunTag("huggy.complete", "true")])
         store.client.set_terminated(run_id, run_status(record))
     except BaseException as exc:  # end the run first: on a full disk the result.json update below may fail too

@@ -50,6 +50,9 @@ MUTATIONS = (
         ("huggy_exp/policy.py", 'gen = torch.Generator(device="cpu").manual_seed(int(seed) + DISCRETE_SEED_OFFSET)',
          "gen = None"),
     ), ("tests/test_policy_placement.py::test_sampled_actions_same_seed_identical_bytes",)),
+    Mutation("noise-unmoved", "the Gaussian head adds CPU noise to device tensors without moving it", (
+        ("huggy_exp/policy.py", "torch.exp(log_sigma) * noise.to(mu.device, dtype)", "torch.exp(log_sigma) * noise.to(dtype=dtype)"),
+    ), ("tests/test_placement_fake_device.py::test_every_shape_runs_on_the_device_with_cpu_noise_and_fp32_statistics",)),
     Mutation("nan-passes", "NaN/inf in a job's outputs no longer fails it (Result.check_finite skipped)", (
         ("huggy_exp/results.py", "        for name, array in self.arrays.items():\n",
          "        return\n        for name, array in self.arrays.items():\n"),
@@ -58,11 +61,17 @@ MUTATIONS = (
         ("huggy_exp/numerics.py", "nan_mismatch = int(np.sum(np.isnan(a) != np.isnan(e)))", "nan_mismatch = 0"),
     ), ("tests/test_numerics.py",)),
     Mutation("margin-dropped", "discrete margin rule dropped: every flip is excused, whatever the margin", (
-        ("huggy_exp/numerics.py", "near = m <= bound * np.asarray(scale, np.float64)", "near = np.ones_like(flips)"),
-    ), ("tests/test_shapes_modes_prec.py::test_a_flip_fails_only_where_the_fp64_margin_exceeds_the_bound",)),
+        ("huggy_exp/verify.py", "near = m <= allowed", "near = np.ones_like(flips)"),
+    ), ("tests/test_shapes_modes_prec.py::test_a_flip_fails_only_where_the_fp64_margin_exceeds_the_bound",
+        "tests/test_verify.py::test_a_discrete_flip_is_excused_only_within_the_one_margin_rule")),
     Mutation("margin-ignored", "discrete margin rule dropped the other way: no flip is ever excused", (
-        ("huggy_exp/numerics.py", "near = m <= bound * np.asarray(scale, np.float64)", "near = np.zeros_like(flips)"),
-    ), ("tests/test_shapes_modes_prec.py::test_half_precision_verdicts_follow_the_fp64_margins",)),
+        ("huggy_exp/verify.py", "near = m <= allowed", "near = np.zeros_like(flips)"),
+    ), ("tests/test_verify.py",
+        "tests/test_shapes_modes_prec.py::test_a_flip_fails_only_where_the_fp64_margin_exceeds_the_bound",
+        "tests/test_shapes_modes_prec.py::test_half_precision_verdicts_follow_the_fp64_margins")),
+    Mutation("nan-excused", "the engine no longer fails an output with NaN/inf in it", (
+        ("huggy_exp/verify.py", "    if bad.any():\n        oc.failures.append(", "    if False:\n        oc.failures.append("),
+    ), ("tests/test_verify.py::test_nan_or_inf_fails_whatever_the_limits",)),
     Mutation("non-atomic-result", "result.json written in place (truncate + write) instead of temp file + os.replace", (
         ("huggy_exp/results.py", "    fd, tmp = tempfile.mkstemp(",
          "    path.write_text(text)\n    return\n    fd, tmp = tempfile.mkstemp("),
@@ -78,9 +87,9 @@ MUTATIONS = (
         "tests/test_trust.py::test_two_sweeps_at_once_into_one_store_give_two_parents_and_every_child",
         "tests/test_sweeps.py::test_three_parallel_joblib_sweeps_into_one_sqlite_store_lose_and_duplicate_nothing")),
     Mutation("fp16-normalizer", "normalizer statistics cast to the compute dtype (fp16 overflows at ~6e8)", (
-        ("huggy_exp/policy.py", "module._buffers[name] = value.to(device=device, dtype=stat_dtype)",
-         "module._buffers[name] = value.to(device=device, dtype=dtype)"),
-    ), ("tests/test_policy_placement.py::test_normalizer_buffers_stay_float32_under_low_precision",)),
+        ("huggy_exp/policy.py", "kind = stat_dtype if name in exempt else", "kind = dtype if name in exempt else"),
+    ), ("tests/test_policy_placement.py::test_normalizer_buffers_stay_float32_under_low_precision",
+        "tests/test_placement_fake_device.py::test_every_shape_runs_on_the_device_with_cpu_noise_and_fp32_statistics")),
 )
 
 
