@@ -43,6 +43,10 @@ ANY_MODE = {
     "p99_us": "latency/p99_us",
     "obs_per_s": "latency/obs_per_s",
 }
+# the first screen's figures, each the first present: vs CPU fp64 where the engine verified the point, else the mode's own
+ERROR = ("max_abs_vs_fp64", "err_max_abs")
+COSINE = ("cosine_vs_fp64", "cos_min")
+LIMIT_STEMS = ("actions", "sampled_actions", "memories")  # whose `<stem>/vs_fp64/<x>_limit` the verdict used
 PER_DTYPE = ("thresholds", "layer_thresholds", "tolerance", "atol")  # mode tables keyed by dtype
 NOISE = ("mode._target_", "tracking.http_retries", "tracking.http_timeout_s", "tracking.enabled")
 
@@ -65,6 +69,23 @@ def headline_metrics(mode: str, metrics: dict[str, float], status: str, batch_si
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value)):
             out[short] = float(f"{float(value):.{DIGITS.get(short, SIGNIFICANT)}g}")
     return out
+
+
+def first_of(metrics: dict, names: tuple[str, ...]) -> float | None:
+    """The first of `names` that `metrics` holds (ERROR, COSINE), else None."""
+    return next((metrics[n] for n in names if n in metrics), None)
+
+
+def judged_limits(record: dict) -> dict:
+    """The limits a point's verdict used (`max_abs`, `rtol`, `cosine_min_row`, ...): the engine's own `_limit` metrics
+    beside the headline output, else the limits a mode reported itself (precision's, a case's)."""
+    metrics = record.get("metrics") or {}
+    for stem in LIMIT_STEMS:
+        prefix = f"{stem}/vs_fp64/"
+        found = {k[len(prefix):-len("_limit")]: v for k, v in metrics.items() if k.startswith(prefix) and k.endswith("_limit")}
+        if found:
+            return found
+    return dict(record.get("limits") or (record.get("details") or {}).get("limits") or {})
 
 
 def headline_names() -> set[str]:

@@ -11,6 +11,7 @@ import html
 import math
 from pathlib import Path
 
+from huggy_exp.headline import COSINE, ERROR, first_of, judged_limits
 from huggy_exp.results import atomic_write_text
 
 REPORT = "report.html"
@@ -85,8 +86,8 @@ def verdict_rows(rows: list[dict]) -> list[list]:
         m = r.get("metrics") or {}
         p50 = m.get("p50_us")
         p50_cell = ("html", f"{_e(p50)} <span class=noisy>noisy</span>") if p50 is not None and r.get("noisy") else p50
-        out.append([r["job"], r["run_name"], verdict(r["status"]), m.get("err_max_abs"), (r.get("limits") or {}).get("max_abs"),
-                    m.get("cos_min"), p50_cell, (r.get("actions_sha256") or "")[:12], r.get("note", "") if r["status"] != "passed" else ""])
+        out.append([r["job"], r["run_name"], verdict(r["status"]), first_of(m, ERROR), (r.get("limits") or {}).get("max_abs"),
+                    first_of(m, COSINE), p50_cell, (r.get("fingerprint") or r.get("actions_sha256") or "")[:12], r.get("note", "") if r["status"] != "passed" else ""])
     return out
 
 
@@ -154,7 +155,7 @@ def write_job_report(workdir: Path, record: dict, plots: list[Path]) -> Path:
     title = f"{record['run_name']}: {record['status'].upper()}"
     head = record.get("headline_metrics") or {}
     metrics = record.get("metrics") or {}
-    limits = record.get("limits") or {}
+    limits = judged_limits(record)
     latency_noisy = bool(metrics.get("latency/noisy"))
     model = record.get("model") or {}
     sections = [f"<h1>{html.escape(record['run_name'])}</h1>",

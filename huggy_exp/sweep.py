@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from huggy_exp import report, tracking
 from huggy_exp.config import JOBS_ENV
-from huggy_exp.headline import ladder, noisy
+from huggy_exp.headline import judged_limits, ladder, noisy
 from huggy_exp.compare import compare, draw
 from huggy_exp.results import EXIT_CODES, EXIT_INTERRUPTED, EXIT_PENDING, atomic_write_text, jsonable, write_table
 
@@ -123,7 +123,7 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
                      "seed": r.get("seed"), "obs": obs_label(obs), "model_sha256": (r.get("model") or {}).get("sha256"),
                      "model_name": _model_name(r.get("model") or {}),
                      "latency_points": latency_points(r), "throughput_points": latency_points(r, "obs_per_s"), "metrics": r.get("headline_metrics") or {}, "shared_machine": r.get("shared_machine", False),
-                     "noisy": noisy(r), "run_id": (r.get("tracking") or {}).get("run_id"), "limits": r.get("limits") or {},
+                     "noisy": noisy(r), "run_id": (r.get("tracking") or {}).get("run_id"), "limits": judged_limits(r),
                      "latency": r.get("latency") or {}, "max_abs_limit": _limit(r.get("metrics") or {}),
                      "fingerprint": (r.get("tags") or {}).get("fingerprint/sha256"),
                      "knobs": (r.get("params") or {}).get("mode") or {}})

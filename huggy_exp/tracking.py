@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from huggy_exp.headline import PER_DTYPE, headline_names, noisy, settings
+from huggy_exp.headline import COSINE, ERROR, PER_DTYPE, headline_names, judged_limits, noisy, settings
 from huggy_exp.results import read_result, update_result
 from huggy_exp.safety import disk_full_message, free_bytes, is_disk_full, size
 
@@ -290,7 +290,7 @@ PARENT_TAG = "huggy.parent"
 SWEEP_DIR_TAG = "huggy.sweep_dir"  # on the parent: the sweep's folder (summary.md, report.html)
 # the runs table's first screen, left to right after the run name: the verdict, the error with its limit, the cosine,
 # the latency at the job's own batch, the fingerprint prefix, and why a point was skipped; then the rest
-FIRST_METRICS = ("err_max_abs", "cos_min", "p50_us")  # headline names (headline.py), in this order
+FIRST_METRICS = (ERROR, COSINE, ("p50_us",))  # headline names (headline.py), in this order: the first present of each
 LIMIT_PARAM = "limit/max_abs"
 VIEW_PARAMS = ("device", "dtype", "batch_size", "mode", "obs.source", "seed")
 # px: the first six fit in the 630 px MLflow leaves beside the name at 1600 px with its Assistant panel open
@@ -308,9 +308,9 @@ def view_columns(metrics: list[str]) -> list[str]:
     """The runs table's columns in display order (MLflow column ids) for a sweep whose points logged `metrics`
     (headline names, in the headline table's order)."""
     shown = [m for m in metrics if m != "passed"]  # the verdict column says it in words
-    first = [m for m in FIRST_METRICS if m in shown]
+    first = [next(m for m in group if m in shown) for group in FIRST_METRICS if any(m in shown for m in group)]
     metric_cols = [f"metrics.`{m}`" for m in first]
-    if "err_max_abs" in first:
+    if first and first[0] in ERROR:
         metric_cols.insert(1, f"params.`{LIMIT_PARAM}`")
     return (["tags.`verdict`", *metric_cols, "tags.`fingerprint`", "tags.`reason`",
              *(f"metrics.`{m}`" for m in shown if m not in first), *(f"params.`{p}`" for p in VIEW_PARAMS), "tags.`case`"])
@@ -496,7 +496,7 @@ def run_tags(record: dict, parent: str | None) -> dict[str, str]:
 def limit_params(record: dict) -> dict[str, str]:
     """The limits this point was judged by, under keys every dtype shares (`limit/max_abs`, `limit/cosine_min`, ...),
     so a compare view lines them up; the effective ones (after `specialize`) where the job reported them."""
-    limits = dict(record.get("limits") or {})
+    limits = judged_limits(record)
     if record.get("layer_threshold") is not None:
         limits.setdefault("layer_rel_rmse", record["layer_threshold"])
     if not limits:
@@ -731,8 +731,9 @@ def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path],
             store.client.log_batch(run_id, metrics=[Metric(f"jobs_{k}", float(v), stamp, 0) for k, v in tally.items()],
                                    tags=tags)
             for row in summary.get("rows", []):  # the output fingerprint is known once the sweep compared its points
-                if row.get("run_id") and row.get("actions_sha256"):
-                    store.client.set_tag(row["run_id"], "fingerprint", row["actions_sha256"][:12])
+                fingerprint = row.get("fingerprint") or row.get("actions_sha256")  # the engine's, as the sweep's lines
+                if row.get("run_id") and fingerprint:
+                    store.client.set_tag(row["run_id"], "fingerprint", fingerprint[:12])
             if comparison.get("table"):
                 store.client.log_table(run_id, data=_columns(comparison["table"]), artifact_file="comparison_table.json")
             for path in files:
