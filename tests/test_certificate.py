@@ -511,14 +511,20 @@ def test_replay_from_a_fresh_copy_of_the_code_with_a_fresh_cache_is_bitwise_iden
             (clone / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, clone / name)
     copied = copy_bundle(default_bundle, tmp_path / "elsewhere")
+    replays = [(copied, dtype, ["batch_size=8"]) for dtype in ("fp32", "fp16", "bf16")]
+    if PYRAMIDS_PT.is_file():  # a genuine fixture too: recorded here, replayed there
+        for dtype in ("fp32", "bf16"):
+            record(tmp_path / f"rec-pyr-{dtype}", tmp_path / "pyr", f"model.checkpoint={PYRAMIDS_PT}", f"dtype={dtype}", "obs.rows=16")
+        pyr = copy_bundle(tmp_path / "pyr", tmp_path / "elsewhere-pyr")
+        replays += [(pyr, dtype, [f"model.checkpoint={PYRAMIDS_PT}"]) for dtype in ("fp32", "bf16")]
     env = subprocess_env(tmp_path / "fresh_cache")
     env["PYTHONPATH"] = str(clone)
-    for dtype in ("fp32", "bf16"):
-        done = subprocess.run([PYTHON, str(clone / "run.py"), "mode=replay", f"mode.bundle={copied}", f"dtype={dtype}", "batch_size=8",
-                               "tracking=none", f"hydra.run.dir={tmp_path / dtype}", *FAST], cwd=tmp_path, env=env,
+    for n, (source, dtype, extra) in enumerate(replays):
+        done = subprocess.run([PYTHON, str(clone / "run.py"), "mode=replay", f"mode.bundle={source}", f"dtype={dtype}", *extra,
+                               "tracking=none", f"hydra.run.dir={tmp_path / str(n)}", *FAST], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout + done.stderr
-        r = json.loads((tmp_path / dtype / "result.json").read_text())
+        r = json.loads((tmp_path / str(n) / "result.json").read_text())
         assert r["metrics"]["agreement/bitwise_share"] == 1.0 and "bitwise identical" in r["headline"]
 
 
