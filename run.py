@@ -1,5 +1,6 @@
 """Compose the Hydra config and hand the job to huggy_exp: `python run.py [mode=...] [key=value ...] [-m]`."""
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -11,12 +12,12 @@ from omegaconf import DictConfig
 
 from huggy_exp import config
 from huggy_exp.errors import UserError
+from huggy_exp.tracking_worker import Helper
 
 CONF = Path(__file__).parent / "conf"
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")
-def main(cfg: DictConfig) -> str:
+def one_job(cfg: DictConfig, tracker=None) -> str:
     from huggy_exp.app import JobInfo, execute, exit_code, sync, ui
 
     config.setup()  # the resolvers, again: joblib and submitit run this function in fresh processes
@@ -30,7 +31,8 @@ def main(cfg: DictConfig) -> str:
     launcher = hc.runtime.choices.get("hydra/launcher", "basic")
     job = JobInfo(overrides=tuple(hc.overrides.task), case=hc.runtime.choices.get("case"),
                   sweep_dir=Path(hc.sweep.dir) if multirun else None, num=hc.job.num if multirun else None,
-                  launcher=launcher, shared_machine=multirun and config.shares_machine(launcher, hc.launcher))
+                  launcher=launcher, shared_machine=multirun and config.shares_machine(launcher, hc.launcher),
+                  tracker=tracker)
     result = execute(cfg, Path(hc.runtime.output_dir), mode, job)
     code = exit_code(result, cfg.get("expect"))
     if not multirun and code:
@@ -38,24 +40,49 @@ def main(cfg: DictConfig) -> str:
     return result.status
 
 
-def cli(argv: list[str]) -> None:
-    """Validate every job first (one line, exit 2, on the first bad value), then let Hydra run them."""
+main = hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")(one_job)
+
+
+def cli(argv: list[str], mlflow_helper: bool = False) -> None:
+    """Validate every job first (one line, exit 2, on the first bad value), then let Hydra run them.
+
+    `mlflow_helper`: a single run imports mlflow in a helper process beside the job (the command line; in-process callers
+    that run many jobs pay mlflow's import once and need none)."""
     config.setup()
     try:
         argv = config.normalize_argv(argv)
         sys.argv[1:] = argv
-        jobs = config.preflight(argv, CONF)
-        os.environ[config.JOBS_ENV] = str(jobs)  # the sweep's size, for its progress lines (sweep.json)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+    single = config.single_run(argv)
+    # MLflow's import (2-3 s of CPU) starts now in a helper process, beside torch's import and the job
+    tracked = mlflow_helper and single and not {"tracking=none", "tracking.enabled=false"} & set(argv)
+    helper = Helper.start() if tracked else None
+    composed: list[DictConfig] = []
     try:
-        main()
+        try:
+            jobs = config.preflight(argv, CONF, keep=composed)
+            os.environ[config.JOBS_ENV] = str(jobs)  # the sweep's size, for its progress lines (sweep.json)
+        except UserError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)
+        once = composed[0] if len(composed) == 1 and single else None
+        if helper and not (once and once.tracking.enabled and once.hydra.runtime.choices.mode not in ("sync", "ui")):
+            helper.close()  # nothing to log after all (tracking off in a case file; sync and ui work in this process)
+            helper = None
+        if once:
+            config.run_once(once, functools.partial(one_job, tracker=helper))  # composed once, by preflight
+        else:
+            main()
     except KeyboardInterrupt:
         from huggy_exp.sweep import interrupted
 
         sys.exit(interrupted())
+    finally:
+        if helper:
+            helper.close()
 
 
 if __name__ == "__main__":
-    cli(sys.argv[1:])
+    cli(sys.argv[1:], mlflow_helper=True)

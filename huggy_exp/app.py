@@ -8,7 +8,7 @@ import sys
 import time
 import traceback
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from huggy_exp import tracking
 from huggy_exp.config import held_result, validate
-from huggy_exp.context import Context, ModelSpec, ObsSpec
+from huggy_exp.context import Context, ModelSpec, ObsSpec, VerifySpec
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.headline import headline_metrics
 from huggy_exp.report import write_job_report
@@ -64,6 +64,7 @@ def build_context(cfg: DictConfig, workdir: Path) -> Context:
         threads=int(cfg.threads),
         model_spec=ModelSpec(**{k: model.get(k) for k in ModelSpec.__dataclass_fields__}),
         obs=ObsSpec(**{k: obs[k] for k in ObsSpec.__dataclass_fields__ if k in obs}),
+        verify=VerifySpec(**OmegaConf.to_container(cfg.verify, resolve=True)) if "verify" in cfg else VerifySpec(),
         workdir=workdir,
     )
 
@@ -78,15 +79,29 @@ class JobInfo:
     num: int | None = None
     launcher: str = "basic"
     shared_machine: bool = False  # a parallel launcher runs other jobs beside this one: timings are not clean
+    tracker: object | None = field(default=None, compare=False)  # tracking_worker.Helper: logs in place of tracking.log_job
 
 
 def run_name(mode: str, cfg: DictConfig, case: str | None = None) -> str:
-    """What is special about the job first: the case, then mode, device, dtype, batch, and obs when not random."""
-    name = f"{mode}-{cfg.device}-{cfg.dtype}-b{cfg.batch_size}"
+    """What is special about the job first: the case, then mode, device, dtype, batch, and obs when not random.
+
+    A benchmark is named by the batch sizes it times (its ladder, mode.batch_sizes, when it has one), zero-padded so
+    that names sort numerically (b00001 < b00064 < b01024) in the MLflow runs table and in listings."""
+    name = f"{mode}-{cfg.device}-{cfg.dtype}-b{batch_label(mode, cfg)}"
     source = (cfg.get("obs") or {}).get("source")
     if source and source != "random":
         name += f"-{source}"
     return f"{case}:{name}" if case else name
+
+
+BATCH_DIGITS = 5  # benchmark names: b00064 sorts before b01024 (and a batch of 100000 or more after both)
+
+
+def batch_label(mode: str, cfg: DictConfig) -> str:
+    if mode != "benchmark":
+        return str(cfg.batch_size)
+    ladder = (cfg.get("mode") or {}).get("batch_sizes") or [cfg.batch_size]
+    return "-".join(f"{int(b):0{BATCH_DIGITS}d}" for b in sorted({int(b) for b in ladder}))
 
 
 def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = None) -> Result:
@@ -135,12 +150,12 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
     except Exception as exc:  # a bug, not a user error: keep the traceback, record the job, let a sweep go on
         say(traceback.format_exc().rstrip(), error=True)
         result = Result(status="error", reason=f"internal error: {type(exc).__name__}: {exc}")
-    if result.summary and "headline" not in result.details:
-        result.details["headline"] = result.summary[0]  # one line for sweep summaries and result.json readers
-    timed = mode in TIMED_MODES or any(k.startswith("latency.") for k in result.metrics)
-    if job.shared_machine and timed and result.details.get("headline"):
-        result.details["headline"] += " [timed while other jobs shared the machine]"
-    head = headline_metrics(mode, result.metrics, result.status)
+    if result.summary and not result.headline:
+        result.headline = result.summary[0]
+    timed = mode in TIMED_MODES or bool(result.latency)
+    if job.shared_machine and timed and result.headline:
+        result.headline += " [timed while other jobs shared the machine]"
+    head = headline_metrics(mode, result.metrics, result.status, int(cfg.batch_size))
     result.metrics = {**head, **result.metrics}  # first, so MLflow lists them first
     loaded = ctx.loaded_model if ctx is not None else None
     model = loaded.describe() if loaded is not None else _model_stub(cfg)
@@ -190,7 +205,7 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
     if interrupted:
         update_result(workdir, tracking={"status": "pending", "reason": "interrupted: `python run.py mode=sync` logs it"})
         raise KeyboardInterrupt
-    outcome = tracking.log_job(settings, workdir)
+    outcome = (job.tracker or tracking).log_job(settings, workdir)
     try:
         update_result(workdir, tracking=outcome)
     except OSError as exc:

@@ -91,31 +91,66 @@ def compare(rows: list[dict]) -> dict:
                                       "class": hashes.index(r["actions_sha256"]), "sha256": r["actions_sha256"]}
                                      for r in members]})
 
-    # --- per device (and model, when the sweep has several): the fastest dtype whose precision verdict passes
-    recommended = {}
-    several = len({r["model_sha256"] for r in rows if r["mode"] == "precision" and r["status"] in ("passed", "failed")}) > 1
-    for device, model in dict.fromkeys((r["device"], r["model_sha256"]) for r in rows):
-        checked = [r for r in rows if r["device"] == device and r["model_sha256"] == model and r["mode"] == "precision"
-                   and r["status"] in ("passed", "failed")]
-        if not checked:
-            continue
-        passing = list(dict.fromkeys(r["dtype"] for r in checked if r["status"] == "passed"))
-        failing = sorted({r["dtype"] for r in checked if r["status"] == "failed"} - set(passing))
-        measured = {d: _latency(rows, device, d, model) for d in passing}
-        measured = {d: m for d, m in measured.items() if m is not None}
-        timed = {d: p50 for d, (p50, _) in measured.items()}
-        choice = min(timed, key=timed.get) if timed else None
-        noisy = bool(choice and measured[choice][1])
-        key = f"{device} with {checked[0].get('model_name') or model}" if several else device
-        recommended[key] = {"dtype": choice, "p50_us": timed.get(choice), "noisy": noisy, "passing": passing,
-                            "failing": failing, "p50_by_dtype": timed,
-                            "why": (f"fastest passing (p50 {timed[choice]:.1f} us"
-                                    + (", NOISY: re-measure before relying on it)" if noisy else ")") if choice else
-                                    "no latency.p50_us measured for a passing dtype: speed unknown, no pick")}
+    recommended = recommend(rows)
     replays = replay_agreement(rows)
     return {"vs_cpu_fp32": vs_ref, "agreement": agreement, "recommended": recommended,
             "lines": comparison_lines(rows, agreement, recommended) + replays["lines"], "table": comparison_table(rows),
             "device_agreement": replays["table"]}
+
+
+VERIFIED_MODES = ("action", "sample", "batch", "precision", "onnx-compare", "fingerprint", "stats", "benchmark")
+
+
+def recommend(rows: list[dict]) -> dict:
+    """Per device (and model, when the sweep has several): the fastest dtype whose every verified point passed, with the
+    figures it used; a noisy latency is named as such, never the silent basis of a pick."""
+    recommended = {}
+    verified = [r for r in rows if r["mode"] in VERIFIED_MODES and r["status"] in ("passed", "failed")]
+    several = len({r["model_sha256"] for r in verified}) > 1
+    for device, model in dict.fromkeys((r["device"], r["model_sha256"]) for r in verified):
+        checked = [r for r in verified if r["device"] == device and r["model_sha256"] == model]
+        failing = sorted({r["dtype"] for r in checked if r["status"] == "failed"}, key=NARROW_FIRST.index)
+        passing = [d for d in dict.fromkeys(r["dtype"] for r in checked) if d not in failing]
+        timed = {d: t for d in passing if (t := _latency(checked, d)) is not None}
+        choice = min(timed, key=lambda d: timed[d]["p50_us"]) if timed else None
+        key = f"{device} with {checked[0].get('model_name') or model}" if several else device
+        recommended[key] = {"dtype": choice, "p50_us": timed[choice]["p50_us"] if choice else None, "passing": passing,
+                            "failing": failing, "noisy": bool(choice and timed[choice]["noisy"]),
+                            "figures": {d: t for d, t in timed.items()}, "p50_by_dtype": {d: t["p50_us"] for d, t in timed.items()},
+                            "why": _why(choice, timed)}
+    return recommended
+
+
+def _why(choice: str | None, timed: dict) -> str:
+    if choice is None:
+        return "no latency measured for a passing dtype: speed unknown, no pick"
+    c = timed[choice]
+    others = ", ".join(f"{d} {t['p50_us']:,.1f} µs" + (" (noisy)" if t["noisy"] else "") for d, t in timed.items() if d != choice)
+    text = f"fastest passing: p50 {c['p50_us']:,.1f} µs at batch {c['batch_size']} ({c['mode']})"
+    if c.get("max_abs") is not None:
+        text += f", max_abs vs fp64 {c['max_abs']:.2g}" + (f" (limit {c['limit']:.2g})" if c.get("limit") is not None else "")
+    text += f"; {others}" if others else ""
+    if c["noisy"] or any(t["noisy"] for t in timed.values()):
+        text += "; NOTE: a latency this pick rests on is noisy (IQR/median > 0.1): re-measure on a quiet machine before relying on it"
+    return text
+
+
+def _latency(rows: list[dict], dtype: str) -> dict | None:
+    """The dtype's p50 like for like: from the (mode, batch size) most dtypes of the device were timed at, else the best
+    any of its points measured; with whether that measurement was noisy."""
+    timed = [r for r in rows if isinstance(r["metrics"].get("p50_us"), (int, float))]
+    if not timed:
+        return None
+    keys = [(r["mode"], r["batch_size"]) for r in timed]
+    common = max(dict.fromkeys(keys), key=lambda k: len({r["dtype"] for r in timed if (r["mode"], r["batch_size"]) == k}))
+    mine = [r for r in timed if r["dtype"] == dtype]
+    pick = [r for r in mine if (r["mode"], r["batch_size"]) == common] or mine
+    if not pick:
+        return None
+    best = min(pick, key=lambda r: r["metrics"]["p50_us"])
+    return {"p50_us": float(best["metrics"]["p50_us"]), "noisy": bool((best.get("latency") or {}).get("noisy")),
+            "batch_size": best["batch_size"], "mode": best["mode"], "job": best["job"],
+            "max_abs": best["metrics"].get("max_abs_vs_fp64"), "limit": best.get("max_abs_limit")}
 
 
 def replay_agreement(rows: list[dict]) -> dict:
@@ -145,16 +180,6 @@ def replay_agreement(rows: list[dict]) -> dict:
     return {"table": table, "lines": lines}
 
 
-def _latency(rows: list[dict], device: str, dtype: str, model: str | None = None) -> tuple[float, bool] | None:
-    """(p50, noisy) on (device, dtype, model): the precision points' own (like for like: each measures at its batch
-    size), else the best any point of this sweep measured; noisy when the point that gave it flagged its timing."""
-    mine = [r for r in rows if r["device"] == device and r["dtype"] == dtype and (model is None or r.get("model_sha256") == model)]
-    for points in ([r for r in mine if r["mode"] == "precision"], mine):
-        values = [(r["metrics"]["p50_us"], bool(r.get("noisy"))) for r in points
-                  if isinstance(r["metrics"].get("p50_us"), (int, float))]
-        if values:
-            return min(values)
-    return None
 
 
 def comparison_lines(rows: list[dict], agreement: list[dict], recommended: dict) -> list[str]:

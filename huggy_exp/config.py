@@ -17,8 +17,9 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from huggy_exp.errors import UserError
 
 DTYPE_NAMES = ("fp32", "fp16", "bf16", "fp64")
-BACKENDS = ("eager", "compile", "graphs", "onnxruntime")
+BACKENDS = ("eager", "compile", "fused", "graphs", "onnxruntime")
 VERDICTS = ("passed", "failed", "skipped", "error")
+SCENARIOS = ("single_stream", "multi_stream", "offline", "server", "control_loop")  # mode=benchmark
 MAX_SEED = 2**62  # fingerprint and stats add the step to the seed; torch generators take < 2^64
 MAX_BATCH = 2**24
 
@@ -83,7 +84,16 @@ class ModeConf:
 class Threshold:
     max_abs: float = rule(lo=0)
     cosine_min: float = rule(lo=-1, hi=1)
-    margin: float = rule(lo=0)  # discrete: a flip fails where fp64's top-1 minus top-2 masked logit exceeds margin x max(1, |logit|)
+    margin: float = rule(lo=0)  # discrete: a flip fails where fp64's top-1 minus top-2 masked logit exceeds margin x max(1, |best|)
+    rtol: float = rule(0.0, lo=0)
+
+
+@dataclass
+class VerifyConf:
+    limits: Dict[str, Threshold] = MISSING
+    specialize: Dict[str, Any] = MISSING
+    rel_floor: float = rule(lo=0, lo_open=True)
+    decimals: int = rule(lo=0, hi=9)
 
 
 @dataclass
@@ -116,6 +126,21 @@ class BenchmarkMode(ModeConf):
     tolerance: Dict[str, float] = MISSING
     fp16_cpu_max_rows: int = rule(lo=1, hi=MAX_BATCH)
     fp16_cpu_samples: int = rule(lo=1, hi=1_000_000)
+    qsl_samples: int = rule(lo=1, hi=1_000_000)
+    min_duration_ms: Optional[int] = rule(None, lo=1, hi=3_600_000)
+    max_duration_ms: int = rule(lo=1, hi=3_600_000)
+    min_query_count: int = rule(lo=1, hi=10_000_000)
+    samples_per_query: int = rule(lo=1, hi=65_536)
+    check_samples: int = rule(lo=0, hi=1_000_000)
+    target_qps: float = rule(lo=0, hi=10_000_000, lo_open=True)
+    latency_bound_ms: float = rule(lo=0, hi=3_600_000, lo_open=True)
+    search_steps: int = rule(lo=0, hi=30)
+    search_ms: int = rule(lo=1, hi=600_000)
+    rate_hz: float = rule(lo=0, hi=100_000, lo_open=True)  # 10 µs a tick: beyond that no Python loop keeps time
+    duration_s: float = rule(lo=0, hi=3600, lo_open=True)
+    max_miss_rate: float = rule(lo=0, hi=1)
+    confidence: float = rule(lo=0, hi=1, lo_open=True)
+    loop_search_s: float = rule(lo=0, hi=600, lo_open=True)
 
 
 @dataclass
@@ -152,11 +177,9 @@ class OnnxCompareMode(ModeConf):
 
 @dataclass
 class PrecisionMode(ModeConf):
-    thresholds: Dict[str, Threshold] = MISSING
     layer_thresholds: Dict[str, LayerThreshold] = MISSING
-    specialize: Dict[str, Any] = MISSING
+    layer_specialize: Dict[str, Any] = MISSING
     relative: Relative = MISSING
-    rel_floor: float = rule(lo=0, lo_open=True)
 
 
 @dataclass
@@ -242,6 +265,7 @@ class Config:
     model: ModelConf = MISSING
     obs: ObsConf = MISSING
     tracking: TrackingConf = MISSING
+    verify: VerifyConf = MISSING
 
 
 def register() -> None:
@@ -270,6 +294,10 @@ def validate(cfg: DictConfig, mode: str) -> None:
     _check(Config, plain, "")
     _check(MODES[mode], plain["mode"], "mode.")
     check_device(str(plain["device"]))
+    if mode == "benchmark":
+        from huggy_exp.loadgen import check_available
+
+        check_available(plain["mode"]["scenarios"])
     track = plain["tracking"]
     if track.get("enabled") and track.get("uri"):
         from huggy_exp.tracking import StoreDown, check_uri
@@ -321,7 +349,7 @@ def _check_value(kind: Any, value: Any, key: str, meta: dict) -> None:
     if origin in (dict, Dict):
         if not isinstance(value, dict):
             raise UserError(f"{key} must be a mapping, got {value!r}")
-        if key.split(".")[-1] in ("tolerance", "atol", "thresholds", "layer_thresholds"):
+        if key.split(".")[-1] in ("tolerance", "atol", "limits", "layer_thresholds"):
             for k in value:
                 if k not in DTYPE_NAMES:
                     raise UserError(f"unknown key {key}.{k}; valid: {', '.join(DTYPE_NAMES)}")
@@ -332,7 +360,7 @@ def _check_value(kind: Any, value: Any, key: str, meta: dict) -> None:
         if not isinstance(value, list):
             raise UserError(f"{key} must be a list, got {value!r}")
         choices = {"mode.require_match": DTYPE_NAMES, "mode.backends": BACKENDS,
-                   "mode.scenarios": ("single_stream", "offline")}.get(key)
+                   "mode.scenarios": SCENARIOS}.get(key)
         bad = [v for v in value if choices and v not in choices]
         if bad:
             raise UserError(f"{key}: unknown entry {bad[0]!r}; valid: {', '.join(choices)}")
@@ -507,10 +535,11 @@ def shares_machine(launcher: str, settings) -> bool:
     return not (launcher == "joblib" and settings.get("n_jobs") == 1)
 
 
-def preflight(argv: list[str], conf_dir) -> int:
+def preflight(argv: list[str], conf_dir, keep: list | None = None) -> int:
     """Compose and validate every job the command line asks for; the first bad one is a UserError (one line).
 
-    Returns how many jobs Hydra will launch (the product of the swept values; 1 without -m).
+    Returns how many jobs Hydra will launch (the product of the swept values; 1 without -m). `keep`, when given,
+    receives each composed config (Hydra node included) so that a single run need not be composed again (run_once).
     """
     from pathlib import Path
 
@@ -539,7 +568,7 @@ def preflight(argv: list[str], conf_dir) -> int:
     jobs = [plain] + [plain + [value] for values in sweeps for value in values]
     if sweeps:
         jobs = jobs[1:]
-    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3", job_name="run"):  # as @hydra.main names run.py's job
         for overrides in jobs:
             try:
                 cfg = compose(config_name=args.config_name or "config", overrides=overrides + extra,
@@ -555,6 +584,8 @@ def preflight(argv: list[str], conf_dir) -> int:
                 validate(with_cfg, mode)
             except UserError as exc:
                 raise UserError(_in_case(str(exc), overrides, dirs)) from None
+            if keep is not None:
+                keep.append(cfg)
     return math.prod(len(values) for values in sweeps)
 
 
@@ -673,3 +704,34 @@ def unknown_key(key: str, mode: str) -> str:
     where = ".".join(parts[:-1]) or "the config"
     where = f"{where} ({mode})" if parts[0] == "mode" and len(parts) == 2 else where
     return f"unknown key {key}; valid keys of {where}: {', '.join(names) if names else 'none (this mode has no knobs)'}"
+
+
+def single_run(argv: list[str]) -> bool:
+    """Plain `key=value` overrides only: no -m, no --config-dir, --cfg, --help or other Hydra flag."""
+    return not any(a.startswith("-") for a in argv)
+
+
+def run_once(cfg, task_function) -> None:
+    """Run one job from the config preflight composed, as @hydra.main runs it (hydra.mode RUN, Hydra's and the job's
+    logging, callbacks, <job dir>/.hydra/), without composing it twice more: @hydra.main composes once to learn the
+    mode and once to run (~0.2 s each, a sixth of a single run's start-up over `import torch`). Hydra 1.3's run_job."""
+    from hydra._internal.callbacks import Callbacks
+    from hydra._internal.utils import run_and_report
+    from hydra.core.utils import configure_log, run_job
+    from hydra.types import HydraContext, RunMode
+    from omegaconf import open_dict
+
+    with open_dict(cfg.hydra):
+        cfg.hydra.mode = RunMode.RUN
+        cfg.hydra.overrides.hydra.append("hydra.mode=RUN")  # what @hydra.main adds when the config names no mode
+
+    def launch() -> None:
+        configure_log(cfg.hydra.hydra_logging, cfg.hydra.verbose)
+        callbacks = Callbacks(cfg)
+        callbacks.on_run_start(config=cfg, config_name="config")
+        ret = run_job(hydra_context=HydraContext(config_loader=None, callbacks=callbacks), task_function=task_function,
+                      config=cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, configure_logging=True)
+        callbacks.on_run_end(config=cfg, config_name="config", job_return=ret)
+        _ = ret.return_value  # re-raises what the job raised, as Hydra's run does
+
+    run_and_report(launch)

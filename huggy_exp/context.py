@@ -10,7 +10,9 @@ import numpy as np
 
 from huggy_exp import mlagents
 from huggy_exp.errors import UserError
+from huggy_exp.numerics import limits_for
 from huggy_exp.observations import make_feeds, make_observations
+from huggy_exp.verify import Limits, Rules
 from huggy_exp.placement import Target, check_device, check_dtype, resolve
 from huggy_exp.runners import check_backend
 
@@ -71,6 +73,16 @@ class ObsSpec:
     path: str | None = None
 
 
+@dataclass(frozen=True)
+class VerifySpec:
+    """`verify`: the limits every inference point is judged by, per dtype (exceptions per device kind x dtype)."""
+
+    limits: dict = field(default_factory=dict)
+    specialize: dict = field(default_factory=dict)
+    rel_floor: float = 1e-3
+    decimals: int = 3
+
+
 @dataclass
 class Context:
     """Settings of one job. Device/dtype names are checked here (user errors); availability only in target()."""
@@ -83,6 +95,7 @@ class Context:
     threads: int = 1
     model_spec: ModelSpec = field(default_factory=ModelSpec)
     obs: ObsSpec = field(default_factory=ObsSpec)
+    verify: VerifySpec = field(default_factory=VerifySpec)
     workdir: Path = Path(".")
 
     def __post_init__(self) -> None:
@@ -111,6 +124,14 @@ class Context:
     def target(self, device: str | None = None, dtype: str | None = None) -> Target:
         """Raises Unsupported when the device or dtype is not available here."""
         return resolve(device or self.device, dtype or self.dtype)
+
+    def limits(self, dtype: str | None = None) -> Limits:
+        """The dtype's output limits on this device kind (`verify.limits`, `verify.specialize`)."""
+        return Limits.of(limits_for(self.verify.limits, dtype or self.dtype, self.device, self.verify.specialize))
+
+    def rules(self, dtype: str | None = None) -> Rules:
+        """How an output of this job is compared with a reference: the dtype's limits, its ULPs, the branch sizes."""
+        return Rules(self.limits(dtype), dtype or self.dtype, self.verify.rel_floor, branch_sizes=self.weights.branch_sizes)
 
     @cached_property
     def observations(self) -> np.ndarray:

@@ -30,18 +30,41 @@ class Dynamics:
     def rollout(self, policy: Callable[[np.ndarray], np.ndarray], start: np.ndarray, steps: int,
                 normalizer: Normalizer | None, act_dim: int) -> tuple[np.ndarray, np.ndarray]:
         """Observations [steps, envs, obs_dim] (float32, what the policy saw) and actions [steps, envs, act_dim]."""
+        world = self.world(start, normalizer, act_dim)
+        observations = np.empty((steps, *start.shape), np.float32)
+        actions = np.empty((steps, start.shape[0], act_dim), np.float32)
+        for t in range(steps):
+            observations[t] = world.observe()
+            actions[t] = policy(observations[t])
+            world.step(actions[t])
+        return observations, actions
+
+    def world(self, start: np.ndarray, normalizer: Normalizer | None, act_dim: int) -> "World":
+        """The dynamics one step at a time (a control loop reads an observation, then acts)."""
         envs, obs_dim = start.shape
         mean = normalizer.running_mean.astype(np.float64) if normalizer is not None else np.zeros(obs_dim)
         std = normalizer.std.astype(np.float64) if normalizer is not None else np.ones(obs_dim)
         rng = np.random.Generator(np.random.PCG64(self.seed))
         b = rng.standard_normal((obs_dim, act_dim))
         b /= np.linalg.norm(b, axis=0, keepdims=True)
-        noise = rng.standard_normal((steps, envs, obs_dim))
-        z = (start.astype(np.float64) - mean) / std
-        observations = np.empty((steps, envs, obs_dim), np.float32)
-        actions = np.empty((steps, envs, act_dim), np.float32)
-        for t in range(steps):
-            observations[t] = (mean + std * z).astype(np.float32)
-            actions[t] = policy(observations[t])
-            z = self.decay * z + self.gain * actions[t].astype(np.float64) @ b.T + self.noise * noise[t]
-        return observations, actions
+        return World(self, mean, std, b, rng, (start.astype(np.float64) - mean) / std)
+
+
+@dataclass
+class World:
+    """The state z of `Dynamics` between steps: observe() what the policy sees, step(action) advances one step."""
+
+    dynamics: Dynamics
+    mean: np.ndarray
+    std: np.ndarray
+    b: np.ndarray
+    rng: np.random.Generator  # the step noise, drawn step by step: the same numbers as one [steps, envs, obs_dim] draw
+    z: np.ndarray
+
+    def observe(self) -> np.ndarray:
+        return (self.mean + self.std * self.z).astype(np.float32)
+
+    def step(self, action: np.ndarray) -> None:
+        d = self.dynamics
+        noise = self.rng.standard_normal(self.z.shape)
+        self.z = d.decay * self.z + d.gain * action.astype(np.float64) @ self.b.T + d.noise * noise

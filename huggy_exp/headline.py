@@ -9,12 +9,11 @@ import math
 HEADLINES: dict[str, dict[str, str]] = {
     "info": {"parameters": "parameters", "fp16_overflow_dims": "fp16_overflow_dims"},
     "checkpoints": {"checkpoints": "checkpoints", "best_reward": "best_reward"},
-    "action": {"act_mean": "action_mean", "act_std": "action_std", "saturated": "saturated_share"},
-    "sample": {"act_mean": "action_mean", "act_std": "action_std", "saturated": "saturated_share"},
+    "action": {"act_mean": "action_mean", "act_std": "action_std"},
+    "sample": {"act_mean": "action_mean", "act_std": "action_std"},
     "batch": {"invariance_max": "batch_invariance_max_abs", "rows_identical": "rows_bit_identical",
               "rows_per_s": "batched_rows_per_s"},
-    "precision": {"err_max_abs": "actions.vs_fp64.max_abs", "cos_min": "actions.vs_fp64.cosine_min_row",
-                  "err_vs_fp32": "actions.vs_fp32.max_abs", "rel_ratio": "relative.ratio"},
+    "precision": {"rel_ratio": "relative/ratio"},
     "onnx-compare": {"err_max_abs": "deterministic.max_abs", "cos_min": "deterministic.cosine_min_row",
                      "sampled_z": "sampled.mean_z_max"},
     "export-onnx": {"err_max_abs": "vs_torch.max_abs", "src_identical": "vs_source.bit_identical"},
@@ -25,29 +24,44 @@ HEADLINES: dict[str, dict[str, str]] = {
     "replay": {"bitwise": "agreement/bitwise_share", "ulp_max": "agreement/ulp_max", "dual_ratio": "dual/worst_ratio",
                "lat_ratio": "latency_change/median_ratio", "lat_p": "latency_change/p_value"},
     "diff": {"changed": "diff/changed", "only_base": "diff/only_baseline", "only_cand": "diff/only_candidate"},
-    # eager at batch 1 (single stream) and at the largest batch timed (offline); `ort_ratio` = eager obs/s over
-    # onnxruntime's at that batch (> 1: torch is faster)
-    "benchmark": {"p50_us": "eager/b1/p50_us", "p99_us": "eager/b1/p99_us", "obs_per_s": "eager/b{top}/obs_per_s",
-                  "ort_ratio": "eager/b{top}/obs_per_s / onnxruntime/b{top}/obs_per_s"},
+    # at the job's own batch size ({batch}; a ladder without it: its largest): eager's and onnxruntime's p50 and
+    # `eager_vs_ort` = eager p50 / onnxruntime p50 (> 1: torch is slower); throughput at the largest batch timed;
+    # the LoadGen server's highest QPS under its p99 bound, and the control loop's miss rate and highest rate
+    "benchmark": {"p50_us": "eager/b{batch}/p50_us", "p99_us": "eager/b{batch}/p99_us",
+                  "ort_p50_us": "onnxruntime/b{batch}/p50_us",
+                  "eager_vs_ort": "eager/b{batch}/p50_us / onnxruntime/b{batch}/p50_us",
+                  "obs_per_s": "eager/b{top}/obs_per_s", "server_qps": "loadgen/server/max_qps",
+                  "miss_rate": "control_loop/miss_rate", "loop_hz_max": "control_loop/max_rate_hz"},
 }
-ANY_MODE = {"p50_us": "latency.p50_us"}  # every inference mode that measures latency (the benchmark branch adds it)
+# every inference point (docs/verification.md): its errors vs CPU fp64 and fp32, and its latency; `a | b`: the first found
+ANY_MODE = {
+    "max_abs_vs_fp64": "actions/vs_fp64/max_abs | sampled_actions/vs_fp64/max_abs | memories/vs_fp64/max_abs",
+    "cosine_vs_fp64": "actions/vs_fp64/cosine_min_row | sampled_actions/vs_fp64/cosine_min_row | memories/vs_fp64/cosine_min_row",
+    "agreement_vs_fp64": "discrete_actions/vs_fp64/agreement | sampled_discrete_actions/vs_fp64/agreement",
+    "max_abs_vs_fp32": "actions/vs_fp32/max_abs | sampled_actions/vs_fp32/max_abs | memories/vs_fp32/max_abs",
+    "p50_us": "latency/p50_us",
+    "p99_us": "latency/p99_us",
+    "obs_per_s": "latency/obs_per_s",
+}
 PER_DTYPE = ("thresholds", "layer_thresholds", "tolerance", "atol")  # mode tables keyed by dtype
 NOISE = ("mode._target_", "tracking.http_retries", "tracking.http_timeout_s", "tracking.enabled")
 
 
 SIGNIFICANT = 3  # headline values are for reading (the UI prints every digit: 0.00942 not 0.0094211900...)
-DIGITS = {"cos_min": 6}  # cosines live next to 1: 0.999968 must not read as 1
+DIGITS = {"cos_min": 6, "cosine_vs_fp64": 6}  # cosines live next to 1: 0.999968 must not read as 1
 
 
-def headline_metrics(mode: str, metrics: dict[str, float], status: str) -> dict[str, float]:
+def headline_metrics(mode: str, metrics: dict[str, float], status: str, batch_size: int | None = None) -> dict[str, float]:
     """`passed` (1/0, absent for skipped/error) and the mode's short metrics that the job produced, finite only,
     rounded to 3 significant digits, cosines to 6 (the detailed metric beside each keeps full precision)."""
     out: dict[str, float] = {}
     if status in ("passed", "failed"):
         out["passed"] = float(status == "passed")
-    top = max((batch for _, batch, _ in ladder(metrics, "obs_per_s")), default=None)  # benchmark: the largest batch timed
+    timed = {batch for _, batch, _ in ladder(metrics, "obs_per_s")}
+    top = max(timed, default=None)  # benchmark: the largest batch timed
+    batch = batch_size if batch_size in timed else top  # ... and the job's own batch size, when it was timed
     for short, long in {**HEADLINES.get(mode, {}), **{k: v for k, v in ANY_MODE.items() if k not in HEADLINES.get(mode, {})}}.items():
-        value = _lookup(metrics, long.replace("{top}", str(top)))
+        value = _lookup(metrics, long.replace("{top}", str(top)).replace("{batch}", str(batch)))
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value)):
             out[short] = float(f"{float(value):.{DIGITS.get(short, SIGNIFICANT)}g}")
     return out
@@ -71,11 +85,13 @@ def ladder(metrics: dict[str, float], stat: str) -> list[tuple[str, int, float]]
 def noisy(record: dict) -> bool:
     """Whether a timing the job reported flagged itself noisy (IQR / median above timing.py's bound)."""
     metrics = record.get("metrics") or {}
-    return bool(metrics.get("latency.noisy")) or any(value for _, _, value in ladder(metrics, "noisy"))
+    return bool(metrics.get("latency/noisy") or (record.get("latency") or {}).get("noisy")) or any(value for _, _, value in ladder(metrics, "noisy"))
 
 
 def _lookup(metrics: dict[str, float], name: str):
-    """A metric by name, or `a / b` of two metrics (None where either is missing or b is 0)."""
+    """A metric by name, `a | b` (the first present), or `a / b` of two metrics (None where either is missing or b is 0)."""
+    if " | " in name:
+        return next((metrics[n] for n in name.split(" | ") if n in metrics), None)
     if " / " not in name:
         return metrics.get(name)
     a, b = (metrics.get(n) for n in name.split(" / "))
@@ -90,7 +106,7 @@ def settings(params: dict, dtype: str) -> dict:
             name = f"{prefix}{key}"
             if name in NOISE:
                 continue
-            if isinstance(value, dict) and prefix == "mode." and key in PER_DTYPE:
+            if isinstance(value, dict) and (prefix == "mode." and key in PER_DTYPE or name == "verify.limits"):
                 value = {k: v for k, v in value.items() if k == dtype}
             kept[key] = prune(value, name + ".") if isinstance(value, dict) else value
         return kept

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from huggy_exp.errors import UserError
+from huggy_exp.verify import cosine, discrete_agreement, discrete_margins, margins  # noqa: F401 (the engine's, re-exported)
 
 REL_FLOOR = 1e-3  # relative errors divide by max(|expected|, REL_FLOOR): actions are O(1), zeros must not explode
 
@@ -47,17 +48,6 @@ def _same_size(actual: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np
     return a, e
 
 
-def cosine(x: np.ndarray, y: np.ndarray) -> float:
-    """Cosine similarity; two all-zero vectors are identical (1.0), one zero vector against another is 0.0."""
-    x, y = (v.ravel() for v in _same_size(x, y))
-    nx, ny = float(np.linalg.norm(x)), float(np.linalg.norm(y))
-    if nx == 0.0 and ny == 0.0:
-        return 1.0
-    if nx == 0.0 or ny == 0.0:
-        return 0.0
-    return float(np.dot(x, y) / (nx * ny))
-
-
 def masked_logits(logits: np.ndarray, masks: np.ndarray | None, penalty: float) -> np.ndarray:
     """ML-Agents' masking in float64: logits * mask - penalty * (1 - mask); all allowed without masks."""
     z = np.asarray(logits, np.float64)
@@ -65,50 +55,6 @@ def masked_logits(logits: np.ndarray, masks: np.ndarray | None, penalty: float) 
         return z
     m = np.asarray(masks, np.float64)
     return z * m - penalty * (1.0 - m)
-
-
-def margins(logits: np.ndarray, sizes: tuple[int, ...]) -> np.ndarray:
-    """Per branch, the best minus the second-best logit: [..., sum(sizes)] -> [..., branches] (inf for a branch of 1)."""
-    z = np.asarray(logits, np.float64)
-    out, start = [], 0
-    for size in sizes:
-        top = np.sort(z[..., start:start + size], axis=-1)
-        out.append(top[..., -1] - top[..., -2] if size > 1 else np.full(top.shape[:-1], np.inf))
-        start += size
-    return np.stack(out, axis=-1)
-
-
-def logit_scale(logits: np.ndarray, sizes: tuple[int, ...]) -> np.ndarray:
-    """Per branch, max(1, largest |raw logit|): [..., sum(sizes)] -> [..., branches]. A dtype's rounding error in a
-    logit grows with its magnitude, so the margin a flip is allowed is `margin` times this."""
-    z = np.abs(np.asarray(logits, np.float64))
-    bounds = np.cumsum(sizes)[:-1]
-    return np.stack([np.maximum(part.max(axis=-1), 1.0) for part in np.split(z, bounds, axis=-1)], axis=-1)
-
-
-def discrete_agreement(actual: np.ndarray, expected: np.ndarray, margin: np.ndarray, bound: float,
-                       scale: np.ndarray | float = 1.0) -> dict[str, float]:
-    """Discrete actions [..., branches] against a reference whose top-1 minus top-2 masked logit is `margin`.
-
-    A flip (a differing action) is within the dtype's error where the reference's margin is at most `bound * scale`
-    (scale: `logit_scale`, 1 by default): the rounding of the dtype can swap two actions that close. A flip where the
-    margin is larger, or NaN, is a failure.
-    """
-    a, e, m = np.asarray(actual), np.asarray(expected), np.asarray(margin, np.float64)
-    if a.shape != e.shape or m.shape != e.shape:
-        raise UserError(f"cannot compare discrete actions of shapes {list(a.shape)}, {list(e.shape)} (margins {list(m.shape)})")
-    flips = a != e
-    near = m <= bound * np.asarray(scale, np.float64)  # NaN is never near: a NaN margin never excuses a flip
-    return {
-        "decisions": float(e.size),
-        "agreement": float(np.mean(~flips)) if e.size else 1.0,
-        "flips": float(flips.sum()),
-        "flips_beyond_margin": float(np.sum(flips & ~near)),
-        "near_ties": float(near.sum()),
-        "flip_margin_max": float(m[flips].max(initial=0.0)),
-        "margin_min": float(m.min(initial=np.inf)),
-        "margin_bound": float(bound),
-    }
 
 
 def action_stats(actions: np.ndarray, saturation: float = 0.999) -> dict[str, float]:
@@ -230,25 +176,7 @@ def sampling_check(samples: np.ndarray, mu: np.ndarray, sigma: np.ndarray, lo: f
     }
 
 
-# --- discrete actions: exact agreement where the choice is clear, and sampled draws against the masked softmax
-
-
-def discrete_margins(masked_logits: np.ndarray, branch_sizes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """Per branch, the best minus the second-best masked logit (`margins`) and |best| ([..., n_branches])."""
-    z = np.asarray(masked_logits, np.float64)
-    bounds = np.cumsum(branch_sizes)[:-1]
-    best = np.stack([np.abs(part.max(axis=-1)) for part in np.split(z, bounds, axis=-1)], axis=-1)
-    return margins(z, branch_sizes), best
-
-
-def discrete_match(actual: np.ndarray, expected: np.ndarray, margins: np.ndarray, scales: np.ndarray,
-                   tol: float) -> dict[str, float]:
-    """`discrete_agreement` in onnx-compare's terms: equal discrete actions, a mismatch excused only where the
-    masked-logit margin is within the dtype's error (margin <= tol * max(1, |best logit|)), where the two sides may
-    round to either action; a NaN margin never excuses."""
-    d = discrete_agreement(actual, expected, margins, tol, np.maximum(1.0, np.asarray(scales, np.float64)))
-    return {"agreement": d["agreement"], "mismatches": d["flips"], "excused": d["flips"] - d["flips_beyond_margin"],
-            "unexcused": d["flips_beyond_margin"], "near_ties": d["near_ties"], "margin_min": d["margin_min"]}
+# --- discrete actions: sampled draws against the masked softmax
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

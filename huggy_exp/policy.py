@@ -132,7 +132,7 @@ class DiscreteActions(nn.Module):
         for size, logits in zip(self.sizes, self.logits(x) if logits is None else logits):
             logits = _cast(logits, _stat_dtype(logits))
             if masks is not None:
-                allow = _cast(masks[:, start:start + size], logits.dtype)
+                allow = _cast(masks.narrow(1, start, size), logits.dtype)  # narrow, not [..]: no device guard
                 logits = logits * allow - MASK_PENALTY * (-1.0 * allow + 1.0)
             out.append(logits)
             start += size
@@ -150,7 +150,7 @@ class DiscreteActions(nn.Module):
         picks = []
         for b, p in enumerate(self.probs(x, masks)):
             cdf = torch.cumsum(p, dim=-1)
-            u = uniform[:, b:b + 1].to(cdf.device, cdf.dtype) * cdf[:, -1:]
+            u = uniform.narrow(1, b, 1).to(cdf.device, cdf.dtype) * cdf.narrow(1, p.shape[-1] - 1, 1)
             picks.append(torch.clamp((cdf < u).sum(dim=-1, keepdim=True), max=p.shape[-1] - 1))
         return torch.cat(picks, dim=1).to(torch.int64)
 
@@ -208,13 +208,23 @@ class Policy(nn.Module):
         self._gemv = tuple((m.weight, m.bias) for m in (*self._linears, *mu))
 
     def place(self, device: torch.device, dtype: torch.dtype) -> "Policy":
-        """Move to the device; the layers take `dtype`, the statistics stay fp32 (fp64 only for an fp64 run)."""
+        """Move to the device; the layers take `dtype`, the statistics stay fp32 (fp64 only for an fp64 run).
+
+        Each tensor is converted once, straight from its float32 original (fp16 would round the statistics), and set as
+        a new Parameter/buffer: no tensor is swapped in place, so FakeTensorMode can place the policy on a device that
+        is not there (tests/test_placement_fake_device.py)."""
         stat_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-        exempt = [(m, name, m._buffers[name]) for m in self.modules() for name in getattr(m, "stats", ()) if name in m._buffers]
-        self.to(device=device, dtype=dtype)
-        for module, name, value in exempt:  # taken before .to(): fp16 would round them
-            module._buffers[name] = value.to(device=device, dtype=stat_dtype)
-        self._cache_parameters()  # in case .to() made new Parameters
+        self._gemv = ()
+        for module in self.modules():
+            exempt = set(getattr(module, "stats", ()))
+            for name, param in list(module._parameters.items()):
+                if param is not None:
+                    setattr(module, name, nn.Parameter(param.detach().to(device=device, dtype=dtype), requires_grad=False))
+            for name, buffer in list(module._buffers.items()):
+                if buffer is not None:
+                    kind = stat_dtype if name in exempt else dtype if buffer.is_floating_point() else buffer.dtype
+                    module._buffers[name] = buffer.to(device=device, dtype=kind)
+        self._cache_parameters()
         return self
 
     @property

@@ -155,7 +155,7 @@ def write_job_report(workdir: Path, record: dict, plots: list[Path]) -> Path:
     head = record.get("headline_metrics") or {}
     metrics = record.get("metrics") or {}
     limits = record.get("limits") or {}
-    latency_noisy = bool(metrics.get("latency.noisy"))
+    latency_noisy = bool(metrics.get("latency/noisy"))
     model = record.get("model") or {}
     sections = [f"<h1>{html.escape(record['run_name'])}</h1>",
                 f"<p class=tally>{verdict(record['status'])[1]} {html.escape(record.get('reason') or record.get('headline') or '')}</p>",

@@ -20,10 +20,13 @@ EXIT_INTERRUPTED = 130
 
 @dataclass
 class Result:
-    """A task's answer: a status, flat numeric metrics, string tags, arrays, small tables and extra files."""
+    """A task's answer: a status, its one-line headline, latency, flat numeric metrics, string tags, arrays, small
+    tables, extra files and free-form details (result.json keeps those under `details`)."""
 
     status: str = "passed"
     reason: str = ""
+    headline: str = ""  # one line for sweep summaries, the MLflow run note and result.json readers
+    latency: dict[str, float] = field(default_factory=dict)  # p50_us, p99_us, obs_per_s, noisy, ... of the point
     metrics: dict[str, float] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
@@ -92,7 +95,7 @@ def write_table(path: Path, rows: list[dict]) -> None:
 def write_result(workdir: Path, record: dict, result: Result) -> Path:
     """Arrays as <name>.npy, tables as <name>.csv, then result.json last and atomically (it marks completion).
 
-    A task's `details` become extra top-level keys of result.json; they never replace the common ones.
+    A task's free-form `details` sit under the one key `details`.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     for name, array in result.arrays.items():
@@ -103,14 +106,16 @@ def write_result(workdir: Path, record: dict, result: Result) -> Path:
         **record,
         "status": result.status,
         "reason": result.reason,
+        "headline": result.headline,
+        "latency": result.latency,
         "metrics": result.metrics,
         "series": {name: [list(p) for p in points] for name, points in result.series.items()},
         "tags": result.tags,
         "arrays": {name: f"{name}.npy" for name in result.arrays},
         "tables": {name: f"{name}.csv" for name in result.tables},
         "files": result.files,
+        "details": result.details,
     }
-    record.update({k: v for k, v in result.details.items() if k not in record})
     path = workdir / "result.json"
     atomic_write_text(path, json.dumps(jsonable(record), indent=2, sort_keys=False) + "\n")
     return path

@@ -46,6 +46,15 @@ def split(obs: np.ndarray, weights: PolicyWeights) -> dict[str, np.ndarray]:
     return {obs_name(i): np.ascontiguousarray(part) for i, part in enumerate(np.split(obs, bounds, axis=-1))}
 
 
+def seen(observations: np.ndarray, start: dict[str, np.ndarray], weights: PolicyWeights) -> dict[str, np.ndarray]:
+    """A closed loop's observations [T, envs, sum of widths] as the feeds the policy saw: obs_0 .. obs_<k> and, when the
+    start feeds hold them, the action masks of every step."""
+    feeds = split(observations, weights)
+    if ACTION_MASKS in start:
+        feeds[ACTION_MASKS] = np.broadcast_to(start[ACTION_MASKS], (len(observations), *start[ACTION_MASKS].shape)).copy()
+    return feeds
+
+
 def action_width(weights: PolicyWeights) -> int:
     return weights.act_dim + sum(weights.branch_sizes)
 

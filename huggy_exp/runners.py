@@ -5,8 +5,9 @@ Feeds are keyed by ML-Agents' ONNX input names: `obs_0` ... `obs_<k>` (float32 [
 absent). A bare array is `obs_0`. Outputs carry ML-Agents' output names. `Recurrent` carries the memory between steps.
 
 `build()` is the one factory: backend `eager` (the policy in inference mode), `compile` (torch.compile with
-inductor freezing), `graphs` (CUDA / NPU graph replay through the device module) or `onnxruntime` (the
-ML-Agents .onnx on the provider that matches the device). For Huggy's shape the torch runners share one forward path
+inductor freezing), `fused` (the whole forward as one C++ kernel on the CPU: huggy_exp/fused.py), `graphs` (CUDA /
+NPU graph replay through the device module) or `onnxruntime` (the ML-Agents .onnx on the provider that matches the
+device). For Huggy's shape the torch runners share one forward path
 (Policy._run): trace() records the intermediates of that path, and its actions come from infer(), the timed call.
 Every other shape (several inputs, discrete branches, memory) runs through Policy.act (eager) or on onnxruntime.
 """
@@ -33,7 +34,7 @@ SAMPLED = "continuous_actions"
 DISCRETE = "deterministic_discrete_actions"
 DISCRETE_SAMPLED = "discrete_actions"
 OBS = ONNX_INPUT
-BACKENDS = ("eager", "compile", "graphs", "onnxruntime")
+BACKENDS = ("eager", "compile", "fused", "graphs", "onnxruntime")
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "npu": "CANNExecutionProvider"}
 
 Feeds = Mapping[str, np.ndarray] | np.ndarray
@@ -108,6 +109,10 @@ class TorchRunner:
         self._sample: Callable = self.policy.sample
         if backend == "compile":
             self._forward, self._sample = _compiled(self.policy.forward), _compiled(self.policy.sample)
+        elif backend == "fused":
+            from huggy_exp.fused import FusedMLP
+
+            self._forward = FusedMLP(self.policy)  # deterministic actions; sampled ones run eager
         elif backend == "graphs":
             graphs = _graph_api(target.device)
             self._forward, self._sample = GraphReplay(self.policy.forward, graphs), GraphReplay(self.policy.sample, graphs)
@@ -117,16 +122,18 @@ class TorchRunner:
         """Compiled code and captured graphs run one chunk shape: the last chunk is padded to it."""
         return self.backend in ("compile", "graphs")
 
-    def _chunks(self, *arrays: np.ndarray, pad: bool | None = None):
+    def _chunks(self, *arrays: np.ndarray | torch.Tensor, pad: bool | None = None):
+        """(start, rows, tensors on the device) per chunk of `batch_size` rows; arrays (inputs) or CPU tensors (noise)."""
         pad = self.fixed_shape if pad is None else pad
         rows = len(arrays[0])
         step = min(self.batch_size, rows) if self.batch_size and self.batch_size > 0 else rows
         for start in range(0, rows, max(step, 1)):
-            parts = [np.ascontiguousarray(a[start : start + step]) for a in arrays]
+            parts = [torch.from_numpy(np.ascontiguousarray(a[start : start + step])) if isinstance(a, np.ndarray)
+                     else a.narrow(0, start, min(step, rows - start)) for a in arrays]
             n = len(parts[0])
             if pad and n < step:
-                parts = [np.concatenate([p, np.repeat(p[-1:], step - n, axis=0)]) for p in parts]
-            yield start, n, [torch.from_numpy(p).to(self.target.device) for p in parts]
+                parts = [torch.cat([p, p[-1:].expand(step - n, *p.shape[1:])]) for p in parts]
+            yield start, n, [p.to(self.target.device) for p in parts]
 
     def _feed_chunks(self, feeds: Feeds):
         """(start, obs list, masks, memory) per chunk of `batch_size` rows, as tensors on the device."""
@@ -185,7 +192,7 @@ class TorchRunner:
             if self.batch_size <= 0 or len(obs) <= self.batch_size and not self.fixed_shape:  # one chunk, kept lean
                 x = torch.from_numpy(np.ascontiguousarray(obs))
                 return {ACTIONS: _numpy(self._forward(x if self.target.kind == "cpu" else x.to(self.target.device)))}
-            return self._collect([{ACTIONS: self._forward(x)[:n]} for _, n, (x,) in self._chunks(obs)])
+            return self._collect([{ACTIONS: self._forward(x).narrow(0, 0, n)} for _, n, (x,) in self._chunks(obs)])
 
     @torch.inference_mode()
     def trace(self, feeds: Feeds) -> dict[str, np.ndarray]:
@@ -206,8 +213,8 @@ class TorchRunner:
         if not self.policy.huggy_shaped:
             return self._run(feeds, sample_noise(self.policy, feed_rows(feeds), seed))
         obs = self._obs(feeds)
-        noise = cpu_noise(len(obs), self.policy.act_dim, seed).numpy()
-        parts = [{SAMPLED: self._sample(x, z)[:n]} for _, n, (x, z) in self._chunks(obs, noise)]
+        noise = cpu_noise(len(obs), self.policy.act_dim, seed)
+        parts = [{SAMPLED: self._sample(x, z).narrow(0, 0, n)} for _, n, (x, z) in self._chunks(obs, noise)]
         return self._collect(parts)
 
     @torch.inference_mode()

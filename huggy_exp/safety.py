@@ -194,7 +194,7 @@ def check_file_size(path: Path, cap: int, what: str) -> None:
 
 # --- the memory a job's own values drive, estimated before the task allocates it
 
-NO_INFERENCE = ("info", "checkpoints", "sync")
+NO_INFERENCE = ("info", "checkpoints", "sync", "diff")  # modes that never run the policy
 
 
 def job_allocations(mode: str, cfg: dict, weights) -> list[tuple[int, str, str]]:

@@ -58,11 +58,16 @@ class SweepCallback(Callback):
         print(f"\nsweep summary ({len(summary['rows'])} jobs) in {self.sweep_dir}:")
         for row in summary["rows"]:
             print("  " + row["line"])
-        if summary["comparison"]["lines"]:
+        lines = summary["comparison"]["lines"]
+        picks = [line for line in lines if line.startswith("recommended")]
+        if len(picks) < len(lines):
             print("comparison:")
-            for line in summary["comparison"]["lines"]:
-                print("  " + line)
+            for line in lines:
+                if line not in picks:
+                    print("  " + line)
         print(f"  {summary['line']}")
+        for line in picks or ["recommended: none (no point of this sweep has a verdict and a latency)"]:
+            print("  " + line)
         info = tracking.read_sweep(self.sweep_dir) or {}
         if url:
             uri = info.get("tracking", {}).get("uri", "")
@@ -106,8 +111,10 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
         note = r.get("reason") or r.get("headline") or ""
         track = (r.get("tracking") or {}).get("status", "off")
         missed = " (expected " + str(r.get("expect")).upper() + ")" if r.get("expectation_met") is False else ""
-        line = (f"{path.parent.name:>3} {r['run_name']:<32} {r['status'].upper():<7}{missed}" + (f" {note}" if note else "")
-                + (" [not in MLflow yet]" if track == "pending" else ""))
+        figures = point_figures(r)
+        shown = r.get("reason") if figures else note  # a verified point's figures say what its headline says
+        line = (f"{path.parent.name:>3} {r['run_name']:<32} {r['status'].upper():<7}{missed}" + figures
+                + (f" {shown}" if shown else "") + (" [not in MLflow yet]" if track == "pending" else ""))
         obs = (r.get("params") or {}).get("obs") or {}
         rows.append({"job": path.parent.name, "run_name": r["run_name"], "mode": r["mode"], "device": r["device"],
                      "dtype": r["dtype"], "batch_size": r["batch_size"], "case": r.get("case"), "status": r["status"],
@@ -117,6 +124,8 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
                      "model_name": _model_name(r.get("model") or {}),
                      "latency_points": latency_points(r), "throughput_points": latency_points(r, "obs_per_s"), "metrics": r.get("headline_metrics") or {}, "shared_machine": r.get("shared_machine", False),
                      "noisy": noisy(r), "run_id": (r.get("tracking") or {}).get("run_id"), "limits": r.get("limits") or {},
+                     "latency": r.get("latency") or {}, "max_abs_limit": _limit(r.get("metrics") or {}),
+                     "fingerprint": (r.get("tags") or {}).get("fingerprint/sha256"),
                      "knobs": (r.get("params") or {}).get("mode") or {}})
     tally = {s: sum(r["status"] == s for r in rows) for s in ORDER}
     tally["pending"] = sum(r["tracking"] == "pending" for r in rows)
@@ -129,14 +138,41 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
     return {"rows": rows, "tally": tally, "line": line, "comparison": compare(rows)}
 
 
+def point_figures(record: dict) -> str:
+    """` max_abs 5.9e-07/1e-05 cos 1.000000 p50 52 µs fp 68a9080ce4d8` of a verified point (empty for other modes)."""
+    head, metrics = record.get("headline_metrics") or {}, record.get("metrics") or {}
+    parts = []
+    if "max_abs_vs_fp64" in head:
+        limit = _limit(metrics)
+        parts.append(f"max_abs {head['max_abs_vs_fp64']:.2g}" + (f"/{limit:.2g}" if limit is not None else ""))
+    if "cosine_vs_fp64" in head:
+        parts.append(f"cos {head['cosine_vs_fp64']:.6f}")
+    if "agreement_vs_fp64" in head:
+        parts.append(f"agree {head['agreement_vs_fp64']:.2%}")
+    if "p50_us" in head:
+        parts.append(f"p50 {head['p50_us']:,.0f} µs" + ("(noisy)" if (record.get("latency") or {}).get("noisy") else ""))
+    fp = (record.get("tags") or {}).get("fingerprint/sha256")
+    if fp:
+        parts.append(f"fp {fp[:12]}")
+    return (" " + " ".join(parts)) if parts else ""
+
+
+def _limit(metrics: dict) -> float | None:
+    """The max_abs limit beside the headline max_abs vs fp64 (continuous actions, else memories)."""
+    for stem in ("actions", "sampled_actions", "memories"):
+        if f"{stem}/vs_fp64/max_abs_limit" in metrics:
+            return metrics[f"{stem}/vs_fp64/max_abs_limit"]
+    return None
+
+
 def latency_points(record: dict, stat: str = "p50_us") -> list[list]:
-    """[backend, batch, value] a job timed: benchmark's `<backend>/b<N>/<stat>` ladder, else its `latency.<stat>`
+    """[backend, batch, value] a job timed: benchmark's `<backend>/b<N>/<stat>` ladder, else its `latency/<stat>`
     (stat p50_us or obs_per_s)."""
     metrics = record.get("metrics") or {}
     points = [list(point) for point in ladder(metrics, stat)]
-    if not points and isinstance(metrics.get(f"latency.{stat}"), (int, float)):
+    if not points and isinstance(metrics.get(f"latency/{stat}"), (int, float)):
         backend = (record.get("params") or {}).get("backend") or "eager"
-        points.append([backend, int(record.get("batch_size") or 0), float(metrics[f"latency.{stat}"])])
+        points.append([backend, int(record.get("batch_size") or 0), float(metrics[f"latency/{stat}"])])
     return points
 
 

@@ -9,6 +9,7 @@ samples / total time). Call sites pass only the callable.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -118,3 +119,25 @@ def quick(fn: Callable[[], object], device: torch.device, rows: int, thread_coun
     """The short, bounded measurement every inference mode logs (≤ 0.1 s and 100 calls, one call at least)."""
     with threads(thread_count):
         return measure(fn, device, rows, **QUICK)
+
+
+def highest_rate(probe: Callable[[float], bool], start: float, steps: int, lo: float, hi: float) -> tuple[float, list[float]]:
+    """The highest rate at which `probe(rate)` holds, in at most `steps` probes: double (or halve) from `start` until the
+    verdict changes, then bisect geometrically (rates scale by factors); stops within 5%. 0.0 when no probe held."""
+    tried: list[float] = []
+    good, bad, rate = 0.0, math.inf, min(max(float(start), lo), hi)
+    for _ in range(max(int(steps), 0)):
+        tried.append(rate)
+        if probe(rate):
+            good = max(good, rate)
+        else:
+            bad = min(bad, rate)
+        if math.isinf(bad):
+            rate = min(rate * 2, hi)
+        elif good == 0.0:
+            rate = max(rate / 2, lo)
+        else:
+            rate = math.sqrt(good * bad)
+        if rate in tried or (good and bad / good < 1.05):
+            break
+    return good, tried

@@ -201,6 +201,12 @@ def _mlflow():
     return mlflow
 
 
+def preload() -> None:
+    """Import mlflow and its SQLAlchemy store (2-3 s of CPU, no I/O): what a helper process does before the job ends."""
+    _mlflow()
+    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401  (SQLite stores; servers skip it, it is only imported)
+
+
 def _forget_stores() -> None:
     """MLflow caches one store and one SQLAlchemy engine (open SQLite connections) per URI; after a failure the next
     try must build fresh ones, or a store moved aside and recreated keeps answering from the broken file."""
@@ -395,8 +401,16 @@ def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None) -> d
                     copy = Path(tmp) / "result.json"
                     copy.write_text(json.dumps({**read_result(workdir), "tracking": _logged(store, run_id, record)}, indent=2))
                     store.client.log_artifact(run_id, str(copy))
-            else:
-                store.client.log_artifact(run_id, str(path))
+            elif path.suffix == ".yaml" and redact(text := path.read_text(errors="replace")) != text:
+                with tempfile.TemporaryDirectory() as tmp:  # Hydra's copy of a config file that holds a URI password
+                    copy = Path(tmp) / path.name
+                    copy.write_text(redact(text))
+                    store.client.log_artifact(run_id, str(copy))
+            else:  # a file in a job-dir folder keeps it (loadgen/<scenario>/mlperf_log_summary.txt, one per scenario);
+                # Hydra's .hydra/config.yaml and files outside the job dir land at the top
+                folder = path.parent.relative_to(workdir) if path.is_relative_to(workdir) else Path(".")
+                keep = str(folder) != "." and not folder.parts[0].startswith(".")
+                store.client.log_artifact(run_id, str(path), folder.as_posix() if keep else None)
         store.client.log_batch(run_id, tags=[RunTag("huggy.complete", "true")])
         store.client.set_terminated(run_id, run_status(record))
     except BaseException as exc:  # end the run first: on a full disk the result.json update below may fail too

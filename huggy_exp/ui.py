@@ -73,7 +73,11 @@ def stop(server: subprocess.Popen) -> None:
         pass
 
 
-def serve(uri: str, runs_path: str | None, port: int, wait_s: float, out=print) -> int:
+def say(line: str) -> None:
+    print(line, flush=True)  # a pipe (a test, `| tee`) sees each line as the server reaches it
+
+
+def serve(uri: str, runs_path: str | None, port: int, wait_s: float, out=say) -> int:
     """Start the UI on `uri`, print its address and the latest sweep's runs (`runs_path`, after the `/`), wait for
     Ctrl-C, stop it; 0 on a clean stop."""
     chosen = free_port(port)

@@ -149,7 +149,7 @@ def check_runs(check: Check, sweep: dict, runs_path: str, screenshot: Path | Non
     columns = first_screen(sweep)
     for column, what in columns:
         if column not in headers:
-            check.miss(name, f"no {what} column ({column}) on the first screen")
+            check.miss(name, f"no {what} column ({column}) on the first screen")  # not drawn: off-screen
         elif not headers[column]["seen"]:
             check.miss(name, f"the {what} column ({column}) is not within the {WIDTH}x{HEIGHT} viewport "
                              f"(x {headers[column]['left']}..{headers[column]['right']})")

@@ -124,7 +124,7 @@ def test_onnxruntime_provider_fallback_is_refused():
 
 
 def test_unknown_backend_is_a_user_error(small, tmp_path):
-    with pytest.raises(UserError, match="valid: eager, compile, graphs, onnxruntime"):
+    with pytest.raises(UserError, match="valid: eager, compile, fused, graphs, onnxruntime"):
         small_context(small, tmp_path, backend="tensorrt")
 
 
@@ -139,8 +139,8 @@ def test_every_inference_mode_logs_latency(small, tmp_path, mode):
     run = run_mode(tmp_path, mode, small.model, "obs.rows=8", "batch_size=4", "mode.budget_s=0.02" if mode == "batch" else "seed=0")
     assert run.record["status"] == "passed", run.record["reason"]
     for key in ("p50_us", "p99_us", "mean_us", "obs_per_s"):
-        assert run.metrics[f"latency.{key}"] > 0
-    assert run.metrics["latency.threads"] == 1
+        assert run.metrics[f"latency/{key}"] > 0
+    assert run.metrics["latency/threads"] == 1
 
 
 def test_action_with_the_onnxruntime_backend(small, tmp_path):
@@ -161,7 +161,7 @@ def test_benchmark_writes_point_metrics_series_and_plot(small, tmp_path):
         assert m[f"{backend}/cold_start_ms"] > 0 and m[f"{backend}/load_s"] >= 0
         assert [s for s, _ in run.record["series"][f"{backend}/p50_us"]] == [1, 2, 8]
     assert m["peak_mem_mb"] > 0 and not any(k.startswith("graphs/b") for k in m)
-    assert run.record["backends"]["graphs"]["status"] == "skipped" and "graph" in run.record["backends"]["graphs"]["reason"]
+    assert run.record["details"]["backends"]["graphs"]["status"] == "skipped" and "graph" in run.record["details"]["backends"]["graphs"]["reason"]
     assert (run.workdir / "benchmark.png").is_file() and (run.workdir / "benchmark.csv").is_file()
 
 
@@ -182,7 +182,7 @@ def test_benchmark_fp16_on_the_cpu_is_capped_and_says_so(small, tmp_path):
     run = run_mode(tmp_path, "benchmark", small.model, "dtype=fp16", "mode.backends=[eager]", "mode.batch_sizes=[1024]",
                    "mode.fp16_cpu_max_rows=64", *FAST)
     assert run.record["status"] == "passed"
-    assert "fp16" in run.record["fp16_cpu_note"] and "eager/b1/p50_us" in run.metrics and "eager/b1024/p50_us" not in run.metrics
+    assert "fp16" in run.record["details"]["fp16_cpu_note"] and "eager/b1/p50_us" in run.metrics and "eager/b1024/p50_us" not in run.metrics
     assert run.metrics["eager/b1/samples"] <= 2 * 3
 
 

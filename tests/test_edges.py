@@ -15,14 +15,14 @@ from huggy_exp.errors import UserError
 
 def test_checkpoints_reports_the_run_configuration(tmp_path, results_folder):
     r = run_job(tmp_path, "checkpoints", f"model.results_dir={results_folder}").record
-    assert r["configuration"]["Huggy"] == {"trainer_type": "ppo", "hidden_units": 32, "num_layers": 2,
+    assert r["details"]["configuration"]["Huggy"] == {"trainer_type": "ppo", "hidden_units": 32, "num_layers": 2,
                                            "normalize": True, "max_steps": None}
 
 
 def test_info_says_configuration_agrees_with_the_weights(tmp_path, results_folder):
     r = run_job(tmp_path, "info", f"model.checkpoint={results_folder / 'Huggy' / 'Huggy-200.pt'}").record
-    assert r["configuration"]["hidden_units"] == 32
-    assert r["configuration_mismatches"] == []
+    assert r["details"]["configuration"]["hidden_units"] == 32
+    assert r["details"]["configuration_mismatches"] == []
 
 
 def test_configuration_mismatch_names_the_setting(huggy_actor):

@@ -116,6 +116,9 @@ def test_every_mode_writes_finite_metrics_for_the_default_config(mode, tmp_path)
     assert not bad, f"non-finite metrics in result.json: {bad}"
 
 
+TIMED = ("p50_us", "p99_us", "obs_per_s")  # the headline latency figures
+
+
 def test_modes_cover_the_verification_modes():
     assert {"precision", "onnx-compare", "export-onnx", "fingerprint", "stats"} <= set(MODES)
 
@@ -128,12 +131,12 @@ def test_precision_fp32_cpu_passes_on_the_embedded_default(tmp_path):
     m = run.metrics
     assert run.record["status"] == "passed", run.record["reason"]
     assert run.record["model"]["synthetic"] is True
-    assert 0 < m["actions.vs_fp64.max_abs"] <= 1e-5
-    assert m["actions.vs_fp32.max_abs"] == 0.0  # fp32 on the CPU is the fp32 reference
-    assert m["actions.vs_fp64.cosine_min_row"] >= 0.99999
-    assert m["relative.ratio"] == 1.0
-    assert run.record["relative_verdict"] == "pass"
-    assert run.record["first_failing_layer"] is None
+    assert 0 < m["actions/vs_fp64/max_abs"] <= 1e-5
+    assert m["actions/vs_fp32/max_abs"] == 0.0  # fp32 on the CPU is the fp32 reference
+    assert m["actions/vs_fp64/cosine_min_row"] >= 0.99999
+    assert m["relative/ratio"] == 1.0
+    assert run.record["details"]["relative_verdict"] == "pass"
+    assert run.record["details"]["first_failing_layer"] is None
 
 
 @needs_shared
@@ -142,9 +145,9 @@ def test_precision_fp32_cpu_passes_on_the_mlagents_huggy_checkpoint(tmp_path):
     m = run.metrics
     assert run.record["status"] == "passed", run.record["reason"]
     assert run.record["model"]["synthetic"] is False and run.record["model"]["step"] == 2_000_049
-    assert m["actions.vs_fp64.max_abs"] <= 1e-5
-    assert m["actions.vs_fp64.nan_mismatch"] == 0 and m["actions.vs_fp64.inf_mismatch"] == 0
-    assert m["relative.ratio"] == 1.0
+    assert m["actions/vs_fp64/max_abs"] <= 1e-5
+    assert m["actions/vs_fp64/nan_mismatch"] == 0 and m["actions/vs_fp64/inf_mismatch"] == 0
+    assert m["relative/ratio"] == 1.0
     # the actions it measured are ML-Agents' own SimpleActor.forward outputs
     ours = np.load(run.workdir / "actions.npy")
     np.testing.assert_allclose(ours, np.load(REFERENCE / "actions_torch.npy"), atol=1e-5, rtol=0)
@@ -158,41 +161,41 @@ def test_precision_half_dtypes_give_finite_metrics_and_verdicts(small, tmp_path,
     bad = {k: v for k, v in m.items() if not _is_finite_or_sentinel(v)}
     assert not bad, bad
     # the normalizer stays fp32: no inf/NaN from a running_variance beyond float16's range
-    assert m["layer.normalized_obs.rel_rmse"] < 1e-6
-    assert 0 < m["actions.vs_fp64.max_abs"] <= max_abs_limit  # reduced precision is really in use
-    assert m["layer.hidden_0.rel_rmse"] > 1e-5
+    assert m["layer/normalized_obs/rel_rmse"] < 1e-6
+    assert 0 < m["actions/vs_fp64/max_abs"] <= max_abs_limit  # reduced precision is really in use
+    assert m["layer/hidden_0/rel_rmse"] > 1e-5
     layers = {"normalized_obs", "hidden_0", "hidden_1", "mu"}
     assert run.result.details["worst_layer"] in layers
-    assert run.record["worst_layer"] == run.result.details["worst_layer"]
-    worst = max(layers, key=lambda name: m[f"layer.{name}.rel_rmse"])
-    assert run.record["worst_layer"] == worst
+    assert run.record["details"]["worst_layer"] == run.result.details["worst_layer"]
+    worst = max(layers, key=lambda name: m[f"layer/{name}/rel_rmse"])
+    assert run.record["details"]["worst_layer"] == worst
     assert run.result.details["relative_verdict"] == "pass" and run.result.tags["verdict_relative"] == "pass"
-    assert m["relative.ratio"] == 1.0  # on the CPU, the device is the CPU in the same dtype
+    assert m["relative/ratio"] == 1.0  # on the CPU, the device is the CPU in the same dtype
 
 
 def test_precision_fp16_on_the_embedded_default_keeps_the_normalizer_exact(tmp_path):
     run = run_mode(tmp_path, "precision", "dtype=fp16", "obs.rows=16")
     m = run.metrics
     assert run.record["status"] == "passed", run.record["reason"]
-    assert m["layer.normalized_obs.rel_rmse"] < 1e-6
+    assert m["layer/normalized_obs/rel_rmse"] < 1e-6
     assert all(_is_finite_or_sentinel(v) for v in m.values())
-    assert m["actions.vs_fp64.nan_mismatch"] == 0 and m["actions.vs_fp64.inf_mismatch"] == 0
+    assert m["actions/vs_fp64/nan_mismatch"] == 0 and m["actions/vs_fp64/inf_mismatch"] == 0
 
 
 def test_precision_too_tight_action_threshold_fails_naming_max_abs(small, tmp_path):
-    run = run_mode(tmp_path, "precision", small.model, "dtype=bf16", "obs.rows=32", "mode.thresholds.bf16.max_abs=1e-6")
+    run = run_mode(tmp_path, "precision", small.model, "dtype=bf16", "obs.rows=32", "verify.limits.bf16.max_abs=1e-6")
     assert run.record["status"] == "failed"
     assert "max_abs" in run.record["reason"]
-    assert run.record["limits"]["max_abs"] == 1e-6
+    assert run.record["details"]["limits"]["max_abs"] == 1e-6
     assert run.result.status == "failed"
 
 
 def test_precision_too_tight_layer_threshold_names_the_first_failing_layer(small, tmp_path):
     run = run_mode(tmp_path, "precision", small.model, "dtype=bf16", "obs.rows=32", "mode.layer_thresholds.bf16.rel_rmse=1e-6")
     assert run.record["status"] == "failed"
-    assert run.record["first_failing_layer"] == "hidden_0"
+    assert run.record["details"]["first_failing_layer"] == "hidden_0"
     assert "layer hidden_0" in run.record["reason"]
-    assert run.record["layer_threshold"] == 1e-6
+    assert run.record["details"]["layer_threshold"] == 1e-6
 
 
 def test_precision_writes_plots_and_the_layer_table(small, tmp_path):
@@ -213,7 +216,7 @@ def test_precision_task_run_directly_on_a_context(small, tmp_path):
                   obs=ObsSpec(source="random", rows=24), workdir=tmp_path)
     result = PrecisionTask(**mode_knobs("precision")).run(ctx)
     assert result.status == "passed", result.reason
-    assert result.metrics["relative.ratio"] == 1.0
+    assert result.metrics["relative/ratio"] == 1.0
     assert result.arrays["actions"].shape == (24, 3)
     # chunking (batch_size 8) changes nothing on the CPU: the bf16 actions equal an unchunked run's
     whole = TorchRunner(small.weights, resolve("cpu", "bf16"), 0).infer(ctx.observations)[ACTIONS]
@@ -224,7 +227,7 @@ def test_precision_relative_verdict_fails_when_configured_below_one(small, tmp_p
     # ratio is 1.0 on the CPU; relative.fail=0.5 must turn that into a failure naming the relative verdict
     run = run_mode(tmp_path, "precision", small.model, "obs.rows=16", "mode.relative.warn=0.25", "mode.relative.fail=0.5")
     assert run.record["status"] == "failed"
-    assert run.record["relative_verdict"] == "fail"
+    assert run.record["details"]["relative_verdict"] == "fail"
     assert "1.00x the CPU" in run.record["reason"]
 
 
@@ -245,12 +248,12 @@ def test_onnx_compare_huggy_fp32_cpu_matches_mlagents_graph(huggy_onnx_runs):
     run = huggy_onnx_runs[0]
     m = run.metrics
     assert run.record["status"] == "passed", run.record["reason"]
-    assert run.record["onnx"] == str(HUGGY_PT.with_suffix(".onnx"))
+    assert run.record["details"]["onnx"] == str(HUGGY_PT.with_suffix(".onnx"))
     assert m["deterministic.max_abs"] <= 1e-5
     assert m["deterministic.nan_mismatch"] == 0
     for name in ("version_number", "memory_size", "continuous_action_output_shape"):
         assert m[f"{name}.equal"] == 1.0
-        assert run.record["constants"][name]["equal"] is True
+        assert run.record["details"]["constants"][name]["equal"] is True
     assert m["sampled.mean_z_max"] <= m["sampled.mean_z_crit"]
     # onnxruntime's deterministic output is ML-Agents' recorded one
     ort_ref = np.load(REFERENCE / "onnxruntime_outputs.npz")["deterministic_continuous_actions"]
@@ -261,7 +264,7 @@ def test_onnx_compare_huggy_fp32_cpu_matches_mlagents_graph(huggy_onnx_runs):
 @needs_shared
 def test_onnx_compare_is_repeatable_run_to_run(huggy_onnx_runs):
     a, b = huggy_onnx_runs
-    numeric = lambda m: {k: v for k, v in m.items() if not k.startswith("latency.") and k != "p50_us"}  # noqa: E731 (timings vary)
+    numeric = lambda m: {k: v for k, v in m.items() if not k.startswith("latency/") and k not in TIMED}  # noqa: E731 (timings vary)
     assert numeric(a.metrics) == numeric(b.metrics)  # includes the sampled-action statistics (onnxruntime seeded)
     np.testing.assert_array_equal(np.load(a.workdir / "onnx_actions.npy"), np.load(b.workdir / "onnx_actions.npy"))
 
@@ -283,8 +286,8 @@ def test_onnx_compare_tampered_graph_fails(tmp_path):
     mlagents.write_onnx(tampered, bad)
     run = run_mode(tmp_path / "job", "onnx-compare", f"model.checkpoint={HUGGY_PT}", f"model.onnx={bad}", "mode.samples=64")
     assert run.record["status"] == "failed"
-    assert run.record["onnx"] == str(bad)
-    assert "deterministic_continuous_actions" in run.record["reason"]
+    assert run.record["details"]["onnx"] == str(bad)
+    assert "deterministic_continuous_actions: max_abs" in run.record["reason"]
     assert run.metrics["deterministic.max_abs"] > 1e-2
 
 
@@ -313,7 +316,7 @@ def test_export_onnx_writes_to_mode_path_and_passes(huggy_export):
     run = huggy_export.run
     assert run.record["status"] == "passed", run.record["reason"]
     assert huggy_export.path.is_file()
-    assert run.record["exported"] == str(huggy_export.path)
+    assert run.record["details"]["exported"] == str(huggy_export.path)
     assert run.record["files"] == [str(huggy_export.path)]  # written where asked, still an artifact
     assert not list(run.workdir.glob("*.onnx"))
     assert not (run.workdir / "Huggy.onnx").exists()
@@ -383,25 +386,25 @@ def test_fingerprint_is_identical_for_the_same_config(small, tmp_path):
     a, b = _fingerprint(small, tmp_path / "a"), _fingerprint(small, tmp_path / "b")
     for key in ("fingerprint_sha256", "fingerprint_quantized"):
         for run in (a, b):
-            value = run.record[key]
+            value = run.record["details"][key]
             assert isinstance(value, str) and len(value) == 64 and set(value) <= HEX64
             assert run.record["tags"][key] == value
-        assert a.record[key] == b.record[key]
+        assert a.record["details"][key] == b.record["details"][key]
 
 
 def test_fingerprint_is_the_sha256_of_the_action_bytes(small, tmp_path):
     run = _fingerprint(small, tmp_path)
     actions = np.load(tmp_path / "actions.npy")
     assert actions.dtype == np.float32 and actions.shape == (48, 3)
-    assert run.record["fingerprint_sha256"] == hashlib.sha256(actions.tobytes()).hexdigest()
+    assert run.record["details"]["fingerprint_sha256"] == hashlib.sha256(actions.tobytes()).hexdigest()
     q = np.rint(actions.astype(np.float64) * 1000).astype(np.int64)
-    assert run.record["fingerprint_quantized"] == hashlib.sha256(q.tobytes()).hexdigest()
+    assert run.record["details"]["fingerprint_quantized"] == hashlib.sha256(q.tobytes()).hexdigest()
 
 
 def test_fingerprint_changes_with_the_seed(small, tmp_path):
     a, b = _fingerprint(small, tmp_path / "a"), _fingerprint(small, tmp_path / "b", "seed=1")
-    assert a.record["fingerprint_sha256"] != b.record["fingerprint_sha256"]
-    assert a.record["fingerprint_quantized"] != b.record["fingerprint_quantized"]
+    assert a.record["details"]["fingerprint_sha256"] != b.record["details"]["fingerprint_sha256"]
+    assert a.record["details"]["fingerprint_quantized"] != b.record["details"]["fingerprint_quantized"]
 
 
 def test_fingerprint_fp32_cpu_equals_the_cpu_fp32_fingerprint(small, tmp_path):
@@ -411,8 +414,8 @@ def test_fingerprint_fp32_cpu_equals_the_cpu_fp32_fingerprint(small, tmp_path):
     assert m["matches_cpu_fp32"] == 1.0 and m["quantized_matches_cpu_fp32"] == 1.0
     assert m["first_divergence_step"] == -1 and m["first_divergence_dim"] == -1
     assert m["max_abs_vs_cpu_fp32"] == 0.0
-    assert run.record["fingerprint_sha256"] == run.record["cpu_fp32_sha256"]
-    assert run.record["first_divergence"] is None
+    assert run.record["details"]["fingerprint_sha256"] == run.record["details"]["cpu_fp32_sha256"]
+    assert run.record["details"]["first_divergence"] is None
 
 
 def test_fingerprint_bf16_reports_where_it_diverges_but_does_not_fail(small, tmp_path):
@@ -421,15 +424,15 @@ def test_fingerprint_bf16_reports_where_it_diverges_but_does_not_fail(small, tmp
     m = bf16.metrics
     assert bf16.record["status"] == "passed", bf16.record["reason"]  # require_match is [fp32] by default
     assert m["matches_cpu_fp32"] == 0.0 and m["quantized_matches_cpu_fp32"] == 0.0
-    assert bf16.record["first_quantized_divergence"] is not None
-    assert bf16.record["fingerprint_sha256"] != bf16.record["cpu_fp32_sha256"]
-    assert bf16.record["cpu_fp32_sha256"] == fp32.record["fingerprint_sha256"]
+    assert bf16.record["details"]["first_quantized_divergence"] is not None
+    assert bf16.record["details"]["fingerprint_sha256"] != bf16.record["details"]["cpu_fp32_sha256"]
+    assert bf16.record["details"]["cpu_fp32_sha256"] == fp32.record["details"]["fingerprint_sha256"]
     # the reported first divergence is the first differing element of the two action sequences
     a, b = np.load(tmp_path / "bf16" / "actions.npy"), np.load(tmp_path / "fp32" / "actions.npy")
     step, dim = map(int, np.argwhere(a != b)[0])
-    assert bf16.record["first_divergence"]["step"] == step == m["first_divergence_step"]
-    assert bf16.record["first_divergence"]["dim"] == dim == m["first_divergence_dim"]
-    assert bf16.record["first_divergence"]["abs"] == pytest.approx(abs(float(a[step, dim]) - float(b[step, dim])))
+    assert bf16.record["details"]["first_divergence"]["step"] == step == m["first_divergence_step"]
+    assert bf16.record["details"]["first_divergence"]["dim"] == dim == m["first_divergence_dim"]
+    assert bf16.record["details"]["first_divergence"]["abs"] == pytest.approx(abs(float(a[step, dim]) - float(b[step, dim])))
 
 
 def test_fingerprint_fails_when_bf16_is_required_to_match(small, tmp_path):
@@ -442,12 +445,12 @@ def test_fingerprint_closed_loop(small, tmp_path):
     closed = _fingerprint(small, tmp_path / "closed", "mode.loop=closed", "mode.envs=2")
     open_ = _fingerprint(small, tmp_path / "open")
     assert closed.record["status"] == "passed", closed.record["reason"]
-    assert closed.record["loop"] == "closed"
+    assert closed.record["details"]["loop"] == "closed"
     assert closed.metrics["steps"] == 48 and closed.metrics["matches_cpu_fp32"] == 1.0
     assert np.load(tmp_path / "closed" / "actions.npy").shape == (48, 2, 3)
-    assert closed.record["fingerprint_sha256"] != open_.record["fingerprint_sha256"]
+    assert closed.record["details"]["fingerprint_sha256"] != open_.record["details"]["fingerprint_sha256"]
     again = _fingerprint(small, tmp_path / "again", "mode.loop=closed", "mode.envs=2")
-    assert again.record["fingerprint_sha256"] == closed.record["fingerprint_sha256"]
+    assert again.record["details"]["fingerprint_sha256"] == closed.record["details"]["fingerprint_sha256"]
 
 
 def test_quantize_maps_signed_zeros_to_the_same_ints():

@@ -380,6 +380,26 @@ def test_a_uri_password_never_reaches_files_or_output(tmp_path, monkeypatch):
     assert os.environ["MLFLOW_TRACKING_PASSWORD"] == "hunter2"  # where MLflow's client reads it
 
 
+def test_a_password_in_a_case_file_is_masked_in_the_runs_artifacts(tmp_path, monkeypatch):
+    for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    job = tmp_path / "job"
+    got = cli(["obs.rows=4", f"tracking.uri={uri}"], job)
+    assert got.code == 0
+    (job / ".hydra" / "config.yaml").write_text("tracking:\n  uri: http://alice:hunter2@tracking:5000\n")
+    record = json.loads((job / "result.json").read_text())
+    record["tracking"] = {"status": "pending"}
+    (job / "result.json").write_text(json.dumps(record))
+    for old in _runs(uri):
+        tracking.Store.open({"uri": uri}).client.delete_run(old.info.run_id)
+    assert tracking.sync({"uri": uri}, [job])["logged"] == 1
+    run = _runs(uri)[0]
+    local = tracking.Store.open({"uri": uri}).client.download_artifacts(run.info.run_id, "config.yaml", str(tmp_path))
+    assert "hunter2" not in Path(local).read_text() and "alice:***@tracking" in Path(local).read_text()
+
+
 # --- 13. mlflow.user is a config key, never the environment
 
 

@@ -77,9 +77,9 @@ def test_info_on_embedded_default(tmp_path):
     _assert_common_record(r, "info", "passed")
     assert r["model"]["synthetic"] is True and r["model"]["source"] == "embedded"
     assert r["metrics"]["parameters"] == 566_805
-    assert r["policy"]["obs_dim"] == 59 and r["policy"]["act_dim"] == 21 and r["policy"]["num_layers"] == 3
-    assert r["normalizer"]["fp16_overflow_dims"] > 0
-    assert r["devices"]["cpu"] == 1
+    assert r["details"]["policy"]["obs_dim"] == 59 and r["details"]["policy"]["act_dim"] == 21 and r["details"]["policy"]["num_layers"] == 3
+    assert r["details"]["normalizer"]["fp16_overflow_dims"] > 0
+    assert r["details"]["devices"]["cpu"] == 1
 
 
 def _find_file_entries(tree, found=None) -> list[dict]:
@@ -108,8 +108,8 @@ def test_info_records_file_sizes_and_sha256_in_result_json(tmp_path, huggy_pt):
 def test_info_on_a_checkpoint_without_normalizer(tmp_path, checkpoint_files):
     r = run_job(tmp_path, "info", f"model.checkpoint={checkpoint_files['3dball']}").record
     assert r["status"] == "passed" and r["model"]["synthetic"] is False
-    assert r["normalizer"] is None
-    assert (r["policy"]["obs_dim"], r["policy"]["act_dim"], r["policy"]["hidden_units"]) == (8, 2, 128)
+    assert r["details"]["normalizer"] is None
+    assert (r["details"]["policy"]["obs_dim"], r["details"]["policy"]["act_dim"], r["details"]["policy"]["hidden_units"]) == (8, 2, 128)
 
 
 def test_checkpoints_lists_a_results_folder(tmp_path, results_folder):
@@ -117,7 +117,7 @@ def test_checkpoints_lists_a_results_folder(tmp_path, results_folder):
     r = job.record
     _assert_common_record(r, "checkpoints", "passed")
     assert r["metrics"]["checkpoints"] == 3 and r["metrics"]["present"] == 2 and r["metrics"]["best_reward"] == 2.5
-    assert [c["step"] for c in r["checkpoints"]] == [100, 200, 300]
+    assert [c["step"] for c in r["details"]["checkpoints"]] == [100, 200, 300]
     assert (tmp_path / "checkpoints.csv").read_text().count("\n") == 4
     # with a results folder as the model source, the newest present .pt is the model
     r = run_job(tmp_path / "action", "action", f"model.results_dir={results_folder}", "obs.rows=4").record
@@ -143,7 +143,7 @@ def test_sample_same_seed_gives_identical_actions_file(tmp_path):
     c = run_job(tmp_path / "c", "sample", "seed=4", "obs.rows=16")
     assert a.record["status"] == "passed"
     assert (a.workdir / "actions.npy").read_bytes() == (b.workdir / "actions.npy").read_bytes()
-    assert a.record["actions_sha256"] == b.record["actions_sha256"] != c.record["actions_sha256"]
+    assert a.record["details"]["actions_sha256"] == b.record["details"]["actions_sha256"] != c.record["details"]["actions_sha256"]
 
 
 def test_batch_reports_invariance_and_common_fields(tmp_path):
@@ -200,7 +200,7 @@ def test_tracking_creates_an_mlflow_run_with_params_metrics_tags_and_result_arti
     tags = run.data.tags
     assert tags["mode"] == "action" and tags["status"] == "passed" and tags["synthetic"] == "true"
     assert tags["model.sha256"] == job.record["model"]["sha256"]
-    assert tags["actions_sha256"] == job.record["actions_sha256"]
+    assert tags["actions_sha256"] == job.record["details"]["actions_sha256"]
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"result.json", "actions.npy", "obs.npy"} <= artifacts
     local = client.download_artifacts(run.info.run_id, "result.json", str(tmp_path))

@@ -215,7 +215,7 @@ def test_sample_batch_and_info_pass_on_every_shape_from_random_inputs(mode, shap
     for name in ("memory_hybrid_sac", "branches"):
         job = run_job(tmp_path / name, mode, f"model.checkpoint={shaped_files[name][0]}", "obs.rows=12", "batch_size=5")
         assert job.record["status"] == "passed", job.record["reason"]
-    assert (mode != "info") or job.record["shape"]["branch_sizes"] == [3, 2, 4]
+    assert (mode != "info") or job.record["details"]["shape"]["branch_sizes"] == [3, 2, 4]
 
 
 @pytest.mark.parametrize("name", ["memory_discrete", "memory_hybrid_sac", "multi_input"])
@@ -225,8 +225,8 @@ def test_benchmark_passes_on_other_shapes_timing_eager_and_onnxruntime(name, sha
                   "mode.backends=[eager,onnxruntime,compile]")
     assert job.record["status"] == "passed", job.record["reason"]
     assert job.record["metrics"]["eager/b1/p50_us"] > 0 and job.record["metrics"]["onnxruntime/b4/obs_per_s"] > 0
-    assert job.record["backends"]["compile"]["status"] == "skipped"
-    assert job.record["backends"]["compile"]["reason"].startswith("backend compile runs Huggy's shape only")
+    assert job.record["details"]["backends"]["compile"]["status"] == "skipped"
+    assert job.record["details"]["backends"]["compile"]["reason"].startswith("backend compile runs Huggy's shape only")
 
 
 @pytest.mark.parametrize("arrays, message", [
@@ -346,7 +346,7 @@ def test_action_and_batch_on_onnxruntime_agree_with_eager_on_every_output_and_lo
                     for b in ("eager", "onnxruntime")}
             for b, job in jobs.items():
                 assert job.record["status"] == "passed", (name, mode, b, job.record["reason"])
-                assert job.record["metrics"]["latency.p50_us"] > 0
+                assert job.record["metrics"]["latency/p50_us"] > 0
             for file in ("actions.npy", "discrete_actions.npy", "memories.npy"):
                 if (jobs["eager"].workdir / file).is_file():
                     ours, theirs = (np.load(jobs[b].workdir / file) for b in ("eager", "onnxruntime"))

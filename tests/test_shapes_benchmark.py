@@ -23,13 +23,13 @@ def bench(workdir, model: str, *extra: str):
 def assert_timed(record: dict, backends=("eager", "onnxruntime"), points=(1, 8)) -> None:
     m = record["metrics"]
     for name in backends:
-        assert record["backends"][name]["status"] == "passed", record["backends"][name]
+        assert record["details"]["backends"][name]["status"] == "passed", record["details"]["backends"][name]
         for b in points:
             assert m[f"{name}/b{b}/p50_us"] > 0 and m[f"{name}/b{b}/obs_per_s"] > 0, (name, b)
 
 
 def backends_of(job) -> dict:
-    return job.record["backends"]
+    return job.record["details"]["backends"]
 
 
 @pytest.mark.parametrize("name", list(SHAPES))

@@ -86,7 +86,7 @@ def test_a_memory_sequence_runs_step_by_step_on_both_sides(mode, shaped_actors, 
     extra = FAST[2:] if mode == "onnx-compare" else ()
     job = run_job(tmp_path / "job", mode, f"model.checkpoint={shaped_files['memory_discrete'][0]}", "obs=file", f"obs.path={npz}", *extra)
     assert job.record["status"] == "passed", job.record["reason"]
-    assert job.record["sequence"] is True
+    assert job.record["details"]["sequence"] is True
     if mode == "onnx-compare":
         onnx_mem, torch_mem = np.load(job.workdir / "onnx_memories.npy"), np.load(job.workdir / "torch_memories.npy")
         assert onnx_mem.shape == torch_mem.shape == (5, 6, 1, 16)

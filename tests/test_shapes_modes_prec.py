@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from conftest import HUGGY_LSTM, HUGGY_LSTM_PT, PYRAMIDS, PYRAMIDS_PT, SHAPES, needs_shared, run_job
 
-from huggy_exp.numerics import discrete_agreement, logit_scale, margins, masked_logits
+from huggy_exp.numerics import masked_logits
+from huggy_exp.verify import discrete_agreement, discrete_margins, margins
 from huggy_exp.runners import ACTIONS, DISCRETE, RECURRENT_OUT, TorchRunner
 from huggy_exp.tasks import precision as precision_module
 
@@ -70,19 +71,19 @@ def test_precision_fp32_passes_on_every_shape_and_reports_each_output(name, shap
     m = job.record["metrics"]
     assert job.record["status"] == "passed", job.record["reason"]
     spec = actor.spec
-    assert ("actions.vs_fp64.max_abs" in m) == bool(spec.continuous)
-    assert ("memories.vs_fp64.max_abs" in m) == bool(spec.memory)
-    assert ("discrete_actions.vs_fp64.agreement" in m) == bool(spec.branches)
+    assert ("actions/vs_fp64/max_abs" in m) == bool(spec.continuous)
+    assert ("memories/vs_fp64/max_abs" in m) == bool(spec.memory)
+    assert ("discrete_actions/vs_fp64/agreement" in m) == bool(spec.branches)
     if spec.continuous:
-        assert m["actions.vs_fp64.max_abs"] < ATOL and m["sampled_actions.vs_fp64.nan_mismatch"] == 0
+        assert m["actions/vs_fp64/max_abs"] < ATOL and m["sampled_actions/vs_fp64/nan_mismatch"] == 0
     if spec.branches:
-        assert m["discrete_actions.vs_fp64.flips_beyond_margin"] == 0 and m["discrete_actions.vs_fp64.agreement"] == 1.0
-        assert m["discrete_actions.vs_fp64.decisions"] == 24 * len(spec.branches)
-        assert m["discrete_actions.vs_fp64.margin_min"] == pytest.approx(actor.forward(obs_list(actor, feeds), feeds["action_masks"])["margins"].min(), rel=1e-4)
-        assert "layer.logits.rel_rmse" in m and m["logits.vs_fp64.max_abs"] < ATOL
+        assert m["discrete_actions/vs_fp64/flips_beyond_margin"] == 0 and m["discrete_actions/vs_fp64/agreement"] == 1.0
+        assert m["discrete_actions/vs_fp64/decisions"] == 24 * len(spec.branches)
+        assert m["discrete_actions/vs_fp64/margin_min"] == pytest.approx(actor.forward(obs_list(actor, feeds), feeds["action_masks"])["margins"].min(), rel=1e-4)
+        assert "layer/logits/rel_rmse" in m and m["logits/vs_fp64/max_abs"] < ATOL
     if spec.memory:
-        assert m["memories.vs_fp64.max_abs"] < ATOL and "layer.lstm.rel_rmse" in m and "layer.recurrent_out.rel_rmse" in m
-    inputs = [f"layer.normalized_obs_{i}.rel_rmse" for i in range(len(spec.inputs))] if len(spec.inputs) > 1 else ["layer.normalized_obs.rel_rmse"]
+        assert m["memories/vs_fp64/max_abs"] < ATOL and "layer/lstm/rel_rmse" in m and "layer/recurrent_out/rel_rmse" in m
+    inputs = [f"layer/normalized_obs_{i}/rel_rmse" for i in range(len(spec.inputs))] if len(spec.inputs) > 1 else ["layer/normalized_obs/rel_rmse"]
     assert all(k in m for k in inputs)
     assert_outputs_match(job.workdir, actor.forward(obs_list(actor, feeds), feeds.get("action_masks")))
 
@@ -100,7 +101,7 @@ def sequence_job(mode, name, actor, files, tmp_path, steps, rows, seed):
 
 def test_precision_runs_a_sequence_step_by_step_with_the_memory_carried(shaped_actors, shaped_files, tmp_path):
     job = sequence_job("precision", "memory_discrete", shaped_actors["memory_discrete"], shaped_files, tmp_path, steps=6, rows=5, seed=40)
-    assert job.record["metrics"]["steps"] == 6 and job.record["metrics"]["discrete_actions.vs_fp64.decisions"] == 6 * 5 * 2
+    assert job.record["metrics"]["steps"] == 6 and job.record["metrics"]["discrete_actions/vs_fp64/decisions"] == 6 * 5 * 2
     steps = table(job.workdir / "step_errors.csv")
     assert [int(r["step"]) for r in steps] == list(range(6)) and all(float(r["memories_max_abs"]) < ATOL for r in steps)
 
@@ -118,13 +119,18 @@ class _Flipping(TorchRunner):
         return out
 
 
+def best_scale(masked: np.ndarray, sizes) -> np.ndarray:
+    """The one margin rule's scale: max(1, |best masked logit|) per branch."""
+    return np.maximum(1.0, discrete_margins(masked, tuple(sizes))[1])
+
+
 def _flip_case(actor, feeds, pick):
     """(row, branch, runner-up action, fp64 margin, logit scale) for the decision `pick` chooses (by margin in units of
     the branch's logit scale) among those with an allowed runner-up."""
     ref = actor.forward(obs_list(actor, feeds), feeds["action_masks"])
     x = actor.features(obs_list(actor, feeds), None)[0]
-    logits, raw = actor.logits(x, feeds["action_masks"]), np.concatenate(actor.logits(x, None), axis=1)
-    scale = logit_scale(raw, actor.spec.branches)
+    logits = actor.logits(x, feeds["action_masks"])
+    scale = best_scale(np.concatenate(logits, axis=1), actor.spec.branches)
     cands = [(ref["margins"][r, b] / scale[r, b], r, b, int(np.argsort(logits[b][r])[-2])) for b in range(len(logits))
              for r in range(len(feeds["obs_0"])) if ref["margins"][r, b] < 1e6]  # the runner-up is allowed
     _, row, branch, action = pick(cands)
@@ -142,15 +148,15 @@ def test_a_flip_fails_only_where_the_fp64_margin_exceeds_the_bound(case, shaped_
     monkeypatch.setattr(_Flipping, "flip", (row, branch, action))
     monkeypatch.setattr(precision_module, "build", lambda ctx: _Flipping(ctx.weights, ctx.target(), ctx.batch_size))
     job = run_job(tmp_path / "job", "precision", f"model.checkpoint={shaped_files['branches'][0]}", "obs=file", f"obs.path={tmp_path / 'obs.npz'}",
-                  f"mode.thresholds.fp32.margin={bound}")
+                  f"verify.limits.fp32.margin={bound}")
     m = job.record["metrics"]
-    assert m["discrete_actions.vs_fp64.flips"] == 1 and m["discrete_actions.vs_fp64.agreement"] == pytest.approx(1 - 1 / (32 * 3))
-    assert m["discrete_actions.vs_fp64.flip_margin_max"] == pytest.approx(margin, rel=1e-6)
+    assert m["discrete_actions/vs_fp64/flips"] == 1 and m["discrete_actions/vs_fp64/agreement"] == pytest.approx(1 - 1 / (32 * 3))
+    assert m["discrete_actions/vs_fp64/flip_margin_max"] == pytest.approx(margin, rel=1e-6)
     if case == "large":
-        assert m["discrete_actions.vs_fp64.flips_beyond_margin"] == 1
-        assert job.record["status"] == "failed" and "1 discrete action flips vs fp64" in job.record["reason"]
+        assert m["discrete_actions/vs_fp64/flips_beyond_margin"] == 1
+        assert job.record["status"] == "failed" and "deterministic_discrete_actions: 1 of 96 actions differ" in job.record["reason"]
     else:
-        assert m["discrete_actions.vs_fp64.flips_beyond_margin"] == 0
+        assert m["discrete_actions/vs_fp64/flips_beyond_margin"] == 0
         assert job.record["status"] == "passed", job.record["reason"]
 
 
@@ -165,7 +171,7 @@ def test_a_nan_memory_the_reference_does_not_have_fails(shaped_files, tmp_path, 
     monkeypatch.setattr(precision_module, "build", lambda ctx: NanMemory(ctx.weights, ctx.target(), ctx.batch_size))
     job = run_job(tmp_path, "precision", f"model.checkpoint={shaped_files['memory_hybrid_sac'][0]}", "obs.rows=6")
     assert job.record["status"] == "failed"
-    assert "1 NaN/Inf mismatches in memories" in job.record["reason"] and job.record["metrics"]["memories.vs_fp64.nan_mismatch"] == 1
+    assert "recurrent_out: 1 NaN/Inf values" in job.record["reason"] and job.record["metrics"]["memories/vs_fp64/nan_mismatch"] == 1
 
 
 def test_discrete_agreement_counts_flips_against_the_bound():
@@ -191,13 +197,13 @@ def test_half_precision_verdicts_follow_the_fp64_margins(dtype, shaped_actors, s
     got = np.load(job.workdir / "discrete_actions.npy")
     flips = got != ref[DISCRETE]
     x = actor.features(obs_list(actor, feeds), None)[0]
-    bound = job.record["limits"]["margin"] * logit_scale(np.concatenate(actor.logits(x, None), axis=1), actor.spec.branches)
-    assert m["discrete_actions.vs_fp64.flips"] == flips.sum()
-    assert m["discrete_actions.vs_fp64.flips_beyond_margin"] == np.sum(flips & (ref["margins"] > bound))
-    assert m["layer.logits.rel_rmse"] > 1e-4  # really computed in half precision
+    bound = job.record["details"]["limits"]["margin"] * best_scale(np.concatenate(actor.logits(x, feeds["action_masks"]), axis=1), actor.spec.branches)
+    assert m["discrete_actions/vs_fp64/flips"] == flips.sum()
+    assert m["discrete_actions/vs_fp64/flips_beyond_margin"] == np.sum(flips & (ref["margins"] > bound))
+    assert m["layer/logits/rel_rmse"] > 1e-4  # really computed in half precision
     assert (job.record["status"] == "failed") == bool(job.record["reason"])
-    if m["discrete_actions.vs_fp64.flips_beyond_margin"]:
-        assert "discrete action flips" in job.record["reason"]
+    if m["discrete_actions/vs_fp64/flips_beyond_margin"]:
+        assert "actions differ where the reference's best masked logit leads" in job.record["reason"]
 
 
 # --- fingerprint
@@ -214,7 +220,8 @@ def test_fingerprint_hashes_every_output_and_matches_cpu_fp32(name, shaped_files
     for n in names:
         assert r["tags"][f"{n}.fingerprint_sha256"] == hashlib.sha256(arrays[n].tobytes()).hexdigest()
         assert r["metrics"][f"{n}.matches_cpu_fp32"] == 1.0
-    assert r["fingerprint_sha256"] == hashlib.sha256(b"".join(arrays[n].tobytes() for n in names)).hexdigest() == r["cpu_fp32_sha256"]
+    assert r["details"]["fingerprint_sha256"] == hashlib.sha256(b"".join(arrays[n].tobytes() for n in names)).hexdigest() == r["details"]["cpu_fp32_sha256"]
+    assert r["tags"]["fingerprint/sha256"] == r["details"]["fingerprint_sha256"]  # every point's fingerprint is the mode's
 
 
 def test_fingerprint_carries_the_memory_through_the_sequence(shaped_actors, shaped_files, tmp_path):
@@ -227,7 +234,7 @@ def test_fingerprint_bf16_names_the_diverging_output_and_fails_when_required(sha
     job = run_job(tmp_path / "a", "fingerprint", *args)
     m = job.record["metrics"]
     assert job.record["status"] == "passed" and m["matches_cpu_fp32"] == 0.0 and m["memories.matches_cpu_fp32"] == 0.0
-    assert job.record["first_divergence"]["output"] == "memories"
+    assert job.record["details"]["first_divergence"]["output"] == "memories"
     failed = run_job(tmp_path / "b", "fingerprint", *args, "mode.require_match=[bf16]")
     assert failed.record["status"] == "failed" and "quantized fingerprint differs" in failed.record["reason"]
 
@@ -239,7 +246,7 @@ def test_fingerprint_on_onnxruntime_carries_the_memory_and_matches_torch_quantiz
     assert onnx.record["status"] == "passed", onnx.record["reason"]
     assert onnx.record["metrics"]["quantized_matches_cpu_fp32"] == 1.0 and onnx.record["metrics"]["max_abs_vs_cpu_fp32"] < ATOL
     np.testing.assert_allclose(np.load(tmp_path / "onnx" / "memories.npy"), np.load(tmp_path / "torch" / "memories.npy"), atol=ATOL, rtol=0)
-    assert torch_.record["fingerprint_quantized"] == onnx.record["fingerprint_quantized"]
+    assert torch_.record["details"]["fingerprint_quantized"] == onnx.record["details"]["fingerprint_quantized"]
 
 
 # --- stats
@@ -327,18 +334,18 @@ def test_pyramids_precision_on_mlagents_references(dtype, pyramids_npz, tmp_path
     m, ref = job.record["metrics"], PYRAMIDS / "reference"
     expected = np.load(ref / "discrete_actions_torch.npy")
     got = np.load(tmp_path / "discrete_actions.npy")
-    assert m["discrete_actions.vs_fp64.margin_min"] == pytest.approx(0.00276, abs=2e-5)  # row 47, as the fixture's README says
+    assert m["discrete_actions/vs_fp64/margin_min"] == pytest.approx(0.00276, abs=2e-5)  # row 47, as the fixture's README says
     flips = got != expected
     outputs = np.load(ref / "torch_outputs.npz")
-    mlagents_margin, scale = margins(outputs["masked_logits"], (5,)), logit_scale(outputs["branch_logits"], (5,))
-    assert m["discrete_actions.vs_fp64.flips_beyond_margin"] == np.sum(flips & (mlagents_margin > job.record["limits"]["margin"] * scale))
+    mlagents_margin, scale = margins(outputs["masked_logits"], (5,)), best_scale(outputs["masked_logits"], (5,))
+    assert m["discrete_actions/vs_fp64/flips_beyond_margin"] == np.sum(flips & (mlagents_margin > job.record["details"]["limits"]["margin"] * scale))
     if dtype == "fp32":
         assert job.record["status"] == "passed", job.record["reason"]
         np.testing.assert_array_equal(got, expected)
-        assert m["discrete_actions.vs_fp64.agreement"] == 1.0 and m["layer.logits.rel_rmse"] < 1e-6  # rows of ±1e4 give logits of 2e4
+        assert m["discrete_actions/vs_fp64/agreement"] == 1.0 and m["layer/logits/rel_rmse"] < 1e-6  # rows of ±1e4 give logits of 2e4
     else:
-        assert m["layer.logits.rel_rmse"] > 1e-4
-        assert (job.record["status"] == "passed") == (m["discrete_actions.vs_fp64.flips_beyond_margin"] == 0 and not job.record["reason"])
+        assert m["layer/logits/rel_rmse"] > 1e-4
+        assert (job.record["status"] == "passed") == (m["discrete_actions/vs_fp64/flips_beyond_margin"] == 0 and not job.record["reason"])
 
 
 @needs_shared
@@ -348,16 +355,16 @@ def test_huggy_lstm_precision_over_the_mlagents_sequence(dtype, tmp_path):
     job = run_job(tmp_path, "precision", f"model.checkpoint={HUGGY_LSTM_PT}", "obs=file", f"obs.path={ref / 'obs_seq.npy'}", f"dtype={dtype}")
     m = job.record["metrics"]
     assert m["steps"] == 32 and len(table(tmp_path / "step_errors.csv")) == 32
-    assert "layer.lstm.rel_rmse" in m and "layer.recurrent_out.rel_rmse" in m
+    assert "layer/lstm/rel_rmse" in m and "layer/recurrent_out/rel_rmse" in m
     if dtype == "fp32":
         assert job.record["status"] == "passed", job.record["reason"]
         np.testing.assert_allclose(np.load(tmp_path / "actions.npy"), np.load(ref / "seq_actions.npy"), atol=3e-6, rtol=0)
         np.testing.assert_allclose(np.load(tmp_path / "memories.npy"), np.load(ref / "seq_memories.npy").reshape(32, 8, 128), atol=1e-5, rtol=0)
-        assert m["memories.vs_fp64.max_abs"] < 1e-5
+        assert m["memories/vs_fp64/max_abs"] < 1e-5
     else:
-        assert 1e-4 < m["memories.vs_fp64.max_abs"] < 0.5 and 1e-4 < m["layer.recurrent_out.rel_rmse"]
-        layer_limit = job.record["layer_threshold"]
-        assert (job.record["first_failing_layer"] is None) == all(v <= layer_limit for k, v in m.items() if k.startswith("layer.") and k.endswith(".rel_rmse"))
+        assert 1e-4 < m["memories/vs_fp64/max_abs"] < 0.5 and 1e-4 < m["layer/recurrent_out/rel_rmse"]
+        layer_limit = job.record["details"]["layer_threshold"]
+        assert (job.record["details"]["first_failing_layer"] is None) == all(v <= layer_limit for k, v in m.items() if k.startswith("layer/") and k.endswith("/rel_rmse"))
 
 
 @needs_shared

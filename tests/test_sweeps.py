@@ -44,10 +44,10 @@ def _runs(uri: str) -> tuple[list, list]:
 
 
 def test_headline_metrics_copy_the_modes_detail_and_say_passed():
-    metrics = {"actions.vs_fp64.max_abs": 3.0123e-7, "actions.vs_fp64.cosine_min_row": 0.999876, "relative.ratio": 1.0,
-               "actions.vs_fp32.max_abs": float("nan"), "latency.p50_us": 12.5}
+    metrics = {"actions/vs_fp64/max_abs": 3.0123e-7, "actions/vs_fp64/cosine_min_row": 0.999876, "relative/ratio": 1.0,
+               "actions/vs_fp32/max_abs": float("nan"), "latency/p50_us": 12.5}
     head = headline_metrics("precision", metrics, "failed")
-    assert head == {"passed": 0.0, "err_max_abs": 3.01e-7, "cos_min": 0.999876, "rel_ratio": 1.0, "p50_us": 12.5}
+    assert head == {"passed": 0.0, "rel_ratio": 1.0, "max_abs_vs_fp64": 3.01e-7, "cosine_vs_fp64": 0.999876, "p50_us": 12.5}
     assert "passed" not in headline_metrics("action", {}, "skipped")
 
 
@@ -62,7 +62,7 @@ def test_params_keep_the_runs_own_dtype_and_drop_plumbing():
     from omegaconf import OmegaConf
 
     kept = settings(OmegaConf.to_container(cfg, resolve=True), "bf16")
-    assert set(kept["mode"]["thresholds"]) == {"bf16"} and set(kept["mode"]["layer_thresholds"]) == {"bf16"}
+    assert set(kept["verify"]["limits"]) == {"bf16"} and set(kept["mode"]["layer_thresholds"]) == {"bf16"}
     assert "_target_" not in kept["mode"] and "http_retries" not in kept["tracking"]
     assert kept["mode"]["relative"] == {"warn": 1.0, "fail": 2.0}
 
@@ -162,7 +162,7 @@ def test_latency_points_follow_the_benchmark_ladder_per_backend():
     bench = {"metrics": {"eager/b1/p50_us": 90.0, "eager/b64/p50_us": 400.0, "onnxruntime/b64/p50_us": 300.0,
                          "eager/b1/p99_us": 120.0, "eager/load_s": 0.1}, "batch_size": 64}
     assert latency_points(bench) == [["eager", 1, 90.0], ["eager", 64, 400.0], ["onnxruntime", 64, 300.0]]
-    job = {"metrics": {"latency.p50_us": 12.0}, "batch_size": 8, "params": {"backend": "onnxruntime"}}
+    job = {"metrics": {"latency/p50_us": 12.0}, "batch_size": 8, "params": {"backend": "onnxruntime"}}
     assert latency_points(job) == [["onnxruntime", 8, 12.0]] and latency_points({"metrics": {}}) == []
 
 
@@ -221,7 +221,7 @@ def config_dir(tmp_path) -> Path:
     (cases / "mine.yaml").write_text("# @package _global_\ndefaults:\n  - override /mode: action\nobs:\n  rows: 4\nexpect: passed\n")
     (cases / "bad_key.yaml").write_text("# @package _global_\ndefaults:\n  - override /mode: batch\nmode:\n  tolerence: 1\n")
     (cases / "bad_threshold.yaml").write_text("# @package _global_\ndefaults:\n  - override /mode: precision\n"
-                                              "mode:\n  thresholds:\n    bf16: {max_rel: 0.01}\n")
+                                              "verify:\n  limits:\n    bf16: {max_rel: 0.01}\n")
     (cases / "bad_yaml.yaml").write_text("# @package _global_\nbatch_size: [1\n")
     (cases / "bad_expect.yaml").write_text("# @package _global_\nexpect: pased\n")
     return tmp_path / "mine"
@@ -229,7 +229,7 @@ def config_dir(tmp_path) -> Path:
 
 @pytest.mark.parametrize("case, needle", [
     ("bad_key", "unknown key mode.tolerence; valid keys of mode (batch): budget_s, tolerance"),
-    ("bad_threshold", "unknown key mode.thresholds.bf16.max_rel"),
+    ("bad_threshold", "unknown key verify.limits.bf16.max_rel"),
     ("bad_yaml", "not valid YAML: line 3"),
     ("bad_expect", "unknown expect 'pased'"),
 ])
@@ -330,7 +330,7 @@ def test_three_parallel_joblib_sweeps_into_one_sqlite_store_lose_and_duplicate_n
 
 
 @pytest.mark.skipif(os.environ.get("HUGGY_EXP_FULL_LAUNCHERS") != "1",
-                    reason="~2.5 min of subprocesses: HUGGY_EXP_FULL_LAUNCHERS=1 runs it (a 2-point submitit sweep always runs)")
+                    reason="~2.5 min of subprocesses: HUGGY_EXP_FULL_LAUNCHERS=1 runs it (the slow run always has a 2-point submitit sweep)")
 @pytest.mark.slow
 def test_three_submitit_local_sweeps_into_one_sqlite_store(tmp_path, huggy_exp_cache):
     _three_sweeps_at_once(tmp_path, huggy_exp_cache, f"sqlite:///{tmp_path / 'mlflow.db'}",
@@ -381,7 +381,7 @@ def test_sweep_against_a_loopback_mlflow_server(tmp_path, huggy_exp_cache):
 
 
 @pytest.mark.skipif(os.environ.get("HUGGY_EXP_FULL_LAUNCHERS") != "1",
-                    reason="~1 min of subprocesses: HUGGY_EXP_FULL_LAUNCHERS=1 runs it (the 2-point check above always runs)")
+                    reason="~1 min of subprocesses: HUGGY_EXP_FULL_LAUNCHERS=1 runs it (the slow run always has the 2-point check above)")
 @pytest.mark.slow
 def test_three_sweeps_into_one_loopback_mlflow_server(tmp_path, huggy_exp_cache):
     port = free_port()

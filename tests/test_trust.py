@@ -165,8 +165,8 @@ MATRIX = [
     ("scale negative", ["obs.scale=-1"], USER, "obs.scale=-1", None),
     ("unknown obs source", ["obs.source=bogus"], USER, "unknown obs.source 'bogus'", None),
     ("zero samples", ["mode=onnx-compare", "mode.samples=0"], USER, "mode.samples=0", None),
-    ("threshold text", ["mode=precision", "mode.thresholds.fp32.max_abs=abc"], USER, "mode.thresholds.fp32.max_abs=abc", None),
-    ("unknown threshold key", ["mode=precision", "+mode.thresholds.bf16.max_rel=0.01"], USER, "max_rel", None),
+    ("threshold text", ["mode=precision", "verify.limits.fp32.max_abs=abc"], USER, "verify.limits.fp32.max_abs=abc", None),
+    ("unknown threshold key", ["mode=precision", "+verify.limits.bf16.max_rel=0.01"], USER, "max_rel", None),
     ("knob typo", ["+mode.tolerence.fp32=1"], USER, "unknown key mode.tolerence", None),
     ("knob of another mode", ["mode.samples=5"], USER, "unknown key mode.samples", None),
     ("zero steps", ["mode=fingerprint", "mode.steps=0"], USER, "mode.steps=0", None),
@@ -389,9 +389,15 @@ def test_the_sqlite_store_lock_excludes_every_other_writer(tmp_path):
 # --- processes: concurrent first runs, an outage, an interrupt
 
 
+def _default_sigint() -> None:
+    """A shell without job control starts background jobs with SIGINT ignored, and Python then never raises
+    KeyboardInterrupt: a suite started with `&` would see Ctrl-C do nothing. The job gets a terminal's default."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _spawn(args: list[str], cwd: Path, cache: Path, **kw) -> subprocess.Popen:
     return subprocess.Popen([PYTHON, str(REPO / "run.py"), *args], cwd=cwd, env=subprocess_env(cache),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint, **kw)
 
 
 @pytest.mark.slow

@@ -53,8 +53,8 @@ def test_the_first_screen_fits_beside_the_assistant_panel():
 
 def test_a_skipped_point_reads_its_reason_and_a_noisy_one_says_so():
     assert tracking.verdict({"status": "skipped", "reason": "npu needs torch_npu"}) == "skipped: npu needs torch_npu"
-    assert tracking.verdict({"status": "passed", "metrics": {"latency.noisy": 1.0}}) == "passed, p50 noisy"
-    assert tracking.verdict({"status": "passed", "metrics": {"latency.noisy": 0.0}}) == "passed"
+    assert tracking.verdict({"status": "passed", "metrics": {"latency/noisy": 1.0}}) == "passed, p50 noisy"
+    assert tracking.verdict({"status": "passed", "metrics": {"latency/noisy": 0.0}}) == "passed"
 
 
 def test_limits_are_params_under_keys_every_dtype_shares():
@@ -233,7 +233,9 @@ def test_the_check_fails_when_the_verdict_column_is_moved_out_of_view(ui_sweep):
     finally:
         client.set_experiment_tag(experiment.experiment_id, key, experiment.tags[key])
     assert check.returncode == 1, check.stdout[-3000:] + check.stderr[-2000:]
-    assert "the verdict column (tags.`verdict`) is not within the 1600x1000 viewport" in check.stdout
+    # off-screen columns are either drawn outside the viewport or not drawn at all (the grid virtualises them)
+    assert ("the verdict column (tags.`verdict`) is not within the 1600x1000 viewport" in check.stdout
+            or "no the verdict column (tags.`verdict`) on the first screen" in check.stdout), check.stdout[-3000:]
 
 
 def test_ui_check_fails_when_the_store_has_no_sweep(tmp_path):

@@ -12,7 +12,7 @@ from huggy_exp.numerics import action_stats, discrete_histogram
 from huggy_exp.results import Result
 from huggy_exp.errors import Unsupported
 from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, build, run_feeds
-from huggy_exp.tasks import is_sequence, latency
+from huggy_exp.tasks import is_sequence, latency, verify_point
 
 
 class ActionTask:
@@ -23,6 +23,7 @@ class ActionTask:
         out = run_feeds(runner, ctx.feeds)
         result = _actions_result(ctx.feeds, out.get(ACTIONS), out.get(DISCRETE), out.get(RECURRENT_OUT), "deterministic")
         latency(runner, ctx, ctx.feeds, result)
+        verify_point(ctx, result, runner, ctx.feeds, out)
         return result
 
 
@@ -38,6 +39,7 @@ class SampleTask:
         result = _actions_result(ctx.feeds, out.get(SAMPLED), out.get(DISCRETE_SAMPLED), out.get(RECURRENT_OUT),
                                  f"sampled (seed {ctx.seed})")
         latency(runner, ctx, ctx.feeds, result)
+        verify_point(ctx, result, runner, ctx.feeds, out, ctx.seed)
         return result
 
 

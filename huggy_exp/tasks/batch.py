@@ -10,7 +10,7 @@ from huggy_exp.placement import memory_stats
 from huggy_exp.results import Result
 from huggy_exp import timing
 from huggy_exp.runners import ACTIONS, DISCRETE, build, run_feeds
-from huggy_exp.tasks import latency, runner_device
+from huggy_exp.tasks import latency, runner_device, verify_point
 
 FLIP_FAILS_UP_TO = 1e-5  # discrete flips fail where the dtype's tolerance is this tight (fp32, fp64); else reported
 
@@ -66,8 +66,10 @@ class BatchTask:
             + (f"; discrete actions {metrics['discrete_agreement']:.2%} equal" if DISCRETE in out_batched else ""),
             f"throughput: {metrics['batched_rows_per_s']:,.0f} rows/s batched vs {metrics['single_rows_per_s']:,.0f} rows/s one by one",
         ]
-        result.details["headline"] = headline
+        result.details["invariance"] = headline
         latency(batched, ctx, feeds, result)
+        verify_point(ctx, result, batched, feeds, out_batched)
+        result.headline += f"; {headline}"
         if metrics["batch_invariance_max_abs"] > tol:
             result.fail(f"batch invariance: max diff {metrics['batch_invariance_max_abs']:.3g} > {tol:g} at row {int(metrics['worst_row'])}")
         if flips and tol <= FLIP_FAILS_UP_TO:

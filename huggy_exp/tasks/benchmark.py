@@ -9,18 +9,20 @@ import time
 
 import numpy as np
 
-from huggy_exp import plots, timing
+from huggy_exp import control_loop, loadgen, plots, timing
+from huggy_exp.config import SCENARIOS
 from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.mlagents import ACTION_MASKS, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name
-from huggy_exp.numerics import REL_FLOOR, discrete_margins
+from huggy_exp.numerics import REL_FLOOR
 from huggy_exp.placement import peak_memory_mb, reset_peak_memory, synchronize
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, DISCRETE, build, check_backend
-from huggy_exp.tasks import SLOW_FP16, batch_of, is_sequence, runner_device
+from huggy_exp.tasks import SLOW_FP16, batch_of, is_sequence, runner_device, verify_point
+from huggy_exp.tasks import scenarios as extra
 from huggy_exp.tasks.compare import compare_outputs
 
-SCENARIOS = ("single_stream", "offline")
+DEFAULT_SCENARIOS = ("single_stream", "offline")
 POINT_STATS = ("p50_us", "p90_us", "p95_us", "p99_us", "mean_us", "min_us", "max_us", "iqr_us", "obs_per_s", "noisy", "samples")
 SERIES_STATS = ("p50_us", "p99_us", "obs_per_s")
 STEMS = {ACTIONS: "actions", DISCRETE: "discrete", RECURRENT_OUT: "recurrent_out"}
@@ -32,9 +34,13 @@ class BenchmarkTask:
     def __init__(self, backends: list[str] | None = None, batch_sizes: list[int] | None = None,
                  scenarios: list[str] | None = None, rounds: int = 3, budget_s: float = 1.0, warmup_s: float = 0.5,
                  settle_s: float = 0.05, chunk_rows: int = 1024, tolerance: dict[str, float] | None = None,
-                 fp16_cpu_max_rows: int = 512, fp16_cpu_samples: int = 3):
+                 fp16_cpu_max_rows: int = 512, fp16_cpu_samples: int = 3, qsl_samples: int = 1024,
+                 min_duration_ms: int | None = None, max_duration_ms: int = 10_000, min_query_count: int = 64,
+                 samples_per_query: int = 8, check_samples: int = 64, target_qps: float = 1000.0,
+                 latency_bound_ms: float = 10.0, search_steps: int = 6, search_ms: int = 500, rate_hz: float = 500.0,
+                 duration_s: float = 2.0, max_miss_rate: float = 0.01, confidence: float = 0.99, loop_search_s: float = 1.0):
         self.backends = [check_backend(str(b)) for b in (backends or ["eager"])]
-        self.scenarios = list(scenarios or SCENARIOS)
+        self.scenarios = list(scenarios or DEFAULT_SCENARIOS)
         for s in self.scenarios:
             if s not in SCENARIOS:
                 raise UserError(f"unknown mode.scenarios entry {s!r}; valid: {', '.join(SCENARIOS)}")
@@ -43,11 +49,22 @@ class BenchmarkTask:
         self.budget_s, self.warmup_s, self.settle_s = float(budget_s), float(warmup_s), float(settle_s)
         self.tolerance = dict(tolerance or {"fp64": 1e-9, "fp32": 1e-5, "fp16": 1e-2, "bf16": 5e-2})
         self.fp16_cpu_max_rows, self.fp16_cpu_samples = int(fp16_cpu_max_rows), int(fp16_cpu_samples)
+        self.qsl_samples, self.search_steps, self.search_ms = int(qsl_samples), int(search_steps), int(search_ms)
+        self.loadgen = loadgen.Settings(int(min_duration_ms if min_duration_ms is not None else self.budget_s * 1e3),
+                                        int(max_duration_ms), int(min_query_count), int(samples_per_query),
+                                        float(target_qps), float(latency_bound_ms), int(check_samples))
+        self.loop = control_loop.Loop(float(rate_hz), float(duration_s), float(max_miss_rate), float(confidence),
+                                      int(search_steps), float(loop_search_s))
 
     def points(self, ctx: Context) -> list[int]:
-        """Batch sizes to time: 1 for single_stream, the ladder (default: batch_size) for offline."""
+        """Batch sizes timed per point (timing.py): the ladder (default: batch_size), and 1 for single_stream (and for
+        server: its fastest single call tells a latency bound that no rate can meet)."""
         ladder = self.batch_sizes or [ctx.batch_size]
-        return sorted({*([1] if "single_stream" in self.scenarios else []), *(ladder if "offline" in self.scenarios else [])})
+        return sorted({*([1] if {"single_stream", "server"} & set(self.scenarios) else []), *ladder})
+
+    def sut(self, ctx: Context) -> list[str]:
+        """The backends to build and time: mode.backends, and the job's backend when a scenario runs on it."""
+        return list(dict.fromkeys([*self.backends, *([ctx.backend] if set(self.scenarios) & set(extra.NAMES) else [])]))
 
     def run(self, ctx: Context) -> Result:
         target = ctx.target()
@@ -70,7 +87,8 @@ class BenchmarkTask:
             # --- build each backend, first call per shape (compilation included), check against eager
             backends: dict[str, dict] = {}
             runners, expected, margins = {}, {}, {}
-            for name in dict.fromkeys(["eager", *self.backends]):
+            timed_backends = self.sut(ctx)
+            for name in dict.fromkeys(["eager", *timed_backends]):
                 info = backends[name] = {"status": "passed", "reason": "",
                                          "dtype": "fp32" if name == "onnxruntime" else ctx.dtype}  # the .onnx graph is fp32
                 started = time.perf_counter()
@@ -89,7 +107,7 @@ class BenchmarkTask:
                         if name == "eager":
                             expected[b] = got
                             if w.branches:  # the masked-logit margins that may excuse a discrete flip
-                                margins[b] = discrete_margins(runner.distributions(feeds[b])["masked_logits"], w.branch_sizes)
+                                margins[b] = runner.distributions(feeds[b])["masked_logits"]
                         gate.add(b, got, expected[b], margins.get(b))
                     info.update(gate.info())
                 except (Unsupported, UserError) as exc:
@@ -100,7 +118,7 @@ class BenchmarkTask:
                     result.fail(f"backend {name}: {info['reason']}")
                     continue
                 runners[name] = runner
-            timed = [b for b in self.backends if b in runners]
+            timed = [b for b in timed_backends if b in runners]
 
             # --- timing: rounds x points x backends, the backend order rotated each round
             timings = {(n, b): timing.Timing(rows=b, threads=threads) for n in timed for b in points}
@@ -115,10 +133,11 @@ class BenchmarkTask:
                                            self.warmup_s if r == 0 else self.warmup_s / 5, max_samples=cap,
                                            min_warmup=1 if slow else 2)
                         timings[(name, b)].extend(t)
+            self.scenarios_on(ctx, runners, timings, feeds, points, result)
 
         # --- metrics, series, table
         rows = []
-        for name in self.backends:
+        for name in timed_backends:
             info = backends[name]
             for key in ("cold_start_ms", "load_s", "max_abs_vs_eager", *(() if w.huggy_shaped else GATE_METRICS)):
                 if key in info:
@@ -144,13 +163,45 @@ class BenchmarkTask:
                                "backends": backends, "peak_mem_source": "device allocator" if device.type != "cpu" else "process RSS"})
         if not timed:
             result.status = "skipped" if result.status == "passed" else result.status
-            result.reason = result.reason or "; ".join(f"{n}: {backends[n]['reason']}" for n in self.backends)
+            result.reason = result.reason or "; ".join(f"{n}: {backends[n]['reason']}" for n in timed_backends)
         else:
             result.files.append(plots.scaling(ctx.workdir / "benchmark.png", {n: _curve(result, n) for n in timed},
                                               f"{ctx.device} {ctx.dtype}, {threads} thread(s)"))
-        result.summary[:0] = _summary(result, backends, points, self.backends)
-        result.details["headline"] = result.summary[0]
+        result.summary[:0] = _summary(result, backends, points, timed_backends, ctx.batch_size)
+        ladder = result.summary[0]
+        if "eager" in runners:  # the point's verdict and latency: eager on (device, dtype) at the job's batch size
+            b = ctx.batch_size if ctx.batch_size in points else max(points)
+            if ("eager", b) in timings:
+                stats = timings[("eager", b)].stats()
+                result.latency = {**{k: stats[k] for k in ("p50_us", "p99_us", "mean_us", "obs_per_s", "noisy", "samples")},
+                                  "threads": float(threads), "batch_size": float(b)}
+                result.metrics.update({f"latency/{k}": v for k, v in result.latency.items()})
+            verify_point(ctx, result, runners["eager"], feeds[b])
+            result.headline += f"; {ladder}"
         return result
+
+    def scenarios_on(self, ctx: Context, runners: dict, timings: dict, feeds: dict, points: list[int], result: Result) -> None:
+        """LoadGen's scenarios and the control loop on the job's backend (skipped, with the reason, if it is not timed)."""
+        wanted = [s for s in self.scenarios if s in extra.NAMES]
+        if not wanted:
+            return
+        runner = runners.get(ctx.backend)
+        if runner is None:
+            result.summary.append(f"scenarios {wanted} not run: backend {ctx.backend} was not timed (see its status)")
+            return
+        top = ctx.batch_size if ctx.batch_size in points else max(points)
+        point = timings[(ctx.backend, top)].stats()
+        if 1 in points:
+            one = timings[(ctx.backend, 1)].stats()
+            point.update(b1_p50_us=one["p50_us"], b1_min_us=one["min_us"])
+        lg = [s for s in wanted if s in extra.LOADGEN]
+        if lg:
+            qsl = self.feeds(ctx, [self.qsl_samples])[0][self.qsl_samples]
+            tol = max(self.tolerance.get(ctx.dtype, 0.0), self.tolerance.get("fp32" if ctx.backend == "onnxruntime" else ctx.dtype, 0.0))
+            extra.run_loadgen(ctx, runner, runners["eager"], qsl, lg, self.loadgen, STEMS, tol, point,
+                              self.search_steps, self.search_ms, result, points)
+        if extra.CONTROL_LOOP in wanted:
+            extra.run_control_loop(ctx, runner, self.loop, result)
 
     def feeds(self, ctx: Context, points: list[int]) -> tuple[dict[int, dict[str, np.ndarray]], str]:
         """Per batch point, every input of the policy at that many rows, and what is timed (in words)."""
@@ -196,12 +247,13 @@ class Gate:
 
     def __init__(self, w: PolicyWeights, tol: float):
         self.huggy, self.continuous, self.branches, self.memory = w.huggy_shaped, w.mu is not None, bool(w.branches), bool(w.memory)
+        self.branch_sizes = w.branch_sizes
         self.tol, self.failures = tol, {}
         self.worst = {ACTIONS: 0.0, RECURRENT_OUT: 0.0, "tolerance": 0.0}
         self.counts = {"mismatches": 0.0, "excused": 0.0, "unexcused": 0.0}
 
-    def add(self, rows: int, got: dict, expected: dict, margins: tuple[np.ndarray, np.ndarray] | None) -> None:
-        metrics, failures, _ = compare_outputs(got, expected, STEMS, self.tol, REL_FLOOR, margins)
+    def add(self, rows: int, got: dict, expected: dict, masked_logits: np.ndarray | None) -> None:
+        metrics, failures, _ = compare_outputs(got, expected, STEMS, self.tol, REL_FLOOR, masked_logits, self.branch_sizes)
         for name in (ACTIONS, RECURRENT_OUT):
             self.worst[name] = max(self.worst[name], metrics.get(f"{STEMS[name]}.max_abs", 0.0))
         self.worst["tolerance"] = max(self.worst["tolerance"], metrics.get("recurrent_out.tolerance", 0.0))
@@ -234,14 +286,24 @@ def _curve(result: Result, name: str) -> dict[str, list]:
     return {k: result.series[f"{name}/{k}"] for k in SERIES_STATS}
 
 
-def _summary(result: Result, backends: dict, points: list[int], order: list[str]) -> list[str]:
+def job_batch(points: list[int], batch_size: int) -> int:
+    """The batch a point is about: the job's own batch size when it is timed, else the ladder's largest."""
+    return batch_size if batch_size in points else max(points)
+
+
+def _summary(result: Result, backends: dict, points: list[int], order: list[str], batch_size: int) -> list[str]:
+    """First line (the headline): p50 at the job's own batch size per backend, and eager over onnxruntime."""
     m = result.metrics
-    lines = []
-    if 1 in points:
+    b = job_batch(points, batch_size)
+    p50 = {n: m[f"{n}/b{b}/p50_us"] for n in order if f"{n}/b{b}/p50_us" in m}
+    ratio = (f" (eager/onnxruntime {p50['eager'] / p50['onnxruntime']:.2f}x)"
+             if {"eager", "onnxruntime"} <= set(p50) and p50["onnxruntime"] else "")
+    lines = [f"b{b} p50: " + (", ".join(f"{n} {v:,.1f} µs" for n, v in p50.items()) or "nothing timed") + ratio]
+    if 1 in points and b != 1:
         lines.append("single_stream b1 p50/p99: " + ", ".join(
             f"{n} {m[f'{n}/b1/p50_us']:,.1f}/{m[f'{n}/b1/p99_us']:,.1f} µs" for n in order if f"{n}/b1/p50_us" in m))
     top = max(points)
-    if top != 1 or not lines:
+    if top != 1:
         lines.append(f"offline b{top}: " + ", ".join(
             f"{n} {m[f'{n}/b{top}/obs_per_s']:,.0f} obs/s" for n in order if f"{n}/b{top}/obs_per_s" in m))
     for n in order:

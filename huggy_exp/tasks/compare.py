@@ -8,7 +8,7 @@ import numpy as np
 
 from huggy_exp.context import Context
 from huggy_exp.mlagents import ACTION_MASKS, RECURRENT_OUT, PolicyWeights, obs_name
-from huggy_exp.numerics import compare, discrete_match
+from huggy_exp.verify import Limits, Rules, compare, outputs_of
 from huggy_exp.observations import random_masks
 from huggy_exp.runners import ACTIONS, DISCRETE
 
@@ -50,38 +50,25 @@ def check_constants(outputs: dict[str, np.ndarray], expected: dict[str, np.ndarr
 
 
 def compare_outputs(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], stems: dict[str, str], atol: float,
-                    rel_floor: float, margins: tuple[np.ndarray, np.ndarray] | None = None,
+                    rel_floor: float, masked_logits: np.ndarray | None = None, branch_sizes: tuple[int, ...] = (),
                     ) -> tuple[dict[str, float], list[str], list[dict]]:
-    """Every deterministic output `expected` has, in `actual` too; metrics under stems[output].
-
-    continuous actions: compare()'s metrics, failed above `atol` or on any NaN/inf mismatch; recurrent_out: the same,
-    failed above atol * max(1, max |memory|) (memories are activations: the LSTM cell state grows); discrete actions:
-    agreement, mismatches, excused (where the masked-logit margin <= atol * max(1, |best logit|); `margins` gives
-    (margin, |best|) per branch from the reference), unexcused (a failure).
-    """
-    metrics, failures, rows = {}, [], []
-    for name in (n for n in COMPARED if n in expected):
-        stem, got, ref = stems[name], actual.get(name), expected[name]
-        if got is None or np.shape(got) != np.shape(ref):
-            failures.append(f"{name}: {'missing' if got is None else f'shape {list(np.shape(got))}'}, expected {list(np.shape(ref))}")
-            continue
-        if name == DISCRETE:
-            margin, scale = margins if margins is not None else (np.full(ref.shape, np.inf), np.ones(ref.shape))
-            m = discrete_match(got, ref, margin, scale, atol)
-            metrics.update({f"{stem}.{k}": v for k, v in m.items()})
-            metrics[f"{stem}.margin_tol"] = float(atol)
-            if m["unexcused"]:
-                failures.append(f"{name}: {int(m['unexcused'])} of {ref.size} actions differ where the masked-logit margin "
-                                f"exceeds {atol:g} x max(1, |logit|)")
-            rows.append({"output": name, **m})
-            continue
-        m = compare(got, ref, rel_floor)
-        tol = atol if name == ACTIONS else atol * max(1.0, float(np.nanmax(np.abs(ref), initial=0.0)))
+    """Every deterministic output `expected` has, in `actual` too, through the verification engine; metrics under
+    stems[output]: continuous actions within `atol`, recurrent_out within atol * max(1, max |memory|), discrete actions
+    equal but where the reference's masked-logit margin <= atol * max(1, |best|) (`masked_logits`: the reference's)."""
+    wanted = tuple(o for o in outputs_of(COMPARED) if o.name in expected)
+    extra = {"masked_logits": masked_logits} if masked_logits is not None else {}
+    c = compare(actual, {**expected, **extra}, Rules(Limits(atol=atol, margin=atol), rel_floor=rel_floor, outputs=wanted,
+                                                      branch_sizes=tuple(branch_sizes)))
+    metrics, rows = {}, []
+    for o in wanted:
+        oc, stem = c.outputs[o.stem], stems[o.name]
+        m = dict(oc.metrics)
+        if o.rule == "discrete" and "flips" in m:
+            m = {"agreement": m["agreement"], "mismatches": m["flips"], "excused": m["flips"] - m["flips_beyond_margin"],
+                 "unexcused": m["flips_beyond_margin"], "near_ties": m["near_ties"], "margin_min": m["margin_min"],
+                 "margin_tol": m["margin_limit"]}
+        elif o.rule == "memory" and "max_abs_limit" in m:
+            m["tolerance"] = m["max_abs_limit"]
         metrics.update({f"{stem}.{k}": v for k, v in m.items()})
-        if name == RECURRENT_OUT:
-            metrics[f"{stem}.tolerance"] = tol
-        bad = int(m["nan_mismatch"] + m["inf_mismatch"])
-        if not m["max_abs"] <= tol or bad:
-            failures.append(f"{name} max_abs {m['max_abs']:.3g} > atol {tol:g}" if not m["max_abs"] <= tol else f"{name}: {bad} NaN/Inf mismatches")
-        rows.append({"output": name, **m})
-    return metrics, failures, rows
+        rows.append({"output": o.name, **m})
+    return metrics, c.failures, rows

@@ -115,8 +115,8 @@ class ExportOnnxTask:
         ref = reference(ctx, "fp32")
         torch_fp32 = run_feeds(ref, feeds)
         ref_dist = over_steps(ref.distributions, feeds, w.memory) if w.branches else None
-        margins = discrete_margins(ref_dist["masked_logits"], w.branch_sizes) if ref_dist is not None else None
-        metrics, failures, rows = compare_outputs(exported, torch_fp32, STEMS["vs_torch"], self.atol, 1e-3, margins)
+        margins = ref_dist["masked_logits"] if ref_dist is not None and "masked_logits" in ref_dist else None
+        metrics, failures, rows = compare_outputs(exported, torch_fp32, STEMS["vs_torch"], self.atol, 1e-3, margins, w.branch_sizes)
         consts = expected_constants(w)
         c_metrics, c_failures, constants = check_constants(exported, consts, sequence, "", "exported")
         result.metrics.update({**metrics, **c_metrics})
@@ -127,7 +127,7 @@ class ExportOnnxTask:
         headline = f"exported {out.name} (opset {self.opset}, {w.describe_shape()}): vs torch " + _brief(result.metrics, "vs_torch")
         if source is not None:
             theirs = run_feeds(graph(source), feeds)
-            m_src, f_src, rows_src = compare_outputs(exported, theirs, STEMS["vs_source"], self.atol, 1e-3, margins)
+            m_src, f_src, rows_src = compare_outputs(exported, theirs, STEMS["vs_source"], self.atol, 1e-3, margins, w.branch_sizes)
             s_metrics, s_failures, _ = check_constants(exported, {k: np.asarray(theirs[k][0] if sequence else theirs[k])
                                                                    for k in consts if k in theirs}, sequence,
                                                        "vs_source.", "exported")

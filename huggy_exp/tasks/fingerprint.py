@@ -5,8 +5,6 @@ Described in docs/modes.md#fingerprint.
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 
 from huggy_exp import rollout
@@ -15,16 +13,18 @@ from huggy_exp.dynamics import Dynamics
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.results import Result
 from huggy_exp.runners import Runner, build, reference
-from huggy_exp.tasks import first_step
+from huggy_exp.tasks import first_step, latency, verify_rollout
+from huggy_exp.verify import digest, quantize
 
 LOOPS = ("open", "closed")
 KINDS = rollout.KINDS
 
 
 def output_sequences(runner: Runner, ctx: Context, loop: str, kind: str, steps: int, envs: int,
-                     dynamics: Dynamics) -> dict[str, np.ndarray]:
-    """Every output [T, envs, *] by file name (actions, discrete_actions, memories): open-loop over the observation
-    source (steps x envs rows, or a file's [T, N, d] sequence), or closed-loop through `dynamics`."""
+                     dynamics: Dynamics) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The inputs the policy saw [T, envs, d] by ML-Agents name, and every output [T, envs, *] by file name (actions,
+    discrete_actions, memories): open-loop over the observation source (steps x envs rows, or a file's [T, N, d]
+    sequence), or closed-loop through `dynamics`."""
     if kind == "sampled" and not hasattr(runner, "sample"):
         raise Unsupported(f"backend {ctx.backend}: sampled actions take the seeded CPU noise, which only the torch backends accept")
     w = ctx.weights
@@ -35,17 +35,10 @@ def output_sequences(runner: Runner, ctx: Context, loop: str, kind: str, steps: 
             if rows % envs:
                 raise UserError(f"mode.envs={envs} does not divide the {rows} observation rows of the file")
             feeds = {k: v.reshape(rows // envs, envs, v.shape[-1]) for k, v in feeds.items()}
-        return rollout.open_loop(runner, feeds, kind, ctx.seed)
+        return feeds, rollout.open_loop(runner, feeds, kind, ctx.seed)
     start = first_step(ctx.make_feeds(envs))
-    _, outputs = rollout.closed_loop(runner, w, start, steps, dynamics, kind, ctx.seed)
-    return outputs
-
-
-def quantize(actions: np.ndarray, decimals: int) -> np.ndarray:
-    """round(a * 10^decimals) as int64: -0.0 and +0.0 agree, as do values equal to `decimals` places. Integers stay."""
-    if np.asarray(actions).dtype.kind in "iu":
-        return np.asarray(actions, np.int64)
-    return np.rint(np.asarray(actions, np.float64) * 10**decimals).astype(np.int64)
+    observations, outputs = rollout.closed_loop(runner, w, start, steps, dynamics, kind, ctx.seed)
+    return rollout.seen(observations, start, w), outputs
 
 
 def first_divergence(a: np.ndarray, b: np.ndarray) -> tuple[int, int, float] | None:
@@ -55,10 +48,6 @@ def first_divergence(a: np.ndarray, b: np.ndarray) -> tuple[int, int, float] | N
         return None
     t, env, dim = map(int, np.argwhere(differ)[0])
     return t, dim, float(abs(np.float64(a[t, env, dim]) - np.float64(b[t, env, dim])))
-
-
-def digest(arrays: list[np.ndarray]) -> str:
-    return hashlib.sha256(b"".join(np.ascontiguousarray(a).tobytes() for a in arrays)).hexdigest()
 
 
 class FingerprintTask:
@@ -76,8 +65,9 @@ class FingerprintTask:
 
     def run(self, ctx: Context) -> Result:
         dynamics = Dynamics(seed=ctx.seed, **self.dynamics)
-        mine = output_sequences(build(ctx), ctx, self.loop, self.kind, self.steps, self.envs, dynamics)
-        ref = output_sequences(reference(ctx, "fp32", ctx.batch_size), ctx, self.loop, self.kind, self.steps, self.envs, dynamics)
+        runner = build(ctx)
+        seen, mine = output_sequences(runner, ctx, self.loop, self.kind, self.steps, self.envs, dynamics)
+        _, ref = output_sequences(reference(ctx, "fp32", ctx.batch_size), ctx, self.loop, self.kind, self.steps, self.envs, dynamics)
         names = list(mine)  # actions, discrete_actions, memories: whichever the policy has, in that order
         qmine = {n: quantize(mine[n], self.decimals) for n in names}
         qref = {n: quantize(ref[n], self.decimals) for n in names}
@@ -104,10 +94,13 @@ class FingerprintTask:
             f"quantized parts at step {first_quant[1][0]}, {_what(first_quant[0], names)} {first_quant[1][1]}")
         headline = f"sha256 {fp['fingerprint_sha256'][:16]}.. quantized({self.decimals}) {fp['fingerprint_quantized'][:16]}..: {where}; {qwhere}"
         as_dict = lambda d: None if d is None else dict(zip(("step", "dim", "abs"), d[1]), **({"output": d[0]} if len(names) > 1 else {}))  # noqa: E731
-        result.details.update({**fp, "loop": self.loop, "actions": self.kind, "decimals": self.decimals, "headline": headline,
+        result.details.update({**fp, "loop": self.loop, "actions": self.kind, "decimals": self.decimals,
                                "outputs": names, "first_divergence": as_dict(first_exact), "first_quantized_divergence": as_dict(first_quant)})
         envs = mine[names[0]].shape[1]
-        result.summary = [f"{self.loop}-loop, {self.kind} {'actions' if names == ['actions'] else 'outputs (' + ', '.join(names) + ')'}, {steps} steps x {envs} env(s) on {ctx.device} {ctx.dtype}"
+        latency(runner, ctx, ctx.feeds, result)
+        verify_rollout(ctx, result, runner, seen, mine, ctx.seed if self.kind == "sampled" else None, self.loop == "open")
+        result.headline += f"; {headline}"
+        result.summary[1:1] = [f"{self.loop}-loop, {self.kind} {'actions' if names == ['actions'] else 'outputs (' + ', '.join(names) + ')'}, {steps} steps x {envs} env(s) on {ctx.device} {ctx.dtype}"
                           + (", memory carried from zeros" if "memories" in names else ""), headline]
         if ctx.dtype in self.require_match and first_quant is not None:
             result.fail(f"quantized fingerprint differs from CPU fp32 ({qwhere}, by {first_quant[1][2] / 10**self.decimals:.3g})")

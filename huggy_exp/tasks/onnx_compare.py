@@ -10,11 +10,10 @@ import numpy as np
 from huggy_exp import plots
 from huggy_exp.context import Context
 from huggy_exp.mlagents import ACTION_CLAMP, ACTION_MASKS, RECURRENT_IN, RECURRENT_OUT, check_onnx_pairing
-from huggy_exp.numerics import categorical_check, discrete_margins, limits_for, sampling_check
+from huggy_exp.numerics import categorical_check, limits_for, sampling_check
 from huggy_exp.results import Result, first_nonfinite
 from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, build, over_steps, reference, run_feeds
-from huggy_exp.tasks import latency
-from huggy_exp.tasks import is_sequence
+from huggy_exp.tasks import is_sequence, latency, verify_point
 from huggy_exp.tasks.compare import check_constants, compare_outputs, expected_constants, feeds_with_masks
 
 STEMS = {ACTIONS: "deterministic", DISCRETE: "deterministic_discrete", RECURRENT_OUT: "recurrent_out"}
@@ -47,8 +46,7 @@ class OnnxCompareTask:
 
         # --- deterministic outputs, element-wise (discrete exactly) and the constant outputs exactly
         atol = limits_for({k: {"atol": v} for k, v in self.atol.items()}, ctx.dtype, ctx.device, self.specialize)["atol"]
-        margins = discrete_margins(dist["masked_logits"], w.branch_sizes) if w.branches else None
-        metrics, failures, rows = compare_outputs(mine, theirs, STEMS, atol, self.rel_floor, margins)
+        metrics, failures, rows = compare_outputs(mine, theirs, STEMS, atol, self.rel_floor, dist.get("masked_logits"), w.branch_sizes)
         c_metrics, c_failures, constants = check_constants(theirs, expected_constants(w), sequence)
         result.metrics.update({**metrics, **c_metrics})
         for reason in failures + c_failures:
@@ -98,11 +96,12 @@ class OnnxCompareTask:
         if RECURRENT_OUT in mine:
             parts.append(f"recurrent_out max_abs {result.metrics.get('recurrent_out.max_abs', float('nan')):.2e}")
         parts.append(f"constants {'equal' if all(c['equal'] for c in constants.values()) else 'DIFFER'}")
+        versus = "vs onnxruntime: " + "; ".join(parts + headline)
         result.details.update({"onnx": str(onnx_path), "provider": self.provider, "atol": atol, "constants": constants,
-                               "sequence": sequence, "headline": "; ".join(parts + headline)})
+                               "sequence": sequence})
         lead = f"{len(feeds['obs_0'])} steps x {feeds['obs_0'].shape[1]} agents, memory carried on both sides; " if sequence else ""
         result.summary[:0] = [f"{ort.name} on {onnx_path.name} vs {under_test.name} ({ctx.device} {ctx.dtype}): {lead}{w.describe_shape()}",
-                              result.details["headline"]]
+                              versus]
         result.tables["outputs"] = [*rows, *({"output": k, **v} for k, v in constants.items())]
         for name, key in ((ACTIONS, "actions"), (DISCRETE, "discrete_actions"), (RECURRENT_OUT, "memories")):
             if name in mine and name in theirs:
@@ -113,6 +112,8 @@ class OnnxCompareTask:
             result.files.append(plots.error_histogram(ctx.workdir / "error_histogram.png", diffs,
                                                       f"deterministic outputs, {ctx.device} {ctx.dtype} vs {ort.name}"))
         latency(under_test, ctx, feeds, result)
+        verify_point(ctx, result, under_test, feeds, mine)
+        result.headline += f"; {versus}"
         return result
 
     def _continuous(self, draws: np.ndarray, dist: dict, n: int, tanh_squash: bool, result: Result) -> dict:

@@ -13,7 +13,7 @@ from huggy_exp.numerics import discrete_histogram
 from huggy_exp.observations import load_feeds, load_observations
 from huggy_exp.results import Result
 from huggy_exp.runners import Runner, build, reference
-from huggy_exp.tasks import first_step
+from huggy_exp.tasks import first_step, latency, verify_rollout
 
 SOURCES = ("dynamics", "replay")
 
@@ -32,22 +32,26 @@ class StatsTask:
         self.drift_threshold, self.drift_fail, self.saturation = drift_threshold, drift_fail, saturation
         self.dynamics = dict(dynamics or {})
 
-    def _rollout(self, runner: Runner, ctx: Context) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """Observations [T, envs, sum of widths] and every output [T, envs, *] (actions, discrete_actions, memories)."""
+    def _rollout(self, runner: Runner, ctx: Context) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The inputs the policy saw [T, envs, d] by ML-Agents name and every output [T, envs, *] (actions,
+        discrete_actions, memories)."""
         w = ctx.weights
         if self.source == "replay":
             if str(self.trajectory).endswith(".npz"):
                 feeds = {k: (v[:, None] if v.ndim == 2 else v) for k, v in load_feeds(self.trajectory, w).items()}  # [T, d] is one env
             else:
                 feeds = rollout.split(load_observations(self.trajectory, w.obs_dim)[:, None, :], w)
-            return rollout.side_by_side(feeds, w), rollout.open_loop(runner, feeds)
+            return feeds, rollout.open_loop(runner, feeds)
         start = first_step(ctx.make_feeds(self.envs))  # a file: its rows (a sequence: step 0)
-        return rollout.closed_loop(runner, w, start, self.steps, Dynamics(seed=ctx.seed, **self.dynamics))
+        observations, outputs = rollout.closed_loop(runner, w, start, self.steps, Dynamics(seed=ctx.seed, **self.dynamics))
+        return rollout.seen(observations, start, w), outputs
 
     def run(self, ctx: Context) -> Result:
         w = ctx.weights
-        obs, out = self._rollout(build(ctx), ctx)
-        ref_obs, ref = self._rollout(reference(ctx, "fp32", ctx.batch_size), ctx)
+        runner = build(ctx)
+        seen, out = self._rollout(runner, ctx)
+        ref_seen, ref = self._rollout(reference(ctx, "fp32", ctx.batch_size), ctx)
+        obs, ref_obs = rollout.side_by_side(seen, w), rollout.side_by_side(ref_seen, w)
         steps, envs = obs.shape[:2]
         metrics: dict[str, float] = {"steps": float(steps), "envs": float(envs)}
         tables: dict[str, list[dict]] = {}
@@ -114,8 +118,10 @@ class StatsTask:
             parts.insert(0, f"drift_max {metrics['drift_max']:.3g} vs CPU fp32 (threshold {self.drift_threshold:g}: {passed}); "
                             f"saturation {metrics['saturation_rate']:.1%}, smoothness {metrics['smoothness']:.3f}")
         headline = "; ".join(parts) + (", " if drift is not None else "; ") + f"normalizer clamp {clamp_rate:.1%}"
-        result.details["headline"] = headline
-        result.summary = [f"{self.source} rollout: {steps} steps x {envs} env(s) on {ctx.device} {ctx.dtype}"
+        latency(runner, ctx, ctx.feeds, result)
+        verify_rollout(ctx, result, runner, seen, out)
+        result.headline += f"; {headline}"
+        result.summary[1:1] = [f"{self.source} rollout: {steps} steps x {envs} env(s) on {ctx.device} {ctx.dtype}"
                           + (", memory carried from zeros" if "memories" in out else ""), headline]
         if "discrete_actions" in out:
             for b in range(len(w.branch_sizes)):
