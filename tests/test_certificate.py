@@ -243,7 +243,7 @@ def test_a_dtype_without_a_recording_is_compared_against_fp64_only_and_says_so(s
     assert r["status"] == "passed", r["reason"]
     assert r["no_recording"] is True and r["recorded_point"] is None and "dual_benchmark" not in r["tags"]
     assert any("compared against the bundle's fp64 reference only" in line for line in r["notes"]) and "vs fp64 only" in r["headline"]
-    assert r["metrics"]["vs_fp64/actions/max_abs"] > 0
+    assert r["metrics"]["actions/vs_fp64/max_abs"] > 0
 
 
 def test_reference_point_by_dtype_and_unknown_reference_point(small_bundle, small, tmp_path):
@@ -283,7 +283,7 @@ def test_onnxruntime_replay_of_an_eager_recording_reports_the_latency_change(sma
     r = replay(tmp_path, small_bundle, small.model, "backend=onnxruntime", "mode.latency.budget_s=0.1",
                "mode.latency.max_samples=200").record
     assert r["status"] == "passed", r["reason"]
-    assert r["recorded_point"] == "cpu/fp32/eager/b64" and r["metrics"]["agreement/actions/max_abs"] <= 1e-5
+    assert r["recorded_point"] == "cpu/fp32/eager/b64" and r["metrics"]["actions/vs_recorded/max_abs"] <= 1e-5
     change = r["latency_change"]
     assert 0.0 <= change["p_value"] <= 1.0 and change["ci95_low"] <= change["median_ratio"] <= change["ci95_high"]
     assert "Mann-Whitney U" in change["test"] and change["tolerance"] in (0.05, 0.20)
