@@ -533,12 +533,13 @@ def test_bad_bundles_exit_2_with_one_line_and_no_traceback(small_bundle, small, 
     copied = copy_bundle(small_bundle, tmp_path / "b")
     _edit_array(copied)
     env = subprocess_env(tmp_path / "cache")
-    for args in ([f"mode.bundle={copied}", small.model], [f"mode.bundle={small_bundle}"]):  # modified file; another model
+    for n, args in enumerate(([f"mode.bundle={copied}", small.model], [f"mode.bundle={small_bundle}"])):  # modified; another model
         done = subprocess.run([PYTHON, str(REPO / "run.py"), "mode=replay", "tracking=none", *args,
-                               f"hydra.run.dir={tmp_path / 'job'}"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+                               f"hydra.run.dir={tmp_path / f'job{n}'}"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=300)
         assert done.returncode == 2, done.stdout + done.stderr
         assert "Traceback" not in done.stdout + done.stderr
-        assert sum("ERROR:" in line for line in done.stdout.splitlines() + done.stderr.splitlines()) == 1
+        assert sum("ERROR:" in line for line in done.stdout.splitlines() + done.stderr.splitlines()) == 1, done.stdout + done.stderr
 
 
 @pytest.mark.slow
