@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from huggy_exp.numerics import compare, error_ratio
+from huggy_exp.numerics import error_ratio
 from huggy_exp.rollout import OUTPUT_FILES
+from huggy_exp.verify import elementwise
 
 DUAL_RULES = {"rmse": (1.0, 2.0), "max_rel": (1.0, 10.0)}  # metric: (pass up to, warn up to); msprobe's thresholds
 TEST05_TOLERANCE, TEST05_SHORT_TOLERANCE, TEST05_SHORT_S = 0.05, 0.20, 0.2e-3
@@ -39,8 +40,9 @@ def is_discrete(a: np.ndarray) -> bool:
     return np.asarray(a).dtype.kind in "iub"
 
 
-def errors(actual: np.ndarray, expected: np.ndarray) -> dict[str, float]:
-    """One output against another: the comparison metrics for floats; for discrete actions, the share that differs."""
+def errors(actual: np.ndarray, expected: np.ndarray, dtype: str = "fp32") -> dict[str, float]:
+    """One output against another: the verification engine's element-wise metrics for floats (ULPs of `dtype`); for
+    discrete actions, the share that differs."""
     if is_discrete(actual) or is_discrete(expected):
         a, e = np.asarray(actual), np.asarray(expected)
         if a.shape != e.shape:
@@ -48,7 +50,7 @@ def errors(actual: np.ndarray, expected: np.ndarray) -> dict[str, float]:
 
             raise UserError(f"cannot compare discrete actions of shapes {list(a.shape)} and {list(e.shape)}")
         return {"mismatch_share": float(np.mean(a != e)) if a.size else 0.0, "mismatches": float(np.sum(a != e))}
-    return compare(actual, expected)
+    return elementwise(actual, expected, dtype=dtype)
 
 
 def ordered_bits(a: np.ndarray) -> np.ndarray:

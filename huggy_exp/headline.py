@@ -20,7 +20,7 @@ HEADLINES: dict[str, dict[str, str]] = {
     "fingerprint": {"fp_match": "matches_cpu_fp32", "fp_qmatch": "quantized_matches_cpu_fp32",
                     "err_max_abs": "max_abs_vs_cpu_fp32"},
     "stats": {"drift_max": "drift_max", "saturation": "saturation_rate", "smoothness": "smoothness"},
-    "record": {"err_max_abs": "vs_fp64/actions/max_abs", "points": "bundle/points"},
+    "record": {"err_max_abs": "actions/vs_fp64/max_abs", "points": "bundle/points"},
     "replay": {"bitwise": "agreement/bitwise_share", "ulp_max": "agreement/ulp_max", "dual_ratio": "dual/worst_ratio",
                "lat_ratio": "latency_change/median_ratio", "lat_p": "latency_change/p_value"},
     "diff": {"changed": "diff/changed", "only_base": "diff/only_baseline", "only_cand": "diff/only_candidate"},

@@ -72,7 +72,7 @@ def load_side(path: str | None, which: str) -> dict[str, Point]:
 
 def bundle_point(b: bundle.Bundle, key: str) -> Point:
     p = b.points[key]
-    accuracy = {f"vs_fp64/{name}/{k}": v for name, m in b.comparison(key).get("outputs", {}).items() for k, v in m.items()}
+    accuracy = {f"{name}/vs_fp64/{k}": v for name, m in b.comparison(key).get("outputs", {}).items() for k, v in m.items()}
     return Point(key, f"bundle {b.root}", None, accuracy, {n: f["sha256"] for n, f in p.get("fingerprints", {}).items()},
                  b.latency(key), p.get("latency", {}).get("p50_us"), p.get("environment", {}), b.manifest["model"].get("sha256"),
                  b.outputs(key), b.reference(), b.manifest["observations"].get("inputs_sha256"))

@@ -15,7 +15,7 @@ from huggy_exp.context import Context
 from huggy_exp.results import Result, first_nonfinite
 from huggy_exp.runners import Runner, build, reference, run_feeds
 from huggy_exp.tasks import SLOW_FP16, batch_of, runner_device
-from huggy_exp.tasks.fingerprint import digest, quantize
+from huggy_exp.verify import digest, quantize
 
 
 def time_calls(runner: Runner, ctx: Context, feeds: dict[str, np.ndarray], settings: dict) -> timing.Timing:
@@ -56,7 +56,7 @@ class RecordTask:
         runner = build(ctx)
         outputs = named_outputs(run_feeds(runner, feeds))
         fp64 = named_outputs(run_feeds(reference(ctx, "fp64"), feeds), np.float64)
-        comparison = {name: errors(outputs[name], fp64[name]) for name in outputs}
+        comparison = {name: errors(outputs[name], fp64[name], ctx.dtype) for name in outputs}
         bad = {name: where for name, a in outputs.items() if (where := first_nonfinite(a)) is not None}
         if bad:  # a certificate of NaN outputs would hold every replay to them: the job fails, the bundle is untouched
             result = Result(arrays=dict(outputs))
@@ -79,9 +79,10 @@ class RecordTask:
         # --- the job's own result
         result = Result(arrays=dict(outputs))
         for name, m in comparison.items():
-            result.metrics.update({f"vs_fp64/{name}/{k}": v for k, v in m.items()})
+            result.metrics.update({f"{name}/vs_fp64/{k}": v for k, v in m.items()})
         result.metrics.update({f"latency/{k}": float(stats[k]) for k in ("p50_us", "p90_us", "p99_us", "samples", "noisy")})
         result.metrics["bundle/points"] = float(len(manifest["points"]))
+        result.latency = {k: float(stats[k]) for k in ("p50_us", "p99_us", "obs_per_s", "noisy", "samples", "threads")}
         result.tags.update({f"{name}_sha256": p["sha256"] for name, p in prints.items()})
         errs = ", ".join(f"{n} max_abs {m['max_abs']:.2e}" if "max_abs" in m else f"{n} {m['mismatch_share']:.2%} differ"
                          for n, m in comparison.items())
@@ -92,5 +93,6 @@ class RecordTask:
             result.summary.append(f"replaced the earlier recording of {key}")
         if ctx.dtype == "fp16" and runner_device(runner).type == "cpu":
             result.summary.append(SLOW_FP16)
+        result.headline = headline
         result.details.update({"headline": headline, "bundle": str(root.resolve()), "point": key, "fingerprints": prints})
         return result

@@ -57,6 +57,7 @@ class ReplayTask:
         prints = fingerprints(here, self.decimals)
         result.tags.update({f"{name}_sha256": p["sha256"] for name, p in prints.items()})
         result.summary = [report.headline(), *report.lines]
+        result.headline = result.summary[0]
         result.details.update({"headline": result.summary[0], "bundle": str(b.root.resolve()), "point": key,
                                "recorded_point": match, "reference_point": ref_key, "fingerprints": prints,
                                "recorded_fingerprints": b.points[match]["fingerprints"] if match else None,
@@ -96,9 +97,9 @@ class ReplayTask:
             if name not in recorded:
                 report.lines.append(f"{name}: not in the recording of {match}")
                 continue
-            row = {"output": name, **bitwise(here[name], recorded[name]), **errors(here[name], recorded[name])}
+            row = {"output": name, **bitwise(here[name], recorded[name]), **errors(here[name], recorded[name], ctx.dtype)}
             rows.append(row)
-            result.metrics.update({f"agreement/{name}/{k}": float(v) for k, v in row.items() if k != "output"})
+            result.metrics.update({f"{name}/vs_recorded/{k}": float(v) for k, v in row.items() if k != "output"})
             if required and row["bitwise_share"] < 1.0:
                 why = "same device, dtype, backend, batch and threads on an unchanged host stack" if same_point else "mode.require_bitwise=true"
                 result.fail(f"{name} is not bitwise identical to the recording {match} ({row['bitwise_share']:.2%} equal, "
@@ -117,10 +118,10 @@ class ReplayTask:
         for name in here:
             if name not in fp64:
                 continue
-            m = errors(here[name], fp64[name])
-            result.metrics.update({f"vs_fp64/{name}/{k}": v for k, v in m.items()})
+            m = errors(here[name], fp64[name], dtype)
+            result.metrics.update({f"{name}/vs_fp64/{k}": v for k, v in m.items()})
             drift = errors(host64[name], fp64[name])
-            result.metrics.update({f"fp64_here_vs_bundle/{name}/{k}": v for k, v in drift.items() if k in ("max_abs", "mismatch_share")})
+            result.metrics.update({f"{name}/fp64_here_vs_bundle/{k}": v for k, v in drift.items() if k in ("max_abs", "mismatch_share")})
             if judge and "max_abs" in m and not m["max_abs"] <= limit:
                 result.fail(f"{name} max_abs vs the bundle's fp64 {m['max_abs']:.3g} > tolerance {limit:g} ({dtype})")
             report.fp64.append({"output": name, **m, "fp64_here_vs_bundle_max_abs": drift.get("max_abs", drift.get("mismatch_share"))})
@@ -146,6 +147,7 @@ class ReplayTask:
                  ref_key: str | None) -> None:
         stats = timed.stats()
         result.metrics.update({f"latency/{k}": float(stats[k]) for k in ("p50_us", "p90_us", "p99_us", "samples", "noisy")})
+        result.latency = {k: float(stats[k]) for k in ("p50_us", "p99_us", "obs_per_s", "noisy", "samples", "threads")}
         against = next((k for k in (match, ref_key) if k and b.points[k]["batch"] == ctx.batch_size), None)
         if against is None:
             report.lines.append(f"latency not compared: no recorded point at batch {ctx.batch_size} of this dtype or the reference")
