@@ -449,14 +449,15 @@ def group_options(group: str, dirs: list) -> list[str]:
 
 
 def free_maps() -> tuple[str, ...]:
-    """`mode.<key>` of every schema map with free keys (Dict[str, Any], e.g. mode.specialize)."""
-    return tuple(sorted({f"mode.{f.name}" for schema in MODES.values() for f in fields(schema)
+    """Every schema map with free keys (Dict[str, Any]): `mode.<key>` (e.g. mode.specialize) and `verify.specialize`."""
+    tables = [("mode", schema) for schema in MODES.values()] + [("verify", VerifyConf)]
+    return tuple(sorted({f"{prefix}.{f.name}" for prefix, schema in tables for f in fields(schema)
                          if get_type_hints(schema)[f.name] == Dict[str, Any]}))
 
 
 def normalize_argv(argv: list[str]) -> list[str]:
     """The command line as Hydra must see it: `+case=` as `case=` (a group now); an override of a free map
-    (`mode.specialize={npu_fp16: {...}}`, as the docs write it) merged with `++`, since Hydra refuses new keys there
+    (`verify.specialize={npu_fp16: {...}}`, as the docs write it) merged with `++`, since Hydra refuses new keys there
     without it; a server URI's `user:password@` moved into MLflow's variables, so no file or log ever holds it."""
     import re
 

@@ -314,7 +314,7 @@ def test_nonfinite_rewards_are_marked_and_left_out(tmp_path, results_folder):
     got = cli(["mode=checkpoints", f"model.results_dir={folder}", "tracking=none"], tmp_path / "job")
     assert got.code == 0, got.err[-2000:]
     assert "not finite (-Infinity, NaN)" in one_line(got, "reward(s) in training_status.json")
-    rows = {r["step"]: r for r in got.record["checkpoints"]}
+    rows = {r["step"]: r for r in got.record["details"]["checkpoints"]}
     assert {s: r.get("reward_nonfinite") for s, r in rows.items()} == {100: "NaN", 200: None, 300: "-Infinity"}
     assert rows[100]["reward"] is None and rows[300]["reward"] is None
     assert not re.search(r'"reward": "', (tmp_path / "job" / "result.json").read_text())  # a number or null, never a string
@@ -422,11 +422,13 @@ def test_mlflow_user_comes_from_the_config_and_nothing_from_the_environment(tmp_
 
 def test_the_readmes_specialize_form_works_on_the_command_line(tmp_path, huggy_pt, shaped_files):
     base = [f"model.checkpoint={huggy_pt}", "tracking=none", "obs.rows=8"]
-    for i, form in enumerate(["mode.specialize={npu_fp16: {max_abs: 0.02}, layers: {npu_fp16: {rel_rmse: 0.005}}}",
-                              "mode.specialize.cpu_fp32={max_abs: 1.0e-3}"]):
+    for i, (form, table) in enumerate([("verify.specialize={npu_fp16: {max_abs: 0.02}}", "verify"),
+                                       ("verify.specialize.cpu_fp32={max_abs: 1.0e-3}", "verify"),
+                                       ("mode.layer_specialize={npu_fp16: {rel_rmse: 0.005}}", "mode")]):
         got = cli([*base, "mode=precision", form], tmp_path / f"p{i}")
         assert got.code == 0, got.err[-2000:]
-        assert got.record["params"]["mode"]["specialize"]
+        params = got.record["params"]
+        assert (params["verify"]["specialize"] if table == "verify" else params["mode"]["layer_specialize"])
     got = cli([f"model.checkpoint={shaped_files['multi_input'][0]}", "tracking=none", "obs.rows=8", "mode=onnx-compare",
                "mode.specialize={npu_fp16: {atol: 2.0e-02}}"], tmp_path / "o")
     assert got.code == 0, got.err[-2000:]
