@@ -80,6 +80,27 @@ class JobInfo:
     launcher: str = "basic"
     shared_machine: bool = False  # a parallel launcher runs other jobs beside this one: timings are not clean
     tracker: object | None = field(default=None, compare=False)  # tracking_worker.Helper: logs in place of tracking.log_job
+    # set by a launcher that places points on other hosts (the Ray launcher, through POINT_ENV):
+    job_id: str | None = None  # chosen before submission, so that the head and the worker name one record
+    host: dict | None = None  # where the point ran: hostname, Ray node, card, device name, driver/CANN versions
+    preset: tuple[str, str] | None = None  # (status, reason) decided before the job could run (no node has its device)
+    pending: str | None = None  # do not log now, leave tracking pending with this reason (`mode=sync` logs it)
+
+
+POINT_ENV = "HUGGY_EXP_POINT"  # JSON of JobInfo's launcher fields (job_id, host, preset, pending) for the job in this process
+
+
+def point_info() -> dict:
+    """The launcher's fields of the job this process runs now (empty unless a launcher set POINT_ENV)."""
+    import json
+    import os
+
+    text = os.environ.get(POINT_ENV)
+    if not text:
+        return {}
+    point = json.loads(text)
+    return {"job_id": point.get("job_id"), "host": point.get("host"),
+            "preset": tuple(point["preset"]) if point.get("preset") else None, "pending": point.get("pending")}
 
 
 def run_name(mode: str, cfg: DictConfig, case: str | None = None) -> str:
@@ -126,15 +147,20 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
         say(progress(sweep, job, started))
     try:
         validate(cfg, mode)
-        missing = [p for p in cfg.get("needs") or () if not Path(p).expanduser().exists()]
-        if missing:
-            raise Unsupported(f"needs {missing[0]}, which is not on this host (shared fixtures: set HUGGY_EXP_SHARED)")
-        ctx = build_context(cfg, workdir)
-        if mode not in NO_INFERENCE:
-            check_job_memory(mode, OmegaConf.to_container(cfg, resolve=True), ctx.weights)
-        task = _instantiate(cfg.mode)
-        result = task.run(ctx)
-        result.check_finite()
+        if job.preset is not None and job.preset[0] == "skipped":
+            raise Unsupported(job.preset[1])
+        if job.preset is not None:
+            result = Result(status=job.preset[0], reason=job.preset[1])
+        else:
+            missing = [p for p in cfg.get("needs") or () if not Path(p).expanduser().exists()]
+            if missing:
+                raise Unsupported(f"needs {missing[0]}, which is not on this host (shared fixtures: set HUGGY_EXP_SHARED)")
+            ctx = build_context(cfg, workdir)
+            if mode not in NO_INFERENCE:
+                check_job_memory(mode, OmegaConf.to_container(cfg, resolve=True), ctx.weights)
+            task = _instantiate(cfg.mode)
+            result = task.run(ctx)
+            result.check_finite()
     except OSError as exc:
         if not is_disk_full(exc):
             say(traceback.format_exc().rstrip(), error=True)
@@ -165,7 +191,7 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
     record = {
         "mode": mode,
         "run_name": run_name(mode, cfg, job.case),
-        "job_id": uuid.uuid4().hex,
+        "job_id": job.job_id or uuid.uuid4().hex,
         "case": job.case,
         "overrides": [tracking.redact(o) for o in job.overrides],
         "device": str(cfg.device),
@@ -185,6 +211,8 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
         "expectation_met": None if cfg.get("expect") is None else result.status == cfg.get("expect"),
         "tracking": {"status": "pending", "reason": "not logged yet"} if settings.get("enabled", True) else {"status": "off"},
     }
+    if job.host:
+        record["host"] = job.host
     if job.shared_machine:
         result.tags["shared_machine"] = "true"
     if sweep is not None:
@@ -205,7 +233,10 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
     if interrupted:
         update_result(workdir, tracking={"status": "pending", "reason": "interrupted: `python run.py mode=sync` logs it"})
         raise KeyboardInterrupt
-    outcome = (job.tracker or tracking).log_job(settings, workdir)
+    if job.pending and settings.get("enabled", True):
+        outcome = {"status": "pending", "reason": job.pending}
+    else:
+        outcome = (job.tracker or tracking).log_job(settings, workdir)
     try:
         update_result(workdir, tracking=outcome)
     except OSError as exc:
