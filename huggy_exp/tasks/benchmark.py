@@ -15,9 +15,9 @@ from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.mlagents import ACTION_MASKS, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name
 from huggy_exp.numerics import REL_FLOOR
-from huggy_exp.placement import peak_memory_mb, reset_peak_memory, synchronize
+from huggy_exp.placement import check_backend, peak_memory_mb, reset_peak_memory, synchronize
 from huggy_exp.results import Result
-from huggy_exp.runners import ACTIONS, DISCRETE, build, check_backend
+from huggy_exp.runners import ACTIONS, DISCRETE, build
 from huggy_exp.tasks import SLOW_FP16, batch_of, is_sequence, runner_device, verify_point
 from huggy_exp.tasks import scenarios as extra
 from huggy_exp.tasks.compare import compare_outputs
