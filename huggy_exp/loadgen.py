@@ -306,7 +306,8 @@ def run_scenarios(scenarios: list[str], infer: Infer, feeds: Mapping[str, np.nda
                   buckets: list[int] | None = None) -> Outcome:
     """Each LoadGen scenario in performance mode (its logged responses checked), one AccuracyOnly run over every QSL
     sample, and the server's QPS search. `check(qsl_index, outputs)` compares responses with the reference and returns
-    (metrics named `vs_<reference>/...`, failures). `buckets`: the row counts a fixed-shape runner was built for."""
+    (metrics named `<output>/vs_<reference>/<metric>`, failures). `buckets`: the row counts a fixed-shape runner was
+    built for."""
     lg = require()
     layout = Layout(infer({k: v[:1] for k, v in feeds.items()}), CHECKED)
     system = System(lg, infer, feeds, layout, batch_size, buckets)
@@ -333,7 +334,7 @@ def run_scenarios(scenarios: list[str], infer: Infer, feeds: Mapping[str, np.nda
         out.lines.append(_line(scenario, m, settings))
     if scenarios:
         m = one("offline", "accuracy", accuracy=True)
-        out.metrics.update({f"loadgen/accuracy/{k}": v for k, v in m.items() if k == "checked" or k.startswith("vs_")})
+        out.metrics.update({f"loadgen/accuracy/{k}": v for k, v in m.items() if k == "checked" or "/vs_" in k})
         out.lines.append(f"loadgen accuracy: {int(m['checked'])} responses (every QSL sample) checked against the reference"
                          f", {len(out.failures)} failure(s)")
     if "server" in scenarios:

@@ -32,7 +32,7 @@ class BatchTask:
         rows = int(np.prod(feeds["obs_0"].shape[:-1]))
         tol = self.tolerance.get(ctx.dtype, 0.0)
         metrics = {"rows": float(rows), **_invariance(row_max), **self.throughput(ctx, batched, single, feeds, rows),
-                   **{f"device.{k}": v for k, v in memory_stats(target.device).items()}}
+                   **{f"device/{k}": v for k, v in memory_stats(target.device).items()}}
         flips = 0
         if DISCRETE in out_batched:
             flips = int(np.sum(out_batched[DISCRETE] != out_single[DISCRETE]))

@@ -17,7 +17,7 @@ from huggy_exp.mlagents import ACTION_MASKS, RECURRENT_IN, RECURRENT_OUT, Policy
 from huggy_exp.numerics import REL_FLOOR
 from huggy_exp.placement import check_backend, peak_memory_mb, reset_peak_memory, synchronize
 from huggy_exp.results import Result
-from huggy_exp.runners import ACTIONS, DISCRETE, build
+from huggy_exp.runners import ACTIONS, build
 from huggy_exp.tasks import SLOW_FP16, batch_of, is_sequence, runner_device, verify_point
 from huggy_exp.tasks import scenarios as extra
 from huggy_exp.tasks.compare import compare_outputs
@@ -25,7 +25,7 @@ from huggy_exp.tasks.compare import compare_outputs
 DEFAULT_SCENARIOS = ("single_stream", "offline")
 POINT_STATS = ("p50_us", "p90_us", "p95_us", "p99_us", "mean_us", "min_us", "max_us", "iqr_us", "obs_per_s", "noisy", "samples")
 SERIES_STATS = ("p50_us", "p99_us", "obs_per_s")
-STEMS = {ACTIONS: "actions", DISCRETE: "discrete", RECURRENT_OUT: "recurrent_out"}
+VERSUS = "eager"  # the gate's metrics: <output>/vs_eager/<metric>, as the engine names them
 
 
 class BenchmarkTask:
@@ -226,7 +226,7 @@ class BenchmarkTask:
         if lg:
             qsl = self.feeds(ctx, [self.qsl_samples])[0][self.qsl_samples]
             tol = max(self.tolerance.get(ctx.dtype, 0.0), self.tolerance.get("fp32" if ctx.backend == "onnxruntime" else ctx.dtype, 0.0))
-            extra.run_loadgen(ctx, runner, runners["eager"], qsl, lg, self.loadgen, STEMS, tol, point,
+            extra.run_loadgen(ctx, runner, runners["eager"], qsl, lg, self.loadgen, tol, point,
                               self.search_steps, self.search_ms, result, points)
         if extra.CONTROL_LOOP in wanted:
             extra.run_control_loop(ctx, runner, self.loop, result)
@@ -281,12 +281,12 @@ class Gate:
         self.counts = {"mismatches": 0.0, "excused": 0.0, "unexcused": 0.0}
 
     def add(self, rows: int, got: dict, expected: dict, masked_logits: np.ndarray | None) -> None:
-        metrics, failures, _ = compare_outputs(got, expected, STEMS, self.tol, REL_FLOOR, masked_logits, self.branch_sizes)
-        for name in (ACTIONS, RECURRENT_OUT):
-            self.worst[name] = max(self.worst[name], metrics.get(f"{STEMS[name]}.max_abs", 0.0))
-        self.worst["tolerance"] = max(self.worst["tolerance"], metrics.get("recurrent_out.tolerance", 0.0))
+        metrics, failures, _ = compare_outputs(got, expected, VERSUS, self.tol, REL_FLOOR, masked_logits, self.branch_sizes)
+        for name, stem in ((ACTIONS, "actions"), (RECURRENT_OUT, "memories")):
+            self.worst[name] = max(self.worst[name], metrics.get(f"{stem}/vs_{VERSUS}/max_abs", 0.0))
+        self.worst["tolerance"] = max(self.worst["tolerance"], metrics.get(f"memories/vs_{VERSUS}/tolerance", 0.0))
         for k in self.counts:
-            self.counts[k] += metrics.get(f"discrete.{k}", 0.0)
+            self.counts[k] += metrics.get(f"discrete_actions/vs_{VERSUS}/{k}", 0.0)
         for failure in failures:  # the first failure of each output, with the batch point it came from
             self.failures.setdefault(failure.split(" ")[0].rstrip(":"), f"b{rows}: {failure}")
 

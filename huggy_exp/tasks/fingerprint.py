@@ -104,7 +104,7 @@ class FingerprintTask:
 def _each_output(result: Result, fp: dict, mine: dict, ref: dict, qmine: dict, exact: dict, quant: dict) -> None:
     """Each output's divergence metrics and fingerprints on its own, beside those of all outputs together."""
     for n in mine:
-        result.metrics.update({f"{n}.{k}": v for k, v in _divergence_metrics(mine, ref, [n], exact, quant, exact[n]).items()})
+        result.metrics.update({f"{n}/{k}": v for k, v in _divergence_metrics(mine, ref, [n], exact, quant, exact[n]).items()})
         fp[f"{n}.fingerprint_sha256"] = digest([mine[n]])
         fp[f"{n}.fingerprint_quantized"] = digest([qmine[n]])
 

@@ -16,7 +16,7 @@ from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, buil
 from huggy_exp.tasks import is_sequence, latency, verify_point
 from huggy_exp.tasks.compare import check_constants, compare_outputs, expected_constants, feeds_with_masks
 
-STEMS = {ACTIONS: "deterministic", DISCRETE: "deterministic_discrete", RECURRENT_OUT: "recurrent_out"}
+VERSUS = "onnxruntime"  # metrics <output>/vs_onnxruntime/<metric>, as the engine names them
 
 
 class OnnxCompareTask:
@@ -46,7 +46,7 @@ class OnnxCompareTask:
         result = Result()
         # --- compare: deterministic outputs element-wise (discrete exactly), constants exactly, draws statistically
         atol = limits_for({k: {"atol": v} for k, v in self.atol.items()}, ctx.dtype, ctx.device, self.specialize)["atol"]
-        metrics, failures, rows = compare_outputs(mine, theirs, STEMS, atol, self.rel_floor, dist.get("masked_logits"), w.branch_sizes)
+        metrics, failures, rows = compare_outputs(mine, theirs, VERSUS, atol, self.rel_floor, dist.get("masked_logits"), w.branch_sizes)
         c_metrics, c_failures, constants = check_constants(theirs, expected_constants(w), sequence)
         result.metrics.update({**metrics, **c_metrics})
         for reason in failures + c_failures:
@@ -95,7 +95,7 @@ class OnnxCompareTask:
     def _discrete(self, picks: np.ndarray, masked_logits: np.ndarray, sizes: tuple[int, ...], masks, result: Result) -> str:
         """Draws [samples, rows, branches] against the masked softmax: never a masked action, frequencies by chi-square."""
         stats = categorical_check(picks, masked_logits, sizes, masks, self.confidence)
-        result.metrics.update({f"sampled_discrete.{k}": v for k, v in stats.items()})
+        result.metrics.update({f"sampled_discrete/{k}": v for k, v in stats.items()})
         if stats["masked_draws"] or stats["out_of_range"]:
             result.fail(f"discrete_actions: {int(stats['masked_draws'])} draws of a masked action, "
                         f"{int(stats['out_of_range'])} outside their branch")
@@ -113,7 +113,7 @@ class OnnxCompareTask:
             stats = sampling_check(np.arctanh(np.clip(draws, -1 + 1e-7, 1 - 1e-7)), mu, sigma, None, None, self.confidence)
         else:
             stats = sampling_check(draws * ACTION_CLAMP, mu, sigma, -ACTION_CLAMP, ACTION_CLAMP, self.confidence)
-        result.metrics.update({f"sampled.{k}": v for k, v in stats.items()})
+        result.metrics.update({f"sampled/{k}": v for k, v in stats.items()})
         if not stats["mean_z_max"] <= stats["mean_z_crit"]:  # written so that NaN never passes
             result.fail(f"sampled means off: max |z| {stats['mean_z_max']:.2f} > {stats['mean_z_crit']:.2f} ({self.confidence:.1%} confidence)")
         if stats["spread_cells"] > 0 and not abs(stats["spread_ratio"] - 1) <= stats["spread_tolerance"]:
@@ -125,12 +125,12 @@ def _deterministic_lines(m: dict, mine: dict, atol: float, constants: dict) -> l
     """The deterministic outputs' figures against onnxruntime, in words, and whether the constants are equal."""
     parts = []
     if ACTIONS in mine:
-        parts.append(f"deterministic max_abs {m.get('deterministic.max_abs', float('nan')):.2e} (atol {atol:g})")
+        parts.append(f"deterministic max_abs {m.get(f'actions/vs_{VERSUS}/max_abs', float('nan')):.2e} (atol {atol:g})")
     if DISCRETE in mine:
-        parts.append(f"discrete agreement {m.get('deterministic_discrete.agreement', float('nan')):.2%} "
-                     f"({int(m.get('deterministic_discrete.excused', 0))} excused near-ties)")
+        parts.append(f"discrete agreement {m.get(f'discrete_actions/vs_{VERSUS}/agreement', float('nan')):.2%} "
+                     f"({int(m.get(f'discrete_actions/vs_{VERSUS}/excused', 0))} excused near-ties)")
     if RECURRENT_OUT in mine:
-        parts.append(f"recurrent_out max_abs {m.get('recurrent_out.max_abs', float('nan')):.2e}")
+        parts.append(f"recurrent_out max_abs {m.get(f'memories/vs_{VERSUS}/max_abs', float('nan')):.2e}")
     parts.append(f"constants {'equal' if all(c['equal'] for c in constants.values()) else 'DIFFER'}")
     return parts
 
