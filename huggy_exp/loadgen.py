@@ -62,15 +62,16 @@ def check_available(scenarios: list[str]) -> None:
 
 @dataclass(frozen=True)
 class Settings:
-    """How long LoadGen runs and what it aims at (TestSettings), in the mode's units."""
+    """How long LoadGen runs and what it aims at (TestSettings), in the mode's units: mode=benchmark's keys of the same
+    names (their values: conf/mode/benchmark.yaml, their ranges: config.BenchmarkMode)."""
 
-    min_duration_ms: int = 1000
-    max_duration_ms: int = 10_000
-    min_query_count: int = 64
-    samples_per_query: int = 8
-    target_qps: float = 1000.0
-    latency_bound_ms: float = 10.0
-    check_samples: int = 64
+    min_duration_ms: int
+    max_duration_ms: int
+    min_query_count: int
+    samples_per_query: int
+    target_qps: float
+    latency_bound_ms: float
+    check_samples: int
 
     def test_settings(self, lg, scenario: str, accuracy: bool, expected_latency_s: float, expected_qps: float):
         s = lg.TestSettings()

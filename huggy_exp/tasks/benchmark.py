@@ -22,7 +22,6 @@ from huggy_exp.tasks import SLOW_FP16, batch_of, is_sequence, runner_device, ver
 from huggy_exp.tasks import scenarios as extra
 from huggy_exp.tasks.compare import compare_outputs
 
-DEFAULT_SCENARIOS = ("single_stream", "offline")
 POINT_STATS = ("p50_us", "p90_us", "p95_us", "p99_us", "mean_us", "min_us", "max_us", "iqr_us", "obs_per_s", "noisy", "samples")
 SERIES_STATS = ("p50_us", "p99_us", "obs_per_s")
 VERSUS = "eager"  # the gate's metrics: <output>/vs_eager/<metric>, as the engine names them
@@ -31,30 +30,33 @@ VERSUS = "eager"  # the gate's metrics: <output>/vs_eager/<metric>, as the engin
 class BenchmarkTask:
     name = "benchmark"
 
-    def __init__(self, backends: list[str] | None = None, batch_sizes: list[int] | None = None,
-                 scenarios: list[str] | None = None, rounds: int = 3, budget_s: float = 1.0, warmup_s: float = 0.5,
-                 settle_s: float = 0.05, chunk_rows: int = 1024, tolerance: dict[str, float] | None = None,
-                 fp16_cpu_max_rows: int = 512, fp16_cpu_samples: int = 3, qsl_samples: int = 1024,
-                 min_duration_ms: int | None = None, max_duration_ms: int = 10_000, min_query_count: int = 64,
-                 samples_per_query: int = 8, check_samples: int = 64, target_qps: float = 1000.0,
-                 latency_bound_ms: float = 10.0, search_steps: int = 6, search_ms: int = 500, rate_hz: float = 500.0,
-                 duration_s: float = 2.0, max_miss_rate: float = 0.01, confidence: float = 0.99, loop_search_s: float = 1.0):
-        self.backends = [check_backend(str(b)) for b in (backends or ["eager"])]
-        self.scenarios = list(scenarios or DEFAULT_SCENARIOS)
+    def __init__(self, *, backends: list[str], batch_sizes: list[int] | None, scenarios: list[str], rounds: int,
+                 budget_s: float, warmup_s: float, settle_s: float, chunk_rows: int, tolerance: dict[str, float],
+                 fp16_cpu_max_rows: int, fp16_cpu_samples: int, qsl_samples: int, min_duration_ms: int | None,
+                 max_duration_ms: int, min_query_count: int, samples_per_query: int, check_samples: int,
+                 target_qps: float, latency_bound_ms: float, search_steps: int, search_ms: int, rate_hz: float,
+                 duration_s: float, max_miss_rate: float, confidence: float, loop_search_s: float):
+        """mode=benchmark's keys, each required: their values are conf/mode/benchmark.yaml's (the one set of defaults),
+        their types and ranges config.BenchmarkMode's."""
+        self.backends = [check_backend(str(b)) for b in backends] or ["eager"]  # eager, the gate, is always built
+        self.scenarios = list(scenarios)
         for s in self.scenarios:
             if s not in SCENARIOS:
                 raise UserError(f"unknown mode.scenarios entry {s!r}; valid: {', '.join(SCENARIOS)}")
         self.batch_sizes = [_positive(b, "mode.batch_sizes") for b in (batch_sizes or [])]
         self.rounds, self.chunk_rows = _positive(rounds, "mode.rounds"), _positive(chunk_rows, "mode.chunk_rows")
         self.budget_s, self.warmup_s, self.settle_s = float(budget_s), float(warmup_s), float(settle_s)
-        self.tolerance = dict(tolerance or {"fp64": 1e-9, "fp32": 1e-5, "fp16": 1e-2, "bf16": 5e-2})
+        self.tolerance = dict(tolerance)
         self.fp16_cpu_max_rows, self.fp16_cpu_samples = int(fp16_cpu_max_rows), int(fp16_cpu_samples)
         self.qsl_samples, self.search_steps, self.search_ms = int(qsl_samples), int(search_steps), int(search_ms)
-        self.loadgen = loadgen.Settings(int(min_duration_ms if min_duration_ms is not None else self.budget_s * 1e3),
-                                        int(max_duration_ms), int(min_query_count), int(samples_per_query),
-                                        float(target_qps), float(latency_bound_ms), int(check_samples))
-        self.loop = control_loop.Loop(float(rate_hz), float(duration_s), float(max_miss_rate), float(confidence),
-                                      int(search_steps), float(loop_search_s))
+        self.loadgen = loadgen.Settings(
+            min_duration_ms=int(min_duration_ms if min_duration_ms is not None else self.budget_s * 1e3),
+            max_duration_ms=int(max_duration_ms), min_query_count=int(min_query_count),
+            samples_per_query=int(samples_per_query), target_qps=float(target_qps),
+            latency_bound_ms=float(latency_bound_ms), check_samples=int(check_samples))
+        self.loop = control_loop.Loop(rate_hz=float(rate_hz), duration_s=float(duration_s),
+                                      max_miss_rate=float(max_miss_rate), confidence=float(confidence),
+                                      search_steps=int(search_steps), search_s=float(loop_search_s))
 
     def points(self, ctx: Context) -> list[int]:
         """Batch sizes timed per point (timing.py): the ladder (default: batch_size), and 1 for single_stream (and for
