@@ -347,6 +347,14 @@ def paired(a: list[str], b: list[str], runs: int, env: dict | None = None) -> di
             "cpu_diff_s": statistics.median(x - y for x, y in zip(ca, cb))}
 
 
+def benchmark_knobs(**changes) -> dict:
+    """mode=benchmark's keys as conf/mode/benchmark.yaml holds them (the one set of defaults), with `changes`."""
+    from omegaconf import OmegaConf
+
+    knobs = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "mode" / "benchmark.yaml"), resolve=True)
+    return {**{k: v for k, v in knobs.items() if k not in ("_target_", "defaults")}, **changes}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=str(HUGGY) if HUGGY.is_file() else None, help="ML-Agents .pt (.onnx beside it)")
@@ -368,10 +376,11 @@ def main() -> None:
     print(f"# {header}", flush=True)
 
     # --- the backends as run.py mode=benchmark measures them
-    knobs = dict(rounds=3, budget_s=a.budget, warmup_s=0.5, settle_s=0.05, scenarios=["single_stream", "offline"])
-    fp32 = BenchmarkTask([*TORCH_BACKENDS, "onnxruntime"], [a.rows], **knobs).run(ctx)
+    knobs = benchmark_knobs(rounds=3, budget_s=a.budget, warmup_s=0.5, settle_s=0.05, batch_sizes=[a.rows],
+                            scenarios=["single_stream", "offline"])
+    fp32 = BenchmarkTask(**{**knobs, "backends": [*TORCH_BACKENDS, "onnxruntime"]}).run(ctx)
     bf16_ctx = Context(model_spec=ctx.model_spec, dtype="bf16", workdir=ctx.workdir, threads=1)
-    bf16 = BenchmarkTask(["eager", "compile"], [a.rows], **{**knobs, "scenarios": ["offline"]}).run(bf16_ctx)
+    bf16 = BenchmarkTask(**{**knobs, "backends": ["eager", "compile"], "scenarios": ["offline"]}).run(bf16_ctx)
     m32, m16 = fp32.metrics, bf16.metrics
     for r in (fp32, bf16):
         print("\n".join("  " + line for line in r.summary), flush=True)

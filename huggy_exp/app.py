@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import logging
-import platform
 import sys
 import time
 import traceback
 import uuid
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from huggy_exp import tracking
+from huggy_exp import environment, tracking
 from huggy_exp.config import held_result, validate
 from huggy_exp.context import Context, ModelSpec, ObsSpec, VerifySpec
 from huggy_exp.errors import Unsupported, UserError
@@ -35,21 +33,6 @@ def say(line: str, error: bool = False) -> None:
     log = logging.getLogger(JOB_LOG)
     if log.handlers:  # configured by Hydra's job logging; in-process callers without it get the print alone
         log.log(logging.ERROR if error else logging.INFO, line)
-
-
-def _version(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def environment() -> dict[str, str]:
-    """Versions without importing the heavy packages (importlib.metadata only)."""
-    env = {"python": platform.python_version(), "platform": platform.platform(), "host": platform.node()}
-    for dist in ("torch", "torch_npu", "onnxruntime", "onnx", "numpy", "hydra-core", "mlflow"):
-        env[dist.replace("-", "_")] = _version(dist)
-    return env
 
 
 def build_context(cfg: DictConfig, workdir: Path) -> Context:
@@ -112,8 +95,6 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
     """
     job = job or JobInfo()
     started = time.time()
-    ctx = None
-    interrupted = False
     logging.raiseExceptions = False  # a full disk under run.log must not print a traceback per line logged
     workdir.mkdir(parents=True, exist_ok=True)
     held = held_result(workdir)
@@ -124,67 +105,10 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
     sweep = (tracking.read_sweep(job.sweep_dir) or {}) if job.sweep_dir is not None else None
     if sweep is not None:
         say(progress(sweep, job, started))
-    try:
-        validate(cfg, mode)
-        missing = [p for p in cfg.get("needs") or () if not Path(p).expanduser().exists()]
-        if missing:
-            raise Unsupported(f"needs {missing[0]}, which is not on this host (shared fixtures: set HUGGY_EXP_SHARED)")
-        ctx = build_context(cfg, workdir)
-        if mode not in NO_INFERENCE:
-            check_job_memory(mode, OmegaConf.to_container(cfg, resolve=True), ctx.weights)
-        task = _instantiate(cfg.mode)
-        result = task.run(ctx)
-        result.check_finite()
-    except OSError as exc:
-        if not is_disk_full(exc):
-            say(traceback.format_exc().rstrip(), error=True)
-        result = Result(status="error", reason=disk_full_message(exc) if is_disk_full(exc)
-                        else f"internal error: {type(exc).__name__}: {exc}")
-    except Unsupported as exc:
-        result = Result(status="skipped", reason=str(exc))
-    except UserError as exc:
-        result = Result(status="error", reason=str(exc))
-    except KeyboardInterrupt:
-        interrupted = True
-        result = Result(status="error", reason="interrupted (Ctrl-C) before the job finished")
-    except Exception as exc:  # a bug, not a user error: keep the traceback, record the job, let a sweep go on
-        say(traceback.format_exc().rstrip(), error=True)
-        result = Result(status="error", reason=f"internal error: {type(exc).__name__}: {exc}")
-    if result.summary and not result.headline:
-        result.headline = result.summary[0]
-    timed = mode in TIMED_MODES or bool(result.latency)
-    if job.shared_machine and timed and result.headline:
-        result.headline += " [timed while other jobs shared the machine]"
-    head = headline_metrics(mode, result.metrics, result.status, int(cfg.batch_size))
-    result.metrics = {**head, **result.metrics}  # first, so MLflow lists them first
-    loaded = ctx.loaded_model if ctx is not None else None
-    model = loaded.describe() if loaded is not None else _model_stub(cfg)
+    result, ctx, interrupted = _run_task(cfg, workdir, mode)
+    head = _lead_with_headline(result, mode, job, int(cfg.batch_size))
     settings = OmegaConf.to_container(cfg.tracking, resolve=True)
-    params = OmegaConf.to_container(cfg, resolve=True)
-    params["tracking"] = tracking.public_settings(params.get("tracking") or {})
-    record = {
-        "mode": mode,
-        "run_name": run_name(mode, cfg, job.case),
-        "job_id": uuid.uuid4().hex,
-        "case": job.case,
-        "overrides": [tracking.redact(o) for o in job.overrides],
-        "device": str(cfg.device),
-        "dtype": str(cfg.dtype),
-        "batch_size": cfg.batch_size,
-        "seed": cfg.seed,
-        "model": model,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-        "duration_s": round(time.time() - started, 3),
-        "environment": environment(),
-        "params": params,
-        "interrupted": interrupted,
-        "headline_metrics": head,
-        "launcher": job.launcher,
-        "shared_machine": job.shared_machine,
-        "expect": cfg.get("expect"),
-        "expectation_met": None if cfg.get("expect") is None else result.status == cfg.get("expect"),
-        "tracking": {"status": "pending", "reason": "not logged yet"} if settings.get("enabled", True) else {"status": "off"},
-    }
+    record = _job_record(cfg, mode, job, result, ctx, started, interrupted, head, settings)
     if job.shared_machine:
         result.tags["shared_machine"] = "true"
     if sweep is not None:
@@ -205,6 +129,89 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
     if interrupted:
         update_result(workdir, tracking={"status": "pending", "reason": "interrupted: `python run.py mode=sync` logs it"})
         raise KeyboardInterrupt
+    _track(result, settings, workdir, path, job)
+    return result
+
+
+def _run_task(cfg: DictConfig, workdir: Path, mode: str) -> tuple[Result, Context | None, bool]:
+    """Validate, build the context, run the task and check its outputs are finite: (result, context, interrupted).
+
+    Every failure becomes a result: a bad value `error`, a missing device or file `skipped`, a bug `error` with its
+    traceback printed, a full disk one line; Ctrl-C is recorded as interrupted for the caller to re-raise."""
+    ctx = None
+    try:
+        validate(cfg, mode)
+        missing = [p for p in cfg.get("needs") or () if not Path(p).expanduser().exists()]
+        if missing:
+            raise Unsupported(f"needs {missing[0]}, which is not on this host (shared fixtures: set HUGGY_EXP_SHARED)")
+        ctx = build_context(cfg, workdir)
+        if mode not in NO_INFERENCE:
+            check_job_memory(mode, OmegaConf.to_container(cfg, resolve=True), ctx.weights)
+        result = _instantiate(cfg.mode).run(ctx)
+        result.check_finite()
+    except OSError as exc:
+        if not is_disk_full(exc):
+            say(traceback.format_exc().rstrip(), error=True)
+        result = Result(status="error", reason=disk_full_message(exc) if is_disk_full(exc)
+                        else f"internal error: {type(exc).__name__}: {exc}")
+    except Unsupported as exc:
+        result = Result(status="skipped", reason=str(exc))
+    except UserError as exc:
+        result = Result(status="error", reason=str(exc))
+    except KeyboardInterrupt:
+        return Result(status="error", reason="interrupted (Ctrl-C) before the job finished"), ctx, True
+    except Exception as exc:  # a bug, not a user error: keep the traceback, record the job, let a sweep go on
+        say(traceback.format_exc().rstrip(), error=True)
+        result = Result(status="error", reason=f"internal error: {type(exc).__name__}: {exc}")
+    return result, ctx, False
+
+
+def _lead_with_headline(result: Result, mode: str, job: JobInfo, batch_size: int) -> dict[str, float]:
+    """The headline line (a timed one says when other jobs shared the machine) and the headline metrics, put first in
+    `result.metrics` so that MLflow lists them first; returns the headline metrics."""
+    if result.summary and not result.headline:
+        result.headline = result.summary[0]
+    timed = mode in TIMED_MODES or bool(result.latency)
+    if job.shared_machine and timed and result.headline:
+        result.headline += " [timed while other jobs shared the machine]"
+    head = headline_metrics(mode, result.metrics, result.status, batch_size)
+    result.metrics = {**head, **result.metrics}
+    return head
+
+
+def _job_record(cfg: DictConfig, mode: str, job: JobInfo, result: Result, ctx: Context | None, started: float,
+                interrupted: bool, head: dict[str, float], settings: dict) -> dict:
+    """Everything result.json holds about the job besides its Result: what ran, on what, when, and tracking's state."""
+    loaded = ctx.loaded_model if ctx is not None else None
+    params = OmegaConf.to_container(cfg, resolve=True)
+    params["tracking"] = tracking.public_settings(params.get("tracking") or {})
+    return {
+        "mode": mode,
+        "run_name": run_name(mode, cfg, job.case),
+        "job_id": uuid.uuid4().hex,
+        "case": job.case,
+        "overrides": [tracking.redact(o) for o in job.overrides],
+        "device": str(cfg.device),
+        "dtype": str(cfg.dtype),
+        "batch_size": cfg.batch_size,
+        "seed": cfg.seed,
+        "model": loaded.describe() if loaded is not None else _model_stub(cfg),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "duration_s": round(time.time() - started, 3),
+        "environment": environment.summary(),
+        "params": params,
+        "interrupted": interrupted,
+        "headline_metrics": head,
+        "launcher": job.launcher,
+        "shared_machine": job.shared_machine,
+        "expect": cfg.get("expect"),
+        "expectation_met": None if cfg.get("expect") is None else result.status == cfg.get("expect"),
+        "tracking": {"status": "pending", "reason": "not logged yet"} if settings.get("enabled", True) else {"status": "off"},
+    }
+
+
+def _track(result: Result, settings: dict, workdir: Path, path: Path, job: JobInfo) -> None:
+    """Log the written result to MLflow (or leave it pending), record the outcome in result.json and say where it is."""
     outcome = (job.tracker or tracking).log_job(settings, workdir)
     try:
         update_result(workdir, tracking=outcome)
@@ -219,7 +226,6 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
         say(f"warning: not in MLflow yet ({outcome['reason']}); result kept in {path}; "
             "`python run.py mode=sync` logs it later", error=True)
     result.tracking = outcome["status"]
-    return result
 
 
 def exit_code(result: Result, expect: str | None = None) -> int:

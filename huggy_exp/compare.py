@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from huggy_exp import plots
-from huggy_exp.headline import ERROR, first_of
+from huggy_exp.headline import ERROR
 
 NARROW_FIRST = ("bf16", "fp16", "fp32", "fp64")
 VERDICT_KNOBS = ("thresholds", "layer_thresholds", "specialize", "relative", "rel_floor", "tolerance", "atol",
@@ -215,9 +215,9 @@ def draw(sweep_dir: Path, rows: list[dict], result: dict) -> list[Path]:
     files = []
     errors: dict[str, tuple[list, list]] = {}
     limits: dict[str, float] = {}
-    versus = "vs cpu fp64" if any(first_of(r["metrics"], ERROR) is not None for r in rows) else "vs cpu fp32"
+    versus = "vs cpu fp64" if any(r["metrics"].get(ERROR) is not None for r in rows) else "vs cpu fp32"
     for r in rows:
-        value = first_of(r["metrics"], ERROR) if versus == "vs cpu fp64" else r.get("vs_cpu_fp32_max_abs")
+        value = r["metrics"].get(ERROR) if versus == "vs cpu fp64" else r.get("vs_cpu_fp32_max_abs")
         if isinstance(value, (int, float)):
             xs, ys = errors.setdefault(r["device"], ([], []))
             xs.append(r["dtype"])

@@ -13,8 +13,7 @@ from huggy_exp.errors import UserError
 from huggy_exp.numerics import limits_for
 from huggy_exp.observations import make_feeds, make_observations
 from huggy_exp.verify import Limits, Rules
-from huggy_exp.placement import Target, check_device, check_dtype, resolve
-from huggy_exp.runners import check_backend
+from huggy_exp.placement import Target, check_backend, check_device, check_dtype, resolve
 
 
 

@@ -32,12 +32,15 @@ SPIN_S = 2e-4  # sleep until this close to a tick, then spin: time.sleep alone w
 
 @dataclass(frozen=True)
 class Loop:
-    rate_hz: float = 500.0
-    duration_s: float = 2.0
-    max_miss_rate: float = 0.01
-    confidence: float = 0.99
-    search_steps: int = 6
-    search_s: float = 1.0  # seconds per search probe (at least MIN_PROBE_TICKS ticks)
+    """The control loop's settings: mode=benchmark's rate_hz, duration_s, max_miss_rate, confidence, search_steps and
+    loop_search_s (their values and units: conf/mode/benchmark.yaml, their ranges: config.BenchmarkMode)."""
+
+    rate_hz: float
+    duration_s: float
+    max_miss_rate: float
+    confidence: float
+    search_steps: int
+    search_s: float  # seconds per search probe (at least MIN_PROBE_TICKS ticks)
 
 
 MIN_PROBE_TICKS = 50

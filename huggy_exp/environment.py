@@ -15,6 +15,7 @@ from importlib import metadata
 from pathlib import Path
 
 DISTRIBUTIONS = ("torch", "torch_npu", "onnxruntime", "onnx", "numpy", "scipy")
+JOB_DISTRIBUTIONS = ("torch", "torch_npu", "onnxruntime", "onnx", "numpy", "hydra-core", "mlflow")  # every result.json
 NUMERIC_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "ATEN_CPU_CAPABILITY", "CUBLAS_WORKSPACE_CONFIG", "NVIDIA_TF32_OVERRIDE",
                "TORCH_DEVICE_BACKEND_AUTOLOAD", "ASCEND_RT_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 # ISA features that change which kernels run (x86 and Arm); the full flag list is kept too
@@ -62,11 +63,19 @@ def os_info() -> dict:
     return {"system": platform.system(), "release": platform.release(), "platform": platform.platform(), "libc": libc or NOT_PRESENT}
 
 
-def _version(dist: str) -> str:
+def _version(dist: str, missing: str = NOT_PRESENT) -> str:
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
-        return NOT_PRESENT
+        return missing
+
+
+def summary() -> dict[str, str]:
+    """A job's versions for result.json and `info`, without importing the heavy packages (importlib.metadata only)."""
+    env = {"python": platform.python_version(), "platform": platform.platform(), "host": platform.node()}
+    for dist in JOB_DISTRIBUTIONS:
+        env[dist.replace("-", "_")] = _version(dist, "not installed")
+    return env
 
 
 def versions() -> dict:

@@ -14,13 +14,13 @@ HEADLINES: dict[str, dict[str, str]] = {
     "batch": {"invariance_max": "batch_invariance_max_abs", "rows_identical": "rows_bit_identical",
               "rows_per_s": "batched_rows_per_s"},
     "precision": {"rel_ratio": "relative/ratio"},
-    "onnx-compare": {"err_max_abs": "deterministic.max_abs", "cos_min": "deterministic.cosine_min_row",
-                     "sampled_z": "sampled.mean_z_max"},
-    "export-onnx": {"err_max_abs": "vs_torch.max_abs", "src_identical": "vs_source.bit_identical"},
-    "fingerprint": {"fp_match": "matches_cpu_fp32", "fp_qmatch": "quantized_matches_cpu_fp32",
-                    "err_max_abs": "max_abs_vs_cpu_fp32"},
+    "onnx-compare": {"max_abs_vs_ort": "actions/vs_onnxruntime/max_abs | memories/vs_onnxruntime/max_abs",
+                     "sampled_z": "sampled/mean_z_max"},
+    "export-onnx": {"max_abs_vs_torch": "actions/vs_torch/max_abs | memories/vs_torch/max_abs",
+                    "src_identical": "graph/vs_source/bit_identical"},
+    "fingerprint": {"fp_match": "matches_cpu_fp32", "fp_qmatch": "quantized_matches_cpu_fp32"},
     "stats": {"drift_max": "drift_max", "saturation": "saturation_rate", "smoothness": "smoothness"},
-    "record": {"err_max_abs": "actions/vs_fp64/max_abs", "points": "bundle/points"},
+    "record": {"points": "bundle/points"},
     "replay": {"bitwise": "agreement/bitwise_share", "ulp_max": "agreement/ulp_max", "dual_ratio": "dual/worst_ratio",
                "lat_ratio": "latency_change/median_ratio", "lat_p": "latency_change/p_value"},
     "diff": {"changed": "diff/changed", "only_base": "diff/only_baseline", "only_cand": "diff/only_candidate"},
@@ -33,7 +33,8 @@ HEADLINES: dict[str, dict[str, str]] = {
                   "obs_per_s": "eager/b{top}/obs_per_s", "server_qps": "loadgen/server/max_qps",
                   "miss_rate": "control_loop/miss_rate", "loop_hz_max": "control_loop/max_rate_hz"},
 }
-# every inference point (docs/verification.md): its errors vs CPU fp64 and fp32, and its latency; `a | b`: the first found
+# every inference point (docs/verification.md): its errors vs CPU fp64 and fp32, and its latency; `a | b`: the first found.
+# These are the one headline error and cosine of every mode: no mode has a second name for them.
 ANY_MODE = {
     "max_abs_vs_fp64": "actions/vs_fp64/max_abs | sampled_actions/vs_fp64/max_abs | memories/vs_fp64/max_abs",
     "cosine_vs_fp64": "actions/vs_fp64/cosine_min_row | sampled_actions/vs_fp64/cosine_min_row | memories/vs_fp64/cosine_min_row",
@@ -43,16 +44,16 @@ ANY_MODE = {
     "p99_us": "latency/p99_us",
     "obs_per_s": "latency/obs_per_s",
 }
-# the first screen's figures, each the first present: vs CPU fp64 where the engine verified the point, else the mode's own
-ERROR = ("max_abs_vs_fp64", "err_max_abs")
-COSINE = ("cosine_vs_fp64", "cos_min")
+# the first screen's figures: the engine's error and cosine against CPU fp64
+ERROR = "max_abs_vs_fp64"
+COSINE = "cosine_vs_fp64"
 LIMIT_STEMS = ("actions", "sampled_actions", "memories")  # whose `<stem>/vs_fp64/<x>_limit` the verdict used
 PER_DTYPE = ("thresholds", "layer_thresholds", "tolerance", "atol")  # mode tables keyed by dtype
 NOISE = ("mode._target_", "tracking.http_retries", "tracking.http_timeout_s", "tracking.enabled")
 
 
 SIGNIFICANT = 3  # headline values are for reading (the UI prints every digit: 0.00942 not 0.0094211900...)
-DIGITS = {"cos_min": 6, "cosine_vs_fp64": 6}  # cosines live next to 1: 0.999968 must not read as 1
+DIGITS = {COSINE: 6}  # cosines live next to 1: 0.999968 must not read as 1
 
 
 def headline_metrics(mode: str, metrics: dict[str, float], status: str, batch_size: int | None = None) -> dict[str, float]:
@@ -69,11 +70,6 @@ def headline_metrics(mode: str, metrics: dict[str, float], status: str, batch_si
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value)):
             out[short] = float(f"{float(value):.{DIGITS.get(short, SIGNIFICANT)}g}")
     return out
-
-
-def first_of(metrics: dict, names: tuple[str, ...]) -> float | None:
-    """The first of `names` that `metrics` holds (ERROR, COSINE), else None."""
-    return next((metrics[n] for n in names if n in metrics), None)
 
 
 def judged_limits(record: dict) -> dict:

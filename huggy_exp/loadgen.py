@@ -62,15 +62,16 @@ def check_available(scenarios: list[str]) -> None:
 
 @dataclass(frozen=True)
 class Settings:
-    """How long LoadGen runs and what it aims at (TestSettings), in the mode's units."""
+    """How long LoadGen runs and what it aims at (TestSettings), in the mode's units: mode=benchmark's keys of the same
+    names (their values: conf/mode/benchmark.yaml, their ranges: config.BenchmarkMode)."""
 
-    min_duration_ms: int = 1000
-    max_duration_ms: int = 10_000
-    min_query_count: int = 64
-    samples_per_query: int = 8
-    target_qps: float = 1000.0
-    latency_bound_ms: float = 10.0
-    check_samples: int = 64
+    min_duration_ms: int
+    max_duration_ms: int
+    min_query_count: int
+    samples_per_query: int
+    target_qps: float
+    latency_bound_ms: float
+    check_samples: int
 
     def test_settings(self, lg, scenario: str, accuracy: bool, expected_latency_s: float, expected_qps: float):
         s = lg.TestSettings()
@@ -306,7 +307,8 @@ def run_scenarios(scenarios: list[str], infer: Infer, feeds: Mapping[str, np.nda
                   buckets: list[int] | None = None) -> Outcome:
     """Each LoadGen scenario in performance mode (its logged responses checked), one AccuracyOnly run over every QSL
     sample, and the server's QPS search. `check(qsl_index, outputs)` compares responses with the reference and returns
-    (metrics named `vs_<reference>/...`, failures). `buckets`: the row counts a fixed-shape runner was built for."""
+    (metrics named `<output>/vs_<reference>/<metric>`, failures). `buckets`: the row counts a fixed-shape runner was
+    built for."""
     lg = require()
     layout = Layout(infer({k: v[:1] for k, v in feeds.items()}), CHECKED)
     system = System(lg, infer, feeds, layout, batch_size, buckets)
@@ -333,34 +335,43 @@ def run_scenarios(scenarios: list[str], infer: Infer, feeds: Mapping[str, np.nda
         out.lines.append(_line(scenario, m, settings))
     if scenarios:
         m = one("offline", "accuracy", accuracy=True)
-        out.metrics.update({f"loadgen/accuracy/{k}": v for k, v in m.items() if k == "checked" or k.startswith("vs_")})
+        out.metrics.update({f"loadgen/accuracy/{k}": v for k, v in m.items() if k == "checked" or "/vs_" in k})
         out.lines.append(f"loadgen accuracy: {int(m['checked'])} responses (every QSL sample) checked against the reference"
                          f", {len(out.failures)} failure(s)")
     if "server" in scenarios:
-        bound = settings.latency_bound_ms
-        if min_latency_s * 1e3 > bound:  # below the fastest call ever timed: no rate can meet it, nothing to search
-            m = out.metrics
-            out.error = (f"mode.latency_bound_ms={bound:g} can never be met: one call alone takes {min_latency_s * 1e3:.3g} ms "
-                         f"at the fastest; LoadGen server at {settings.target_qps:g} QPS: "
-                         f"{'VALID' if m.get('loadgen/server/valid') else 'INVALID'}, "
-                         f"p99 {m.get('loadgen/server/p99_us', math.nan) / 1e3:.3g} ms")
-            out.metrics["loadgen/server/max_qps"] = 0.0
-            out.lines.append(f"server: {out.error}")
-        elif search_steps:
-            probe_settings = replace(settings, min_duration_ms=search_ms, max_duration_ms=max(search_ms, settings.max_duration_ms))
-
-            def probe(qps: float) -> bool:
-                m = one("server", f"server-search/qps{qps:.0f}", qps=qps, run_settings=probe_settings)
-                out.search.append({"qps": qps, **{k: m[k] for k in SEARCH_KEYS if k in m}})
-                return bool(m.get("constraints_met"))
-
-            best, _ = timing.highest_rate(probe, settings.target_qps, search_steps, lo=1.0, hi=1e7)
-            out.metrics["loadgen/server/max_qps"] = best
-            lowest = min(out.search, key=lambda t: t["qps"])
-            out.lines.append(f"server search: highest QPS with p99 <= {bound:g} ms: {best:,.0f} ({len(out.search)} probes)"
-                             if best else f"server search: p99 <= {bound:g} ms met at no rate tried, down to "
-                             f"{lowest['qps']:,.1f} QPS (p99 {lowest.get('p99_us', math.nan) / 1e3:.3g} ms)")
+        _server_search(one, out, settings, min_latency_s, search_steps, search_ms)
     return out
+
+
+def _server_search(one: Callable[..., dict[str, float]], out: Outcome, settings: Settings, min_latency_s: float,
+                   search_steps: int, search_ms: int) -> None:
+    """The highest server QPS whose p99 stays under the bound (`one` runs a scenario into a folder); a bound below the
+    fastest call ever timed is said at once, with no search."""
+    bound = settings.latency_bound_ms
+    if min_latency_s * 1e3 > bound:  # below the fastest call ever timed: no rate can meet it, nothing to search
+        m = out.metrics
+        out.error = (f"mode.latency_bound_ms={bound:g} can never be met: one call alone takes {min_latency_s * 1e3:.3g} ms "
+                     f"at the fastest; LoadGen server at {settings.target_qps:g} QPS: "
+                     f"{'VALID' if m.get('loadgen/server/valid') else 'INVALID'}, "
+                     f"p99 {m.get('loadgen/server/p99_us', math.nan) / 1e3:.3g} ms")
+        out.metrics["loadgen/server/max_qps"] = 0.0
+        out.lines.append(f"server: {out.error}")
+        return
+    if not search_steps:
+        return
+    probe_settings = replace(settings, min_duration_ms=search_ms, max_duration_ms=max(search_ms, settings.max_duration_ms))
+
+    def probe(qps: float) -> bool:
+        m = one("server", f"server-search/qps{qps:.0f}", qps=qps, run_settings=probe_settings)
+        out.search.append({"qps": qps, **{k: m[k] for k in SEARCH_KEYS if k in m}})
+        return bool(m.get("constraints_met"))
+
+    best, _ = timing.highest_rate(probe, settings.target_qps, search_steps, lo=1.0, hi=1e7)
+    out.metrics["loadgen/server/max_qps"] = best
+    lowest = min(out.search, key=lambda t: t["qps"])
+    out.lines.append(f"server search: highest QPS with p99 <= {bound:g} ms: {best:,.0f} ({len(out.search)} probes)"
+                     if best else f"server search: p99 <= {bound:g} ms met at no rate tried, down to "
+                     f"{lowest['qps']:,.1f} QPS (p99 {lowest.get('p99_us', math.nan) / 1e3:.3g} ms)")
 
 
 SEARCH_KEYS = ("constraints_met", "valid", "p99_us", "samples_per_s", "scheduled_qps", "queries")

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 
 import torch
 
+from huggy_exp.config import BACKENDS, DTYPE_NAMES
 from huggy_exp.errors import Unsupported, UserError
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64}
+DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.float16, torch.bfloat16, torch.float64)))  # config.DTYPE_NAMES
 DEVICE_KINDS = ("cpu", "cuda", "npu", "mps")
 _DEVICE_RE = re.compile(r"^(cpu|cuda|npu|mps)(?::(\d+))?$")
 
@@ -35,6 +36,14 @@ def check_dtype(name: str) -> torch.dtype:
         return DTYPES[name]
     except KeyError:
         raise UserError(f"unknown dtype {name!r}; valid: {', '.join(DTYPES)}") from None
+
+
+def check_backend(name: str) -> str:
+    """A backend name (config.BACKENDS: eager, compile, fused, graphs, onnxruntime); whether it runs here is the
+    runner's to say."""
+    if name not in BACKENDS:
+        raise UserError(f"unknown backend {name!r}; valid: {', '.join(BACKENDS)}")
+    return name
 
 
 def check_device(name: str) -> tuple[str, int | None]:

@@ -11,7 +11,7 @@ import html
 import math
 from pathlib import Path
 
-from huggy_exp.headline import COSINE, ERROR, first_of, judged_limits
+from huggy_exp.headline import COSINE, ERROR, judged_limits
 from huggy_exp.results import atomic_write_text
 
 REPORT = "report.html"
@@ -86,8 +86,8 @@ def verdict_rows(rows: list[dict]) -> list[list]:
         m = r.get("metrics") or {}
         p50 = m.get("p50_us")
         p50_cell = ("html", f"{_e(p50)} <span class=noisy>noisy</span>") if p50 is not None and r.get("noisy") else p50
-        out.append([r["job"], r["run_name"], verdict(r["status"]), first_of(m, ERROR), (r.get("limits") or {}).get("max_abs"),
-                    first_of(m, COSINE), p50_cell, (r.get("fingerprint") or r.get("actions_sha256") or "")[:12], r.get("note", "") if r["status"] != "passed" else ""])
+        out.append([r["job"], r["run_name"], verdict(r["status"]), m.get(ERROR), (r.get("limits") or {}).get("max_abs"),
+                    m.get(COSINE), p50_cell, (r.get("fingerprint") or r.get("actions_sha256") or "")[:12], r.get("note", "") if r["status"] != "passed" else ""])
     return out
 
 

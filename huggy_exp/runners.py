@@ -23,7 +23,7 @@ import torch
 
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.mlagents import ACTION_MASKS, ONNX_INPUT, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name
-from huggy_exp.placement import Target, device_module, resolve, synchronize
+from huggy_exp.placement import Target, check_backend, device_module, resolve, synchronize
 from huggy_exp.policy import Policy, cpu_noise, cpu_uniform
 
 if TYPE_CHECKING:
@@ -34,7 +34,6 @@ SAMPLED = "continuous_actions"
 DISCRETE = "deterministic_discrete_actions"
 DISCRETE_SAMPLED = "discrete_actions"
 OBS = ONNX_INPUT
-BACKENDS = ("eager", "compile", "fused", "graphs", "onnxruntime")
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "npu": "CANNExecutionProvider"}
 
 Feeds = Mapping[str, np.ndarray] | np.ndarray
@@ -55,12 +54,6 @@ def obs_of(feeds: Feeds) -> np.ndarray:
         except KeyError:
             raise UserError(f"feeds {sorted(feeds)} lack {OBS!r}") from None
     return feeds if type(feeds) is np.ndarray else np.asarray(feeds)
-
-
-def check_backend(name: str) -> str:
-    if name not in BACKENDS:
-        raise UserError(f"unknown backend {name!r}; valid: {', '.join(BACKENDS)}")
-    return name
 
 
 def feeds_of(feeds: Feeds) -> dict[str, np.ndarray]:

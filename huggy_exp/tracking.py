@@ -349,7 +349,7 @@ PARENT_TAG = "huggy.parent"
 SWEEP_DIR_TAG = "huggy.sweep_dir"  # on the parent: the sweep's folder (summary.md, report.html)
 # the runs table's first screen, left to right after the run name: the verdict, the error with its limit, the cosine,
 # the latency at the job's own batch, the fingerprint prefix, and why a point was skipped; then the rest
-FIRST_METRICS = (ERROR, COSINE, ("p50_us",))  # headline names (headline.py), in this order: the first present of each
+FIRST_METRICS = (ERROR, COSINE, "p50_us")  # headline names (headline.py), in this order, those present
 LIMIT_PARAM = "limit/max_abs"
 VIEW_PARAMS = ("device", "dtype", "batch_size", "mode", "obs.source", "seed")
 # px: the first six fit in the 630 px MLflow leaves beside the name at 1600 px with its Assistant panel open
@@ -367,9 +367,9 @@ def view_columns(metrics: list[str]) -> list[str]:
     """The runs table's columns in display order (MLflow column ids) for a sweep whose points logged `metrics`
     (headline names, in the headline table's order)."""
     shown = [m for m in metrics if m != "passed"]  # the verdict column says it in words
-    first = [next(m for m in group if m in shown) for group in FIRST_METRICS if any(m in shown for m in group)]
+    first = [m for m in FIRST_METRICS if m in shown]
     metric_cols = [f"metrics.`{m}`" for m in first]
-    if first and first[0] in ERROR:
+    if first and first[0] == ERROR:
         metric_cols.insert(1, f"params.`{LIMIT_PARAM}`")
     return (["tags.`verdict`", *metric_cols, "tags.`fingerprint`", "tags.`reason`",
              *(f"metrics.`{m}`" for m in shown if m not in first), *(f"params.`{p}`" for p in VIEW_PARAMS), "tags.`case`"])

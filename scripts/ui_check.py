@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from browser import Browser, BrowserError, find_browser  # noqa: E402
 
-from huggy_exp import tracking, ui  # noqa: E402
+from huggy_exp import headline, tracking, ui  # noqa: E402
 from huggy_exp.errors import UserError  # noqa: E402
 
 WIDTH, HEIGHT = 1600, 1000
@@ -129,8 +129,8 @@ class Check:
 def first_screen(sweep: dict) -> list[tuple[str, str]]:
     """(column id, what it is) that must be in view on the runs page: verdict first, then the headline columns."""
     metrics = list(dict.fromkeys(m for c in sweep["children"] for m in c["headline"]))
-    wanted = {"tags.`verdict`": "the verdict", "metrics.`err_max_abs`": "error vs fp64",
-              f"params.`{tracking.LIMIT_PARAM}`": "its limit", "metrics.`cos_min`": "cosine",
+    wanted = {"tags.`verdict`": "the verdict", f"metrics.`{headline.ERROR}`": "error vs fp64",
+              f"params.`{tracking.LIMIT_PARAM}`": "its limit", f"metrics.`{headline.COSINE}`": "cosine",
               "metrics.`p50_us`": "p50 at the job's batch", "tags.`fingerprint`": "fingerprint prefix"}
     columns = tracking.view_columns(metrics)
     return [(c, wanted[c]) for c in columns if c in wanted]

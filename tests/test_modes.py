@@ -249,12 +249,12 @@ def test_onnx_compare_huggy_fp32_cpu_matches_mlagents_graph(huggy_onnx_runs):
     m = run.metrics
     assert run.record["status"] == "passed", run.record["reason"]
     assert run.record["details"]["onnx"] == str(HUGGY_PT.with_suffix(".onnx"))
-    assert m["deterministic.max_abs"] <= 1e-5
-    assert m["deterministic.nan_mismatch"] == 0
+    assert m["actions/vs_onnxruntime/max_abs"] <= 1e-5
+    assert m["actions/vs_onnxruntime/nan_mismatch"] == 0
     for name in ("version_number", "memory_size", "continuous_action_output_shape"):
-        assert m[f"{name}.equal"] == 1.0
+        assert m[f"{name}/vs_expected/equal"] == 1.0
         assert run.record["details"]["constants"][name]["equal"] is True
-    assert m["sampled.mean_z_max"] <= m["sampled.mean_z_crit"]
+    assert m["sampled/mean_z_max"] <= m["sampled/mean_z_crit"]
     # onnxruntime's deterministic output is ML-Agents' recorded one
     ort_ref = np.load(REFERENCE / "onnxruntime_outputs.npz")["deterministic_continuous_actions"]
     np.testing.assert_allclose(np.load(run.workdir / "onnx_actions.npy"), ort_ref, atol=1e-6, rtol=0)
@@ -288,14 +288,14 @@ def test_onnx_compare_tampered_graph_fails(tmp_path):
     assert run.record["status"] == "failed"
     assert run.record["details"]["onnx"] == str(bad)
     assert "deterministic_continuous_actions: max_abs" in run.record["reason"]
-    assert run.metrics["deterministic.max_abs"] > 1e-2
+    assert run.metrics["actions/vs_onnxruntime/max_abs"] > 1e-2
 
 
 def test_onnx_compare_small_policy_against_its_written_graph(small, tmp_path):
     run = run_mode(tmp_path, "onnx-compare", small.model, "mode.samples=128")
     assert run.record["status"] == "passed", run.record["reason"]
-    assert run.metrics["deterministic.max_abs"] <= 1e-5
-    assert run.metrics["sampled.cells"] == 16 * 3
+    assert run.metrics["actions/vs_onnxruntime/max_abs"] <= 1e-5
+    assert run.metrics["sampled/cells"] == 16 * 3
 
 
 # --- export-onnx
@@ -320,8 +320,8 @@ def test_export_onnx_writes_to_mode_path_and_passes(huggy_export):
     assert run.record["files"] == [str(huggy_export.path)]  # written where asked, still an artifact
     assert not list(run.workdir.glob("*.onnx"))
     assert not (run.workdir / "Huggy.onnx").exists()
-    assert run.metrics["vs_torch.max_abs"] <= 1e-5
-    assert run.metrics["vs_source.max_abs"] <= 1e-5
+    assert run.metrics["actions/vs_torch/max_abs"] <= 1e-5
+    assert run.metrics["actions/vs_source/max_abs"] <= 1e-5
 
 
 @needs_shared
@@ -370,7 +370,7 @@ def test_export_onnx_default_path_is_the_behavior_name_in_the_job_dir(small, tmp
     assert run.record["status"] == "passed", run.record["reason"]
     assert run.record["files"] == ["Small.onnx"]
     assert (tmp_path / "Small.onnx").is_file()
-    assert run.metrics["vs_source.bit_identical"] == 1.0 or run.metrics["vs_source.max_abs"] <= 1e-6
+    assert run.metrics["graph/vs_source/bit_identical"] == 1.0 or run.metrics["actions/vs_source/max_abs"] <= 1e-6
 
 
 # --- fingerprint

@@ -40,17 +40,19 @@ def test_onnx_compare_passes_every_shape_and_compares_every_output(name, source,
     job = run_job(tmp_path, "onnx-compare", model_arg(shaped_files, name, source), *FAST)
     m = job.record["metrics"]
     assert job.record["status"] == "passed", job.record["reason"]
-    assert ("deterministic.max_abs" in m) == bool(spec.continuous) and ("sampled.mean_z_max" in m) == bool(spec.continuous)
+    vs = "vs_onnxruntime"
+    assert (f"actions/{vs}/max_abs" in m) == bool(spec.continuous) and ("sampled/mean_z_max" in m) == bool(spec.continuous)
     if spec.continuous:
-        assert m["deterministic.max_abs"] <= 1e-5 and m["continuous_action_output_shape.equal"] == 1.0
+        assert m[f"actions/{vs}/max_abs"] <= 1e-5 and m["continuous_action_output_shape/vs_expected/equal"] == 1.0
     if spec.branches:
-        assert m["deterministic_discrete.agreement"] == 1.0 and m["deterministic_discrete.unexcused"] == 0.0
-        assert m["discrete_action_output_shape.equal"] == 1.0
-        assert m["sampled_discrete.masked_draws"] == 0.0 and m["sampled_discrete.p_min"] >= m["sampled_discrete.p_crit"]
-        assert m["sampled_discrete.cells"] == 4 * len(spec.branches)
+        assert m[f"discrete_actions/{vs}/agreement"] == 1.0 and m[f"discrete_actions/{vs}/unexcused"] == 0.0
+        assert m["discrete_action_output_shape/vs_expected/equal"] == 1.0
+        assert m["sampled_discrete/masked_draws"] == 0.0 and m["sampled_discrete/p_min"] >= m["sampled_discrete/p_crit"]
+        assert m["sampled_discrete/cells"] == 4 * len(spec.branches)
     if spec.memory:
-        assert m["recurrent_out.max_abs"] <= m["recurrent_out.tolerance"] and m["memory_size.equal"] == 1.0
-    assert m["version_number.equal"] == 1.0
+        assert m[f"memories/{vs}/max_abs"] <= m[f"memories/{vs}/tolerance"] and m["memory_size/vs_expected/equal"] == 1.0
+    assert m["version_number/vs_expected/equal"] == 1.0
+    assert not [k for k in m if "." in k]  # every name grouped with /
 
 
 @pytest.mark.parametrize("source", ["pt", "onnx"])
@@ -66,10 +68,12 @@ def test_export_onnx_writes_mlagents_io_for_every_shape_and_reproduces_the_sourc
     assert max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) == 9
     assert job.record["tags"]["onnx_inputs"] == ",".join(inputs) and job.record["tags"]["onnx_outputs"] == ",".join(outputs)
     m = job.record["metrics"]
-    assert m["interface.problems"] == 0.0 and m["interface.outputs"] == len(outputs)
+    assert m["interface/problems"] == 0.0 and m["interface/outputs"] == len(outputs)
     for side in ("vs_torch", "vs_source"):
-        assert m.get(f"{side}.max_abs", 0.0) <= 1e-5 and m.get(f"{side}.discrete.agreement", 1.0) == 1.0
-        assert m.get(f"{side}.recurrent_out.max_abs", 0.0) <= 1e-5
+        assert m.get(f"actions/{side}/max_abs", 0.0) <= 1e-5 and m.get(f"discrete_actions/{side}/agreement", 1.0) == 1.0
+        assert m.get(f"memories/{side}/max_abs", 0.0) <= 1e-5
+    assert ("actions/vs_torch/max_abs" in m) == bool(spec.continuous) and m["version_number/vs_expected/equal"] == 1.0
+    assert not [k for k in m if "." in k]  # every name grouped with /
     back = mlagents.load_onnx(tmp_path / "out.onnx").weights  # the exported graph reads back as the same shape
     assert back.obs_sizes == spec.inputs and back.branch_sizes == spec.branches and back.memory == spec.memory
 
@@ -159,7 +163,7 @@ def test_export_onnx_fails_when_the_source_graph_differs(shaped_files, tmp_path)
     job = run_job(tmp_path / "job", "export-onnx", f"model.checkpoint={shaped_files['branches'][0]}", f"model.onnx={bad}", "obs.rows=30")
     assert job.record["status"] == "failed"
     assert "exported vs source .onnx: deterministic_discrete_actions" in job.record["reason"]
-    assert job.record["metrics"]["vs_torch.discrete.agreement"] == 1.0  # the export itself is right
+    assert job.record["metrics"]["discrete_actions/vs_torch/agreement"] == 1.0  # the export itself is right
 
 
 def test_categorical_check_counts_masked_draws_and_rejects_a_wrong_distribution():
@@ -192,10 +196,10 @@ def test_pyramids_reference_feeds_pass_and_onnxruntime_equals_mlagents(mode, mod
     if mode == "onnx-compare":
         np.testing.assert_array_equal(np.load(job.workdir / "onnx_discrete_actions.npy"), expected)
         np.testing.assert_array_equal(np.load(job.workdir / "torch_discrete_actions.npy"), expected)
-        assert job.record["metrics"]["sampled_discrete.masked_draws"] == 0.0
+        assert job.record["metrics"]["sampled_discrete/masked_draws"] == 0.0
     else:
         np.testing.assert_array_equal(np.load(job.workdir / "exported_discrete_actions.npy"), expected)
-        assert job.record["metrics"]["vs_source.bit_identical"] == 1.0
+        assert job.record["metrics"]["graph/vs_source/bit_identical"] == 1.0
 
 
 @needs_shared
@@ -212,8 +216,7 @@ def test_huggy_lstm_sequence_passes_with_the_memory_carried(mode, model, tmp_pat
     job = run_job(tmp_path, mode, model, "obs=file", f"obs.path={ref / 'obs_seq.npy'}")
     assert job.record["status"] == "passed", job.record["reason"]
     m = job.record["metrics"]
-    stem = "recurrent_out" if mode == "onnx-compare" else "vs_torch.recurrent_out"
-    assert m[f"{stem}.max_abs"] <= 1e-5
+    assert m[f"memories/vs_{'onnxruntime' if mode == 'onnx-compare' else 'torch'}/max_abs"] <= 1e-5
     if mode == "onnx-compare":  # onnxruntime here carries its memory as ML-Agents' onnxruntime run did
         np.testing.assert_allclose(np.load(tmp_path / "onnx_actions.npy"), np.load(ref / "seq_actions_onnxruntime.npy"), atol=1e-6, rtol=0)
         np.testing.assert_allclose(np.load(tmp_path / "onnx_memories.npy")[:, :, 0], np.load(ref / "seq_memories_onnxruntime.npy"), atol=1e-5, rtol=0)

@@ -219,21 +219,21 @@ def test_fingerprint_hashes_every_output_and_matches_cpu_fp32(name, shaped_files
     assert arrays["discrete_actions"].dtype == np.int64 and arrays["discrete_actions"].shape == (12, 3, len(spec.branches))
     for n in names:
         assert r["tags"][f"{n}.fingerprint_sha256"] == hashlib.sha256(arrays[n].tobytes()).hexdigest()
-        assert r["metrics"][f"{n}.matches_cpu_fp32"] == 1.0
+        assert r["metrics"][f"{n}/matches_cpu_fp32"] == 1.0
     assert r["details"]["fingerprint_sha256"] == hashlib.sha256(b"".join(arrays[n].tobytes() for n in names)).hexdigest() == r["details"]["cpu_fp32_sha256"]
     assert r["tags"]["fingerprint/sha256"] == r["details"]["fingerprint_sha256"]  # every point's fingerprint is the mode's
 
 
 def test_fingerprint_carries_the_memory_through_the_sequence(shaped_actors, shaped_files, tmp_path):
     job = sequence_job("fingerprint", "memory_hybrid_sac", shaped_actors["memory_hybrid_sac"], shaped_files, tmp_path, steps=5, rows=4, seed=60)
-    assert job.record["metrics"]["steps"] == 5 and job.record["metrics"]["memories.matches_cpu_fp32"] == 1.0
+    assert job.record["metrics"]["steps"] == 5 and job.record["metrics"]["memories/matches_cpu_fp32"] == 1.0
 
 
 def test_fingerprint_bf16_names_the_diverging_output_and_fails_when_required(shaped_files, tmp_path):
     args = (f"model.checkpoint={shaped_files['memory_discrete'][0]}", "mode.steps=8", "mode.envs=2", "dtype=bf16")
     job = run_job(tmp_path / "a", "fingerprint", *args)
     m = job.record["metrics"]
-    assert job.record["status"] == "passed" and m["matches_cpu_fp32"] == 0.0 and m["memories.matches_cpu_fp32"] == 0.0
+    assert job.record["status"] == "passed" and m["matches_cpu_fp32"] == 0.0 and m["memories/matches_cpu_fp32"] == 0.0
     assert job.record["details"]["first_divergence"]["output"] == "memories"
     failed = run_job(tmp_path / "b", "fingerprint", *args, "mode.require_match=[bf16]")
     assert failed.record["status"] == "failed" and "quantized fingerprint differs" in failed.record["reason"]

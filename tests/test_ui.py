@@ -17,7 +17,7 @@ from conftest import PYTHON, REPO, subprocess_env
 from huggy_exp import report, tracking, ui
 
 SHOTS = Path(os.environ.get("HUGGY_EXP_UI_SHOTS", REPO / "test-artifacts" / "ui"))  # screenshots of the slow tests
-PRECISION_HEADLINE = ["passed", "err_max_abs", "cos_min", "err_vs_fp32", "rel_ratio", "p50_us"]
+PRECISION_HEADLINE = ["passed", "rel_ratio", "max_abs_vs_fp64", "cosine_vs_fp64", "agreement_vs_fp64", "max_abs_vs_fp32", "p50_us"]
 
 pytestmark = pytest.mark.slow  # mlflow ui, a browser and a sweep: processes, run by `pytest -m slow`
 
@@ -37,7 +37,7 @@ CHROMIUM = _ui_check().find_browser()
 
 def test_runs_view_shows_the_verdict_then_error_limit_cosine_p50_and_fingerprint():
     columns = tracking.view_columns(PRECISION_HEADLINE)
-    assert columns[:6] == ["tags.`verdict`", "metrics.`err_max_abs`", "params.`limit/max_abs`", "metrics.`cos_min`",
+    assert columns[:6] == ["tags.`verdict`", "metrics.`max_abs_vs_fp64`", "params.`limit/max_abs`", "metrics.`cosine_vs_fp64`",
                            "metrics.`p50_us`", "tags.`fingerprint`"]
     assert "metrics.`passed`" not in columns  # the verdict says it in words
 
@@ -120,7 +120,7 @@ def test_a_sweep_report_is_one_file_with_everything_embedded(tmp_path):
                                       ("fp32", "bf16"), "max |Δaction|", "error", {"fp32": 1e-5, "bf16": 0.05})
     summary = _summary(tmp_path)
     summary["rows"] = [{"job": "0", "run_name": "precision-cpu-fp32-b64", "status": "passed", "noisy": True,
-                        "metrics": {"err_max_abs": 5.78e-7, "cos_min": 0.999968, "p50_us": 1350.0},
+                        "metrics": {"max_abs_vs_fp64": 5.78e-7, "cosine_vs_fp64": 0.999968, "p50_us": 1350.0},
                         "limits": {"max_abs": 1e-5}, "actions_sha256": "acbec772540e99", "note": ""},
                        {"job": "1", "run_name": "precision-npu:0-fp32-b64", "status": "skipped", "metrics": {},
                         "note": "npu needs torch_npu"}]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -132,18 +133,61 @@ def _unsupported(key: str) -> str:
                 "an observation encoder other than a vector normalizer")
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """Which parts an actor's keys declare: MLP layer and branch indices, a continuous head (conditional sigma or
+    not), an LSTM; and every key those parts require."""
+
+    layer_ids: list[int]
+    branch_ids: list[int]
+    continuous: bool
+    conditional: bool
+    sigma_keys: list[str]
+    memory: bool
+    required: list[str]
+
+
 def weights_from_state_dict(state: dict, origin: str, input_sizes: tuple[int, ...] | None = None) -> PolicyWeights:
     """Rebuild PolicyWeights from ML-Agents actor keys; sizes come from tensor shapes, never assumed.
 
     `input_sizes` splits the first layer among the observation inputs when there is no normalizer to tell their
     widths (normalize: false); without it such a policy reads as one input of the concatenated width (the same numbers).
     """
-    known: set[str] = set(METADATA_KEYS)
     odd = next((k for k in state if not isinstance(k, str)), None)
     if odd is not None:
         raise UserError(f"{origin}: Policy key {odd!r} is a {type(odd).__name__}, not a string")
     arrays = {k: _array(v, f"Policy key {k}", origin) for k, v in state.items()}
+    parts = _layout(arrays, origin)
+    known: set[str] = {*METADATA_KEYS, *parts.required}
+    normalizers = _normalizers(arrays, origin, known)
+    _refuse_unknown(arrays, known, origin)
+    for k in arrays:
+        check_finite(arrays[k], f"Policy key {k}", origin)
+    scalar = lambda k, default: float(arrays[k].reshape(-1)[0]) if k in arrays and arrays[k].size else default  # noqa: E731
+    f32 = lambda k: arrays[k].astype(np.float32)  # noqa: E731
+    layers = tuple((f32(f"{BODY_PREFIX}{i}.weight"), f32(f"{BODY_PREFIX}{i}.bias")) for i in parts.layer_ids)
+    width = int(layers[0][0].shape[1]) if layers[0][0].ndim == 2 else 0
+    continuous, conditional = parts.continuous, parts.conditional
+    weights = PolicyWeights(
+        layers=layers,
+        mu=(f32(MU_PREFIX + "weight"), f32(MU_PREFIX + "bias")) if continuous else None,
+        log_sigma=(tuple(f32(k) for k in parts.sigma_keys) if conditional else f32(LOG_SIGMA).reshape(1, -1)) if continuous else None,
+        normalizer=normalizers[0] if len(normalizers) == 1 else None,
+        tanh_squash=conditional,
+        version_number=scalar("version_number", 3.0),
+        memory_size=scalar("memory_size_vector", 0.0),
+        inputs=_inputs(normalizers, width, input_sizes),
+        branches=tuple((f32(f"{BRANCH_PREFIX}{b}.weight"), f32(f"{BRANCH_PREFIX}{b}.bias")) for b in parts.branch_ids),
+        lstm=Lstm(*(f32(LSTM_PREFIX + f) for f in LSTM_FIELDS)) if parts.memory else None,
+    )
+    check_shapes(weights, origin)
+    _check_declared(arrays, weights, origin)
+    return weights
 
+
+def _layout(arrays: dict, origin: str) -> _Layout:
+    """The parts the keys declare, with the keys each requires; gaps in the layer or branch indices and missing keys
+    are refused."""
     layer_ids = sorted({int(m.group(1)) for k in arrays if (m := re.match(re.escape(BODY_PREFIX) + r"(\d+)\.", k))})
     if not layer_ids:
         raise UserError(f"{origin}: missing keys {BODY_PREFIX}0.weight/bias (no MLP body found)")
@@ -165,9 +209,11 @@ def weights_from_state_dict(state: dict, origin: str, input_sizes: tuple[int, ..
     missing = [k for k in required if k not in arrays]
     if missing:
         raise UserError(f"{origin}: missing keys {missing}")
-    known.update(required)
+    return _Layout(layer_ids, branch_ids, continuous, conditional, sigma_keys, memory, required)
 
-    normalizers = _normalizers(arrays, origin, known)
+
+def _refuse_unknown(arrays: dict, known: set[str], origin: str) -> None:
+    """A key no part explains: an encoder this package does not rebuild is named as such, anything else listed."""
     unexpected = sorted(k for k in arrays if k not in known)
     encoder = next((k for k in unexpected if k.startswith(ENCODER_PREFIXES) or (
         k.startswith("network_body.") and not k.startswith((LSTM_PREFIX, BODY_PREFIX))
@@ -177,36 +223,17 @@ def weights_from_state_dict(state: dict, origin: str, input_sizes: tuple[int, ..
                         "observation inputs, an MLP, an optional LSTM, continuous and/or discrete actions")
     if unexpected:
         raise UserError(f"{origin}: unexpected keys {unexpected[:6]}{' ...' if len(unexpected) > 6 else ''}")
-    for k in arrays:
-        check_finite(arrays[k], f"Policy key {k}", origin)
-    scalar = lambda k, default: float(arrays[k].reshape(-1)[0]) if k in arrays and arrays[k].size else default  # noqa: E731
 
-    f32 = lambda k: arrays[k].astype(np.float32)  # noqa: E731
-    layers = tuple((f32(f"{BODY_PREFIX}{i}.weight"), f32(f"{BODY_PREFIX}{i}.bias")) for i in layer_ids)
-    width = int(layers[0][0].shape[1]) if layers[0][0].ndim == 2 else 0
+
+def _inputs(normalizers: list[Normalizer], width: int, input_sizes: tuple[int, ...] | None) -> tuple[ObsInput, ...]:
+    """The observation inputs: one per normalizer, else split by `input_sizes`, else one as wide as the first layer."""
     if len(normalizers) == 1:  # one input: as wide as the first layer, so a wrong-sized normalizer is named as such
-        inputs = (ObsInput(width, normalizers[0]),)
-    elif normalizers:
-        inputs = tuple(ObsInput(int(n.running_mean.size), n) for n in normalizers)
-    elif input_sizes and sum(input_sizes) == width:
-        inputs = tuple(ObsInput(int(s)) for s in input_sizes)
-    else:
-        inputs = (ObsInput(width),)
-    weights = PolicyWeights(
-        layers=layers,
-        mu=(f32(MU_PREFIX + "weight"), f32(MU_PREFIX + "bias")) if continuous else None,
-        log_sigma=(tuple(f32(k) for k in sigma_keys) if conditional else f32(LOG_SIGMA).reshape(1, -1)) if continuous else None,
-        normalizer=normalizers[0] if len(normalizers) == 1 else None,
-        tanh_squash=conditional,
-        version_number=scalar("version_number", 3.0),
-        memory_size=scalar("memory_size_vector", 0.0),
-        inputs=inputs,
-        branches=tuple((f32(f"{BRANCH_PREFIX}{b}.weight"), f32(f"{BRANCH_PREFIX}{b}.bias")) for b in branch_ids),
-        lstm=Lstm(*(f32(LSTM_PREFIX + f) for f in LSTM_FIELDS)) if memory else None,
-    )
-    check_shapes(weights, origin)
-    _check_declared(arrays, weights, origin)
-    return weights
+        return (ObsInput(width, normalizers[0]),)
+    if normalizers:
+        return tuple(ObsInput(int(n.running_mean.size), n) for n in normalizers)
+    if input_sizes and sum(input_sizes) == width:
+        return tuple(ObsInput(int(s)) for s in input_sizes)
+    return (ObsInput(width),)
 
 
 def _check_declared(arrays: dict, w: PolicyWeights, origin: str) -> None:

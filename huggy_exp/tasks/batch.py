@@ -24,28 +24,15 @@ class BatchTask:
 
     def run(self, ctx: Context) -> Result:
         target, feeds = ctx.target(), ctx.feeds
+        # --- build runners (whole chunks and one row at a time), run the feeds
         batched, single = build(ctx), build(ctx, batch_size=1)
         out_batched, out_single = run_feeds(batched, feeds), run_feeds(single, feeds)
-        lead = feeds["obs_0"].ndim - 1  # [N] or [T, N]
-        floats = [k for k in (ACTIONS, RECURRENT_OUT) if k in out_batched]  # deterministic outputs (not the graph's sampled ones)
-        diffs = [np.abs(out_batched[k].astype(np.float64) - out_single[k].astype(np.float64)).reshape(*out_batched[k].shape[:lead], -1)
-                 for k in floats]
-        row_max = np.max(np.concatenate(diffs, axis=-1), axis=-1).reshape(-1) if diffs else np.zeros(0)
-        rows = int(np.prod(feeds["obs_0"].shape[:lead]))
+        # --- compare them row by row; time both
+        row_max = _row_max(out_batched, out_single, feeds["obs_0"].ndim - 1)
+        rows = int(np.prod(feeds["obs_0"].shape[:-1]))
         tol = self.tolerance.get(ctx.dtype, 0.0)
-        # --- throughput of the same runners, through the one measurement policy (fixed threads, warm-up until stable)
-        with timing.threads(ctx.threads):
-            t_batched = timing.measure(lambda: run_feeds(batched, feeds), runner_device(batched), rows, self.budget_s, self.budget_s / 2)
-            t_single = timing.measure(lambda: run_feeds(single, feeds), runner_device(single), rows, self.budget_s, self.budget_s / 2)
-        metrics = {
-            "rows": float(rows),
-            "batch_invariance_max_abs": float(row_max.max()) if row_max.size else 0.0,
-            "rows_bit_identical": float(np.mean(row_max == 0.0)) if row_max.size else 1.0,
-            "worst_row": float(np.argmax(row_max)) if row_max.size else 0.0,
-            "batched_rows_per_s": rows / (t_batched.stats()["p50_us"] / 1e6),
-            "single_rows_per_s": rows / (t_single.stats()["p50_us"] / 1e6),
-            **{f"device.{k}": v for k, v in memory_stats(target.device).items()},
-        }
+        metrics = {"rows": float(rows), **_invariance(row_max), **self.throughput(ctx, batched, single, feeds, rows),
+                   **{f"device/{k}": v for k, v in memory_stats(target.device).items()}}
         flips = 0
         if DISCRETE in out_batched:
             flips = int(np.sum(out_batched[DISCRETE] != out_single[DISCRETE]))
@@ -56,16 +43,12 @@ class BatchTask:
             arrays["discrete_actions"] = out_batched[DISCRETE]
         result = Result(metrics=metrics, arrays=arrays,
                         tables={"batch_invariance": [{"row": i, "max_abs_diff": float(d)} for i, d in enumerate(row_max)]})
+        # --- judge: the engine's verdict on the point, then batch invariance
         headline = (f"max |batched - single-row| {metrics['batch_invariance_max_abs']:.3g} (tolerance {tol:g}), "
                     f"{metrics['rows_bit_identical']:.0%} rows bit-identical")
         if DISCRETE in out_batched:
             headline += f", {flips} discrete action{'s' * (flips != 1)} differ"
-        result.summary = [
-            f"{rows} rows in chunks of {ctx.batch_size}: max |batched - single-row| = {metrics['batch_invariance_max_abs']:.3g} "
-            f"(tolerance {tol:g} for {ctx.dtype}); {metrics['rows_bit_identical']:.0%} rows bit-identical"
-            + (f"; discrete actions {metrics['discrete_agreement']:.2%} equal" if DISCRETE in out_batched else ""),
-            f"throughput: {metrics['batched_rows_per_s']:,.0f} rows/s batched vs {metrics['single_rows_per_s']:,.0f} rows/s one by one",
-        ]
+        result.summary = _summary(metrics, rows, ctx.batch_size, tol, ctx.dtype, DISCRETE in out_batched)
         result.details["invariance"] = headline
         latency(batched, ctx, feeds, result)
         verify_point(ctx, result, batched, feeds, out_batched)
@@ -75,3 +58,35 @@ class BatchTask:
         if flips and tol <= FLIP_FAILS_UP_TO:
             result.fail(f"batch invariance: {flips} discrete actions differ between batched and single-row inference in {ctx.dtype}")
         return result
+
+    def throughput(self, ctx: Context, batched, single, feeds: dict, rows: int) -> dict[str, float]:
+        """Rows per second of both runners, through the one measurement policy (fixed threads, warm-up until stable)."""
+        with timing.threads(ctx.threads):
+            t_batched = timing.measure(lambda: run_feeds(batched, feeds), runner_device(batched), rows, self.budget_s, self.budget_s / 2)
+            t_single = timing.measure(lambda: run_feeds(single, feeds), runner_device(single), rows, self.budget_s, self.budget_s / 2)
+        return {"batched_rows_per_s": rows / (t_batched.stats()["p50_us"] / 1e6),
+                "single_rows_per_s": rows / (t_single.stats()["p50_us"] / 1e6)}
+
+
+def _row_max(batched: dict, single: dict, lead: int) -> np.ndarray:
+    """Per row ([N] or [T, N] flattened), the largest |batched - single-row| over the deterministic float outputs
+    (not the graph's sampled ones)."""
+    floats = [k for k in (ACTIONS, RECURRENT_OUT) if k in batched]
+    diffs = [np.abs(batched[k].astype(np.float64) - single[k].astype(np.float64)).reshape(*batched[k].shape[:lead], -1)
+             for k in floats]
+    return np.max(np.concatenate(diffs, axis=-1), axis=-1).reshape(-1) if diffs else np.zeros(0)
+
+
+def _invariance(row_max: np.ndarray) -> dict[str, float]:
+    return {"batch_invariance_max_abs": float(row_max.max()) if row_max.size else 0.0,
+            "rows_bit_identical": float(np.mean(row_max == 0.0)) if row_max.size else 1.0,
+            "worst_row": float(np.argmax(row_max)) if row_max.size else 0.0}
+
+
+def _summary(metrics: dict, rows: int, batch_size: int, tol: float, dtype: str, discrete: bool) -> list[str]:
+    return [
+        f"{rows} rows in chunks of {batch_size}: max |batched - single-row| = {metrics['batch_invariance_max_abs']:.3g} "
+        f"(tolerance {tol:g} for {dtype}); {metrics['rows_bit_identical']:.0%} rows bit-identical"
+        + (f"; discrete actions {metrics['discrete_agreement']:.2%} equal" if discrete else ""),
+        f"throughput: {metrics['batched_rows_per_s']:,.0f} rows/s batched vs {metrics['single_rows_per_s']:,.0f} rows/s one by one",
+    ]

@@ -15,46 +15,48 @@ from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.mlagents import ACTION_MASKS, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name
 from huggy_exp.numerics import REL_FLOOR
-from huggy_exp.placement import peak_memory_mb, reset_peak_memory, synchronize
+from huggy_exp.placement import check_backend, peak_memory_mb, reset_peak_memory, synchronize
 from huggy_exp.results import Result
-from huggy_exp.runners import ACTIONS, DISCRETE, build, check_backend
+from huggy_exp.runners import ACTIONS, build
 from huggy_exp.tasks import SLOW_FP16, batch_of, is_sequence, runner_device, verify_point
 from huggy_exp.tasks import scenarios as extra
 from huggy_exp.tasks.compare import compare_outputs
 
-DEFAULT_SCENARIOS = ("single_stream", "offline")
 POINT_STATS = ("p50_us", "p90_us", "p95_us", "p99_us", "mean_us", "min_us", "max_us", "iqr_us", "obs_per_s", "noisy", "samples")
 SERIES_STATS = ("p50_us", "p99_us", "obs_per_s")
-STEMS = {ACTIONS: "actions", DISCRETE: "discrete", RECURRENT_OUT: "recurrent_out"}
+VERSUS = "eager"  # the gate's metrics: <output>/vs_eager/<metric>, as the engine names them
 
 
 class BenchmarkTask:
     name = "benchmark"
 
-    def __init__(self, backends: list[str] | None = None, batch_sizes: list[int] | None = None,
-                 scenarios: list[str] | None = None, rounds: int = 3, budget_s: float = 1.0, warmup_s: float = 0.5,
-                 settle_s: float = 0.05, chunk_rows: int = 1024, tolerance: dict[str, float] | None = None,
-                 fp16_cpu_max_rows: int = 512, fp16_cpu_samples: int = 3, qsl_samples: int = 1024,
-                 min_duration_ms: int | None = None, max_duration_ms: int = 10_000, min_query_count: int = 64,
-                 samples_per_query: int = 8, check_samples: int = 64, target_qps: float = 1000.0,
-                 latency_bound_ms: float = 10.0, search_steps: int = 6, search_ms: int = 500, rate_hz: float = 500.0,
-                 duration_s: float = 2.0, max_miss_rate: float = 0.01, confidence: float = 0.99, loop_search_s: float = 1.0):
-        self.backends = [check_backend(str(b)) for b in (backends or ["eager"])]
-        self.scenarios = list(scenarios or DEFAULT_SCENARIOS)
+    def __init__(self, *, backends: list[str], batch_sizes: list[int] | None, scenarios: list[str], rounds: int,
+                 budget_s: float, warmup_s: float, settle_s: float, chunk_rows: int, tolerance: dict[str, float],
+                 fp16_cpu_max_rows: int, fp16_cpu_samples: int, qsl_samples: int, min_duration_ms: int | None,
+                 max_duration_ms: int, min_query_count: int, samples_per_query: int, check_samples: int,
+                 target_qps: float, latency_bound_ms: float, search_steps: int, search_ms: int, rate_hz: float,
+                 duration_s: float, max_miss_rate: float, confidence: float, loop_search_s: float):
+        """mode=benchmark's keys, each required: their values are conf/mode/benchmark.yaml's (the one set of defaults),
+        their types and ranges config.BenchmarkMode's."""
+        self.backends = [check_backend(str(b)) for b in backends] or ["eager"]  # eager, the gate, is always built
+        self.scenarios = list(scenarios)
         for s in self.scenarios:
             if s not in SCENARIOS:
                 raise UserError(f"unknown mode.scenarios entry {s!r}; valid: {', '.join(SCENARIOS)}")
         self.batch_sizes = [_positive(b, "mode.batch_sizes") for b in (batch_sizes or [])]
         self.rounds, self.chunk_rows = _positive(rounds, "mode.rounds"), _positive(chunk_rows, "mode.chunk_rows")
         self.budget_s, self.warmup_s, self.settle_s = float(budget_s), float(warmup_s), float(settle_s)
-        self.tolerance = dict(tolerance or {"fp64": 1e-9, "fp32": 1e-5, "fp16": 1e-2, "bf16": 5e-2})
+        self.tolerance = dict(tolerance)
         self.fp16_cpu_max_rows, self.fp16_cpu_samples = int(fp16_cpu_max_rows), int(fp16_cpu_samples)
         self.qsl_samples, self.search_steps, self.search_ms = int(qsl_samples), int(search_steps), int(search_ms)
-        self.loadgen = loadgen.Settings(int(min_duration_ms if min_duration_ms is not None else self.budget_s * 1e3),
-                                        int(max_duration_ms), int(min_query_count), int(samples_per_query),
-                                        float(target_qps), float(latency_bound_ms), int(check_samples))
-        self.loop = control_loop.Loop(float(rate_hz), float(duration_s), float(max_miss_rate), float(confidence),
-                                      int(search_steps), float(loop_search_s))
+        self.loadgen = loadgen.Settings(
+            min_duration_ms=int(min_duration_ms if min_duration_ms is not None else self.budget_s * 1e3),
+            max_duration_ms=int(max_duration_ms), min_query_count=int(min_query_count),
+            samples_per_query=int(samples_per_query), target_qps=float(target_qps),
+            latency_bound_ms=float(latency_bound_ms), check_samples=int(check_samples))
+        self.loop = control_loop.Loop(rate_hz=float(rate_hz), duration_s=float(duration_s),
+                                      max_miss_rate=float(max_miss_rate), confidence=float(confidence),
+                                      search_steps=int(search_steps), search_s=float(loop_search_s))
 
     def points(self, ctx: Context) -> list[int]:
         """Batch sizes timed per point (timing.py): the ladder (default: batch_size), and 1 for single_stream (and for
@@ -67,10 +69,40 @@ class BenchmarkTask:
         return list(dict.fromkeys([*self.backends, *([ctx.backend] if set(self.scenarios) & set(extra.NAMES) else [])]))
 
     def run(self, ctx: Context) -> Result:
-        target = ctx.target()
-        w = ctx.weights
-        device = target.device
-        result = Result()
+        target, w, result = ctx.target(), ctx.weights, Result()
+        points, capped, slow = self.fp16_cap(ctx, target, result)
+        feeds, timed_as = self.feeds(ctx, points)
+        chunk = min(max(points), self.chunk_rows)
+        reset_peak_memory(target.device)
+        timed_backends = self.sut(ctx)
+        with timing.threads(ctx.threads) as threads:
+            backends, runners = self.build_gated(ctx, timed_backends, feeds, points, chunk, result)
+            timed = [b for b in timed_backends if b in runners]
+            timings = self.time_backends(runners, timed, feeds, points, threads, slow)
+            self.scenarios_on(ctx, runners, timings, feeds, points, result)
+        # --- metrics, series, table
+        result.tables["benchmark"] = self.tabulate(result, w, backends, timings, timed_backends, points, capped)
+        result.metrics["peak_mem_mb"] = peak_memory_mb(target.device)
+        result.metrics["threads"] = float(threads)
+        if not w.huggy_shaped:
+            result.summary.append(f"policy: {w.describe_shape()}; {timed_as}")
+            result.details.update({"shape": w.describe_shape(), "feeds": timed_as})
+        result.details.update({"points": points, "scenarios": self.scenarios, "chunk_rows": chunk, "threads": threads,
+                               "backends": backends,
+                               "peak_mem_source": "device allocator" if target.device.type != "cpu" else "process RSS"})
+        if not timed:
+            result.status = "skipped" if result.status == "passed" else result.status
+            result.reason = result.reason or "; ".join(f"{n}: {backends[n]['reason']}" for n in timed_backends)
+        else:
+            result.files.append(plots.scaling(ctx.workdir / "benchmark.png", {n: _curve(result, n) for n in timed},
+                                              f"{ctx.device} {ctx.dtype}, {threads} thread(s)"))
+        result.summary[:0] = _summary(result, backends, points, timed_backends, ctx.batch_size)
+        if "eager" in runners:
+            self.judge_point(ctx, result, runners["eager"], timings, feeds, points, threads)
+        return result
+
+    def fp16_cap(self, ctx: Context, target, result: Result) -> tuple[list[int], list[int], bool]:
+        """The batch points to time, those skipped, and whether fp16 on the CPU (emulated, slow) caps them."""
         points, capped = self.points(ctx), []
         slow = target.kind == "cpu" and ctx.dtype == "fp16"
         if slow:
@@ -79,63 +111,73 @@ class BenchmarkTask:
             result.summary.append(f"{SLOW_FP16}; points above {self.fp16_cpu_max_rows} rows skipped "
                                   f"({capped or 'none'}), at most {self.fp16_cpu_samples} timed calls per point and round")
             result.details["fp16_cpu_note"] = SLOW_FP16
-        feeds, timed_as = self.feeds(ctx, points)
-        chunk = min(max(points), self.chunk_rows)
-        reset_peak_memory(device)
+        return points, capped, slow
 
-        with timing.threads(ctx.threads) as threads:
-            # --- build each backend, first call per shape (compilation included), check against eager
-            backends: dict[str, dict] = {}
-            runners, expected, margins = {}, {}, {}
-            timed_backends = self.sut(ctx)
-            for name in dict.fromkeys(["eager", *timed_backends]):
-                info = backends[name] = {"status": "passed", "reason": "",
-                                         "dtype": "fp32" if name == "onnxruntime" else ctx.dtype}  # the .onnx graph is fp32
-                started = time.perf_counter()
-                try:
-                    runner = build(ctx, name, batch_size=chunk, dtype="fp32" if name == "onnxruntime" else None)
-                    info["load_s"] = time.perf_counter() - started
-                    # a backend running another dtype (onnxruntime's fp32 graph in an fp64 job) is held to the looser
-                    tol = max(self.tolerance.get(ctx.dtype, 0.0), self.tolerance.get(info["dtype"], 0.0))
-                    gate = Gate(w, tol)
-                    for i, b in enumerate(points):
-                        started = time.perf_counter()
-                        got = runner.infer(feeds[b])
-                        synchronize(runner_device(runner))
-                        if i == 0:
-                            info["cold_start_ms"] = (time.perf_counter() - started) * 1e3
-                        if name == "eager":
-                            expected[b] = got
-                            if w.branches:  # the masked-logit margins that may excuse a discrete flip
-                                margins[b] = runner.distributions(feeds[b])["masked_logits"]
-                        gate.add(b, got, expected[b], margins.get(b))
-                    info.update(gate.info())
-                except (Unsupported, UserError) as exc:
-                    info.update(status="skipped", reason=str(exc))
-                    continue
-                if gate.failures:
-                    info.update(status="failed", reason=gate.reason(ctx.dtype))
-                    result.fail(f"backend {name}: {info['reason']}")
-                    continue
-                runners[name] = runner
-            timed = [b for b in timed_backends if b in runners]
+    def build_gated(self, ctx: Context, timed_backends: list[str], feeds: dict, points: list[int], chunk: int,
+                    result: Result) -> tuple[dict[str, dict], dict]:
+        """Build each backend (eager first), call it once per shape (compilation included) and gate it against eager:
+        each backend's info, and the runners that passed (only those are timed)."""
+        backends: dict[str, dict] = {}
+        runners, expected, margins = {}, {}, {}
+        for name in dict.fromkeys(["eager", *timed_backends]):
+            info = backends[name] = {"status": "passed", "reason": "",
+                                     "dtype": "fp32" if name == "onnxruntime" else ctx.dtype}  # the .onnx graph is fp32
+            try:
+                runner, gate = self.first_calls(ctx, name, info, feeds, points, chunk, expected, margins)
+            except (Unsupported, UserError) as exc:
+                info.update(status="skipped", reason=str(exc))
+                continue
+            if gate.failures:
+                info.update(status="failed", reason=gate.reason(ctx.dtype))
+                result.fail(f"backend {name}: {info['reason']}")
+                continue
+            runners[name] = runner
+        return backends, runners
 
-            # --- timing: rounds x points x backends, the backend order rotated each round
-            timings = {(n, b): timing.Timing(rows=b, threads=threads) for n in timed for b in points}
-            cap = self.fp16_cpu_samples if slow else 10_000
-            for r in range(self.rounds):
-                order = timed[r % len(timed):] + timed[: r % len(timed)] if timed else []
-                for b in points:
-                    for name in order:
-                        time.sleep(self.settle_s)  # let thread pools stop spinning between blocks
-                        fn = lambda runner=runners[name], f=feeds[b]: runner.infer(f)  # noqa: E731
-                        t = timing.measure(fn, runner_device(runners[name]), b, self.budget_s / self.rounds,
-                                           self.warmup_s if r == 0 else self.warmup_s / 5, max_samples=cap,
-                                           min_warmup=1 if slow else 2)
-                        timings[(name, b)].extend(t)
-            self.scenarios_on(ctx, runners, timings, feeds, points, result)
+    def first_calls(self, ctx: Context, name: str, info: dict, feeds: dict, points: list[int], chunk: int,
+                    expected: dict, margins: dict):
+        """One backend built and called once per batch point: load time, first-call time, its gate against eager
+        (eager itself fills `expected` and, for discrete branches, the masked-logit `margins`)."""
+        w = ctx.weights
+        started = time.perf_counter()
+        runner = build(ctx, name, batch_size=chunk, dtype="fp32" if name == "onnxruntime" else None)
+        info["load_s"] = time.perf_counter() - started
+        # a backend running another dtype (onnxruntime's fp32 graph in an fp64 job) is held to the looser
+        gate = Gate(w, max(self.tolerance.get(ctx.dtype, 0.0), self.tolerance.get(info["dtype"], 0.0)))
+        for i, b in enumerate(points):
+            started = time.perf_counter()
+            got = runner.infer(feeds[b])
+            synchronize(runner_device(runner))
+            if i == 0:
+                info["cold_start_ms"] = (time.perf_counter() - started) * 1e3
+            if name == "eager":
+                expected[b] = got
+                if w.branches:  # the masked-logit margins that may excuse a discrete flip
+                    margins[b] = runner.distributions(feeds[b])["masked_logits"]
+            gate.add(b, got, expected[b], margins.get(b))
+        info.update(gate.info())
+        return runner, gate
 
-        # --- metrics, series, table
+    def time_backends(self, runners: dict, timed: list[str], feeds: dict, points: list[int], threads: int,
+             slow: bool) -> dict[tuple[str, int], timing.Timing]:
+        """Rounds x points x backends, the backend order rotated each round (timing.py's measurement policy)."""
+        timings = {(n, b): timing.Timing(rows=b, threads=threads) for n in timed for b in points}
+        cap = self.fp16_cpu_samples if slow else 10_000
+        for r in range(self.rounds):
+            order = timed[r % len(timed):] + timed[: r % len(timed)] if timed else []
+            for b in points:
+                for name in order:
+                    time.sleep(self.settle_s)  # let thread pools stop spinning between blocks
+                    fn = lambda runner=runners[name], f=feeds[b]: runner.infer(f)  # noqa: E731
+                    t = timing.measure(fn, runner_device(runners[name]), b, self.budget_s / self.rounds,
+                                       self.warmup_s if r == 0 else self.warmup_s / 5, max_samples=cap,
+                                       min_warmup=1 if slow else 2)
+                    timings[(name, b)].extend(t)
+        return timings
+
+    def tabulate(self, result: Result, w: PolicyWeights, backends: dict, timings: dict, timed_backends: list[str],
+                 points: list[int], capped: list[int]) -> list[dict]:
+        """Per backend its gate's metrics and per batch point its latency stats (metrics, series); the table's rows."""
         rows = []
         for name in timed_backends:
             info = backends[name]
@@ -153,32 +195,20 @@ class BenchmarkTask:
                 elif b in capped:
                     row.update(status="skipped", reason=f"fp16 on the CPU capped at {self.fp16_cpu_max_rows} rows")
                 rows.append(row)
-        result.metrics["peak_mem_mb"] = peak_memory_mb(device)
-        result.metrics["threads"] = float(threads)
-        result.tables["benchmark"] = rows
-        if not w.huggy_shaped:
-            result.summary.append(f"policy: {w.describe_shape()}; {timed_as}")
-            result.details.update({"shape": w.describe_shape(), "feeds": timed_as})
-        result.details.update({"points": points, "scenarios": self.scenarios, "chunk_rows": chunk, "threads": threads,
-                               "backends": backends, "peak_mem_source": "device allocator" if device.type != "cpu" else "process RSS"})
-        if not timed:
-            result.status = "skipped" if result.status == "passed" else result.status
-            result.reason = result.reason or "; ".join(f"{n}: {backends[n]['reason']}" for n in timed_backends)
-        else:
-            result.files.append(plots.scaling(ctx.workdir / "benchmark.png", {n: _curve(result, n) for n in timed},
-                                              f"{ctx.device} {ctx.dtype}, {threads} thread(s)"))
-        result.summary[:0] = _summary(result, backends, points, timed_backends, ctx.batch_size)
+        return rows
+
+    def judge_point(self, ctx: Context, result: Result, eager, timings: dict, feeds: dict, points: list[int],
+                    threads: int) -> None:
+        """The point's verdict and latency: eager on (device, dtype) at the job's batch size, verified by the engine."""
         ladder = result.summary[0]
-        if "eager" in runners:  # the point's verdict and latency: eager on (device, dtype) at the job's batch size
-            b = ctx.batch_size if ctx.batch_size in points else max(points)
-            if ("eager", b) in timings:
-                stats = timings[("eager", b)].stats()
-                result.latency = {**{k: stats[k] for k in ("p50_us", "p99_us", "mean_us", "obs_per_s", "noisy", "samples")},
-                                  "threads": float(threads), "batch_size": float(b)}
-                result.metrics.update({f"latency/{k}": v for k, v in result.latency.items()})
-            verify_point(ctx, result, runners["eager"], feeds[b])
-            result.headline += f"; {ladder}"
-        return result
+        b = job_batch(points, ctx.batch_size)
+        if ("eager", b) in timings:
+            stats = timings[("eager", b)].stats()
+            result.latency = {**{k: stats[k] for k in ("p50_us", "p99_us", "mean_us", "obs_per_s", "noisy", "samples")},
+                              "threads": float(threads), "batch_size": float(b)}
+            result.metrics.update({f"latency/{k}": v for k, v in result.latency.items()})
+        verify_point(ctx, result, eager, feeds[b])
+        result.headline += f"; {ladder}"
 
     def scenarios_on(self, ctx: Context, runners: dict, timings: dict, feeds: dict, points: list[int], result: Result) -> None:
         """LoadGen's scenarios and the control loop on the job's backend (skipped, with the reason, if it is not timed)."""
@@ -198,7 +228,7 @@ class BenchmarkTask:
         if lg:
             qsl = self.feeds(ctx, [self.qsl_samples])[0][self.qsl_samples]
             tol = max(self.tolerance.get(ctx.dtype, 0.0), self.tolerance.get("fp32" if ctx.backend == "onnxruntime" else ctx.dtype, 0.0))
-            extra.run_loadgen(ctx, runner, runners["eager"], qsl, lg, self.loadgen, STEMS, tol, point,
+            extra.run_loadgen(ctx, runner, runners["eager"], qsl, lg, self.loadgen, tol, point,
                               self.search_steps, self.search_ms, result, points)
         if extra.CONTROL_LOOP in wanted:
             extra.run_control_loop(ctx, runner, self.loop, result)
@@ -253,12 +283,12 @@ class Gate:
         self.counts = {"mismatches": 0.0, "excused": 0.0, "unexcused": 0.0}
 
     def add(self, rows: int, got: dict, expected: dict, masked_logits: np.ndarray | None) -> None:
-        metrics, failures, _ = compare_outputs(got, expected, STEMS, self.tol, REL_FLOOR, masked_logits, self.branch_sizes)
-        for name in (ACTIONS, RECURRENT_OUT):
-            self.worst[name] = max(self.worst[name], metrics.get(f"{STEMS[name]}.max_abs", 0.0))
-        self.worst["tolerance"] = max(self.worst["tolerance"], metrics.get("recurrent_out.tolerance", 0.0))
+        metrics, failures, _ = compare_outputs(got, expected, VERSUS, self.tol, REL_FLOOR, masked_logits, self.branch_sizes)
+        for name, stem in ((ACTIONS, "actions"), (RECURRENT_OUT, "memories")):
+            self.worst[name] = max(self.worst[name], metrics.get(f"{stem}/vs_{VERSUS}/max_abs", 0.0))
+        self.worst["tolerance"] = max(self.worst["tolerance"], metrics.get(f"memories/vs_{VERSUS}/tolerance", 0.0))
         for k in self.counts:
-            self.counts[k] += metrics.get(f"discrete.{k}", 0.0)
+            self.counts[k] += metrics.get(f"discrete_actions/vs_{VERSUS}/{k}", 0.0)
         for failure in failures:  # the first failure of each output, with the batch point it came from
             self.failures.setdefault(failure.split(" ")[0].rstrip(":"), f"b{rows}: {failure}")
 

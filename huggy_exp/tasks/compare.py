@@ -34,34 +34,36 @@ def expected_constants(w: PolicyWeights) -> dict[str, np.ndarray]:
     return out
 
 
-def check_constants(outputs: dict[str, np.ndarray], expected: dict[str, np.ndarray], sequence: bool, prefix: str = "",
-                    origin: str = "onnx") -> tuple[dict[str, float], list[str], dict]:
-    """Each constant output exactly equal (shape and values); in a sequence, as output at the first step."""
+def check_constants(outputs: dict[str, np.ndarray], expected: dict[str, np.ndarray], sequence: bool,
+                    reference: str = "expected", origin: str = "onnx") -> tuple[dict[str, float], list[str], dict]:
+    """Each constant output exactly equal (shape and values); in a sequence, as output at the first step. Metrics
+    `<constant>/vs_<reference>/equal` (the expected values ML-Agents writes, or another graph's)."""
     metrics, failures, details = {}, [], {}
     for name, value in expected.items():
         got = outputs.get(name)
         got = None if got is None else np.asarray(got[0] if sequence else got)
         same = got is not None and got.shape == value.shape and np.array_equal(got, value)
         details[name] = {origin: None if got is None else got.tolist(), "expected": value.tolist(), "equal": bool(same)}
-        metrics[f"{prefix}{name}.equal"] = float(same)
+        metrics[f"{name}/vs_{reference}/equal"] = float(same)
         if not same:
             failures.append(f"{name}: {origin} {details[name][origin]} != {value.tolist()}")
     return metrics, failures, details
 
 
-def compare_outputs(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], stems: dict[str, str], atol: float,
+def compare_outputs(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], reference: str, atol: float,
                     rel_floor: float, masked_logits: np.ndarray | None = None, branch_sizes: tuple[int, ...] = (),
                     ) -> tuple[dict[str, float], list[str], list[dict]]:
-    """Every deterministic output `expected` has, in `actual` too, through the verification engine; metrics under
-    stems[output]: continuous actions within `atol`, recurrent_out within atol * max(1, max |memory|), discrete actions
-    equal but where the reference's masked-logit margin <= atol * max(1, |best|) (`masked_logits`: the reference's)."""
+    """Every deterministic output `expected` has, in `actual` too, through the verification engine, with metrics named
+    as the engine names them, `<stem>/vs_<reference>/<metric>` (stems actions, discrete_actions, memories): continuous
+    actions within `atol`, recurrent_out within atol * max(1, max |memory|), discrete actions equal but where the
+    reference's masked-logit margin <= atol * max(1, |best|) (`masked_logits`: the reference's)."""
     wanted = tuple(o for o in outputs_of(COMPARED) if o.name in expected)
     extra = {"masked_logits": masked_logits} if masked_logits is not None else {}
     c = compare(actual, {**expected, **extra}, Rules(Limits(atol=atol, margin=atol), rel_floor=rel_floor, outputs=wanted,
                                                       branch_sizes=tuple(branch_sizes)))
     metrics, rows = {}, []
     for o in wanted:
-        oc, stem = c.outputs[o.stem], stems[o.name]
+        oc = c.outputs[o.stem]
         m = dict(oc.metrics)
         if o.rule == "discrete" and "flips" in m:
             m = {"agreement": m["agreement"], "mismatches": m["flips"], "excused": m["flips"] - m["flips_beyond_margin"],
@@ -69,6 +71,6 @@ def compare_outputs(actual: dict[str, np.ndarray], expected: dict[str, np.ndarra
                  "margin_tol": m["margin_limit"]}
         elif o.rule == "memory" and "max_abs_limit" in m:
             m["tolerance"] = m["max_abs_limit"]
-        metrics.update({f"{stem}.{k}": v for k, v in m.items()})
+        metrics.update({f"{o.stem}/vs_{reference}/{k}": v for k, v in m.items()})
         rows.append({"output": o.name, **m})
     return metrics, c.failures, rows

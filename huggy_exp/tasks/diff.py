@@ -111,10 +111,24 @@ def compare_points(base: Point, cand: Point, alpha: float) -> dict:
     if changed:
         shown = "; ".join(f"{k} {_num(a)} -> {_num(b)}" for k, (a, b) in list(changed.items())[:4])
         row["changes"].append(f"{len(changed)} accuracy metric(s) changed: {shown}" + (" ..." if len(changed) > 4 else ""))
-    # --- the dual benchmark: candidate error / baseline error, both against fp64
+    _dual(base, cand, row)
+    _outputs(base, cand, row)
+    if base.model != cand.model:
+        row["changes"].append(f"model sha256 {str(base.model)[:12]}.. -> {str(cand.model)[:12]}..")
+    env = environment.diff(base.environment, cand.environment)
+    row["env_changed"] = len(env)
+    if env:
+        row["changes"].append("environment: " + "; ".join(f"{e['field']} {e['recorded']} -> {e['here']}" for e in env[:5])
+                              + (" ..." if len(env) > 5 else ""))
+    row["changed"] = bool(row["changes"])  # what the policy computed and where: latency is judged on its own below
+    _latency(base, cand, alpha, row)
+    return row
+
+
+def _dual(base: Point, cand: Point, row: dict) -> None:
+    """The dual benchmark: candidate error / baseline error, both against fp64 (not applicable to other inputs)."""
     if base.inputs != cand.inputs:
         row["changes"].append(f"inputs differ ({str(base.inputs)[:40]} -> {str(cand.inputs)[:40]}): no dual benchmark")
-    if base.inputs != cand.inputs:
         dual = []  # the dual benchmark holds two runs of the same inputs to one reference: not applicable
     elif base.fp64 is not None and cand.fp64 is not None and cand.outputs and base.outputs:
         dual = dual_benchmark(cand.outputs, base.outputs, cand.fp64, base.fp64)
@@ -127,7 +141,10 @@ def compare_points(base: Point, cand: Point, alpha: float) -> dict:
         row["dual_worst_ratio"] = max(d["ratio"] for d in dual)
         if row["dual"] != "pass":
             row["changes"].append(f"dual benchmark {row['dual']} (worst ratio {row['dual_worst_ratio']:.3g})")
-    # --- outputs and fingerprints
+
+
+def _outputs(base: Point, cand: Point, row: dict) -> None:
+    """The outputs both sides hold, bit for bit and in ULPs, and the fingerprints that changed."""
     shared = [n for n in base.outputs if n in cand.outputs]
     if shared:
         agree = [bitwise(cand.outputs[n], base.outputs[n]) for n in shared]
@@ -141,15 +158,10 @@ def compare_points(base: Point, cand: Point, alpha: float) -> dict:
     row["fingerprints_changed"] = len(prints)
     if prints:
         row["changes"].append(f"fingerprint(s) changed: {', '.join(prints)}")
-    if base.model != cand.model:
-        row["changes"].append(f"model sha256 {str(base.model)[:12]}.. -> {str(cand.model)[:12]}..")
-    env = environment.diff(base.environment, cand.environment)
-    row["env_changed"] = len(env)
-    if env:
-        row["changes"].append("environment: " + "; ".join(f"{e['field']} {e['recorded']} -> {e['here']}" for e in env[:5])
-                              + (" ..." if len(env) > 5 else ""))
-    row["changed"] = bool(row["changes"])  # what the policy computed and where: latency is judged on its own below
-    # --- latency: the samples' test where both sides carry them, else the p50 ratio against TEST05's tolerance
+
+
+def _latency(base: Point, cand: Point, alpha: float, row: dict) -> None:
+    """The samples' test where both sides carry them, else the p50 ratio against TEST05's tolerance."""
     if base.latency_s is not None and cand.latency_s is not None:
         lat = latency_change(base.latency_s, cand.latency_s, alpha)
     elif base.p50_us and cand.p50_us:
@@ -165,7 +177,6 @@ def compare_points(base: Point, cand: Point, alpha: float) -> dict:
         p = f", p = {lat['p_value']:.2g}" if "p_value" in lat else ""
         row["changes"].append(f"latency {lat['verdict']}: {lat['median_ratio']:.2f}x median{p}")
     row["latency_changed"] = lat["verdict"] in ("slower", "faster")
-    return row
 
 
 def _ratio(a, b) -> float:

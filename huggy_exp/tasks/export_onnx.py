@@ -24,7 +24,7 @@ from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, RECURRENT_OUT
 from huggy_exp.tasks import is_sequence
 from huggy_exp.tasks.compare import check_constants, compare_outputs, expected_constants, feeds_with_masks
 
-STEMS = {p: {ACTIONS: p, DISCRETE: f"{p}.discrete", RECURRENT_OUT: f"{p}.recurrent_out"} for p in ("vs_torch", "vs_source")}
+COMPARED = (ACTIONS, DISCRETE, RECURRENT_OUT)  # metrics <output>/vs_torch/<metric> and <output>/vs_source/<metric>
 
 
 class MLAgentsExport(nn.Module):
@@ -71,11 +71,51 @@ class ExportOnnxTask:
         self.path, self.opset, self.atol, self.masks, self.overwrite = path, opset, atol, masks, overwrite
 
     def run(self, ctx: Context) -> Result:
-        import onnx
-
         w = ctx.weights
         feeds = feeds_with_masks(ctx, self.masks)
         sequence = is_sequence(feeds)
+        # --- export, check the graph and its interface
+        out, found = self.export(ctx)
+        result = Result(files=[str(out) if self.path else out.name])  # an artifact wherever it was written
+        self.judge_interface(found, w, result)
+        # --- run it (a sequence step by step, each graph carrying its own memory), compare with the fp32 torch policy
+        graph = lambda path: build(ctx, "onnxruntime", device="cpu", dtype="fp32", batch_size=0, threads=0, onnx=path)  # noqa: E731
+        exported = run_feeds(graph(out), feeds)
+        ref = reference(ctx, "fp32")
+        ref_dist = over_steps(ref.distributions, feeds, w.memory) if w.branches else None
+        margins = ref_dist["masked_logits"] if ref_dist is not None and "masked_logits" in ref_dist else None
+        metrics, failures, rows = compare_outputs(exported, run_feeds(ref, feeds), "torch", self.atol, 1e-3,
+                                                  margins, w.branch_sizes)
+        c_metrics, c_failures, constants = check_constants(exported, expected_constants(w), sequence, "expected", "exported")
+        result.metrics.update({**metrics, **c_metrics})
+        for reason in failures + c_failures:
+            result.fail(f"exported graph vs torch fp32: {reason}")
+        self._sampled(exported, feeds, w, result)
+        # --- ... and with the source .onnx, when there is one; judge
+        source = ctx.model.onnx_path
+        headline = f"exported {out.name} (opset {self.opset}, {w.describe_shape()}): vs torch " + _brief(result.metrics, "torch")
+        if source is not None:
+            headline += self.versus_source(ctx, exported, run_feeds(graph(source), feeds), sequence, margins, rows, result)
+        else:
+            headline += "; no source .onnx to compare with"
+        if ctx.dtype != "fp32" or ctx.device != "cpu":
+            headline += f" (the graph is float32 from the CPU; device={ctx.device} dtype={ctx.dtype} do not apply)"
+        result.details.update({"exported": str(out), "source_onnx": str(source) if source else None, "interface": found,
+                               "constants": constants, "sequence": sequence, "headline": headline})
+        for name, key in ((ACTIONS, "exported_actions"), (DISCRETE, "exported_discrete_actions"), (RECURRENT_OUT, "exported_memories")):
+            if name in exported:
+                result.arrays[key] = np.asarray(exported[name])
+        result.tables["outputs"] = rows
+        result.summary = [headline, f"interface: inputs {found['inputs']}, outputs {found['outputs']}",
+                          f"onnx.checker: clean; written to {out}"]
+        return result
+
+    def export(self, ctx: Context) -> tuple[Path, dict]:
+        """The policy exported as ML-Agents does (TorchScript exporter, opset `mode.opset`), its outputs named as ML-Agents
+        names them, checked by onnx.checker and written in one step: (where it went, the interface it has)."""
+        import onnx
+
+        w = ctx.weights
         own = (ctx.model.path, ctx.model.onnx_path, ctx.model_spec.checkpoint, ctx.model_spec.onnx, ctx.model_spec.results_dir)
         out = (claim_output(self.path, self.overwrite, own, "mode.path") if self.path
                else ctx.workdir / f"{Path(ctx.model.path).stem.split('-')[0]}.onnx")
@@ -100,57 +140,34 @@ class ExportOnnxTask:
         tmpdir.cleanup()
         onnx.checker.check_model(model, full_check=True)
         atomic_write(out, lambda tmp: onnx.save(model, tmp), overwrite=self.overwrite)
-        found = _interface(model)
-        result = Result(files=[str(out) if self.path else out.name])  # an artifact wherever it was written
-        problems = _interface_problems(found, io, self.opset)
+        return out, _interface(model)
+
+    def judge_interface(self, found: dict, w: PolicyWeights, result: Result) -> None:
+        """The graph's inputs and outputs against ML-Agents' interface for these weights: each problem fails."""
+        problems = _interface_problems(found, interface(w), self.opset)
         for p in problems:
             result.fail(p)
         result.tags.update({"onnx_inputs": ",".join(found["inputs"]), "onnx_outputs": ",".join(found["outputs"])})
-        result.metrics.update({"interface.inputs": float(len(found["inputs"])), "interface.outputs": float(len(found["outputs"])),
-                               "interface.opset": float(found["opset"]), "interface.problems": float(len(problems))})
+        result.metrics.update({"interface/inputs": float(len(found["inputs"])), "interface/outputs": float(len(found["outputs"])),
+                               "interface/opset": float(found["opset"]), "interface/problems": float(len(problems))})
 
-        # --- run it (a sequence step by step, each graph carrying its own memory), against the fp32 torch policy and the source
-        graph = lambda path: build(ctx, "onnxruntime", device="cpu", dtype="fp32", batch_size=0, threads=0, onnx=path)  # noqa: E731
-        exported = run_feeds(graph(out), feeds)
-        ref = reference(ctx, "fp32")
-        torch_fp32 = run_feeds(ref, feeds)
-        ref_dist = over_steps(ref.distributions, feeds, w.memory) if w.branches else None
-        margins = ref_dist["masked_logits"] if ref_dist is not None and "masked_logits" in ref_dist else None
-        metrics, failures, rows = compare_outputs(exported, torch_fp32, STEMS["vs_torch"], self.atol, 1e-3, margins, w.branch_sizes)
+    def versus_source(self, ctx: Context, exported: dict, theirs: dict, sequence: bool, margins, rows: list[dict],
+                      result: Result) -> str:
+        """The exported graph against the source .onnx: every output (the constants exactly) and whether the two are
+        bit-identical; adds the table rows, returns the headline phrase."""
+        w, source = ctx.weights, ctx.model.onnx_path
         consts = expected_constants(w)
-        c_metrics, c_failures, constants = check_constants(exported, consts, sequence, "", "exported")
-        result.metrics.update({**metrics, **c_metrics})
-        for reason in failures + c_failures:
-            result.fail(f"exported graph vs torch fp32: {reason}")
-        self._sampled(exported, feeds, w, result)
-        source = ctx.model.onnx_path
-        headline = f"exported {out.name} (opset {self.opset}, {w.describe_shape()}): vs torch " + _brief(result.metrics, "vs_torch")
-        if source is not None:
-            theirs = run_feeds(graph(source), feeds)
-            m_src, f_src, rows_src = compare_outputs(exported, theirs, STEMS["vs_source"], self.atol, 1e-3, margins, w.branch_sizes)
-            s_metrics, s_failures, _ = check_constants(exported, {k: np.asarray(theirs[k][0] if sequence else theirs[k])
-                                                                   for k in consts if k in theirs}, sequence,
-                                                       "vs_source.", "exported")
-            compared = [k for k in (*STEMS["vs_source"], *consts) if k in theirs and k in exported]
-            identical = bool(compared) and all(np.array_equal(exported[k], theirs[k]) for k in compared)
-            result.metrics.update({**m_src, **s_metrics, "vs_source.bit_identical": float(identical)})
-            for reason in f_src + s_failures:
-                result.fail(f"exported vs source .onnx: {reason}")
-            rows += [{**r, "output": f"{r['output']} (vs source)"} for r in rows_src]
-            headline += f", vs source {source.name} {_brief(result.metrics, 'vs_source')} ({'bit-identical' if identical else 'not bit-identical'})"
-        else:
-            headline += "; no source .onnx to compare with"
-        if ctx.dtype != "fp32" or ctx.device != "cpu":
-            headline += f" (the graph is float32 from the CPU; device={ctx.device} dtype={ctx.dtype} do not apply)"
-        result.details.update({"exported": str(out), "source_onnx": str(source) if source else None, "interface": found,
-                               "constants": constants, "sequence": sequence, "headline": headline})
-        for name, key in ((ACTIONS, "exported_actions"), (DISCRETE, "exported_discrete_actions"), (RECURRENT_OUT, "exported_memories")):
-            if name in exported:
-                result.arrays[key] = np.asarray(exported[name])
-        result.tables["outputs"] = rows
-        result.summary = [headline, f"interface: inputs {found['inputs']}, outputs {found['outputs']}",
-                          f"onnx.checker: clean; written to {out}"]
-        return result
+        m_src, f_src, rows_src = compare_outputs(exported, theirs, "source", self.atol, 1e-3, margins, w.branch_sizes)
+        s_metrics, s_failures, _ = check_constants(exported, {k: np.asarray(theirs[k][0] if sequence else theirs[k])
+                                                               for k in consts if k in theirs}, sequence,
+                                                   "source", "exported")
+        compared = [k for k in (*COMPARED, *consts) if k in theirs and k in exported]
+        identical = bool(compared) and all(np.array_equal(exported[k], theirs[k]) for k in compared)
+        result.metrics.update({**m_src, **s_metrics, "graph/vs_source/bit_identical": float(identical)})
+        for reason in f_src + s_failures:
+            result.fail(f"exported vs source .onnx: {reason}")
+        rows += [{**r, "output": f"{r['output']} (vs source)"} for r in rows_src]
+        return f", vs source {source.name} {_brief(result.metrics, 'source')} ({'bit-identical' if identical else 'not bit-identical'})"
 
     def _sampled(self, exported: dict, feeds: dict, w: PolicyWeights, result: Result) -> None:
         """The exported sampled outputs: present with the deterministic ones' shapes and dtypes; no masked action drawn."""
@@ -168,19 +185,21 @@ class ExportOnnxTask:
             chosen = np.take_along_axis(feeds["action_masks"], np.where(inside, picks, 0) + starts, axis=-1)
             live = allowed_branches(feeds["action_masks"], w.branch_sizes)  # a fully masked branch draws uniformly
             masked = int(np.sum(((chosen == 0) & live) | ~inside))
-            result.metrics["sampled.discrete_masked_draws"] = float(masked)
+            result.metrics["sampled_discrete/masked_draws"] = float(masked)
             if masked:
                 failures.append(f"{DISCRETE_SAMPLED}: {masked} draws of a masked action or outside their branch")
         for reason in failures:
             result.fail(f"exported graph: {reason}")
 
 
-def _brief(metrics: dict, stem: str) -> str:
-    parts = [f"max_abs {metrics[f'{stem}.max_abs']:.2e}"] if f"{stem}.max_abs" in metrics else []
-    if f"{stem}.discrete.agreement" in metrics:
-        parts.append(f"discrete agreement {metrics[f'{stem}.discrete.agreement']:.2%}")
-    if f"{stem}.recurrent_out.max_abs" in metrics:
-        parts.append(f"recurrent_out max_abs {metrics[f'{stem}.recurrent_out.max_abs']:.2e}")
+def _brief(metrics: dict, reference: str) -> str:
+    """The exported graph's figures against `reference` (torch, source), in words."""
+    get = lambda stem, k: metrics.get(f"{stem}/vs_{reference}/{k}")  # noqa: E731
+    parts = [f"max_abs {get('actions', 'max_abs'):.2e}"] if get("actions", "max_abs") is not None else []
+    if get("discrete_actions", "agreement") is not None:
+        parts.append(f"discrete agreement {get('discrete_actions', 'agreement'):.2%}")
+    if get("memories", "max_abs") is not None:
+        parts.append(f"recurrent_out max_abs {get('memories', 'max_abs'):.2e}")
     return ", ".join(parts)
 
 

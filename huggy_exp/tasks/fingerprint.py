@@ -83,15 +83,9 @@ class FingerprintTask:
         result.metrics = {"steps": float(steps),
                           **_divergence_metrics(mine, ref, names, exact, quant, first_exact[1] if first_exact else None)}
         if len(names) > 1:  # each output on its own too
-            for n in names:
-                result.metrics.update({f"{n}.{k}": v for k, v in _divergence_metrics(mine, ref, [n], exact, quant, exact[n]).items()})
-                fp[f"{n}.fingerprint_sha256"] = digest([mine[n]])
-                fp[f"{n}.fingerprint_quantized"] = digest([qmine[n]])
+            _each_output(result, fp, mine, ref, qmine, exact, quant)
         result.tags.update(fp)
-        where = "equals the CPU fp32 fingerprint" if first_exact is None else (
-            f"parts from CPU fp32 at step {first_exact[1][0]}, {_what(first_exact[0], names)} {first_exact[1][1]} by {first_exact[1][2]:.3g}")
-        qwhere = "quantized equal" if first_quant is None else (
-            f"quantized parts at step {first_quant[1][0]}, {_what(first_quant[0], names)} {first_quant[1][1]}")
+        where, qwhere = _where(first_exact, first_quant, names)
         headline = f"sha256 {fp['fingerprint_sha256'][:16]}.. quantized({self.decimals}) {fp['fingerprint_quantized'][:16]}..: {where}; {qwhere}"
         as_dict = lambda d: None if d is None else dict(zip(("step", "dim", "abs"), d[1]), **({"output": d[0]} if len(names) > 1 else {}))  # noqa: E731
         result.details.update({**fp, "loop": self.loop, "actions": self.kind, "decimals": self.decimals,
@@ -105,6 +99,23 @@ class FingerprintTask:
         if ctx.dtype in self.require_match and first_quant is not None:
             result.fail(f"quantized fingerprint differs from CPU fp32 ({qwhere}, by {first_quant[1][2] / 10**self.decimals:.3g})")
         return result
+
+
+def _each_output(result: Result, fp: dict, mine: dict, ref: dict, qmine: dict, exact: dict, quant: dict) -> None:
+    """Each output's divergence metrics and fingerprints on its own, beside those of all outputs together."""
+    for n in mine:
+        result.metrics.update({f"{n}/{k}": v for k, v in _divergence_metrics(mine, ref, [n], exact, quant, exact[n]).items()})
+        fp[f"{n}.fingerprint_sha256"] = digest([mine[n]])
+        fp[f"{n}.fingerprint_quantized"] = digest([qmine[n]])
+
+
+def _where(first_exact, first_quant, names: list[str]) -> tuple[str, str]:
+    """Where the fingerprint (exact, then quantized) first parts from CPU fp32's, in words."""
+    where = "equals the CPU fp32 fingerprint" if first_exact is None else (
+        f"parts from CPU fp32 at step {first_exact[1][0]}, {_what(first_exact[0], names)} {first_exact[1][1]} by {first_exact[1][2]:.3g}")
+    qwhere = "quantized equal" if first_quant is None else (
+        f"quantized parts at step {first_quant[1][0]}, {_what(first_quant[0], names)} {first_quant[1][1]}")
+    return where, qwhere
 
 
 def _first(found: dict[str, tuple | None]) -> tuple[str, tuple[int, int, float]] | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from huggy_exp.app import environment
+from huggy_exp import environment
 from huggy_exp.context import Context
 from huggy_exp.mlagents import configuration_mismatches, model_configuration, sha256_file
 from huggy_exp.placement import cann_version, inventory
@@ -16,43 +16,17 @@ class InfoTask:
 
     def run(self, ctx: Context) -> Result:
         model, w = ctx.model, ctx.weights
-        env = {**environment(), "cann": cann_version()}
+        env = {**environment.summary(), "cann": cann_version()}
         devices = inventory()
         n = w.normalizer
         normalizer = _normalizer_summary(n) if n is not None else None
         per_input = {f"obs_{i}": _normalizer_summary(o.normalizer) for i, o in enumerate(w.inputs) if o.normalizer is not None}
-        files = {}
-        for label, path in (("checkpoint" if model.source != "onnx" else "onnx", model.path), ("onnx", model.onnx_path)):
-            if path is not None and label not in files:
-                files[label] = {"path": str(path), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
-        dims = {
-            "obs_dim": w.obs_dim, "act_dim": w.act_dim, "hidden_units": w.hidden_units, "num_layers": w.num_layers,
-            "parameters": w.parameter_count, "log_sigma_parameters": w.log_sigma_count,
-            "conditional_sigma": w.conditional_sigma, "tanh_squash": w.tanh_squash,
-            "version_number": w.version_number, "memory_size": w.memory_size, "step": model.step,
-            "inputs": len(w.inputs), "discrete_branches": len(w.branches), "discrete_actions": sum(w.branch_sizes),
-        }
-        shape = {"inputs": [{"name": f"obs_{i}", "size": o.size, "normalized": o.normalizer is not None} for i, o in enumerate(w.inputs)],
-                 "continuous_actions": w.act_dim, "branch_sizes": list(w.branch_sizes), "memory_size": w.memory,
-                 "lstm_hidden": w.lstm.hidden_size if w.lstm else 0, "description": w.describe_shape(),
-                 "modes": "every mode" if w.huggy_shaped else ("every mode, on backend eager or onnxruntime "
-                                                                 "(compile and graphs run Huggy's shape only)")}
+        files = _model_files(model)
+        dims, shape = _dimensions(model, w), _shape(w)
         behavior, config = model_configuration(model.path)
         mismatches = configuration_mismatches(config, w) if config else []
-        metrics = {k: float(v) for k, v in dims.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        if normalizer:
-            if n.steps is not None:
-                metrics["normalization_steps"] = float(n.steps)
-            if normalizer["fp16_overflow_dims"] is not None:
-                metrics["fp16_overflow_dims"] = float(normalizer["fp16_overflow_dims"])
         summary = [
-            (f"policy: {w.obs_dim} obs -> {w.num_layers}x{w.hidden_units} Swish -> {w.act_dim} actions, "
-             if w.huggy_shaped else f"policy: {w.describe_shape()}; {w.num_layers}x{w.hidden_units} Swish; ")
-            + f"{w.parameter_count:,} parameters (+{w.log_sigma_count} log_sigma), step {model.step}",
-            (f"normalizers on {', '.join(per_input)} (kept fp32)" if per_input else "normalizer: none") if n is None else
-            f"normalizer: steps {n.steps}, std {normalizer['std_min']:.3g}..{normalizer['std_max']:.3g}, "
-            + ("fp16 overflow unknown (.onnx holds only the folded std)" if normalizer["fp16_overflow_dims"] is None
-               else f"{normalizer['fp16_overflow_dims']} dims overflow fp16 (kept fp32)"),
+            _policy_line(model, w), _normalizer_line(n, normalizer, per_input),
             f"torch {env['torch']}, torch_npu {env['torch_npu']}, CANN {env['cann']}, onnxruntime {env['onnxruntime']}",
             "devices: " + ", ".join(f"{k}={v}" for k, v in devices.items()),
             *(f"{k}: {v['path']} ({v['bytes']:,} bytes, sha256 {v['sha256'][:16]}...)" for k, v in files.items()),
@@ -63,11 +37,65 @@ class InfoTask:
             summary.append("configuration.yaml: " + ("; ".join(mismatches) if mismatches else
                                                       f"{behavior} {config['trainer_type']} settings agree with the weights"))
         return Result(
-            metrics=metrics,
+            metrics=_metrics(dims, n, normalizer),
             details={"environment": env, "devices": devices, "policy": dims, "shape": shape, "normalizers": per_input, "normalizer": normalizer, "model_files": files,
                      "configuration": config, "configuration_mismatches": mismatches},
             summary=summary,
         )
+
+
+def _model_files(model) -> dict:
+    """The model's files (the checkpoint or .onnx, and a twin .onnx): path, size, sha256."""
+    files = {}
+    for label, path in (("checkpoint" if model.source != "onnx" else "onnx", model.path), ("onnx", model.onnx_path)):
+        if path is not None and label not in files:
+            files[label] = {"path": str(path), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+    return files
+
+
+def _dimensions(model, w) -> dict:
+    """The policy's sizes and flags, as `details.policy` and (the numeric ones) as metrics."""
+    return {
+        "obs_dim": w.obs_dim, "act_dim": w.act_dim, "hidden_units": w.hidden_units, "num_layers": w.num_layers,
+        "parameters": w.parameter_count, "log_sigma_parameters": w.log_sigma_count,
+        "conditional_sigma": w.conditional_sigma, "tanh_squash": w.tanh_squash,
+        "version_number": w.version_number, "memory_size": w.memory_size, "step": model.step,
+        "inputs": len(w.inputs), "discrete_branches": len(w.branches), "discrete_actions": sum(w.branch_sizes),
+    }
+
+
+def _shape(w) -> dict:
+    """The policy's inputs, heads and memory, and which modes run it."""
+    return {"inputs": [{"name": f"obs_{i}", "size": o.size, "normalized": o.normalizer is not None} for i, o in enumerate(w.inputs)],
+            "continuous_actions": w.act_dim, "branch_sizes": list(w.branch_sizes), "memory_size": w.memory,
+            "lstm_hidden": w.lstm.hidden_size if w.lstm else 0, "description": w.describe_shape(),
+            "modes": "every mode" if w.huggy_shaped else ("every mode, on backend eager or onnxruntime "
+                                                            "(compile and graphs run Huggy's shape only)")}
+
+
+def _metrics(dims: dict, n, normalizer: dict | None) -> dict[str, float]:
+    """The numeric dimensions, and the normalizer's steps and fp16-overflowing dimensions when known."""
+    metrics = {k: float(v) for k, v in dims.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if normalizer:
+        if n.steps is not None:
+            metrics["normalization_steps"] = float(n.steps)
+        if normalizer["fp16_overflow_dims"] is not None:
+            metrics["fp16_overflow_dims"] = float(normalizer["fp16_overflow_dims"])
+    return metrics
+
+
+def _policy_line(model, w) -> str:
+    return ((f"policy: {w.obs_dim} obs -> {w.num_layers}x{w.hidden_units} Swish -> {w.act_dim} actions, "
+             if w.huggy_shaped else f"policy: {w.describe_shape()}; {w.num_layers}x{w.hidden_units} Swish; ")
+            + f"{w.parameter_count:,} parameters (+{w.log_sigma_count} log_sigma), step {model.step}")
+
+
+def _normalizer_line(n, normalizer: dict | None, per_input: dict) -> str:
+    if n is None:
+        return f"normalizers on {', '.join(per_input)} (kept fp32)" if per_input else "normalizer: none"
+    return (f"normalizer: steps {n.steps}, std {normalizer['std_min']:.3g}..{normalizer['std_max']:.3g}, "
+            + ("fp16 overflow unknown (.onnx holds only the folded std)" if normalizer["fp16_overflow_dims"] is None
+               else f"{normalizer['fp16_overflow_dims']} dims overflow fp16 (kept fp32)"))
 
 
 def _normalizer_summary(n) -> dict:

@@ -16,7 +16,7 @@ from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, buil
 from huggy_exp.tasks import is_sequence, latency, verify_point
 from huggy_exp.tasks.compare import check_constants, compare_outputs, expected_constants, feeds_with_masks
 
-STEMS = {ACTIONS: "deterministic", DISCRETE: "deterministic_discrete", RECURRENT_OUT: "recurrent_out"}
+VERSUS = "onnxruntime"  # metrics <output>/vs_onnxruntime/<metric>, as the engine names them
 
 
 class OnnxCompareTask:
@@ -37,23 +37,38 @@ class OnnxCompareTask:
         sequence = is_sequence(feeds)
         onnx_path = ctx.onnx_path()
         check_onnx_pairing(onnx_path, w)
+        # --- build runners, run the feeds
         ort = build(ctx, "onnxruntime", device="cpu", dtype="fp32", batch_size=0, threads=0, provider=self.provider)
         under_test = build(ctx)
         mine, theirs = run_feeds(under_test, feeds), run_feeds(ort, feeds)
         # what the sampled outputs draw from, and the discrete margins: the fp32 CPU policy, its own memory carried
         dist = over_steps(reference(ctx, "fp32").distributions, feeds, w.memory)
         result = Result()
-
-        # --- deterministic outputs, element-wise (discrete exactly) and the constant outputs exactly
+        # --- compare: deterministic outputs element-wise (discrete exactly), constants exactly, draws statistically
         atol = limits_for({k: {"atol": v} for k, v in self.atol.items()}, ctx.dtype, ctx.device, self.specialize)["atol"]
-        metrics, failures, rows = compare_outputs(mine, theirs, STEMS, atol, self.rel_floor, dist.get("masked_logits"), w.branch_sizes)
+        metrics, failures, rows = compare_outputs(mine, theirs, VERSUS, atol, self.rel_floor, dist.get("masked_logits"), w.branch_sizes)
         c_metrics, c_failures, constants = check_constants(theirs, expected_constants(w), sequence)
         result.metrics.update({**metrics, **c_metrics})
         for reason in failures + c_failures:
             result.fail(reason)
+        sampled = self.sampled(ort, w, feeds, dist, sequence, result)
+        # --- judge, Result
+        versus = "vs onnxruntime: " + "; ".join(_deterministic_lines(result.metrics, mine, atol, constants) + sampled)
+        result.details.update({"onnx": str(onnx_path), "provider": self.provider, "atol": atol, "constants": constants,
+                               "sequence": sequence})
+        lead = f"{len(feeds['obs_0'])} steps x {feeds['obs_0'].shape[1]} agents, memory carried on both sides; " if sequence else ""
+        result.summary[:0] = [f"{ort.name} on {onnx_path.name} vs {under_test.name} ({ctx.device} {ctx.dtype}): {lead}{w.describe_shape()}",
+                              versus]
+        result.tables["outputs"] = [*rows, *({"output": k, **v} for k, v in constants.items())]
+        _keep_outputs(ctx, result, mine, theirs, ort.name)
+        latency(under_test, ctx, feeds, result)
+        verify_point(ctx, result, under_test, feeds, mine)
+        result.headline += f"; {versus}"
+        return result
 
-        # --- sampled outputs, statistically: many onnxruntime draws of the same rows (the last step of a sequence, fed
-        # the reference's memory) against the reference's distributions
+    def sampled(self, ort, w, feeds: dict, dist: dict, sequence: bool, result: Result) -> list[str]:
+        """Many onnxruntime draws of the same rows (the last step of a sequence, fed the reference's memory) against the
+        reference's distributions: continuous by their moments, discrete by chi-square. Their headline phrases."""
         step = {k: v[-1] for k, v in feeds.items()} if sequence else feeds
         last = {k: v[-1] for k, v in dist.items()} if sequence else dist
         n = min(self.sample_rows, len(step["obs_0"]))
@@ -73,48 +88,23 @@ class OnnxCompareTask:
             result.summary.append(f"sampled continuous: {int(stats['cells'])} cells x {self.samples} draws; mean test at "
                                   f"{self.confidence:.1%} (Bonferroni), spread on {int(stats['spread_cells'])} unclipped cells")
         if w.branches:
-            masks = rows_feeds.get(ACTION_MASKS)
             picks = np.asarray(draws[DISCRETE_SAMPLED]).reshape(self.samples, n, -1)
-            stats = categorical_check(picks, last["masked_logits"][:n], w.branch_sizes, masks, self.confidence)
-            result.metrics.update({f"sampled_discrete.{k}": v for k, v in stats.items()})
-            if stats["masked_draws"] or stats["out_of_range"]:
-                result.fail(f"discrete_actions: {int(stats['masked_draws'])} draws of a masked action, "
-                            f"{int(stats['out_of_range'])} outside their branch")
-            if not stats["p_min"] >= stats["p_crit"]:  # written so that NaN never passes
-                result.fail(f"discrete_actions do not follow the masked softmax: chi-square p {stats['p_min']:.2g} < "
-                            f"{stats['p_crit']:.2g} ({self.confidence:.1%} confidence, Bonferroni over {int(stats['cells'])} cells)")
-            headline.append(f"sampled discrete p_min {stats['p_min']:.2g}/{stats['p_crit']:.2g}, {int(stats['masked_draws'])} masked draws")
-            result.summary.append(f"sampled discrete: {int(stats['cells'])} (row, branch) cells x {self.samples} draws; chi-square "
-                                  f"at {self.confidence:.1%} (Bonferroni); max |frequency - p| {stats['freq_max_abs']:.3f}")
+            headline.append(self._discrete(picks, last["masked_logits"][:n], w.branch_sizes, rows_feeds.get(ACTION_MASKS), result))
+        return headline
 
-        parts = []
-        if ACTIONS in mine:
-            parts.append(f"deterministic max_abs {result.metrics.get('deterministic.max_abs', float('nan')):.2e} (atol {atol:g})")
-        if DISCRETE in mine:
-            parts.append(f"discrete agreement {result.metrics.get('deterministic_discrete.agreement', float('nan')):.2%} "
-                         f"({int(result.metrics.get('deterministic_discrete.excused', 0))} excused near-ties)")
-        if RECURRENT_OUT in mine:
-            parts.append(f"recurrent_out max_abs {result.metrics.get('recurrent_out.max_abs', float('nan')):.2e}")
-        parts.append(f"constants {'equal' if all(c['equal'] for c in constants.values()) else 'DIFFER'}")
-        versus = "vs onnxruntime: " + "; ".join(parts + headline)
-        result.details.update({"onnx": str(onnx_path), "provider": self.provider, "atol": atol, "constants": constants,
-                               "sequence": sequence})
-        lead = f"{len(feeds['obs_0'])} steps x {feeds['obs_0'].shape[1]} agents, memory carried on both sides; " if sequence else ""
-        result.summary[:0] = [f"{ort.name} on {onnx_path.name} vs {under_test.name} ({ctx.device} {ctx.dtype}): {lead}{w.describe_shape()}",
-                              versus]
-        result.tables["outputs"] = [*rows, *({"output": k, **v} for k, v in constants.items())]
-        for name, key in ((ACTIONS, "actions"), (DISCRETE, "discrete_actions"), (RECURRENT_OUT, "memories")):
-            if name in mine and name in theirs:
-                result.arrays.update({f"torch_{key}": mine[name], f"onnx_{key}": np.asarray(theirs[name])})
-        diffs = {f"{name}: torch {ctx.dtype} - onnxruntime": mine[name] - theirs[name] for name in (ACTIONS, RECURRENT_OUT)
-                 if name in mine and np.shape(theirs.get(name)) == np.shape(mine[name])}
-        if diffs:
-            result.files.append(plots.error_histogram(ctx.workdir / "error_histogram.png", diffs,
-                                                      f"deterministic outputs, {ctx.device} {ctx.dtype} vs {ort.name}"))
-        latency(under_test, ctx, feeds, result)
-        verify_point(ctx, result, under_test, feeds, mine)
-        result.headline += f"; {versus}"
-        return result
+    def _discrete(self, picks: np.ndarray, masked_logits: np.ndarray, sizes: tuple[int, ...], masks, result: Result) -> str:
+        """Draws [samples, rows, branches] against the masked softmax: never a masked action, frequencies by chi-square."""
+        stats = categorical_check(picks, masked_logits, sizes, masks, self.confidence)
+        result.metrics.update({f"sampled_discrete/{k}": v for k, v in stats.items()})
+        if stats["masked_draws"] or stats["out_of_range"]:
+            result.fail(f"discrete_actions: {int(stats['masked_draws'])} draws of a masked action, "
+                        f"{int(stats['out_of_range'])} outside their branch")
+        if not stats["p_min"] >= stats["p_crit"]:  # written so that NaN never passes
+            result.fail(f"discrete_actions do not follow the masked softmax: chi-square p {stats['p_min']:.2g} < "
+                        f"{stats['p_crit']:.2g} ({self.confidence:.1%} confidence, Bonferroni over {int(stats['cells'])} cells)")
+        result.summary.append(f"sampled discrete: {int(stats['cells'])} (row, branch) cells x {self.samples} draws; chi-square "
+                              f"at {self.confidence:.1%} (Bonferroni); max |frequency - p| {stats['freq_max_abs']:.3f}")
+        return f"sampled discrete p_min {stats['p_min']:.2g}/{stats['p_crit']:.2g}, {int(stats['masked_draws'])} masked draws"
 
     def _continuous(self, draws: np.ndarray, dist: dict, n: int, tanh_squash: bool, result: Result) -> dict:
         """Draws [samples, rows, act] against mu and exp(log_sigma): the clipped normal (PPO) or the normal before tanh (SAC)."""
@@ -123,9 +113,35 @@ class OnnxCompareTask:
             stats = sampling_check(np.arctanh(np.clip(draws, -1 + 1e-7, 1 - 1e-7)), mu, sigma, None, None, self.confidence)
         else:
             stats = sampling_check(draws * ACTION_CLAMP, mu, sigma, -ACTION_CLAMP, ACTION_CLAMP, self.confidence)
-        result.metrics.update({f"sampled.{k}": v for k, v in stats.items()})
+        result.metrics.update({f"sampled/{k}": v for k, v in stats.items()})
         if not stats["mean_z_max"] <= stats["mean_z_crit"]:  # written so that NaN never passes
             result.fail(f"sampled means off: max |z| {stats['mean_z_max']:.2f} > {stats['mean_z_crit']:.2f} ({self.confidence:.1%} confidence)")
         if stats["spread_cells"] > 0 and not abs(stats["spread_ratio"] - 1) <= stats["spread_tolerance"]:
             result.fail(f"sampled spread {stats['spread_ratio']:.3f} x exp(log_sigma), outside 1 +- {stats['spread_tolerance']:.3f}")
         return stats
+
+
+def _deterministic_lines(m: dict, mine: dict, atol: float, constants: dict) -> list[str]:
+    """The deterministic outputs' figures against onnxruntime, in words, and whether the constants are equal."""
+    parts = []
+    if ACTIONS in mine:
+        parts.append(f"deterministic max_abs {m.get(f'actions/vs_{VERSUS}/max_abs', float('nan')):.2e} (atol {atol:g})")
+    if DISCRETE in mine:
+        parts.append(f"discrete agreement {m.get(f'discrete_actions/vs_{VERSUS}/agreement', float('nan')):.2%} "
+                     f"({int(m.get(f'discrete_actions/vs_{VERSUS}/excused', 0))} excused near-ties)")
+    if RECURRENT_OUT in mine:
+        parts.append(f"recurrent_out max_abs {m.get(f'memories/vs_{VERSUS}/max_abs', float('nan')):.2e}")
+    parts.append(f"constants {'equal' if all(c['equal'] for c in constants.values()) else 'DIFFER'}")
+    return parts
+
+
+def _keep_outputs(ctx: Context, result: Result, mine: dict, theirs: dict, ort_name: str) -> None:
+    """Both sides' deterministic outputs as arrays, and a histogram of their differences."""
+    for name, key in ((ACTIONS, "actions"), (DISCRETE, "discrete_actions"), (RECURRENT_OUT, "memories")):
+        if name in mine and name in theirs:
+            result.arrays.update({f"torch_{key}": mine[name], f"onnx_{key}": np.asarray(theirs[name])})
+    diffs = {f"{name}: torch {ctx.dtype} - onnxruntime": mine[name] - theirs[name] for name in (ACTIONS, RECURRENT_OUT)
+             if name in mine and np.shape(theirs.get(name)) == np.shape(mine[name])}
+    if diffs:
+        result.files.append(plots.error_histogram(ctx.workdir / "error_histogram.png", diffs,
+                                                  f"deterministic outputs, {ctx.device} {ctx.dtype} vs {ort_name}"))

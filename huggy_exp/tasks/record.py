@@ -66,17 +66,9 @@ class RecordTask:
         # --- into the bundle
         key = bundle.point_key(ctx.device, ctx.dtype, ctx.backend, ctx.batch_size)
         prints = fingerprints(outputs, self.decimals)
-        observations = {"source": ctx.obs.source, "rows": ctx.obs.rows, "scale": ctx.obs.scale, "path": ctx.obs.path,
-                        "seed": ctx.seed, "inputs_sha256": bundle.arrays_sha256(feeds),
-                        "inputs": {k: list(v.shape) for k, v in feeds.items()}}
-        stats = timed.stats()
-        point = {"device": ctx.device, "dtype": ctx.dtype, "backend": ctx.backend, "batch": ctx.batch_size,
-                 "threads": timed.threads, "runner": getattr(runner, "name", ctx.backend), "environment": environment.capture(),
-                 "fingerprints": prints, "outputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in outputs.items()},
-                 "latency": {k: stats[k] for k in ("p50_us", "p90_us", "p99_us", "mean_us", "iqr_us", "samples", "noisy")}}
-        manifest, replaced = bundle.record_point(root, model_entry(ctx), observations, feeds, fp64, key, point, outputs,
-                                                 np.asarray(timed.samples), {"against": "cpu fp64 eager", "outputs": comparison})
+        manifest, replaced = self.into_bundle(ctx, root, key, runner, feeds, fp64, outputs, comparison, prints, timed)
         # --- the job's own result
+        stats = timed.stats()
         result = Result(arrays=dict(outputs))
         for name, m in comparison.items():
             result.metrics.update({f"{name}/vs_fp64/{k}": v for k, v in m.items()})
@@ -96,3 +88,19 @@ class RecordTask:
         result.headline = headline
         result.details.update({"headline": headline, "bundle": str(root.resolve()), "point": key, "fingerprints": prints})
         return result
+
+    @staticmethod
+    def into_bundle(ctx: Context, root: Path, key: str, runner, feeds: dict, fp64: dict, outputs: dict, comparison: dict,
+                    prints: dict, timed) -> tuple[dict, bool]:
+        """The point (where it ran, its fingerprints, outputs and latency) and the inputs it ran on, recorded into the
+        bundle at `root`: (the manifest, whether an earlier recording of the point was replaced)."""
+        observations = {"source": ctx.obs.source, "rows": ctx.obs.rows, "scale": ctx.obs.scale, "path": ctx.obs.path,
+                        "seed": ctx.seed, "inputs_sha256": bundle.arrays_sha256(feeds),
+                        "inputs": {k: list(v.shape) for k, v in feeds.items()}}
+        stats = timed.stats()
+        point = {"device": ctx.device, "dtype": ctx.dtype, "backend": ctx.backend, "batch": ctx.batch_size,
+                 "threads": timed.threads, "runner": getattr(runner, "name", ctx.backend), "environment": environment.capture(),
+                 "fingerprints": prints, "outputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in outputs.items()},
+                 "latency": {k: stats[k] for k in ("p50_us", "p90_us", "p99_us", "mean_us", "iqr_us", "samples", "noisy")}}
+        return bundle.record_point(root, model_entry(ctx), observations, feeds, fp64, key, point, outputs,
+                                   np.asarray(timed.samples), {"against": "cpu fp64 eager", "outputs": comparison})

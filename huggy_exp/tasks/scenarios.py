@@ -28,8 +28,7 @@ CONTROL_LOOP = "control_loop"
 NAMES = SCENARIOS
 
 
-def reference_check(w: PolicyWeights, eager: Runner, feeds: Mapping[str, np.ndarray], stems: dict[str, str],
-                    tol: float) -> Callable[[np.ndarray, Mapping[str, np.ndarray]], tuple[dict[str, float], list[str]]]:
+def reference_check(w: PolicyWeights, eager: Runner, feeds: Mapping[str, np.ndarray], tol: float) -> Callable[[np.ndarray, Mapping[str, np.ndarray]], tuple[dict[str, float], list[str]]]:
     """check(qsl_index, responses): the responses LoadGen collected against eager's outputs on those QSL rows."""
     expected = eager.infer(feeds)
     margins = discrete_margins(eager.distributions(feeds)["masked_logits"], w.branch_sizes) if w.branches else None
@@ -37,20 +36,19 @@ def reference_check(w: PolicyWeights, eager: Runner, feeds: Mapping[str, np.ndar
     def check(index: np.ndarray, got: Mapping[str, np.ndarray]) -> tuple[dict[str, float], list[str]]:
         want = {k: np.asarray(expected[k])[index] for k in loadgen.CHECKED if k in expected}
         rows = None if margins is None else (margins[0][index], margins[1][index])
-        metrics, failures, _ = compare_outputs(dict(got), want, stems, tol, REL_FLOOR, rows)
-        return {f"vs_eager/{k}": v for k, v in metrics.items()}, failures
+        return compare_outputs(dict(got), want, "eager", tol, REL_FLOOR, rows)[:2]
 
     return check
 
 
 def run_loadgen(ctx: Context, runner: Runner, eager: Runner, feeds: Mapping[str, np.ndarray], scenarios: list[str],
-                settings: loadgen.Settings, stems: dict[str, str], tol: float, point: dict[str, float],
+                settings: loadgen.Settings, tol: float, point: dict[str, float],
                 search_steps: int, search_ms: int, result: Result, points: list[int]) -> None:
     """LoadGen's scenarios on the runner; metrics, LoadGen's files, the server search table, failures into `result`.
 
     `point` is timing.py's figures of this runner at the job's batch size (LoadGen's expected latency and QPS); a
     fixed-shape runner (compile, graphs) answers in the batch sizes it was timed at (`points`)."""
-    check = reference_check(ctx.weights, eager, feeds, stems, tol)
+    check = reference_check(ctx.weights, eager, feeds, tol)
     single = point.get("b1_p50_us", point["p50_us"] / max(ctx.batch_size, 1)) * 1e-6
     out = loadgen.run_scenarios(scenarios, runner.infer, feeds, ctx.batch_size, settings, ctx.workdir, single,
                                 point["obs_per_s"], check, search_steps, search_ms, point.get("b1_min_us", 0.0) * 1e-6,
