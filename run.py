@@ -18,7 +18,7 @@ CONF = Path(__file__).parent / "conf"
 
 
 def one_job(cfg: DictConfig, tracker=None) -> str:
-    from huggy_exp.app import JobInfo, execute, exit_code, sync, ui
+    from huggy_exp.app import JobInfo, execute, exit_code, point_info, sync, ui
 
     config.setup()  # the resolvers, again: joblib and submitit run this function in fresh processes
     hc = HydraConfig.get()
@@ -32,7 +32,7 @@ def one_job(cfg: DictConfig, tracker=None) -> str:
     job = JobInfo(overrides=tuple(hc.overrides.task), case=hc.runtime.choices.get("case"),
                   sweep_dir=Path(hc.sweep.dir) if multirun else None, num=hc.job.num if multirun else None,
                   launcher=launcher, shared_machine=multirun and config.shares_machine(launcher, hc.launcher),
-                  tracker=tracker)
+                  tracker=tracker, **point_info())
     result = execute(cfg, Path(hc.runtime.output_dir), mode, job)
     code = exit_code(result, cfg.get("expect"))
     if not multirun and code:
@@ -41,6 +41,21 @@ def one_job(cfg: DictConfig, tracker=None) -> str:
 
 
 main = hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")(one_job)
+
+
+def ray_preflight(composed: list[DictConfig]) -> None:
+    """hydra/launcher=ray: the extra is installed, the cluster answers, every point can be placed, the store is reachable
+    from every node (Ray is imported only here, for Ray sweeps)."""
+    from huggy_exp import cluster
+
+    cluster.require_ray()
+    launcher = composed[0].hydra.launcher
+    address = ((launcher.get("ray") or {}).get("init") or {}).get("address")
+    if address:  # before Ray's import: an address nothing answers at costs seconds, not Ray's minutes of retries
+        cluster.check_reachable(str(address), float(launcher.get("connect_timeout_s") or 10))
+    from hydra_plugins.huggy_ray_launcher import _core
+
+    _core.preflight(composed)
 
 
 def cli(argv: list[str], mlflow_helper: bool = False) -> None:
@@ -64,6 +79,8 @@ def cli(argv: list[str], mlflow_helper: bool = False) -> None:
         try:
             jobs = config.preflight(argv, CONF, keep=composed)
             os.environ[config.JOBS_ENV] = str(jobs)  # the sweep's size, for its progress lines (sweep.json)
+            if {"-m", "--multirun"} & set(argv) and composed and composed[0].hydra.runtime.choices.get("hydra/launcher") == "ray":
+                ray_preflight(composed)
         except UserError as exc:
             print(f"error: {exc}", file=sys.stderr)
             sys.exit(2)

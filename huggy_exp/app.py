@@ -63,6 +63,27 @@ class JobInfo:
     launcher: str = "basic"
     shared_machine: bool = False  # a parallel launcher runs other jobs beside this one: timings are not clean
     tracker: object | None = field(default=None, compare=False)  # tracking_worker.Helper: logs in place of tracking.log_job
+    # set by a launcher that places points on other hosts (the Ray launcher, through POINT_ENV):
+    job_id: str | None = None  # chosen before submission, so that the head and the worker name one record
+    host: dict | None = None  # where the point ran: hostname, Ray node, card, device name, driver/CANN versions
+    preset: tuple[str, str] | None = None  # (status, reason) decided before the job could run (no node has its device)
+    pending: str | None = None  # do not log now, leave tracking pending with this reason (`mode=sync` logs it)
+
+
+POINT_ENV = "HUGGY_EXP_POINT"  # JSON of JobInfo's launcher fields (job_id, host, preset, pending) for the job in this process
+
+
+def point_info() -> dict:
+    """The launcher's fields of the job this process runs now (empty unless a launcher set POINT_ENV)."""
+    import json
+    import os
+
+    text = os.environ.get(POINT_ENV)
+    if not text:
+        return {}
+    point = json.loads(text)
+    return {"job_id": point.get("job_id"), "host": point.get("host"),
+            "preset": tuple(point["preset"]) if point.get("preset") else None, "pending": point.get("pending")}
 
 
 def run_name(mode: str, cfg: DictConfig, case: str | None = None) -> str:
@@ -105,10 +126,12 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
     sweep = (tracking.read_sweep(job.sweep_dir) or {}) if job.sweep_dir is not None else None
     if sweep is not None:
         say(progress(sweep, job, started))
-    result, ctx, interrupted = _run_task(cfg, workdir, mode)
+    result, ctx, interrupted = _run_task(cfg, workdir, mode, job.preset)
     head = _lead_with_headline(result, mode, job, int(cfg.batch_size))
     settings = OmegaConf.to_container(cfg.tracking, resolve=True)
     record = _job_record(cfg, mode, job, result, ctx, started, interrupted, head, settings)
+    if job.host:
+        record["host"] = job.host
     if job.shared_machine:
         result.tags["shared_machine"] = "true"
     if sweep is not None:
@@ -133,14 +156,20 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
     return result
 
 
-def _run_task(cfg: DictConfig, workdir: Path, mode: str) -> tuple[Result, Context | None, bool]:
+def _run_task(cfg: DictConfig, workdir: Path, mode: str,
+              preset: tuple[str, str] | None = None) -> tuple[Result, Context | None, bool]:
     """Validate, build the context, run the task and check its outputs are finite: (result, context, interrupted).
 
     Every failure becomes a result: a bad value `error`, a missing device or file `skipped`, a bug `error` with its
-    traceback printed, a full disk one line; Ctrl-C is recorded as interrupted for the caller to re-raise."""
+    traceback printed, a full disk one line; Ctrl-C is recorded as interrupted for the caller to re-raise. `preset`: a
+    (status, reason) a launcher decided before the job could run (it runs nothing, after validation)."""
     ctx = None
     try:
         validate(cfg, mode)
+        if preset is not None and preset[0] == "skipped":
+            raise Unsupported(preset[1])
+        if preset is not None:
+            return Result(status=preset[0], reason=preset[1]), None, False
         missing = [p for p in cfg.get("needs") or () if not Path(p).expanduser().exists()]
         if missing:
             raise Unsupported(f"needs {missing[0]}, which is not on this host (shared fixtures: set HUGGY_EXP_SHARED)")
@@ -188,7 +217,7 @@ def _job_record(cfg: DictConfig, mode: str, job: JobInfo, result: Result, ctx: C
     return {
         "mode": mode,
         "run_name": run_name(mode, cfg, job.case),
-        "job_id": uuid.uuid4().hex,
+        "job_id": job.job_id or uuid.uuid4().hex,
         "case": job.case,
         "overrides": [tracking.redact(o) for o in job.overrides],
         "device": str(cfg.device),
@@ -212,7 +241,10 @@ def _job_record(cfg: DictConfig, mode: str, job: JobInfo, result: Result, ctx: C
 
 def _track(result: Result, settings: dict, workdir: Path, path: Path, job: JobInfo) -> None:
     """Log the written result to MLflow (or leave it pending), record the outcome in result.json and say where it is."""
-    outcome = (job.tracker or tracking).log_job(settings, workdir)
+    if job.pending and settings.get("enabled", True):
+        outcome = {"status": "pending", "reason": job.pending}
+    else:
+        outcome = (job.tracker or tracking).log_job(settings, workdir)
     try:
         update_result(workdir, tracking=outcome)
     except OSError as exc:

@@ -101,13 +101,22 @@ def dual_benchmark(here: dict[str, np.ndarray], reference_device: dict[str, np.n
     differ from fp64's, judged by the RMSE-like thresholds (both exact: ratio 1, pass)."""
     rows, theirs64 = [], fp64 if reference_fp64 is None else reference_fp64
     for name in (n for n in here if n in reference_device and n in fp64 and n in theirs64):
-        mine, theirs = errors(here[name], fp64[name]), errors(reference_device[name], theirs64[name])
-        metrics = (("mismatch_share", "rmse"),) if "mismatch_share" in mine else (("rmse", "rmse"), ("max_rel", "max_rel"))
-        for metric, rule in metrics:
-            ratio = error_ratio(mine[metric], theirs[metric])
-            ok, warn = DUAL_RULES[rule]
-            rows.append({"output": name, "metric": metric, "error": mine[metric], "reference_error": theirs[metric],
-                         "ratio": ratio, "verdict": rule_verdict(ratio, rule), "pass_up_to": ok, "warn_up_to": warn})
+        rows += dual_rows(name, errors(here[name], fp64[name]), errors(reference_device[name], theirs64[name]))
+    return rows
+
+
+def dual_rows(name: str, mine: dict[str, float], theirs: dict[str, float]) -> list[dict]:
+    """One output's dual benchmark from the two errors vs fp64 (`errors()`' metrics, or a sweep point's recorded
+    `<output>/vs_fp64/<metric>`): per metric the ratio mine / theirs and msprobe's verdict."""
+    rows = []
+    metrics = (("mismatch_share", "rmse"),) if "mismatch_share" in mine else (("rmse", "rmse"), ("max_rel", "max_rel"))
+    for metric, rule in metrics:
+        if metric not in mine or metric not in theirs:
+            continue
+        ratio = error_ratio(mine[metric], theirs[metric])
+        ok, warn = DUAL_RULES[rule]
+        rows.append({"output": name, "metric": metric, "error": mine[metric], "reference_error": theirs[metric],
+                     "ratio": ratio, "verdict": rule_verdict(ratio, rule), "pass_up_to": ok, "warn_up_to": warn})
     return rows
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from huggy_exp import plots
+from huggy_exp import certify, plots
 from huggy_exp.headline import ERROR
 
 NARROW_FIRST = ("bf16", "fp16", "fp32", "fp64")
@@ -94,9 +94,56 @@ def compare(rows: list[dict]) -> dict:
 
     recommended = recommend(rows)
     replays = replay_agreement(rows)
+    dual = dual_benchmarks(rows)
     return {"vs_cpu_fp32": vs_ref, "agreement": agreement, "recommended": recommended,
-            "lines": comparison_lines(rows, agreement, recommended) + replays["lines"], "table": comparison_table(rows),
-            "device_agreement": replays["table"]}
+            "lines": comparison_lines(rows, agreement, recommended) + dual_lines(dual) + replays["lines"],
+            "table": comparison_table(rows), "device_agreement": replays["table"], "dual_benchmark": dual}
+
+
+DUAL_STEMS = ("actions", "discrete_actions", "memories")  # outputs a point records `<stem>/vs_fp64/<metric>` for
+
+
+def dual_benchmarks(rows: list[dict]) -> list[dict]:
+    """msprobe's dual benchmark across hosts: where a CUDA and an NPU point ran the same inputs in the same dtype, each
+    output's error vs fp64 on the NPU over the GPU's (certify.dual_rows: ratio <= 1 pass, <= 2 warn for RMSE)."""
+    found = []
+    judged = [r for r in rows if r["status"] in ("passed", "failed") and r.get("vs_fp64")]
+    for npu in (r for r in judged if str(r["device"]).startswith("npu")):
+        for gpu in (r for r in judged if str(r["device"]).startswith("cuda")):
+            if gpu["dtype"] != npu["dtype"] or inputs_key(gpu) != inputs_key(npu) or gpu["batch_size"] != npu["batch_size"]:
+                continue
+            outputs = []
+            for stem in (s for s in DUAL_STEMS if s in npu["vs_fp64"] and s in gpu["vs_fp64"]):
+                outputs += certify.dual_rows(stem, npu["vs_fp64"][stem], gpu["vs_fp64"][stem])
+            if outputs:
+                found.append({"dtype": npu["dtype"], "mode": npu["mode"], "npu": {"job": npu["job"], "device": npu["device"],
+                              "host": npu.get("host")}, "cuda": {"job": gpu["job"], "device": gpu["device"],
+                              "host": gpu.get("host")}, "rows": outputs, "verdict": certify.worst(o["verdict"] for o in outputs)})
+    return found
+
+
+def errors_vs_fp64(metrics: dict) -> dict[str, dict[str, float]]:
+    """A point's recorded errors vs fp64 per output, as certify.errors() names them (rmse, max_rel; mismatch_share)."""
+    out: dict[str, dict[str, float]] = {}
+    for stem in DUAL_STEMS:
+        if stem == "discrete_actions" and isinstance(metrics.get(f"{stem}/vs_fp64/agreement"), (int, float)):
+            out[stem] = {"mismatch_share": 1.0 - float(metrics[f"{stem}/vs_fp64/agreement"])}
+            continue
+        found = {m: float(metrics[f"{stem}/vs_fp64/{m}"]) for m in ("rmse", "max_rel")
+                 if isinstance(metrics.get(f"{stem}/vs_fp64/{m}"), (int, float))}
+        if found:
+            out[stem] = found
+    return out
+
+
+def dual_lines(dual: list[dict]) -> list[str]:
+    """`dual benchmark fp16 precision: npu:0(job 3 on a2) vs cuda:0(job 1 on g1): pass (actions rmse ratio 0.93 pass, …)`."""
+    def where(p: dict) -> str:
+        return f"{p['device']}(job {p['job']}" + (f" on {p['host']})" if p.get("host") else ")")
+
+    return [f"dual benchmark {d['dtype']} {d['mode']}: {where(d['npu'])} vs {where(d['cuda'])}: {d['verdict']} ("
+            + ", ".join(f"{o['output']} {o['metric']} ratio {o['ratio']:.3g} {o['verdict']}" for o in d["rows"]) + ")"
+            for d in dual]
 
 
 VERIFIED_MODES = ("action", "sample", "batch", "precision", "onnx-compare", "fingerprint", "stats", "benchmark")

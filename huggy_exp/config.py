@@ -537,8 +537,9 @@ def _known_choice(group: str, value: str, conf_dirs: list) -> None:
 
 
 def shares_machine(launcher: str, settings) -> bool:
-    """Whether a launcher runs jobs beside each other: joblib unless n_jobs=1, submitit (local, or SLURM nodes)."""
-    if launcher == "basic":
+    """Whether a launcher runs jobs beside each other: joblib unless n_jobs=1, submitit (local, or SLURM nodes); not
+    Ray, whose timed points hold their card, or every CPU of a node, alone (docs/tracking-and-sweeps.md)."""
+    if launcher in ("basic", "ray"):
         return False
     return not (launcher == "joblib" and settings.get("n_jobs") == 1)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import re
 from dataclasses import dataclass
 
@@ -15,6 +16,9 @@ from huggy_exp.errors import Unsupported, UserError
 DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.float16, torch.bfloat16, torch.float64)))  # config.DTYPE_NAMES
 DEVICE_KINDS = ("cpu", "cuda", "npu", "mps")
 _DEVICE_RE = re.compile(r"^(cpu|cuda|npu|mps)(?::(\d+))?$")
+# set by the Ray launcher's worker to the point's device kind: Ray made exactly the card it assigned visible
+# (CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES), so `npu:1` runs on that card, index 0 in this process
+ASSIGNED_CARD_ENV = "HUGGY_EXP_ASSIGNED_CARD"
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,7 @@ def resolve_device(name: str) -> torch.device:
     if mod is None or not mod.is_available():
         raise Unsupported(f"device {name}: no {kind.upper()} device is available on this machine (torch {torch.__version__})")
     count = mod.device_count()
-    index = 0 if index is None else index
+    index = 0 if index is None or os.environ.get(ASSIGNED_CARD_ENV) == kind else index
     if index >= count:
         raise Unsupported(f"device {name}: only {count} {kind} device(s) present")
     return torch.device(kind, index)
@@ -159,6 +163,21 @@ def inventory() -> dict[str, object]:
     else:
         found["npu"] = "torch_npu not installed"
     return found
+
+
+def device_name(kind: str) -> str:
+    """The first visible card's name as its device module reports it, or why there is none (never a fallback)."""
+    if kind == "cpu":
+        return "cpu"
+    try:
+        _import_backend(kind)
+    except Unsupported as exc:
+        return str(exc)
+    mod = getattr(torch, kind, None)
+    if mod is None or not mod.is_available():
+        return f"no {kind} device visible here"
+    get = getattr(mod, "get_device_name", None)
+    return str(get(0)) if get is not None else kind
 
 
 def cann_version() -> str:

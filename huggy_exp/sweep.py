@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from huggy_exp import report, tracking
 from huggy_exp.config import JOBS_ENV
 from huggy_exp.headline import judged_limits, ladder, noisy
-from huggy_exp.compare import compare, draw
+from huggy_exp.compare import compare, draw, errors_vs_fp64
 from huggy_exp.results import EXIT_CODES, EXIT_INTERRUPTED, EXIT_PENDING, atomic_write_text, jsonable, write_table
 
 ORDER = ("passed", "failed", "skipped", "error")
@@ -112,9 +112,11 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
         track = (r.get("tracking") or {}).get("status", "off")
         missed = " (expected " + str(r.get("expect")).upper() + ")" if r.get("expectation_met") is False else ""
         figures = point_figures(r)
+        placed = r.get("host") or {}  # a launcher's placement (Ray): the host and node that ran the point
         shown = r.get("reason") if figures else note  # a verified point's figures say what its headline says
         line = (f"{path.parent.name:>3} {r['run_name']:<32} {r['status'].upper():<7}{missed}" + figures
-                + (f" {shown}" if shown else "") + (" [not in MLflow yet]" if track == "pending" else ""))
+                + (f" {shown}" if shown else "") + (" [not in MLflow yet]" if track == "pending" else "")
+                + (f" [on {placed.get('hostname')} {placed.get('ray_node_ip', '')}]".replace(" ]", "]") if placed else ""))
         obs = (r.get("params") or {}).get("obs") or {}
         rows.append({"job": path.parent.name, "run_name": r["run_name"], "mode": r["mode"], "device": r["device"],
                      "dtype": r["dtype"], "batch_size": r["batch_size"], "case": r.get("case"), "status": r["status"],
@@ -126,7 +128,9 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
                      "noisy": noisy(r), "run_id": (r.get("tracking") or {}).get("run_id"), "limits": judged_limits(r),
                      "latency": r.get("latency") or {}, "max_abs_limit": _limit(r.get("metrics") or {}),
                      "fingerprint": (r.get("tags") or {}).get("fingerprint/sha256"),
-                     "knobs": (r.get("params") or {}).get("mode") or {}})
+                     "knobs": (r.get("params") or {}).get("mode") or {}, "vs_fp64": errors_vs_fp64(r.get("metrics") or {}),
+                     "host": (r.get("host") or {}).get("hostname") or (r.get("environment") or {}).get("host"),
+                     "node": (r.get("host") or {}).get("ray_node_ip")})
     tally = {s: sum(r["status"] == s for r in rows) for s in ORDER}
     tally["pending"] = sum(r["tracking"] == "pending" for r in rows)
     tally["expected"] = sum(r["expect"] is not None for r in rows)
@@ -193,7 +197,7 @@ def obs_label(obs: dict) -> str:
 
 def write_summary(sweep_dir: Path, summary: dict) -> list[Path]:
     """summary.json, summary.csv and summary.md in the sweep dir; the comparison table and plots beside them."""
-    columns = ["job", "run_name", "mode", "device", "dtype", "batch_size", "case", "obs", "seed", "status", "expect",
+    columns = ["job", "run_name", "mode", "device", "dtype", "batch_size", "case", "host", "node", "obs", "seed", "status", "expect",
                "tracking", "vs_cpu_fp32_max_abs", "vs_cpu_fp32_discrete_agreement", "actions_sha256", "note"]
     metric_names = list(dict.fromkeys(k for r in summary["rows"] for k in r["metrics"]))
     flat = [{**r, **{f"m.{k}": v for k, v in r["metrics"].items()}} for r in summary["rows"]]

@@ -37,7 +37,7 @@ MAX_PARAM_CHARS = 6000
 MAX_TAG_CHARS = 5000
 SWEEP_FILE = "sweep.json"  # in a sweep dir: the sweep id, its parent run, and whether the store answered
 PROBE_TIMEOUT_S = 3.0
-ENV_TAGS = ("python", "platform", "torch", "torch_npu", "onnxruntime", "onnx", "numpy", "hydra_core", "mlflow")
+ENV_TAGS = ("host", "python", "platform", "torch", "torch_npu", "onnxruntime", "onnx", "numpy", "hydra_core", "mlflow")
 
 
 class StoreDown(Exception):
@@ -474,6 +474,7 @@ def run_tags(record: dict, parent: str | None) -> dict[str, str]:
         "mlflow.source.name": "run.py", "mlflow.source.type": "LOCAL", "huggy.owner": owner(),
         "mlflow.note.content": record.get("headline") or record.get("reason") or record["status"],
         **{f"env.{k}": str(env[k]) for k in ENV_TAGS if k in env},
+        **{f"host.{k}": str(v) for k, v in (record.get("host") or {}).items()},  # a launcher's placement (Ray)
         **(record.get("tags") or {}),
     }
     user = ((record.get("params") or {}).get("tracking") or {}).get("user")

@@ -1,0 +1,339 @@
+"""One job end to end: config -> context -> task -> Result -> result.json + MLflow. Nothing flows back up."""
+
+from __future__ import annotations
+
+import logging
+import platform
+import sys
+import time
+import traceback
+import uuid
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from huggy_exp import tracking
+from huggy_exp.config import held_result, validate
+from huggy_exp.context import Context, ModelSpec, ObsSpec, VerifySpec
+from huggy_exp.errors import Unsupported, UserError
+from huggy_exp.headline import headline_metrics
+from huggy_exp.report import write_job_report
+from huggy_exp.results import EXIT_CODES, EXIT_PENDING, Result, read_result, update_result, write_result
+from huggy_exp.safety import NO_INFERENCE, check_job_memory, disk_full_message, is_disk_full
+
+JOB_LOG = "huggy_exp.job"  # conf/hydra/job_logging/huggy.yaml sends it to the job's run.log only
+TIMED_MODES = ("batch", "benchmark")  # modes whose numbers are wall-clock timings (any mode with latency.* too)
+
+
+def say(line: str, error: bool = False) -> None:
+    """Job output: printed as before on the terminal, and logged (Hydra's job log file, run.log, gets it); a password in
+    a URI never shows."""
+    line = tracking.redact(line)
+    print(line, file=sys.stderr if error else sys.stdout, flush=True)
+    log = logging.getLogger(JOB_LOG)
+    if log.handlers:  # configured by Hydra's job logging; in-process callers without it get the print alone
+        log.log(logging.ERROR if error else logging.INFO, line)
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def environment() -> dict[str, str]:
+    """Versions without importing the heavy packages (importlib.metadata only)."""
+    env = {"python": platform.python_version(), "platform": platform.platform(), "host": platform.node()}
+    for dist in ("torch", "torch_npu", "onnxruntime", "onnx", "numpy", "hydra-core", "mlflow"):
+        env[dist.replace("-", "_")] = _version(dist)
+    return env
+
+
+def build_context(cfg: DictConfig, workdir: Path) -> Context:
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    obs = OmegaConf.to_container(cfg.obs, resolve=True)
+    return Context(
+        device=str(cfg.device),
+        dtype=str(cfg.dtype),
+        batch_size=int(cfg.batch_size),
+        seed=int(cfg.seed),
+        backend=str(cfg.backend),
+        threads=int(cfg.threads),
+        model_spec=ModelSpec(**{k: model.get(k) for k in ModelSpec.__dataclass_fields__}),
+        obs=ObsSpec(**{k: obs[k] for k in ObsSpec.__dataclass_fields__ if k in obs}),
+        verify=VerifySpec(**OmegaConf.to_container(cfg.verify, resolve=True)) if "verify" in cfg else VerifySpec(),
+        workdir=workdir,
+    )
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """Where a job sits: its sweep (dir, id, number) in a multirun, and the overrides that made it."""
+
+    overrides: tuple[str, ...] = ()
+    case: str | None = None
+    sweep_dir: Path | None = None
+    num: int | None = None
+    launcher: str = "basic"
+    shared_machine: bool = False  # a parallel launcher runs other jobs beside this one: timings are not clean
+    tracker: object | None = field(default=None, compare=False)  # tracking_worker.Helper: logs in place of tracking.log_job
+    # set by a launcher that places points on other hosts (the Ray launcher, through POINT_ENV):
+    job_id: str | None = None  # chosen before submission, so that the head and the worker name one record
+    host: dict | None = None  # where the point ran: hostname, Ray node, card, device name, driver/CANN versions
+    preset: tuple[str, str] | None = None  # (status, reason) decided before the job could run (no node has its device)
+    pending: str | None = None  # do not log now, leave tracking pending with this reason (`mode=sync` logs it)
+
+
+POINT_ENV = "HUGGY_EXP_POINT"  # JSON of JobInfo's launcher fields (job_id, host, preset, pending) for the job in this process
+
+
+def point_info() -> dict:
+    """The launcher's fields of the job this process runs now (empty unless a launcher set POINT_ENV)."""
+    import json
+    import os
+
+    text = os.environ.get(POINT_ENV)
+    if not text:
+        return {}
+    point = json.loads(text)
+    return {"job_id": point.get("job_id"), "host": point.get("host"),
+            "preset": tuple(point["preset"]) if point.get("preset") else None, "pending": point.get("pending")}
+
+
+def run_name(mode: str, cfg: DictConfig, case: str | None = None) -> str:
+    """What is special about the job first: the case, then mode, device, dtype, batch, and obs when not random.
+
+    A benchmark is named by the batch sizes it times (its ladder, mode.batch_sizes, when it has one), zero-padded so
+    that names sort numerically (b00001 < b00064 < b01024) in the MLflow runs table and in listings."""
+    name = f"{mode}-{cfg.device}-{cfg.dtype}-b{batch_label(mode, cfg)}"
+    source = (cfg.get("obs") or {}).get("source")
+    if source and source != "random":
+        name += f"-{source}"
+    return f"{case}:{name}" if case else name
+
+
+BATCH_DIGITS = 5  # benchmark names: b00064 sorts before b01024 (and a batch of 100000 or more after both)
+
+
+def batch_label(mode: str, cfg: DictConfig) -> str:
+    if mode != "benchmark":
+        return str(cfg.batch_size)
+    ladder = (cfg.get("mode") or {}).get("batch_sizes") or [cfg.batch_size]
+    return "-".join(f"{int(b):0{BATCH_DIGITS}d}" for b in sorted({int(b) for b in ladder}))
+
+
+def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = None) -> Result:
+    """Run the mode's task; user errors and unavailable devices become results, never tracebacks.
+
+    result.json is written before MLflow is touched (tracking `pending`), then updated with the outcome; Ctrl-C
+    during the task is recorded (status error, `interrupted`) and then re-raised so a sweep stops.
+    """
+    job = job or JobInfo()
+    started = time.time()
+    ctx = None
+    interrupted = False
+    logging.raiseExceptions = False  # a full disk under run.log must not print a traceback per line logged
+    workdir.mkdir(parents=True, exist_ok=True)
+    held = held_result(workdir)
+    if held is not None:  # a second job in the same folder (a race past run.py's check): the first one's result stays
+        reason = f"job folder {workdir} already holds a job's result ({held}); left as it was, this job did not run"
+        say(f"  ERROR: {reason}", error=True)
+        return Result(status="error", reason=reason)
+    sweep = (tracking.read_sweep(job.sweep_dir) or {}) if job.sweep_dir is not None else None
+    if sweep is not None:
+        say(progress(sweep, job, started))
+    try:
+        validate(cfg, mode)
+        if job.preset is not None and job.preset[0] == "skipped":
+            raise Unsupported(job.preset[1])
+        if job.preset is not None:
+            result = Result(status=job.preset[0], reason=job.preset[1])
+        else:
+            missing = [p for p in cfg.get("needs") or () if not Path(p).expanduser().exists()]
+            if missing:
+                raise Unsupported(f"needs {missing[0]}, which is not on this host (shared fixtures: set HUGGY_EXP_SHARED)")
+            ctx = build_context(cfg, workdir)
+            if mode not in NO_INFERENCE:
+                check_job_memory(mode, OmegaConf.to_container(cfg, resolve=True), ctx.weights)
+            task = _instantiate(cfg.mode)
+            result = task.run(ctx)
+            result.check_finite()
+    except OSError as exc:
+        if not is_disk_full(exc):
+            say(traceback.format_exc().rstrip(), error=True)
+        result = Result(status="error", reason=disk_full_message(exc) if is_disk_full(exc)
+                        else f"internal error: {type(exc).__name__}: {exc}")
+    except Unsupported as exc:
+        result = Result(status="skipped", reason=str(exc))
+    except UserError as exc:
+        result = Result(status="error", reason=str(exc))
+    except KeyboardInterrupt:
+        interrupted = True
+        result = Result(status="error", reason="interrupted (Ctrl-C) before the job finished")
+    except Exception as exc:  # a bug, not a user error: keep the traceback, record the job, let a sweep go on
+        say(traceback.format_exc().rstrip(), error=True)
+        result = Result(status="error", reason=f"internal error: {type(exc).__name__}: {exc}")
+    if result.summary and not result.headline:
+        result.headline = result.summary[0]
+    timed = mode in TIMED_MODES or bool(result.latency)
+    if job.shared_machine and timed and result.headline:
+        result.headline += " [timed while other jobs shared the machine]"
+    head = headline_metrics(mode, result.metrics, result.status, int(cfg.batch_size))
+    result.metrics = {**head, **result.metrics}  # first, so MLflow lists them first
+    loaded = ctx.loaded_model if ctx is not None else None
+    model = loaded.describe() if loaded is not None else _model_stub(cfg)
+    settings = OmegaConf.to_container(cfg.tracking, resolve=True)
+    params = OmegaConf.to_container(cfg, resolve=True)
+    params["tracking"] = tracking.public_settings(params.get("tracking") or {})
+    record = {
+        "mode": mode,
+        "run_name": run_name(mode, cfg, job.case),
+        "job_id": job.job_id or uuid.uuid4().hex,
+        "case": job.case,
+        "overrides": [tracking.redact(o) for o in job.overrides],
+        "device": str(cfg.device),
+        "dtype": str(cfg.dtype),
+        "batch_size": cfg.batch_size,
+        "seed": cfg.seed,
+        "model": model,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "duration_s": round(time.time() - started, 3),
+        "environment": environment(),
+        "params": params,
+        "interrupted": interrupted,
+        "headline_metrics": head,
+        "launcher": job.launcher,
+        "shared_machine": job.shared_machine,
+        "expect": cfg.get("expect"),
+        "expectation_met": None if cfg.get("expect") is None else result.status == cfg.get("expect"),
+        "tracking": {"status": "pending", "reason": "not logged yet"} if settings.get("enabled", True) else {"status": "off"},
+    }
+    if job.host:
+        record["host"] = job.host
+    if job.shared_machine:
+        result.tags["shared_machine"] = "true"
+    if sweep is not None:
+        record["sweep"] = {"dir": str(job.sweep_dir), "id": sweep.get("id"), "num": job.num,
+                           "parent_run_id": sweep.get("parent_run_id")}
+    try:
+        path = write_result(workdir, record, result)
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        result.status, result.reason = "error", disk_full_message(exc)
+        say(f"  ERROR: {result.reason}; the job's result was not written (nothing of it is half-written)", error=True)
+        if interrupted:
+            raise KeyboardInterrupt from None
+        return result
+    write_job_report(workdir, read_result(workdir), [workdir / f for f in result.files if str(f).endswith(".png")])
+    _print_summary(record, result, path)
+    if interrupted:
+        update_result(workdir, tracking={"status": "pending", "reason": "interrupted: `python run.py mode=sync` logs it"})
+        raise KeyboardInterrupt
+    if job.pending and settings.get("enabled", True):
+        outcome = {"status": "pending", "reason": job.pending}
+    else:
+        outcome = (job.tracker or tracking).log_job(settings, workdir)
+    try:
+        update_result(workdir, tracking=outcome)
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        say(f"  ERROR: {disk_full_message(exc)}; result.json keeps its earlier tracking state", error=True)
+        result.status, result.reason = "error", disk_full_message(exc)
+    if outcome["status"] == "logged":
+        say(f"  mlflow: run {outcome['run_id']} in {outcome['uri']}, experiment {outcome['experiment']!r}")
+    elif outcome["status"] == "pending":
+        say(f"warning: not in MLflow yet ({outcome['reason']}); result kept in {path}; "
+            "`python run.py mode=sync` logs it later", error=True)
+    result.tracking = outcome["status"]
+    return result
+
+
+def exit_code(result: Result, expect: str | None = None) -> int:
+    """0 passed/skipped (or the expected verdict), 1 failed (or a missed expectation), 2 error, 3 not in MLflow yet."""
+    if expect is not None:
+        code = 0 if result.status == expect else 1
+    else:
+        code = EXIT_CODES[result.status]
+    return code or (EXIT_PENDING if result.tracking == "pending" else 0)
+
+
+def sync(cfg: DictConfig) -> int:
+    """`mode=sync`: log every pending result.json under mode.paths and end RUNNING runs no live process owns.
+
+    Exit 0 when all is in, 2 when a file was skipped (named on its own line), else 3 while some result stays pending.
+    """
+    settings = {**OmegaConf.to_container(cfg.tracking, resolve=True), "enabled": True}
+    roots = [Path(p).expanduser() for p in cfg.mode.paths]
+    counts = tracking.sync(settings, roots, say=lambda line: say(line, error=line.startswith("sync: skipped")))
+    say(f"sync: {counts['seen']} pending result(s) under {', '.join(map(str, roots))}: {counts['logged']} logged, "
+        f"{counts['pending']} still pending" + (f", {counts['skipped']} file(s) skipped" if counts["skipped"] else "")
+        + (f"; {counts['closed']} orphaned RUNNING run(s) ended" if counts["closed"] else ""))
+    if counts["skipped"]:
+        return EXIT_CODES["error"]
+    return EXIT_PENDING if counts["pending"] else 0
+
+
+def ui(cfg: DictConfig) -> int:
+    """`mode=ui`: MLflow's UI on the store, on a free loopback port, at the latest sweep's runs; Ctrl-C stops it."""
+    from huggy_exp import ui as mlflow_ui
+
+    settings = {**OmegaConf.to_container(cfg.tracking, resolve=True), "enabled": True}
+    uri = tracking.store_uri(settings.get("uri"))
+    try:
+        latest = tracking.latest_sweep_url(settings)
+    except tracking.StoreDown as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if uri.startswith(("http://", "https://")):
+        print(f"tracking server {uri}: its UI is already there" + (f"; latest sweep's runs: {latest}" if latest else ""))
+        return 0
+    try:
+        return mlflow_ui.serve(uri, latest, int(settings.get("ui_port") or 5000), float(cfg.mode.wait_s))
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _instantiate(mode_cfg: DictConfig):
+    """Hydra wraps errors raised in a task's __init__; a UserError there is still the user's, not a bug."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    try:
+        return instantiate(mode_cfg)
+    except InstantiationException as exc:
+        if isinstance(exc.__cause__, UserError):
+            raise exc.__cause__ from None
+        raise
+
+
+def _model_stub(cfg: DictConfig) -> dict:
+    """What the config asked for, when the model could not be (or was not) loaded."""
+    m = cfg.model
+    path = m.checkpoint or m.onnx or m.results_dir or m.hub_repo
+    return {"source": "unloaded", "path": path, "sha256": None, "synthetic": path is None, "step": None, "onnx": None}
+
+
+def _print_summary(record: dict, result: Result, path: Path) -> None:
+    model = record["model"]
+    label = "embedded synthetic default (not real Huggy weights)" if model["synthetic"] else model["path"]
+    head = f"[{record['mode']}] {record['device']} {record['dtype']} batch {record['batch_size']} · model: {label}"
+    say(head)
+    for line in result.summary:
+        say(f"  {line}")
+    status = result.status.upper() + (f": {result.reason}" if result.reason else "")
+    say(f"  {status}", error=result.status == "error")
+    say(f"  result: {path}")
+
+
+def progress(sweep: dict, job: JobInfo, now: float) -> str:
+    """`[3/50] case=bf16_extreme (elapsed 12 s)`: the point starting, how many the sweep has, time since it began."""
+    total = sweep.get("jobs") or "?"
+    what = " ".join(job.overrides) or "(defaults)"
+    elapsed = now - float(sweep.get("started", now))
+    return f"[{(job.num or 0) + 1}/{total}] {what} (elapsed {elapsed:.0f} s)"

@@ -1,0 +1,286 @@
+"""A port-certificate bundle: what a policy did on one host, as data only (JSON and .npz), checked file by file.
+
+Layout (format version 1):
+    manifest.json                 format, model (weights sha256, file sha256, dims), observations (preset, seed, rows),
+                                  points {key: device, dtype, backend, batch, threads, environment, fingerprints,
+                                  latency summary, files}, files {relative path: {sha256, bytes}} of every other file
+    inputs.npz                    the feeds every point ran (obs_0.., action_masks), float32
+    reference_fp64.npz            the CPU fp64 eager outputs on those inputs
+    points/<slug>/outputs.npz     the point's deterministic outputs
+    points/<slug>/latency.npz     `seconds`: every timed call, in order
+    points/<slug>/comparison.json the point against the fp64 reference
+
+Points are keyed `device/dtype/backend/b<batch>` (`npu:0/bf16/eager/b64`). Jobs of a parallel sweep write their own
+point files, then merge the manifest under an exclusive lock (`.lock`, the one file the manifest does not list).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import io
+import json
+import time
+import zipfile
+from contextlib import contextmanager
+from dataclasses import dataclass, fields, is_dataclass
+from pathlib import Path
+
+import numpy as np
+
+from huggy_exp.errors import UserError
+from huggy_exp.mlagents import sha256_file
+from huggy_exp.safety import atomic_write
+
+FORMAT = "huggy_exp-port-bundle"
+VERSION = 1
+READS = (1,)
+MANIFEST = "manifest.json"
+LOCK = ".lock"
+INPUTS = "inputs.npz"
+REFERENCE = "reference_fp64.npz"
+
+
+# --- keys
+
+
+def point_key(device: str, dtype: str, backend: str, batch: int) -> str:
+    return f"{device}/{dtype}/{backend}/b{int(batch)}"
+
+
+def slug(key: str) -> str:
+    """A folder name for a point key: `npu:0/bf16/eager/b64` -> `npu0-bf16-eager-b64`."""
+    return key.replace(":", "").replace("/", "-")
+
+
+def parse_key(key: str) -> dict:
+    parts = str(key).split("/")
+    if len(parts) != 4 or not parts[3].startswith("b") or not parts[3][1:].isdigit():
+        raise UserError(f"point key {key!r} is not device/dtype/backend/b<batch> (e.g. cpu/fp32/eager/b64)")
+    return {"device": parts[0], "dtype": parts[1], "backend": parts[2], "batch": int(parts[3][1:])}
+
+
+# --- hashing
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_of(path: Path) -> str:
+    return sha256_file(Path(path))
+
+
+def weights_sha256(weights) -> str:
+    """The policy's numbers, whatever file they came from: every array and scalar of PolicyWeights, by field name."""
+    digest = hashlib.sha256()
+
+    def walk(value, name: str) -> None:
+        if isinstance(value, np.ndarray):
+            digest.update(f"{name}:{value.dtype.str}:{value.shape}".encode())
+            digest.update(np.ascontiguousarray(value).tobytes())
+        elif is_dataclass(value):
+            for f in fields(value):
+                walk(getattr(value, f.name), f"{name}.{f.name}")
+        elif isinstance(value, (tuple, list)):
+            for i, item in enumerate(value):
+                walk(item, f"{name}[{i}]")
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            digest.update(f"{name}={value!r}".encode())
+
+    walk(weights, "weights")
+    return digest.hexdigest()
+
+
+def arrays_sha256(arrays: dict[str, np.ndarray]) -> str:
+    """One digest of named arrays (names, dtypes, shapes and bytes, in name order)."""
+    digest = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        digest.update(f"{name}:{a.dtype.str}:{a.shape}".encode())
+        digest.update(a.tobytes())
+    return digest.hexdigest()
+
+
+# --- writing
+
+
+def _atomic_bytes(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
+
+
+def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    buffer = io.BytesIO()
+    plain = {k: np.asarray(v) for k, v in arrays.items()}
+    bad = [k for k, v in plain.items() if v.dtype.kind not in "biuf"]
+    if bad:
+        raise UserError(f"bundle arrays must be numeric (no objects, no pickle): {bad[0]} is {plain[bad[0]].dtype}")
+    np.savez(buffer, **plain)
+    return buffer.getvalue()
+
+
+def json_bytes(value) -> bytes:
+    from huggy_exp.results import jsonable
+
+    return (json.dumps(jsonable(value), indent=2) + "\n").encode()
+
+
+@contextmanager
+def locked(root: Path):
+    """An exclusive lock on the bundle folder (fcntl, released when the process dies): one manifest merge at a time."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / LOCK, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def new_manifest(model: dict, observations: dict) -> dict:
+    return {"format": FORMAT, "format_version": VERSION, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "model": model, "observations": observations, "points": {}, "files": {}}
+
+
+def record_point(root: Path, model: dict, observations: dict, inputs: dict[str, np.ndarray],
+                 reference: dict[str, np.ndarray], key: str, point: dict, outputs: dict[str, np.ndarray],
+                 latency_s: np.ndarray, comparison: dict) -> tuple[dict, bool]:
+    """Add (or replace) one point; the first point writes the inputs and the fp64 reference.
+
+    A bundle of another model, or of other inputs, is refused: one bundle certifies one policy on one set of inputs.
+    Returns the manifest written and whether an earlier recording of the key was replaced.
+    """
+    root = Path(root)
+    files = {
+        f"points/{slug(key)}/outputs.npz": npz_bytes(outputs),
+        f"points/{slug(key)}/latency.npz": npz_bytes({"seconds": np.asarray(latency_s, np.float64)}),
+        f"points/{slug(key)}/comparison.json": json_bytes(comparison),
+    }
+    with locked(root):
+        if (root / MANIFEST).exists():
+            manifest = read(root, check_model=None).manifest
+            _same_subject(root, manifest, model, observations, inputs)
+        else:
+            manifest = new_manifest(model, observations)
+            files[INPUTS] = npz_bytes(inputs)
+            files[REFERENCE] = npz_bytes(reference)
+        replaced = key in manifest["points"]
+        for name, data in files.items():
+            _atomic_bytes(root / name, data)
+            manifest["files"][name] = {"sha256": sha256_bytes(data), "bytes": len(data)}
+        manifest["points"][key] = {**point, "dir": f"points/{slug(key)}", "recorded": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        _atomic_bytes(root / MANIFEST, json_bytes(manifest))
+    return manifest, replaced
+
+
+def _same_subject(root: Path, manifest: dict, model: dict, observations: dict, inputs: dict[str, np.ndarray]) -> None:
+    theirs = manifest["model"]["sha256"]
+    if theirs != model["sha256"]:
+        raise UserError(f"mode.out={root} holds a bundle of another model (weights sha256 {theirs[:16]}.., this job's "
+                        f"{model['sha256'][:16]}..): record into another folder")
+    if manifest["observations"].get("inputs_sha256") != observations["inputs_sha256"]:
+        raise UserError(f"mode.out={root} holds a bundle recorded on other inputs ({_obs_label(manifest['observations'])}; "
+                        f"this job's: {_obs_label(observations)}): record into another folder or use the same obs and seed")
+
+
+def _obs_label(obs: dict) -> str:
+    return f"obs {obs.get('source')} rows {obs.get('rows')} seed {obs.get('seed')}"
+
+
+# --- reading: every check first, one line naming the file
+
+
+@dataclass
+class Bundle:
+    root: Path
+    manifest: dict
+
+    @property
+    def points(self) -> dict[str, dict]:
+        return self.manifest["points"]
+
+    def arrays(self, name: str) -> dict[str, np.ndarray]:
+        return load_npz(self.root, name)
+
+    def inputs(self) -> dict[str, np.ndarray]:
+        return self.arrays(INPUTS)
+
+    def reference(self) -> dict[str, np.ndarray]:
+        return self.arrays(REFERENCE)
+
+    def outputs(self, key: str) -> dict[str, np.ndarray]:
+        return self.arrays(f"{self.points[key]['dir']}/outputs.npz")
+
+    def latency(self, key: str) -> np.ndarray:
+        return self.arrays(f"{self.points[key]['dir']}/latency.npz")["seconds"]
+
+    def comparison(self, key: str) -> dict:
+        return json.loads((self.root / self.points[key]["dir"] / "comparison.json").read_text())
+
+
+def read(root: Path | str, check_model: str | None = None, allow_other_model: bool = False) -> Bundle:
+    """The bundle at root, after every check: manifest readable, a known format version, every listed file present
+    with its size and sha256, no file that is not listed, and (with check_model) the same model's weights."""
+    root = Path(root).expanduser()
+    where = f"bundle {root}"
+    if not root.is_dir():
+        raise UserError(f"{where}: no such folder")
+    path = root / MANIFEST
+    if not path.is_file():
+        raise UserError(f"{where}: {MANIFEST} is missing (not a bundle, or an incomplete copy)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{where}: {MANIFEST} is not valid JSON (truncated or edited?): {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise UserError(f"{where}: {MANIFEST} is not a {FORMAT} manifest")
+    version = manifest.get("format_version")
+    if version not in READS:
+        raise UserError(f"{where}: format version {version!r} is not one this huggy_exp reads (reads {', '.join(map(str, READS))})")
+    for section in ("model", "observations", "points", "files"):
+        if not isinstance(manifest.get(section), dict):
+            raise UserError(f"{where}: {MANIFEST} lacks its {section!r} section")
+    listed = manifest["files"]
+    for name, entry in listed.items():
+        target = (root / name).resolve()
+        if Path(name).is_absolute() or ".." in Path(name).parts or root.resolve() not in target.parents:
+            raise UserError(f"{where}: {MANIFEST} lists {name!r}, a path outside the bundle: refused")
+        if not target.is_file():
+            raise UserError(f"{where}: {name} is missing (listed in {MANIFEST})")
+        size = target.stat().st_size
+        if size != entry.get("bytes"):
+            state = "truncated" if size < int(entry.get("bytes") or 0) else "changed size"
+            raise UserError(f"{where}: {name} is {state} ({size} bytes, {MANIFEST} says {entry.get('bytes')})")
+        digest = sha256_of(target)
+        if digest != entry.get("sha256"):
+            raise UserError(f"{where}: {name} was modified (sha256 {digest[:16]}.., {MANIFEST} says {str(entry.get('sha256'))[:16]}..)")
+    for path in sorted(p for p in root.rglob("*") if p.is_file() or p.is_symlink()):
+        name = path.relative_to(root).as_posix()
+        if name not in listed and name not in (MANIFEST, LOCK):
+            raise UserError(f"{where}: {name} is not listed in {MANIFEST}: refused (a bundle holds only what it lists)")
+    for key, point in manifest["points"].items():
+        parse_key(key)
+        for stem in ("outputs.npz", "latency.npz", "comparison.json"):
+            if f"{point.get('dir')}/{stem}" not in listed:
+                raise UserError(f"{where}: point {key} has no {point.get('dir')}/{stem} listed in {MANIFEST}")
+    theirs = manifest["model"].get("sha256")
+    if check_model is not None and theirs != check_model and not allow_other_model:
+        raise UserError(f"{where} was recorded with another model: weights sha256 {theirs}, this job's {check_model} "
+                        "(mode.allow_other_model=true compares them anyway)")
+    return Bundle(root, manifest)
+
+
+def load_npz(root: Path, name: str) -> dict[str, np.ndarray]:
+    """Arrays of a bundle .npz, never unpickled: an object array is refused, as is a file that is not a zip."""
+    path = Path(root) / name
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except ValueError as exc:
+        raise UserError(f"bundle {root}: {name} holds objects that need pickle: refused ({exc})") from None
+    except (OSError, zipfile.BadZipFile, EOFError) as exc:
+        raise UserError(f"bundle {root}: {name} is not a readable .npz ({exc})") from None
+
+
+def is_bundle(path: Path | str) -> bool:
+    return (Path(path).expanduser() / MANIFEST).is_file()

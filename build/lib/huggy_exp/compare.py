@@ -1,0 +1,292 @@
+"""A sweep's points side by side: max |Δaction| against the CPU fp32 point on the same inputs, which points are
+bit-identical (device agreement, e.g. npu:0 vs npu:1), and per device the fastest dtype whose precision passes.
+
+Pure functions over the summary rows and the jobs' actions.npy; sweep.py writes and logs what they return.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from huggy_exp import certify, plots
+from huggy_exp.headline import ERROR, first_of
+
+NARROW_FIRST = ("bf16", "fp16", "fp32", "fp64")
+VERDICT_KNOBS = ("thresholds", "layer_thresholds", "specialize", "relative", "rel_floor", "tolerance", "atol",
+                 "require_match", "drift_threshold", "drift_fail", "saturation", "confidence", "budget_s", "path",
+                 "decimals", "provider", "opset")  # mode knobs that judge or time the actions, not shape them
+
+
+def inputs_key(row: dict) -> tuple:
+    """Points are comparable when the mode and its action-shaping knobs, the observations, seed and model agree."""
+    knobs = {k: v for k, v in (row.get("knobs") or {}).items() if k not in VERDICT_KNOBS and k != "_target_"}
+    return row["mode"], json.dumps(knobs, sort_keys=True, default=str), row["obs"], row["seed"], row["model_sha256"]
+
+
+OUTPUT_FILES = ("actions.npy", "discrete_actions.npy", "memories.npy")  # whichever the policy has (docs/policy-shapes.md)
+
+
+def load_outputs(row: dict) -> dict[str, np.ndarray]:
+    """A point's output arrays by file stem: continuous `actions`, `discrete_actions`, `memories` (empty on error)."""
+    if row["status"] == "error":
+        return {}
+    d = Path(row["dir"])
+    return {f[:-4]: np.load(d / f, allow_pickle=False) for f in OUTPUT_FILES if (d / f).is_file()}
+
+
+def _digest(outputs: dict[str, np.ndarray]) -> str | None:
+    if not outputs:
+        return None
+    h = hashlib.sha256()
+    for name, a in outputs.items():
+        h.update(name.encode() + str(a.dtype).encode() + str(a.shape).encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def compare(rows: list[dict]) -> dict:
+    """{"vs_cpu_fp32": {job: max |Δ|}, "agreement": [groups], "recommended": {device: {...}}, "lines": [...]}."""
+    outputs = {r["job"]: load_outputs(r) for r in rows}
+    actions = {job: o.get("actions") for job, o in outputs.items()}
+    for row in rows:
+        row["actions_sha256"] = _digest(outputs[row["job"]])  # every output the policy has, memories included
+
+    # --- each point against the CPU fp32 point on the same inputs (same batch size preferred)
+    vs_ref: dict[str, float] = {}
+    for row in rows:
+        mine = actions[row["job"]]
+        refs = [r for r in rows if r["device"] == "cpu" and r["dtype"] == "fp32" and inputs_key(r) == inputs_key(row)
+                and actions[r["job"]] is not None and actions[r["job"]].shape == getattr(mine, "shape", None)]
+        if mine is None or not refs or (len(refs) == 1 and refs[0] is row):
+            continue
+        ref = min(refs, key=lambda r: (r["batch_size"] != row["batch_size"], r is row))
+        diff = np.abs(mine.astype(np.float64) - actions[ref["job"]].astype(np.float64))
+        vs_ref[row["job"]] = float(diff.max()) if diff.size else 0.0
+        row["vs_cpu_fp32_max_abs"] = vs_ref[row["job"]]
+    # discrete actions: the share of decisions equal to the CPU fp32 point's
+    for row in rows:
+        mine = outputs[row["job"]].get("discrete_actions")
+        refs = [r for r in rows if r is not row and r["device"] == "cpu" and r["dtype"] == "fp32"
+                and inputs_key(r) == inputs_key(row)
+                and getattr(outputs[r["job"]].get("discrete_actions"), "shape", None) == getattr(mine, "shape", None)]
+        if mine is not None and refs:
+            ref = min(refs, key=lambda r: r["batch_size"] != row["batch_size"])
+            row["vs_cpu_fp32_discrete_agreement"] = float(np.mean(mine == outputs[ref["job"]]["discrete_actions"]))
+
+    # --- device agreement: bit-identical actions within (inputs, dtype), across devices or repeats
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        if row["actions_sha256"]:
+            groups.setdefault((*inputs_key(row), row["dtype"]), []).append(row)
+    agreement = []
+    for (mode, _, obs, seed, _, dtype), members in groups.items():
+        if len(members) < 2:
+            continue
+        hashes = list(dict.fromkeys(r["actions_sha256"] for r in members))
+        agreement.append({"mode": mode, "dtype": dtype, "obs": obs, "seed": seed, "identical": len(hashes) == 1,
+                          "points": [{"job": r["job"], "device": r["device"], "batch_size": r["batch_size"],
+                                      "class": hashes.index(r["actions_sha256"]), "sha256": r["actions_sha256"]}
+                                     for r in members]})
+
+    recommended = recommend(rows)
+    replays = replay_agreement(rows)
+    dual = dual_benchmarks(rows)
+    return {"vs_cpu_fp32": vs_ref, "agreement": agreement, "recommended": recommended,
+            "lines": comparison_lines(rows, agreement, recommended) + dual_lines(dual) + replays["lines"],
+            "table": comparison_table(rows), "device_agreement": replays["table"], "dual_benchmark": dual}
+
+
+DUAL_STEMS = ("actions", "discrete_actions", "memories")  # outputs a point records `<stem>/vs_fp64/<metric>` for
+
+
+def dual_benchmarks(rows: list[dict]) -> list[dict]:
+    """msprobe's dual benchmark across hosts: where a CUDA and an NPU point ran the same inputs in the same dtype, each
+    output's error vs fp64 on the NPU over the GPU's (certify.dual_rows: ratio <= 1 pass, <= 2 warn for RMSE)."""
+    found = []
+    judged = [r for r in rows if r["status"] in ("passed", "failed") and r.get("vs_fp64")]
+    for npu in (r for r in judged if str(r["device"]).startswith("npu")):
+        for gpu in (r for r in judged if str(r["device"]).startswith("cuda")):
+            if gpu["dtype"] != npu["dtype"] or inputs_key(gpu) != inputs_key(npu) or gpu["batch_size"] != npu["batch_size"]:
+                continue
+            outputs = []
+            for stem in (s for s in DUAL_STEMS if s in npu["vs_fp64"] and s in gpu["vs_fp64"]):
+                outputs += certify.dual_rows(stem, npu["vs_fp64"][stem], gpu["vs_fp64"][stem])
+            if outputs:
+                found.append({"dtype": npu["dtype"], "mode": npu["mode"], "npu": {"job": npu["job"], "device": npu["device"],
+                              "host": npu.get("host")}, "cuda": {"job": gpu["job"], "device": gpu["device"],
+                              "host": gpu.get("host")}, "rows": outputs, "verdict": certify.worst(o["verdict"] for o in outputs)})
+    return found
+
+
+def errors_vs_fp64(metrics: dict) -> dict[str, dict[str, float]]:
+    """A point's recorded errors vs fp64 per output, as certify.errors() names them (rmse, max_rel; mismatch_share)."""
+    out: dict[str, dict[str, float]] = {}
+    for stem in DUAL_STEMS:
+        if stem == "discrete_actions" and isinstance(metrics.get(f"{stem}/vs_fp64/agreement"), (int, float)):
+            out[stem] = {"mismatch_share": 1.0 - float(metrics[f"{stem}/vs_fp64/agreement"])}
+            continue
+        found = {m: float(metrics[f"{stem}/vs_fp64/{m}"]) for m in ("rmse", "max_rel")
+                 if isinstance(metrics.get(f"{stem}/vs_fp64/{m}"), (int, float))}
+        if found:
+            out[stem] = found
+    return out
+
+
+def dual_lines(dual: list[dict]) -> list[str]:
+    """`dual benchmark fp16 precision: npu:0(job 3 on a2) vs cuda:0(job 1 on g1): pass (actions rmse ratio 0.93 pass, …)`."""
+    def where(p: dict) -> str:
+        return f"{p['device']}(job {p['job']}" + (f" on {p['host']})" if p.get("host") else ")")
+
+    return [f"dual benchmark {d['dtype']} {d['mode']}: {where(d['npu'])} vs {where(d['cuda'])}: {d['verdict']} ("
+            + ", ".join(f"{o['output']} {o['metric']} ratio {o['ratio']:.3g} {o['verdict']}" for o in d["rows"]) + ")"
+            for d in dual]
+
+
+VERIFIED_MODES = ("action", "sample", "batch", "precision", "onnx-compare", "fingerprint", "stats", "benchmark")
+
+
+def recommend(rows: list[dict]) -> dict:
+    """Per device (and model, when the sweep has several): the fastest dtype whose every verified point passed, with the
+    figures it used; a noisy latency is named as such, never the silent basis of a pick."""
+    recommended = {}
+    verified = [r for r in rows if r["mode"] in VERIFIED_MODES and r["status"] in ("passed", "failed")]
+    several = len({r["model_sha256"] for r in verified}) > 1
+    for device, model in dict.fromkeys((r["device"], r["model_sha256"]) for r in verified):
+        checked = [r for r in verified if r["device"] == device and r["model_sha256"] == model]
+        failing = sorted({r["dtype"] for r in checked if r["status"] == "failed"}, key=NARROW_FIRST.index)
+        passing = [d for d in dict.fromkeys(r["dtype"] for r in checked) if d not in failing]
+        timed = {d: t for d in passing if (t := _latency(checked, d)) is not None}
+        choice = min(timed, key=lambda d: timed[d]["p50_us"]) if timed else None
+        key = f"{device} with {checked[0].get('model_name') or model}" if several else device
+        recommended[key] = {"dtype": choice, "p50_us": timed[choice]["p50_us"] if choice else None, "passing": passing,
+                            "failing": failing, "noisy": bool(choice and timed[choice]["noisy"]),
+                            "figures": {d: t for d, t in timed.items()}, "p50_by_dtype": {d: t["p50_us"] for d, t in timed.items()},
+                            "why": _why(choice, timed)}
+    return recommended
+
+
+def _why(choice: str | None, timed: dict) -> str:
+    if choice is None:
+        return "no latency measured for a passing dtype: speed unknown, no pick"
+    c = timed[choice]
+    others = ", ".join(f"{d} {t['p50_us']:,.1f} µs" + (" (noisy)" if t["noisy"] else "") for d, t in timed.items() if d != choice)
+    text = f"fastest passing: p50 {c['p50_us']:,.1f} µs at batch {c['batch_size']} ({c['mode']})"
+    if c.get("max_abs") is not None:
+        text += f", max_abs vs fp64 {c['max_abs']:.2g}" + (f" (limit {c['limit']:.2g})" if c.get("limit") is not None else "")
+    text += f"; {others}" if others else ""
+    if c["noisy"] or any(t["noisy"] for t in timed.values()):
+        text += "; NOTE: a latency this pick rests on is noisy (IQR/median > 0.1): re-measure on a quiet machine before relying on it"
+    return text
+
+
+def _latency(rows: list[dict], dtype: str) -> dict | None:
+    """The dtype's p50 like for like: from the (mode, batch size) most dtypes of the device were timed at, else the best
+    any of its points measured; with whether that measurement was noisy."""
+    timed = [r for r in rows if isinstance(r["metrics"].get("p50_us"), (int, float))]
+    if not timed:
+        return None
+    keys = [(r["mode"], r["batch_size"]) for r in timed]
+    common = max(dict.fromkeys(keys), key=lambda k: len({r["dtype"] for r in timed if (r["mode"], r["batch_size"]) == k}))
+    mine = [r for r in timed if r["dtype"] == dtype]
+    pick = [r for r in mine if (r["mode"], r["batch_size"]) == common] or mine
+    if not pick:
+        return None
+    best = min(pick, key=lambda r: r["metrics"]["p50_us"])
+    return {"p50_us": float(best["metrics"]["p50_us"]), "noisy": bool((best.get("latency") or {}).get("noisy")),
+            "batch_size": best["batch_size"], "mode": best["mode"], "job": best["job"],
+            "max_abs": best["metrics"].get("max_abs_vs_fp64"), "limit": best.get("max_abs_limit")}
+
+
+def replay_agreement(rows: list[dict]) -> dict:
+    """The replays of a sweep (`-m device=npu:0,npu:1`, or `threads=1,2`) as one device-agreement table: per bundle and
+    dtype, which points gave the same output bytes as each other (class 0 = the first's) and as the recording."""
+    table = []
+    for row in rows:
+        if row["mode"] != "replay" or row["status"] == "error" or not row.get("actions_sha256"):
+            continue
+        record = json.loads((Path(row["dir"]) / "result.json").read_text())
+        share = (record.get("metrics") or {}).get("agreement/bitwise_share")
+        record = {**record, **(record.get("details") or {})}  # a task's details, wherever result.json keeps them
+        table.append({"job": row["job"], "bundle": record.get("bundle"), "point": record.get("point"), "dtype": row["dtype"],
+                      "threads": record.get("threads"), "recorded_point": record.get("recorded_point"),
+                      "equal_to_recording": None if share is None else share == 1.0, "sha256": row["actions_sha256"],
+                      "status": row["status"]})
+    lines = []
+    for group in dict.fromkeys((t["bundle"], t["dtype"]) for t in table):
+        members = [t for t in table if (t["bundle"], t["dtype"]) == group]
+        hashes = list(dict.fromkeys(t["sha256"] for t in members))
+        for t in members:
+            t["class"] = hashes.index(t["sha256"])
+        cells = ", ".join(f"{t['point']} t{t['threads']} (job {t['job']}): class {t['class']}, "
+                          + {True: "= recording", False: "≠ recording", None: "no recording"}[t["equal_to_recording"]] for t in members)
+        verdict = "all bit-identical" if len(hashes) == 1 else f"{len(hashes)} different results"
+        lines.append(f"device agreement {group[1]} (bundle {Path(str(group[0])).name}): {verdict}; {cells}")
+    return {"table": table, "lines": lines}
+
+
+
+
+def comparison_lines(rows: list[dict], agreement: list[dict], recommended: dict) -> list[str]:
+    """The terminal's dtype comparison: one line per compared point, per agreement group, per device pick."""
+    lines = []
+    for r in rows:
+        if "vs_cpu_fp32_max_abs" in r and not (r["device"] == "cpu" and r["dtype"] == "fp32"):
+            lines.append(f"{r['job']:>3} {r['mode']} {r['device']} {r['dtype']} b{r['batch_size']} {r['obs']} seed {r['seed']}: "
+                         f"max |Δaction| vs cpu fp32 = {r['vs_cpu_fp32_max_abs']:.3g}")
+        if "vs_cpu_fp32_discrete_agreement" in r and not (r["device"] == "cpu" and r["dtype"] == "fp32"):
+            lines.append(f"{r['job']:>3} {r['mode']} {r['device']} {r['dtype']} b{r['batch_size']} {r['obs']} seed {r['seed']}: "
+                         f"discrete actions equal to cpu fp32's: {r['vs_cpu_fp32_discrete_agreement']:.2%}")
+    for g in agreement:
+        where = ", ".join(f"{p['device']}(job {p['job']})" for p in g["points"])
+        verdict = "bit-identical" if g["identical"] else f"{len({p['class'] for p in g['points']})} different results"
+        lines.append(f"agreement {g['mode']} {g['dtype']} {g['obs']} seed {g['seed']}: {where}: {verdict}")
+    for device, rec in recommended.items():
+        lines.append(f"recommended on {device}: {rec['dtype'] or 'none'} ({rec['why']}; passing: "
+                     f"{', '.join(rec['passing']) or 'none'}; failing: {', '.join(rec['failing']) or 'none'})")
+    return lines
+
+
+def comparison_table(rows: list[dict]) -> list[dict]:
+    """One row per point for the parent run's table artifact."""
+    keys = ("job", "case", "mode", "device", "dtype", "batch_size", "obs", "seed", "status", "vs_cpu_fp32_max_abs",
+            "actions_sha256")
+    return [{**{k: r.get(k) for k in keys}, **{f"m.{k}": v for k, v in r["metrics"].items()}} for r in rows]
+
+
+def draw(sweep_dir: Path, rows: list[dict], result: dict) -> list[Path]:
+    """Plots for the parent run, only those the sweep has data for: error vs dtype, latency vs batch, agreement."""
+    files = []
+    errors: dict[str, tuple[list, list]] = {}
+    limits: dict[str, float] = {}
+    versus = "vs cpu fp64" if any(first_of(r["metrics"], ERROR) is not None for r in rows) else "vs cpu fp32"
+    for r in rows:
+        value = first_of(r["metrics"], ERROR) if versus == "vs cpu fp64" else r.get("vs_cpu_fp32_max_abs")
+        if isinstance(value, (int, float)):
+            xs, ys = errors.setdefault(r["device"], ([], []))
+            xs.append(r["dtype"])
+            ys.append(value)
+            if isinstance((r.get("limits") or {}).get("max_abs"), (int, float)):
+                limits[r["dtype"]] = max(limits.get(r["dtype"], 0.0), r["limits"]["max_abs"])
+    if errors:
+        files.append(sweep_dir / plots.categories(sweep_dir / "error_vs_dtype.png", errors, NARROW_FIRST[::-1],
+                                                  f"max |Δaction| {versus}", f"worst action error per dtype {versus}, "
+                                                  "per device (red: the dtype's limit)", limits))
+    curves: dict[str, dict[str, list]] = {}
+    for r in rows:
+        if r.get("latency_points") is None and isinstance(r["metrics"].get("p50_us"), (int, float)):
+            r = {**r, "latency_points": [["eager", r["batch_size"], r["metrics"]["p50_us"]]]}  # rows without a ladder
+        for stat in ("latency_points", "throughput_points"):
+            for backend, batch, value in r.get(stat) or ():
+                curves.setdefault(f"{r['device']} {r['dtype']} {backend}", {"latency_points": [], "throughput_points": []})[stat].append((batch, value))
+    if curves:
+        files.append(sweep_dir / plots.versus_batch(sweep_dir / "latency_vs_batch.png", curves,
+                                                    "latency and throughput vs batch size, per device, dtype and backend"))
+    if result["agreement"]:
+        labels = [f"{g['mode']} {g['dtype']} {g['obs']} s{g['seed']}" for g in result["agreement"]]
+        cells = [[(f"{p['device']} #{p['job']}", p["class"]) for p in g["points"]] for g in result["agreement"]]
+        files.append(sweep_dir / plots.agreement(sweep_dir / "fingerprint_agreement.png", labels, cells))
+    return files

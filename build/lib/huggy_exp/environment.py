@@ -1,0 +1,164 @@
+"""What a host is, for a port certificate: CPU (model, ISA flags, torch's kernel level), OS, Python, the versions of the
+numeric stack (torch, onnxruntime, numpy, torch_npu, CANN, CUDA, drivers) and the runtime precision switches.
+
+`capture()` reads without importing torch_npu (only what is already imported is asked); `diff()` lists every field that
+differs between two captures, dotted (`versions.torch`, `cpu.flags`).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+DISTRIBUTIONS = ("torch", "torch_npu", "onnxruntime", "onnx", "numpy", "scipy")
+NUMERIC_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "ATEN_CPU_CAPABILITY", "CUBLAS_WORKSPACE_CONFIG", "NVIDIA_TF32_OVERRIDE",
+               "TORCH_DEVICE_BACKEND_AUTOLOAD", "ASCEND_RT_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+# ISA features that change which kernels run (x86 and Arm); the full flag list is kept too
+KEY_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+             "avx512_fp16", "amx_bf16", "amx_tile", "amx_int8", "asimd", "asimdhp", "sve", "sve2", "bf16", "i8mm")
+NOT_PRESENT = "not present"
+
+
+def capture() -> dict:
+    """The host and its numeric stack as plain JSON values."""
+    return {"host": platform.node(), "cpu": cpu(), "os": os_info(), "python": platform.python_version(),
+            "versions": versions(), "runtime": runtime_flags(),
+            "env": {k: os.environ[k] for k in NUMERIC_ENV if k in os.environ}}
+
+
+def cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
+    """Model name, logical CPUs, ISA flags (from /proc/cpuinfo on Linux) and torch's CPU kernel level (AVX2, AVX512...)."""
+    model, flags = platform.processor() or platform.machine(), []
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key in ("model name", "hardware", "cpu model") and value.strip():
+            model = value.strip()
+        elif key in ("flags", "features") and not flags:
+            flags = sorted(set(value.split()))
+    return {"model": model, "machine": platform.machine(), "logical_cpus": os.cpu_count(),
+            "key_flags": [f for f in KEY_FLAGS if f in flags], "flags": " ".join(flags), "torch_capability": _torch_capability()}
+
+
+def _torch_capability() -> str:
+    try:
+        import torch
+
+        return str(torch.backends.cpu.get_cpu_capability())
+    except (ImportError, AttributeError):
+        return NOT_PRESENT
+
+
+def os_info() -> dict:
+    libc = " ".join(platform.libc_ver()).strip()
+    return {"system": platform.system(), "release": platform.release(), "platform": platform.platform(), "libc": libc or NOT_PRESENT}
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return NOT_PRESENT
+
+
+def versions() -> dict:
+    """Package versions (importlib.metadata), and the toolkits: CUDA (torch's build), cuDNN, CANN, GPU/NPU driver."""
+    out = {dist: _version(dist) for dist in DISTRIBUTIONS}
+    from huggy_exp.placement import cann_version
+
+    out["cann"] = cann_version()
+    out["cuda"], out["cudnn"], out["cuda_driver"] = NOT_PRESENT, NOT_PRESENT, NOT_PRESENT
+    try:
+        import torch
+
+        out["cuda"] = torch.version.cuda or NOT_PRESENT
+        if torch.backends.cudnn.is_available():
+            out["cudnn"] = str(torch.backends.cudnn.version())
+        if torch.cuda.is_available():
+            out["cuda_driver"] = _nvidia_driver()
+    except ImportError:
+        pass
+    out["npu_driver"] = _ascend_driver()
+    return out
+
+
+def _nvidia_driver() -> str:
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown (nvidia-smi not runnable)"
+    return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else "unknown"
+
+
+def _ascend_driver(root: Path = Path("/usr/local/Ascend/driver")) -> str:
+    info = root / "version.info"
+    if not info.is_file():
+        return NOT_PRESENT
+    match = re.search(r"^\s*Version\s*=\s*(\S+)", info.read_text(errors="replace"), re.M | re.I)
+    return match.group(1) if match else "unknown"
+
+
+def runtime_flags() -> dict:
+    """The process's precision switches: float32 matmul precision, TF32 (CUDA), HF32 (Ascend), reduced-precision
+    reductions, deterministic algorithms (the point's thread count is recorded with the point)."""
+    try:
+        import torch
+    except ImportError:
+        return {}
+    flags = {
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+        "cuda_fp16_reduced_precision_reduction": bool(torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction),
+        "cuda_bf16_reduced_precision_reduction": bool(torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction),
+        "deterministic_algorithms": bool(torch.are_deterministic_algorithms_enabled()),
+        "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
+        "mkldnn_enabled": bool(torch.backends.mkldnn.enabled),
+    }
+    npu = getattr(torch, "npu", None)  # only when torch_npu is already imported: capture never imports it
+    for name in ("matmul", "conv"):
+        switch = getattr(getattr(npu, name, None), "allow_hf32", None)
+        flags[f"npu_{name}_allow_hf32"] = bool(switch) if switch is not None else NOT_PRESENT
+    return flags
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def diff(recorded: dict, here: dict) -> list[dict]:
+    """Every field that differs: {field, recorded, here}; a field on one side only shows the other as `absent`.
+
+    `cpu.flags` (a long string) is reported as the flags added and removed."""
+    a, b = flatten(recorded or {}), flatten(here or {})
+    rows = []
+    for key in sorted(set(a) | set(b)):
+        old, new = a.get(key, "absent"), b.get(key, "absent")
+        if old == new:
+            continue
+        if key == "cpu.flags" and isinstance(old, str) and isinstance(new, str):
+            gone, added = sorted(set(old.split()) - set(new.split())), sorted(set(new.split()) - set(old.split()))
+            old, new = f"{len(gone)} flags only in the recording: {' '.join(gone[:12])}", f"{len(added)} flags only here: {' '.join(added[:12])}"
+        rows.append({"field": key, "recorded": old, "here": new})
+    return rows
+
+
+def same_stack(rows: list[dict]) -> bool:
+    """No difference that can change the bits: a host name alone (a renamed or cloned machine) does not count."""
+    return all(r["field"] in ("host",) for r in rows)

@@ -1,0 +1,383 @@
+"""MLPerf LoadGen drives the benchmark's scenarios: the project's runner is its system under test (SUT) and the
+benchmark's feeds are its query sample library (QSL).
+
+- `single_stream`: one sample per query, the next query when the last one is answered (latency percentiles);
+- `multi_stream`: `samples_per_query` samples per query, answered in one call (per-query latency);
+- `offline`: every sample at once, answered in chunks of the job's batch size (throughput);
+- `server`: Poisson arrivals at `target_qps`; a worker answers what has queued, up to the job's batch size per call
+  (dynamic batching). A search then looks for the highest QPS whose p99 stays under `latency_bound_ms`.
+
+LoadGen writes its own mlperf_log_summary.txt and mlperf_log_detail.txt (and mlperf_log_accuracy.json: the responses
+it logged) per run; VALID/INVALID, the early-stopping estimates and the percentiles come from the detail log's
+`:::MLLOG` records, as LoadGen computed them. Accuracy is checked on what was timed (the spirit of LoadGen's TEST01):
+every performance run logs a sample of its responses, and an AccuracyOnly run logs one response per QSL sample;
+the caller compares them with the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import queue
+import re
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from huggy_exp import timing
+from huggy_exp.config import SCENARIOS as CHOICES
+from huggy_exp.errors import UserError
+
+SCENARIOS = tuple(s for s in CHOICES if s != "control_loop")  # the control loop is LoadGen-free (control_loop.py)
+LG_NAMES = {"single_stream": "SingleStream", "multi_stream": "MultiStream", "offline": "Offline", "server": "Server"}
+INSTALL = "pip install mlcommons-loadgen==6.0.17"
+LOGS = ("mlperf_log_summary.txt", "mlperf_log_detail.txt")
+MULTI_STREAM_MIN_QUERIES = 662  # LoadGen's early stopping cannot conclude on fewer MultiStream queries (mlperf.conf)
+PERCENTILES = {"p50_us": "50.00", "p90_us": "90.00", "p99_us": "99.00", "p999_us": "99.90"}
+
+Infer = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
+
+
+def require():
+    """The mlperf_loadgen module, or a UserError that says how to install it."""
+    try:
+        import mlperf_loadgen
+    except ImportError:
+        raise UserError(f"the scenarios {', '.join(SCENARIOS)} run on MLPerf LoadGen, which is not installed here: "
+                        f"{INSTALL}") from None
+    return mlperf_loadgen
+
+
+def check_available(scenarios: list[str]) -> None:
+    """Before any job starts: LoadGen is importable when a LoadGen scenario is asked for (no import of it here)."""
+    import importlib.util
+
+    wanted = [s for s in scenarios if s in SCENARIOS]
+    if wanted and importlib.util.find_spec("mlperf_loadgen") is None:
+        raise UserError(f"mode.scenarios {wanted} run on MLPerf LoadGen, which is not installed here: {INSTALL}")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How long LoadGen runs and what it aims at (TestSettings), in the mode's units."""
+
+    min_duration_ms: int = 1000
+    max_duration_ms: int = 10_000
+    min_query_count: int = 64
+    samples_per_query: int = 8
+    target_qps: float = 1000.0
+    latency_bound_ms: float = 10.0
+    check_samples: int = 64
+
+    def test_settings(self, lg, scenario: str, accuracy: bool, expected_latency_s: float, expected_qps: float):
+        s = lg.TestSettings()
+        s.scenario = getattr(lg.TestScenario, LG_NAMES[scenario])
+        s.mode = lg.TestMode.AccuracyOnly if accuracy else lg.TestMode.PerformanceOnly
+        s.min_duration_ms = int(self.min_duration_ms)
+        s.max_duration_ms = int(max(self.max_duration_ms, self.min_duration_ms))
+        s.min_query_count = int(max(self.min_query_count, MULTI_STREAM_MIN_QUERIES if scenario == "multi_stream" else 0))
+        latency_ns = max(int(expected_latency_s * 1e9), 1000)
+        s.single_stream_expected_latency_ns = latency_ns
+        s.multi_stream_expected_latency_ns = latency_ns * self.samples_per_query
+        s.multi_stream_samples_per_query = int(self.samples_per_query)
+        s.offline_expected_qps = float(max(expected_qps, 1.0))
+        s.server_target_qps = float(self.target_qps)
+        s.server_target_latency_ns = int(self.latency_bound_ms * 1e6)
+        s.accuracy_log_sampling_target = int(self.check_samples)  # TEST01's spirit: a sample of the timed responses
+        return s
+
+
+class Layout:
+    """How a sample's outputs travel as one LoadGen response: each output row's values as float64 (exact for fp64, fp32,
+    fp16, bf16 and the discrete indices), back to back."""
+
+    def __init__(self, outputs: Mapping[str, np.ndarray], names: tuple[str, ...]):
+        rows = len(next(iter(outputs.values())))
+        self.parts = [(n, tuple(np.shape(outputs[n])[1:]), np.asarray(outputs[n]).dtype) for n in names
+                      if n in outputs and np.ndim(outputs[n]) >= 1 and len(outputs[n]) == rows]
+        self.width = sum(int(np.prod(shape)) for _, shape, _ in self.parts)
+
+    def pack(self, outputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        """float64 [rows, width], C-contiguous: row i is sample i's response."""
+        rows = len(outputs[self.parts[0][0]])
+        return np.ascontiguousarray(np.concatenate(
+            [np.asarray(outputs[n], np.float64).reshape(rows, -1) for n, _, _ in self.parts], axis=1))
+
+    def unpack(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        out, start = {}, 0
+        for name, shape, dtype in self.parts:
+            size = int(np.prod(shape))
+            out[name] = rows[:, start : start + size].reshape(len(rows), *shape).astype(dtype)
+            start += size
+        return out
+
+
+class System:
+    """The SUT and QSL LoadGen calls: samples are rows of `feeds`, answered by `infer` on the rows a query names.
+
+    A Python exception inside a LoadGen callback would leave LoadGen waiting for answers that never come, so every
+    query is answered (empty, on failure) and the first error is re-raised once the test has ended.
+    """
+
+    def __init__(self, lg, infer: Infer, feeds: Mapping[str, np.ndarray], layout: Layout, batch_size: int,
+                 buckets: list[int] | None = None):
+        self.lg, self.infer, self.feeds, self.layout = lg, infer, feeds, layout
+        self.batch_size = max(int(batch_size), 1)
+        self.buckets = sorted(buckets or [])
+        self.count = len(next(iter(feeds.values())))
+        self.error: BaseException | None = None
+        self.samples = 0
+
+    def answer(self, samples: list) -> None:
+        """Run the rows of these query samples as one call (the packing counts: it is part of serving them)."""
+        try:
+            if self.error is None:
+                index = np.fromiter((q.index for q in samples), np.int64, len(samples))
+                rows = self.layout.pack(self.infer({k: v[self.padded(index)] for k, v in self.feeds.items()}))
+                size = rows.strides[0]
+                base = rows.ctypes.data
+                self.lg.QuerySamplesComplete([self.lg.QuerySampleResponse(q.id, base + i * size, size)
+                                              for i, q in enumerate(samples)])
+                self.samples += len(samples)
+                return
+        except BaseException as exc:  # noqa: BLE001 - re-raised by run() after LoadGen has finished
+            self.error = self.error or exc
+        self.lg.QuerySamplesComplete([self.lg.QuerySampleResponse(q.id, 0, 0) for q in samples])
+
+    def padded(self, index: np.ndarray) -> np.ndarray:
+        """A fixed-shape runner (compile, graphs) runs the shapes it was built for: the rows padded up to the smallest
+        bucket that holds them (its last row repeated; the extra answers are dropped), as a serving engine's profiles."""
+        fits = [b for b in self.buckets if b >= len(index)]
+        return np.concatenate([index, np.repeat(index[-1:], fits[0] - len(index))]) if fits else index
+
+    def issue(self, samples: list) -> None:
+        for start in range(0, len(samples), self.batch_size):  # offline hands over every sample at once
+            self.answer(samples[start : start + self.batch_size])
+
+    def run(self, settings, outdir: Path, server: bool = False) -> None:
+        lg = self.lg
+        outdir.mkdir(parents=True, exist_ok=True)
+        log = lg.LogOutputSettings()
+        log.outdir, log.copy_summary_to_stdout = str(outdir), False
+        log_settings = lg.LogSettings()
+        log_settings.log_output, log_settings.enable_trace = log, False
+        worker = Worker(self) if server else None
+        sut = lg.ConstructSUT(worker.issue if worker else self.issue, lambda: None)
+        qsl = lg.ConstructQSL(self.count, self.count, lambda _: None, lambda _: None)
+        try:
+            lg.StartTestWithLogSettings(sut, qsl, settings, log_settings)
+        finally:
+            if worker:
+                worker.stop()
+            lg.DestroyQSL(qsl)
+            lg.DestroySUT(sut)
+            (outdir / "mlperf_log_trace.json").unlink(missing_ok=True)  # empty: tracing is off
+        if self.error is not None:
+            raise self.error
+
+
+class Worker:
+    """Server: LoadGen's issue thread only queues; one worker answers what has queued, up to batch_size rows a call."""
+
+    def __init__(self, system: System):
+        self.system, self.queue = system, queue.SimpleQueue()
+        self.thread = threading.Thread(target=self.loop, name="loadgen-server", daemon=True)
+        self.thread.start()
+
+    def issue(self, samples: list) -> None:
+        for q in samples:
+            self.queue.put(q)
+
+    def loop(self) -> None:
+        while True:
+            first = self.queue.get()
+            if first is None:
+                return
+            batch = [first]
+            while len(batch) < self.system.batch_size:
+                try:
+                    nxt = self.queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self.system.answer(batch)
+                    return
+                batch.append(nxt)
+            self.system.answer(batch)
+
+    def stop(self) -> None:
+        self.queue.put(None)
+        self.thread.join()
+
+
+# --- what LoadGen logged
+
+
+def read_detail(path: Path) -> dict:
+    """The last value of every key in mlperf_log_detail.txt's `:::MLLOG {json}` records."""
+    values = {}
+    for line in Path(path).read_text(errors="replace").splitlines():
+        if line.startswith(":::MLLOG "):
+            try:
+                record = json.loads(line[len(":::MLLOG "):])
+            except json.JSONDecodeError:
+                continue
+            values[record.get("key")] = record.get("value")
+    return values
+
+
+def metrics_of(detail: dict, scenario: str) -> dict[str, float]:
+    """VALID/INVALID, the constraints LoadGen checked, its percentiles (µs), throughput and early-stopping figures."""
+    m: dict[str, float] = {"valid": float(detail.get("result_validity") == "VALID")}
+    for key, name in (("result_min_duration_met", "min_duration_met"), ("result_min_queries_met", "min_queries_met"),
+                      ("early_stopping_met", "early_stopping_met"), ("result_perf_constraints_met", "constraints_met")):
+        if key in detail:
+            m[name] = float(bool(detail[key]))
+    per_query = "per_query_" if scenario == "multi_stream" else ""
+    for name, pct in PERCENTILES.items():
+        value = detail.get(f"result_{pct}_percentile_{per_query}latency_ns")
+        if isinstance(value, (int, float)):
+            m[name] = value / 1e3
+    for key, name in (("result_mean_latency_ns", "mean_us"), ("result_min_latency_ns", "min_us"),
+                      ("result_max_latency_ns", "max_us")):
+        if isinstance(detail.get(key), (int, float)):
+            m[name] = detail[key] / 1e3
+    qps = {"single_stream": "result_qps_with_loadgen_overhead", "multi_stream": "result_qps_with_loadgen_overhead",
+           "offline": "result_samples_per_second", "server": "result_completed_samples_per_sec"}[scenario]
+    if isinstance(detail.get(qps), (int, float)):
+        m["samples_per_s"] = float(detail[qps])
+    if scenario == "server" and isinstance(detail.get("result_scheduled_samples_per_sec"), (int, float)):
+        m["scheduled_qps"] = float(detail["result_scheduled_samples_per_sec"])
+    for key, name in (("result_query_count", "queries"), ("result_overlatency_query_count", "overlatency_queries")):
+        if isinstance(detail.get(key), (int, float)):
+            m[name] = float(detail[key])
+    m.update(early_stopping(str(detail.get("early_stopping_result") or "")))
+    return m
+
+
+def early_stopping(text: str) -> dict[str, float]:
+    """LoadGen's early-stopping estimates (`Early stopping 90.0th percentile estimate: <ns>`) in µs, and how many
+    more queries it says a conclusive run needs."""
+    m = {}
+    for pct, ns in re.findall(r"Early stopping (\d+(?:\.\d+)?)th percentile estimate: (\d+)", text):
+        m[f"early_stopping_p{pct.rstrip('0').rstrip('.').replace('.', '')}_us"] = int(ns) / 1e3
+    more = re.search(r"(?:run at least|process at least) (\d+) (?:more )?queries", text)
+    if more:
+        m["early_stopping_needs_queries"] = float(more.group(1))
+    return m
+
+
+def read_accuracy(path: Path, layout: Layout) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The responses LoadGen logged (mlperf_log_accuracy.json): their QSL indices and the decoded outputs."""
+    entries = json.loads(Path(path).read_text() or "[]")
+    index = np.array([e["qsl_idx"] for e in entries], np.int64)
+    size = layout.width * 8
+    raw = b"".join(bytes.fromhex(e["data"]) for e in entries)
+    if len(raw) != size * len(entries):
+        raise UserError(f"{path}: {len(raw)} bytes of responses for {len(entries)} samples of {size} bytes")
+    rows = np.frombuffer(raw, "<f8").reshape(len(entries), layout.width)
+    return index, layout.unpack(rows)
+
+
+# --- every scenario asked for, end to end
+
+
+Check = Callable[[np.ndarray, Mapping[str, np.ndarray]], tuple[dict[str, float], list[str]]]
+
+
+@dataclass
+class Outcome:
+    """What the scenarios measured, flat `loadgen/<scenario>/<metric>` metrics, and LoadGen's files (job-dir relative)."""
+
+    metrics: dict[str, float]
+    lines: list[str]
+    files: list[str]
+    search: list[dict[str, float]]
+    failures: list[str]
+    error: str = ""
+
+
+def run_scenarios(scenarios: list[str], infer: Infer, feeds: Mapping[str, np.ndarray], batch_size: int,
+                  settings: Settings, workdir: Path, expected_latency_s: float, expected_qps: float, check: Check,
+                  search_steps: int = 6, search_ms: int = 500, min_latency_s: float = 0.0,
+                  buckets: list[int] | None = None) -> Outcome:
+    """Each LoadGen scenario in performance mode (its logged responses checked), one AccuracyOnly run over every QSL
+    sample, and the server's QPS search. `check(qsl_index, outputs)` compares responses with the reference and returns
+    (metrics named `vs_<reference>/...`, failures). `buckets`: the row counts a fixed-shape runner was built for."""
+    lg = require()
+    layout = Layout(infer({k: v[:1] for k, v in feeds.items()}), CHECKED)
+    system = System(lg, infer, feeds, layout, batch_size, buckets)
+    out = Outcome({}, [], [], [], [])
+    root = Path(workdir) / "loadgen"
+
+    def one(scenario: str, folder: str, accuracy: bool = False, qps: float | None = None,
+            run_settings: Settings = settings) -> dict[str, float]:
+        chosen = run_settings if qps is None else replace(run_settings, target_qps=qps)
+        where = root / folder
+        system.run(chosen.test_settings(lg, scenario, accuracy, expected_latency_s, expected_qps), where,
+                   server=scenario == "server")
+        m = metrics_of(read_detail(where / "mlperf_log_detail.txt"), scenario)
+        index, got = read_accuracy(where / "mlperf_log_accuracy.json", layout)
+        checked, failures = check(index, got) if len(index) else ({}, [])
+        m.update({"checked": float(len(index)), **checked})
+        out.failures.extend(f"loadgen {folder}: {f}" for f in failures)
+        return m
+
+    for scenario in [s for s in SCENARIOS if s in scenarios]:
+        m = one(scenario, scenario)
+        out.metrics.update({f"loadgen/{scenario}/{k}": v for k, v in m.items()})
+        out.files += [f"loadgen/{scenario}/{name}" for name in LOGS]
+        out.lines.append(_line(scenario, m, settings))
+    if scenarios:
+        m = one("offline", "accuracy", accuracy=True)
+        out.metrics.update({f"loadgen/accuracy/{k}": v for k, v in m.items() if k == "checked" or k.startswith("vs_")})
+        out.lines.append(f"loadgen accuracy: {int(m['checked'])} responses (every QSL sample) checked against the reference"
+                         f", {len(out.failures)} failure(s)")
+    if "server" in scenarios:
+        bound = settings.latency_bound_ms
+        if min_latency_s * 1e3 > bound:  # below the fastest call ever timed: no rate can meet it, nothing to search
+            m = out.metrics
+            out.error = (f"mode.latency_bound_ms={bound:g} can never be met: one call alone takes {min_latency_s * 1e3:.3g} ms "
+                         f"at the fastest; LoadGen server at {settings.target_qps:g} QPS: "
+                         f"{'VALID' if m.get('loadgen/server/valid') else 'INVALID'}, "
+                         f"p99 {m.get('loadgen/server/p99_us', math.nan) / 1e3:.3g} ms")
+            out.metrics["loadgen/server/max_qps"] = 0.0
+            out.lines.append(f"server: {out.error}")
+        elif search_steps:
+            probe_settings = replace(settings, min_duration_ms=search_ms, max_duration_ms=max(search_ms, settings.max_duration_ms))
+
+            def probe(qps: float) -> bool:
+                m = one("server", f"server-search/qps{qps:.0f}", qps=qps, run_settings=probe_settings)
+                out.search.append({"qps": qps, **{k: m[k] for k in SEARCH_KEYS if k in m}})
+                return bool(m.get("constraints_met"))
+
+            best, _ = timing.highest_rate(probe, settings.target_qps, search_steps, lo=1.0, hi=1e7)
+            out.metrics["loadgen/server/max_qps"] = best
+            lowest = min(out.search, key=lambda t: t["qps"])
+            out.lines.append(f"server search: highest QPS with p99 <= {bound:g} ms: {best:,.0f} ({len(out.search)} probes)"
+                             if best else f"server search: p99 <= {bound:g} ms met at no rate tried, down to "
+                             f"{lowest['qps']:,.1f} QPS (p99 {lowest.get('p99_us', math.nan) / 1e3:.3g} ms)")
+    return out
+
+
+SEARCH_KEYS = ("constraints_met", "valid", "p99_us", "samples_per_s", "scheduled_qps", "queries")
+CHECKED = ("deterministic_continuous_actions", "deterministic_discrete_actions", "recurrent_out")
+
+
+def _line(scenario: str, m: dict[str, float], settings: Settings) -> str:
+    verdict = "VALID" if m.get("valid") else "INVALID"
+    es = ", ".join(f"p{k.split('_p')[1].split('_')[0]} {v:,.1f} µs" for k, v in m.items()
+                   if k.startswith("early_stopping_p"))
+    head = {"single_stream": f"p50 {m.get('p50_us', math.nan):,.1f} µs, p90 {m.get('p90_us', math.nan):,.1f} µs",
+            "multi_stream": f"{settings.samples_per_query} samples/query: p50 {m.get('p50_us', math.nan):,.1f} µs, "
+                            f"p99 {m.get('p99_us', math.nan):,.1f} µs",
+            "offline": f"{m.get('samples_per_s', math.nan):,.0f} samples/s",
+            "server": f"{settings.target_qps:g} QPS Poisson: p99 {m.get('p99_us', math.nan) / 1e3:,.3g} ms "
+                      f"(bound {settings.latency_bound_ms:g} ms), {m.get('samples_per_s', math.nan):,.0f} samples/s"}[scenario]
+    extra = f"; early stopping {es}" if es else ""
+    if not m.get("early_stopping_met", 1.0) and "early_stopping_needs_queries" in m:
+        extra += f"; early stopping needs {int(m['early_stopping_needs_queries'])} more queries"
+    return f"loadgen {scenario}: {verdict}, {head}{extra}, {int(m.get('queries', 0))} queries"

@@ -1,0 +1,254 @@
+"""Pure comparison functions on numpy arrays (computed in float64); no torch state."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from huggy_exp.errors import UserError
+from huggy_exp.verify import cosine, discrete_agreement, discrete_margins, margins  # noqa: F401 (the engine's, re-exported)
+
+REL_FLOOR = 1e-3  # relative errors divide by max(|expected|, REL_FLOOR): actions are O(1), zeros must not explode
+
+
+def compare(actual: np.ndarray, expected: np.ndarray, rel_floor: float = REL_FLOOR) -> dict[str, float]:
+    """Polygraphy/msprobe-style metrics; NaN/Inf that differ between the two are counted, never hidden."""
+    a, e = _same_size(actual, expected)
+    rows = len(a) if a.ndim > 1 else 1
+    a = a.reshape(rows, a.size // rows if rows else 0)
+    e = e.reshape(a.shape)
+    nan_mismatch = int(np.sum(np.isnan(a) != np.isnan(e)))
+    inf_mismatch = int(np.sum(np.isinf(a) != np.isinf(e)) + np.sum(np.isinf(a) & np.isinf(e) & (np.sign(a) != np.sign(e))))
+    both = np.isfinite(a) & np.isfinite(e)
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.where(both, np.abs(a - e), 0.0)
+    rel = diff / np.maximum(np.abs(e), rel_floor)
+    n = max(int(both.sum()), 1)
+    af, ef = np.where(both, a, 0.0), np.where(both, e, 0.0)
+    return {
+        "max_abs": float(diff.max(initial=0.0)),
+        "mean_abs": float(diff.sum() / n),
+        "max_rel": float(rel.max(initial=0.0)),
+        "rmse": float(np.sqrt((diff**2).sum() / n)),
+        "cosine": cosine(af.ravel(), ef.ravel()),
+        "cosine_min_row": float(min((cosine(x, y) for x, y in zip(af, ef)), default=1.0)),
+        "within_0.1pct": float(np.sum((rel <= 1e-3) & both) / max(a.size, 1)),
+        "within_0.5pct": float(np.sum((rel <= 5e-3) & both) / max(a.size, 1)),
+        "nan_mismatch": float(nan_mismatch),
+        "inf_mismatch": float(inf_mismatch),
+        "min_atol": float(diff.max(initial=0.0)),
+        "min_rtol": float(rel.max(initial=0.0)),
+    }
+
+
+def _same_size(actual: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both as float64; arrays of different sizes cannot be compared element-wise (a UserError naming both shapes)."""
+    a, e = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    if a.size != e.size:
+        raise UserError(f"cannot compare arrays of shapes {list(a.shape)} and {list(e.shape)} element-wise")
+    return a, e
+
+
+def masked_logits(logits: np.ndarray, masks: np.ndarray | None, penalty: float) -> np.ndarray:
+    """ML-Agents' masking in float64: logits * mask - penalty * (1 - mask); all allowed without masks."""
+    z = np.asarray(logits, np.float64)
+    if masks is None:
+        return z
+    m = np.asarray(masks, np.float64)
+    return z * m - penalty * (1.0 - m)
+
+
+def action_stats(actions: np.ndarray, saturation: float = 0.999) -> dict[str, float]:
+    a = np.asarray(actions, np.float64)
+    if a.size == 0:
+        return dict.fromkeys(("action_mean", "action_std", "action_min", "action_max", "saturated_share"), float("nan"))
+    return {
+        "action_mean": float(a.mean()),
+        "action_std": float(a.std()),
+        "action_min": float(a.min()),
+        "action_max": float(a.max()),
+        "saturated_share": float(np.mean(np.abs(a) >= saturation)),
+    }
+
+
+def discrete_histogram(actions: np.ndarray, sizes: tuple[int, ...] | None = None) -> tuple[dict[str, float], list[dict]]:
+    """Share of each action per branch of int [..., branches] discrete actions: metrics
+    `discrete.branch_<b>.action_<k>_share` and table rows (branch, action, count, share); every action of a branch of
+    known size is listed, else up to the largest one taken."""
+    flat = np.asarray(actions).reshape(-1, np.shape(actions)[-1])
+    metrics, table = {}, []
+    for b in range(flat.shape[1]):
+        size = sizes[b] if sizes else int(flat[:, b].max(initial=0)) + 1
+        counts = np.bincount(flat[:, b], minlength=size)
+        table += [{"branch": b, "action": k, "count": int(c), "share": float(c / len(flat))} for k, c in enumerate(counts)]
+        metrics.update({f"discrete.branch_{b}.action_{k}_share": float(c / len(flat)) for k, c in enumerate(counts)})
+    return metrics, table
+
+
+def limits_for(table: dict, dtype: str, device: str, specialize: dict | None = None) -> dict:
+    """Thresholds for a dtype, overridden by a `<device kind>_<dtype>` entry of `specialize` (e.g. npu_fp16)."""
+    limits = dict(table.get(dtype) or {})
+    limits.update((specialize or {}).get(f"{device.split(':')[0]}_{dtype}") or {})
+    return limits
+
+
+def rel_rmse(actual: np.ndarray, expected: np.ndarray) -> float:
+    """RMSE divided by the RMS of the expected values: comparable across layers of different scale."""
+    a, e = _same_size(actual, expected)
+    if a.size == 0:
+        return float("nan")
+    a, e = a.ravel(), e.ravel()
+    scale = float(np.sqrt(np.mean(e**2)))
+    err = float(np.sqrt(np.mean((a - e) ** 2)))
+    return err / scale if scale > 0 else err
+
+
+def error_ratio(device_error: float, cpu_error: float) -> float:
+    """Device error over CPU error at the same dtype; both exact counts as 1 (no worse than the CPU)."""
+    if cpu_error == 0.0:
+        return 1.0 if device_error == 0.0 else float("inf")
+    return device_error / cpu_error
+
+
+def ratio_verdict(ratio: float, warn: float = 1.0, fail: float = 2.0) -> str:
+    """pass when the accelerator is no worse than the CPU in the same dtype, warn up to `fail`, else fail."""
+    if not np.isfinite(ratio) or ratio > fail:
+        return "fail"
+    return "pass" if ratio <= warn else "warn"
+
+
+def _phi(x: np.ndarray) -> np.ndarray:
+    return np.exp(-0.5 * x**2) / np.sqrt(2 * np.pi)
+
+
+def _cdf(x: np.ndarray) -> np.ndarray:
+    from math import erf
+
+    return 0.5 * (1.0 + np.vectorize(erf)(np.asarray(x, np.float64) / np.sqrt(2.0)))
+
+
+def clipped_normal_moments(mu: np.ndarray, sigma: np.ndarray, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
+    """Exact mean and variance of clip(X, lo, hi) for X ~ N(mu, sigma^2), element-wise."""
+    mu, sigma = np.asarray(mu, np.float64), np.asarray(sigma, np.float64)
+    a, b = (lo - mu) / sigma, (hi - mu) / sigma
+    pa, pb, fa, fb = _cdf(a), _cdf(b), _phi(a), _phi(b)
+    inside = pb - pa
+    m1 = lo * pa + hi * (1 - pb) + mu * inside + sigma * (fa - fb)
+    m2 = (lo**2 * pa + hi**2 * (1 - pb) + (mu**2 + sigma**2) * inside
+          + 2 * mu * sigma * (fa - fb) + sigma**2 * (a * fa - b * fb))
+    return m1, np.maximum(m2 - m1**2, 0.0)
+
+
+def sampling_check(samples: np.ndarray, mu: np.ndarray, sigma: np.ndarray, lo: float | None, hi: float | None,
+                   confidence: float = 0.999) -> dict[str, float]:
+    """Do draws [R, rows, act] follow clip(N(mu, sigma^2), lo, hi)? Mean per cell (Bonferroni) and pooled spread.
+
+    Means: z = (empirical mean - exact clipped-normal mean) / sqrt(var / R) per cell; pass when max |z| stays under
+    the two-sided Bonferroni-corrected critical value at `confidence`. Spread: on cells clipped with probability
+    < 1e-3, standardized residuals (x - mu) / sigma must have a standard deviation within z * sqrt(1 / 2n) of 1.
+    """
+    from statistics import NormalDist
+
+    x = np.asarray(samples, np.float64)
+    reps = x.shape[0]
+    lo_, hi_ = (-np.inf, np.inf) if lo is None else (lo, hi)
+    mean, var = clipped_normal_moments(mu, sigma, lo_, hi_) if lo is not None else (np.asarray(mu, np.float64), np.asarray(sigma, np.float64) ** 2)
+    se = np.sqrt(var / reps) + 1e-6  # + float32 resolution: fully clipped cells have var 0 and mean exactly at the bound
+    z = (x.mean(axis=0) - mean) / se
+    cells = z.size
+    alpha = 1.0 - confidence
+    z_crit = NormalDist().inv_cdf(1 - alpha / (2 * cells))
+    clip_prob = (_cdf((lo_ - mu) / sigma) + 1 - _cdf((hi_ - mu) / sigma)) if lo is not None else np.zeros_like(z)
+    free = clip_prob < 1e-3
+    resid = ((x - mu) / sigma)[:, free]
+    n = resid.size
+    spread = float(resid.std()) if n > 1 else float("nan")
+    spread_tol = NormalDist().inv_cdf(1 - alpha / 2) * np.sqrt(1.0 / (2 * n)) if n > 1 else float("nan")
+    return {
+        "mean_z_max": float(np.max(np.abs(z))),
+        "mean_z_rms": float(np.sqrt(np.mean(z**2))),
+        "mean_z_crit": float(z_crit),
+        "spread_ratio": spread,
+        "spread_tolerance": float(spread_tol),
+        "spread_cells": float(np.sum(free)),
+        "cells": float(cells),
+        "samples_per_cell": float(reps),
+        "confidence": float(confidence),
+    }
+
+
+# --- discrete actions: sampled draws against the masked softmax
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    z = np.asarray(logits, np.float64)
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _chi2_pvalue(counts: np.ndarray, expected: np.ndarray) -> float:
+    """Goodness of fit of counts to expected counts; bins expected under 5 are pooled; a draw of probability 0 gives 0."""
+    from scipy.stats import chi2
+
+    if counts[expected <= 0].sum() > 0:
+        return 0.0
+    keep = expected >= 5
+    obs, exp = list(counts[keep].astype(np.float64)), list(expected[keep])
+    rest_o, rest_e = float(counts[~keep].sum()), float(expected[~keep].sum())
+    if rest_e > 0:
+        if rest_e >= 5 or not exp:
+            obs.append(rest_o)
+            exp.append(rest_e)
+        else:  # too small to stand alone: pooled with the smallest bin
+            i = int(np.argmin(exp))
+            obs[i] += rest_o
+            exp[i] += rest_e
+    if len(exp) < 2:
+        return 1.0
+    o, e = np.asarray(obs), np.asarray(exp)
+    return float(chi2.sf(np.sum((o - e) ** 2 / e), len(e) - 1))
+
+
+def allowed_branches(masks: np.ndarray, branch_sizes: tuple[int, ...]) -> np.ndarray:
+    """bool [..., n_branches]: whether each branch of each row has an action allowed. A branch with none is drawn
+    uniformly, as ML-Agents does (its masked logits are all equal), so none of its draws counts as a masked one."""
+    m = np.asarray(masks)
+    starts = np.cumsum([0, *branch_sizes])
+    return np.stack([m[..., a:b].any(axis=-1) for a, b in zip(starts[:-1], starts[1:])], axis=-1)
+
+
+def categorical_check(draws: np.ndarray, masked_logits: np.ndarray, branch_sizes: tuple[int, ...], masks: np.ndarray | None,
+                      confidence: float = 0.999) -> dict[str, float]:
+    """Do discrete draws [S, rows, n_branches] follow softmax(masked logits [rows, sum of sizes]) per (row, branch)?
+
+    A chi-square goodness-of-fit test per cell (bins expected under 5 pooled), Bonferroni over the cells: pass when the
+    smallest p-value is at least (1 - confidence) / cells. A draw of a masked action or outside the branch is counted apart
+    (`masked_draws`, `out_of_range`) and is always a failure; a branch with every action masked is drawn uniformly
+    (ML-Agents), so its draws are checked against the uniform softmax, not counted as masked.
+    """
+    d = np.asarray(draws)
+    reps = d.shape[0]
+    live = allowed_branches(masks, branch_sizes) if masks is not None else None
+    pvalues, masked, out_of_range, freq_max, start = [], 0, 0, 0.0, 0
+    for b, size in enumerate(branch_sizes):
+        p = softmax(np.asarray(masked_logits)[:, start:start + size])
+        picks = d[..., b]
+        bad = (picks < 0) | (picks >= size)
+        out_of_range += int(bad.sum())
+        for r in range(p.shape[0]):
+            counts = np.bincount(picks[:, r][~bad[:, r]].astype(np.int64), minlength=size)
+            if masks is not None and live[r, b]:
+                masked += int(counts[np.asarray(masks)[r, start:start + size] == 0].sum())
+            freq_max = max(freq_max, float(np.max(np.abs(counts / reps - p[r]))))
+            pvalues.append(_chi2_pvalue(counts, reps * p[r]))
+        start += size
+    cells = len(pvalues)
+    return {
+        "p_min": float(min(pvalues, default=1.0)),
+        "p_crit": float((1.0 - confidence) / max(cells, 1)),
+        "cells": float(cells),
+        "samples_per_cell": float(reps),
+        "masked_draws": float(masked),
+        "out_of_range": float(out_of_range),
+        "freq_max_abs": freq_max,
+        "confidence": float(confidence),
+    }

@@ -1,0 +1,186 @@
+"""The only place strings become torch devices and dtypes. Unavailable means Unsupported (skipped), never a fallback."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import re
+from dataclasses import dataclass
+
+import torch
+
+from huggy_exp.errors import Unsupported, UserError
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64}
+DEVICE_KINDS = ("cpu", "cuda", "npu", "mps")
+_DEVICE_RE = re.compile(r"^(cpu|cuda|npu|mps)(?::(\d+))?$")
+# set by the Ray launcher's worker to the point's device kind: Ray made exactly the card it assigned visible
+# (CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES), so `npu:1` runs on that card, index 0 in this process
+ASSIGNED_CARD_ENV = "HUGGY_EXP_ASSIGNED_CARD"
+
+
+@dataclass(frozen=True)
+class Target:
+    """A resolved (device, dtype) pair, checked to run a matmul."""
+
+    device: torch.device
+    dtype: torch.dtype
+    device_name: str
+    dtype_name: str
+
+    @property
+    def kind(self) -> str:
+        return self.device.type
+
+
+def check_dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise UserError(f"unknown dtype {name!r}; valid: {', '.join(DTYPES)}") from None
+
+
+def check_device(name: str) -> tuple[str, int | None]:
+    m = _DEVICE_RE.match(str(name))
+    if not m:
+        raise UserError(f"unknown device {name!r}; valid: cpu, cuda[:N], npu[:N], mps")
+    kind, index = m.group(1), int(m.group(2)) if m.group(2) is not None else None
+    if kind in ("cpu", "mps") and index not in (None, 0):
+        raise UserError(f"unknown device {name!r}: {kind} has no device {index}; use {kind}")
+    return kind, index
+
+
+def _import_backend(kind: str) -> None:
+    """torch_npu registers the 'npu' device; import it only when an npu device is asked for.
+
+    torch >= 2.5 may have imported it already: it auto-loads an installed torch_npu at `import torch` (its device-backend
+    entry point; TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns that off), and without CANN `import torch` itself fails.
+    """
+    if kind != "npu" or hasattr(torch, "npu"):
+        return
+    try:
+        importlib.import_module("torch_npu")
+    except ImportError as exc:
+        raise Unsupported(f"npu needs torch_npu, which is not installed here ({exc}); pip install 'huggy-exp[npu]' on an Ascend host") from None
+
+
+def device_module(device: torch.device):
+    """torch.cuda / torch.npu / torch.mps / torch.cpu: the device-agnostic handle for sync, events and memory."""
+    return torch.get_device_module(device)
+
+
+def resolve_device(name: str) -> torch.device:
+    kind, index = check_device(name)
+    if kind == "cpu":
+        return torch.device("cpu")
+    _import_backend(kind)
+    if kind == "mps":
+        if not torch.backends.mps.is_available():
+            raise Unsupported(f"device {name}: MPS is not available on this machine")
+        return torch.device("mps")
+    mod = getattr(torch, kind, None)
+    if mod is None or not mod.is_available():
+        raise Unsupported(f"device {name}: no {kind.upper()} device is available on this machine (torch {torch.__version__})")
+    count = mod.device_count()
+    index = 0 if index is None or os.environ.get(ASSIGNED_CARD_ENV) == kind else index
+    if index >= count:
+        raise Unsupported(f"device {name}: only {count} {kind} device(s) present")
+    return torch.device(kind, index)
+
+
+def resolve(device: str, dtype: str) -> Target:
+    """Check both names, then that a small matmul in that dtype runs on that device."""
+    torch_dtype = check_dtype(dtype)
+    torch_device = resolve_device(device)
+    try:
+        probe = torch.ones(4, 4, device=torch_device, dtype=torch_dtype)
+        (probe @ probe).sum().item()
+    except (RuntimeError, TypeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise Unsupported(f"dtype {dtype} is not supported on {device}: {first}") from None
+    return Target(torch_device, torch_dtype, str(device), dtype)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (torch.mps.synchronize takes no device argument)."""
+    if device.type == "mps":
+        device_module(device).synchronize()
+    elif device.type != "cpu":
+        device_module(device).synchronize(device)
+
+
+def memory_stats(device: torch.device) -> dict[str, float]:
+    """Peak and current allocator bytes where the device module tracks them (not on the CPU)."""
+    if device.type == "cpu":
+        return {}
+    mod = device_module(device)
+    stats = {}
+    for name in ("max_memory_allocated", "memory_allocated", "max_memory_reserved"):
+        fn = getattr(mod, name, None)
+        if fn is not None:
+            stats[f"{name}_bytes"] = float(fn(device))
+    return stats
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a fresh allocator peak where the device module keeps one (the CPU's RSS peak cannot be reset)."""
+    fn = getattr(device_module(device), "reset_peak_memory_stats", None) if device.type != "cpu" else None
+    if fn is not None:
+        fn(device)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak allocator memory on an accelerator (device module); on the CPU the process's peak RSS."""
+    if device.type != "cpu":
+        fn = getattr(device_module(device), "max_memory_allocated", None)
+        if fn is not None:
+            return float(fn(device)) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def inventory() -> dict[str, object]:
+    """What devices this process can see, without importing torch_npu unless it is installed."""
+    found: dict[str, object] = {"cpu": 1, "cuda": torch.cuda.device_count() if torch.cuda.is_available() else 0}
+    found["mps"] = int(torch.backends.mps.is_available())
+    if importlib.util.find_spec("torch_npu") is not None:
+        try:
+            _import_backend("npu")
+            found["npu"] = torch.npu.device_count() if torch.npu.is_available() else 0
+        except Unsupported as exc:
+            found["npu"] = str(exc)
+    else:
+        found["npu"] = "torch_npu not installed"
+    return found
+
+
+def device_name(kind: str) -> str:
+    """The first visible card's name as its device module reports it, or why there is none (never a fallback)."""
+    if kind == "cpu":
+        return "cpu"
+    try:
+        _import_backend(kind)
+    except Unsupported as exc:
+        return str(exc)
+    mod = getattr(torch, kind, None)
+    if mod is None or not mod.is_available():
+        return f"no {kind} device visible here"
+    get = getattr(mod, "get_device_name", None)
+    return str(get(0)) if get is not None else kind
+
+
+def cann_version() -> str:
+    """The Ascend CANN toolkit version from its install info, or 'not found'."""
+    import os
+    from pathlib import Path
+
+    roots = [os.environ.get(k) for k in ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")] + ["/usr/local/Ascend/ascend-toolkit/latest"]
+    for root in filter(None, roots):
+        for info in [Path(root) / "version.cfg", *sorted(Path(root).glob("*/ascend_toolkit_install.info"))]:
+            if info.is_file():
+                for line in info.read_text(errors="replace").splitlines():
+                    if line.strip().startswith(("version=", "Version=")):
+                        return line.split("=", 1)[1].strip()
+    return "not found"

@@ -1,0 +1,376 @@
+"""The ML-Agents actor in torch, as its parts: per-input fp32 normalizers, N x [Linear + Swish], an optional LSTM, and
+action heads (continuous PPO, tanh-squashed SAC, discrete branches; a hybrid policy has both kinds) that own their forward.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from huggy_exp.mlagents import ACTION_CLAMP, LOG_SIGMA_RANGE, MASK_PENALTY, NORMALIZER_CLAMP, Lstm, Normalizer, PolicyWeights
+from huggy_exp.mlagents.heads import ContinuousHead, DiscreteHead
+
+DISCRETE_SEED_OFFSET = 1_000_003  # the discrete draws' CPU stream: seed + this, apart from the Gaussian stream of `seed`
+
+
+class Swish(nn.Module):
+    """x * sigmoid(x), spelled as ML-Agents and its ONNX graph spell it (bit-identical to their outputs)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(x)
+
+
+def _linear(weight: np.ndarray, bias: np.ndarray) -> nn.Linear:
+    layer = nn.Linear(weight.shape[1], weight.shape[0])
+    with torch.no_grad():
+        layer.weight.copy_(torch.from_numpy(weight))
+        layer.bias.copy_(torch.from_numpy(bias))
+    return layer
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cast only when needed: a no-op .to() would still be traced into an exported graph as a Cast node."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+def _stat_dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+class Normalization(nn.Module):
+    """One input's clamp((obs - running_mean) / std, -5, 5); identity without a normalizer. Stats are placement-exempt."""
+
+    stats = ("running_mean", "std")
+
+    def __init__(self, normalizer: Normalizer | None):
+        super().__init__()
+        self.enabled = normalizer is not None
+        self.register_buffer("running_mean", torch.from_numpy(normalizer.running_mean) if normalizer else torch.zeros(0))
+        self.register_buffer("std", torch.from_numpy(normalizer.std) if normalizer else torch.zeros(0))
+
+    def forward(self, obs: torch.Tensor, stat_dtype: torch.dtype) -> torch.Tensor:
+        obs = _cast(obs, stat_dtype)
+        if not self.enabled:
+            return obs
+        return torch.clamp((obs - self.running_mean) / self.std, -NORMALIZER_CLAMP, NORMALIZER_CLAMP)
+
+
+class ContinuousActions(nn.Module):
+    """PPO's Gaussian head: deterministic clamp(mu, -3, 3) / 3, sampled clamp(mu + exp(log_sigma) * z, -3, 3) / 3."""
+
+    deterministic_name, sampled_name = "deterministic_continuous_actions", "continuous_actions"
+    file_format = ContinuousHead  # its ONNX pattern, read and written
+    stats = ("log_sigma_const",)
+
+    def __init__(self, mu: tuple[np.ndarray, np.ndarray], log_sigma: np.ndarray | tuple[np.ndarray, np.ndarray]):
+        super().__init__()
+        self.size = int(mu[0].shape[0])
+        self.mu = _linear(*mu)
+        if isinstance(log_sigma, tuple):
+            self.log_sigma = _linear(*log_sigma)
+        else:
+            self.register_buffer("log_sigma_const", torch.from_numpy(log_sigma))
+            self.log_sigma = None
+
+    def log_sigma_of(self, x: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
+        """clamp(Linear(x), -20, 2) for conditional sigma (SAC); else mu * 0 + log_sigma, ML-Agents' broadcast."""
+        if self.log_sigma is None:
+            return mu * 0 + self.log_sigma_const
+        return torch.clamp(self.log_sigma(x), *LOG_SIGMA_RANGE)
+
+    def squash(self, raw: torch.Tensor) -> torch.Tensor:
+        return torch.clamp(raw, -ACTION_CLAMP, ACTION_CLAMP) / ACTION_CLAMP
+
+    def head(self, mu: torch.Tensor) -> torch.Tensor:
+        """The deterministic action from mu, in the stat dtype."""
+        return self.squash(_cast(mu, _stat_dtype(mu)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.mu(x))
+
+    def sample(self, x: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """z given (drawn on the CPU by the caller), so every device sees the same noise."""
+        mu = self.mu(x)
+        log_sigma = self.log_sigma_of(x, mu)
+        dtype = _stat_dtype(mu)
+        mu, log_sigma = _cast(mu, dtype), _cast(log_sigma, dtype)
+        return self.squash(mu + torch.exp(log_sigma) * noise.to(mu.device, dtype))
+
+
+class SquashedActions(ContinuousActions):
+    """SAC's tanh-squashed Gaussian head: deterministic raw mu (as ML-Agents exports it), sampled tanh(mu + sigma * z)."""
+
+    def squash(self, raw: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(raw)
+
+    def head(self, mu: torch.Tensor) -> torch.Tensor:
+        return _cast(mu, _stat_dtype(mu))
+
+
+class DiscreteActions(nn.Module):
+    """One Linear per branch; logits masked as ML-Agents masks them (logits * mask - 1e8 * (1 - mask)) in fp32, softmax;
+    deterministic = argmax of the softmax per branch, sampled = a categorical draw from given uniforms. int64 [N, branches]."""
+
+    deterministic_name, sampled_name = "deterministic_discrete_actions", "discrete_actions"
+    file_format = DiscreteHead  # its ONNX pattern, read and written
+
+    def __init__(self, branches: tuple[tuple[np.ndarray, np.ndarray], ...]):
+        super().__init__()
+        self.sizes = tuple(int(w.shape[0]) for w, _ in branches)
+        self.branches = nn.ModuleList(_linear(w, b) for w, b in branches)
+
+    def logits(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Per branch, the raw Linear outputs (compute dtype), before masking."""
+        return [branch(x) for branch in self.branches]
+
+    def masked_logits(self, x: torch.Tensor, masks: torch.Tensor | None,
+                      logits: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """Per branch, logits * mask - 1e8 * (1 - mask) (stat dtype); the raw logits without masks; `logits` when
+        already computed."""
+        out, start = [], 0
+        for size, logits in zip(self.sizes, self.logits(x) if logits is None else logits):
+            logits = _cast(logits, _stat_dtype(logits))
+            if masks is not None:
+                allow = _cast(masks.narrow(1, start, size), logits.dtype)  # narrow, not [..]: no device guard
+                logits = logits * allow - MASK_PENALTY * (-1.0 * allow + 1.0)
+            out.append(logits)
+            start += size
+        return out
+
+    def probs(self, x: torch.Tensor, masks: torch.Tensor | None, logits: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """Per branch, the softmax of the masked logits (stat dtype)."""
+        return [torch.softmax(z, dim=-1) for z in self.masked_logits(x, masks, logits)]
+
+    def forward(self, x: torch.Tensor, masks: torch.Tensor | None = None, logits: list[torch.Tensor] | None = None) -> torch.Tensor:
+        return torch.cat([torch.argmax(p, dim=1, keepdim=True) for p in self.probs(x, masks, logits)], dim=1)
+
+    def sample(self, x: torch.Tensor, masks: torch.Tensor | None, uniform: torch.Tensor) -> torch.Tensor:
+        """Inverse-CDF draw per branch from uniforms in (0, 1]: a masked action (probability 0) can never be drawn."""
+        picks = []
+        for b, p in enumerate(self.probs(x, masks)):
+            cdf = torch.cumsum(p, dim=-1)
+            u = uniform.narrow(1, b, 1).to(cdf.device, cdf.dtype) * cdf.narrow(1, p.shape[-1] - 1, 1)
+            picks.append(torch.clamp((cdf < u).sum(dim=-1, keepdim=True), max=p.shape[-1] - 1))
+        return torch.cat(picks, dim=1).to(torch.int64)
+
+
+class Memory(nn.Module):
+    """ML-Agents' LSTM step: memory [N, 1, m] holds h (first m/2) and c (second m/2); one step of a length-1 sequence."""
+
+    def __init__(self, weights: Lstm):
+        super().__init__()
+        self.hidden = weights.hidden_size
+        self.lstm = nn.LSTM(weights.weight_ih.shape[1], self.hidden, batch_first=True)
+        with torch.no_grad():
+            for name, value in zip(("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0"),
+                                   (weights.weight_ih, weights.weight_hh, weights.bias_ih, weights.bias_hh)):
+                getattr(self.lstm, name).copy_(torch.from_numpy(value))
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mem = _cast(memory, x.dtype).transpose(0, 1)  # [1, N, m], as ML-Agents holds it
+        h0, c0 = torch.split(mem, self.hidden, dim=-1)
+        out, (h, c) = self.lstm(x.reshape(-1, 1, x.shape[-1]), (h0.contiguous(), c0.contiguous()))
+        return out.reshape(-1, self.hidden), torch.cat([h, c], dim=-1).transpose(0, 1)
+
+
+class Policy(nn.Module):
+    """Named inputs (float32) in, ML-Agents' outputs out; `dtype` applies to the MLP, LSTM and heads only.
+
+    The normalizer statistics stay float32 (float64 for an fp64 reference): ML-Agents' running variance is a
+    cumulative sum up to ~1e9, which is inf in float16. So do masking, softmax and the action squash.
+    """
+
+    def __init__(self, weights: PolicyWeights):
+        super().__init__()
+        self.obs_sizes, self.obs_dim, self.act_dim = weights.obs_sizes, weights.obs_dim, weights.act_dim
+        self.branch_sizes, self.memory_size = weights.branch_sizes, weights.memory
+        self.tanh_squash, self.huggy_shaped = weights.tanh_squash, weights.huggy_shaped
+        self.normalizers = nn.ModuleList(Normalization(i.normalizer) for i in weights.inputs)
+        self.has_normalizer = any(n.enabled for n in self.normalizers)
+        body: list[nn.Module] = []
+        for weight, bias in weights.layers:
+            body += [_linear(weight, bias), Swish()]
+        self.body = nn.Sequential(*body)
+        self.memory = Memory(weights.lstm) if weights.lstm is not None else None
+        self.continuous: ContinuousActions | None = None
+        if weights.mu is not None:
+            self.continuous = (SquashedActions if weights.tanh_squash else ContinuousActions)(weights.mu, weights.log_sigma)
+        self.discrete = DiscreteActions(weights.branches) if weights.branches else None
+        # plain tuples of the same Linear modules and Parameters (.to() converts Parameters in place): no per-call lookups
+        self._linears = tuple(m for m in body if isinstance(m, nn.Linear))
+        self._cache_parameters()
+        self.requires_grad_(False)
+        self.eval()
+
+    def _cache_parameters(self) -> None:
+        mu = (self.continuous.mu,) if self.continuous is not None else ()
+        self._gemv = tuple((m.weight, m.bias) for m in (*self._linears, *mu))
+
+    def place(self, device: torch.device, dtype: torch.dtype) -> "Policy":
+        """Move to the device; the layers take `dtype`, the statistics stay fp32 (fp64 only for an fp64 run).
+
+        Each tensor is converted once, straight from its float32 original (fp16 would round the statistics), and set as
+        a new Parameter/buffer: no tensor is swapped in place, so FakeTensorMode can place the policy on a device that
+        is not there (tests/test_placement_fake_device.py)."""
+        stat_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        self._gemv = ()
+        for module in self.modules():
+            exempt = set(getattr(module, "stats", ()))
+            for name, param in list(module._parameters.items()):
+                if param is not None:
+                    setattr(module, name, nn.Parameter(param.detach().to(device=device, dtype=dtype), requires_grad=False))
+            for name, buffer in list(module._buffers.items()):
+                if buffer is not None:
+                    kind = stat_dtype if name in exempt else dtype if buffer.is_floating_point() else buffer.dtype
+                    module._buffers[name] = buffer.to(device=device, dtype=kind)
+        self._cache_parameters()
+        return self
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return self.body[0].weight.dtype
+
+    @property
+    def stat_dtype(self) -> torch.dtype:
+        return torch.float64 if self.compute_dtype == torch.float64 else torch.float32
+
+    @property
+    def heads(self) -> list[nn.Module]:
+        return [h for h in (self.continuous, self.discrete) if h is not None]
+
+    # --- the shared trunk: inputs -> features (and the next memory)
+
+    def normalize(self, obs: torch.Tensor, index: int = 0) -> torch.Tensor:
+        return self.normalizers[index](obs, self.stat_dtype)
+
+    def encode(self, obs: list[torch.Tensor], memory: torch.Tensor | None = None,
+               record: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Normalize each input (stat dtype), concatenate in input order, MLP (compute dtype), then the LSTM step."""
+        parts = [self.normalize(x, i) for i, x in enumerate(obs)]
+        if record is not None:
+            record.update({"normalized_obs": parts[0]} if len(parts) == 1 else {f"normalized_obs_{i}": p for i, p in enumerate(parts)})
+        x = _cast(parts[0] if len(parts) == 1 else torch.cat(parts, dim=1), self.compute_dtype)
+        for i in range(0, len(self.body), 2):
+            x = self.body[i + 1](self.body[i](x))
+            if record is not None:
+                record[f"hidden_{i // 2}"] = x
+        if self.memory is None:
+            return x, None
+        if memory is None:
+            memory = torch.zeros(x.shape[0], 1, self.memory_size, device=x.device, dtype=self.stat_dtype)
+        x, memory = self.memory(x, memory)
+        if record is not None:
+            record["lstm"] = x
+        return x, memory
+
+    def act(self, obs: list[torch.Tensor], masks: torch.Tensor | None = None, memory: torch.Tensor | None = None,
+            noise: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """ML-Agents' outputs by ONNX name: deterministic actions of every head (sampled ones when `noise` is given,
+        keyed by head output name: a Gaussian z for continuous, uniforms for discrete) and `recurrent_out`."""
+        x, memory_out = self.encode(obs, memory)
+        out = {}
+        for head in self.heads:
+            args = (x,) if head is self.continuous else (x, masks)
+            if noise is None:
+                out[head.deterministic_name] = head(*args)
+            else:
+                out[head.sampled_name] = head.sample(*args, noise[head.sampled_name])
+        if memory_out is not None:
+            out["recurrent_out"] = _cast(memory_out, self.stat_dtype)
+        return out
+
+    def distributions(self, obs: list[torch.Tensor], masks: torch.Tensor | None = None,
+                      memory: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """What the sampled outputs draw from: `mu` and `log_sigma` (continuous), `masked_logits` (discrete, every branch
+        side by side, stat dtype), and `recurrent_out`."""
+        x, memory_out = self.encode(obs, memory)
+        out = {}
+        if self.continuous is not None:
+            out["mu"] = self.continuous.mu(x)
+            out["log_sigma"] = self.continuous.log_sigma_of(x, out["mu"])
+        if self.discrete is not None:
+            out["masked_logits"] = torch.cat(self.discrete.masked_logits(x, masks), dim=1)
+        if memory_out is not None:
+            out["recurrent_out"] = _cast(memory_out, self.stat_dtype)
+        return out
+
+    # --- the continuous single-input path (Huggy's shape), used by the comparing modes and the exporter
+
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        """The last hidden layer for one input: normalize (stat dtype), then the MLP in the compute dtype."""
+        return self.body(_cast(self.normalize(obs), self.compute_dtype))
+
+    def trace(self, obs: torch.Tensor | list[torch.Tensor], masks: torch.Tensor | None = None,
+              memory: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Every intermediate, for per-layer attribution.
+
+        Huggy's shape: the same code as forward() (one path, recording on the way, so what is verified is what runs):
+        normalized_obs, hidden_0.., mu, log_sigma, actions. Every other shape, through encode() and the heads as act()
+        runs them: normalized_obs (normalized_obs_<i> for several inputs), hidden_0.., lstm (the LSTM output the heads
+        read), mu and log_sigma (continuous), logits (every branch's raw logits side by side), with the deterministic
+        outputs of every head and recurrent_out from the same values.
+        """
+        out: dict[str, torch.Tensor] = {}
+        if self.huggy_shaped:
+            out["actions"] = self._run(obs if isinstance(obs, torch.Tensor) else obs[0], out)
+            return out
+        x, memory_out = self.encode([obs] if isinstance(obs, torch.Tensor) else obs, memory, record=out)
+        if self.continuous is not None:
+            out["mu"] = self.continuous.mu(x)
+            out["log_sigma"] = self.continuous.log_sigma_of(x, out["mu"])
+            out[self.continuous.deterministic_name] = self.continuous.head(out["mu"])
+        if self.discrete is not None:
+            logits = self.discrete.logits(x)
+            out["logits"] = torch.cat(logits, dim=1)
+            out[self.discrete.deterministic_name] = self.discrete(x, masks, logits)
+        if memory_out is not None:
+            out["recurrent_out"] = _cast(memory_out, self.stat_dtype)
+        return out
+
+    def _run(self, obs: torch.Tensor, record: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """normalize (stat dtype) -> [Linear, Swish] x N (compute dtype) -> mu -> head; intermediates into `record`.
+
+        Huggy's shape only (one input, continuous actions, no memory); Policy.act runs every shape.
+        One row on the CPU runs as a vector through addmv (MKL's gemv): addmm's one-row path is ~2x slower there.
+        """
+        head = self.continuous
+        row = obs.dim() == 2 and obs.shape[0] == 1 and obs.device.type == "cpu"
+        keep = (lambda t: t.unsqueeze(0)) if row else (lambda t: t)  # noqa: E731
+        x = self.normalize(obs[0] if row else obs)
+        if record is not None:
+            record["normalized_obs"] = keep(x)
+        x = _cast(x, self.compute_dtype)
+        for i, layer in enumerate(self._linears):
+            x = torch.addmv(self._gemv[i][1], self._gemv[i][0], x) if row else layer(x)
+            x = torch.sigmoid(x).mul_(x)  # Swish as in self.body, bit for bit; in place: one buffer less per layer
+            if record is not None:
+                record[f"hidden_{i}"] = keep(x)
+        mu = torch.addmv(self._gemv[-1][1], self._gemv[-1][0], x) if row else head.mu(x)
+        if record is not None:
+            record["mu"] = keep(mu)
+            log_sigma = head.log_sigma_of(x, mu)
+            record["log_sigma"] = log_sigma.reshape(1, -1) if row else log_sigma
+        return keep(head.head(mu))
+
+    def head(self, mu: torch.Tensor) -> torch.Tensor:
+        return self.continuous.head(mu)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """Deterministic continuous actions of a single-input policy without memory: the one path, _run."""
+        return self._run(obs)
+
+    def sample(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        return self.continuous.sample(self.features(obs), noise)
+
+
+def cpu_noise(rows: int, act_dim: int, seed: int) -> torch.Tensor:
+    """Standard normal noise from a seeded CPU generator: the same bytes whatever device consumes it."""
+    gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    return torch.randn(rows, act_dim, generator=gen, dtype=torch.float32)
+
+
+def cpu_uniform(rows: int, branches: int, seed: int) -> torch.Tensor:
+    """Uniforms in (0, 1] for the discrete draws, from a seeded CPU generator (its own stream, seed + offset)."""
+    gen = torch.Generator(device="cpu").manual_seed(int(seed) + DISCRETE_SEED_OFFSET)
+    return 1.0 - torch.rand(rows, branches, generator=gen, dtype=torch.float64)

@@ -1,0 +1,179 @@
+"""Self-contained HTML reports: one per sweep (beside summary.md) and one per job (beside result.json).
+
+A report is one file with its plots embedded as data URIs and no script, so it opens from the file system, from an
+e-mail attachment and in MLflow's artifact viewer alike. It is written from the summary and result.json alone.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from pathlib import Path
+
+from huggy_exp.headline import COSINE, ERROR, first_of, judged_limits
+from huggy_exp.results import atomic_write_text
+
+REPORT = "report.html"
+STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1180px;color:#1f2328;padding:0 16px}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #d0d7de;padding-bottom:4px}
+table{border-collapse:collapse;margin:6px 0;font-variant-numeric:tabular-nums}
+th,td{border:1px solid #d0d7de;padding:3px 8px;text-align:left;vertical-align:top}th{background:#f6f8fa}
+td.num{text-align:right;font-family:ui-monospace,monospace}.passed{color:#1a7f37;font-weight:600}
+.failed,.error{color:#cf222e;font-weight:600}.skipped{color:#9a6700;font-weight:600}
+.noisy{background:#fff8c5;color:#7d4e00;font-weight:600;padding:0 4px;border-radius:3px}
+.tally{font-size:16px;margin:8px 0}.rec{background:#ddf4ff;border:1px solid #54aeff;border-radius:6px;padding:8px 12px}
+img{max-width:100%;border:1px solid #d0d7de;margin:6px 0;display:block}code{font-family:ui-monospace,monospace}
+.muted{color:#656d76}"""
+
+
+def fmt(value) -> str:
+    """Numbers with 3 significant digits (cosines with 6: they live next to 1), the rest as text."""
+    if isinstance(value, bool) or value is None:
+        return "" if value is None else str(value).lower()
+    if isinstance(value, (int, float)):
+        v = float(value)
+        if not math.isfinite(v):
+            return str(v)
+        if v == int(v) and abs(v) < 1e7:
+            return f"{int(v):,}"
+        return f"{v:.6g}" if 0.999 <= v < 1 else f"{v:.3g}"
+    return str(value)
+
+
+def _e(value) -> str:
+    return html.escape(fmt(value))
+
+
+def table(head: list[str], rows: list[list], numeric: set[int] = frozenset()) -> str:
+    """An HTML table; cells are escaped text unless given as ("html", markup)."""
+    def cell(i: int, v) -> str:
+        if isinstance(v, tuple) and v and v[0] == "html":
+            return f"<td>{v[1]}</td>"
+        return f"<td class=num>{_e(v)}</td>" if i in numeric else f"<td>{_e(v)}</td>"
+
+    out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
+    out += ["<tr>" + "".join(cell(i, v) for i, v in enumerate(r)) + "</tr>" for r in rows]
+    return "\n".join(out) + "</table>"
+
+
+def image(path: Path) -> str:
+    """A PNG embedded as a data URI, captioned with its file name."""
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<figure><img alt="{html.escape(path.name)}" src="data:image/png;base64,{data}"><figcaption class=muted>{html.escape(path.name)}</figcaption></figure>'
+
+
+def verdict(status: str) -> tuple[str, str]:
+    return ("html", f'<span class="{html.escape(status)}">{html.escape(status.upper())}</span>')
+
+
+def page(title: str, sections: list[str]) -> str:
+    return (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
+            f"<style>{STYLE}</style></head><body>\n" + "\n".join(sections) + "\n</body></html>\n")
+
+
+def environment_section(env: dict) -> str:
+    return "<h2>Environment</h2>" + table(["package / host", "version"], [[k, v] for k, v in env.items()])
+
+
+# --- a sweep
+
+
+def verdict_rows(rows: list[dict]) -> list[list]:
+    """One line per point: what it is, its verdict, the headline figures with the limit, the fingerprint, the note."""
+    out = []
+    for r in rows:
+        m = r.get("metrics") or {}
+        p50 = m.get("p50_us")
+        p50_cell = ("html", f"{_e(p50)} <span class=noisy>noisy</span>") if p50 is not None and r.get("noisy") else p50
+        out.append([r["job"], r["run_name"], verdict(r["status"]), first_of(m, ERROR), (r.get("limits") or {}).get("max_abs"),
+                    first_of(m, COSINE), p50_cell, (r.get("fingerprint") or r.get("actions_sha256") or "")[:12], r.get("note", "") if r["status"] != "passed" else ""])
+    return out
+
+
+VERDICT_HEAD = ["job", "run", "verdict", "max abs error vs fp64", "limit", "cosine (worst row)", "p50 µs (own batch)",
+                "fingerprint", "note"]
+
+
+def recommendation_section(comparison: dict) -> str:
+    recs = comparison.get("recommended") or {}
+    if not recs:
+        return ("<h2>Recommendation</h2><p class=muted>No precision verdicts in this sweep, so no dtype is recommended "
+                "(a recommendation needs <code>mode=precision</code> points).</p>")
+    parts = ["<h2>Recommendation</h2>"]
+    for device, rec in recs.items():
+        noisy = ' <span class=noisy>noisy p50: re-measure before relying on it</span>' if rec.get("noisy") else ""
+        parts.append(f"<div class=rec><b>{html.escape(device)}: {html.escape(str(rec.get('dtype') or 'none'))}</b> "
+                     f"&mdash; {html.escape(rec.get('why', ''))}{noisy}</div>")
+        figures = rec.get("p50_by_dtype") or {}
+        rows = [[d, "passed", figures.get(d)] for d in rec.get("passing") or []]
+        rows += [[d, "failed", None] for d in rec.get("failing") or []]
+        parts.append(table(["dtype", "precision verdict", "p50 µs used"], rows, {2}))
+    return "\n".join(parts)
+
+
+def comparison_section(rows: list[dict], comparison: dict) -> str:
+    compared = [[r["job"], r["run_name"], r.get("vs_cpu_fp32_max_abs"), r.get("vs_cpu_fp32_discrete_agreement"),
+                 (r.get("actions_sha256") or "")[:12]] for r in rows
+                if "vs_cpu_fp32_max_abs" in r or "vs_cpu_fp32_discrete_agreement" in r]
+    parts = ["<h2>Against the reference point (CPU fp32, same inputs)</h2>"]
+    if compared:
+        parts.append(table(["job", "run", "max |Δaction| vs cpu fp32", "discrete actions equal", "fingerprint"], compared, {2, 3}))
+    else:
+        parts.append("<p class=muted>No point of this sweep has a CPU fp32 point on the same inputs to compare with.</p>")
+    lines = [line for line in comparison.get("lines", []) if line.startswith("agreement")]
+    if lines:
+        parts.append("<ul>" + "".join(f"<li><code>{html.escape(x)}</code></li>" for x in lines) + "</ul>")
+    return "\n".join(parts)
+
+
+def write_sweep_report(sweep_dir: Path, title: str, summary: dict, plots: list[Path], env: dict) -> Path:
+    """report.html for a sweep: tally, verdicts with limits, reference comparison, recommendation, noise, plots."""
+    rows = summary["rows"]
+    noisy = [r for r in rows if r.get("noisy")]
+    sections = [f"<h1>{html.escape(title)}</h1>", f"<p class=tally>{html.escape(summary['line'])}</p>",
+                recommendation_section(summary.get("comparison") or {}),
+                "<h2>Verdicts</h2>" + table(VERDICT_HEAD, verdict_rows(rows), {3, 4, 5, 6})]
+    if noisy:
+        sections.append(f"<p><span class=noisy>noisy</span> {len(noisy)} point(s) timed with IQR / median above 0.1 "
+                        f"({', '.join(r['run_name'] for r in noisy)}): their p50 is not a firm figure; re-measure "
+                        "(mode=benchmark) before choosing on speed.</p>")
+    sections.append(comparison_section(rows, summary.get("comparison") or {}))
+    if plots:
+        sections.append("<h2>Plots</h2>" + "\n".join(image(p) for p in plots if p.is_file()))
+    sections.append(environment_section(env))
+    path = sweep_dir / REPORT
+    atomic_write_text(path, page(title, sections))
+    return path
+
+
+# --- one job
+
+
+def write_job_report(workdir: Path, record: dict, plots: list[Path]) -> Path:
+    """report.html for one job: verdict and reason, headline figures with limits, every metric, environment, plots."""
+    title = f"{record['run_name']}: {record['status'].upper()}"
+    head = record.get("headline_metrics") or {}
+    metrics = record.get("metrics") or {}
+    limits = judged_limits(record)
+    latency_noisy = bool(metrics.get("latency/noisy"))
+    model = record.get("model") or {}
+    sections = [f"<h1>{html.escape(record['run_name'])}</h1>",
+                f"<p class=tally>{verdict(record['status'])[1]} {html.escape(record.get('reason') or record.get('headline') or '')}</p>",
+                f"<p class=muted>mode {html.escape(record['mode'])} · device {html.escape(record['device'])} · dtype "
+                f"{html.escape(record['dtype'])} · batch {_e(record.get('batch_size'))} · model "
+                f"{html.escape('embedded synthetic default (not real Huggy weights)' if model.get('synthetic') else str(model.get('path')))}</p>"]
+    if head:
+        rows = [[k, ("html", f"{_e(v)} <span class=noisy>noisy</span>") if k == "p50_us" and latency_noisy else v] for k, v in head.items()]
+        sections.append("<h2>Headline</h2>" + table(["metric", "value"], rows, {1}))
+    if limits:
+        sections.append("<h2>Limits this verdict used</h2>" + table(["limit", "value"], [[k, v] for k, v in limits.items()], {1}))
+    detail = [[k, v] for k, v in metrics.items() if k not in head]
+    if detail:
+        sections.append("<h2>Every metric</h2>" + table(["metric", "value"], detail, {1}))
+    if plots:
+        sections.append("<h2>Plots</h2>" + "\n".join(image(p) for p in plots if p.is_file()))
+    sections.append(environment_section(record.get("environment") or {}))
+    path = workdir / REPORT
+    atomic_write_text(path, page(title, sections))
+    return path

@@ -1,0 +1,136 @@
+"""What a task returns and how it lands on disk: result.json (atomic) plus .npy arrays and .csv tables beside it."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from huggy_exp.safety import atomic_write, atomic_write_text
+
+STATUSES = ("passed", "failed", "skipped", "error")
+EXIT_CODES = {"passed": 0, "skipped": 0, "failed": 1, "error": 2}
+EXIT_PENDING = 3  # every verdict passed, but some results are not in MLflow yet: `python run.py mode=sync`
+EXIT_INTERRUPTED = 130
+
+
+@dataclass
+class Result:
+    """A task's answer: a status, its one-line headline, latency, flat numeric metrics, string tags, arrays, small
+    tables, extra files and free-form details (result.json keeps those under `details`)."""
+
+    status: str = "passed"
+    reason: str = ""
+    headline: str = ""  # one line for sweep summaries, the MLflow run note and result.json readers
+    latency: dict[str, float] = field(default_factory=dict)  # p50_us, p99_us, obs_per_s, noisy, ... of the point
+    metrics: dict[str, float] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    tables: dict[str, list[dict]] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)  # extra files: names in the job dir, or absolute paths
+    details: dict = field(default_factory=dict)
+    summary: list[str] = field(default_factory=list)
+    series: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # stepped metrics: name -> [(step, value)]
+    tracking: str = "off"  # set by app after the job: off | logged | pending
+
+    def fail(self, reason: str) -> None:
+        """Downgrade to failed, keeping every reason given."""
+        self.status = "failed"
+        self.reason = f"{self.reason}; {reason}" if self.reason else reason
+
+    def check_finite(self) -> None:
+        """Finite or failed: a NaN/inf in any array a task produced fails the job, with the count and first place.
+
+        Inputs are refused before they run (observations, weights), so a non-finite output is the job's own.
+        """
+        for name, array in self.arrays.items():
+            where = first_nonfinite(array)
+            if where is not None:
+                count, index = where
+                self.fail(f"{name}: {count} NaN/inf value{'s' * (count > 1)} (first at {list(index)})")
+
+
+def first_nonfinite(array) -> tuple[int, tuple[int, ...]] | None:
+    """(count, index of the first) NaN/inf values of a float array; None when all are finite or it is not float."""
+    a = np.asarray(array)
+    if a.dtype.kind not in "fc":
+        return None
+    bad = ~np.isfinite(a)
+    if not bad.any():
+        return None
+    return int(bad.sum()), tuple(int(i) for i in np.argwhere(bad)[0])
+
+
+def jsonable(value):
+    """Plain JSON: numpy scalars to Python, NaN/inf to strings (JSON has neither)."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def write_table(path: Path, rows: list[dict]) -> None:
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, columns)
+            writer.writeheader()
+            writer.writerows(jsonable(rows))
+
+    atomic_write(path, write)
+
+
+def write_result(workdir: Path, record: dict, result: Result) -> Path:
+    """Arrays as <name>.npy, tables as <name>.csv, then result.json last and atomically (it marks completion).
+
+    A task's free-form `details` sit under the one key `details`.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    for name, array in result.arrays.items():
+        atomic_write(workdir / f"{name}.npy", lambda tmp, a=array: _save_npy(tmp, a))
+    for name, rows in result.tables.items():
+        write_table(workdir / f"{name}.csv", rows)
+    record = {
+        **record,
+        "status": result.status,
+        "reason": result.reason,
+        "headline": result.headline,
+        "latency": result.latency,
+        "metrics": result.metrics,
+        "series": {name: [list(p) for p in points] for name, points in result.series.items()},
+        "tags": result.tags,
+        "arrays": {name: f"{name}.npy" for name in result.arrays},
+        "tables": {name: f"{name}.csv" for name in result.tables},
+        "files": result.files,
+        "details": result.details,
+    }
+    path = workdir / "result.json"
+    atomic_write_text(path, json.dumps(jsonable(record), indent=2, sort_keys=False) + "\n")
+    return path
+
+
+def _save_npy(tmp: str, array) -> None:
+    with open(tmp, "wb") as fh:  # a file object: np.save would append .npy to a bare name
+        np.save(fh, np.asarray(array), allow_pickle=False)
+
+
+def read_result(workdir: Path) -> dict:
+    return json.loads((Path(workdir) / "result.json").read_text())
+
+
+def update_result(workdir: Path, **fields) -> None:
+    """Rewrite result.json with some top-level keys replaced (atomically: a reader sees the old or the new file)."""
+    record = {**read_result(workdir), **fields}
+    atomic_write_text(Path(workdir) / "result.json", json.dumps(jsonable(record), indent=2) + "\n")

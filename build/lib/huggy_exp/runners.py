@@ -1,0 +1,446 @@
+"""Every backend behind one contract (Polygraphy's): infer(feeds) -> {output name: ndarray}. References are runners.
+
+Feeds are keyed by ML-Agents' ONNX input names: `obs_0` ... `obs_<k>` (float32 [N, d_i]), `action_masks` (float32
+[N, sum of branch sizes], 1 = allowed; all allowed when absent), `recurrent_in` (float32 [N, 1, memory]; zeros when
+absent). A bare array is `obs_0`. Outputs carry ML-Agents' output names. `Recurrent` carries the memory between steps.
+
+`build()` is the one factory: backend `eager` (the policy in inference mode), `compile` (torch.compile with
+inductor freezing), `fused` (the whole forward as one C++ kernel on the CPU: huggy_exp/fused.py), `graphs` (CUDA /
+NPU graph replay through the device module) or `onnxruntime` (the ML-Agents .onnx on the provider that matches the
+device). For Huggy's shape the torch runners share one forward path
+(Policy._run): trace() records the intermediates of that path, and its actions come from infer(), the timed call.
+Every other shape (several inputs, discrete branches, memory) runs through Policy.act (eager) or on onnxruntime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+import torch
+
+from huggy_exp.errors import Unsupported, UserError
+from huggy_exp.mlagents import ACTION_MASKS, ONNX_INPUT, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name
+from huggy_exp.placement import Target, device_module, resolve, synchronize
+from huggy_exp.policy import Policy, cpu_noise, cpu_uniform
+
+if TYPE_CHECKING:
+    from huggy_exp.context import Context
+
+ACTIONS = "deterministic_continuous_actions"
+SAMPLED = "continuous_actions"
+DISCRETE = "deterministic_discrete_actions"
+DISCRETE_SAMPLED = "discrete_actions"
+OBS = ONNX_INPUT
+BACKENDS = ("eager", "compile", "fused", "graphs", "onnxruntime")
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "npu": "CANNExecutionProvider"}
+
+Feeds = Mapping[str, np.ndarray] | np.ndarray
+_F32 = np.dtype(np.float32)
+
+
+class Runner(Protocol):
+    name: str
+
+    def infer(self, feeds: Feeds) -> dict[str, np.ndarray]: ...
+
+
+def obs_of(feeds: Feeds) -> np.ndarray:
+    """The observation array of a feed dict (or a bare array)."""
+    if type(feeds) is not np.ndarray:
+        try:
+            feeds = feeds[OBS]
+        except KeyError:
+            raise UserError(f"feeds {sorted(feeds)} lack {OBS!r}") from None
+    return feeds if type(feeds) is np.ndarray else np.asarray(feeds)
+
+
+def check_backend(name: str) -> str:
+    if name not in BACKENDS:
+        raise UserError(f"unknown backend {name!r}; valid: {', '.join(BACKENDS)}")
+    return name
+
+
+def feeds_of(feeds: Feeds) -> dict[str, np.ndarray]:
+    """A feed dict; a bare array is the single observation input `obs_0`."""
+    return {obs_name(0): feeds} if isinstance(feeds, np.ndarray) else dict(feeds)
+
+
+def fit_inputs(feeds: dict[str, np.ndarray], sizes: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """Check the observation feeds against the policy's input widths.
+
+    Inputs without normalizers meet in one Concat before the first layer, so a policy read as one input of the
+    concatenated width (a .pt without its .onnx) takes obs_0 ... obs_<k> concatenated: the same numbers.
+    """
+    given = [obs_name(i) for i in range(len(feeds)) if obs_name(i) in feeds]
+    if len(sizes) == 1 and len(given) > 1 and sum(feeds[n].shape[-1] for n in given) == sizes[0]:
+        feeds = {**{k: v for k, v in feeds.items() if k not in given}, obs_name(0): np.concatenate([feeds[n] for n in given], axis=-1)}
+    wanted = [obs_name(i) for i in range(len(sizes))]
+    missing = [n for n in wanted if n not in feeds]
+    if missing:
+        raise UserError(f"feeds {sorted(feeds)} lack {missing} (this policy has {len(sizes)} observation inputs {list(sizes)})")
+    wrong = [f"{n} {list(np.shape(feeds[n]))}" for n, size in zip(wanted, sizes) if np.shape(feeds[n])[-1:] != (size,)]
+    if wrong:
+        raise UserError(f"feeds {', '.join(wrong)} do not fit this policy's inputs {list(sizes)} (obs_i is [N, d_i])")
+    return feeds
+
+
+def feed_rows(feeds: Feeds) -> int:
+    return len(feeds_of(feeds)[obs_name(0)])
+
+
+class TorchRunner:
+    """The rebuilt policy on one (device, dtype), fed in chunks of `batch_size` rows, run by one torch backend."""
+
+    def __init__(self, weights: PolicyWeights, target: Target, batch_size: int = 0, backend: str = "eager"):
+        self.target = target
+        self.batch_size = batch_size
+        self.backend = check_backend(backend)
+        if backend == "onnxruntime":
+            raise UserError("TorchRunner runs torch backends; build onnxruntime with runners.build()")
+        if backend != "eager" and not weights.huggy_shaped:
+            raise UserError(f"backend {backend} runs Huggy's shape only (one input, continuous actions, no memory); "
+                            f"this policy has {weights.describe_shape()}: use backend eager or onnxruntime")
+        self.policy = Policy(weights).place(target.device, target.dtype)
+        self.name = f"torch-{backend}-{target.device_name}-{target.dtype_name}"
+        self._forward: Callable = self.policy
+        self._sample: Callable = self.policy.sample
+        if backend == "compile":
+            self._forward, self._sample = _compiled(self.policy.forward), _compiled(self.policy.sample)
+        elif backend == "fused":
+            from huggy_exp.fused import FusedMLP
+
+            self._forward = FusedMLP(self.policy)  # deterministic actions; sampled ones run eager
+        elif backend == "graphs":
+            graphs = _graph_api(target.device)
+            self._forward, self._sample = GraphReplay(self.policy.forward, graphs), GraphReplay(self.policy.sample, graphs)
+
+    @property
+    def fixed_shape(self) -> bool:
+        """Compiled code and captured graphs run one chunk shape: the last chunk is padded to it."""
+        return self.backend in ("compile", "graphs")
+
+    def _chunks(self, *arrays: np.ndarray | torch.Tensor, pad: bool | None = None):
+        """(start, rows, tensors on the device) per chunk of `batch_size` rows; arrays (inputs) or CPU tensors (noise)."""
+        pad = self.fixed_shape if pad is None else pad
+        rows = len(arrays[0])
+        step = min(self.batch_size, rows) if self.batch_size and self.batch_size > 0 else rows
+        for start in range(0, rows, max(step, 1)):
+            parts = [torch.from_numpy(np.ascontiguousarray(a[start : start + step])) if isinstance(a, np.ndarray)
+                     else a.narrow(0, start, min(step, rows - start)) for a in arrays]
+            n = len(parts[0])
+            if pad and n < step:
+                parts = [torch.cat([p, p[-1:].expand(step - n, *p.shape[1:])]) for p in parts]
+            yield start, n, [p.to(self.target.device) for p in parts]
+
+    def _feed_chunks(self, feeds: Feeds):
+        """(start, obs list, masks, memory) per chunk of `batch_size` rows, as tensors on the device."""
+        feeds = fit_inputs(feeds_of(feeds), self.policy.obs_sizes)
+        arrays = [feeds[obs_name(i)] for i in range(len(self.policy.obs_sizes))]
+        rows = len(arrays[0])
+        masks = feeds.get(ACTION_MASKS) if self.policy.discrete is not None else None
+        memory = feeds.get(RECURRENT_IN) if self.policy.memory is not None else None
+        expected = {obs_name(i): (rows, size) for i, size in enumerate(self.policy.obs_sizes)}
+        if masks is not None:
+            expected[ACTION_MASKS] = (rows, sum(self.policy.branch_sizes))
+        if memory is not None:
+            expected[RECURRENT_IN] = (rows, 1, self.policy.memory_size)
+        wrong = [f"{name} {list(np.shape(feeds[name]))} (expected {list(shape)})" for name, shape in expected.items()
+                 if np.shape(feeds[name]) != shape]
+        if wrong:
+            raise UserError(f"feeds do not fit this policy: {'; '.join(wrong)}")
+        step = self.batch_size if self.batch_size and self.batch_size > 0 else rows
+        to = lambda a, s: None if a is None else torch.from_numpy(np.ascontiguousarray(a[s : s + step], np.float32)).to(self.target.device)  # noqa: E731
+        for start in range(0, rows, max(step, 1)):
+            yield start, [to(a, start) for a in arrays], to(masks, start), to(memory, start)
+
+    def _run(self, feeds: Feeds, noise: dict[str, torch.Tensor] | None = None) -> dict[str, np.ndarray]:
+        parts = []
+        for start, obs, masks, memory in self._feed_chunks(feeds):
+            chunk = None if noise is None else {k: v[start : start + len(obs[0])] for k, v in noise.items()}
+            parts.append(self.policy.act(obs, masks, memory, chunk))
+        return self._collect(parts)
+
+    def _collect(self, parts: list[dict[str, torch.Tensor]]) -> dict[str, np.ndarray]:
+        synchronize(self.target.device)
+        if len(parts) == 1:
+            return {k: _numpy(v) for k, v in parts[0].items()}
+        return {k: np.concatenate([_numpy(p[k]) for p in parts]) for k in parts[0]}
+
+    @property
+    def memory_size(self) -> int:
+        return self.policy.memory_size
+
+    def _obs(self, feeds: Feeds) -> np.ndarray:
+        """The one input of a Huggy-shaped policy: a bare array or {obs_0} of the right width as it is (kept lean for
+        timing); anything else checked by fit_inputs (obs_0 ... obs_<k> concatenated, one-line errors)."""
+        if type(feeds) is np.ndarray or len(feeds) == 1 and OBS in feeds:
+            obs = obs_of(feeds)
+            if obs.ndim == 2 and obs.shape[1] == self.policy.obs_dim:
+                return obs
+        return fit_inputs(feeds_of(feeds), self.policy.obs_sizes)[OBS]
+
+    def infer(self, feeds: Feeds) -> dict[str, np.ndarray]:
+        """Deterministic outputs of every head (and `recurrent_out`) for the feeds."""
+        if not self.policy.huggy_shaped:  # several inputs, discrete branches, memory: every head through Policy.act
+            with torch.inference_mode():
+                return self._run(feeds)
+        obs = self._obs(feeds)
+        with torch.inference_mode():
+            if self.batch_size <= 0 or len(obs) <= self.batch_size and not self.fixed_shape:  # one chunk, kept lean
+                x = torch.from_numpy(np.ascontiguousarray(obs))
+                return {ACTIONS: _numpy(self._forward(x if self.target.kind == "cpu" else x.to(self.target.device)))}
+            return self._collect([{ACTIONS: self._forward(x).narrow(0, 0, n)} for _, n, (x,) in self._chunks(obs)])
+
+    @torch.inference_mode()
+    def trace(self, feeds: Feeds) -> dict[str, np.ndarray]:
+        """Every intermediate plus every deterministic output (and recurrent_out), for per-layer attribution. Huggy's
+        shape: the intermediates of the policy's one forward path (eager), with the actions of infer(), the timed path."""
+        if not self.policy.huggy_shaped:
+            return self._collect([self.policy.trace(obs, masks, memory) for _, obs, masks, memory in self._feed_chunks(feeds)])
+        obs = self._obs(feeds)
+        parts = [self.policy.trace(x) for _, _, (x,) in self._chunks(obs, pad=False)]
+        out = self._collect(parts)
+        out.pop("actions")
+        out[ACTIONS] = self.infer(obs)[ACTIONS]
+        return out
+
+    @torch.inference_mode()
+    def sample(self, feeds: Feeds, seed: int) -> dict[str, np.ndarray]:
+        """Sampled actions; the noise is one CPU draw for all rows, so chunking and device do not change it."""
+        if not self.policy.huggy_shaped:
+            return self._run(feeds, sample_noise(self.policy, feed_rows(feeds), seed))
+        obs = self._obs(feeds)
+        noise = cpu_noise(len(obs), self.policy.act_dim, seed)
+        parts = [{SAMPLED: self._sample(x, z).narrow(0, 0, n)} for _, n, (x, z) in self._chunks(obs, noise)]
+        return self._collect(parts)
+
+    @torch.inference_mode()
+    def distributions(self, feeds: Feeds) -> dict[str, np.ndarray]:
+        """What the sampled outputs draw from (Policy.distributions): mu, log_sigma, masked_logits, recurrent_out."""
+        return self._collect([self.policy.distributions(obs, masks, memory) for _, obs, masks, memory in self._feed_chunks(feeds)])
+
+
+def sample_noise(policy: Policy, rows: int, seed: int) -> dict[str, torch.Tensor]:
+    """CPU noise for every head, keyed by its sampled output: Gaussian z (continuous), uniforms in (0, 1] (discrete)."""
+    noise = {}
+    if policy.continuous is not None:
+        noise[SAMPLED] = cpu_noise(rows, policy.act_dim, seed)
+    if policy.discrete is not None:
+        noise[DISCRETE_SAMPLED] = cpu_uniform(rows, len(policy.branch_sizes), seed)
+    return noise
+
+
+class Recurrent:
+    """Any runner's infer (torch or onnxruntime) with the memory carried: recurrent_out of a step is the next recurrent_in.
+
+    The memory starts at zeros, as an agent's does in Unity; reset() starts over.
+    """
+
+    def __init__(self, infer: Callable[[Feeds], dict[str, np.ndarray]], memory_size: int):
+        self.infer, self.memory_size = infer, int(memory_size)
+        self.memory: np.ndarray | None = None
+
+    def reset(self) -> None:
+        self.memory = None
+
+    def step(self, feeds: Feeds) -> dict[str, np.ndarray]:
+        feeds = feeds_of(feeds)
+        if self.memory_size:
+            rows = len(feeds[obs_name(0)])
+            if self.memory is None or len(self.memory) != rows:
+                self.memory = np.zeros((rows, 1, self.memory_size), np.float32)
+            feeds[RECURRENT_IN] = self.memory
+        out = self.infer(feeds)
+        if self.memory_size:
+            self.memory = np.asarray(out[RECURRENT_OUT], np.float32)
+        return out
+
+    def sequence(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Feeds of [T, N, ...] run step by step from zero memory; every output stacked with a leading T."""
+        self.reset()
+        steps = len(feeds[obs_name(0)])
+        outs = [self.step({k: v[t] for k, v in feeds.items()}) for t in range(steps)]
+        return {k: np.stack([o[k] for o in outs]) for k in outs[0]}
+
+
+def run_feeds(runner: TorchRunner | OnnxRunner, feeds: Mapping[str, np.ndarray], seed: int | None = None,
+              trace: bool = False) -> dict[str, np.ndarray]:
+    """Deterministic outputs (sampled ones with `seed`; every intermediate too with `trace`) for single-step feeds
+    [N, d], or for a sequence [T, N, d] run step by step with the memory carried from zeros (step t sampled with
+    seed + t); sequence outputs lead with T."""
+    infer = runner.trace if trace else runner.infer
+    if seed is None or feeds[obs_name(0)].ndim == 2:
+        return over_steps(infer if seed is None else (lambda f: runner.sample(f, seed)), feeds, runner.memory_size)
+    steps = iter(range(len(feeds[obs_name(0)])))
+    return Recurrent(lambda f: runner.sample(f, seed + next(steps)), runner.memory_size).sequence(feeds)
+
+
+def over_steps(infer: Callable[[Feeds], dict[str, np.ndarray]], feeds: Mapping[str, np.ndarray], memory_size: int) -> dict[str, np.ndarray]:
+    """Any runner's infer (torch, onnxruntime, distributions) on single-step feeds [N, d], or on a sequence [T, N, d] step by
+    step with its own memory carried from zeros (outputs lead with T)."""
+    if feeds[obs_name(0)].ndim == 2:
+        return infer(feeds)
+    return Recurrent(infer, memory_size).sequence(feeds)
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    if t.dtype == torch.float32 and t.device.type == "cpu":
+        return t.numpy()
+    t = t.detach().cpu()
+    if not t.is_floating_point():
+        return t.numpy()  # discrete actions: int64
+    return (t.double() if t.dtype == torch.float64 else t.float()).numpy()
+
+
+def _compiled(fn: Callable) -> Callable:
+    """torch.compile with inductor freezing (weights folded as constants). `options={"freezing": True}` is ignored on
+    the CPU in torch 2.13, so the inductor config is set (process-wide: it only affects compiled graphs)."""
+    import os
+    import shutil
+
+    compilers = [c for c in (os.environ.get("CXX"), "g++", "c++", "clang++") if c and shutil.which(c)]
+    if not compilers:
+        raise Unsupported("backend compile: inductor needs a C++ compiler and none is on PATH (g++, c++, clang++, $CXX)")
+    try:
+        import torch._inductor.config as inductor_config
+    except ImportError as exc:
+        raise Unsupported(f"backend compile: torch inductor is unavailable ({exc})") from None
+    inductor_config.freezing = True
+    return torch.compile(fn, dynamic=False)
+
+
+def _graph_api(device: torch.device):
+    """The device module's graph class and capture context (torch.cuda.CUDAGraph, torch_npu's NPUGraph)."""
+    if device.type == "cpu":
+        raise Unsupported("backend graphs: the CPU has no graph replay (CUDA graphs / NPU graphs need cuda or npu)")
+    mod = device_module(device)
+    cls = getattr(mod, "CUDAGraph", None) or getattr(mod, "NPUGraph", None)
+    if cls is None or not hasattr(mod, "graph"):
+        raise Unsupported(f"backend graphs: torch.{device.type} offers no graph capture here")
+    return mod, cls
+
+
+class GraphReplay:
+    """Capture `fn` once per input shape on static buffers, then replay: copy inputs in, replay, clone outputs."""
+
+    def __init__(self, fn: Callable, graphs):
+        self.fn, (self.mod, self.cls) = fn, graphs
+        self.captured: dict[tuple, tuple] = {}
+
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        key = tuple((tuple(t.shape), t.dtype) for t in inputs)
+        if key not in self.captured:
+            static = [t.clone() for t in inputs]
+            side = self.mod.Stream()
+            side.wait_stream(self.mod.current_stream())
+            with self.mod.stream(side):
+                for _ in range(3):
+                    self.fn(*static)
+            self.mod.current_stream().wait_stream(side)
+            graph = self.cls()
+            with self.mod.graph(graph):
+                out = self.fn(*static)
+            self.captured[key] = (graph, static, out)
+        graph, static, out = self.captured[key]
+        for s, t in zip(static, inputs):
+            s.copy_(t)
+        graph.replay()
+        return out.clone()
+
+
+def check_provider(session, provider: str) -> None:
+    """onnxruntime silently falls back to the CPU when a provider cannot start: refuse that."""
+    active = session.get_providers()
+    if not active or active[0] != provider:
+        raise Unsupported(f"onnxruntime session runs on {active}, not on the requested {provider} (no silent fallback)")
+
+
+class OnnxRunner:
+    """onnxruntime on one execution provider; a missing provider fails with the list of available ones."""
+
+    def __init__(self, path: Path, provider: str = "CPUExecutionProvider", threads: int = 0, seed: int | None = None,
+                 batch_size: int = 0, device_id: int | None = None):
+        import onnxruntime as ort
+
+        if seed is not None:
+            ort.set_seed(int(seed))  # RandomNormalLike draws become repeatable run to run (not equal to torch's)
+
+        available = ort.get_available_providers()
+        if provider not in available:
+            raise UserError(f"onnxruntime provider {provider!r} is not available; available: {', '.join(available)}")
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+        providers = [(provider, {"device_id": device_id})] if device_id is not None else [provider]
+        try:
+            self.session = ort.InferenceSession(str(path), options, providers=providers)
+        except Exception as exc:
+            raise UserError(f"onnxruntime could not load {path}: {str(exc).splitlines()[0]}") from None
+        check_provider(self.session, provider)
+        self.inputs = {i.name: i.shape for i in self.session.get_inputs()}
+        self.input = next(iter(self.inputs))
+        shape = self.inputs.get(RECURRENT_IN)
+        self.memory_size = int(shape[-1]) if shape and isinstance(shape[-1], int) else 0
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        self._batched = {i for i, o in enumerate(self.session.get_outputs()) if o.shape and not isinstance(o.shape[0], int)}
+        self.batch_size = batch_size
+        self.name = f"onnxruntime-{provider}"
+
+    def infer(self, feeds: Feeds) -> dict[str, np.ndarray]:
+        """The graph's outputs; absent action_masks are all ones, an absent recurrent_in is zeros (ML-Agents' defaults)."""
+        if len(self.inputs) == 1:  # Huggy's graph: obs_0 alone
+            obs = obs_of(feeds)
+            if obs.dtype is not _F32 and obs.dtype != _F32 or not obs.flags.c_contiguous:
+                obs = np.ascontiguousarray(obs, np.float32)
+            given = {self.input: obs}
+        else:
+            given = self._given(feeds)
+        rows = len(next(iter(given.values())))
+        if not self.batch_size or rows <= self.batch_size:  # one call: the common case, kept lean for timing
+            return dict(zip(self.outputs, self.session.run(self.outputs, given)))
+        step = self.batch_size
+        parts = [self.session.run(self.outputs, {k: v[s : s + step] for k, v in given.items()}) for s in range(0, rows, step)]
+        return {name: (np.concatenate([p[i] for p in parts]) if i in self._batched else parts[0][i])
+                for i, name in enumerate(self.outputs)}
+
+    def _given(self, feeds: Feeds) -> dict[str, np.ndarray]:
+        """Every graph input from the feeds, float32 and contiguous; masks and memory filled in when absent."""
+        feeds = {self.input: feeds} if isinstance(feeds, np.ndarray) else feeds_of(feeds)
+        rows = len(next(iter(feeds.values())))
+        given = {}
+        for name, shape in self.inputs.items():
+            if name in feeds:
+                given[name] = np.ascontiguousarray(feeds[name], np.float32)
+            elif name in (ACTION_MASKS, RECURRENT_IN) and isinstance(shape[-1], int):
+                fill = np.ones if name == ACTION_MASKS else np.zeros
+                given[name] = fill((rows, *(1 for _ in shape[1:-1]), shape[-1]), np.float32)
+            else:
+                raise UserError(f"feeds {sorted(feeds)} lack the graph input {name!r}")
+        return given
+
+
+def build(ctx: Context, backend: str | None = None, *, device: str | None = None, dtype: str | None = None,
+          batch_size: int | None = None, threads: int | None = None, provider: str | None = None,
+          onnx: Path | None = None) -> Runner:
+    """The one factory: a runner for the context's (backend, device, dtype, batch size) or the overrides given."""
+    backend = check_backend(backend or ctx.backend)
+    batch = ctx.batch_size if batch_size is None else batch_size
+    if backend == "onnxruntime":
+        target = ctx.target(device, dtype)
+        if target.dtype_name != "fp32":
+            raise Unsupported(f"backend onnxruntime runs the float32 .onnx graph; dtype {target.dtype_name} does not apply")
+        provider = provider or PROVIDERS.get(target.kind)
+        if provider is None:
+            raise Unsupported(f"backend onnxruntime: no execution provider for device {target.device_name}")
+        index = target.device.index if target.kind != "cpu" else None
+        return OnnxRunner(onnx or ctx.onnx_path(), provider, ctx.threads if threads is None else threads, ctx.seed, batch, index)
+    return TorchRunner(ctx.weights, ctx.target(device, dtype), batch, backend)
+
+
+def reference(ctx: Context, dtype: str = "fp64", batch_size: int = 0) -> TorchRunner:
+    """The CPU eager reference used by the comparing modes (fp64 by default)."""
+    return TorchRunner(ctx.weights, resolve("cpu", dtype), batch_size, "eager")

@@ -1,0 +1,252 @@
+"""The host's limits at the boundaries: no file replaced unasked, a full disk in one line, memory estimated before it is
+taken, archives sized before they are read. docs/reliability.md lists what each guard does and its numbers."""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import resource
+import tempfile
+import zipfile
+import zlib
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from huggy_exp.errors import UserError
+
+MIN_FREE_BYTES = 64 << 20  # a job dir's disk must have this much free before a job starts (config, arrays, plots, run.log)
+MAX_CHECKPOINT_BYTES = 256 << 20  # a .pt's storages, inflated: ~19x the genuine Huggy .pt (13.5 MB with its optimizer)
+MAX_ONNX_BYTES = 256 << 20  # an .onnx plus its external data: ~110x the genuine Huggy .onnx (2.3 MB)
+MEMORY_SHARE = 0.8  # a job may plan to take this share of the memory available when it starts
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def size(n: float) -> str:
+    """`1.5 GiB`, `640 KiB`, `12 B`."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if abs(n) >= 1 << shift:
+            return f"{n / (1 << shift):,.1f} {unit}"
+    return f"{int(n)} B"
+
+
+# --- disk
+
+
+def free_bytes(path: str | Path) -> int:
+    """Free bytes (for this user) on the filesystem of `path` or of its nearest existing parent."""
+    p = Path(path).expanduser().absolute()
+    existing = next((q for q in (p, *p.parents) if q.exists()), Path("/"))
+    st = os.statvfs(existing)
+    return st.f_bavail * st.f_frsize
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in DISK_ERRNOS
+
+
+def disk_full_message(exc: OSError, path: str | Path | None = None) -> str:
+    """One line: what could not be written, and how much is free there."""
+    where = Path(path or exc.filename or ".")
+    return f"no space left writing {where} ({exc.strerror or exc}): {size(free_bytes(where))} free on its disk"
+
+
+def check_free(path: str | Path, key: str, need: int = MIN_FREE_BYTES) -> None:
+    """Refuse to start a job on a disk that cannot hold its files (Hydra writes .hydra/ before any code of ours runs)."""
+    free = free_bytes(path)
+    if free < need:
+        raise UserError(f"{key}={path}: only {size(free)} free on its disk, a job needs at least {size(need)}; "
+                        "free some space or choose another folder")
+
+
+# --- files
+
+
+def claim_output(path: str | Path, overwrite: bool, protected: Iterable[str | Path | None], key: str) -> Path:
+    """The output file `path`, once it is known not to replace anything unasked: an existing file is refused unless
+    `overwrite`, and the model's own files (`protected`: files, or folders whose files are all protected) always."""
+    out = Path(path).expanduser()
+    target = out.resolve()
+    for p in filter(None, protected):
+        q = Path(p).expanduser().resolve()
+        if target == q or (q.is_dir() and target.is_relative_to(q) and target.exists()):
+            raise UserError(f"{key}={path} is the model's own file ({q}); refused even with mode.overwrite=true: "
+                            "write the output elsewhere")
+    if out.is_dir():
+        raise UserError(f"{key}={path} is a folder; give a file name")
+    if (out.exists() or out.is_symlink()) and not overwrite:
+        raise UserError(f"{key}={path} already exists; refused to replace it: choose another path, or set "
+                        "mode.overwrite=true")
+    return out
+
+
+def atomic_write(path: Path, write: Callable[[str], object], overwrite: bool = True) -> None:
+    """`write(tmp)` into a temporary file beside `path`, flushed to disk, then moved over it in one step: a reader, a
+    crash or a full disk leaves the old file or the new one, never a part. `overwrite=False` never replaces a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        try:
+            write(tmp)
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            if is_disk_full(exc):  # the file the user knows, not the temporary one
+                raise OSError(exc.errno, exc.strerror, str(path)) from None
+            raise
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)  # fails if the name exists, with no window for a race
+            except FileExistsError:
+                raise UserError(f"{path} already exists; refused to replace it") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def atomic_write_text(path: Path, text: str, overwrite: bool = True) -> None:
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text), overwrite)
+
+
+# --- memory
+
+
+def available_memory() -> tuple[int, str]:
+    """(bytes this process may still take, what bounds it): the least of the host's MemAvailable, the cgroup's
+    memory.max headroom and the address-space limit (RLIMIT_AS) headroom."""
+    bounds: list[tuple[int, str]] = []
+    try:
+        info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+        bounds.append((int(info["MemAvailable"].split()[0]) * 1024, "available on the host (MemAvailable)"))
+    except (OSError, KeyError, ValueError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            bounds.append((int(limit) - used, "left in this cgroup (memory.max)"))
+    except (OSError, ValueError):
+        pass
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        try:
+            vm = next(int(ln.split()[1]) * 1024 for ln in Path("/proc/self/status").read_text().splitlines()
+                      if ln.startswith("VmSize:"))
+        except (OSError, StopIteration, ValueError):
+            vm = 0
+        bounds.append((soft - vm, "left under this process's address-space limit (RLIMIT_AS)"))
+    if not bounds:
+        return 1 << 62, "unknown"
+    free, why = min(bounds)
+    return max(free, 0), why
+
+
+def require_memory(need: int, what: str, keys: str) -> None:
+    """Refuse, before allocating, what would not fit in MEMORY_SHARE of the memory available (one line, the user's keys)."""
+    free, why = available_memory()
+    if need > MEMORY_SHARE * free:
+        raise UserError(f"{keys}: {what} would take about {size(need)}, but only {size(free)} is {why}; "
+                        f"lower {_names(keys)}")
+
+
+def _names(keys: str) -> str:
+    """`mode.steps=10 × mode.envs=4` -> `mode.steps or mode.envs`."""
+    return " or ".join(dict.fromkeys(re.findall(r"([\w.]+)=", keys))) or keys
+
+
+# --- archives
+
+
+def check_zip(path: Path, cap: int, what: str) -> None:
+    """A zip (torch.save's container) whose entries inflate past `cap` is refused before any is read: the declared sizes
+    first, then, for compressed entries, the bytes they really inflate to (a header can lie), counted in chunks."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            entries = zf.infolist()
+            declared = sum(e.file_size for e in entries)
+            if declared > cap:
+                raise UserError(f"{what} {path}: its zip storages declare {size(declared)} inflated, over the "
+                                f"{size(cap)} limit for a policy network (docs/reliability.md)")
+            total = 0
+            for e in entries:
+                if e.compress_type == zipfile.ZIP_STORED:
+                    total += e.file_size
+                    continue
+                with zf.open(e) as fh:
+                    while chunk := fh.read(1 << 20):
+                        total += len(chunk)
+                        if total > cap:
+                            raise UserError(f"{what} {path}: its zip storages inflate past the {size(cap)} limit for a "
+                                            "policy network (docs/reliability.md)")
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError, NotImplementedError, RuntimeError):
+        return  # a damaged archive has no sizes to trust: its reader reports it (truncated or corrupt), as before
+
+
+def check_file_size(path: Path, cap: int, what: str) -> None:
+    n = path.stat().st_size
+    if n > cap:
+        raise UserError(f"{what} {path} is {size(n)}, over the {size(cap)} limit for a policy network (docs/reliability.md)")
+
+
+# --- the memory a job's own values drive, estimated before the task allocates it
+
+NO_INFERENCE = ("info", "checkpoints", "sync", "diff")  # modes that never run the policy
+
+
+def job_allocations(mode: str, cfg: dict, weights) -> list[tuple[int, str, str]]:
+    """(bytes, what, the user's keys) of each allocation a job's values size: rows x bytes per row x the copies the modes
+    hold (feeds, device and reference outputs, float64 draws and comparisons). Rough on purpose: it is there to refuse
+    what cannot fit, not to pack memory tightly."""
+    if mode in NO_INFERENCE:
+        return []
+    knobs = cfg.get("mode") or {}
+    w = weights
+    lstm = w.lstm.weight_ih.shape[0] if w.lstm is not None else 0
+    width_in = w.obs_dim + sum(w.branch_sizes) + 2 * w.memory  # obs, masks, recurrent_in
+    width_out = w.act_dim * 3 + 2 * len(w.branch_sizes) + 2 * w.memory  # actions, mu, sampled; discrete; recurrent_out
+    hidden = sum(int(weight.shape[0]) for weight, _ in w.layers) + lstm
+    forward = 4 * (width_in + width_out) * 4 + 8 * hidden * 3  # one row through a runner and the fp64 reference
+    feed_row = 8 * 3 * width_in + 4 * 6 * width_out  # a row drawn (float64), kept (float32), its outputs compared
+    out = [(int(cfg["batch_size"]) * forward, "a forward call of batch_size rows", f"batch_size={cfg['batch_size']}")]
+    obs = cfg.get("obs") or {}
+    if obs.get("source") != "file":
+        _obs_cap(int(obs["rows"]), w.obs_dim, f"obs.rows={obs['rows']}")
+        out.append((int(obs["rows"]) * feed_row, "the observations and their outputs", f"obs.rows={obs['rows']}"))
+    if mode in ("stats", "fingerprint"):
+        steps, envs = int(knobs["steps"]), int(knobs["envs"])
+        rows = steps * envs
+        keys = f"mode.steps={steps} × mode.envs={envs}"
+        if mode == "fingerprint" and knobs.get("loop") == "open" and obs.get("source") != "file":
+            _obs_cap(rows, w.obs_dim, keys)  # drawn by the observation source, whose cap would name obs.rows
+        out.append((rows * feed_row * 2, f"{rows:,} rollout rows (steps × envs) for two runners", keys))
+    if mode == "benchmark":
+        ladder = knobs.get("batch_sizes") or [cfg["batch_size"]]
+        top = max(int(b) for b in ladder)
+        out.append((top * (feed_row + forward), f"the benchmark's largest batch ({top:,} rows)", f"mode.batch_sizes={ladder}"))
+    if mode == "onnx-compare":
+        rows = int(knobs["sample_rows"]) * int(knobs["samples"])
+        out.append((rows * 4 * (width_in + width_out) * 3, f"{rows:,} tiled rows of sampled draws",
+                    f"mode.sample_rows={knobs['sample_rows']} × mode.samples={knobs['samples']}"))
+    return out
+
+
+def _obs_cap(rows: int, obs_dim: int, keys: str) -> None:
+    from huggy_exp.observations import MAX_OBS_BYTES
+
+    if rows * obs_dim * 4 > MAX_OBS_BYTES:
+        raise UserError(f"{keys}: {rows:,} rows of {obs_dim} float32 observations need {size(rows * obs_dim * 4)}, over the "
+                        f"{size(MAX_OBS_BYTES)} limit of the observation source; lower {_names(keys)}")
+
+
+def check_job_memory(mode: str, cfg: dict, weights) -> None:
+    """Each user-sized allocation of the job, and all of them together, against the memory available now."""
+    allocations = job_allocations(mode, cfg, weights)
+    for need, what, keys in allocations:
+        require_memory(need, what, keys)
+    if len(allocations) > 1:
+        need, what, keys = max(allocations)
+        require_memory(sum(a[0] for a in allocations), f"the job (largest part: {what})", keys)

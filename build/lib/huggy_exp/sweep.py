@@ -1,0 +1,238 @@
+"""Hydra edges of a multirun: the parent run before any job, the summary files and the exit code after the last one."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from huggy_exp import report, tracking
+from huggy_exp.config import JOBS_ENV
+from huggy_exp.headline import judged_limits, ladder, noisy
+from huggy_exp.compare import compare, draw, errors_vs_fp64
+from huggy_exp.results import EXIT_CODES, EXIT_INTERRUPTED, EXIT_PENDING, atomic_write_text, jsonable, write_table
+
+ORDER = ("passed", "failed", "skipped", "error")
+
+
+class SweepCallback(Callback):
+    """Before the jobs: sweep.json and the MLflow parent run. After: summary.{json,csv,md}, tally, exit code."""
+
+    def __init__(self) -> None:
+        self.started = 0.0
+        self.sweep_dir: Path | None = None
+        self.settings: dict = {}
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        self.started = time.time()
+        self.sweep_dir = Path(config.hydra.sweep.dir)
+        self.settings = OmegaConf.to_container(config.tracking, resolve=True)
+        ACTIVE[0] = self
+        jobs = os.environ.get(JOBS_ENV)
+        info = tracking.start_sweep(self.settings, self.sweep_dir, uuid.uuid4().hex[:12], sys.argv[1:],
+                                    int(jobs) if jobs and jobs.isdigit() else None)
+        if info["tracking"]["status"] == "down":
+            print(f"warning: MLflow store not ready ({info['tracking']['reason']}); every point stays pending in its "
+                  "result.json: `python run.py mode=sync` logs them later", file=sys.stderr)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        ACTIVE[0] = None
+        sys.exit(self.finish("FINISHED"))
+
+    def finish(self, status: str) -> int:
+        """Write the summaries, close the parent run, print the tally; returns the sweep's exit code."""
+        assert self.sweep_dir is not None
+        summary = summarize(self.sweep_dir, since=self.started)
+        info = tracking.read_sweep(self.sweep_dir) or {}
+        summary["title"] = tracking.sweep_name(info.get("argv", sys.argv[1:]), info.get("started") or self.started)
+        files = write_summary(self.sweep_dir, summary)
+        url = tracking.end_sweep(self.settings, self.sweep_dir, summary, files, status)
+        print(f"\nsweep summary ({len(summary['rows'])} jobs) in {self.sweep_dir}:")
+        for row in summary["rows"]:
+            print("  " + row["line"])
+        lines = summary["comparison"]["lines"]
+        picks = [line for line in lines if line.startswith("recommended")]
+        if len(picks) < len(lines):
+            print("comparison:")
+            for line in lines:
+                if line not in picks:
+                    print("  " + line)
+        print(f"  {summary['line']}")
+        for line in picks or ["recommended: none (no point of this sweep has a verdict and a latency)"]:
+            print("  " + line)
+        info = tracking.read_sweep(self.sweep_dir) or {}
+        if url:
+            uri = info.get("tracking", {}).get("uri", "")
+            if url["runs"].startswith("http"):
+                print(f"  runs:       {url['runs']}\n  parent run: {url['parent']}")
+            else:
+                port = int(self.settings.get("ui_port") or 5000)
+                store = "" if uri == tracking.default_uri() else f" tracking.uri={uri}"
+                print(f"  UI: python run.py mode=ui{store} (or: mlflow ui --backend-store-uri {uri} --host 127.0.0.1 "
+                      f"--port {port} --workers 1), then open\n"
+                      f"  runs:       http://127.0.0.1:{port}/{url['runs']}\n  parent run: http://127.0.0.1:{port}/{url['parent']}")
+        if status == "KILLED":
+            return EXIT_INTERRUPTED
+        worst = max((EXIT_CODES.get(r["status"], 2) if r["expect"] is None else int(not r["expectation_met"])
+                     for r in summary["rows"]), default=0)
+        if not worst and summary["tally"]["pending"]:
+            return EXIT_PENDING
+        return worst
+
+
+ACTIVE: list[SweepCallback | None] = [None]  # the running sweep, for run.py's Ctrl-C handler (one per process)
+
+
+def interrupted() -> int:
+    """Ctrl-C mid-sweep: summaries of what finished, the parent run KILLED; the exit code to use."""
+    callback = ACTIVE[0]
+    if callback is None or callback.sweep_dir is None:
+        return EXIT_INTERRUPTED
+    ACTIVE[0] = None
+    print("\ninterrupted (Ctrl-C): the jobs that finished are summarised below", file=sys.stderr)
+    return callback.finish("KILLED")
+
+
+def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
+    """One row per result.json written under the sweep dir since `since` (older ones are a reused dir's leftovers),
+    the tally, and the comparison of the points (compare.py)."""
+    rows = []
+    found = [p for p in sweep_dir.rglob("result.json") if p.stat().st_mtime >= since]
+    for path in sorted(found, key=lambda p: (len(str(p.parent)), str(p.parent))):
+        r = json.loads(path.read_text())
+        note = r.get("reason") or r.get("headline") or ""
+        track = (r.get("tracking") or {}).get("status", "off")
+        missed = " (expected " + str(r.get("expect")).upper() + ")" if r.get("expectation_met") is False else ""
+        figures = point_figures(r)
+        placed = r.get("host") or {}  # a launcher's placement (Ray): the host and node that ran the point
+        shown = r.get("reason") if figures else note  # a verified point's figures say what its headline says
+        line = (f"{path.parent.name:>3} {r['run_name']:<32} {r['status'].upper():<7}{missed}" + figures
+                + (f" {shown}" if shown else "") + (" [not in MLflow yet]" if track == "pending" else "")
+                + (f" [on {placed.get('hostname')} {placed.get('ray_node_ip', '')}]".replace(" ]", "]") if placed else ""))
+        obs = (r.get("params") or {}).get("obs") or {}
+        rows.append({"job": path.parent.name, "run_name": r["run_name"], "mode": r["mode"], "device": r["device"],
+                     "dtype": r["dtype"], "batch_size": r["batch_size"], "case": r.get("case"), "status": r["status"],
+                     "note": note, "tracking": track, "expect": r.get("expect"),
+                     "expectation_met": r.get("expectation_met"), "line": line, "dir": str(path.parent),
+                     "seed": r.get("seed"), "obs": obs_label(obs), "model_sha256": (r.get("model") or {}).get("sha256"),
+                     "model_name": _model_name(r.get("model") or {}),
+                     "latency_points": latency_points(r), "throughput_points": latency_points(r, "obs_per_s"), "metrics": r.get("headline_metrics") or {}, "shared_machine": r.get("shared_machine", False),
+                     "noisy": noisy(r), "run_id": (r.get("tracking") or {}).get("run_id"), "limits": judged_limits(r),
+                     "latency": r.get("latency") or {}, "max_abs_limit": _limit(r.get("metrics") or {}),
+                     "fingerprint": (r.get("tags") or {}).get("fingerprint/sha256"),
+                     "knobs": (r.get("params") or {}).get("mode") or {}, "vs_fp64": errors_vs_fp64(r.get("metrics") or {}),
+                     "host": (r.get("host") or {}).get("hostname") or (r.get("environment") or {}).get("host"),
+                     "node": (r.get("host") or {}).get("ray_node_ip")})
+    tally = {s: sum(r["status"] == s for r in rows) for s in ORDER}
+    tally["pending"] = sum(r["tracking"] == "pending" for r in rows)
+    tally["expected"] = sum(r["expect"] is not None for r in rows)
+    tally["missed"] = sum(r["expectation_met"] is False for r in rows)
+    line = (f"{tally['expected'] - tally['missed']}/{tally['expected']} cases met their expected verdict; "
+            if tally["expected"] else "") + (f"{tally['passed']}/{len(rows)} passed, {tally['failed']} failed, {tally['skipped']} skipped, "
+            f"{tally['error']} error" + (f"; {tally['pending']} not in MLflow yet (python run.py mode=sync)"
+                                         if tally["pending"] else ""))
+    return {"rows": rows, "tally": tally, "line": line, "comparison": compare(rows)}
+
+
+def point_figures(record: dict) -> str:
+    """` max_abs 5.9e-07/1e-05 cos 1.000000 p50 52 µs fp 68a9080ce4d8` of a verified point (empty for other modes)."""
+    head, metrics = record.get("headline_metrics") or {}, record.get("metrics") or {}
+    parts = []
+    if "max_abs_vs_fp64" in head:
+        limit = _limit(metrics)
+        parts.append(f"max_abs {head['max_abs_vs_fp64']:.2g}" + (f"/{limit:.2g}" if limit is not None else ""))
+    if "cosine_vs_fp64" in head:
+        parts.append(f"cos {head['cosine_vs_fp64']:.6f}")
+    if "agreement_vs_fp64" in head:
+        parts.append(f"agree {head['agreement_vs_fp64']:.2%}")
+    if "p50_us" in head:
+        parts.append(f"p50 {head['p50_us']:,.0f} µs" + ("(noisy)" if (record.get("latency") or {}).get("noisy") else ""))
+    fp = (record.get("tags") or {}).get("fingerprint/sha256")
+    if fp:
+        parts.append(f"fp {fp[:12]}")
+    return (" " + " ".join(parts)) if parts else ""
+
+
+def _limit(metrics: dict) -> float | None:
+    """The max_abs limit beside the headline max_abs vs fp64 (continuous actions, else memories)."""
+    for stem in ("actions", "sampled_actions", "memories"):
+        if f"{stem}/vs_fp64/max_abs_limit" in metrics:
+            return metrics[f"{stem}/vs_fp64/max_abs_limit"]
+    return None
+
+
+def latency_points(record: dict, stat: str = "p50_us") -> list[list]:
+    """[backend, batch, value] a job timed: benchmark's `<backend>/b<N>/<stat>` ladder, else its `latency/<stat>`
+    (stat p50_us or obs_per_s)."""
+    metrics = record.get("metrics") or {}
+    points = [list(point) for point in ladder(metrics, stat)]
+    if not points and isinstance(metrics.get(f"latency/{stat}"), (int, float)):
+        backend = (record.get("params") or {}).get("backend") or "eager"
+        points.append([backend, int(record.get("batch_size") or 0), float(metrics[f"latency/{stat}"])])
+    return points
+
+
+def _model_name(model: dict) -> str:
+    """A short name for a sweep's model: `embedded default`, or the file name."""
+    if model.get("synthetic"):
+        return "embedded default"
+    return "/".join(Path(str(model.get("path") or "?")).parts[-3:])  # huggy_lstm/Huggy/Huggy-2000049.pt
+
+
+def obs_label(obs: dict) -> str:
+    """`random/64/x1.0`, `zeros/8`, `file:obs.npy`: what identifies the observations a point ran on."""
+    source = obs.get("source", "?")
+    if source == "file":
+        return f"file:{obs.get('path')}"
+    return f"{source}/{obs.get('rows')}" + (f"/x{obs.get('scale')}" if source == "random" else "")
+
+
+def write_summary(sweep_dir: Path, summary: dict) -> list[Path]:
+    """summary.json, summary.csv and summary.md in the sweep dir; the comparison table and plots beside them."""
+    columns = ["job", "run_name", "mode", "device", "dtype", "batch_size", "case", "host", "node", "obs", "seed", "status", "expect",
+               "tracking", "vs_cpu_fp32_max_abs", "vs_cpu_fp32_discrete_agreement", "actions_sha256", "note"]
+    metric_names = list(dict.fromkeys(k for r in summary["rows"] for k in r["metrics"]))
+    flat = [{**r, **{f"m.{k}": v for k, v in r["metrics"].items()}} for r in summary["rows"]]
+    paths = [sweep_dir / "summary.json", sweep_dir / "summary.csv", sweep_dir / "summary.md"]
+    atomic_write_text(paths[0], json.dumps(jsonable(summary), indent=2) + "\n")
+    with open(paths[1], "w", newline="") as fh:
+        writer = csv.DictWriter(fh, columns + [f"m.{k}" for k in metric_names], extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(flat)
+    md = [f"# {summary.get('title') or 'Sweep ' + sweep_dir.name}", "", summary["line"], ""]
+    advice = tracking.recommendation(summary["comparison"])
+    if advice:
+        md += [f"**Recommended:** {advice}", ""]
+    md += ["| " + " | ".join(report.VERDICT_HEAD) + " |", "|" + " --- |" * len(report.VERDICT_HEAD)]
+    md += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in report.verdict_rows(summary["rows"])]
+    comparison = summary["comparison"]
+    if comparison["lines"]:
+        md += ["", "## Comparison", "", *(f"- {line}" for line in comparison["lines"])]
+    table = sweep_dir / "comparison.csv"
+    write_table(table, comparison["table"])
+    if comparison.get("device_agreement"):  # replays (mode=replay): one table of which points agree bit for bit
+        write_table(sweep_dir / "device_agreement.csv", comparison["device_agreement"])
+        paths.append(sweep_dir / "device_agreement.csv")
+    plots = draw(sweep_dir, summary["rows"], comparison)
+    md += ["", f"Everything above with the plots embedded, in one file: [{report.REPORT}]({report.REPORT})."]
+    if plots:
+        md += ["", *(f"![{p.stem}]({p.name})" for p in plots)]
+    atomic_write_text(paths[2], "\n".join(md) + "\n")
+    env = next((json.loads((Path(r["dir"]) / "result.json").read_text()).get("environment") for r in summary["rows"]), {}) or {}
+    page = report.write_sweep_report(sweep_dir, summary.get("title") or f"Sweep {sweep_dir.name}", summary, plots, env)
+    return paths + [table, page] + plots
+
+
+def _cell(value) -> str:
+    """A markdown table cell: numbers as the report prints them, a report's marked-up cell as its text."""
+    if isinstance(value, tuple) and value and value[0] == "html":
+        value = re.sub(r"<[^>]+>", "", value[1]).strip()
+    return report.fmt(value).replace("|", "\\|")

@@ -1,0 +1,150 @@
+"""One small class per mode: __init__(knobs from conf/mode/<name>.yaml) and run(ctx) -> Result."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from huggy_exp import timing
+from huggy_exp.context import Context
+from huggy_exp.results import Result
+from huggy_exp.runners import OBS, Runner, over_steps, reference, run_feeds
+from huggy_exp import verify
+from huggy_exp.verify import DECLARED, Comparison, outputs_of
+
+LATENCY_KEYS = ("p50_us", "p99_us", "mean_us", "obs_per_s")
+SLOW_FP16 = "fp16 on a CPU without fp16 matmul kernels is far slower than fp32 (emulated): its timing is capped and bounded"
+
+
+class Task(Protocol):
+    name: str
+
+    def run(self, ctx: Context) -> Result: ...
+
+
+def runner_device(runner: Runner) -> torch.device:
+    """Where a runner's work is queued (onnxruntime's run() returns when done: nothing to synchronise)."""
+    target = getattr(runner, "target", None)
+    return target.device if target is not None else torch.device("cpu")
+
+
+def is_sequence(feeds: Mapping[str, np.ndarray]) -> bool:
+    """Feeds of [T, N, d] arrays: a sequence run step by step with the memory carried."""
+    return feeds[OBS].ndim == 3
+
+
+def first_step(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Step 0 of a sequence (every input); single-step feeds as they are."""
+    return {k: v[0] for k, v in feeds.items()} if is_sequence(feeds) else dict(feeds)
+
+
+def batch_of(feeds: np.ndarray | Mapping[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    """Feeds of exactly `rows` rows: every input (a bare array is obs_0) cycled or cut; of a [T, N, d] sequence, step 0."""
+    if isinstance(feeds, np.ndarray):
+        return {OBS: np.ascontiguousarray(np.resize(feeds, (rows, feeds.shape[1])), np.float32)}
+    return {k: np.ascontiguousarray(np.resize(v, (rows, *v.shape[1:])), np.float32) for k, v in first_step(feeds).items()}
+
+
+def latency(runner: Runner, ctx: Context, feeds: np.ndarray | Mapping[str, np.ndarray], result: Result) -> None:
+    """The point's latency at the job's batch size (bounded: <= 0.1 s): result.latency and `latency/<stat>` metrics.
+
+    Every input of the policy (obs_0.. and masks) at that batch size; a sequence is timed as its first step."""
+    feeds = batch_of(feeds, ctx.batch_size)
+    t = timing.quick(lambda: runner.infer(feeds), runner_device(runner), ctx.batch_size, ctx.threads)
+    stats = t.stats()
+    result.latency = {k: stats[k] for k in (*LATENCY_KEYS, "noisy", "samples", "threads")}
+    result.latency["batch_size"] = float(ctx.batch_size)
+    result.metrics.update({f"latency/{k}": v for k, v in result.latency.items()})
+    line = (f"latency ({getattr(runner, 'name', ctx.backend)}, batch {ctx.batch_size}, {t.threads} thread(s)): "
+            f"p50 {stats['p50_us']:,.1f} µs, p99 {stats['p99_us']:,.1f} µs, {stats['obs_per_s']:,.0f} obs/s")
+    result.summary.append(line + (" (noisy)" if stats["noisy"] else ""))
+    if ctx.dtype == "fp16" and runner_device(runner).type == "cpu":
+        result.summary.append(SLOW_FP16)
+        result.details["latency_note"] = SLOW_FP16
+
+
+def verify_point(ctx: Context, result: Result, runner: Runner, feeds: Mapping[str, np.ndarray],
+                 got: Mapping[str, np.ndarray] | None = None, seed: int | None = None) -> Comparison:
+    """The point's outputs against CPU fp64 (judged by the dtype's limits) and CPU fp32 (reported) on the same feeds,
+    and its fingerprint; metrics `<stem>/vs_fp64/<metric>`, tags `fingerprint/...`; returns the fp64 comparison.
+
+    `got`: the runner's outputs on `feeds` by ML-Agents name (run here when None); `seed`: they are sampled ones."""
+    got = dict(run_feeds(runner, feeds, seed) if got is None else got)
+    got.update(_distributions(runner, feeds))
+    rules = ctx.rules()
+    vs = {}
+    for ref_dtype in ("fp64", "fp32"):
+        ref = reference(ctx, ref_dtype)
+        want = {**run_feeds(ref, feeds), **(run_feeds(ref, feeds, seed) if seed is not None else {}), **_distributions(ref, feeds)}
+        vs[ref_dtype] = verify.compare(got, want, rules)
+        result.metrics.update(vs[ref_dtype].metrics(ref_dtype))
+    for reason in vs["fp64"].failures:
+        result.fail(f"vs cpu fp64: {reason}")
+    declared = outputs_of(got)
+    deterministic = any(o.sampled is not None for o in declared)  # a sampled twin declares no twin of its own
+    arrays = {o.stem: got[o.name] for o in declared if not deterministic or o.sampled is not None or o.rule == "memory"}
+    fingerprint_tags(result, arrays, ctx.verify.decimals)
+    result.headline = point_line(vs["fp64"], result, ctx)
+    result.summary.insert(0, result.headline)
+    return vs["fp64"]
+
+
+def verify_rollout(ctx: Context, result: Result, runner: Runner, feeds: Mapping[str, np.ndarray],
+                   outputs: Mapping[str, np.ndarray], seed: int | None = None, flat_seed: bool = True) -> Comparison:
+    """`verify_point` for a rollout: its outputs [T, envs, *] by file stem against the references on the inputs it saw
+    ([T, envs, d] by ML-Agents name). Without memory the T x envs rows run as one batch (sampled: one draw with `seed`,
+    as an open loop draws; `flat_seed=False`: step t draws with seed + t, as a closed loop does), else step by step."""
+    sampled, got = seed is not None, {}
+    for out in DECLARED:  # the rollout names a sampled output by its deterministic twin's stem
+        if out.stem in outputs:
+            a = outputs[out.stem]
+            got[out.sampled if sampled and out.sampled else out.name] = a[..., None, :] if out.rule == "memory" else a
+    if not runner.memory_size and (not sampled or flat_seed):
+        lead = feeds["obs_0"].shape[:2]
+        feeds = {k: v.reshape(-1, *v.shape[2:]) for k, v in feeds.items()}
+        got = {k: v.reshape(int(np.prod(lead)), *v.shape[2:]) for k, v in got.items()}
+    return verify_point(ctx, result, runner, feeds, got, seed)
+
+
+def _distributions(runner: Runner, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """mu, log_sigma, masked_logits of a torch runner on the feeds (a sequence: its own memory carried); none for others."""
+    if not hasattr(runner, "distributions"):
+        return {}
+    out = over_steps(runner.distributions, feeds, runner.memory_size)
+    return {k: v for k, v in out.items() if k in ("mu", "log_sigma", "masked_logits")}
+
+
+def fingerprint_tags(result: Result, arrays: Mapping[str, np.ndarray], decimals: int) -> dict[str, str]:
+    """Tags `fingerprint/sha256` and `fingerprint/quantized` over every output in order (each output's own too, when
+    there are several), as `fingerprint` computes them."""
+    fp = verify.fingerprint(arrays, decimals)
+    tags = {"fingerprint/sha256": fp["sha256"], "fingerprint/quantized": fp["quantized"]}
+    if len(arrays) > 1:
+        for stem, a in arrays.items():
+            one = verify.fingerprint({stem: a}, decimals)
+            tags.update({f"fingerprint/{stem}/sha256": one["sha256"], f"fingerprint/{stem}/quantized": one["quantized"]})
+    result.tags.update(tags)
+    return tags
+
+
+def point_line(vs64: Comparison, result: Result, ctx: Context) -> str:
+    """`PASS vs fp64: actions max_abs 3.1e-07 (limit 1e-05), cosine 1.000000 (limit 0.99999); p50 52 µs; fp 1a2b3c4d`."""
+    parts = []
+    for stem, oc in vs64.outputs.items():
+        m = oc.metrics
+        if oc.output.rule in ("continuous", "memory"):
+            text = f"{stem} max_abs {m.get('max_abs', float('nan')):.2g} (limit {m.get('max_abs_limit', float('nan')):.2g})"
+            if oc.output.rule == "continuous":
+                text += f", cosine {m.get('cosine_min_row', float('nan')):.6f} (limit {m.get('cosine_min_row_limit', -1):g})"
+            parts.append(text)
+        elif oc.output.rule == "discrete":
+            parts.append(f"{stem} agreement {m.get('agreement', float('nan')):.2%} "
+                         f"({int(m.get('flips_beyond_margin', 0))} flips beyond margin {m.get('margin_limit', 0):g})")
+    verdict = "PASS" if vs64.passed else "FAIL"
+    line = f"{verdict} vs cpu fp64 ({ctx.dtype} limits): " + "; ".join(parts)
+    if result.latency:
+        line += f"; p50 {result.latency['p50_us']:,.0f} µs" + (" (noisy)" if result.latency.get("noisy") else "")
+    return line + f"; fingerprint {result.tags.get('fingerprint/sha256', '')[:12]}"

@@ -1,0 +1,84 @@
+"""`action` and `sample`: deterministic and sampled outputs of every head. Described in docs/modes.md#action."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from huggy_exp.context import Context
+from huggy_exp.mlagents import RECURRENT_OUT
+from huggy_exp.numerics import action_stats, discrete_histogram
+from huggy_exp.results import Result
+from huggy_exp.errors import Unsupported
+from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, build, run_feeds
+from huggy_exp.tasks import is_sequence, latency, verify_point
+
+
+class ActionTask:
+    name = "action"
+
+    def run(self, ctx: Context) -> Result:
+        runner = build(ctx)
+        out = run_feeds(runner, ctx.feeds)
+        result = _actions_result(ctx.feeds, out.get(ACTIONS), out.get(DISCRETE), out.get(RECURRENT_OUT), "deterministic")
+        latency(runner, ctx, ctx.feeds, result)
+        verify_point(ctx, result, runner, ctx.feeds, out)
+        return result
+
+
+class SampleTask:
+    name = "sample"
+
+    def run(self, ctx: Context) -> Result:
+        runner = build(ctx)
+        if not hasattr(runner, "sample"):
+            raise Unsupported(f"backend {ctx.backend}: sampled actions take the seeded CPU noise, which only the torch "
+                              "backends accept (onnxruntime samples inside the graph: see mode=onnx-compare)")
+        out = run_feeds(runner, ctx.feeds, ctx.seed)
+        result = _actions_result(ctx.feeds, out.get(SAMPLED), out.get(DISCRETE_SAMPLED), out.get(RECURRENT_OUT),
+                                 f"sampled (seed {ctx.seed})")
+        latency(runner, ctx, ctx.feeds, result)
+        verify_point(ctx, result, runner, ctx.feeds, out, ctx.seed)
+        return result
+
+
+def _actions_result(feeds: dict, actions: np.ndarray | None, discrete: np.ndarray | None, memory: np.ndarray | None,
+                    kind: str) -> Result:
+    arrays: dict[str, np.ndarray] = {}
+    if actions is not None:
+        arrays["actions"] = actions.astype(np.float32)
+    if discrete is not None:
+        arrays["discrete_actions"] = discrete.astype(np.int64)
+    if memory is not None:
+        arrays["memories"] = memory.astype(np.float32).squeeze(-2)  # [..., N, 1, m] -> [..., N, m]
+    digest = hashlib.sha256(b"".join(a.tobytes() for a in arrays.values())).hexdigest()
+    first = next(iter(arrays.values()))
+    sequence = is_sequence(feeds)
+    rows = first.shape[1] if sequence else first.shape[0]
+    metrics = {"rows": float(rows)}
+    summary = []
+    if sequence:
+        metrics["steps"] = float(first.shape[0])
+        summary.append(f"sequence of {first.shape[0]} steps x {rows} agents, memory carried from zeros")
+    if actions is not None:
+        stats = action_stats(actions)
+        metrics.update(stats)
+        summary.append(f"{kind} actions {'x'.join(map(str, actions.shape))}: mean {stats['action_mean']:+.4f}, std {stats['action_std']:.4f}, "
+                       f"range [{stats['action_min']:+.4f}, {stats['action_max']:+.4f}], saturated {stats['saturated_share']:.1%}")
+    table = []
+    if discrete is not None:
+        shares, table = discrete_histogram(discrete)
+        metrics.update(shares)
+        for b in range(discrete.shape[-1]):
+            summary.append(f"{kind} discrete actions, branch {b}: counts {[r['count'] for r in table if r['branch'] == b]}")
+    if memory is not None:
+        metrics["memory_abs_max"] = float(np.abs(memory).max())
+        summary.append(f"memories {'x'.join(map(str, arrays['memories'].shape))}: max |memory| {metrics['memory_abs_max']:.3g}")
+    summary.append(f"actions sha256 {digest[:16]}...")
+    inputs = {"obs": feeds["obs_0"]} if list(feeds) == ["obs_0"] else dict(feeds)
+    result = Result(metrics=metrics, arrays={**arrays, **inputs}, tags={"actions_sha256": digest},
+                    details={"actions_sha256": digest}, summary=summary)
+    if table:
+        result.tables["discrete_histogram"] = table
+    return result

@@ -1,0 +1,329 @@
+"""`benchmark`: latency and throughput of each backend, gated against eager first.
+
+Described in docs/modes.md#benchmark.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from huggy_exp import control_loop, loadgen, plots, timing
+from huggy_exp.config import SCENARIOS
+from huggy_exp.context import Context
+from huggy_exp.errors import Unsupported, UserError
+from huggy_exp.mlagents import ACTION_MASKS, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name
+from huggy_exp.numerics import REL_FLOOR
+from huggy_exp.placement import peak_memory_mb, reset_peak_memory, synchronize
+from huggy_exp.results import Result
+from huggy_exp.runners import ACTIONS, DISCRETE, build, check_backend
+from huggy_exp.tasks import SLOW_FP16, batch_of, is_sequence, runner_device, verify_point
+from huggy_exp.tasks import scenarios as extra
+from huggy_exp.tasks.compare import compare_outputs
+
+DEFAULT_SCENARIOS = ("single_stream", "offline")
+POINT_STATS = ("p50_us", "p90_us", "p95_us", "p99_us", "mean_us", "min_us", "max_us", "iqr_us", "obs_per_s", "noisy", "samples")
+SERIES_STATS = ("p50_us", "p99_us", "obs_per_s")
+STEMS = {ACTIONS: "actions", DISCRETE: "discrete", RECURRENT_OUT: "recurrent_out"}
+
+
+class BenchmarkTask:
+    name = "benchmark"
+
+    def __init__(self, backends: list[str] | None = None, batch_sizes: list[int] | None = None,
+                 scenarios: list[str] | None = None, rounds: int = 3, budget_s: float = 1.0, warmup_s: float = 0.5,
+                 settle_s: float = 0.05, chunk_rows: int = 1024, tolerance: dict[str, float] | None = None,
+                 fp16_cpu_max_rows: int = 512, fp16_cpu_samples: int = 3, qsl_samples: int = 1024,
+                 min_duration_ms: int | None = None, max_duration_ms: int = 10_000, min_query_count: int = 64,
+                 samples_per_query: int = 8, check_samples: int = 64, target_qps: float = 1000.0,
+                 latency_bound_ms: float = 10.0, search_steps: int = 6, search_ms: int = 500, rate_hz: float = 500.0,
+                 duration_s: float = 2.0, max_miss_rate: float = 0.01, confidence: float = 0.99, loop_search_s: float = 1.0):
+        self.backends = [check_backend(str(b)) for b in (backends or ["eager"])]
+        self.scenarios = list(scenarios or DEFAULT_SCENARIOS)
+        for s in self.scenarios:
+            if s not in SCENARIOS:
+                raise UserError(f"unknown mode.scenarios entry {s!r}; valid: {', '.join(SCENARIOS)}")
+        self.batch_sizes = [_positive(b, "mode.batch_sizes") for b in (batch_sizes or [])]
+        self.rounds, self.chunk_rows = _positive(rounds, "mode.rounds"), _positive(chunk_rows, "mode.chunk_rows")
+        self.budget_s, self.warmup_s, self.settle_s = float(budget_s), float(warmup_s), float(settle_s)
+        self.tolerance = dict(tolerance or {"fp64": 1e-9, "fp32": 1e-5, "fp16": 1e-2, "bf16": 5e-2})
+        self.fp16_cpu_max_rows, self.fp16_cpu_samples = int(fp16_cpu_max_rows), int(fp16_cpu_samples)
+        self.qsl_samples, self.search_steps, self.search_ms = int(qsl_samples), int(search_steps), int(search_ms)
+        self.loadgen = loadgen.Settings(int(min_duration_ms if min_duration_ms is not None else self.budget_s * 1e3),
+                                        int(max_duration_ms), int(min_query_count), int(samples_per_query),
+                                        float(target_qps), float(latency_bound_ms), int(check_samples))
+        self.loop = control_loop.Loop(float(rate_hz), float(duration_s), float(max_miss_rate), float(confidence),
+                                      int(search_steps), float(loop_search_s))
+
+    def points(self, ctx: Context) -> list[int]:
+        """Batch sizes timed per point (timing.py): the ladder (default: batch_size), and 1 for single_stream (and for
+        server: its fastest single call tells a latency bound that no rate can meet)."""
+        ladder = self.batch_sizes or [ctx.batch_size]
+        return sorted({*([1] if {"single_stream", "server"} & set(self.scenarios) else []), *ladder})
+
+    def sut(self, ctx: Context) -> list[str]:
+        """The backends to build and time: mode.backends, and the job's backend when a scenario runs on it."""
+        return list(dict.fromkeys([*self.backends, *([ctx.backend] if set(self.scenarios) & set(extra.NAMES) else [])]))
+
+    def run(self, ctx: Context) -> Result:
+        target = ctx.target()
+        w = ctx.weights
+        device = target.device
+        result = Result()
+        points, capped = self.points(ctx), []
+        slow = target.kind == "cpu" and ctx.dtype == "fp16"
+        if slow:
+            capped = [b for b in points if b > self.fp16_cpu_max_rows]
+            points = [b for b in points if b <= self.fp16_cpu_max_rows] or [1]
+            result.summary.append(f"{SLOW_FP16}; points above {self.fp16_cpu_max_rows} rows skipped "
+                                  f"({capped or 'none'}), at most {self.fp16_cpu_samples} timed calls per point and round")
+            result.details["fp16_cpu_note"] = SLOW_FP16
+        feeds, timed_as = self.feeds(ctx, points)
+        chunk = min(max(points), self.chunk_rows)
+        reset_peak_memory(device)
+
+        with timing.threads(ctx.threads) as threads:
+            # --- build each backend, first call per shape (compilation included), check against eager
+            backends: dict[str, dict] = {}
+            runners, expected, margins = {}, {}, {}
+            timed_backends = self.sut(ctx)
+            for name in dict.fromkeys(["eager", *timed_backends]):
+                info = backends[name] = {"status": "passed", "reason": "",
+                                         "dtype": "fp32" if name == "onnxruntime" else ctx.dtype}  # the .onnx graph is fp32
+                started = time.perf_counter()
+                try:
+                    runner = build(ctx, name, batch_size=chunk, dtype="fp32" if name == "onnxruntime" else None)
+                    info["load_s"] = time.perf_counter() - started
+                    # a backend running another dtype (onnxruntime's fp32 graph in an fp64 job) is held to the looser
+                    tol = max(self.tolerance.get(ctx.dtype, 0.0), self.tolerance.get(info["dtype"], 0.0))
+                    gate = Gate(w, tol)
+                    for i, b in enumerate(points):
+                        started = time.perf_counter()
+                        got = runner.infer(feeds[b])
+                        synchronize(runner_device(runner))
+                        if i == 0:
+                            info["cold_start_ms"] = (time.perf_counter() - started) * 1e3
+                        if name == "eager":
+                            expected[b] = got
+                            if w.branches:  # the masked-logit margins that may excuse a discrete flip
+                                margins[b] = runner.distributions(feeds[b])["masked_logits"]
+                        gate.add(b, got, expected[b], margins.get(b))
+                    info.update(gate.info())
+                except (Unsupported, UserError) as exc:
+                    info.update(status="skipped", reason=str(exc))
+                    continue
+                if gate.failures:
+                    info.update(status="failed", reason=gate.reason(ctx.dtype))
+                    result.fail(f"backend {name}: {info['reason']}")
+                    continue
+                runners[name] = runner
+            timed = [b for b in timed_backends if b in runners]
+
+            # --- timing: rounds x points x backends, the backend order rotated each round
+            timings = {(n, b): timing.Timing(rows=b, threads=threads) for n in timed for b in points}
+            cap = self.fp16_cpu_samples if slow else 10_000
+            for r in range(self.rounds):
+                order = timed[r % len(timed):] + timed[: r % len(timed)] if timed else []
+                for b in points:
+                    for name in order:
+                        time.sleep(self.settle_s)  # let thread pools stop spinning between blocks
+                        fn = lambda runner=runners[name], f=feeds[b]: runner.infer(f)  # noqa: E731
+                        t = timing.measure(fn, runner_device(runners[name]), b, self.budget_s / self.rounds,
+                                           self.warmup_s if r == 0 else self.warmup_s / 5, max_samples=cap,
+                                           min_warmup=1 if slow else 2)
+                        timings[(name, b)].extend(t)
+            self.scenarios_on(ctx, runners, timings, feeds, points, result)
+
+        # --- metrics, series, table
+        rows = []
+        for name in timed_backends:
+            info = backends[name]
+            for key in ("cold_start_ms", "load_s", "max_abs_vs_eager", *(() if w.huggy_shaped else GATE_METRICS)):
+                if key in info:
+                    result.metrics[f"{name}/{key}"] = float(info[key])
+            for b in points + capped:
+                row = {"backend": name, "batch": b, "status": info["status"], "reason": info["reason"]}
+                if (name, b) in timings:
+                    stats = timings[(name, b)].stats()
+                    row.update(stats)
+                    result.metrics.update({f"{name}/b{b}/{k}": stats[k] for k in POINT_STATS})
+                    for k in SERIES_STATS:
+                        result.series.setdefault(f"{name}/{k}", []).append((b, stats[k]))
+                elif b in capped:
+                    row.update(status="skipped", reason=f"fp16 on the CPU capped at {self.fp16_cpu_max_rows} rows")
+                rows.append(row)
+        result.metrics["peak_mem_mb"] = peak_memory_mb(device)
+        result.metrics["threads"] = float(threads)
+        result.tables["benchmark"] = rows
+        if not w.huggy_shaped:
+            result.summary.append(f"policy: {w.describe_shape()}; {timed_as}")
+            result.details.update({"shape": w.describe_shape(), "feeds": timed_as})
+        result.details.update({"points": points, "scenarios": self.scenarios, "chunk_rows": chunk, "threads": threads,
+                               "backends": backends, "peak_mem_source": "device allocator" if device.type != "cpu" else "process RSS"})
+        if not timed:
+            result.status = "skipped" if result.status == "passed" else result.status
+            result.reason = result.reason or "; ".join(f"{n}: {backends[n]['reason']}" for n in timed_backends)
+        else:
+            result.files.append(plots.scaling(ctx.workdir / "benchmark.png", {n: _curve(result, n) for n in timed},
+                                              f"{ctx.device} {ctx.dtype}, {threads} thread(s)"))
+        result.summary[:0] = _summary(result, backends, points, timed_backends, ctx.batch_size)
+        ladder = result.summary[0]
+        if "eager" in runners:  # the point's verdict and latency: eager on (device, dtype) at the job's batch size
+            b = ctx.batch_size if ctx.batch_size in points else max(points)
+            if ("eager", b) in timings:
+                stats = timings[("eager", b)].stats()
+                result.latency = {**{k: stats[k] for k in ("p50_us", "p99_us", "mean_us", "obs_per_s", "noisy", "samples")},
+                                  "threads": float(threads), "batch_size": float(b)}
+                result.metrics.update({f"latency/{k}": v for k, v in result.latency.items()})
+            verify_point(ctx, result, runners["eager"], feeds[b])
+            result.headline += f"; {ladder}"
+        return result
+
+    def scenarios_on(self, ctx: Context, runners: dict, timings: dict, feeds: dict, points: list[int], result: Result) -> None:
+        """LoadGen's scenarios and the control loop on the job's backend (skipped, with the reason, if it is not timed)."""
+        wanted = [s for s in self.scenarios if s in extra.NAMES]
+        if not wanted:
+            return
+        runner = runners.get(ctx.backend)
+        if runner is None:
+            result.summary.append(f"scenarios {wanted} not run: backend {ctx.backend} was not timed (see its status)")
+            return
+        top = ctx.batch_size if ctx.batch_size in points else max(points)
+        point = timings[(ctx.backend, top)].stats()
+        if 1 in points:
+            one = timings[(ctx.backend, 1)].stats()
+            point.update(b1_p50_us=one["p50_us"], b1_min_us=one["min_us"])
+        lg = [s for s in wanted if s in extra.LOADGEN]
+        if lg:
+            qsl = self.feeds(ctx, [self.qsl_samples])[0][self.qsl_samples]
+            tol = max(self.tolerance.get(ctx.dtype, 0.0), self.tolerance.get("fp32" if ctx.backend == "onnxruntime" else ctx.dtype, 0.0))
+            extra.run_loadgen(ctx, runner, runners["eager"], qsl, lg, self.loadgen, STEMS, tol, point,
+                              self.search_steps, self.search_ms, result, points)
+        if extra.CONTROL_LOOP in wanted:
+            extra.run_control_loop(ctx, runner, self.loop, result)
+
+    def feeds(self, ctx: Context, points: list[int]) -> tuple[dict[int, dict[str, np.ndarray]], str]:
+        """Per batch point, every input of the policy at that many rows, and what is timed (in words)."""
+        w = ctx.weights
+        if w.huggy_shaped:
+            obs = ctx.observations
+            return {b: batch_of(obs, b) for b in points}, "obs_0"
+        base = ctx.feeds
+        sequence = is_sequence(base)
+        feeds = {b: step_feeds(w, base, b) for b in points}
+        said = [f"every input per batch point ({', '.join(obs_name(i) for i in range(len(w.inputs)))}"]
+        if w.branches:
+            said.append(f"action_masks {'from the observation file' if ACTION_MASKS in base else 'all allowed'}")
+        if w.memory:
+            said.append(f"recurrent_in zeros [b, 1, {w.memory}]")
+        text = ", ".join(said) + "): one step per call, as an agent runs per decision"
+        if sequence:
+            steps, agents = base[obs_name(0)].shape[:2]
+            text += f"; the {steps}-step x {agents}-agent sequence is timed on its first step (zero memory)"
+        return feeds, text
+
+
+GATE_METRICS = ("discrete_mismatches", "discrete_excused", "discrete_unexcused", "recurrent_out_max_abs_vs_eager")
+
+
+def step_feeds(w: PolicyWeights, base: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    """One decision step of `rows` agents: every observation input (and the file's masks) cycled or cut to `rows` (of a
+    sequence, its first step), masks all allowed when not given, and zero memory."""
+    feeds = batch_of(base, rows)
+    if w.branches and ACTION_MASKS not in feeds:
+        feeds[ACTION_MASKS] = np.ones((rows, sum(w.branch_sizes)), np.float32)
+    if w.memory:
+        feeds[RECURRENT_IN] = np.zeros((rows, 1, w.memory), np.float32)
+    return feeds
+
+
+class Gate:
+    """A backend's deterministic outputs against eager's over the batch points: every output the policy has.
+
+    Continuous actions within `tol`, recurrent_out within tol x max(1, |memory|), discrete actions equal (a flip
+    excused only where eager's masked-logit margin is within the tolerance); NaN/inf mismatches and missing outputs fail.
+    """
+
+    def __init__(self, w: PolicyWeights, tol: float):
+        self.huggy, self.continuous, self.branches, self.memory = w.huggy_shaped, w.mu is not None, bool(w.branches), bool(w.memory)
+        self.branch_sizes = w.branch_sizes
+        self.tol, self.failures = tol, {}
+        self.worst = {ACTIONS: 0.0, RECURRENT_OUT: 0.0, "tolerance": 0.0}
+        self.counts = {"mismatches": 0.0, "excused": 0.0, "unexcused": 0.0}
+
+    def add(self, rows: int, got: dict, expected: dict, masked_logits: np.ndarray | None) -> None:
+        metrics, failures, _ = compare_outputs(got, expected, STEMS, self.tol, REL_FLOOR, masked_logits, self.branch_sizes)
+        for name in (ACTIONS, RECURRENT_OUT):
+            self.worst[name] = max(self.worst[name], metrics.get(f"{STEMS[name]}.max_abs", 0.0))
+        self.worst["tolerance"] = max(self.worst["tolerance"], metrics.get("recurrent_out.tolerance", 0.0))
+        for k in self.counts:
+            self.counts[k] += metrics.get(f"discrete.{k}", 0.0)
+        for failure in failures:  # the first failure of each output, with the batch point it came from
+            self.failures.setdefault(failure.split(" ")[0].rstrip(":"), f"b{rows}: {failure}")
+
+    def info(self) -> dict:
+        """max_abs_vs_eager: continuous actions (absent for a discrete-only policy); the other outputs' figures too."""
+        out = {"max_abs_vs_eager": self.worst[ACTIONS]} if self.continuous else {}
+        said = [f"max |Δ| vs eager {self.worst[ACTIONS]:.2e}"] if self.continuous else []
+        if self.branches:
+            out.update({f"discrete_{k}": v for k, v in self.counts.items()})
+            said.append(f"discrete actions: {int(self.counts['mismatches'])} differ ({int(self.counts['excused'])} excused near-ties)")
+        if self.memory:
+            out["recurrent_out_max_abs_vs_eager"] = self.worst[RECURRENT_OUT]
+            said.append(f"recurrent_out max |Δ| {self.worst[RECURRENT_OUT]:.2e} (tolerance {self.worst['tolerance']:.2g})")
+        if not self.huggy:  # Huggy's result.json keeps its keys
+            out["vs_eager"] = ", ".join(said)
+        return out
+
+    def reason(self, dtype: str) -> str:
+        if self.huggy and list(self.failures) == [ACTIONS] and "max_abs" in self.failures[ACTIONS]:
+            return f"actions differ from eager by {self.worst[ACTIONS]:.3g} > {self.tol:g} ({dtype}): not timed"
+        return f"{'; '.join(self.failures.values())} (vs eager, {dtype}): not timed"
+
+
+def _curve(result: Result, name: str) -> dict[str, list]:
+    return {k: result.series[f"{name}/{k}"] for k in SERIES_STATS}
+
+
+def job_batch(points: list[int], batch_size: int) -> int:
+    """The batch a point is about: the job's own batch size when it is timed, else the ladder's largest."""
+    return batch_size if batch_size in points else max(points)
+
+
+def _summary(result: Result, backends: dict, points: list[int], order: list[str], batch_size: int) -> list[str]:
+    """First line (the headline): p50 at the job's own batch size per backend, and eager over onnxruntime."""
+    m = result.metrics
+    b = job_batch(points, batch_size)
+    p50 = {n: m[f"{n}/b{b}/p50_us"] for n in order if f"{n}/b{b}/p50_us" in m}
+    ratio = (f" (eager/onnxruntime {p50['eager'] / p50['onnxruntime']:.2f}x)"
+             if {"eager", "onnxruntime"} <= set(p50) and p50["onnxruntime"] else "")
+    lines = [f"b{b} p50: " + (", ".join(f"{n} {v:,.1f} µs" for n, v in p50.items()) or "nothing timed") + ratio]
+    if 1 in points and b != 1:
+        lines.append("single_stream b1 p50/p99: " + ", ".join(
+            f"{n} {m[f'{n}/b1/p50_us']:,.1f}/{m[f'{n}/b1/p99_us']:,.1f} µs" for n in order if f"{n}/b1/p50_us" in m))
+    top = max(points)
+    if top != 1:
+        lines.append(f"offline b{top}: " + ", ".join(
+            f"{n} {m[f'{n}/b{top}/obs_per_s']:,.0f} obs/s" for n in order if f"{n}/b{top}/obs_per_s" in m))
+    for n in order:
+        info = backends[n]
+        if info["status"] != "passed":
+            lines.append(f"{n}: {info['status'].upper()}: {info['reason']}")
+        else:
+            noisy = [f"b{b}" for b in points if m.get(f"{n}/b{b}/noisy")]
+            gate = info.get("vs_eager") or f"max |Δ| vs eager {info['max_abs_vs_eager']:.2e}"  # Huggy: actions only
+            lines.append(f"{n} ({info['dtype']}): load {info['load_s']:.3f} s, first call {info['cold_start_ms']:,.1f} ms, "
+                         f"{gate}" + (f", noisy at {', '.join(noisy)}" if noisy else ""))
+    lines.append(f"peak memory {m['peak_mem_mb']:,.0f} MB ({result.details['peak_mem_source']})")
+    return lines
+
+
+def _positive(value, key: str) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = 0
+    if number <= 0 or isinstance(value, bool):
+        raise UserError(f"{key}: {value!r} is not a positive integer")
+    return number

@@ -1,0 +1,74 @@
+"""What onnx-compare and export-onnx share: the feeds they run (every input; action masks that mask something), and every
+output of two runs of one policy compared: continuous actions and memories element-wise, discrete actions exactly (a
+mismatch excused only where the masked-logit margin is within the dtype's error), constant outputs exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from huggy_exp.context import Context
+from huggy_exp.mlagents import ACTION_MASKS, RECURRENT_OUT, PolicyWeights, obs_name
+from huggy_exp.verify import Limits, Rules, compare, outputs_of
+from huggy_exp.observations import random_masks
+from huggy_exp.runners import ACTIONS, DISCRETE
+
+COMPARED = (ACTIONS, DISCRETE, RECURRENT_OUT)  # the deterministic outputs, element-wise
+
+
+def feeds_with_masks(ctx: Context, masks: str) -> dict[str, np.ndarray]:
+    """The job's feeds; a discrete policy without masks in them gets seeded random masks (`masks=random`), so that the
+    graph's masking is exercised: all-allowed masks would hide a graph that ignores or misplaces them."""
+    feeds, w = dict(ctx.feeds), ctx.weights
+    if w.branches and ACTION_MASKS not in feeds and masks == "random":
+        feeds[ACTION_MASKS] = random_masks(w.branch_sizes, feeds[obs_name(0)].shape[:-1], ctx.seed)
+    return feeds
+
+
+def expected_constants(w: PolicyWeights) -> dict[str, np.ndarray]:
+    """The constant outputs ML-Agents' graph has for these weights, as it writes them."""
+    out = {"version_number": np.array([w.version_number], np.float32), "memory_size": np.array([w.memory_size], np.float32)}
+    if w.mu is not None:
+        out["continuous_action_output_shape"] = np.array([float(w.act_dim)], np.float32)
+    if w.branches:
+        out["discrete_action_output_shape"] = np.array([[float(s) for s in w.branch_sizes]], np.float32)
+    return out
+
+
+def check_constants(outputs: dict[str, np.ndarray], expected: dict[str, np.ndarray], sequence: bool, prefix: str = "",
+                    origin: str = "onnx") -> tuple[dict[str, float], list[str], dict]:
+    """Each constant output exactly equal (shape and values); in a sequence, as output at the first step."""
+    metrics, failures, details = {}, [], {}
+    for name, value in expected.items():
+        got = outputs.get(name)
+        got = None if got is None else np.asarray(got[0] if sequence else got)
+        same = got is not None and got.shape == value.shape and np.array_equal(got, value)
+        details[name] = {origin: None if got is None else got.tolist(), "expected": value.tolist(), "equal": bool(same)}
+        metrics[f"{prefix}{name}.equal"] = float(same)
+        if not same:
+            failures.append(f"{name}: {origin} {details[name][origin]} != {value.tolist()}")
+    return metrics, failures, details
+
+
+def compare_outputs(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], stems: dict[str, str], atol: float,
+                    rel_floor: float, masked_logits: np.ndarray | None = None, branch_sizes: tuple[int, ...] = (),
+                    ) -> tuple[dict[str, float], list[str], list[dict]]:
+    """Every deterministic output `expected` has, in `actual` too, through the verification engine; metrics under
+    stems[output]: continuous actions within `atol`, recurrent_out within atol * max(1, max |memory|), discrete actions
+    equal but where the reference's masked-logit margin <= atol * max(1, |best|) (`masked_logits`: the reference's)."""
+    wanted = tuple(o for o in outputs_of(COMPARED) if o.name in expected)
+    extra = {"masked_logits": masked_logits} if masked_logits is not None else {}
+    c = compare(actual, {**expected, **extra}, Rules(Limits(atol=atol, margin=atol), rel_floor=rel_floor, outputs=wanted,
+                                                      branch_sizes=tuple(branch_sizes)))
+    metrics, rows = {}, []
+    for o in wanted:
+        oc, stem = c.outputs[o.stem], stems[o.name]
+        m = dict(oc.metrics)
+        if o.rule == "discrete" and "flips" in m:
+            m = {"agreement": m["agreement"], "mismatches": m["flips"], "excused": m["flips"] - m["flips_beyond_margin"],
+                 "unexcused": m["flips_beyond_margin"], "near_ties": m["near_ties"], "margin_min": m["margin_min"],
+                 "margin_tol": m["margin_limit"]}
+        elif o.rule == "memory" and "max_abs_limit" in m:
+            m["tolerance"] = m["max_abs_limit"]
+        metrics.update({f"{stem}.{k}": v for k, v in m.items()})
+        rows.append({"output": o.name, **m})
+    return metrics, c.failures, rows

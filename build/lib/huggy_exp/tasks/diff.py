@@ -1,0 +1,215 @@
+"""`diff`: what changed between two sweeps (or bundles, or job dirs), point by point, with replay's rules.
+
+Described in docs/modes.md#diff and docs/port-certificate.md.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from huggy_exp import bundle, environment
+from huggy_exp.certify import DUAL_RULES, bitwise, dual_benchmark, errors, latency_change, rule_verdict, test05_tolerance, worst
+from huggy_exp.compare import load_outputs
+from huggy_exp.context import Context
+from huggy_exp.errors import UserError
+from huggy_exp.results import Result
+
+ACCURACY_MARKS = ("vs_fp64", "vs_fp32", "vs_cpu", "vs_torch", "deterministic", "agreement")
+
+
+@dataclass
+class Point:
+    """One point of a side: where it came from and what it recorded."""
+
+    key: str
+    origin: str
+    status: str | None = None
+    accuracy: dict = field(default_factory=dict)
+    fingerprints: dict = field(default_factory=dict)
+    latency_s: np.ndarray | None = None
+    p50_us: float | None = None
+    environment: dict = field(default_factory=dict)
+    model: str | None = None
+    outputs: dict = field(default_factory=dict)
+    fp64: dict | None = None
+    inputs: str | None = None  # sha256 of the inputs (bundles)
+
+
+def load_side(path: str | None, which: str) -> dict[str, Point]:
+    """Points of a bundle (manifest.json), or of every result.json under a sweep or job dir (a `record` job: its bundle's point)."""
+    if not path:
+        raise UserError(f"mode=diff needs mode.{which}=<sweep dir, job dir or bundle>")
+    root = Path(path).expanduser()
+    if not root.exists():
+        raise UserError(f"mode.{which}={path}: no such folder")
+    if bundle.is_bundle(root):
+        b = bundle.read(root)
+        return {key: bundle_point(b, key) for key in b.points}
+    records = sorted(root.rglob("result.json"), key=lambda p: (len(p.parts), str(p)))
+    if not records:
+        raise UserError(f"mode.{which}={path}: neither a bundle (manifest.json) nor a sweep or job dir (no result.json under it)")
+    points: dict[str, Point] = {}
+    for path_ in records:
+        try:
+            record = json.loads(path_.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UserError(f"mode.{which}: {path_} is not readable JSON ({exc})") from None
+        if record.get("mode") == "diff":
+            continue
+        record = {**(record.get("details") or {}), **record}  # a task's details, wherever result.json keeps them
+        point = job_point(record, path_.parent)
+        key, n = point.key, 2
+        while key in points:
+            key, n = f"{point.key} #{n}", n + 1
+        point.key = key
+        points[key] = point
+    return points
+
+
+def bundle_point(b: bundle.Bundle, key: str) -> Point:
+    p = b.points[key]
+    accuracy = {f"{name}/vs_fp64/{k}": v for name, m in b.comparison(key).get("outputs", {}).items() for k, v in m.items()}
+    return Point(key, f"bundle {b.root}", None, accuracy, {n: f["sha256"] for n, f in p.get("fingerprints", {}).items()},
+                 b.latency(key), p.get("latency", {}).get("p50_us"), p.get("environment", {}), b.manifest["model"].get("sha256"),
+                 b.outputs(key), b.reference(), b.manifest["observations"].get("inputs_sha256"))
+
+
+def job_point(record: dict, workdir: Path) -> Point:
+    params = record.get("params") or {}
+    mode, backend = record.get("mode"), params.get("backend", "eager")
+    key = f"{record.get('run_name')} {backend} seed {record.get('seed')}"  # case:mode-device-dtype-b<batch>[-obs]
+    if mode == "record" and record.get("bundle") and record.get("point") and bundle.is_bundle(record["bundle"]):
+        b = bundle.read(record["bundle"])
+        if record["point"] in b.points:
+            point = bundle_point(b, record["point"])
+            point.key, point.status, point.origin = key, record.get("status"), str(workdir)
+            return point
+    metrics = record.get("metrics") or {}
+    accuracy = {k: v for k, v in metrics.items() if any(mark in k for mark in ACCURACY_MARKS)}
+    prints = {k: v for k, v in {**(record.get("tags") or {}), **record}.items()
+              if isinstance(v, str) and (k.endswith("sha256") or k.startswith("fingerprint")) and k != "job_id"}
+    p50 = next((metrics[k] for k in ("latency.p50_us", "latency/p50_us", "p50_us") if isinstance(metrics.get(k), (int, float))), None)
+    outputs = load_outputs({"status": record.get("status"), "dir": str(workdir)})
+    inputs = json.dumps({"obs": params.get("obs"), "seed": record.get("seed")}, sort_keys=True)
+    return Point(key, str(workdir), record.get("status"), accuracy, prints, None, p50, record.get("environment") or {},
+                 (record.get("model") or {}).get("sha256"), outputs, None, inputs)
+
+
+def compare_points(base: Point, cand: Point, alpha: float) -> dict:
+    """Everything that differs between two recordings of one point."""
+    row: dict = {"point": base.key, "side": "both", "changes": []}
+    if base.status != cand.status:
+        row["changes"].append(f"status {base.status} -> {cand.status}")
+    row["regressed"] = base.status == "passed" and cand.status == "failed"
+    changed = {k: (base.accuracy.get(k), cand.accuracy.get(k)) for k in sorted(set(base.accuracy) | set(cand.accuracy))
+               if base.accuracy.get(k) != cand.accuracy.get(k)}
+    row["accuracy_changed"] = len(changed)
+    if changed:
+        shown = "; ".join(f"{k} {_num(a)} -> {_num(b)}" for k, (a, b) in list(changed.items())[:4])
+        row["changes"].append(f"{len(changed)} accuracy metric(s) changed: {shown}" + (" ..." if len(changed) > 4 else ""))
+    # --- the dual benchmark: candidate error / baseline error, both against fp64
+    if base.inputs != cand.inputs:
+        row["changes"].append(f"inputs differ ({str(base.inputs)[:40]} -> {str(cand.inputs)[:40]}): no dual benchmark")
+    if base.inputs != cand.inputs:
+        dual = []  # the dual benchmark holds two runs of the same inputs to one reference: not applicable
+    elif base.fp64 is not None and cand.fp64 is not None and cand.outputs and base.outputs:
+        dual = dual_benchmark(cand.outputs, base.outputs, cand.fp64, base.fp64)
+    else:
+        dual = [{"output": k, "metric": k.split("/")[-1], "ratio": _ratio(cand.accuracy[k], base.accuracy[k]),
+                 "verdict": rule_verdict(_ratio(cand.accuracy[k], base.accuracy[k]), k.split("/")[-1].split(".")[-1])}
+                for k in base.accuracy if k in cand.accuracy and "vs_fp64" in k and k.replace("/", ".").split(".")[-1] in DUAL_RULES]
+    row["dual"] = worst(d["verdict"] for d in dual) if dual else None
+    if dual:
+        row["dual_worst_ratio"] = max(d["ratio"] for d in dual)
+        if row["dual"] != "pass":
+            row["changes"].append(f"dual benchmark {row['dual']} (worst ratio {row['dual_worst_ratio']:.3g})")
+    # --- outputs and fingerprints
+    shared = [n for n in base.outputs if n in cand.outputs]
+    if shared:
+        agree = [bitwise(cand.outputs[n], base.outputs[n]) for n in shared]
+        row["bitwise_share"] = min(a["bitwise_share"] for a in agree)
+        row["ulp_max"] = max(a["ulp_max"] for a in agree)
+        if row["bitwise_share"] < 1:
+            diffs = [errors(cand.outputs[n], base.outputs[n]) for n in shared]
+            row["changes"].append(f"outputs {row['bitwise_share']:.1%} bitwise equal (max {row['ulp_max']:.0f} ULP, max |Δ| "
+                                  f"{max(d.get('max_abs', d.get('mismatch_share', 0.0)) for d in diffs):.3g})")
+    prints = sorted(k for k in set(base.fingerprints) & set(cand.fingerprints) if base.fingerprints[k] != cand.fingerprints[k])
+    row["fingerprints_changed"] = len(prints)
+    if prints:
+        row["changes"].append(f"fingerprint(s) changed: {', '.join(prints)}")
+    if base.model != cand.model:
+        row["changes"].append(f"model sha256 {str(base.model)[:12]}.. -> {str(cand.model)[:12]}..")
+    env = environment.diff(base.environment, cand.environment)
+    row["env_changed"] = len(env)
+    if env:
+        row["changes"].append("environment: " + "; ".join(f"{e['field']} {e['recorded']} -> {e['here']}" for e in env[:5])
+                              + (" ..." if len(env) > 5 else ""))
+    row["changed"] = bool(row["changes"])  # what the policy computed and where: latency is judged on its own below
+    # --- latency: the samples' test where both sides carry them, else the p50 ratio against TEST05's tolerance
+    if base.latency_s is not None and cand.latency_s is not None:
+        lat = latency_change(base.latency_s, cand.latency_s, alpha)
+    elif base.p50_us and cand.p50_us:
+        ratio, tol = cand.p50_us / base.p50_us, test05_tolerance(base.p50_us * 1e-6)
+        lat = {"median_ratio": ratio, "tolerance": tol, "test": "p50 ratio only: a sweep's result.json has no samples, no test",
+               "verdict": "within tolerance" if abs(ratio - 1) <= tol else ("slower (untested)" if ratio > 1 else "faster (untested)")}
+    else:
+        lat = {"verdict": "not measured"}
+    row["latency"] = lat["verdict"]
+    row["latency_ratio"] = lat.get("median_ratio")
+    row["latency_p_value"] = lat.get("p_value")
+    if lat["verdict"] not in ("within tolerance", "not measured", "not significant"):
+        p = f", p = {lat['p_value']:.2g}" if "p_value" in lat else ""
+        row["changes"].append(f"latency {lat['verdict']}: {lat['median_ratio']:.2f}x median{p}")
+    row["latency_changed"] = lat["verdict"] in ("slower", "faster")
+    return row
+
+
+def _ratio(a, b) -> float:
+    from huggy_exp.numerics import error_ratio
+
+    return error_ratio(float(a), float(b)) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else float("nan")
+
+
+def _num(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+class DiffTask:
+    name = "diff"
+
+    def __init__(self, baseline: str | None, candidate: str | None, alpha: float, fail_on_latency: bool):
+        self.baseline, self.candidate, self.alpha, self.fail_on_latency = baseline, candidate, float(alpha), bool(fail_on_latency)
+
+    def run(self, ctx: Context) -> Result:
+        base, cand = load_side(self.baseline, "baseline"), load_side(self.candidate, "candidate")
+        rows = [compare_points(base[k], cand[k], self.alpha) for k in base if k in cand]
+        rows += [{"point": k, "side": "baseline only", "changed": True, "changes": ["only in the baseline"]} for k in base if k not in cand]
+        rows += [{"point": k, "side": "candidate only", "changed": True, "changes": ["only in the candidate"]} for k in cand if k not in base]
+        both = [r for r in rows if r["side"] == "both"]
+        counts = {"points": len(rows), "changed": sum(r["changed"] for r in both), "unchanged": sum(not r["changed"] for r in both),
+                  "latency_changed": sum(r["latency_changed"] for r in both),
+                  "only_baseline": sum(r["side"] == "baseline only" for r in rows),
+                  "only_candidate": sum(r["side"] == "candidate only" for r in rows)}
+        result = Result(metrics={f"diff/{k}": float(v) for k, v in counts.items()},
+                        tables={"diff": [{**r, "changes": " | ".join(r["changes"])} for r in rows]})
+        for r in both:
+            if r.get("regressed"):
+                result.fail(f"{r['point']}: passed in the baseline, failed in the candidate")
+            if r.get("dual") == "fail":
+                result.fail(f"{r['point']}: dual benchmark fails (candidate error {r['dual_worst_ratio']:.3g}x the baseline's)")
+            if self.fail_on_latency and r.get("latency") == "slower":
+                result.fail(f"{r['point']}: latency slower ({r['latency_ratio']:.2f}x, p = {r['latency_p_value']:.2g})")
+        headline = (f"{counts['changed']} of {len(both)} common point(s) changed (accuracy, outputs, fingerprints, status, "
+                    f"environment), {counts['latency_changed']} in latency; {counts['only_baseline']} only in the baseline, "
+                    f"{counts['only_candidate']} only in the candidate")
+        result.summary = [headline, *(f"{r['point']}: {'; '.join(r['changes'])}" for r in rows if r["changes"])]
+        md = [f"# Diff: {self.baseline} -> {self.candidate}", "", headline, "", "| point | side | what changed |", "| --- | --- | --- |"]
+        md += [f"| {r['point']} | {r['side']} | {'; '.join(r['changes']).replace('|', '/') or 'nothing'} |" for r in rows]
+        (ctx.workdir / "report.md").write_text("\n".join(md) + "\n")
+        result.files.append("report.md")
+        result.details.update({"headline": headline, "baseline": self.baseline, "candidate": self.candidate, "points": rows})
+        return result

@@ -1,0 +1,232 @@
+"""`export-onnx`: the rebuilt policy as an ML-Agents .onnx, checked and compared.
+
+Described in docs/modes.md#export-onnx.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from huggy_exp.context import Context
+from huggy_exp.errors import UserError
+from huggy_exp.mlagents import PolicyWeights, interface
+from huggy_exp.numerics import allowed_branches, discrete_margins
+from huggy_exp.policy import Policy
+from huggy_exp.results import Result, first_nonfinite
+from huggy_exp.safety import atomic_write, claim_output
+from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, RECURRENT_OUT, build, over_steps, reference, run_feeds
+from huggy_exp.tasks import is_sequence
+from huggy_exp.tasks.compare import check_constants, compare_outputs, expected_constants, feeds_with_masks
+
+STEMS = {p: {ACTIONS: p, DISCRETE: f"{p}.discrete", RECURRENT_OUT: f"{p}.recurrent_out"} for p in ("vs_torch", "vs_source")}
+
+
+class MLAgentsExport(nn.Module):
+    """The forward ML-Agents exports, for every shape: inputs obs_0 .. obs_<k>, action_masks (discrete), recurrent_in
+    (memory); outputs version_number, memory_size, each head's sampled / shape / deterministic outputs (continuous, then
+    discrete), recurrent_out. log_sigma is broadcast as mu * 0 + log_sigma; discrete draws are torch.multinomial of the
+    masked softmax (exported as Multinomial(Log(p))), deterministic ones its ArgMax."""
+
+    def __init__(self, weights: PolicyWeights):
+        super().__init__()
+        self.policy = Policy(weights)
+        self.inputs = len(weights.inputs)
+        self.register_buffer("version_number", torch.tensor([weights.version_number], dtype=torch.float32))
+        self.register_buffer("memory_size", torch.tensor([weights.memory_size], dtype=torch.float32))
+        self.register_buffer("continuous_action_output_shape", torch.tensor([float(weights.act_dim)]))
+        self.register_buffer("discrete_action_output_shape", torch.tensor([[float(s) for s in weights.branch_sizes]]).reshape(1, -1))
+
+    def forward(self, *inputs: torch.Tensor):
+        p = self.policy
+        rest = list(inputs[self.inputs:])
+        masks = rest.pop(0) if p.discrete is not None else None
+        memory = rest.pop(0) if p.memory is not None else None
+        x, memory_out = p.encode(list(inputs[: self.inputs]), memory)
+        out = [self.version_number * 1, self.memory_size * 1]
+        if p.continuous is not None:
+            head = p.continuous
+            mu = head.mu(x)
+            sampled = head.squash(mu + torch.randn_like(mu) * torch.exp(head.log_sigma_of(x, mu)))
+            out += [sampled, self.continuous_action_output_shape * 1, head.head(mu)]
+        if p.discrete is not None:
+            probs = p.discrete.probs(x, masks)
+            out += [torch.cat([torch.multinomial(q, 1) for q in probs], dim=1), self.discrete_action_output_shape * 1,
+                    torch.cat([torch.argmax(q, dim=1, keepdim=True) for q in probs], dim=1)]
+        if memory_out is not None:
+            out.append(memory_out)
+        return tuple(out)
+
+
+class ExportOnnxTask:
+    name = "export-onnx"
+
+    def __init__(self, path: str | None = None, opset: int = 9, atol: float = 1e-5, masks: str = "random",
+                 overwrite: bool = False):
+        self.path, self.opset, self.atol, self.masks, self.overwrite = path, opset, atol, masks, overwrite
+
+    def run(self, ctx: Context) -> Result:
+        import onnx
+
+        w = ctx.weights
+        feeds = feeds_with_masks(ctx, self.masks)
+        sequence = is_sequence(feeds)
+        own = (ctx.model.path, ctx.model.onnx_path, ctx.model_spec.checkpoint, ctx.model_spec.onnx, ctx.model_spec.results_dir)
+        out = (claim_output(self.path, self.overwrite, own, "mode.path") if self.path
+               else ctx.workdir / f"{Path(ctx.model.path).stem.split('-')[0]}.onnx")
+        tmpdir = tempfile.TemporaryDirectory(prefix="huggy_exp-export-")
+        traced = Path(tmpdir.name) / out.name  # the exporter writes here; `out` gets the checked graph in one step
+        io = interface(w)
+        input_names, output_names = [n for n, _, _ in io["inputs"]], [n for n, _, _ in io["outputs"]]
+        dummy = tuple(torch.ones(1, *dims[1:]) if name == "action_masks" else torch.zeros(1, *dims[1:]) for name, _, dims in io["inputs"])
+        dynamic = {name: {0: "batch"} for name, _, dims in io["inputs"] + io["outputs"] if dims[:1] == ["batch"]}
+        try:
+            with warnings.catch_warnings():
+                # deliberate: the TorchScript exporter is the one ML-Agents uses and the only one that writes opset 9
+                warnings.simplefilter("ignore", DeprecationWarning)
+                warnings.simplefilter("ignore", torch.jit.TracerWarning)  # nn.LSTM's own shape checks, constant for the trace
+                # the exporter's LSTM advice is met: h0/c0 come from the recurrent_in input
+                warnings.filterwarnings("ignore", "Exporting a model to ONNX with a batch_size other than 1", UserWarning)
+                torch.onnx.export(MLAgentsExport(w).eval(), dummy, str(traced), input_names=input_names, output_names=output_names,
+                                  dynamic_axes=dynamic, opset_version=self.opset, dynamo=False)
+        except Exception as exc:
+            raise UserError(f"torch.onnx.export failed at opset {self.opset}: {str(exc).splitlines()[0]}") from None
+        model = _name_outputs(onnx.load(str(traced)), output_names)
+        tmpdir.cleanup()
+        onnx.checker.check_model(model, full_check=True)
+        atomic_write(out, lambda tmp: onnx.save(model, tmp), overwrite=self.overwrite)
+        found = _interface(model)
+        result = Result(files=[str(out) if self.path else out.name])  # an artifact wherever it was written
+        problems = _interface_problems(found, io, self.opset)
+        for p in problems:
+            result.fail(p)
+        result.tags.update({"onnx_inputs": ",".join(found["inputs"]), "onnx_outputs": ",".join(found["outputs"])})
+        result.metrics.update({"interface.inputs": float(len(found["inputs"])), "interface.outputs": float(len(found["outputs"])),
+                               "interface.opset": float(found["opset"]), "interface.problems": float(len(problems))})
+
+        # --- run it (a sequence step by step, each graph carrying its own memory), against the fp32 torch policy and the source
+        graph = lambda path: build(ctx, "onnxruntime", device="cpu", dtype="fp32", batch_size=0, threads=0, onnx=path)  # noqa: E731
+        exported = run_feeds(graph(out), feeds)
+        ref = reference(ctx, "fp32")
+        torch_fp32 = run_feeds(ref, feeds)
+        ref_dist = over_steps(ref.distributions, feeds, w.memory) if w.branches else None
+        margins = ref_dist["masked_logits"] if ref_dist is not None and "masked_logits" in ref_dist else None
+        metrics, failures, rows = compare_outputs(exported, torch_fp32, STEMS["vs_torch"], self.atol, 1e-3, margins, w.branch_sizes)
+        consts = expected_constants(w)
+        c_metrics, c_failures, constants = check_constants(exported, consts, sequence, "", "exported")
+        result.metrics.update({**metrics, **c_metrics})
+        for reason in failures + c_failures:
+            result.fail(f"exported graph vs torch fp32: {reason}")
+        self._sampled(exported, feeds, w, result)
+        source = ctx.model.onnx_path
+        headline = f"exported {out.name} (opset {self.opset}, {w.describe_shape()}): vs torch " + _brief(result.metrics, "vs_torch")
+        if source is not None:
+            theirs = run_feeds(graph(source), feeds)
+            m_src, f_src, rows_src = compare_outputs(exported, theirs, STEMS["vs_source"], self.atol, 1e-3, margins, w.branch_sizes)
+            s_metrics, s_failures, _ = check_constants(exported, {k: np.asarray(theirs[k][0] if sequence else theirs[k])
+                                                                   for k in consts if k in theirs}, sequence,
+                                                       "vs_source.", "exported")
+            compared = [k for k in (*STEMS["vs_source"], *consts) if k in theirs and k in exported]
+            identical = bool(compared) and all(np.array_equal(exported[k], theirs[k]) for k in compared)
+            result.metrics.update({**m_src, **s_metrics, "vs_source.bit_identical": float(identical)})
+            for reason in f_src + s_failures:
+                result.fail(f"exported vs source .onnx: {reason}")
+            rows += [{**r, "output": f"{r['output']} (vs source)"} for r in rows_src]
+            headline += f", vs source {source.name} {_brief(result.metrics, 'vs_source')} ({'bit-identical' if identical else 'not bit-identical'})"
+        else:
+            headline += "; no source .onnx to compare with"
+        if ctx.dtype != "fp32" or ctx.device != "cpu":
+            headline += f" (the graph is float32 from the CPU; device={ctx.device} dtype={ctx.dtype} do not apply)"
+        result.details.update({"exported": str(out), "source_onnx": str(source) if source else None, "interface": found,
+                               "constants": constants, "sequence": sequence, "headline": headline})
+        for name, key in ((ACTIONS, "exported_actions"), (DISCRETE, "exported_discrete_actions"), (RECURRENT_OUT, "exported_memories")):
+            if name in exported:
+                result.arrays[key] = np.asarray(exported[name])
+        result.tables["outputs"] = rows
+        result.summary = [headline, f"interface: inputs {found['inputs']}, outputs {found['outputs']}",
+                          f"onnx.checker: clean; written to {out}"]
+        return result
+
+    def _sampled(self, exported: dict, feeds: dict, w: PolicyWeights, result: Result) -> None:
+        """The exported sampled outputs: present with the deterministic ones' shapes and dtypes; no masked action drawn."""
+        failures = []
+        for sampled, det in (("continuous_actions", ACTIONS), (DISCRETE_SAMPLED, "deterministic_discrete_actions")):
+            if det in exported and (sampled not in exported or np.shape(exported[sampled]) != np.shape(exported[det])
+                                    or np.asarray(exported[sampled]).dtype != np.asarray(exported[det]).dtype):
+                failures.append(f"{sampled} is not shaped and typed like {det}")
+            elif sampled in exported and (bad := first_nonfinite(exported[sampled])) is not None:
+                failures.append(f"{sampled}: {bad[0]} NaN/inf values (first at {list(bad[1])})")
+        if w.branches and DISCRETE_SAMPLED in exported and "action_masks" in feeds:
+            picks = np.asarray(exported[DISCRETE_SAMPLED])
+            starts = np.cumsum([0, *w.branch_sizes])[:-1]
+            inside = (picks >= 0) & (picks < np.asarray(w.branch_sizes))
+            chosen = np.take_along_axis(feeds["action_masks"], np.where(inside, picks, 0) + starts, axis=-1)
+            live = allowed_branches(feeds["action_masks"], w.branch_sizes)  # a fully masked branch draws uniformly
+            masked = int(np.sum(((chosen == 0) & live) | ~inside))
+            result.metrics["sampled.discrete_masked_draws"] = float(masked)
+            if masked:
+                failures.append(f"{DISCRETE_SAMPLED}: {masked} draws of a masked action or outside their branch")
+        for reason in failures:
+            result.fail(f"exported graph: {reason}")
+
+
+def _brief(metrics: dict, stem: str) -> str:
+    parts = [f"max_abs {metrics[f'{stem}.max_abs']:.2e}"] if f"{stem}.max_abs" in metrics else []
+    if f"{stem}.discrete.agreement" in metrics:
+        parts.append(f"discrete agreement {metrics[f'{stem}.discrete.agreement']:.2%}")
+    if f"{stem}.recurrent_out.max_abs" in metrics:
+        parts.append(f"recurrent_out max_abs {metrics[f'{stem}.recurrent_out.max_abs']:.2e}")
+    return ", ".join(parts)
+
+
+def _name_outputs(model, names: list[str]):
+    """The exporter folds the constant outputs into initializers with generated names; route them through Identity
+    nodes to ML-Agents' names, as ML-Agents' own graphs do."""
+    from onnx import helper
+
+    for output, name in zip(model.graph.output, names):
+        if output.name != name:
+            model.graph.node.append(helper.make_node("Identity", [output.name], [name], name=f"/{name}/Identity"))
+            output.name = name
+    return model
+
+
+def _dims(value_info) -> list:
+    return [d.dim_param or d.dim_value for d in value_info.type.tensor_type.shape.dim]
+
+
+def _interface(model) -> dict:
+    from onnx import TensorProto
+
+    kind = {TensorProto.FLOAT: "float", TensorProto.INT64: "int64"}
+    return {
+        "opset": max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+        "inputs": {i.name: _dims(i) for i in model.graph.input},
+        "outputs": {o.name: _dims(o) for o in model.graph.output},
+        "types": {v.name: kind.get(v.type.tensor_type.elem_type, str(v.type.tensor_type.elem_type))
+                  for v in (*model.graph.input, *model.graph.output)},
+    }
+
+
+def _interface_problems(found: dict, io: dict, opset: int) -> list[str]:
+    """ML-Agents' names and order, element types, widths; a symbolic batch on every input and batched output."""
+    problems = []
+    if found["opset"] != opset:
+        problems.append(f"opset {found['opset']} is not {opset}")
+    for side in ("inputs", "outputs"):
+        want = [name for name, _, _ in io[side]]
+        if list(found[side]) != want:
+            problems.append(f"{side} {list(found[side])} are not ML-Agents' {want}")
+            continue
+        for name, kind, dims in io[side]:
+            got = found[side][name]
+            batched = dims[:1] == ["batch"]
+            if found["types"].get(name) != kind or len(got) != len(dims) or got[batched:] != dims[batched:] or (
+                    batched and not isinstance(got[0], str)):
+                problems.append(f"{name} {found['types'].get(name)} {got} is not {kind} {dims}" + (" with a dynamic batch" if batched else ""))
+    return problems

@@ -1,0 +1,130 @@
+"""`fingerprint`: SHA-256 of the exact output bytes over T steps, and a quantized one.
+
+Described in docs/modes.md#fingerprint.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from huggy_exp import rollout
+from huggy_exp.context import Context
+from huggy_exp.dynamics import Dynamics
+from huggy_exp.errors import Unsupported, UserError
+from huggy_exp.results import Result
+from huggy_exp.runners import Runner, build, reference
+from huggy_exp.tasks import first_step, latency, verify_rollout
+from huggy_exp.verify import digest, quantize
+
+LOOPS = ("open", "closed")
+KINDS = rollout.KINDS
+
+
+def output_sequences(runner: Runner, ctx: Context, loop: str, kind: str, steps: int, envs: int,
+                     dynamics: Dynamics) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The inputs the policy saw [T, envs, d] by ML-Agents name, and every output [T, envs, *] by file name (actions,
+    discrete_actions, memories): open-loop over the observation source (steps x envs rows, or a file's [T, N, d]
+    sequence), or closed-loop through `dynamics`."""
+    if kind == "sampled" and not hasattr(runner, "sample"):
+        raise Unsupported(f"backend {ctx.backend}: sampled actions take the seeded CPU noise, which only the torch backends accept")
+    w = ctx.weights
+    if loop == "open":
+        feeds = ctx.make_feeds(steps * envs)
+        if feeds["obs_0"].ndim == 2:
+            rows = len(feeds["obs_0"])
+            if rows % envs:
+                raise UserError(f"mode.envs={envs} does not divide the {rows} observation rows of the file")
+            feeds = {k: v.reshape(rows // envs, envs, v.shape[-1]) for k, v in feeds.items()}
+        return feeds, rollout.open_loop(runner, feeds, kind, ctx.seed)
+    start = first_step(ctx.make_feeds(envs))
+    observations, outputs = rollout.closed_loop(runner, w, start, steps, dynamics, kind, ctx.seed)
+    return rollout.seen(observations, start, w), outputs
+
+
+def first_divergence(a: np.ndarray, b: np.ndarray) -> tuple[int, int, float] | None:
+    """(step, dimension, |difference|) of the first element where two [T, envs, dim] sequences part."""
+    differ = a != b
+    if not differ.any():
+        return None
+    t, env, dim = map(int, np.argwhere(differ)[0])
+    return t, dim, float(abs(np.float64(a[t, env, dim]) - np.float64(b[t, env, dim])))
+
+
+class FingerprintTask:
+    name = "fingerprint"
+
+    def __init__(self, steps: int = 256, loop: str = "open", actions: str = "deterministic", envs: int = 1,
+                 decimals: int = 3, require_match: list[str] | None = None, dynamics: dict | None = None):
+        if loop not in LOOPS:
+            raise UserError(f"unknown mode.loop {loop!r}; valid: {', '.join(LOOPS)}")
+        if actions not in KINDS:
+            raise UserError(f"unknown mode.actions {actions!r}; valid: {', '.join(KINDS)}")
+        self.steps, self.loop, self.kind, self.envs, self.decimals = int(steps), loop, actions, int(envs), int(decimals)
+        self.require_match = list(require_match if require_match is not None else ["fp32"])
+        self.dynamics = dict(dynamics or {})
+
+    def run(self, ctx: Context) -> Result:
+        dynamics = Dynamics(seed=ctx.seed, **self.dynamics)
+        runner = build(ctx)
+        seen, mine = output_sequences(runner, ctx, self.loop, self.kind, self.steps, self.envs, dynamics)
+        _, ref = output_sequences(reference(ctx, "fp32", ctx.batch_size), ctx, self.loop, self.kind, self.steps, self.envs, dynamics)
+        names = list(mine)  # actions, discrete_actions, memories: whichever the policy has, in that order
+        qmine = {n: quantize(mine[n], self.decimals) for n in names}
+        qref = {n: quantize(ref[n], self.decimals) for n in names}
+        exact = {n: first_divergence(mine[n], ref[n]) for n in names}
+        quant = {n: first_divergence(qmine[n], qref[n]) for n in names}
+        fp = {"fingerprint_sha256": digest([mine[n] for n in names]),
+              "fingerprint_quantized": digest([qmine[n] for n in names]),
+              "cpu_fp32_sha256": digest([ref[n] for n in names]),
+              "cpu_fp32_quantized": digest([qref[n] for n in names])}
+        steps = len(mine[names[0]])
+        first_exact, first_quant = _first(exact), _first(quant)
+        result = Result(arrays={n: (a.reshape(len(a), -1) if self.envs == 1 and a.shape[1] == 1 else a) for n, a in mine.items()})
+        result.metrics = {"steps": float(steps),
+                          **_divergence_metrics(mine, ref, names, exact, quant, first_exact[1] if first_exact else None)}
+        if len(names) > 1:  # each output on its own too
+            for n in names:
+                result.metrics.update({f"{n}.{k}": v for k, v in _divergence_metrics(mine, ref, [n], exact, quant, exact[n]).items()})
+                fp[f"{n}.fingerprint_sha256"] = digest([mine[n]])
+                fp[f"{n}.fingerprint_quantized"] = digest([qmine[n]])
+        result.tags.update(fp)
+        where = "equals the CPU fp32 fingerprint" if first_exact is None else (
+            f"parts from CPU fp32 at step {first_exact[1][0]}, {_what(first_exact[0], names)} {first_exact[1][1]} by {first_exact[1][2]:.3g}")
+        qwhere = "quantized equal" if first_quant is None else (
+            f"quantized parts at step {first_quant[1][0]}, {_what(first_quant[0], names)} {first_quant[1][1]}")
+        headline = f"sha256 {fp['fingerprint_sha256'][:16]}.. quantized({self.decimals}) {fp['fingerprint_quantized'][:16]}..: {where}; {qwhere}"
+        as_dict = lambda d: None if d is None else dict(zip(("step", "dim", "abs"), d[1]), **({"output": d[0]} if len(names) > 1 else {}))  # noqa: E731
+        result.details.update({**fp, "loop": self.loop, "actions": self.kind, "decimals": self.decimals,
+                               "outputs": names, "first_divergence": as_dict(first_exact), "first_quantized_divergence": as_dict(first_quant)})
+        envs = mine[names[0]].shape[1]
+        latency(runner, ctx, ctx.feeds, result)
+        verify_rollout(ctx, result, runner, seen, mine, ctx.seed if self.kind == "sampled" else None, self.loop == "open")
+        result.headline += f"; {headline}"
+        result.summary[1:1] = [f"{self.loop}-loop, {self.kind} {'actions' if names == ['actions'] else 'outputs (' + ', '.join(names) + ')'}, {steps} steps x {envs} env(s) on {ctx.device} {ctx.dtype}"
+                          + (", memory carried from zeros" if "memories" in names else ""), headline]
+        if ctx.dtype in self.require_match and first_quant is not None:
+            result.fail(f"quantized fingerprint differs from CPU fp32 ({qwhere}, by {first_quant[1][2] / 10**self.decimals:.3g})")
+        return result
+
+
+def _first(found: dict[str, tuple | None]) -> tuple[str, tuple[int, int, float]] | None:
+    """The (output, divergence) at the earliest step, the first output in order at a tie."""
+    hits = [(d[0], i, name, d) for i, (name, d) in enumerate(found.items()) if d is not None]
+    return (min(hits)[2], min(hits)[3]) if hits else None
+
+
+def _what(output: str, names: list[str]) -> str:
+    return {"actions": "action", "discrete_actions": "branch", "memories": "memory unit"}[output] if len(names) > 1 else "action"
+
+
+def _divergence_metrics(mine: dict, ref: dict, names: list[str], exact: dict, quant: dict,
+                        exact_hit: tuple[int, int, float] | None) -> dict[str, float]:
+    """Match flags and the first exact divergence (step, dim, |Δ|) of `names`."""
+    return {
+        "matches_cpu_fp32": float(all(exact[n] is None for n in names)),
+        "quantized_matches_cpu_fp32": float(all(quant[n] is None for n in names)),
+        "first_divergence_step": float(exact_hit[0]) if exact_hit else -1.0,
+        "first_divergence_dim": float(exact_hit[1]) if exact_hit else -1.0,
+        "first_divergence_abs": exact_hit[2] if exact_hit else 0.0,
+        "max_abs_vs_cpu_fp32": max(float(np.max(np.abs(mine[n].astype(np.float64) - ref[n]), initial=0.0)) for n in names),
+    }

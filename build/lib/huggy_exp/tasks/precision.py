@@ -1,0 +1,122 @@
+"""`precision`: the policy on (device, dtype) against CPU fp64 and fp32 references.
+
+Described in docs/modes.md#precision; every output is compared by the verification engine (docs/verification.md).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from huggy_exp import plots
+from huggy_exp.context import Context
+from huggy_exp.errors import Unsupported
+from huggy_exp.mlagents import RECURRENT_OUT
+from huggy_exp.numerics import compare, error_ratio, limits_for, ratio_verdict, rel_rmse
+from huggy_exp.results import Result
+from huggy_exp.runners import ACTIONS, DISCRETE, build, reference, run_feeds
+from huggy_exp.tasks import is_sequence, latency, verify_point
+from huggy_exp.verify import outputs_of
+
+LAYER_ORDER = ("lstm", RECURRENT_OUT, "mu", "logits")  # after normalized_obs* and hidden_*
+
+
+class PrecisionTask:
+    name = "precision"
+
+    def __init__(self, layer_thresholds: dict, relative: dict, layer_specialize: dict | None = None):
+        self.layer_thresholds = layer_thresholds
+        self.layer_specialize = layer_specialize or {}
+        self.relative = relative
+
+    def run(self, ctx: Context) -> Result:
+        feeds = ctx.feeds
+        # --- build runners, run the feeds (a sequence: step by step, each run carrying its own memory)
+        device = build(ctx)
+        if not hasattr(device, "trace"):
+            raise Unsupported(f"backend {ctx.backend}: precision's per-layer attribution needs a torch backend "
+                              "(eager, compile, graphs); compare onnxruntime with mode=onnx-compare")
+        got = {**run_feeds(device, feeds, ctx.seed), **run_feeds(device, feeds, trace=True)}
+        want = run_feeds(reference(ctx, "fp64"), feeds, trace=True)
+        cpu_eager = ctx.target().kind == "cpu" and ctx.backend == "eager"
+        cpu_same = got if cpu_eager else run_feeds(reference(ctx, ctx.dtype, ctx.batch_size), feeds, trace=True)
+        result = Result()
+        # --- compare and judge: every output (the engine), the layers, the relative verdict
+        latency(device, ctx, feeds, result)
+        verify_point(ctx, result, device, feeds, got, ctx.seed)
+        for name in ("mu", "logits"):
+            if name in got:
+                result.metrics.update({f"{name}/vs_fp64/{k}": v for k, v in compare(got[name], want[name], ctx.verify.rel_floor).items()})
+        layers = self._layers(ctx, got, want, result)
+        verdict = self._relative(ctx, got, want, cpu_same, result)
+        if is_sequence(feeds):
+            result.metrics["steps"] = float(len(feeds["obs_0"]))
+            result.tables["step_errors"] = _step_errors(got, want)
+        worst, first_bad = layers["worst_layer"], layers["first_failing_layer"]
+        result.tags.update({"verdict_relative": verdict, "worst_layer": worst, "first_failing_layer": first_bad or "none"})
+        result.details.update({"limits": limits_for(ctx.verify.limits, ctx.dtype, ctx.device, ctx.verify.specialize),
+                               "relative_verdict": verdict, **layers})
+        result.summary.insert(1, f"worst layer {worst} (rel_rmse {result.metrics[f'layer/{worst}/rel_rmse']:.2e}), first failing "
+                                 f"layer {first_bad or 'none'}, relative {result.metrics['relative/ratio']:.2f} -> {verdict}")
+        self._write(ctx, got, want, result)
+        return result
+
+    def _layers(self, ctx: Context, got: dict, want: dict, result: Result) -> dict:
+        """rel_rmse and max_abs of every intermediate against fp64; the first one over the dtype's layer threshold fails."""
+        limit = limits_for(self.layer_thresholds, ctx.dtype, ctx.device, self.layer_specialize).get("rel_rmse", np.inf)
+        names = [k for k in got if k.startswith(("normalized_obs", "hidden_"))] + [k for k in LAYER_ORDER if k in got]
+        rows, first_bad = [], None
+        for name in names:
+            err, finite = rel_rmse(got[name], want[name]), bool(np.all(np.isfinite(got[name])))
+            exceeds = (not finite) or err > limit
+            first_bad = first_bad or (name if exceeds else None)
+            max_abs = float(np.max(np.abs(got[name].astype(np.float64) - want[name])))
+            result.metrics.update({f"layer/{name}/rel_rmse": err, f"layer/{name}/max_abs": max_abs, f"layer/{name}/rel_rmse_limit": limit})
+            rows.append({"layer": name, "rel_rmse": err, "max_abs": max_abs, "threshold": limit, "finite": finite, "exceeds": exceeds})
+        result.tables["layer_errors"] = rows
+        if first_bad is not None:
+            result.fail(f"layer {first_bad} rel_rmse {result.metrics[f'layer/{first_bad}/rel_rmse']:.3g} > {limit:g}")
+        return {"worst_layer": max(rows, key=lambda r: r["rel_rmse"])["layer"], "first_failing_layer": first_bad,
+                "layer_threshold": limit}
+
+    def _relative(self, ctx: Context, got: dict, want: dict, cpu_same: dict, result: Result) -> str:
+        """Device RMSE over the CPU's in the same dtype (both vs fp64): pass up to warn, warn up to fail, else fail."""
+        primary = ACTIONS if ACTIONS in got else "logits"
+        dev_err = float(np.sqrt(np.mean((got[primary] - want[primary]) ** 2)))
+        cpu_err = float(np.sqrt(np.mean((cpu_same[primary] - want[primary]) ** 2)))
+        ratio = error_ratio(dev_err, cpu_err)
+        verdict = ratio_verdict(ratio, self.relative["warn"], self.relative["fail"])
+        result.metrics.update({"relative/device_rmse": dev_err, "relative/cpu_rmse": cpu_err, "relative/ratio": ratio})
+        if verdict == "fail":
+            result.fail(f"device error is {ratio:.2f}x the CPU's in {ctx.dtype} (fail above {self.relative['fail']:g})")
+        return verdict
+
+    def _write(self, ctx: Context, got: dict, want: dict, result: Result) -> None:
+        """The outputs (actions.npy, discrete_actions.npy, memories.npy) and the plots."""
+        primary = ACTIONS if ACTIONS in got else "logits"
+        what = "action" if primary == ACTIONS else "logit"
+        cpu32 = run_feeds(reference(ctx, "fp32"), ctx.feeds) if primary == ACTIONS else {}
+        diffs = {f"{ctx.dtype} vs fp64": got[primary] - want[primary]}
+        if primary in cpu32:
+            diffs["cpu fp32 vs fp64"] = cpu32[primary] - want[primary]
+        result.files.append(plots.error_histogram(ctx.workdir / "error_histogram.png", diffs, f"{what} error, {ctx.device} {ctx.dtype}"))
+        rows = result.tables["layer_errors"]
+        result.files.append(plots.bars(ctx.workdir / "layer_errors.png", [r["layer"] for r in rows], [r["rel_rmse"] for r in rows],
+                                       [r["threshold"] for r in rows], "rel_rmse vs fp64", f"per-layer error, {ctx.device} {ctx.dtype}"))
+        for out in outputs_of((ACTIONS, DISCRETE, RECURRENT_OUT)):
+            if out.name in got:
+                a = got[out.name]
+                result.arrays[out.stem] = a.astype(np.int64) if out.rule == "discrete" else a.astype(np.float32).squeeze(-2) if out.rule == "memory" else a.astype(np.float32)
+
+
+def _step_errors(got: dict, want: dict) -> list[dict]:
+    """Per step of a sequence: max |device - fp64| of every float output, and the discrete actions that differ."""
+    steps = []
+    outs = [o for o in outputs_of(set(got) & set(want)) if o.rule in ("continuous", "memory")]
+    for t in range(len(got["hidden_0"])):
+        row = {"step": t}
+        for o in outs:
+            row[f"{o.stem}_max_abs"] = float(np.max(np.abs(got[o.name][t].astype(np.float64) - want[o.name][t])))
+        if DISCRETE in got:
+            row["discrete_flips"] = int(np.sum(got[DISCRETE][t] != want[DISCRETE][t]))
+        steps.append(row)
+    return steps

@@ -1,0 +1,98 @@
+"""`record`: one point's behaviour into a port-certificate bundle (huggy_exp/bundle.py).
+
+Described in docs/modes.md#record and docs/port-certificate.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from huggy_exp import bundle, environment, timing
+from huggy_exp.certify import errors, named_outputs
+from huggy_exp.context import Context
+from huggy_exp.results import Result, first_nonfinite
+from huggy_exp.runners import Runner, build, reference, run_feeds
+from huggy_exp.tasks import SLOW_FP16, batch_of, runner_device
+from huggy_exp.verify import digest, quantize
+
+
+def time_calls(runner: Runner, ctx: Context, feeds: dict[str, np.ndarray], settings: dict) -> timing.Timing:
+    """Per-call latency of the runner on the job's batch of the feeds (a sequence: its first step), at the job's threads."""
+    batch = batch_of(feeds, ctx.batch_size)
+    with timing.threads(ctx.threads):
+        return timing.measure(lambda: runner.infer(batch), runner_device(runner), ctx.batch_size,
+                              budget_s=float(settings["budget_s"]), warmup_s=float(settings["warmup_s"]),
+                              max_samples=int(settings["max_samples"]), min_samples=5)
+
+
+def fingerprints(outputs: dict[str, np.ndarray], decimals: int) -> dict[str, dict[str, str]]:
+    """Per output: sha256 of the exact bytes and of the values rounded to `decimals` (as mode=fingerprint hashes them)."""
+    return {name: {"sha256": digest([a]), "quantized": digest([quantize(a, decimals)]), "decimals": decimals}
+            for name, a in outputs.items()}
+
+
+def model_entry(ctx: Context) -> dict:
+    """The manifest's model: the weights' own sha256 (what replay checks), the file's, and the dims."""
+    w, m = ctx.weights, ctx.model
+    return {"sha256": bundle.weights_sha256(w), "file_sha256": m.sha256, "path": str(m.path), "synthetic": m.synthetic,
+            "step": m.step, "shape": w.describe_shape(),
+            "dims": {"inputs": list(w.obs_sizes), "continuous_actions": w.act_dim, "branch_sizes": list(w.branch_sizes),
+                     "memory_size": w.memory, "hidden_units": w.hidden_units, "num_layers": w.num_layers,
+                     "parameters": w.parameter_count}}
+
+
+class RecordTask:
+    name = "record"
+
+    def __init__(self, out: str | None, latency: dict, decimals: int):
+        self.out, self.latency, self.decimals = out, dict(latency), int(decimals)
+
+    def run(self, ctx: Context) -> Result:
+        root = Path(self.out).expanduser() if self.out else ctx.workdir / "bundle"
+        feeds = {k: np.ascontiguousarray(v, np.float32) for k, v in ctx.feeds.items()}
+        # --- run the point and the CPU fp64 reference on the same feeds
+        runner = build(ctx)
+        outputs = named_outputs(run_feeds(runner, feeds))
+        fp64 = named_outputs(run_feeds(reference(ctx, "fp64"), feeds), np.float64)
+        comparison = {name: errors(outputs[name], fp64[name], ctx.dtype) for name in outputs}
+        bad = {name: where for name, a in outputs.items() if (where := first_nonfinite(a)) is not None}
+        if bad:  # a certificate of NaN outputs would hold every replay to them: the job fails, the bundle is untouched
+            result = Result(arrays=dict(outputs))
+            result.fail(f"not recorded: {', '.join(f'{n} has {c} NaN/inf values (first at {list(i)})' for n, (c, i) in bad.items())}")
+            return result
+        timed = time_calls(runner, ctx, feeds, self.latency)
+        # --- into the bundle
+        key = bundle.point_key(ctx.device, ctx.dtype, ctx.backend, ctx.batch_size)
+        prints = fingerprints(outputs, self.decimals)
+        observations = {"source": ctx.obs.source, "rows": ctx.obs.rows, "scale": ctx.obs.scale, "path": ctx.obs.path,
+                        "seed": ctx.seed, "inputs_sha256": bundle.arrays_sha256(feeds),
+                        "inputs": {k: list(v.shape) for k, v in feeds.items()}}
+        stats = timed.stats()
+        point = {"device": ctx.device, "dtype": ctx.dtype, "backend": ctx.backend, "batch": ctx.batch_size,
+                 "threads": timed.threads, "runner": getattr(runner, "name", ctx.backend), "environment": environment.capture(),
+                 "fingerprints": prints, "outputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in outputs.items()},
+                 "latency": {k: stats[k] for k in ("p50_us", "p90_us", "p99_us", "mean_us", "iqr_us", "samples", "noisy")}}
+        manifest, replaced = bundle.record_point(root, model_entry(ctx), observations, feeds, fp64, key, point, outputs,
+                                                 np.asarray(timed.samples), {"against": "cpu fp64 eager", "outputs": comparison})
+        # --- the job's own result
+        result = Result(arrays=dict(outputs))
+        for name, m in comparison.items():
+            result.metrics.update({f"{name}/vs_fp64/{k}": v for k, v in m.items()})
+        result.metrics.update({f"latency/{k}": float(stats[k]) for k in ("p50_us", "p90_us", "p99_us", "samples", "noisy")})
+        result.metrics["bundle/points"] = float(len(manifest["points"]))
+        result.latency = {k: float(stats[k]) for k in ("p50_us", "p99_us", "obs_per_s", "noisy", "samples", "threads")}
+        result.tags.update({f"{name}_sha256": p["sha256"] for name, p in prints.items()})
+        errs = ", ".join(f"{n} max_abs {m['max_abs']:.2e}" if "max_abs" in m else f"{n} {m['mismatch_share']:.2%} differ"
+                         for n, m in comparison.items())
+        headline = f"recorded {key} into {root} ({len(manifest['points'])} point(s)); vs fp64: {errs}"
+        result.summary = [headline, f"latency: {len(timed.samples)} samples, p50 {stats['p50_us']:,.1f} µs, p99 {stats['p99_us']:,.1f} µs "
+                                    f"at {timed.threads} thread(s)" + (" (noisy)" if stats["noisy"] else "")]
+        if replaced:
+            result.summary.append(f"replaced the earlier recording of {key}")
+        if ctx.dtype == "fp16" and runner_device(runner).type == "cpu":
+            result.summary.append(SLOW_FP16)
+        result.headline = headline
+        result.details.update({"headline": headline, "bundle": str(root.resolve()), "point": key, "fingerprints": prints})
+        return result

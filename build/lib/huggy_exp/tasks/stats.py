@@ -1,0 +1,155 @@
+"""`stats`: a closed-loop rollout, action statistics and drift vs CPU fp32. Described in docs/modes.md#stats."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from huggy_exp import plots, rollout
+from huggy_exp.context import Context
+from huggy_exp.dynamics import Dynamics
+from huggy_exp.errors import UserError
+from huggy_exp.mlagents import NORMALIZER_CLAMP
+from huggy_exp.numerics import discrete_histogram
+from huggy_exp.observations import load_feeds, load_observations
+from huggy_exp.results import Result
+from huggy_exp.runners import Runner, build, reference
+from huggy_exp.tasks import first_step, latency, verify_rollout
+
+SOURCES = ("dynamics", "replay")
+
+
+class StatsTask:
+    name = "stats"
+
+    def __init__(self, steps: int = 200, envs: int = 8, source: str = "dynamics", trajectory: str | None = None,
+                 drift_threshold: float = 0.05, drift_fail: float | None = None, saturation: float = 0.999,
+                 dynamics: dict | None = None):
+        if source not in SOURCES:
+            raise UserError(f"unknown mode.source {source!r}; valid: {', '.join(SOURCES)}")
+        if source == "replay" and not trajectory:
+            raise UserError("mode.source=replay needs mode.trajectory=<file.npy> (float32 [T, obs_dim]) or an .npz of obs_<i> [T, d_i]")
+        self.steps, self.envs, self.source, self.trajectory = int(steps), int(envs), source, trajectory
+        self.drift_threshold, self.drift_fail, self.saturation = drift_threshold, drift_fail, saturation
+        self.dynamics = dict(dynamics or {})
+
+    def _rollout(self, runner: Runner, ctx: Context) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The inputs the policy saw [T, envs, d] by ML-Agents name and every output [T, envs, *] (actions,
+        discrete_actions, memories)."""
+        w = ctx.weights
+        if self.source == "replay":
+            if str(self.trajectory).endswith(".npz"):
+                feeds = {k: (v[:, None] if v.ndim == 2 else v) for k, v in load_feeds(self.trajectory, w).items()}  # [T, d] is one env
+            else:
+                feeds = rollout.split(load_observations(self.trajectory, w.obs_dim)[:, None, :], w)
+            return feeds, rollout.open_loop(runner, feeds)
+        start = first_step(ctx.make_feeds(self.envs))  # a file: its rows (a sequence: step 0)
+        observations, outputs = rollout.closed_loop(runner, w, start, self.steps, Dynamics(seed=ctx.seed, **self.dynamics))
+        return rollout.seen(observations, start, w), outputs
+
+    def run(self, ctx: Context) -> Result:
+        w = ctx.weights
+        runner = build(ctx)
+        seen, out = self._rollout(runner, ctx)
+        ref_seen, ref = self._rollout(reference(ctx, "fp32", ctx.batch_size), ctx)
+        obs, ref_obs = rollout.side_by_side(seen, w), rollout.side_by_side(ref_seen, w)
+        steps, envs = obs.shape[:2]
+        metrics: dict[str, float] = {"steps": float(steps), "envs": float(envs)}
+        tables: dict[str, list[dict]] = {}
+        arrays: dict[str, np.ndarray] = {**out, "observations": obs}
+        parts, drift_rows = [], [{"step": t} for t in range(steps)]
+
+        # --- continuous actions: per dimension over time and environments, drift against the CPU fp32 rollout
+        drift, first = None, -1
+        if "actions" in out:
+            a = out["actions"].astype(np.float64)
+            flat = a.reshape(-1, a.shape[-1])
+            delta = np.abs(np.diff(a, axis=0)).reshape(-1, a.shape[-1]) if len(a) > 1 else np.zeros((1, a.shape[-1]))
+            tables["action_stats"] = [{"dim": j, "mean": flat[:, j].mean(), "std": flat[:, j].std(), "min": flat[:, j].min(), "max": flat[:, j].max(),
+                                       "saturation_rate": np.mean(np.abs(flat[:, j]) >= self.saturation), "smoothness": delta[:, j].mean()}
+                                      for j in range(flat.shape[1])]
+            drift = np.abs(a - ref["actions"].astype(np.float64)).max(axis=(1, 2))
+            over = np.nonzero(drift > self.drift_threshold)[0]
+            first = int(over[0]) if over.size else -1
+            metrics.update({"action_mean": float(flat.mean()), "action_std": float(flat.std()),
+                            "saturation_rate": float(np.mean(np.abs(flat) >= self.saturation)), "smoothness": float(delta.mean())})
+            for row, d in zip(drift_rows, drift):
+                row["drift"] = d
+
+        # --- every input's normalizer: how often its ±5 clamp is hit
+        scale, normalized = rollout.input_scale(w), rollout.normalized_dims(w)
+        if scale is not None and normalized.any():
+            z = np.clip((obs.astype(np.float32) - scale.running_mean) / scale.std, -NORMALIZER_CLAMP, NORMALIZER_CLAMP)
+            clamp_rate = float(np.mean(np.abs(z[..., normalized]) >= NORMALIZER_CLAMP))
+        else:
+            clamp_rate = 0.0
+        metrics["normalizer_clamp_rate"] = clamp_rate
+        if drift is not None:
+            metrics.update({"drift_max": float(drift.max()), "drift_first_step": float(first), "drift_final": float(drift[-1])})
+        obs_drift = np.abs(obs.astype(np.float64) - ref_obs) / (scale.std.astype(np.float64) if scale is not None else 1.0)
+        metrics["obs_drift_max"] = float(obs_drift.max())
+
+        # --- discrete actions: the share of each action per branch, and the decisions that differ from the CPU fp32 rollout
+        discrete_drift = None
+        if "discrete_actions" in out:
+            shares, tables["discrete_histogram"] = discrete_histogram(out["discrete_actions"], w.branch_sizes)
+            metrics.update(shares)
+            differ = out["discrete_actions"] != ref["discrete_actions"]
+            discrete_drift = differ.reshape(steps, -1).mean(axis=1)
+            flipped = np.nonzero(discrete_drift > 0)[0]
+            metrics.update({"discrete_agreement": float(1.0 - differ.mean()), "discrete_drift_max": float(discrete_drift.max()),
+                            "discrete_first_flip_step": float(flipped[0]) if flipped.size else -1.0})
+            for row, d in zip(drift_rows, discrete_drift):
+                row["discrete_disagreement"] = float(d)
+            parts.append(f"discrete agreement {metrics['discrete_agreement']:.2%} vs CPU fp32 "
+                         f"({'no flip' if not flipped.size else f'first flip at step {int(flipped[0])}'})")
+
+        # --- memories, carried from zeros
+        if "memories" in out:
+            memory_drift = np.abs(out["memories"].astype(np.float64) - ref["memories"]).max(axis=(1, 2))
+            metrics.update({"memory_abs_max": float(np.abs(out["memories"]).max()), "memory_drift_max": float(memory_drift.max())})
+            for row, d in zip(drift_rows, memory_drift):
+                row["memory_drift"] = float(d)
+            parts.append(f"memory drift {metrics['memory_drift_max']:.3g} (|memory| up to {metrics['memory_abs_max']:.3g})")
+
+        tables["drift"] = drift_rows
+        result = Result(metrics=metrics, tables=tables, arrays=arrays)
+        if drift is not None:
+            passed = "never" if first < 0 else f"first at step {first}"
+            parts.insert(0, f"drift_max {metrics['drift_max']:.3g} vs CPU fp32 (threshold {self.drift_threshold:g}: {passed}); "
+                            f"saturation {metrics['saturation_rate']:.1%}, smoothness {metrics['smoothness']:.3f}")
+        headline = "; ".join(parts) + (", " if drift is not None else "; ") + f"normalizer clamp {clamp_rate:.1%}"
+        latency(runner, ctx, ctx.feeds, result)
+        verify_rollout(ctx, result, runner, seen, out)
+        result.headline += f"; {headline}"
+        result.summary[1:1] = [f"{self.source} rollout: {steps} steps x {envs} env(s) on {ctx.device} {ctx.dtype}"
+                          + (", memory carried from zeros" if "memories" in out else ""), headline]
+        if "discrete_actions" in out:
+            for b in range(len(w.branch_sizes)):
+                result.summary.append(f"branch {b} action shares: "
+                                      + ", ".join(f"{r['share']:.1%}" for r in tables["discrete_histogram"] if r["branch"] == b))
+        if self.drift_fail is not None:
+            if drift is not None and metrics["drift_max"] > self.drift_fail:
+                result.fail(f"closed-loop drift {metrics['drift_max']:.3g} > {self.drift_fail:g}")
+            if discrete_drift is not None and metrics["discrete_drift_max"] > self.drift_fail:
+                result.fail(f"closed-loop discrete drift: {metrics['discrete_drift_max']:.1%} of a step's decisions differ from CPU fp32 "
+                            f"(> {self.drift_fail:g})")
+
+        # --- plots
+        wd = ctx.workdir
+        curves = {}
+        if drift is not None:
+            curves[f"{ctx.device} {ctx.dtype} vs cpu fp32"] = drift
+        if discrete_drift is not None:
+            curves["discrete decisions differing (share)"] = discrete_drift
+        result.files.append(plots.lines(wd / "drift.png", curves, "step", "max |action difference|" if drift is not None else "share",
+                                        "closed-loop drift", self.drift_threshold, log=drift is not None))
+        if "actions" in out:
+            a, ra = out["actions"], ref["actions"]
+            dims = range(min(4, a.shape[-1]))
+            traces = {**{f"a{j} {ctx.dtype}": a[:, 0, j] for j in dims}, **{f"a{j} cpu fp32": ra[:, 0, j] for j in dims}}
+        else:
+            d, rd = out["discrete_actions"], ref["discrete_actions"]
+            branches = range(min(4, d.shape[-1]))
+            traces = {**{f"branch {b} {ctx.dtype}": d[:, 0, b] for b in branches}, **{f"branch {b} cpu fp32": rd[:, 0, b] for b in branches}}
+        result.files.append(plots.lines(wd / "actions.png", traces, "step", "action", "action traces, env 0"))
+        return result

@@ -1,0 +1,908 @@
+"""The only module that imports mlflow. A job's record is its result.json; MLflow gets a copy of it, or it stays pending.
+
+Guarantees: a SQLite store is created and written under one file lock (concurrent first runs cannot race in its
+schema migration); a run is never left RUNNING (any exception, Ctrl-C included, ends it FAILED or KILLED); a job
+that could not be logged is `pending` in its result.json and `python run.py mode=sync` logs it exactly once (the
+job's `job_id` tag is looked up first); an unreachable or unwritable store is found by a probe of a few seconds,
+once per sweep (later points of that sweep go straight to pending).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import functools
+import json
+import math
+import os
+import platform
+import re
+import sqlite3
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from huggy_exp.headline import COSINE, ERROR, PER_DTYPE, headline_names, judged_limits, noisy, settings
+from huggy_exp.results import read_result, update_result
+from huggy_exp.safety import disk_full_message, free_bytes, is_disk_full, size
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_EXPERIMENT = "huggy_exp"
+MAX_PARAM_CHARS = 6000
+MAX_TAG_CHARS = 5000
+SWEEP_FILE = "sweep.json"  # in a sweep dir: the sweep id, its parent run, and whether the store answered
+PROBE_TIMEOUT_S = 3.0
+ENV_TAGS = ("host", "python", "platform", "torch", "torch_npu", "onnxruntime", "onnx", "numpy", "hydra_core", "mlflow")
+
+
+class StoreDown(Exception):
+    """The store cannot be reached or written: the job stays pending, with this as its reason."""
+
+
+def default_uri() -> str:
+    return f"sqlite:///{REPO / 'mlruns' / 'mlflow.db'}"
+
+
+def store_uri(uri: str | None) -> str:
+    """The store's URI without a server's `user:password@` (those go where MLflow reads them: use_credentials)."""
+    return use_credentials(uri) if uri else default_uri()
+
+
+# --- credentials: never printed or stored; MLflow gets them from MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD
+
+USERINFO = re.compile(r"(?P<scheme>\b[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s'\"]*):(?P<password>[^@/\s'\"]*)@", re.I)
+
+
+def redact(text: object) -> str:
+    """Any `scheme://user:password@` in the text as `scheme://user:***@` (MLflow masks MLFLOW_TRACKING_PASSWORD alike)."""
+    return USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@", str(text))
+
+
+def split_credentials(uri: str) -> tuple[str, str | None, str | None]:
+    """(URI without userinfo, user, password) of an http(s) URI; other schemes (databases) keep theirs."""
+    p = urlparse(uri)
+    if p.scheme not in ("http", "https") or "@" not in p.netloc:
+        return uri, None, None
+    host = p.netloc.rsplit("@", 1)[1]
+    return p._replace(netloc=host).geturl(), unquote(p.username or ""), unquote(p.password or "")
+
+
+def use_credentials(uri: str) -> str:
+    """A server URI's `user:password@` moved into MLflow's own variables (the URI's win); returns the URI without it."""
+    clean, user, password = split_credentials(uri)
+    if user is not None:
+        os.environ["MLFLOW_TRACKING_USERNAME"] = user
+        os.environ["MLFLOW_TRACKING_PASSWORD"] = password or ""
+    return clean
+
+
+def public_settings(settings: dict) -> dict:
+    """The tracking settings as result.json and MLflow may record them: the URI's password masked."""
+    return {**settings, "uri": redact(settings["uri"])} if settings.get("uri") else dict(settings)
+
+
+def _auth_headers() -> dict[str, str]:
+    """What MLflow's client sends: basic auth from MLFLOW_TRACKING_USERNAME/PASSWORD, or MLFLOW_TRACKING_TOKEN."""
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    if user is not None and password is not None:
+        return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+    token = os.environ.get("MLFLOW_TRACKING_TOKEN")
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
+def artifact_root(uri: str) -> str | None:
+    """Artifacts live beside a SQLite store (mlruns/ by default); a server chooses its own."""
+    db = _sqlite_path(uri)
+    return db.parent.as_uri() if db else None
+
+
+def check_uri(uri: str) -> None:
+    """MLflow >= 3.13 refuses a plain folder store; say so before any job runs."""
+    scheme = urlparse(uri).scheme
+    shown = redact(uri)
+    if scheme in ("", "file"):
+        raise StoreDown(f"tracking.uri={shown!r}: MLflow 3 needs a database or server store, e.g. sqlite:///path/mlflow.db")
+    if scheme not in ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks"):
+        raise StoreDown(f"tracking.uri={shown!r}: unknown scheme {scheme!r}; use sqlite:///path/mlflow.db or http://host:port")
+
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def probe(uri: str) -> None:
+    """Seconds, not minutes, and one line: a SQLite store that is not a writable database file (a folder, another kind
+    of file, a read-only one), or a server that does not answer /health (with the credentials MLflow will send)."""
+    check_uri(uri)
+    db = _sqlite_path(uri)
+    if db is not None:
+        try:
+            if db.exists() and not db.is_file():
+                raise StoreDown(f"MLflow store {db} is a {'folder' if db.is_dir() else 'special file'}, not a SQLite "
+                                "database file: give tracking.uri=sqlite:///<folder>/mlflow.db")
+            db.parent.mkdir(parents=True, exist_ok=True)
+            with open(_lock_path(db), "a"):
+                pass
+            if db.exists() and not os.access(db, os.W_OK):
+                raise PermissionError(f"{db} is read-only")
+            if db.exists() and db.stat().st_size:
+                with open(db, "rb") as fh:
+                    head = fh.read(len(SQLITE_MAGIC))
+                if head != SQLITE_MAGIC:
+                    raise StoreDown(f"MLflow store {db} is not a SQLite database; move it aside (mv {db} {db}.broken), "
+                                    "then `python run.py mode=sync` logs every pending result.json into a fresh store")
+                with contextlib.closing(sqlite3.connect(db.absolute().as_uri() + "?mode=ro", uri=True, timeout=PROBE_TIMEOUT_S)) as con:
+                    con.execute("PRAGMA schema_version").fetchone()
+        except sqlite3.Error as exc:
+            raise StoreDown(f"MLflow store {db} cannot be opened as SQLite ({exc}); move it aside "
+                            f"(mv {db} {db}.broken) and sync into a fresh one") from None
+        except OSError as exc:
+            raise StoreDown(f"MLflow store {db} is not writable ({exc.strerror or exc})") from None
+        return
+    if urlparse(uri).scheme in ("http", "https"):
+        clean = split_credentials(uri)[0]
+        request = urllib.request.Request(clean.rstrip("/") + "/health", headers=_auth_headers())
+        try:
+            with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT_S) as reply:
+                reply.read(64)
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise StoreDown(f"tracking server {redact(uri)} did not answer within {PROBE_TIMEOUT_S:g} s ({reason})") from None
+
+
+def _lock_path(db: Path) -> Path:
+    return db.with_name(db.name + ".lock")
+
+
+@contextlib.contextmanager
+def store_lock(uri: str):
+    """One writer at a time on a SQLite store, across processes; no-op for servers (they serialise themselves)."""
+    db = _sqlite_path(uri)
+    if db is None:
+        yield
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(_lock_path(db), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def http_limits(settings: dict) -> None:
+    """Bound MLflow's HTTP retries: its defaults wait about 4 minutes on a server that is down.
+
+    Variables already set in the environment win; the config supplies the rest.
+    """
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(int(settings.get("http_retries", 2))))
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(int(settings.get("http_timeout_s", 10))))
+
+
+def _mlflow():
+    """Import mlflow (1.4 s, so only here) with its INFO chatter about database migrations silenced."""
+    import logging
+
+    import mlflow
+
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    # it logs a database error with its traceback, then raises it: the caller reports that in one line
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+    return mlflow
+
+
+def preload() -> None:
+    """Import mlflow and its SQLAlchemy store (2-3 s of CPU, no I/O): what a helper process does before the job ends."""
+    _mlflow()
+    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401  (SQLite stores; servers skip it, it is only imported)
+
+
+def _forget_stores() -> None:
+    """MLflow caches one store and one SQLAlchemy engine (open SQLite connections) per URI; after a failure the next
+    try must build fresh ones, or a store moved aside and recreated keeps answering from the broken file."""
+    with contextlib.suppress(Exception):  # private caches: if they move, a long-lived process keeps the old store
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+        from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+        _tracking_store_registry._get_store_with_resolved_uri.cache_clear()
+        with SqlAlchemyStore._engine_map_lock:
+            for engine in SqlAlchemyStore._engine_map.values():
+                engine.dispose()
+            SqlAlchemyStore._engine_map.clear()
+
+
+def _explain(uri: str, exc: BaseException) -> str:
+    """One line; a SQLite store broken by an interrupted migration (or not a database at all) names the fix."""
+    text = redact(" ".join(str(exc).split()) or type(exc).__name__)
+    db = _sqlite_path(uri)
+    if db is not None and "database or disk is full" in text:
+        return (f"MLflow store {db}: its disk is full ({size(free_bytes(db))} free there); free some space, then "
+                "`python run.py mode=sync` logs the pending results")
+    if db is not None and any(s in text for s in ("alembic", "file is not a database", "no such table", "malformed")):
+        return (f"MLflow store {db} is broken ({text[:160]}); move it aside (mv {db} {db}.broken), then "
+                f"`python run.py mode=sync` logs every pending result.json into a fresh store")
+    return f"{type(exc).__name__}: {text[:300]}"
+
+
+class Store:
+    """An open MLflow client on one store and experiment; create with `Store.open` (locks SQLite while migrating)."""
+
+    def __init__(self, uri: str, experiment: str, user: str | None = None):
+        self.uri, self.experiment, self.user = uri, experiment, user
+        mlflow = _mlflow()
+        self.client = mlflow.MlflowClient(tracking_uri=uri)
+        self.experiment_id = self._ensure_experiment()
+
+    @classmethod
+    def open(cls, settings: dict) -> Store:
+        uri = store_uri(settings.get("uri"))
+        http_limits(settings)
+        probe(uri)
+        try:
+            with store_lock(uri):
+                return cls(uri, settings.get("experiment") or DEFAULT_EXPERIMENT, settings.get("user"))
+        except StoreDown:
+            raise
+        except Exception as exc:
+            _forget_stores()
+            raise StoreDown(_explain(uri, exc)) from None
+
+    def _ensure_experiment(self) -> str:
+        from mlflow.exceptions import MlflowException
+
+        found = self.client.get_experiment_by_name(self.experiment)
+        if found is not None:
+            return found.experiment_id
+        try:
+            return self.client.create_experiment(self.experiment, artifact_location=artifact_root(self.uri))
+        except MlflowException:
+            found = self.client.get_experiment_by_name(self.experiment)
+            if found is None:
+                raise
+            return found.experiment_id
+
+    def find(self, key: str, value: str, also: str = ""):
+        """Active runs whose tag `key` is `value` (and `also`, a further filter clause)."""
+        from mlflow.entities import ViewType
+
+        where = f"tags.`{key}` = '{value}'" + (f" and {also}" if also else "")
+        return self.client.search_runs([self.experiment_id], filter_string=where, run_view_type=ViewType.ACTIVE_ONLY,
+                                       max_results=10)
+
+    def url(self, run_id: str) -> str:
+        """The run's page in the MLflow UI (full URL for a server store; for SQLite the part after the UI's address)."""
+        return run_url(self.uri, self.experiment_id, run_id)
+
+
+UI_VIEW = "workflowType=machine_learning"  # MLflow 3 UI: without it an experiment opens on its GenAI (traces) pages
+SHARED_VIEW = "mlflow.sharedViewState."  # experiment tag the UI reads for `?viewStateShareKey=<key>` (its Share button)
+PARENT_TAG = "huggy.parent"
+SWEEP_DIR_TAG = "huggy.sweep_dir"  # on the parent: the sweep's folder (summary.md, report.html)
+# the runs table's first screen, left to right after the run name: the verdict, the error with its limit, the cosine,
+# the latency at the job's own batch, the fingerprint prefix, and why a point was skipped; then the rest
+FIRST_METRICS = (ERROR, COSINE, ("p50_us",))  # headline names (headline.py), in this order: the first present of each
+LIMIT_PARAM = "limit/max_abs"
+VIEW_PARAMS = ("device", "dtype", "batch_size", "mode", "obs.source", "seed")
+# px: the first six fit in the 630 px MLflow leaves beside the name at 1600 px with its Assistant panel open
+WIDTHS = {"verdict": 180, "metric": 84, "limit": 92, "fingerprint": 104, "reason": 440, "created": 44}
+
+
+def run_url(uri: str, experiment_id: str, run_id: str | None = None, view: str | None = None) -> str:
+    """`#/experiments/<id>/runs[/<run>]?workflowType=machine_learning[&viewStateShareKey=<view>]`; servers prefixed."""
+    path = (f"#/experiments/{experiment_id}/runs" + (f"/{run_id}" if run_id else "") + f"?{UI_VIEW}"
+            + (f"&viewStateShareKey={view}" if view else ""))
+    return f"{uri.rstrip('/')}/{path}" if urlparse(uri).scheme in ("http", "https") else path
+
+
+def view_columns(metrics: list[str]) -> list[str]:
+    """The runs table's columns in display order (MLflow column ids) for a sweep whose points logged `metrics`
+    (headline names, in the headline table's order)."""
+    shown = [m for m in metrics if m != "passed"]  # the verdict column says it in words
+    first = [next(m for m in group if m in shown) for group in FIRST_METRICS if any(m in shown for m in group)]
+    metric_cols = [f"metrics.`{m}`" for m in first]
+    if first and first[0] in ERROR:
+        metric_cols.insert(1, f"params.`{LIMIT_PARAM}`")
+    return (["tags.`verdict`", *metric_cols, "tags.`fingerprint`", "tags.`reason`",
+             *(f"metrics.`{m}`" for m in shown if m not in first), *(f"params.`{p}`" for p in VIEW_PARAMS), "tags.`case`"])
+
+
+def sweep_view(sweep_id: str, metrics: list[str]) -> str:
+    """The runs table of one sweep as MLflow's shared view state: its points flat (a filter un-nests children), sorted
+    by name, the columns of `view_columns` in that order and narrow enough to fit beside MLflow's Assistant panel
+    (it opens on a first visit to a local server and takes a quarter of the window)."""
+    columns = view_columns(metrics)
+    kind = {"tags.`verdict`": "verdict", "tags.`fingerprint`": "fingerprint", "tags.`reason`": "reason",
+            f"params.`{LIMIT_PARAM}`": "limit"}
+    widths = {c: WIDTHS[kind.get(c, "metric")] for c in columns[:len(columns) - len(VIEW_PARAMS) - 1]}
+    widths["runDateAndNestInfo"] = WIDTHS["created"]  # "Created" is pinned beside the name: its icon is enough
+    return json.dumps({"selectedColumns": columns, "searchFilter": f"tags.sweep_id = '{sweep_id}'",
+                       "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True,
+                       "columnOrder": ["attributes.`Run Name`", "runDateAndNestInfo", *columns], "columnWidths": widths})
+
+
+# --- one job
+
+
+def log_job(settings: dict, workdir: Path, retry_down: bool = False) -> dict:
+    """Copy the job's result.json (+ artifacts) into MLflow; returns the tracking outcome recorded in result.json.
+
+    In a sweep whose store was already found down, the job goes straight to pending unless `retry_down` (sync).
+    """
+    if not settings.get("enabled", True):
+        return {"status": "off"}
+    with folder_lock(workdir):  # one logger per job at a time (a job and a sync, two syncs), on any store
+        record = read_result(workdir)
+        if (record.get("tracking") or {}).get("status") == "logged":  # another process logged it while we waited
+            return record["tracking"]
+        sweep = read_sweep(Path(record["sweep"]["dir"])) if record.get("sweep") else None
+        if sweep and sweep.get("tracking", {}).get("status") == "down" and not retry_down:
+            return {"status": "pending", "reason": sweep["tracking"]["reason"]}
+        try:
+            store = Store.open(settings)
+            with store_lock(store.uri):
+                return _log_job(store, record, workdir, sweep)
+        except StoreDown as exc:
+            if sweep:
+                mark_sweep_down(Path(record["sweep"]["dir"]), str(exc))
+            return {"status": "pending", "reason": str(exc)}
+        except Exception as exc:  # tracking is best effort; the job's result is already on disk
+            uri = store_uri(settings.get("uri"))
+            return {"status": "pending", "reason": disk_full_message(exc) if is_disk_full(exc) else _explain(uri, exc)}
+
+
+@contextlib.contextmanager
+def folder_lock(folder: Path):
+    """An exclusive flock on the folder itself (no lock file: a full disk or a read-only job dir still locks)."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None) -> dict:
+    from mlflow.entities import Metric, Param, RunTag
+
+    job_id = record["job_id"]
+    for old in store.find("huggy.job_id", job_id):  # exactly once: a complete copy is kept, a partial one replaced
+        if old.data.tags.get("huggy.complete") == "true":
+            return _logged(store, old.info.run_id, record)
+        end_partial(store, old)
+    parent = _parent_id(store, sweep)
+    tags = run_tags(record, parent)
+    run = store.client.create_run(store.experiment_id, run_name=record["run_name"], tags=tags)
+    run_id = run.info.run_id
+    try:
+        stamp = int(run.info.start_time)
+        flat = {"mode": record["mode"], **flatten(settings(record.get("params", {}), record["dtype"])), **limit_params(record)}
+        params = [Param(k, v) for k, v in flat.items() if not _per_dtype(k, record["dtype"])]
+        metrics = [Metric(k, float(v), stamp, 0) for k, v in record.get("metrics", {}).items()
+                   if isinstance(v, (int, float)) and math.isfinite(float(v))]
+        metrics += [Metric(name, float(v), stamp, int(step)) for name, points in record.get("series", {}).items()
+                    for step, v in points if isinstance(v, (int, float)) and math.isfinite(float(v))]
+        for i in range(0, max(len(params), len(metrics)), 100):
+            store.client.log_batch(run_id, metrics=metrics[i:i + 100], params=params[i:i + 100])
+        # on disk "logging" (sync retries it) until the run is complete; the copy in MLflow says where it lives
+        update_result(workdir, tracking={**_logged(store, run_id, record), "status": "logging"})
+        for path in artifacts(record, workdir):
+            if path.name == "result.json":
+                with tempfile.TemporaryDirectory() as tmp:
+                    copy = Path(tmp) / "result.json"
+                    copy.write_text(json.dumps({**read_result(workdir), "tracking": _logged(store, run_id, record)}, indent=2))
+                    store.client.log_artifact(run_id, str(copy))
+            elif path.suffix == ".yaml" and redact(text := path.read_text(errors="replace")) != text:
+                with tempfile.TemporaryDirectory() as tmp:  # Hydra's copy of a config file that holds a URI password
+                    copy = Path(tmp) / path.name
+                    copy.write_text(redact(text))
+                    store.client.log_artifact(run_id, str(copy))
+            else:  # a file in a job-dir folder keeps it (loadgen/<scenario>/mlperf_log_summary.txt, one per scenario);
+                # Hydra's .hydra/config.yaml and files outside the job dir land at the top
+                folder = path.parent.relative_to(workdir) if path.is_relative_to(workdir) else Path(".")
+                keep = str(folder) != "." and not folder.parts[0].startswith(".")
+                store.client.log_artifact(run_id, str(path), folder.as_posix() if keep else None)
+        store.client.log_batch(run_id, tags=[RunTag("huggy.complete", "true")])
+        store.client.set_terminated(run_id, run_status(record))
+    except BaseException as exc:  # end the run first: on a full disk the result.json update below may fail too
+        with contextlib.suppress(Exception):
+            store.client.set_terminated(run_id, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+        with contextlib.suppress(OSError):
+            update_result(workdir, tracking={"status": "pending", "reason": f"logging interrupted ({type(exc).__name__}); "
+                                             f"partial run {run_id} ended, sync replaces it"})
+        raise
+    return _logged(store, run_id, record)
+
+
+def run_status(record: dict) -> str:
+    """MLflow's status says whether the job ran: an error is FAILED, an interrupted job KILLED; verdicts are tags."""
+    if record.get("interrupted"):
+        return "KILLED"
+    return "FAILED" if record.get("status") == "error" else "FINISHED"
+
+
+def _logged(store: Store, run_id: str, record: dict) -> dict:
+    return {"status": "logged", "run_id": run_id, "uri": store.uri, "experiment": store.experiment,
+            "experiment_id": store.experiment_id, "parent_run_id": (record.get("sweep") or {}).get("parent_run_id")}
+
+
+def end_partial(store: Store, run) -> None:
+    """A partial copy of a job (a crash mid-copy): ended FAILED with the reason, then deleted (sync logs a whole one)."""
+    from mlflow.entities import RunTag
+
+    run_id = run.info.run_id
+    if run.info.status == "RUNNING":
+        store.client.log_batch(run_id, tags=[RunTag("huggy.end_reason", "partial copy: logging stopped before it was "
+                                                                         "complete; replaced by a complete one")])
+        store.client.set_terminated(run_id, "FAILED")
+    if run.info.lifecycle_stage != "deleted":
+        store.client.delete_run(run_id)
+
+
+def _parent_id(store: Store, sweep: dict | None) -> str | None:
+    if not sweep:
+        return None
+    if sweep.get("parent_run_id"):
+        return sweep["parent_run_id"]
+    with folder_lock(Path(sweep["dir"])):  # two syncs of a sweep that started while the store was down: one parent
+        sweep = read_sweep(Path(sweep["dir"])) or sweep
+        if sweep.get("parent_run_id"):
+            return sweep["parent_run_id"]
+        run_id = ensure_parent(store, sweep)  # a parent after the fact
+    store.client.set_terminated(run_id, "FINISHED")
+    return run_id
+
+
+def run_tags(record: dict, parent: str | None) -> dict[str, str]:
+    model = record.get("model") or {}
+    sweep = record.get("sweep") or {}
+    env = record.get("environment") or {}
+    tags = {
+        "mode": record["mode"], "device": record["device"], "dtype": record["dtype"], "status": record["status"],
+        "verdict": verdict(record),  # status, for filters; verdict, for reading: the runs table's first column
+        "reason": record.get("reason", ""), "synthetic": str(model.get("synthetic")).lower(),
+        "model.sha256": str(model.get("sha256")), "huggy.job_id": record["job_id"],
+        "mlflow.source.name": "run.py", "mlflow.source.type": "LOCAL", "huggy.owner": owner(),
+        "mlflow.note.content": record.get("headline") or record.get("reason") or record["status"],
+        **{f"env.{k}": str(env[k]) for k in ENV_TAGS if k in env},
+        **{f"host.{k}": str(v) for k, v in (record.get("host") or {}).items()},  # a launcher's placement (Ray)
+        **(record.get("tags") or {}),
+    }
+    user = ((record.get("params") or {}).get("tracking") or {}).get("user")
+    if user:
+        tags["mlflow.user"] = user
+    if record.get("case"):
+        tags["case"] = record["case"]
+    if record.get("overrides") is not None:
+        tags["overrides"] = " ".join(record["overrides"])
+    commit = git_commit()
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+    if sweep:
+        tags.update({"sweep_id": sweep["id"], "job_num": str(sweep.get("num"))})
+    if parent:
+        tags["mlflow.parentRunId"] = parent
+    return {k: str(v)[:MAX_TAG_CHARS] for k, v in tags.items()}
+
+
+def limit_params(record: dict) -> dict[str, str]:
+    """The limits this point was judged by, under keys every dtype shares (`limit/max_abs`, `limit/cosine_min`, ...),
+    so a compare view lines them up; the effective ones (after `specialize`) where the job reported them."""
+    limits = judged_limits(record)
+    if record.get("layer_threshold") is not None:
+        limits.setdefault("layer_rel_rmse", record["layer_threshold"])
+    if not limits:
+        mode = (record.get("params") or {}).get("mode") or {}
+        for table in PER_DTYPE:
+            own = (mode.get(table) or {}).get(record["dtype"]) if isinstance(mode.get(table), dict) else None
+            if isinstance(own, dict):
+                limits.update({(k if table == "thresholds" else f"{table}.{k}"): v for k, v in own.items()})
+            elif own is not None:
+                limits[table] = own
+    return {f"limit/{k}": str(v) for k, v in limits.items() if v is not None}
+
+
+def _per_dtype(key: str, dtype: str) -> bool:
+    """`mode.thresholds.fp32.max_abs`: a per-dtype key, replaced by its `limit/...` twin (one row for every dtype)."""
+    parts = key.split(".")
+    return len(parts) > 3 and parts[0] == "mode" and parts[1] in PER_DTYPE and parts[2] == dtype
+
+
+def verdict(record: dict) -> str:
+    """The verdict as the runs table's first column shows it: `passed`, `passed, p50 noisy`, `skipped: <why>`."""
+    status, reason = record["status"], record.get("reason")
+    if status != "passed" and reason:
+        return f"{status}: {reason}"
+    return f"{status}, p50 noisy" if noisy(record) else status
+
+
+def artifacts(record: dict, workdir: Path) -> list[Path]:
+    names = ["result.json", "report.html", *record.get("arrays", {}).values(), *record.get("tables", {}).values(),
+             *record.get("files", [])]
+    paths = [p if p.is_absolute() else workdir / p for p in map(Path, names)] + [workdir / ".hydra" / "config.yaml"]
+    return [p for p in dict.fromkeys(paths) if p.is_file()]
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
+    """Nested params as dotted keys; unset (None) settings are left out: they are noise in the runs table."""
+    flat: dict[str, str] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, name + "."))
+        elif value is not None:
+            flat[name] = str(value)[:MAX_PARAM_CHARS]
+    return flat
+
+
+def owner() -> str:
+    """`<host>:<boot id>:<pid>:<start time>` of this process: sync ends a RUNNING run whose owner is gone."""
+    return f"{platform.node()}:{_boot_id()}:{os.getpid()}:{_start_time(os.getpid())}"
+
+
+def owner_alive(tag: str) -> bool | None:
+    """Whether the process named by an owner tag still runs; None when it ran on another host (it cannot be told)."""
+    try:
+        host, boot, pid, start = tag.rsplit(":", 3)
+    except ValueError:
+        return None
+    if host != platform.node():
+        return None
+    now = _start_time(int(pid)) if pid.isdigit() else "gone"
+    return boot == _boot_id() and now != "gone" and start == now
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
+    except OSError:
+        return "?"
+
+
+def _start_time(pid: int) -> str:
+    """The process's start time in clock ticks since boot (with the pid, it names one process), or `gone`."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return "gone"
+
+
+@functools.lru_cache(maxsize=1)
+def git_commit() -> str | None:
+    """The checkout's commit, asked once per process (a sweep's points share it)."""
+    if not (REPO / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+# --- a sweep: a parent run created before any job, its id in <sweep dir>/sweep.json
+
+
+def read_sweep(sweep_dir: Path) -> dict | None:
+    path = sweep_dir / SWEEP_FILE
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_sweep(sweep_dir: Path, info: dict) -> None:
+    from huggy_exp.results import atomic_write_text
+
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(sweep_dir / SWEEP_FILE, json.dumps(info, indent=2) + "\n")
+
+
+def mark_sweep_down(sweep_dir: Path, reason: str) -> None:
+    """The first point that finds the store down says so once; the sweep's later points do not wait again."""
+    info = read_sweep(sweep_dir)
+    if info is not None and info.get("tracking", {}).get("status") != "down":
+        info["tracking"] = {"status": "down", "reason": reason}
+        write_sweep(sweep_dir, info)
+
+
+def start_sweep(settings: dict, sweep_dir: Path, sweep_id: str, argv: list[str], jobs: int | None = None) -> dict:
+    """Create the experiment and the parent run before the jobs start (parallel jobs then only add children)."""
+    info = {"id": sweep_id, "dir": str(sweep_dir), "argv": [redact(a) for a in argv], "started": time.time(), "jobs": jobs,
+            "parent_run_id": None, "tracking": {"status": "off"}}
+    if settings.get("enabled", True):
+        try:
+            store = Store.open(settings)
+            with store_lock(store.uri):
+                info["parent_run_id"] = ensure_parent(store, info)
+        except StoreDown as exc:
+            info["tracking"] = {"status": "down", "reason": str(exc)}
+        except Exception as exc:
+            info["tracking"] = {"status": "down", "reason": _explain(store_uri(settings.get("uri")), exc)}
+    write_sweep(sweep_dir, info)
+    return info
+
+
+SWEEP_FUNCTIONS = ("glob(", "range(", "choice(", "interval(", "tag(", "sort(", "shuffle(")
+
+
+def sweep_overrides(argv: list[str]) -> dict[str, str]:
+    """The command line's `key=value` overrides that describe the sweep (not Hydra's or tracking's plumbing)."""
+    found = {}
+    for arg in argv:
+        key, eq, value = arg.lstrip("+~").partition("=")
+        if eq and not key.startswith(("hydra", "tracking.", "-")):
+            found[key] = value
+    return found
+
+
+def is_swept(value: str) -> bool:
+    return "," in value or value.startswith(SWEEP_FUNCTIONS)
+
+
+def sweep_name(argv: list[str], started: float) -> str:
+    """`sweep mode=precision dtype=fp32,fp16,bf16 · 12-01 07:45`: what was swept (and the mode), and when."""
+    overrides = sweep_overrides(argv)
+    shown = {k: v for k, v in overrides.items() if k == "mode" or is_swept(v)} or overrides
+    what = " ".join(f"{k}={v}" for k, v in shown.items()) or "(defaults)"
+    if len(what) > 110:
+        what = what[:109] + "…"
+    return f"sweep {what} · {time.strftime('%m-%d %H:%M', time.localtime(started))}"
+
+
+def ensure_parent(store: Store, info: dict) -> str:
+    """The sweep's parent run (found by its sweep id, else created); its id is written back to sweep.json.
+
+    Named after what was swept, with the overrides as params (a swept key holds its list of values)."""
+    from mlflow.entities import Param
+
+    found = store.find("sweep_id", info["id"], also=f"tags.`{PARENT_TAG}` = 'true'")
+    if found:
+        run_id = found[0].info.run_id
+    else:
+        argv = info.get("argv", [])
+        shown = redact(" ".join(argv))
+        tags = {"sweep_id": info["id"], PARENT_TAG: "true", "huggy.owner": owner(), "huggy.jobs": str(info.get("jobs") or ""),
+                SWEEP_DIR_TAG: str(info.get("dir") or ""), "mlflow.source.name": "run.py", "overrides": shown,
+                "mlflow.note.content": f"python run.py {shown}"}
+        if store.user:
+            tags["mlflow.user"] = store.user
+        commit = git_commit()
+        if commit:
+            tags["mlflow.source.git.commit"] = commit
+        name = redact(sweep_name(argv, info.get("started") or time.time()))
+        run_id = store.client.create_run(store.experiment_id, run_name=name, tags=tags).info.run_id
+        params = [Param(k, redact(v)[:MAX_PARAM_CHARS]) for k, v in sweep_overrides(argv).items()]
+        if params:
+            store.client.log_batch(run_id, params=params)
+    if info.get("parent_run_id") != run_id:
+        info["parent_run_id"] = run_id
+        info["tracking"] = {"status": "logged", "uri": store.uri, "experiment_id": store.experiment_id,
+                            "url": store.url(run_id)}
+        if info.get("dir"):
+            write_sweep(Path(info["dir"]), info)
+    return run_id
+
+
+def recommendation(comparison: dict) -> str:
+    """The sweep's recommendation in one line: `cpu: fp32 (p50 6,210 µs; passing fp32, fp16, bf16)`, per device."""
+    parts = []
+    for device, rec in (comparison.get("recommended") or {}).items():
+        if rec.get("dtype"):
+            figure = f"p50 {rec['p50_us']:,.0f} µs" + (" NOISY: re-measure before relying on it" if rec.get("noisy") else "")
+            parts.append(f"{device}: {rec['dtype']} ({figure}; passing {', '.join(rec.get('passing') or []) or 'none'})")
+        else:
+            parts.append(f"{device}: none ({rec.get('why', 'no passing dtype')})")
+    return "; ".join(parts)
+
+
+def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path], status: str = "FINISHED") -> dict | None:
+    """Close the parent run with the sweep's tally, recommendation, comparison and files (the HTML report among
+    them), tag each point with its output fingerprint, and save the UI view of the sweep's runs.
+
+    Returns the UI addresses {"parent": ..., "runs": ...} (full URLs for servers, else the part after the UI's
+    address), or None if not logged.
+    """
+    info = read_sweep(sweep_dir)
+    if not info or not info.get("parent_run_id") or info.get("tracking", {}).get("status") == "down":
+        return None
+    try:
+        store = Store.open(settings)
+        with store_lock(store.uri):
+            from mlflow.entities import Metric, RunTag
+
+            run_id = info["parent_run_id"]
+            stamp = int(time.time() * 1000)
+            tally = summary.get("tally", {})
+            comparison = summary.get("comparison") or {}
+            advice = recommendation(comparison)
+            head = summary.get("line", "") + (f" · **Recommended** {advice}" if advice else "")  # one paragraph: in view
+            note = "\n\n".join(filter(None, [head, "\n".join(f"- {x}" for x in comparison.get("lines", []))]))
+            tags = [RunTag("mlflow.note.content", note[:MAX_TAG_CHARS])]
+            if advice:
+                tags += [RunTag("recommendation", advice[:MAX_TAG_CHARS]), RunTag("verdict", f"recommends {advice}"[:MAX_TAG_CHARS])]
+            store.client.log_batch(run_id, metrics=[Metric(f"jobs_{k}", float(v), stamp, 0) for k, v in tally.items()],
+                                   tags=tags)
+            for row in summary.get("rows", []):  # the output fingerprint is known once the sweep compared its points
+                fingerprint = row.get("fingerprint") or row.get("actions_sha256")  # the engine's, as the sweep's lines
+                if row.get("run_id") and fingerprint:
+                    store.client.set_tag(row["run_id"], "fingerprint", fingerprint[:12])
+            if comparison.get("table"):
+                store.client.log_table(run_id, data=_columns(comparison["table"]), artifact_file="comparison_table.json")
+            for path in files:
+                if path.name.endswith(".md") and path.is_file():
+                    _log_markdown(store, run_id, path, int(settings.get("ui_port") or 5000))
+                elif path.is_file():
+                    store.client.log_artifact(run_id, str(path))
+            store.client.set_terminated(run_id, status)
+            headline = list(dict.fromkeys(m for r in summary.get("rows", []) for m in r.get("metrics", {})))
+            store.client.set_experiment_tag(store.experiment_id, SHARED_VIEW + info["id"], sweep_view(info["id"], headline))
+            info["ui"] = {"parent": store.url(run_id), "runs": run_url(store.uri, store.experiment_id, view=info["id"])}
+            name = store.client.get_run(run_id).info.run_name
+            store.client.set_experiment_tag(store.experiment_id, "mlflow.note.content", (  # the home page lists it
+                f"Latest sweep: [{name}]({info['ui']['runs']})"
+                f" (verdict, error with its limit, cosine, p50 and fingerprint first). {summary.get('line', '')}"
+                + (f" Recommended: {advice}." if advice else "")))
+            write_sweep(sweep_dir, info)
+            return info["ui"]
+    except Exception:  # the summary files are on disk; sync re-closes nothing, so say so in the caller
+        return None
+
+
+def ui_base(uri: str, ui_port: int = 5000) -> str:
+    """The UI's address for a store: the server itself, or where mode=ui serves a SQLite store (tracking.ui_port)."""
+    return uri.rstrip("/") if urlparse(uri).scheme in ("http", "https") else f"http://127.0.0.1:{ui_port}"
+
+
+def _log_markdown(store: Store, run_id: str, path: Path, ui_port: int) -> None:
+    """A markdown artifact whose relative image links point at the run's own artifacts: MLflow's viewer draws only
+    images with an absolute address (a relative one is shown as its link text, a data: URI is dropped)."""
+    def absolute(match: re.Match) -> str:
+        name = match.group(2)
+        if re.match(r"^[a-z][a-z0-9+.-]*:", name):
+            return match.group(0)
+        return f"![{match.group(1)}]({ui_base(store.uri, ui_port)}/get-artifact?path={name}&run_uuid={run_id})"
+
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / path.name
+        copy.write_text(re.sub(r"!\[([^\]]*)\]\(([^)\s]+)\)", absolute, path.read_text()))
+        store.client.log_artifact(run_id, str(copy))
+
+
+def _columns(rows: list[dict]) -> dict[str, list]:
+    """Rows as the column dict `log_table` takes (MLflow's table artifact, shown in the UI's artifact view)."""
+    names = list(dict.fromkeys(k for r in rows for k in r))
+    return {n: [r.get(n) for r in rows] for n in names}
+
+
+def sweep_runs(settings: dict, sweep_id: str | None = None) -> dict:
+    """A sweep in a store (the latest, or `sweep_id`) as the UI should show it, for UI checks: ids, names, verdicts,
+    headline metrics, params, the parent's tally, recommendation and artifacts, the runs URL, the HTML report's path."""
+    store = Store.open(settings)
+    where = f"tags.`{PARENT_TAG}` = 'true'" + (f" and tags.sweep_id = '{sweep_id}'" if sweep_id else "")
+    parents = store.client.search_runs([store.experiment_id], filter_string=where, max_results=1,
+                                       order_by=["attributes.start_time DESC"])
+    if not parents:
+        raise StoreDown(f"no sweep {sweep_id or ''} in {store.uri} (experiment {store.experiment!r})".replace("  ", " "))
+    parent = parents[0]
+    sid = parent.data.tags["sweep_id"]
+    shown = headline_names()
+    children = store.client.search_runs([store.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'",
+                                        max_results=1000)
+    folder = parent.data.tags.get(SWEEP_DIR_TAG)
+    note = parent.data.tags.get("mlflow.note.content", "")
+    return {"sweep_id": sid, "experiment_id": store.experiment_id, "experiment": store.experiment, "uri": store.uri,
+            "runs": run_url(store.uri, store.experiment_id, view=sid),
+            "report": str(Path(folder) / "report.html") if folder else None,
+            "parent": {"id": parent.info.run_id, "name": parent.info.run_name, "tally": note.split("\n")[0].split(" · ")[0],
+                       "recommendation": parent.data.tags.get("recommendation", ""),
+                       "artifacts": [a.path for a in store.client.list_artifacts(parent.info.run_id)]},
+            "children": [{"id": c.info.run_id, "name": c.info.run_name, "metrics": dict(c.data.metrics),
+                          "status": c.data.tags.get("status", ""),
+                          "reason": c.data.tags.get("reason", ""), "params": dict(c.data.params),
+                          "headline": [k for k in c.data.metrics if k in shown]} for c in children]}
+
+
+def latest_sweep_url(settings: dict) -> str | None:
+    """The runs view of the store's latest finished sweep (the part after the UI's address for SQLite, a full URL
+    for a server); None when the store has no sweep yet."""
+    store = Store.open(settings)
+    parents = store.client.search_runs([store.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = 'true'",
+                                       max_results=20, order_by=["attributes.start_time DESC"])
+    views = set((store.client.get_experiment(store.experiment_id).tags or {}))
+    for parent in parents:
+        sweep_id = parent.data.tags.get("sweep_id")
+        if SHARED_VIEW + str(sweep_id) in views:
+            return run_url(store.uri, store.experiment_id, view=sweep_id)
+    return None
+
+
+# --- sync: every pending result.json, exactly once
+
+
+RECORD_KEYS = ("job_id", "mode", "run_name", "status", "device", "dtype")  # what logging a result reads
+
+
+def sync(settings: dict, roots: list[Path], say=print) -> dict[str, int]:
+    """Log every result.json whose tracking is pending (a file that is not a result is named and skipped), then end
+    every RUNNING run whose process is gone; returns counts (seen, logged, pending, skipped, closed)."""
+    counts = {"logged": 0, "pending": 0, "seen": 0, "skipped": 0, "closed": 0}
+    found = sorted({p for root in roots if root.is_dir() for p in root.rglob("result.json")})
+    for path in found:
+        try:
+            record = read_result(path.parent)
+            if not isinstance(record, dict):
+                raise ValueError(f"a JSON {type(record).__name__}, not an object")
+            state = (record.get("tracking") or {}).get("status")
+            missing = [k for k in RECORD_KEYS if k not in record]
+            if state in ("pending", "logging") and missing:
+                raise ValueError(f"no {', '.join(missing)}: not a job's result.json")
+        except (OSError, ValueError, AttributeError) as exc:
+            counts["skipped"] += 1
+            say(f"sync: skipped {path}: not a readable result ({' '.join(str(exc).split())[:160]})")
+            continue
+        if state not in ("pending", "logging"):  # logging: a crash mid-copy
+            continue
+        counts["seen"] += 1
+        try:
+            outcome = log_job({**settings, "enabled": True}, path.parent, retry_down=True)
+            update_result(path.parent, tracking=outcome)
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # a result.json of the wrong shape: name it, go on
+            counts["seen"] -= 1
+            counts["skipped"] += 1
+            say(f"sync: skipped {path}: {disk_full_message(exc) if is_disk_full(exc) else f'{type(exc).__name__}: {exc}'}")
+            continue
+        counts["logged" if outcome["status"] == "logged" else "pending"] += 1
+    try:
+        store = Store.open({**settings, "enabled": True})
+        with store_lock(store.uri):
+            counts["closed"] = close_orphans(store, say)
+    except StoreDown:
+        pass  # the pending count says the store is down
+    return counts
+
+
+def close_orphans(store: Store, say=print) -> int:
+    """End every RUNNING run of the experiment whose owner process is gone: a job's partial copy FAILED (and deleted),
+    a sweep's parent FINISHED when all its jobs are in, else KILLED, each with `huggy.end_reason`."""
+    from mlflow.entities import RunTag, ViewType
+
+    runs = store.client.search_runs([store.experiment_id], filter_string="attributes.status = 'RUNNING'",
+                                    run_view_type=ViewType.ALL, max_results=5000)
+    closed = 0
+    for run in runs:
+        tags = run.data.tags
+        tag = tags.get("huggy.owner")
+        if tag is None or owner_alive(tag) is not False:  # not ours, alive, or on another host: left as it is
+            continue
+        pid = tag.rsplit(":", 3)[2]
+        if tags.get("huggy.parent") == "true":
+            children = store.client.search_runs([store.experiment_id], max_results=5000,
+                                                filter_string=f"tags.`mlflow.parentRunId` = '{run.info.run_id}' "
+                                                              "and tags.`huggy.complete` = 'true'")
+            done, jobs = len(children), int(tags.get("huggy.jobs") or 0)
+            status = "FINISHED" if jobs and done >= jobs else "KILLED"
+            reason = (f"the sweep's process (pid {pid}) ended without closing it; {done} of {jobs or '?'} jobs are in "
+                      "MLflow" + ("" if status == "FINISHED" else ": the sweep did not complete"))
+        elif tags.get("huggy.complete") == "true":  # the copy was whole; only its closing was lost
+            status = "FAILED" if tags.get("status") == "error" else "FINISHED"
+            reason = f"its job's process (pid {pid}) ended after the copy was complete, before closing it"
+        else:
+            status, reason = "FAILED", f"its job's process (pid {pid}) ended while logging it: a partial copy"
+        if run.info.lifecycle_stage == "deleted":
+            store.client.restore_run(run.info.run_id)
+        store.client.log_batch(run.info.run_id, tags=[RunTag("huggy.end_reason", reason)])
+        store.client.set_terminated(run.info.run_id, status)
+        if run.info.lifecycle_stage == "deleted" or reason.endswith("a partial copy"):
+            store.client.delete_run(run.info.run_id)
+        say(f"sync: run {run.info.run_id} ({run.info.run_name}) was RUNNING with no live process: ended {status} ({reason})")
+        closed += 1
+    return closed

@@ -1,0 +1,80 @@
+"""A single run's MLflow connection, opened beside the job (`python -m huggy_exp.tracking_worker` is the helper).
+
+Importing mlflow and its SQLAlchemy store costs a single run 2-3 s of CPU, more than everything else it does over
+`import torch`. run.py starts this helper before it composes the config, so that import runs while the job imports
+torch and runs; the finished job directory is then handed over and the helper logs it with tracking.log_job, the
+function the job would have called. The outcome (logged, pending with its reason) is the same; if the helper is gone
+or answers nothing, the job logs in its own process as before. EOF on its stdin (the job ended first) ends it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+ANSWER = "huggy-tracking-outcome "  # the helper's one line of JSON on stdout; anything else there is MLflow's
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Helper:
+    """The running helper process: log_job(settings, workdir) as tracking.log_job, then it exits."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+
+    @classmethod
+    def start(cls) -> Helper | None:
+        """None where mlflow is imported already (an in-process caller that has paid for it) or no process starts."""
+        return None if "mlflow" in sys.modules else cls.spawn()
+
+    @classmethod
+    def spawn(cls) -> Helper | None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "huggy_exp.tracking_worker"], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, text=True, env=env, cwd=os.getcwd())
+        except OSError:
+            return None
+        return cls(proc)
+
+    def log_job(self, settings: dict, workdir: Path) -> dict:
+        from huggy_exp import tracking
+
+        request = json.dumps({"settings": settings, "workdir": str(Path(workdir).absolute())})
+        try:
+            out, _ = self.proc.communicate(request + "\n", timeout=600)
+            lines = [ln for ln in out.splitlines() if ln.startswith(ANSWER)]
+            if lines and self.proc.returncode == 0:
+                return json.loads(lines[-1][len(ANSWER):])
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            pass
+        self.close()
+        return tracking.log_job(settings, workdir)  # the helper failed: the same call, in this process
+
+    def close(self) -> None:
+        """End the helper now if it still runs (it holds nothing yet: no run was handed over); never waits on its import."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def main() -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the job: it records the interruption, we just end
+    from huggy_exp import tracking
+
+    tracking.preload()
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 0
+    request = json.loads(line)
+    outcome = tracking.log_job(request["settings"], Path(request["workdir"]))
+    print(ANSWER + json.dumps(outcome), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""`python run.py mode=ui`: MLflow's UI for the tracking store on a free loopback port, opened at the latest sweep.
+
+`mlflow ui` runs in its own process group with one worker (its default of 4 took about 40 s to answer on 2 cores);
+the address of the latest sweep's runs is printed once the server answers /health, and Ctrl-C stops the server and
+everything it started.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from huggy_exp.errors import UserError
+
+HOST = "127.0.0.1"  # loopback only: the UI has no authentication
+
+
+def free_port(preferred: int) -> int:
+    """`preferred` if nothing listens there, else the first free port above it."""
+    for port in range(preferred, min(preferred + 100, 65536)):
+        with socket.socket() as s:
+            try:
+                s.bind((HOST, port))
+            except OSError:
+                continue
+            return port
+    raise UserError(f"tracking.ui_port={preferred}: no free port on {HOST} in {preferred}..{preferred + 99}")
+
+
+def mlflow_command() -> str:
+    beside = Path(sys.executable).with_name("mlflow")
+    found = str(beside) if beside.exists() else shutil.which("mlflow")
+    if not found:
+        raise UserError("the `mlflow` command is not installed beside this Python: pip install mlflow")
+    return found
+
+
+def start(uri: str, port: int, log: Path, wait_s: float) -> subprocess.Popen:
+    """`mlflow ui --workers 1` on HOST:port in a new process group; returns once /health answers (or raises)."""
+    command = [mlflow_command(), "ui", "--backend-store-uri", uri, "--host", HOST, "--port", str(port), "--workers", "1"]
+    server = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    deadline = time.time() + wait_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://{HOST}:{port}/health", timeout=2):
+                return server
+        except OSError:
+            if server.poll() is not None or time.time() > deadline:
+                stop(server)
+                tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
+                raise UserError(f"mlflow ui did not answer on {HOST}:{port} within {wait_s:g} s; its log ({log}):\n{tail}")
+            time.sleep(0.5)
+
+
+def stop(server: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group (its workers too), SIGKILL after 20 s."""
+    try:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    except ProcessLookupError:
+        pass
+
+
+def say(line: str) -> None:
+    print(line, flush=True)  # a pipe (a test, `| tee`) sees each line as the server reaches it
+
+
+def serve(uri: str, runs_path: str | None, port: int, wait_s: float, out=say) -> int:
+    """Start the UI on `uri`, print its address and the latest sweep's runs (`runs_path`, after the `/`), wait for
+    Ctrl-C, stop it; 0 on a clean stop."""
+    chosen = free_port(port)
+    with tempfile.TemporaryDirectory(prefix="huggy-ui-") as tmp:
+        log = Path(tmp) / "mlflow-ui.log"
+        out(f"starting mlflow ui on http://{HOST}:{chosen}/ (store {uri}, 1 worker) ...")
+        server = start(uri, chosen, log, wait_s)
+        try:
+            base = f"http://{HOST}:{chosen}/"
+            out(f"MLflow UI: {base}")
+            if runs_path:
+                out(f"latest sweep's runs: {base}{runs_path}")
+            else:
+                out("no sweep in this store yet: `python run.py -m dtype=fp32,fp16,bf16` makes one")
+            if chosen != port:
+                out(f"note: port {port} (tracking.ui_port) was taken; summary.md images in MLflow point at port {port}")
+            out("Ctrl-C stops it")
+            while server.poll() is None:
+                time.sleep(0.5)
+            out(f"mlflow ui exited by itself (code {server.returncode}); its log:\n{log.read_text(errors='replace')[-1500:]}")
+            return 1
+        except KeyboardInterrupt:
+            out("\nstopping mlflow ui ...")
+            stop(server)
+            out("stopped")
+            return 0

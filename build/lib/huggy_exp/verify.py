@@ -1,0 +1,400 @@
+"""The one comparison engine: compare(actual, expected, rules) -> Comparison, pure numpy (computed in float64).
+
+Outputs are objects (`Output`): each head and the memory declares its ML-Agents name, its sampled twin, the file stem
+its arrays are written under and the rule that compares it. `compare` takes two dicts of outputs by ML-Agents name
+(and, when both sides have them, the distributions `mu`, `log_sigma`, `masked_logits` behind the outputs) and returns,
+per output, the metrics, the limits beside them and the checks that failed. Nothing here knows a task or a mode.
+
+Rules (docs/verification.md):
+- continuous (actions): element-wise |a - e| <= atol + rtol * |e|, and the worst row's cosine >= cosine_min;
+- memory (recurrent_out): |a - e| <= atol * max(1, max |e|) (an LSTM cell state grows: |memory| reaches 8.8);
+- discrete: exactly equal, a flip excused only where the reference's best masked logit leads the second by at most
+  margin * max(1, |best masked logit|) (the one margin rule);
+- constant: exactly equal (shape and values);
+- NaN or inf in an actual output always fails, whatever the rule.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from huggy_exp.errors import UserError
+
+REL_FLOOR = 1e-3  # relative errors divide by max(|expected|, REL_FLOOR): actions are O(1), zeros must not explode
+# msprobe's ULP standard: a share of elements above this many ULPs of the compared dtype is reported
+ULP_STANDARD = {"fp16": 1.0, "bf16": 1.0, "fp32": 32.0, "fp64": 32.0}
+_ULP_FORMAT = {"fp16": (10, -14), "bf16": (7, -126), "fp32": (23, -126), "fp64": (52, -1022)}  # mantissa bits, min exponent
+RULES = ("continuous", "memory", "discrete", "constant")
+DECIMALS = 3  # the quantized fingerprint rounds float outputs to this many decimals
+
+
+@dataclass(frozen=True)
+class Output:
+    """One output a head (or the memory) declares: ML-Agents' name, its sampled twin, file stem, comparison rule."""
+
+    name: str
+    sampled: str | None
+    stem: str
+    rule: str
+    sampled_stem: str | None = None
+
+    def twin(self) -> "Output | None":
+        """The sampled output, compared like this one (a sampled discrete action has no margin: reported only)."""
+        if self.sampled is None or self.sampled == self.name:
+            return None
+        return Output(self.sampled, None, self.sampled_stem or f"sampled_{self.stem}",
+                      "sampled_discrete" if self.rule == "discrete" else self.rule)
+
+
+CONTINUOUS_ACTIONS = Output("deterministic_continuous_actions", "continuous_actions", "actions", "continuous", "sampled_actions")
+DISCRETE_ACTIONS = Output("deterministic_discrete_actions", "discrete_actions", "discrete_actions", "discrete",
+                          "sampled_discrete_actions")
+MEMORY = Output("recurrent_out", None, "memories", "memory")
+DECLARED = (CONTINUOUS_ACTIONS, DISCRETE_ACTIONS, MEMORY)  # ML-Agents' output order
+
+
+def constant(name: str) -> Output:
+    """A constant graph output (version_number, memory_size, *_output_shape): exactly equal."""
+    return Output(name, None, name, "constant")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """One dtype's limits: atol/rtol element-wise, the worst row's cosine, and the discrete margin factor."""
+
+    atol: float = np.inf
+    rtol: float = 0.0
+    cosine_min: float = -1.0
+    margin: float = 0.0
+
+    @classmethod
+    def of(cls, table: dict) -> "Limits":
+        """From a config table {max_abs, cosine_min, margin, rtol}: max_abs is the atol."""
+        return cls(atol=float(table.get("max_abs", table.get("atol", np.inf))), rtol=float(table.get("rtol", 0.0)),
+                   cosine_min=float(table.get("cosine_min", -1.0)), margin=float(table.get("margin", 0.0)))
+
+
+@dataclass(frozen=True)
+class Rules:
+    """How to compare: the limits, the dtype whose ULPs count, the relative-error floor, and the outputs to compare
+    (None: every declared output both sides have)."""
+
+    limits: Limits = Limits()
+    dtype: str = "fp32"
+    rel_floor: float = REL_FLOOR
+    outputs: tuple[Output, ...] | None = None
+    branch_sizes: tuple[int, ...] = ()
+
+
+@dataclass
+class OutputComparison:
+    """One output against its reference: metrics (limits beside the values, `<metric>_limit`) and what failed."""
+
+    output: Output
+    metrics: dict[str, float] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+@dataclass
+class Comparison:
+    """Every compared output by file stem; `metrics(ref)` names them `<stem>/vs_<ref>/<metric>`."""
+
+    outputs: dict[str, OutputComparison] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.outputs.values())
+
+    @property
+    def failures(self) -> list[str]:
+        return [f"{o.output.name}: {f}" for o in self.outputs.values() for f in o.failures]
+
+    def metrics(self, reference: str) -> dict[str, float]:
+        return {f"{stem}/vs_{reference}/{k}": v for stem, o in self.outputs.items() for k, v in o.metrics.items()}
+
+    def get(self, stem: str, metric: str, default: float = float("nan")) -> float:
+        o = self.outputs.get(stem)
+        return o.metrics.get(metric, default) if o is not None else default
+
+
+def outputs_of(names) -> tuple[Output, ...]:
+    """The declared outputs (deterministic ones and their sampled twins) whose ML-Agents names are in `names`."""
+    found = []
+    for out in DECLARED:
+        found += [o for o in (out, out.twin()) if o is not None and o.name in names]
+    return tuple(found)
+
+
+def compare(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], rules: Rules = Rules()) -> Comparison:
+    """Every output of `rules.outputs` (default: the declared outputs both sides have) under its rule."""
+    wanted = rules.outputs if rules.outputs is not None else outputs_of(set(actual) & set(expected))
+    result = Comparison()
+    for out in wanted:
+        got, ref = actual.get(out.name), expected.get(out.name)
+        oc = OutputComparison(out)
+        if got is None or ref is None or np.shape(got) != np.shape(ref) and out.rule != "constant":
+            oc.failures.append(f"{'missing' if got is None else f'shape {list(np.shape(got))}'}"
+                               f", expected {'nothing' if ref is None else list(np.shape(ref))}")
+        else:
+            _RULE[out.rule](oc, np.asarray(got), np.asarray(ref), actual, expected, rules)
+        result.outputs[out.stem] = oc
+    return result
+
+
+# --- the rules
+
+
+def _continuous(oc: OutputComparison, got: np.ndarray, ref: np.ndarray, actual: dict, expected: dict, rules: Rules) -> None:
+    lim = rules.limits
+    oc.metrics.update(elementwise(got, ref, rules.rel_floor, rules.dtype))
+    bad = _nonfinite(oc, got)
+    over = _over_tolerance(got, ref, lim.atol, lim.rtol)
+    oc.metrics.update({"max_abs_limit": lim.atol, "rtol_limit": lim.rtol, "cosine_min_row_limit": lim.cosine_min,
+                       "over_tolerance": float(over)})
+    if not bad and over:
+        oc.failures.append(f"max_abs {oc.metrics['max_abs']:.3g} > atol {lim.atol:g}"
+                           + (f" + rtol {lim.rtol:g} x |expected|" if lim.rtol else "") + f" ({over} elements)")
+    if not bad and not oc.metrics["cosine_min_row"] >= lim.cosine_min:
+        oc.failures.append(f"worst-row cosine {oc.metrics['cosine_min_row']:.6f} < {lim.cosine_min:g}")
+    if oc.output.stem in ("actions", "sampled_actions") and all(k in d for d in (actual, expected) for k in ("mu", "log_sigma")):
+        oc.metrics.update(gaussian_divergence(actual["mu"], actual["log_sigma"], expected["mu"], expected["log_sigma"]))
+
+
+def _memory(oc: OutputComparison, got: np.ndarray, ref: np.ndarray, actual: dict, expected: dict, rules: Rules) -> None:
+    oc.metrics.update(elementwise(got, ref, rules.rel_floor, rules.dtype))
+    bad = _nonfinite(oc, got)
+    tol = rules.limits.atol * max(1.0, float(np.nanmax(np.abs(np.asarray(ref, np.float64)), initial=0.0)))
+    oc.metrics["max_abs_limit"] = tol
+    if not bad and not oc.metrics["max_abs"] <= tol:
+        oc.failures.append(f"max_abs {oc.metrics['max_abs']:.3g} > atol x max(1, max |memory|) = {tol:.3g}")
+
+
+def _discrete(oc: OutputComparison, got: np.ndarray, ref: np.ndarray, actual: dict, expected: dict, rules: Rules,
+              judge: bool = True) -> None:
+    sizes = rules.branch_sizes if rules.branch_sizes and len(rules.branch_sizes) == got.shape[-1] else None
+    if "masked_logits" in expected and sizes is not None:
+        margin, best = discrete_margins(expected["masked_logits"], sizes)
+    else:  # no reference logits: no flip can be excused
+        margin, best = np.full(ref.shape, np.inf), np.ones(ref.shape)
+    d = discrete_agreement(got, ref, margin, rules.limits.margin, np.maximum(1.0, best))
+    oc.metrics.update(d)
+    if sizes is not None and "masked_logits" in actual and "masked_logits" in expected:
+        oc.metrics.update(softmax_divergence(actual["masked_logits"], expected["masked_logits"], sizes))
+    if judge and d["flips_beyond_margin"]:
+        oc.failures.append(f"{int(d['flips_beyond_margin'])} of {int(d['decisions'])} actions differ where the reference's "
+                           f"best masked logit leads by more than {rules.limits.margin:g} x max(1, |best|) "
+                           f"(largest flipped margin {d['flip_margin_max']:.3g})")
+
+
+def _sampled_discrete(oc, got, ref, actual, expected, rules) -> None:
+    """A sampled discrete action: an inverse-CDF draw can cross a boundary the rounding moved; reported, not judged."""
+    _discrete(oc, got, ref, actual, expected, rules, judge=False)
+
+
+def _constant(oc: OutputComparison, got: np.ndarray, ref: np.ndarray, actual: dict, expected: dict, rules: Rules) -> None:
+    same = got.shape == ref.shape and np.array_equal(got, ref)
+    oc.metrics["equal"] = float(same)
+    if not same:
+        oc.failures.append(f"{got.tolist()} != {ref.tolist()}")
+
+
+_RULE = {"continuous": _continuous, "memory": _memory, "discrete": _discrete, "sampled_discrete": _sampled_discrete,
+         "constant": _constant}
+
+
+def _nonfinite(oc: OutputComparison, got: np.ndarray) -> int:
+    """NaN/inf in an actual output: always a failure (counted, with the first place)."""
+    a = np.asarray(got)
+    bad = ~np.isfinite(a) if a.dtype.kind in "fc" else np.zeros(a.shape, bool)
+    oc.metrics["nonfinite"] = float(bad.sum())
+    if bad.any():
+        oc.failures.append(f"{int(bad.sum())} NaN/Inf values (first at {[int(i) for i in np.argwhere(bad)[0]]})")
+    return int(bad.sum())
+
+
+def _over_tolerance(got: np.ndarray, ref: np.ndarray, atol: float, rtol: float) -> int:
+    a, e = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        ok = np.abs(a - e) <= atol + rtol * np.abs(e)
+    return int(np.sum(~ok))
+
+
+# --- element-wise metrics
+
+
+def elementwise(actual: np.ndarray, expected: np.ndarray, rel_floor: float = REL_FLOOR, dtype: str = "fp32") -> dict[str, float]:
+    """max_abs, mean_abs, rmse, guarded max_rel, cosine (overall, worst row), the required atol/rtol (Polygraphy),
+    the error in ULPs of `dtype` (max, and the share above msprobe's standard), and NaN/inf mismatches."""
+    a, e = _rows(actual, expected)
+    both = np.isfinite(a) & np.isfinite(e)
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.where(both, np.abs(a - e), 0.0)
+    rel = diff / np.maximum(np.abs(np.where(both, e, 0.0)), rel_floor)
+    n = max(int(both.sum()), 1)
+    af, ef = np.where(both, a, 0.0), np.where(both, e, 0.0)
+    ulps = diff / ulp(np.where(both, e, 0.0), dtype)
+    row_cos = [cosine(x, y) for x, y in zip(af, ef)]
+    return {
+        "max_abs": float(diff.max(initial=0.0)),
+        "mean_abs": float(diff.sum() / n),
+        "rmse": float(np.sqrt((diff**2).sum() / n)),
+        "max_rel": float(rel.max(initial=0.0)),
+        "cosine": cosine(af, ef),
+        "cosine_min_row": float(min(row_cos, default=1.0)),
+        "worst_row": float(np.argmin(row_cos)) if row_cos else 0.0,
+        "required_atol": float(diff.max(initial=0.0)),
+        "required_rtol": float(rel.max(initial=0.0)),
+        "ulp_max": float(ulps.max(initial=0.0)),
+        "ulp_share_over": float(np.mean(ulps > ULP_STANDARD.get(dtype, 1.0))) if ulps.size else 0.0,
+        "ulp_standard": ULP_STANDARD.get(dtype, 1.0),
+        "nan_mismatch": float(np.sum(np.isnan(a) != np.isnan(e))),
+        "inf_mismatch": float(np.sum(np.isinf(a) != np.isinf(e)) + np.sum(np.isinf(a) & np.isinf(e) & (np.sign(a) != np.sign(e)))),
+    }
+
+
+def _rows(actual: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both as float64 [rows, values per row] (the last axis is a row's values; one row for a vector)."""
+    a, e = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    if a.size != e.size:
+        raise UserError(f"cannot compare arrays of shapes {list(a.shape)} and {list(e.shape)} element-wise")
+    width = a.shape[-1] if a.ndim > 1 and a.shape[-1] else max(a.size, 1)
+    return a.reshape(-1, width) if a.size else a.reshape(0, 1), e.reshape(-1, width) if e.size else e.reshape(0, 1)
+
+
+def ulp(values: np.ndarray, dtype: str) -> np.ndarray:
+    """The unit in the last place of `dtype` at each value (subnormals: the smallest normal's ULP)."""
+    mantissa, emin = _ULP_FORMAT.get(dtype, _ULP_FORMAT["fp32"])
+    x = np.abs(np.asarray(values, np.float64))
+    exp = np.where(x > 0, np.frexp(x)[1] - 1, emin)
+    return np.ldexp(1.0, np.maximum(exp, emin) - mantissa)
+
+
+def cosine(x: np.ndarray, y: np.ndarray) -> float:
+    """Cosine similarity; two all-zero vectors are identical (1.0), one zero vector against another is 0.0."""
+    x, y = np.asarray(x, np.float64).ravel(), np.asarray(y, np.float64).ravel()
+    if x.size != y.size:
+        raise UserError(f"cannot compare vectors of {x.size} and {y.size} values")
+    nx, ny = float(np.linalg.norm(x)), float(np.linalg.norm(y))
+    if nx == 0.0 and ny == 0.0:
+        return 1.0
+    if nx == 0.0 or ny == 0.0:
+        return 0.0
+    return float(np.dot(x, y) / (nx * ny))
+
+
+# --- errors in the policy's own units
+
+
+def gaussian_divergence(mu_a, log_sigma_a, mu_e, log_sigma_e) -> dict[str, float]:
+    """KL(N(mu_a, sigma_a) || N(mu_e, sigma_e)) per row (summed over action dimensions), and |Δmu| / sigma_e: how many
+    of the reference's standard deviations the device moved the mean."""
+    ma, la, me, le = (np.asarray(v, np.float64) for v in (mu_a, log_sigma_a, mu_e, log_sigma_e))
+    la, le = np.broadcast_to(la, ma.shape), np.broadcast_to(le, me.shape)
+    with np.errstate(invalid="ignore", over="ignore"):
+        kl = (le - la) + (np.exp(2 * la) + (ma - me) ** 2) / (2 * np.exp(2 * le)) - 0.5
+        shift = np.abs(ma - me) / np.exp(le)
+    kl_rows = kl.reshape(-1, kl.shape[-1]).sum(axis=-1) if kl.size else np.zeros(0)
+    return {"kl_max": float(np.max(kl_rows, initial=0.0)), "kl_mean": float(kl_rows.mean()) if kl_rows.size else 0.0,
+            "mean_shift_sigma_max": float(np.max(shift, initial=0.0)),
+            "mean_shift_sigma_mean": float(shift.mean()) if shift.size else 0.0}
+
+
+def log_softmax(z: np.ndarray) -> np.ndarray:
+    z = np.asarray(z, np.float64)
+    m = z.max(axis=-1, keepdims=True)
+    return z - m - np.log(np.exp(z - m).sum(axis=-1, keepdims=True))
+
+
+def softmax_divergence(masked_a: np.ndarray, masked_e: np.ndarray, sizes: tuple[int, ...]) -> dict[str, float]:
+    """KL(softmax(masked logits of the device) || the reference's) per (row, branch): max and mean."""
+    bounds = np.cumsum(sizes)[:-1]
+    kls = []
+    for za, ze in zip(np.split(np.asarray(masked_a, np.float64), bounds, axis=-1), np.split(np.asarray(masked_e, np.float64), bounds, axis=-1)):
+        la, le = log_softmax(za), log_softmax(ze)
+        kls.append(np.sum(np.exp(la) * (la - le), axis=-1))
+    kl = np.stack(kls, axis=-1) if kls else np.zeros(0)
+    return {"kl_max": float(np.max(kl, initial=0.0)), "kl_mean": float(kl.mean()) if kl.size else 0.0}
+
+
+def margins(logits: np.ndarray, sizes: tuple[int, ...]) -> np.ndarray:
+    """Per branch, the best minus the second-best logit: [..., sum(sizes)] -> [..., branches] (inf for a branch of 1)."""
+    z = np.asarray(logits, np.float64)
+    out, start = [], 0
+    for size in sizes:
+        top = np.sort(z[..., start:start + size], axis=-1)
+        out.append(top[..., -1] - top[..., -2] if size > 1 else np.full(top.shape[:-1], np.inf))
+        start += size
+    return np.stack(out, axis=-1)
+
+
+def discrete_margins(masked_logits: np.ndarray, sizes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Per branch, the best minus the second-best masked logit and |best masked logit| ([..., branches])."""
+    z = np.asarray(masked_logits, np.float64)
+    bounds = np.cumsum(sizes)[:-1]
+    best = np.stack([np.abs(part.max(axis=-1)) for part in np.split(z, bounds, axis=-1)], axis=-1)
+    return margins(z, sizes), best
+
+
+FLIP_BANDS = (1.0, 10.0)  # flip rate by margin: within the bound, up to 10x it, beyond
+
+
+def discrete_agreement(actual: np.ndarray, expected: np.ndarray, margin: np.ndarray, bound: float,
+                       scale: np.ndarray | float = 1.0) -> dict[str, float]:
+    """Discrete actions [..., branches] against a reference whose top-1 minus top-2 masked logit is `margin`.
+
+    A flip is within the dtype's error where margin <= bound * scale (scale = max(1, |best masked logit|)): the rounding
+    can swap two actions that close. A flip where the margin is larger, or NaN, is beyond the margin. The flip rate by
+    margin splits the decisions into bands of margin / (bound * scale): <= 1, <= 10, > 10.
+    """
+    a, e, m = np.asarray(actual), np.asarray(expected), np.asarray(margin, np.float64)
+    if a.shape != e.shape or m.shape != e.shape:
+        raise UserError(f"cannot compare discrete actions of shapes {list(a.shape)}, {list(e.shape)} (margins {list(m.shape)})")
+    flips = a != e
+    allowed = bound * np.asarray(scale, np.float64)
+    near = m <= allowed  # NaN is never near: a NaN margin never excuses a flip
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.where(allowed > 0, m / np.where(allowed > 0, allowed, 1.0), np.where(m > 0, np.inf, 0.0))
+    bands = {"within": ratio <= FLIP_BANDS[0], "to_10x": (ratio > FLIP_BANDS[0]) & (ratio <= FLIP_BANDS[1]),
+             "beyond_10x": ~(ratio <= FLIP_BANDS[1])}
+    out = {
+        "decisions": float(e.size),
+        "agreement": float(np.mean(~flips)) if e.size else 1.0,
+        "flips": float(flips.sum()),
+        "flips_beyond_margin": float(np.sum(flips & ~near)),
+        "near_ties": float(near.sum()),
+        "flip_margin_max": float(m[flips].max(initial=0.0)),
+        "margin_min": float(m.min(initial=np.inf)),
+        "margin_limit": float(bound),
+    }
+    for band, where in bands.items():
+        out[f"flip_rate_margin_{band}"] = float(np.sum(flips & where) / max(np.sum(where), 1))
+    return out
+
+
+# --- fingerprints
+
+
+def quantize(values: np.ndarray, decimals: int = DECIMALS) -> np.ndarray:
+    """round(a * 10^decimals) as int64: -0.0 and +0.0 agree, as do values equal to `decimals` places. Integers stay."""
+    if np.asarray(values).dtype.kind in "iub":
+        return np.asarray(values, np.int64)
+    return np.rint(np.asarray(values, np.float64) * 10**decimals).astype(np.int64)
+
+
+def digest(arrays) -> str:
+    """SHA-256 of the arrays' bytes, in order."""
+    return hashlib.sha256(b"".join(np.ascontiguousarray(a).tobytes() for a in arrays)).hexdigest()
+
+
+def fingerprint(arrays: dict[str, np.ndarray], decimals: int = DECIMALS) -> dict[str, str]:
+    """The exact SHA-256 of the output bytes (float32 floats, int64 discrete) and the quantized one, over every output
+    in order, as `fingerprint` computes them."""
+    exact = [np.asarray(a, np.int64 if np.asarray(a).dtype.kind in "iub" else np.float32) for a in arrays.values()]
+    return {"sha256": digest(exact), "quantized": digest([quantize(a, decimals) for a in exact])}
