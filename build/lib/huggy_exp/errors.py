@@ -1,9 +1,0 @@
-"""The two ways a job stops early: the user asked for something wrong, or the machine cannot do it."""
-
-
-class UserError(Exception):
-    """A bad value at a boundary (config, file, observation); the message is one line for the user."""
-
-
-class Unsupported(Exception):
-    """The requested device or dtype is not available here; the job is recorded as skipped, not failed."""
