@@ -234,6 +234,64 @@ def _explain(uri: str, exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:300]}"
 
 
+# --- a new SQLite store starts as a copy of an empty one MLflow built: its ~50 schema migrations run once per install
+
+
+def _empty_store_template() -> Path | None:
+    """An empty store at this MLflow's schema head, built by MLflow itself once per MLflow version in the cache dir.
+
+    It holds no experiment: opening a copy, MLflow creates its Default experiment with the copy's own artifact root,
+    as it does for a database it migrated. None when the cache dir is not writable (MLflow then migrates the store).
+    """
+    mlflow = _mlflow()
+    from huggy_exp.mlagents.default import cache_dir
+
+    template = cache_dir() / f"mlflow-{mlflow.__version__}-empty.db"
+    if template.is_file():
+        return template
+    try:
+        template.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=template.parent, prefix=template.name + ".", suffix=".tmp")
+        os.close(fd)
+        os.unlink(tmp)  # MLflow creates the file; it only needs a unique name beside the template
+    except OSError:
+        return None
+    try:
+        mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp}").search_experiments()
+        _forget_stores()  # close the engine before the file is edited and moved
+        with contextlib.closing(sqlite3.connect(tmp)) as con:
+            with con:
+                con.execute("DELETE FROM experiment_tags")
+                con.execute("DELETE FROM experiments")
+            con.execute("VACUUM")
+        os.replace(tmp, template)  # atomic: two first runs at once each build one, and either is complete
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    return template
+
+
+def _seed_sqlite(uri: str) -> None:
+    """A SQLite store that does not exist yet becomes a copy of the empty template (call under store_lock)."""
+    db = _sqlite_path(uri)
+    if db is None or db.exists():
+        return
+    template = _empty_store_template()
+    if template is None:
+        return
+    tmp = db.with_name(f".{db.name}.{os.getpid()}.seed")
+    try:
+        with open(template, "rb") as src, open(tmp, "wb") as dst:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+            dst.flush()
+            os.fsync(dst.fileno())
+        os.replace(tmp, db)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
 class Store:
     """An open MLflow client on one store and experiment; create with `Store.open` (locks SQLite while migrating)."""
 
@@ -250,6 +308,7 @@ class Store:
         probe(uri)
         try:
             with store_lock(uri):
+                _seed_sqlite(uri)
                 return cls(uri, settings.get("experiment") or DEFAULT_EXPERIMENT, settings.get("user"))
         except StoreDown:
             raise

@@ -381,11 +381,25 @@ def discrete_agreement(actual: np.ndarray, expected: np.ndarray, margin: np.ndar
 # --- fingerprints
 
 
+QUANT_LIMIT = 2**62  # |round(a * 10^decimals)| beyond this saturates (exact in float64 and int64)
+QUANT_NAN, QUANT_NEG_INF, QUANT_POS_INF = -(2**63), -(2**63) + 1, 2**63 - 1  # outside the finite range, so distinct
+
+
 def quantize(values: np.ndarray, decimals: int = DECIMALS) -> np.ndarray:
-    """round(a * 10^decimals) as int64: -0.0 and +0.0 agree, as do values equal to `decimals` places. Integers stay."""
+    """round(a * 10^decimals) as int64: -0.0 and +0.0 agree, as do values equal to `decimals` places. Integers stay.
+
+    NaN, -inf and +inf get codes of their own, and huge values saturate, so the quantized hash is the same on every
+    host (a plain cast of NaN or of an out-of-range float to int64 is undefined and differs between CPUs)."""
     if np.asarray(values).dtype.kind in "iub":
         return np.asarray(values, np.int64)
-    return np.rint(np.asarray(values, np.float64) * 10**decimals).astype(np.int64)
+    a = np.asarray(values, np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        out = np.clip(np.rint(np.nan_to_num(a * 10**decimals, nan=0.0, posinf=0.0, neginf=0.0)),
+                      -QUANT_LIMIT, QUANT_LIMIT).astype(np.int64)
+    out[np.isnan(a)] = QUANT_NAN
+    out[np.isneginf(a)] = QUANT_NEG_INF
+    out[np.isposinf(a)] = QUANT_POS_INF
+    return out
 
 
 def digest(arrays) -> str:

@@ -7,8 +7,8 @@
 Per mutation, on a fresh copy of the tree (tracked and untracked-but-not-ignored files; `../shared` linked beside it):
 1. the mutation's hint tests (`-m 'not slow'`, a subset of the default run) with `-x`: a failure there is a failure
    of the default run, found quickly;
-2. else the whole default run (`python -m pytest -q -x`);
-3. else the slow run (`python -m pytest -q -x -m slow`).
+2. else the whole default run (`python -m pytest -q -x`, on every core as pyproject's `-n auto` says);
+3. else the slow run (`python -m pytest -q -x -m slow -n 0`).
 It reports `default`, `slow only` or `MISSED`, with the first failing test, or `not applied` when the code it
 mutates is no longer spelled as below (then update the mutation). Before any mutation, the union of the hint tests
 runs on the unmutated copy: if one fails there, a "catch" would mean nothing, so the check stops.
@@ -170,10 +170,10 @@ def check(mutation: Mutation, rev: str | None, slow: bool, timeout: float) -> di
         runs = []
         hints = present(repo, mutation.hints)
         if hints:
-            runs.append(("default", ["-m", "not slow", *hints]))
+            runs.append(("default", ["-m", "not slow", "-n", "0", *hints]))  # a few tests: no workers to start
         runs.append(("default", []))
         if slow:
-            runs.append(("slow only", ["-m", "slow"]))
+            runs.append(("slow only", ["-m", "slow", "-n", "0"]))  # serial, as .ci/run runs it
         total = 0.0
         for verdict, args in runs:
             rc, out, seconds = pytest(repo, args, timeout)
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="mutation-baseline-") as tmp:
             repo = copy_tree(Path(tmp), args.rev)
             hints = present(repo, sorted({h for m in chosen for h in m.hints}))
-            rc, out, seconds = pytest(repo, ["-m", "not slow", *hints], args.timeout) if hints else (0, "", 0.0)
+            rc, out, seconds = pytest(repo, ["-m", "not slow", "-n", "0", *hints], args.timeout) if hints else (0, "", 0.0)
         if rc != 0:
             print(f"the unmutated hint tests fail ({first_failure(out)}): fix that first", file=sys.stderr)
             return 2

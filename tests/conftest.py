@@ -632,3 +632,8 @@ def small(tmp_path_factory):
     mlagents.save_checkpoint(w, pt, 100)
     mlagents.write_onnx(w, pt.with_suffix(".onnx"))
     return SimpleNamespace(weights=w, pt=pt, onnx=pt.with_suffix(".onnx"), model=f"model.checkpoint={pt}")
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker per core this process may use, at most 8 (each builds the session fixtures anew)."""
+    return max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8))

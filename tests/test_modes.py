@@ -461,6 +461,18 @@ def test_quantize_maps_signed_zeros_to_the_same_ints():
     assert quantize(np.array([0.0014, 0.0016, -0.9996, 1.0]), 3).tolist() == [1, 2, -1000, 1000]
 
 
+def test_quantize_gives_non_finite_and_huge_values_codes_of_their_own_without_an_undefined_cast():
+    import warnings
+
+    from huggy_exp.verify import QUANT_LIMIT, QUANT_NAN, QUANT_NEG_INF, QUANT_POS_INF
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy warns on the undefined float -> int64 cast of NaN or of 1e300
+        q = quantize(np.array([np.nan, -np.inf, np.inf, 1e300, -1e300, 2.5e-6], np.float64), 6)
+    assert q.tolist() == [QUANT_NAN, QUANT_NEG_INF, QUANT_POS_INF, QUANT_LIMIT, -QUANT_LIMIT, 2]
+    assert len(set(q[:5].tolist())) == 5  # NaN, -inf, +inf and the saturated ends are told apart
+
+
 def test_first_divergence_on_hand_made_sequences():
     a = np.zeros((4, 2, 3), np.float32)
     assert first_divergence(a, a.copy()) is None

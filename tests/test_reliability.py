@@ -437,10 +437,13 @@ def test_the_readmes_specialize_form_works_on_the_command_line(tmp_path, huggy_p
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("**/*.md"))]
 
 
-def doc_commands() -> list[tuple[str, list[str]]]:
+FIRST_DOCS = [REPO / "README.md", REPO / "docs" / "getting-started.md"]  # a newcomer's first commands: the default run
+
+
+def doc_commands(docs=DOCS) -> list[tuple[str, list[str]]]:
     """Every `python run.py ...` of the docs (code blocks and inline code), as argv; placeholders are left out."""
     found = []
-    for doc in DOCS:
+    for doc in docs:
         text = doc.read_text()
         spans = re.findall(r"```[a-z]*\n(.*?)```", text, re.S) + re.findall(r"`([^`\n]*python run\.py[^`\n]*)`", text)
         for span in spans:
@@ -457,9 +460,9 @@ def doc_commands() -> list[tuple[str, list[str]]]:
     return found
 
 
-def compose_examples(tmp_path: Path, globbed: bool) -> None:
+def compose_examples(tmp_path: Path, globbed: bool, docs=DOCS) -> None:
     config.setup()  # the schemas in Hydra's ConfigStore, as run.py's cli does first
-    commands = doc_commands()
+    commands = doc_commands(docs)
     assert len(commands) >= 10, commands
     failures, seen = [], set()
     for where, argv in commands:
@@ -479,6 +482,11 @@ def compose_examples(tmp_path: Path, globbed: bool) -> None:
     assert seen and not failures, "\n".join(failures)
 
 
+def test_every_example_command_of_the_readme_and_getting_started_composes(tmp_path):
+    compose_examples(tmp_path, globbed=False, docs=FIRST_DOCS)
+
+
+@pytest.mark.slow  # about 90 commands, each composed and validated (20 s of Hydra)
 def test_every_example_command_of_the_docs_composes(tmp_path):
     compose_examples(tmp_path, globbed=False)
 

@@ -386,6 +386,51 @@ def test_the_sqlite_store_lock_excludes_every_other_writer(tmp_path):
         pass
 
 
+def _schema(db: Path) -> list:
+    """Each table and index with the clauses of its SQL as a set: MLflow's own migrations order a table's CHECK
+    constraints differently from one run to the next (two fresh databases differ that way), the schema does not."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(db)) as con:
+        rows = con.execute("SELECT type, name, sql FROM sqlite_master").fetchall()
+    return sorted((kind, name, frozenset(ln.strip().rstrip(",") for ln in (sql or "").splitlines())) for kind, name, sql in rows)
+
+
+def test_a_new_sqlite_store_starts_as_a_copy_of_an_empty_one_mlflow_migrated(tmp_path, monkeypatch):
+    """The schema migrations run once per MLflow version (into the cache dir); each new store is a copy of that
+    empty store, with the schema MLflow itself gives a new database, and MLflow's Default experiment at its own root."""
+    import sqlite3
+
+    import mlflow
+
+    monkeypatch.setenv("HUGGY_EXP_CACHE", str(tmp_path / "cache"))
+    first = tracking.Store.open({"uri": f"sqlite:///{tmp_path / 'a' / 'mlflow.db'}", "experiment": "x"})
+    [template] = (tmp_path / "cache").glob("mlflow-*-empty.db")
+    assert template.name == f"mlflow-{mlflow.__version__}-empty.db"
+    with contextlib.closing(sqlite3.connect(template)) as con:
+        assert con.execute("SELECT COUNT(*) FROM experiments").fetchone() == (0,)  # no artifact root of its own
+    built = template.stat().st_mtime_ns
+    second = tracking.Store.open({"uri": f"sqlite:///{tmp_path / 'b' / 'mlflow.db'}", "experiment": "x"})
+    assert template.stat().st_mtime_ns == built  # not rebuilt
+    migrated = tmp_path / "migrated.db"
+    mlflow.MlflowClient(tracking_uri=f"sqlite:///{migrated}").search_experiments()
+    assert _schema(tmp_path / "a" / "mlflow.db") == _schema(tmp_path / "b" / "mlflow.db") == _schema(migrated)
+    for store, folder in ((first, "a"), (second, "b")):
+        assert store.client.get_experiment("0").name == "Default"
+        assert store.client.get_experiment(store.experiment_id).artifact_location == (tmp_path / folder).as_uri()
+    run_id = second.client.create_run(second.experiment_id).info.run_id
+    again = tracking.Store.open({"uri": f"sqlite:///{tmp_path / 'b' / 'mlflow.db'}", "experiment": "x"})
+    assert again.client.get_run(run_id).info.run_id == run_id  # an existing store is opened, never replaced
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["mlflow.db", "mlflow.db.lock"]  # no seed left
+
+
+def test_without_a_writable_cache_dir_mlflow_migrates_the_new_store_itself(tmp_path, monkeypatch):
+    (tmp_path / "cache").write_text("a file where the cache dir would be")
+    monkeypatch.setenv("HUGGY_EXP_CACHE", str(tmp_path / "cache"))
+    store = tracking.Store.open({"uri": f"sqlite:///{tmp_path / 's' / 'mlflow.db'}", "experiment": "x"})
+    assert store.client.get_experiment(store.experiment_id).name == "x"
+
+
 # --- processes: concurrent first runs, an outage, an interrupt
 
 
