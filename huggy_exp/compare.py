@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from huggy_exp import certify, plots
+from huggy_exp import plots
 from huggy_exp.headline import ERROR
 
 NARROW_FIRST = ("bf16", "fp16", "fp32", "fp64")
@@ -106,6 +106,8 @@ DUAL_STEMS = ("actions", "discrete_actions", "memories")  # outputs a point reco
 def dual_benchmarks(rows: list[dict]) -> list[dict]:
     """msprobe's dual benchmark across hosts: where a CUDA and an NPU point ran the same inputs in the same dtype, each
     output's error vs fp64 on the NPU over the GPU's (certify.dual_rows: ratio <= 1 pass, <= 2 warn for RMSE)."""
+    from huggy_exp import certify  # here, not at the top: certify imports the runners (onnx), which a single run skips
+
     found = []
     judged = [r for r in rows if r["status"] in ("passed", "failed") and r.get("vs_fp64")]
     for npu in (r for r in judged if str(r["device"]).startswith("npu")):

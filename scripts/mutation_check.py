@@ -73,8 +73,8 @@ MUTATIONS = (
         ("huggy_exp/verify.py", "    if bad.any():\n        oc.failures.append(", "    if False:\n        oc.failures.append("),
     ), ("tests/test_verify.py::test_nan_or_inf_fails_whatever_the_limits",)),
     Mutation("non-atomic-result", "result.json written in place (truncate + write) instead of temp file + os.replace", (
-        ("huggy_exp/results.py", "    fd, tmp = tempfile.mkstemp(",
-         "    path.write_text(text)\n    return\n    fd, tmp = tempfile.mkstemp("),
+        ("huggy_exp/safety.py", "    atomic_write(path, lambda tmp: Path(tmp).write_text(text), overwrite)",
+         "    Path(path).write_text(text)  # in place"),
     ), ("tests/test_trust.py::test_result_json_is_replaced_atomically_never_rewritten_in_place",)),
     Mutation("provider-unchecked", "onnxruntime's silent CPU fallback accepted (session providers not checked)", (
         ("huggy_exp/runners.py", "    active = session.get_providers()\n",

@@ -165,6 +165,26 @@ def test_point_info_reads_what_the_launcher_set(monkeypatch):
     assert app.point_info() == {"job_id": "b" * 32, "host": {"hostname": "h"}, "preset": ("skipped", "why"), "pending": None}
 
 
+def test_on_a_ray_worker_the_card_ray_assigned_is_the_points_device(monkeypatch):
+    """Ray makes exactly the assigned card visible (CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES): `cuda:3` there
+    is index 0 of this process; elsewhere the index means what it says."""
+    import torch
+
+    from huggy_exp import placement
+    from huggy_exp.errors import Unsupported
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.delenv(placement.ASSIGNED_CARD_ENV, raising=False)
+    with pytest.raises(Unsupported, match="only 1 cuda device"):
+        placement.resolve_device("cuda:3")
+    monkeypatch.setenv(placement.ASSIGNED_CARD_ENV, "cuda")
+    assert placement.resolve_device("cuda:3") == torch.device("cuda", 0)
+    monkeypatch.setenv(placement.ASSIGNED_CARD_ENV, "npu")  # another kind's card: the index stands
+    with pytest.raises(Unsupported):
+        placement.resolve_device("cuda:3")
+
+
 def _row(job: str, device: str, dtype: str, host: str, vs_fp64: dict, status: str = "passed") -> dict:
     return {"job": job, "device": device, "dtype": dtype, "host": host, "status": status, "mode": "precision",
             "knobs": {}, "obs": "random/64/x1.0", "seed": 0, "model_sha256": "m", "batch_size": 64, "vs_fp64": vs_fp64}
@@ -365,3 +385,27 @@ def test_bad_cluster_inputs_are_one_line_and_exit_2(ray_cluster, tmp_path):
         out, _ = proc.communicate(timeout=300)
         lines = [line for line in out.splitlines() if line.strip()]
         assert proc.returncode == 2 and len(lines) == 1 and expected in lines[0] and "Traceback" not in out, out[-3000:]
+
+
+@pytest.mark.slow
+def test_without_shared_storage_the_workers_files_land_in_the_heads_job_folder(tmp_path, monkeypatch):
+    """What the head does with a point's return: the worker's job folder written here when the head's has no record of
+    that job (no shared storage), names leaving the folder dropped; left alone when the worker wrote here (shared)."""
+    if not HAS_RAY:
+        pytest.skip("the [ray] extra is not installed: pip install -e '.[ray]'")
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.huggy_ray_launcher import _core
+
+    sweep_config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "sweep"), "subdir": "${hydra.job.num}"},
+                                               "job": {"num": 4}}})
+    record = json.dumps({"job_id": "c" * 32, "status": "passed"}).encode()
+    files = {"result.json": record, "actions.npy": b"npy", ".hydra/config.yaml": b"a: 1", "../escape.txt": b"x"}
+    monkeypatch.setattr(_core.ray, "get", lambda ref: ("the JobReturn", files))
+    assert _core._collect(None, sweep_config, {"job_id": "c" * 32}, object()) == "the JobReturn"
+    job = tmp_path / "sweep" / "4"
+    assert (job / "result.json").read_bytes() == record and (job / ".hydra" / "config.yaml").read_text() == "a: 1"
+    assert (job / "actions.npy").read_bytes() == b"npy" and not (tmp_path / "sweep" / "escape.txt").exists()
+    (job / "actions.npy").write_bytes(b"the head's own")  # shared storage: the worker wrote this folder itself
+    _core._collect(None, sweep_config, {"job_id": "c" * 32}, object())
+    assert (job / "actions.npy").read_bytes() == b"the head's own"

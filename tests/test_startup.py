@@ -52,7 +52,7 @@ def test_only_plain_overrides_take_the_single_compose_path(argv, single):
 def test_a_single_action_run_imports_no_tracking_plotting_or_onnx_packages(tmp_path, huggy_exp_cache):
     probe = ("import runpy, sys; sys.argv = ['run.py', 'mode=action', 'tracking=none', 'hydra.run.dir=" + str(tmp_path / "job")
              + "']\ntry:\n    runpy.run_path('" + str(REPO / "run.py") + "', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-             "print(sorted(m for m in ('mlflow', 'matplotlib', 'scipy', 'onnx', 'onnxruntime', 'pandas', 'sqlalchemy') "
+             "print(sorted(m for m in ('mlflow', 'matplotlib', 'scipy', 'onnx', 'onnxruntime', 'pandas', 'sqlalchemy', 'ray') "
              "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=subprocess_env(huggy_exp_cache), capture_output=True,
                          text=True, timeout=300)
