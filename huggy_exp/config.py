@@ -20,6 +20,11 @@ DTYPE_NAMES = ("fp32", "fp16", "bf16", "fp64")
 BACKENDS = ("eager", "compile", "fused", "graphs", "onnxruntime")
 VERDICTS = ("passed", "failed", "skipped", "error")
 SCENARIOS = ("single_stream", "multi_stream", "offline", "server", "control_loop")  # mode=benchmark
+OBS_SOURCES = ("random", "zeros", "extreme", "file")  # obs.source
+STATS_SOURCES = ("dynamics", "replay")  # mode=stats: mode.source
+LOOPS = ("open", "closed")  # mode=fingerprint: mode.loop
+ACTION_KINDS = ("deterministic", "sampled")  # mode=fingerprint: mode.actions (rollout.Stepper)
+MASKS = ("random", "feeds")  # onnx-compare, export-onnx: mode.masks
 MAX_SEED = 2**62  # fingerprint and stats add the step to the seed; torch generators take < 2^64
 MAX_BATCH = 2**24
 
@@ -48,7 +53,7 @@ class ModelConf:
 
 @dataclass
 class ObsConf:
-    source: str = rule(choices=("random", "zeros", "extreme", "file"))
+    source: str = rule(choices=OBS_SOURCES)
     rows: int = rule(lo=1)
     scale: float = rule(lo=0)
     path: Optional[str] = MISSING
@@ -148,15 +153,15 @@ class ExportOnnxMode(ModeConf):
     path: Optional[str] = MISSING
     opset: int = rule(lo=7, hi=21)
     atol: float = rule(lo=0)
-    masks: str = rule(choices=("random", "feeds"))
+    masks: str = rule(choices=MASKS)
     overwrite: bool = False
 
 
 @dataclass
 class FingerprintMode(ModeConf):
     steps: int = rule(lo=1, hi=1_000_000)
-    loop: str = rule(choices=("open", "closed"))
-    actions: str = rule(choices=("deterministic", "sampled"))
+    loop: str = rule(choices=LOOPS)
+    actions: str = rule(choices=ACTION_KINDS)
     envs: int = rule(lo=1, hi=1_000_000)
     decimals: int = rule(lo=0, hi=9)
     require_match: List[str] = MISSING
@@ -172,7 +177,7 @@ class OnnxCompareMode(ModeConf):
     samples: int = rule(lo=2, hi=1_000_000)
     confidence: float = rule(lo=0, hi=1, lo_open=True)
     rel_floor: float = rule(lo=0, lo_open=True)
-    masks: str = rule(choices=("random", "feeds"))
+    masks: str = rule(choices=MASKS)
 
 
 @dataclass
@@ -186,7 +191,7 @@ class PrecisionMode(ModeConf):
 class StatsMode(ModeConf):
     steps: int = rule(lo=1, hi=1_000_000)
     envs: int = rule(lo=1, hi=1_000_000)
-    source: str = rule(choices=("dynamics", "replay"))
+    source: str = rule(choices=STATS_SOURCES)
     trajectory: Optional[str] = MISSING
     drift_threshold: float = rule(lo=0)
     drift_fail: Optional[float] = rule(lo=0)
@@ -294,6 +299,8 @@ def validate(cfg: DictConfig, mode: str) -> None:
     _check(Config, plain, "")
     _check(MODES[mode], plain["mode"], "mode.")
     check_device(str(plain["device"]))
+    if mode == "stats" and plain["mode"]["source"] == "replay" and not plain["mode"]["trajectory"]:
+        raise UserError("mode.source=replay needs mode.trajectory=<file.npy> (float32 [T, obs_dim]) or an .npz of obs_<i> [T, d_i]")
     if mode == "benchmark":
         from huggy_exp.loadgen import check_available
 

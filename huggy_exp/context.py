@@ -13,7 +13,7 @@ from huggy_exp.errors import UserError
 from huggy_exp.numerics import limits_for
 from huggy_exp.observations import make_feeds, make_observations
 from huggy_exp.verify import Limits, Rules
-from huggy_exp.placement import Target, check_backend, check_device, check_dtype, resolve
+from huggy_exp.placement import Target, resolve
 
 
 
@@ -84,7 +84,8 @@ class VerifySpec:
 
 @dataclass
 class Context:
-    """Settings of one job. Device/dtype names are checked here (user errors); availability only in target()."""
+    """Settings of one job, as the schema validated them (config.validate: not checked again here); whether the device
+    and dtype are available here is target()'s to say."""
 
     device: str = "cpu"
     dtype: str = "fp32"
@@ -98,13 +99,6 @@ class Context:
     workdir: Path = Path(".")
 
     def __post_init__(self) -> None:
-        check_device(self.device)
-        check_dtype(self.dtype)
-        if int(self.batch_size) <= 0:
-            raise UserError(f"batch_size must be a positive integer, got {self.batch_size}")
-        if int(self.threads) <= 0:
-            raise UserError(f"threads must be a positive integer, got {self.threads}")
-        check_backend(self.backend)
         self.workdir = Path(self.workdir)
 
     @cached_property

@@ -89,9 +89,10 @@ class ContinuousActions(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.mu(x))
 
-    def sample(self, x: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """z given (drawn on the CPU by the caller), so every device sees the same noise."""
-        mu = self.mu(x)
+    def sample(self, x: torch.Tensor, noise: torch.Tensor, mu: torch.Tensor | None = None) -> torch.Tensor:
+        """z given (drawn on the CPU by the caller), so every device sees the same noise; `mu` when already computed
+        (the deterministic path's own)."""
+        mu = self.mu(x) if mu is None else mu
         log_sigma = self.log_sigma_of(x, mu)
         dtype = _stat_dtype(mu)
         mu, log_sigma = _cast(mu, dtype), _cast(log_sigma, dtype)
@@ -250,11 +251,7 @@ class Policy(nn.Module):
         parts = [self.normalize(x, i) for i, x in enumerate(obs)]
         if record is not None:
             record.update({"normalized_obs": parts[0]} if len(parts) == 1 else {f"normalized_obs_{i}": p for i, p in enumerate(parts)})
-        x = _cast(parts[0] if len(parts) == 1 else torch.cat(parts, dim=1), self.compute_dtype)
-        for i in range(0, len(self.body), 2):
-            x = self.body[i + 1](self.body[i](x))
-            if record is not None:
-                record[f"hidden_{i // 2}"] = x
+        x = self._hidden(_cast(parts[0] if len(parts) == 1 else torch.cat(parts, dim=1), self.compute_dtype), record)
         if self.memory is None:
             return x, None
         if memory is None:
@@ -295,11 +292,22 @@ class Policy(nn.Module):
             out["recurrent_out"] = _cast(memory_out, self.stat_dtype)
         return out
 
-    # --- the continuous single-input path (Huggy's shape), used by the comparing modes and the exporter
+    def _hidden(self, x: torch.Tensor, record: dict | None = None, row: bool = False) -> torch.Tensor:
+        """[Linear, Swish] x N in the compute dtype: the one trunk every output (deterministic, sampled, traced, every
+        shape) comes from; the hidden layers into `record`. `row`: one CPU row as a vector (Huggy's fast path, _run)."""
+        keep = (lambda t: t.unsqueeze(0)) if row else (lambda t: t)  # noqa: E731
+        for i, layer in enumerate(self._linears):
+            x = torch.addmv(self._gemv[i][1], self._gemv[i][0], x) if row else layer(x)
+            x = torch.sigmoid(x).mul_(x)  # Swish (x * sigmoid(x), as self.body), bit for bit; in place: one buffer less
+            if record is not None:
+                record[f"hidden_{i}"] = keep(x)
+        return x
+
+    # --- the continuous single-input path (Huggy's shape): the same trunk, kept lean for timing
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:
-        """The last hidden layer for one input: normalize (stat dtype), then the MLP in the compute dtype."""
-        return self.body(_cast(self.normalize(obs), self.compute_dtype))
+        """The last hidden layer for one input: normalize (stat dtype), then the trunk in the compute dtype."""
+        return self._hidden(_cast(self.normalize(obs), self.compute_dtype))
 
     def trace(self, obs: torch.Tensor | list[torch.Tensor], masks: torch.Tensor | None = None,
               memory: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
@@ -328,29 +336,28 @@ class Policy(nn.Module):
             out["recurrent_out"] = _cast(memory_out, self.stat_dtype)
         return out
 
-    def _run(self, obs: torch.Tensor, record: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-        """normalize (stat dtype) -> [Linear, Swish] x N (compute dtype) -> mu -> head; intermediates into `record`.
-
-        Huggy's shape only (one input, continuous actions, no memory); Policy.act runs every shape.
-        One row on the CPU runs as a vector through addmv (MKL's gemv): addmm's one-row path is ~2x slower there.
-        """
-        head = self.continuous
+    def _mu(self, obs: torch.Tensor, record: dict[str, torch.Tensor] | None = None):
+        """normalize (stat dtype) -> the trunk (compute dtype) -> mu, for Huggy's shape (one input, continuous actions,
+        no memory; Policy.act runs every shape): (last hidden, mu, keep), intermediates into `record`. One row on the
+        CPU runs as a vector through addmv (MKL's gemv): addmm's one-row path is ~2x slower there; `keep` gives a
+        vector back its row dimension."""
         row = obs.dim() == 2 and obs.shape[0] == 1 and obs.device.type == "cpu"
         keep = (lambda t: t.unsqueeze(0)) if row else (lambda t: t)  # noqa: E731
         x = self.normalize(obs[0] if row else obs)
         if record is not None:
             record["normalized_obs"] = keep(x)
-        x = _cast(x, self.compute_dtype)
-        for i, layer in enumerate(self._linears):
-            x = torch.addmv(self._gemv[i][1], self._gemv[i][0], x) if row else layer(x)
-            x = torch.sigmoid(x).mul_(x)  # Swish as in self.body, bit for bit; in place: one buffer less per layer
-            if record is not None:
-                record[f"hidden_{i}"] = keep(x)
-        mu = torch.addmv(self._gemv[-1][1], self._gemv[-1][0], x) if row else head.mu(x)
+        x = self._hidden(_cast(x, self.compute_dtype), record, row)
+        mu = torch.addmv(self._gemv[-1][1], self._gemv[-1][0], x) if row else self.continuous.mu(x)
+        return x, mu, keep
+
+    def _run(self, obs: torch.Tensor, record: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """Deterministic actions from _mu's trunk; mu and log_sigma into `record` too."""
+        head = self.continuous
+        x, mu, keep = self._mu(obs, record)
         if record is not None:
             record["mu"] = keep(mu)
             log_sigma = head.log_sigma_of(x, mu)
-            record["log_sigma"] = log_sigma.reshape(1, -1) if row else log_sigma
+            record["log_sigma"] = log_sigma.reshape(1, -1) if log_sigma.dim() == 1 else log_sigma
         return keep(head.head(mu))
 
     def head(self, mu: torch.Tensor) -> torch.Tensor:
@@ -361,7 +368,10 @@ class Policy(nn.Module):
         return self._run(obs)
 
     def sample(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        return self.continuous.sample(self.features(obs), noise)
+        """Sampled continuous actions of a single-input policy without memory: the mu forward() computes (the same
+        trunk, the same fast path), plus sigma times the CPU noise."""
+        x, mu, _ = self._mu(obs)
+        return self.continuous.sample(x, noise, mu).reshape(noise.shape)
 
 
 def cpu_noise(rows: int, act_dim: int, seed: int) -> torch.Tensor:

@@ -12,11 +12,12 @@ from __future__ import annotations
 import numpy as np
 
 from huggy_exp.dynamics import Dynamics
+from huggy_exp.config import ACTION_KINDS
 from huggy_exp.errors import UserError
 from huggy_exp.mlagents import ACTION_MASKS, RECURRENT_OUT, Normalizer, PolicyWeights, obs_name
 from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, Recurrent, Runner
 
-KINDS = ("deterministic", "sampled")
+KINDS = ACTION_KINDS
 OUTPUT_FILES = (("actions", ACTIONS, SAMPLED), ("discrete_actions", DISCRETE, DISCRETE_SAMPLED), ("memories", RECURRENT_OUT, RECURRENT_OUT))
 
 

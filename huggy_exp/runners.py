@@ -420,7 +420,7 @@ def build(ctx: Context, backend: str | None = None, *, device: str | None = None
           batch_size: int | None = None, threads: int | None = None, provider: str | None = None,
           onnx: Path | None = None) -> Runner:
     """The one factory: a runner for the context's (backend, device, dtype, batch size) or the overrides given."""
-    backend = check_backend(backend or ctx.backend)
+    backend = backend or ctx.backend  # an unknown name is refused by TorchRunner, listing the backends
     batch = ctx.batch_size if batch_size is None else batch_size
     if backend == "onnxruntime":
         target = ctx.target(device, dtype)

@@ -63,3 +63,26 @@ def test_the_context_does_not_import_the_runners_and_placement_owns_the_backend_
 def test_only_tracking_imports_mlflow():
     users = [p.name for p in _modules() if any(m.split(".")[0] == "mlflow" for m in _imports(p))]
     assert users == ["tracking.py"], users
+
+
+def _task_classes():
+    """Every task class (a class with a `name` and a `run`) in huggy_exp/tasks/, with its file."""
+    for path in sorted((PACKAGE / "tasks").glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and {"run"} <= {n.name for n in node.body if isinstance(n, ast.FunctionDef)} \
+                    and any(isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "name" for t in n.targets) for n in node.body):
+                yield path.name, node
+
+
+def test_task_constructors_take_the_yaml_values_with_no_second_set_of_defaults():
+    tasks = list(_task_classes())
+    assert len(tasks) >= 14, [c.name for _, c in tasks]
+    with_defaults = [f"{p}:{c.name}" for p, c in tasks for f in c.body if isinstance(f, ast.FunctionDef)
+                     and f.name == "__init__" and (f.args.defaults or any(d is not None for d in f.args.kw_defaults))]
+    assert not with_defaults, with_defaults
+
+
+def test_the_context_does_not_validate_what_the_schema_validated():
+    names = {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(ast.parse((PACKAGE / "context.py").read_text()))
+             if isinstance(n, (ast.Name, ast.Attribute))}
+    assert not names & {"check_device", "check_dtype", "check_backend"}

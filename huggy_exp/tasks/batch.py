@@ -18,8 +18,9 @@ FLIP_FAILS_UP_TO = 1e-5  # discrete flips fail where the dtype's tolerance is th
 class BatchTask:
     name = "batch"
 
-    def __init__(self, tolerance: dict[str, float] | None = None, budget_s: float = 0.3):
-        self.tolerance = dict(tolerance or {"fp64": 1e-12, "fp32": 1e-5, "fp16": 1e-2, "bf16": 5e-2})
+    def __init__(self, tolerance: dict[str, float], budget_s: float):
+        """mode=batch's keys (values: conf/mode/batch.yaml; validated by config.BatchMode)."""
+        self.tolerance = dict(tolerance)
         self.budget_s = float(budget_s)
 
     def run(self, ctx: Context) -> Result:

@@ -10,12 +10,11 @@ import time
 import numpy as np
 
 from huggy_exp import control_loop, loadgen, plots, timing
-from huggy_exp.config import SCENARIOS
 from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.mlagents import ACTION_MASKS, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name
 from huggy_exp.numerics import REL_FLOOR
-from huggy_exp.placement import check_backend, peak_memory_mb, reset_peak_memory, synchronize
+from huggy_exp.placement import peak_memory_mb, reset_peak_memory, synchronize
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, build
 from huggy_exp.tasks import SLOW_FP16, batch_of, is_sequence, runner_device, verify_point
@@ -37,14 +36,11 @@ class BenchmarkTask:
                  target_qps: float, latency_bound_ms: float, search_steps: int, search_ms: int, rate_hz: float,
                  duration_s: float, max_miss_rate: float, confidence: float, loop_search_s: float):
         """mode=benchmark's keys, each required: their values are conf/mode/benchmark.yaml's (the one set of defaults),
-        their types and ranges config.BenchmarkMode's."""
-        self.backends = [check_backend(str(b)) for b in backends] or ["eager"]  # eager, the gate, is always built
+        their types, ranges and choices config.BenchmarkMode's (validated there, not again here)."""
+        self.backends = [str(b) for b in backends] or ["eager"]  # eager, the gate, is always built
         self.scenarios = list(scenarios)
-        for s in self.scenarios:
-            if s not in SCENARIOS:
-                raise UserError(f"unknown mode.scenarios entry {s!r}; valid: {', '.join(SCENARIOS)}")
-        self.batch_sizes = [_positive(b, "mode.batch_sizes") for b in (batch_sizes or [])]
-        self.rounds, self.chunk_rows = _positive(rounds, "mode.rounds"), _positive(chunk_rows, "mode.chunk_rows")
+        self.batch_sizes = [int(b) for b in (batch_sizes or [])]
+        self.rounds, self.chunk_rows = int(rounds), int(chunk_rows)
         self.budget_s, self.warmup_s, self.settle_s = float(budget_s), float(warmup_s), float(settle_s)
         self.tolerance = dict(tolerance)
         self.fp16_cpu_max_rows, self.fp16_cpu_samples = int(fp16_cpu_max_rows), int(fp16_cpu_samples)
@@ -349,11 +345,3 @@ def _summary(result: Result, backends: dict, points: list[int], order: list[str]
     return lines
 
 
-def _positive(value, key: str) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        number = 0
-    if number <= 0 or isinstance(value, bool):
-        raise UserError(f"{key}: {value!r} is not a positive integer")
-    return number

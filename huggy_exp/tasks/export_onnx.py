@@ -16,7 +16,7 @@ from torch import nn
 from huggy_exp.context import Context
 from huggy_exp.errors import UserError
 from huggy_exp.mlagents import PolicyWeights, interface
-from huggy_exp.numerics import allowed_branches, discrete_margins
+from huggy_exp.numerics import allowed_branches
 from huggy_exp.policy import Policy
 from huggy_exp.results import Result, first_nonfinite
 from huggy_exp.safety import atomic_write, claim_output
@@ -66,8 +66,8 @@ class MLAgentsExport(nn.Module):
 class ExportOnnxTask:
     name = "export-onnx"
 
-    def __init__(self, path: str | None = None, opset: int = 9, atol: float = 1e-5, masks: str = "random",
-                 overwrite: bool = False):
+    def __init__(self, path: str | None, opset: int, atol: float, masks: str, overwrite: bool):
+        """mode=export-onnx's keys (values: conf/mode/export-onnx.yaml; validated by config.ExportOnnxMode)."""
         self.path, self.opset, self.atol, self.masks, self.overwrite = path, opset, atol, masks, overwrite
 
     def run(self, ctx: Context) -> Result:

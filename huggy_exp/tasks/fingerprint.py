@@ -16,8 +16,6 @@ from huggy_exp.runners import Runner, build, reference
 from huggy_exp.tasks import first_step, latency, verify_rollout
 from huggy_exp.verify import digest, quantize
 
-LOOPS = ("open", "closed")
-KINDS = rollout.KINDS
 
 
 def output_sequences(runner: Runner, ctx: Context, loop: str, kind: str, steps: int, envs: int,
@@ -53,15 +51,12 @@ def first_divergence(a: np.ndarray, b: np.ndarray) -> tuple[int, int, float] | N
 class FingerprintTask:
     name = "fingerprint"
 
-    def __init__(self, steps: int = 256, loop: str = "open", actions: str = "deterministic", envs: int = 1,
-                 decimals: int = 3, require_match: list[str] | None = None, dynamics: dict | None = None):
-        if loop not in LOOPS:
-            raise UserError(f"unknown mode.loop {loop!r}; valid: {', '.join(LOOPS)}")
-        if actions not in KINDS:
-            raise UserError(f"unknown mode.actions {actions!r}; valid: {', '.join(KINDS)}")
+    def __init__(self, steps: int, loop: str, actions: str, envs: int, decimals: int, require_match: list[str],
+                 dynamics: dict):
+        """mode=fingerprint's keys (values: conf/mode/fingerprint.yaml; validated by config.FingerprintMode)."""
         self.steps, self.loop, self.kind, self.envs, self.decimals = int(steps), loop, actions, int(envs), int(decimals)
-        self.require_match = list(require_match if require_match is not None else ["fp32"])
-        self.dynamics = dict(dynamics or {})
+        self.require_match = list(require_match)
+        self.dynamics = dict(dynamics)
 
     def run(self, ctx: Context) -> Result:
         dynamics = Dynamics(seed=ctx.seed, **self.dynamics)

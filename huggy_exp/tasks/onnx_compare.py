@@ -22,12 +22,12 @@ VERSUS = "onnxruntime"  # metrics <output>/vs_onnxruntime/<metric>, as the engin
 class OnnxCompareTask:
     name = "onnx-compare"
 
-    def __init__(self, provider: str = "CPUExecutionProvider", atol: dict | None = None, specialize: dict | None = None,
-                 sample_rows: int = 16, samples: int = 512, confidence: float = 0.999, rel_floor: float = 1e-3,
-                 masks: str = "random"):
+    def __init__(self, provider: str, atol: dict, specialize: dict, sample_rows: int, samples: int, confidence: float,
+                 rel_floor: float, masks: str):
+        """mode=onnx-compare's keys (values: conf/mode/onnx-compare.yaml; validated by config.OnnxCompareMode)."""
         self.provider = provider
-        self.atol = atol or {"fp64": 1e-5, "fp32": 1e-5, "fp16": 1e-2, "bf16": 5e-2}
-        self.specialize = specialize or {}
+        self.atol = dict(atol)
+        self.specialize = dict(specialize)
         self.sample_rows, self.samples, self.confidence, self.rel_floor = sample_rows, samples, confidence, rel_floor
         self.masks = masks
 

@@ -23,9 +23,10 @@ LAYER_ORDER = ("lstm", RECURRENT_OUT, "mu", "logits")  # after normalized_obs* a
 class PrecisionTask:
     name = "precision"
 
-    def __init__(self, layer_thresholds: dict, relative: dict, layer_specialize: dict | None = None):
+    def __init__(self, layer_thresholds: dict, relative: dict, layer_specialize: dict):
+        """mode=precision's keys (values: conf/mode/precision.yaml; validated by config.PrecisionMode)."""
         self.layer_thresholds = layer_thresholds
-        self.layer_specialize = layer_specialize or {}
+        self.layer_specialize = dict(layer_specialize)
         self.relative = relative
 
     def run(self, ctx: Context) -> Result:

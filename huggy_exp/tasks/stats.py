@@ -7,7 +7,6 @@ import numpy as np
 from huggy_exp import plots, rollout
 from huggy_exp.context import Context
 from huggy_exp.dynamics import Dynamics
-from huggy_exp.errors import UserError
 from huggy_exp.mlagents import NORMALIZER_CLAMP
 from huggy_exp.numerics import discrete_histogram
 from huggy_exp.observations import load_feeds, load_observations
@@ -15,22 +14,17 @@ from huggy_exp.results import Result
 from huggy_exp.runners import Runner, build, reference
 from huggy_exp.tasks import first_step, latency, verify_rollout
 
-SOURCES = ("dynamics", "replay")
 
 
 class StatsTask:
     name = "stats"
 
-    def __init__(self, steps: int = 200, envs: int = 8, source: str = "dynamics", trajectory: str | None = None,
-                 drift_threshold: float = 0.05, drift_fail: float | None = None, saturation: float = 0.999,
-                 dynamics: dict | None = None):
-        if source not in SOURCES:
-            raise UserError(f"unknown mode.source {source!r}; valid: {', '.join(SOURCES)}")
-        if source == "replay" and not trajectory:
-            raise UserError("mode.source=replay needs mode.trajectory=<file.npy> (float32 [T, obs_dim]) or an .npz of obs_<i> [T, d_i]")
+    def __init__(self, steps: int, envs: int, source: str, trajectory: str | None, drift_threshold: float,
+                 drift_fail: float | None, saturation: float, dynamics: dict):
+        """mode=stats' keys (values: conf/mode/stats.yaml; validated by config.StatsMode and config.validate)."""
         self.steps, self.envs, self.source, self.trajectory = int(steps), int(envs), source, trajectory
         self.drift_threshold, self.drift_fail, self.saturation = drift_threshold, drift_fail, saturation
-        self.dynamics = dict(dynamics or {})
+        self.dynamics = dict(dynamics)
 
     def _rollout(self, runner: Runner, ctx: Context) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """The inputs the policy saw [T, envs, d] by ML-Agents name and every output [T, envs, *] (actions,
