@@ -45,6 +45,7 @@ def build_context(cfg: DictConfig, workdir: Path) -> Context:
         seed=int(cfg.seed),
         backend=str(cfg.backend),
         threads=int(cfg.threads),
+        plots=bool(cfg.plots),
         model_spec=ModelSpec(**{k: model.get(k) for k in ModelSpec.__dataclass_fields__}),
         obs=ObsSpec(**{k: obs[k] for k in ObsSpec.__dataclass_fields__ if k in obs}),
         verify=VerifySpec(**OmegaConf.to_container(cfg.verify, resolve=True)) if "verify" in cfg else VerifySpec(),

@@ -93,6 +93,7 @@ class Context:
     seed: int = 0
     backend: str = "eager"
     threads: int = 1
+    plots: bool = True  # draw the mode's PNG plots
     model_spec: ModelSpec = field(default_factory=ModelSpec)
     obs: ObsSpec = field(default_factory=ObsSpec)
     verify: VerifySpec = field(default_factory=VerifySpec)

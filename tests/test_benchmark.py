@@ -152,7 +152,7 @@ def test_action_with_the_onnxruntime_backend(small, tmp_path):
 
 
 def test_benchmark_writes_point_metrics_series_and_plot(small, tmp_path):
-    run = run_mode(tmp_path, "benchmark", small.model, "mode.backends=[eager,onnxruntime,graphs]", "mode.batch_sizes=[2,8]", *FAST)
+    run = run_mode(tmp_path, "benchmark", small.model, "mode.backends=[eager,onnxruntime,graphs]", "mode.batch_sizes=[2,8]", "plots=true", *FAST)
     assert run.record["status"] == "passed", run.record["reason"]
     m = run.metrics
     for backend in ("eager", "onnxruntime"):

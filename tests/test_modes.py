@@ -199,7 +199,7 @@ def test_precision_too_tight_layer_threshold_names_the_first_failing_layer(small
 
 
 def test_precision_writes_plots_and_the_layer_table(small, tmp_path):
-    run = run_mode(tmp_path, "precision", small.model, "obs.rows=16")
+    run = run_mode(tmp_path, "precision", small.model, "obs.rows=16", "plots=true")
     for name in ("error_histogram.png", "layer_errors.png"):
         png = tmp_path / name
         assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -240,7 +240,7 @@ def huggy_onnx_runs(tmp_path_factory):
     if not SHARED.is_dir():
         pytest.skip(f"genuine ML-Agents fixtures not found at {SHARED}")
     root = tmp_path_factory.mktemp("onnx_compare")
-    return [run_mode(root / f"run{i}", "onnx-compare", f"model.checkpoint={HUGGY_PT}", *HUGGY_OBS) for i in range(2)]
+    return [run_mode(root / f"run{i}", "onnx-compare", f"model.checkpoint={HUGGY_PT}", *HUGGY_OBS, "plots=true") for i in range(2)]
 
 
 @needs_shared
@@ -493,7 +493,7 @@ def _stats(small, workdir, *overrides):
 
 
 def test_stats_fp32_cpu_has_no_drift(small, tmp_path):
-    run = _stats(small, tmp_path)
+    run = _stats(small, tmp_path, "plots=true")
     m = run.metrics
     assert run.record["status"] == "passed", run.record["reason"]
     assert m["drift_max"] == 0.0 and m["drift_first_step"] == -1 and m["obs_drift_max"] == 0.0
@@ -611,6 +611,18 @@ def test_plotting_modes_work_in_a_job_dir_that_does_not_exist_yet(small, tmp_pat
     from huggy_exp.app import execute
 
     workdir = tmp_path / "fresh" / "job"
-    result = execute(compose(["mode=precision", "tracking=none", small.model, "obs.rows=8"]), workdir=workdir, mode="precision")
+    result = execute(compose(["mode=precision", "tracking=none", small.model, "obs.rows=8", "plots=true"]), workdir=workdir, mode="precision")
     assert result.status == "passed", result.reason
     assert (workdir / "error_histogram.png").is_file()
+
+
+def test_plots_false_draws_no_png_and_changes_no_verdict_or_metric(small, tmp_path):
+    """`plots=false` (big sweeps; the test harness's default) skips the PNGs and nothing else."""
+    drawn = run_mode(tmp_path / "on", "precision", small.model, "obs.rows=16", "plots=true")
+    plain = run_mode(tmp_path / "off", "precision", small.model, "obs.rows=16", "plots=false")
+    assert {p.name for p in (tmp_path / "on").glob("*.png")} == {"error_histogram.png", "layer_errors.png"}
+    assert not list((tmp_path / "off").glob("*.png"))
+    assert plain.record["status"] == drawn.record["status"] == "passed"
+    timing = ("latency/", "p50_us", "p90_us", "p95_us", "p99_us", "obs_per_s", "noisy", "mean_us", "min_us", "max_us", "iqr_us")
+    untimed = [{k: v for k, v in r.record["metrics"].items() if not k.startswith(timing)} for r in (plain, drawn)]
+    assert untimed[0] == untimed[1] and len(untimed[0]) > 20

@@ -142,6 +142,6 @@ def _keep_outputs(ctx: Context, result: Result, mine: dict, theirs: dict, ort_na
             result.arrays.update({f"torch_{key}": mine[name], f"onnx_{key}": np.asarray(theirs[name])})
     diffs = {f"{name}: torch {ctx.dtype} - onnxruntime": mine[name] - theirs[name] for name in (ACTIONS, RECURRENT_OUT)
              if name in mine and np.shape(theirs.get(name)) == np.shape(mine[name])}
-    if diffs:
+    if diffs and ctx.plots:
         result.files.append(plots.error_histogram(ctx.workdir / "error_histogram.png", diffs,
                                                   f"deterministic outputs, {ctx.device} {ctx.dtype} vs {ort_name}"))

@@ -92,7 +92,16 @@ class PrecisionTask:
         return verdict
 
     def _write(self, ctx: Context, got: dict, want: dict, result: Result) -> None:
-        """The outputs (actions.npy, discrete_actions.npy, memories.npy) and the plots."""
+        """The outputs (actions.npy, discrete_actions.npy, memories.npy) and, with `plots`, the plots."""
+        if ctx.plots:
+            self._plot(ctx, got, want, result)
+        for out in outputs_of((ACTIONS, DISCRETE, RECURRENT_OUT)):
+            if out.name in got:
+                a = got[out.name]
+                result.arrays[out.stem] = a.astype(np.int64) if out.rule == "discrete" else a.astype(np.float32).squeeze(-2) if out.rule == "memory" else a.astype(np.float32)
+
+    def _plot(self, ctx: Context, got: dict, want: dict, result: Result) -> None:
+        """error_histogram.png (the point's and CPU fp32's error vs fp64) and layer_errors.png (rel_rmse per layer)."""
         primary = ACTIONS if ACTIONS in got else "logits"
         what = "action" if primary == ACTIONS else "logit"
         cpu32 = run_feeds(reference(ctx, "fp32"), ctx.feeds) if primary == ACTIONS else {}
@@ -103,10 +112,6 @@ class PrecisionTask:
         rows = result.tables["layer_errors"]
         result.files.append(plots.bars(ctx.workdir / "layer_errors.png", [r["layer"] for r in rows], [r["rel_rmse"] for r in rows],
                                        [r["threshold"] for r in rows], "rel_rmse vs fp64", f"per-layer error, {ctx.device} {ctx.dtype}"))
-        for out in outputs_of((ACTIONS, DISCRETE, RECURRENT_OUT)):
-            if out.name in got:
-                a = got[out.name]
-                result.arrays[out.stem] = a.astype(np.int64) if out.rule == "discrete" else a.astype(np.float32).squeeze(-2) if out.rule == "memory" else a.astype(np.float32)
 
 
 def _step_errors(got: dict, want: dict) -> list[dict]:

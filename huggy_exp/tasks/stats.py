@@ -126,6 +126,8 @@ class StatsTask:
     def plot(self, ctx: Context, result: Result, out: dict, ref: dict, drift: np.ndarray | None,
              discrete_drift: np.ndarray | None) -> None:
         """drift.png (per step, against CPU fp32) and actions.png (env 0's first actions or branches, both runs)."""
+        if not ctx.plots:
+            return
         wd = ctx.workdir
         curves = {}
         if drift is not None:
