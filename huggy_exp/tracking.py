@@ -139,7 +139,9 @@ def probe(uri: str) -> None:
                 if head != SQLITE_MAGIC:
                     raise StoreDown(f"MLflow store {db} is not a SQLite database; move it aside (mv {db} {db}.broken), "
                                     "then `python run.py mode=sync` logs every pending result.json into a fresh store")
-                with contextlib.closing(sqlite3.connect(db.absolute().as_uri() + "?mode=ro", uri=True, timeout=PROBE_TIMEOUT_S)) as con:
+                # read-write, never creating: a process killed mid-transaction leaves a hot journal that only a
+                # writable connection rolls back (a read-only one reads "attempt to write a readonly database")
+                with contextlib.closing(sqlite3.connect(db.absolute().as_uri() + "?mode=rw", uri=True, timeout=PROBE_TIMEOUT_S)) as con:
                     con.execute("PRAGMA schema_version").fetchone()
         except sqlite3.Error as exc:
             raise StoreDown(f"MLflow store {db} cannot be opened as SQLite ({exc}); move it aside "

@@ -424,6 +424,27 @@ def test_a_new_sqlite_store_starts_as_a_copy_of_an_empty_one_mlflow_migrated(tmp
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["mlflow.db", "mlflow.db.lock"]  # no seed left
 
 
+def test_a_store_whose_writer_was_killed_mid_transaction_is_recovered_not_refused(tmp_path):
+    """kill -9 in the middle of a write leaves a hot journal beside the database; the probe must let SQLite roll it
+    back (a read-only look fails with "attempt to write a readonly database"), and the store opens with its runs."""
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    store = tracking.Store.open({"uri": uri, "experiment": "x"})
+    run_id = store.client.create_run(store.experiment_id).info.run_id
+    tracking._forget_stores()
+    db = tmp_path / "store" / "mlflow.db"
+    writer = ("import os, sqlite3\n"
+              f"con = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
+              "con.execute('PRAGMA cache_size=1'); con.execute('BEGIN')\n"
+              "for i in range(3000):\n"
+              "    con.execute('INSERT INTO tags (key, value, run_uuid) VALUES (?, ?, ?)', (f'k{i}', 'v' * 500, %r))\n"
+              "os._exit(9)\n" % run_id)
+    subprocess.run([sys.executable, "-c", writer], check=False, timeout=60)
+    assert (tmp_path / "store" / "mlflow.db-journal").is_file()  # the hot journal the killed writer left
+    tracking.probe(uri)
+    again = tracking.Store.open({"uri": uri, "experiment": "x"})
+    assert "k0" not in again.client.get_run(run_id).data.tags  # the killed writer's transaction was rolled back
+
+
 def test_without_a_writable_cache_dir_mlflow_migrates_the_new_store_itself(tmp_path, monkeypatch):
     (tmp_path / "cache").write_text("a file where the cache dir would be")
     monkeypatch.setenv("HUGGY_EXP_CACHE", str(tmp_path / "cache"))

@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -162,9 +163,14 @@ def test_mode_ui_prints_the_latest_sweeps_runs_and_stops_on_ctrl_c(tmp_path, hug
     with socket.socket() as s:
         s.bind((ui.HOST, 0))
         port = s.getsockname()[1]
+    # SIGINT's default in the child: a suite started in the background (`&`, nohup) has SIGINT ignored, the child
+    # would inherit that, and Ctrl-C would never reach it (the test then waited forever)
     proc = subprocess.Popen([PYTHON, "run.py", "mode=ui", f"tracking.uri={settings['uri']}", f"tracking.ui_port={port}",
                              f"hydra.run.dir={tmp_path / 'out'}"], cwd=REPO, env=subprocess_env(huggy_exp_cache),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    killer = threading.Timer(300, proc.kill)  # bounded: a UI that never says it is up fails the test, never hangs it
+    killer.start()
     lines = []
     for line in proc.stdout:
         lines.append(line)
@@ -172,6 +178,7 @@ def test_mode_ui_prints_the_latest_sweeps_runs_and_stops_on_ctrl_c(tmp_path, hug
             break
     proc.send_signal(signal.SIGINT)
     out = "".join(lines) + proc.stdout.read()
+    killer.cancel()
     assert proc.wait(timeout=60) == 0, out
     assert f"latest sweep's runs: http://127.0.0.1:{port}/#/experiments/" in out and "viewStateShareKey=feed01" in out
     assert "stopped" in out
