@@ -18,6 +18,7 @@ import math
 import os
 import platform
 import re
+import shutil
 import sqlite3
 import subprocess
 import tempfile
@@ -29,7 +30,7 @@ from urllib.parse import unquote, urlparse
 
 from huggy_exp.headline import COSINE, ERROR, PER_DTYPE, headline_names, judged_limits, noisy, settings
 from huggy_exp.results import read_result, update_result
-from huggy_exp.safety import disk_full_message, free_bytes, is_disk_full, size
+from huggy_exp.safety import atomic_write, disk_full_message, free_bytes, is_disk_full, size
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_EXPERIMENT = "huggy_exp"
@@ -253,12 +254,10 @@ def _empty_store_template() -> Path | None:
         return template
     try:
         template.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=template.parent, prefix=template.name + ".", suffix=".tmp")
-        os.close(fd)
-        os.unlink(tmp)  # MLflow creates the file; it only needs a unique name beside the template
     except OSError:
         return None
-    try:
+
+    def build(tmp: str) -> None:  # MLflow migrates the empty temporary file, then its experiments are dropped
         mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp}").search_experiments()
         _forget_stores()  # close the engine before the file is edited and moved
         with contextlib.closing(sqlite3.connect(tmp)) as con:
@@ -266,10 +265,8 @@ def _empty_store_template() -> Path | None:
                 con.execute("DELETE FROM experiment_tags")
                 con.execute("DELETE FROM experiments")
             con.execute("VACUUM")
-        os.replace(tmp, template)  # atomic: two first runs at once each build one, and either is complete
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+
+    atomic_write(template, build)  # two first runs at once each build one, and either is complete
     return template
 
 
@@ -279,19 +276,8 @@ def _seed_sqlite(uri: str) -> None:
     if db is None or db.exists():
         return
     template = _empty_store_template()
-    if template is None:
-        return
-    tmp = db.with_name(f".{db.name}.{os.getpid()}.seed")
-    try:
-        with open(template, "rb") as src, open(tmp, "wb") as dst:
-            while chunk := src.read(1 << 20):
-                dst.write(chunk)
-            dst.flush()
-            os.fsync(dst.fileno())
-        os.replace(tmp, db)
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+    if template is not None:
+        atomic_write(db, lambda tmp: shutil.copyfile(template, tmp))
 
 
 class Store:
