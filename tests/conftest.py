@@ -302,10 +302,10 @@ def assert_same_weights(a, b) -> None:
 # --- Hydra, in-process
 
 
-def compose_config(overrides: list[str] | tuple[str, ...] = (), plots: bool = False):
+def compose_config(overrides: list[str] | tuple[str, ...] = ()):
     """The real conf/ tree composed in-process (no hydra: key), exactly as run.py sees it minus Hydra's own settings.
 
-    `plots=false` unless the overrides say `plots=...` or `plots` is True: drawing the PNGs took about a quarter of the
+    `plots=false` unless the overrides say `plots=...`: drawing the PNGs took about a quarter of the
     default run's CPU, and only the tests that look at plots ask for them (run.py's own default is `plots: true`)."""
     from hydra import compose, initialize_config_dir
 
@@ -313,7 +313,7 @@ def compose_config(overrides: list[str] | tuple[str, ...] = (), plots: bool = Fa
 
     setup()
     overrides = list(overrides)
-    if not plots and not any(o.lstrip("+~").startswith("plots=") for o in overrides):
+    if not any(o.lstrip("+~").startswith("plots=") for o in overrides):
         overrides.append("plots=false")
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config_name="config", overrides=overrides, return_hydra_config=False)
