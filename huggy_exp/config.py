@@ -7,6 +7,7 @@ unknown keys, ranges, choices, finite numbers. Every failure is one line naming 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Dict, List, Optional, get_type_hints
@@ -279,6 +280,8 @@ def register() -> None:
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
+    if "config_schema.yaml" in cs.repo:  # stored already in this process: each store converts every dataclass again
+        return
     cs.store(name="config_schema", node=Config)
     for group, node in (("model", ModelConf), ("obs", ObsConf), ("tracking", TrackingConf)):
         cs.store(group=f"schema/{group}", name="base", node=node)
@@ -456,6 +459,7 @@ def group_options(group: str, dirs: list) -> list[str]:
     return sorted({p.stem for d in dirs for p in (Path(d) / group).glob("*.yaml")})
 
 
+@functools.cache
 def free_maps() -> tuple[str, ...]:
     """Every schema map with free keys (Dict[str, Any]): `mode.<key>` (e.g. mode.specialize) and `verify.specialize`."""
     tables = [("mode", schema) for schema in MODES.values()] + [("verify", VerifyConf)]

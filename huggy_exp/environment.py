@@ -7,6 +7,7 @@ differs between two captures, dotted (`versions.torch`, `cpu.flags`).
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import re
@@ -63,6 +64,7 @@ def os_info() -> dict:
     return {"system": platform.system(), "release": platform.release(), "platform": platform.platform(), "libc": libc or NOT_PRESENT}
 
 
+@functools.cache  # a job asks for each version several times, and each lookup scans sys.path's dist-info
 def _version(dist: str, missing: str = NOT_PRESENT) -> str:
     try:
         return metadata.version(dist)

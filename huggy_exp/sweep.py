@@ -30,11 +30,13 @@ class SweepCallback(Callback):
         self.started = 0.0
         self.sweep_dir: Path | None = None
         self.settings: dict = {}
+        self.plots = True
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         self.started = time.time()
         self.sweep_dir = Path(config.hydra.sweep.dir)
         self.settings = OmegaConf.to_container(config.tracking, resolve=True)
+        self.plots = bool(config.get("plots", True))  # the sweep's own plots follow the command line's `plots=`
         ACTIVE[0] = self
         jobs = os.environ.get(JOBS_ENV)
         info = tracking.start_sweep(self.settings, self.sweep_dir, uuid.uuid4().hex[:12], sys.argv[1:],
@@ -53,7 +55,7 @@ class SweepCallback(Callback):
         summary = summarize(self.sweep_dir, since=self.started)
         info = tracking.read_sweep(self.sweep_dir) or {}
         summary["title"] = tracking.sweep_name(info.get("argv", sys.argv[1:]), info.get("started") or self.started)
-        files = write_summary(self.sweep_dir, summary)
+        files = write_summary(self.sweep_dir, summary, self.plots)
         url = tracking.end_sweep(self.settings, self.sweep_dir, summary, files, status)
         print(f"\nsweep summary ({len(summary['rows'])} jobs) in {self.sweep_dir}:")
         for row in summary["rows"]:
@@ -195,8 +197,8 @@ def obs_label(obs: dict) -> str:
     return f"{source}/{obs.get('rows')}" + (f"/x{obs.get('scale')}" if source == "random" else "")
 
 
-def write_summary(sweep_dir: Path, summary: dict) -> list[Path]:
-    """summary.json, summary.csv and summary.md in the sweep dir; the comparison table and plots beside them."""
+def write_summary(sweep_dir: Path, summary: dict, plot: bool) -> list[Path]:
+    """summary.json, summary.csv and summary.md in the sweep dir; the comparison table and (with `plot`) plots beside them."""
     columns = ["job", "run_name", "mode", "device", "dtype", "batch_size", "case", "host", "node", "obs", "seed", "status", "expect",
                "tracking", "vs_cpu_fp32_max_abs", "vs_cpu_fp32_discrete_agreement", "actions_sha256", "note"]
     metric_names = list(dict.fromkeys(k for r in summary["rows"] for k in r["metrics"]))
@@ -221,7 +223,7 @@ def write_summary(sweep_dir: Path, summary: dict) -> list[Path]:
     if comparison.get("device_agreement"):  # replays (mode=replay): one table of which points agree bit for bit
         write_table(sweep_dir / "device_agreement.csv", comparison["device_agreement"])
         paths.append(sweep_dir / "device_agreement.csv")
-    plots = draw(sweep_dir, summary["rows"], comparison)
+    plots = draw(sweep_dir, summary["rows"], comparison) if plot else []
     md += ["", f"Everything above with the plots embedded, in one file: [{report.REPORT}]({report.REPORT})."]
     if plots:
         md += ["", *(f"![{p.stem}]({p.name})" for p in plots)]

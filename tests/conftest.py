@@ -213,8 +213,13 @@ def mlagents_forward(state: dict, obs: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="session", autouse=True)
 def huggy_exp_cache(tmp_path_factory) -> Path:
-    """The embedded default is written under a session tmp dir, never under ~/.cache."""
-    cache = tmp_path_factory.mktemp("huggy_exp_cache")
+    """The embedded default is written under a session tmp dir, never under ~/.cache. The workers of `-n auto` share
+    one, as concurrent runs share ~/.cache: the embedded default and MLflow's empty store are built once, not per worker."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        cache = tmp_path_factory.getbasetemp().parent / "huggy_exp_cache"
+        cache.mkdir(exist_ok=True)
+    else:
+        cache = tmp_path_factory.mktemp("huggy_exp_cache")
     old = os.environ.get("HUGGY_EXP_CACHE")
     os.environ["HUGGY_EXP_CACHE"] = str(cache)
     yield cache

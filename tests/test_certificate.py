@@ -281,14 +281,14 @@ def test_ulp_distance_counts_float32_steps_and_signed_zeros_agree():
 
 def test_onnxruntime_replay_of_an_eager_recording_reports_the_latency_change(small_bundle, small, tmp_path):
     r = replay(tmp_path, small_bundle, small.model, "backend=onnxruntime", "mode.latency.budget_s=0.1",
-               "mode.latency.max_samples=200").record
+               "mode.latency.max_samples=200", "plots=true").record
     assert r["status"] == "passed", r["reason"]
     assert r["recorded_point"] == "cpu/fp32/eager/b64" and r["metrics"]["actions/vs_recorded/max_abs"] <= 1e-5
     change = r["latency_change"]
     assert 0.0 <= change["p_value"] <= 1.0 and change["ci95_low"] <= change["median_ratio"] <= change["ci95_high"]
     assert "Mann-Whitney U" in change["test"] and change["tolerance"] in (0.05, 0.20)
     assert change["verdict"] in ("slower", "faster", "within tolerance", "not significant")
-    assert (tmp_path / "latency_cdf.png").is_file()
+    assert (tmp_path / "latency_cdf.png").is_file() and "![latency](latency_cdf.png)" in (tmp_path / "report.md").read_text()
 
 
 class SlowRunner:

@@ -156,6 +156,19 @@ def test_comparison_plots_cover_error_latency_and_agreement(tmp_path):
     assert all(f.stat().st_size > 5_000 for f in files)
 
 
+@pytest.mark.parametrize("plots", ["true", "false"])
+def test_a_sweeps_own_plots_follow_plots_on_the_command_line(plots, tmp_path):
+    """The sweep's comparison plots are drawn with `plots=true` and skipped, like every job's, with `plots=false`."""
+    from test_trust import cli
+
+    sweep = tmp_path / "sweep"
+    got = cli(["-m", "seed=0", "obs.rows=4", "tracking=none", f"plots={plots}", f"hydra.sweep.dir={sweep}"], None)
+    assert got.code == 0, got.err[-2000:]
+    drawn = sorted(p.relative_to(sweep).as_posix() for p in sweep.rglob("*.png"))
+    assert drawn == (["error_vs_dtype.png", "latency_vs_batch.png"] if plots == "true" else []), drawn
+    assert ("![error_vs_dtype](error_vs_dtype.png)" in (sweep / "summary.md").read_text()) == (plots == "true")
+
+
 def test_latency_points_follow_the_benchmark_ladder_per_backend():
     from huggy_exp.sweep import latency_points
 

@@ -40,9 +40,11 @@ class Outcome:
 
 
 def cli(args: list[str], jobdir: Path | None) -> Outcome:
-    """run.py's cli() in this process: exit code, captured output, and result.json when the job wrote one."""
+    """run.py's cli() in this process: exit code, captured output, and result.json when the job wrote one.
+    `plots=false` unless the arguments say `plots=...`, as compose_config does."""
     sets_dir = any(a.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for a in args)
     argv = list(args) + ([f"hydra.run.dir={jobdir}"] if jobdir is not None and not sets_dir else [])
+    argv += [] if any(a.lstrip("+~").startswith("plots=") for a in args) else ["plots=false"]
     out, err = io.StringIO(), io.StringIO()
     saved = sys.argv[:]
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -324,7 +326,8 @@ def test_no_environment_variable_reaches_result_json_or_mlflow(tmp_path, monkeyp
     assert "s3cr3t-value-4711" not in written + json.dumps(run_.data.tags) + json.dumps(run_.data.params)
 
 
-def test_a_hung_server_costs_one_probe_per_sweep_not_minutes_per_point(tmp_path):
+def test_a_hung_server_costs_one_probe_per_sweep_not_minutes_per_point(tmp_path, monkeypatch):
+    monkeypatch.setattr(tracking, "PROBE_TIMEOUT_S", 1.0)  # the bound (3 s) only sets how long the one probe waits
     with socket.socket() as hung:  # accepts connections into its backlog and never answers
         hung.bind(("127.0.0.1", 0))
         hung.listen(8)
