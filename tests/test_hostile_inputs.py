@@ -6,7 +6,6 @@ Each row builds its bad input in tmp_path and calls the loader directly; the end
 from __future__ import annotations
 
 import json
-import os
 import pickle
 from pathlib import Path
 
@@ -144,7 +143,7 @@ def onnx_external(location: str):
 
 
 def onnx_bytes(tmp: Path):
-    (tmp / "policy.onnx").write_bytes(os.urandom(256) + b"\xff" * 64)
+    (tmp / "policy.onnx").write_bytes(np.random.default_rng(147).bytes(256) + b"\xff" * 64)  # seeded: every run the same file
     return lambda: mlagents.load_onnx(tmp / "policy.onnx")
 
 
@@ -188,7 +187,7 @@ def npy_array(array: np.ndarray):
 
 
 def npy_bytes(tmp: Path):
-    (tmp / "obs.npy").write_bytes(b"PK\x03\x04" + os.urandom(200))
+    (tmp / "obs.npy").write_bytes(b"PK\x03\x04" + np.random.default_rng(191).bytes(200))
     return lambda: load_observations(str(tmp / "obs.npy"), 59)
 
 
