@@ -265,7 +265,7 @@ class Config:
     seed: int = rule(lo=0, hi=MAX_SEED)
     backend: str = rule(choices=BACKENDS)
     threads: int = rule(lo=1, hi=1024)
-    plots: bool = True
+    plots: bool = MISSING
     expect: Optional[str] = rule(None, choices=VERDICTS)
     needs: List[str] = field(default_factory=list)
     mode: Any = MISSING

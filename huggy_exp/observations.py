@@ -11,7 +11,6 @@ from huggy_exp.config import OBS_SOURCES
 from huggy_exp.errors import UserError
 from huggy_exp.mlagents import ACTION_MASKS, Normalizer, PolicyWeights, obs_name
 
-SOURCES = OBS_SOURCES
 EXTREME = 1.0e4
 MAX_OBS_BYTES = 1 << 30  # 1 GiB of float32 observations (~4.5M Huggy rows); the random source needs ~3x that while drawing
 
@@ -26,8 +25,8 @@ def make_observations(
     normalizer: Normalizer | None = None,
 ) -> np.ndarray:
     """float32 [rows, obs_dim]; `random` draws around the policy's own normalizer (mean + scale * std * z)."""
-    if source not in SOURCES:
-        raise UserError(f"unknown obs.source {source!r}; valid: {', '.join(SOURCES)}")
+    if source not in OBS_SOURCES:
+        raise UserError(f"unknown obs.source {source!r}; valid: {', '.join(OBS_SOURCES)}")
     if source == "file":
         return load_observations(path, obs_dim)
     if rows <= 0:

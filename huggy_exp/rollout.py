@@ -17,7 +17,6 @@ from huggy_exp.errors import UserError
 from huggy_exp.mlagents import ACTION_MASKS, RECURRENT_OUT, Normalizer, PolicyWeights, obs_name
 from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, Recurrent, Runner
 
-KINDS = ACTION_KINDS
 OUTPUT_FILES = (("actions", ACTIONS, SAMPLED), ("discrete_actions", DISCRETE, DISCRETE_SAMPLED), ("memories", RECURRENT_OUT, RECURRENT_OUT))
 
 
@@ -76,8 +75,8 @@ class Stepper:
     """
 
     def __init__(self, runner: Runner, kind: str = "deterministic", seed: int = 0, masks: np.ndarray | None = None):
-        if kind not in KINDS:
-            raise UserError(f"unknown actions kind {kind!r}; valid: {', '.join(KINDS)}")
+        if kind not in ACTION_KINDS:
+            raise UserError(f"unknown actions kind {kind!r}; valid: {', '.join(ACTION_KINDS)}")
         self.runner, self.kind, self.seed, self.masks, self.t = runner, kind, int(seed), masks, 0
         call = runner.infer if kind == "deterministic" else (lambda f: runner.sample(f, self.seed + self.t))  # noqa: E731
         self.recurrent = Recurrent(call, runner.memory_size)

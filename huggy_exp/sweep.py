@@ -36,7 +36,7 @@ class SweepCallback(Callback):
         self.started = time.time()
         self.sweep_dir = Path(config.hydra.sweep.dir)
         self.settings = OmegaConf.to_container(config.tracking, resolve=True)
-        self.plots = bool(config.get("plots", True))  # the sweep's own plots follow the command line's `plots=`
+        self.plots = bool(config.plots)  # the sweep's own plots follow the command line's `plots=`
         ACTIVE[0] = self
         jobs = os.environ.get(JOBS_ENV)
         info = tracking.start_sweep(self.settings, self.sweep_dir, uuid.uuid4().hex[:12], sys.argv[1:],

@@ -197,7 +197,8 @@ class Report:
     def write(self, workdir: Path, samples, plot: bool) -> list[str]:
         """replay.md, and with `plot` the latency CDF (recorded against here)."""
         files = []
-        if plot and self.recorded_latency is not None:
+        cdf = plot and self.recorded_latency is not None
+        if cdf:
             files.append(plots.distributions(workdir / "latency_cdf.png", {f"recorded {self.latency['against']}": np.asarray(self.recorded_latency) * 1e6,
                                                                             f"here {self.key}": np.asarray(samples) * 1e6},
                                              "latency per call (µs)", f"latency, replay {self.key}"))
@@ -216,7 +217,7 @@ class Report:
             md += ["", f"## Latency against {lat['against']}", "",
                    f"median {lat['recorded_median_us']:,.1f} µs recorded, {lat['here_median_us']:,.1f} µs here: {lat['median_ratio']:.3f}x "
                    f"(95% CI {lat['ci95_low']:.3f}..{lat['ci95_high']:.3f}), p90 {lat['p90_ratio']:.3f}x, p = {lat['p_value']:.3g}: "
-                   f"**{lat['verdict']}** ({lat['test']})"] + (["", "![latency](latency_cdf.png)"] if files else [])
+                   f"**{lat['verdict']}** ({lat['test']})"] + (["", "![latency](latency_cdf.png)"] if cdf else [])
         md += ["", "## Environment diff", ""]
         md += _table(self.env, ["field", "recorded", "here"]) if self.env else ["none: same host stack"]
         (workdir / "report.md").write_text("\n".join(md) + "\n")
