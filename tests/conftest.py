@@ -19,8 +19,8 @@ def _cores() -> int:
 
 
 # `-n auto` runs one worker per core. Each worker's OpenMP pool (torch, onnxruntime's default) would take every core
-# as well, and the pools' spinning threads oversubscribe them: on 2 cores the default run took 177 s and 310 s of CPU
-# that way, 146 s and 252 s with one thread per worker. Set before torch starts its pool; subprocesses inherit it; an
+# as well, and the pools' spinning threads oversubscribe them: on 2 cores the default run took 177 s and 328 s of CPU
+# that way, 146 s and 269 s with one thread per worker. Set before torch starts its pool; subprocesses inherit it; an
 # OMP_NUM_THREADS of your own wins. A serial run (-n 0, the slow run) keeps every core per test.
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _cores() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
@@ -319,21 +319,23 @@ def assert_same_weights(a, b) -> None:
 # --- Hydra, in-process
 
 
-def compose_config(overrides: list[str] | tuple[str, ...] = ()):
-    """The real conf/ tree composed in-process (no hydra: key), exactly as run.py sees it minus Hydra's own settings.
-
-    `plots=false` unless the overrides say `plots=...`: drawing the PNGs took about a quarter of the
+def plots_off(overrides) -> list[str]:
+    """The overrides plus `plots=false` unless they say `plots=...`: drawing the PNGs took about a quarter of the
     default run's CPU, and only the tests that look at plots ask for them (run.py's own default is `plots: true`)."""
+    overrides = list(overrides)
+    return overrides if any(o.lstrip("+~").startswith("plots=") for o in overrides) else [*overrides, "plots=false"]
+
+
+def compose_config(overrides: list[str] | tuple[str, ...] = ()):
+    """The real conf/ tree composed in-process (no hydra: key), exactly as run.py sees it minus Hydra's own settings;
+    with `plots=false` unless the overrides set `plots` (plots_off)."""
     from hydra import compose, initialize_config_dir
 
     from huggy_exp.config import setup
 
     setup()
-    overrides = list(overrides)
-    if not any(o.lstrip("+~").startswith("plots=") for o in overrides):
-        overrides.append("plots=false")
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides, return_hydra_config=False)
+        return compose(config_name="config", overrides=plots_off(overrides), return_hydra_config=False)
 
 
 @dataclass

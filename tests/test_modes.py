@@ -118,6 +118,7 @@ def test_every_mode_writes_finite_metrics_for_the_default_config(mode, tmp_path)
     assert run.metrics, "a mode must report at least one metric"
     bad = {k: v for k, v in run.metrics.items() if not _is_finite_or_sentinel(v)}
     assert not bad, f"non-finite metrics in result.json: {bad}"
+    assert not list(tmp_path.rglob("*.png")), "the harness composes with plots=false: every mode must honour it"
 
 
 TIMED = ("p50_us", "p99_us", "obs_per_s")  # the headline latency figures

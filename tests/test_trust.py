@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import (BODY, NORM_PREFIXES, PYTHON, REPO, free_port, mlagents_forward, save_mlagents_checkpoint, start_server,
-                      stop_server, subprocess_env)
+from conftest import (BODY, NORM_PREFIXES, PYTHON, REPO, free_port, mlagents_forward, plots_off, save_mlagents_checkpoint,
+                      start_server, stop_server, subprocess_env)
 
 sys.path.insert(0, str(REPO))
 import run  # noqa: E402  (run.py: the command line, called in-process)
@@ -40,10 +40,9 @@ class Outcome:
 
 def cli(args: list[str], jobdir: Path | None) -> Outcome:
     """run.py's cli() in this process: exit code, captured output, and result.json when the job wrote one.
-    `plots=false` unless the arguments say `plots=...`, as compose_config does."""
+    `plots=false` unless the arguments set `plots`, as compose_config does (conftest.plots_off)."""
     sets_dir = any(a.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for a in args)
-    argv = list(args) + ([f"hydra.run.dir={jobdir}"] if jobdir is not None and not sets_dir else [])
-    argv += [] if any(a.lstrip("+~").startswith("plots=") for a in args) else ["plots=false"]
+    argv = plots_off(args) + ([f"hydra.run.dir={jobdir}"] if jobdir is not None and not sets_dir else [])
     out, err = io.StringIO(), io.StringIO()
     saved = sys.argv[:]
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
