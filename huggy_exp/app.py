@@ -230,6 +230,7 @@ def _job_record(cfg: DictConfig, mode: str, job: JobInfo, result: Result, ctx: C
         "start_time_ms": int(started * 1000),  # MLflow's run starts here, not when it is logged
         "duration_s": round(time.time() - started, 3),
         "environment": environment.summary(),
+        "emulated": environment.emulated(str(cfg.device)),  # an emulated device (tests/emulated_npu.py), not a card
         "params": params,
         "interrupted": interrupted,
         "headline_metrics": head,
