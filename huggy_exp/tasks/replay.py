@@ -17,6 +17,8 @@ from huggy_exp.errors import UserError
 from huggy_exp.results import Result
 from huggy_exp.runners import build, reference, run_feeds
 from huggy_exp.tasks.record import fingerprints, time_calls
+from huggy_exp.verify import finite_limits, nonfinite_failures, within
+from huggy_exp.verify import limit as verify_limit
 
 
 class ReplayTask:
@@ -25,7 +27,7 @@ class ReplayTask:
     def __init__(self, bundle: str | None, reference_point: str | None, allow_other_model: bool, tolerance: dict,
                  require_bitwise: bool, latency: dict, alpha: float, fail_on_latency: bool, decimals: int):
         self.bundle, self.reference_point, self.allow_other_model = bundle, reference_point, bool(allow_other_model)
-        self.tolerance, self.require_bitwise, self.latency = dict(tolerance), bool(require_bitwise), dict(latency)
+        self.tolerance, self.require_bitwise, self.latency = finite_limits(tolerance, "mode.tolerance"), bool(require_bitwise), dict(latency)
         self.alpha, self.fail_on_latency, self.decimals = float(alpha), bool(fail_on_latency), int(decimals)
 
     def run(self, ctx: Context) -> Result:
@@ -46,6 +48,11 @@ class ReplayTask:
         env_rows = environment.diff(b.points[match or ref_key or next(iter(b.points))]["environment"], env_here) if b.points else []
         result = Result(arrays=dict(here))
         report = Report(key, b, match, ref_key)
+        for recorded in dict.fromkeys(filter(None, (match, ref_key))):  # a NaN recording or reference never passes
+            for why in nonfinite_failures(b.outputs(recorded), f"the recording {recorded}"):
+                result.fail(why)
+        for why in nonfinite_failures(fp64, "the bundle's fp64 reference"):
+            result.fail(why)
         self._agreement(result, report, b, ctx, here, match, timed.threads, env_rows)
         self._against_fp64(result, report, here, fp64, host64, ctx.dtype, judge=match is None and ref_key is None)
         self._dual(result, report, b, here, fp64, ref_key)
@@ -88,7 +95,7 @@ class ReplayTask:
                                 "compared against the bundle's fp64 reference only")
             result.details["no_recording"] = True
             return
-        recorded, limit = b.outputs(match), float(self.tolerance.get(ctx.dtype, np.inf))
+        recorded, limit = b.outputs(match), verify_limit(self.tolerance, ctx.dtype, "mode.tolerance")
         point = b.points[match]
         same_point = match == report.key and int(point.get("threads", 1)) == threads and environment.same_stack(env_rows)
         required = self.require_bitwise or same_point
@@ -104,7 +111,7 @@ class ReplayTask:
                 why = "same device, dtype, backend, batch and threads on an unchanged host stack" if same_point else "mode.require_bitwise=true"
                 result.fail(f"{name} is not bitwise identical to the recording {match} ({row['bitwise_share']:.2%} equal, "
                             f"max {row['ulp_max']:.0f} ULP; {why})")
-            if "max_abs" in row and not row["max_abs"] <= limit:
+            if "max_abs" in row and not within(row["max_abs"], limit):
                 result.fail(f"{name} max |replay - recorded {match}| {row['max_abs']:.3g} > tolerance {limit:g} ({ctx.dtype})")
         if rows:
             result.metrics["agreement/bitwise_share"] = min(r["bitwise_share"] for r in rows)
@@ -114,7 +121,7 @@ class ReplayTask:
 
     def _against_fp64(self, result: Result, report: "Report", here: dict, fp64: dict, host64: dict, dtype: str, judge: bool) -> None:
         """Every output against the bundle's fp64 reference; this host's fp64 against the bundle's (how far fp64 moved)."""
-        limit = float(self.tolerance.get(dtype, np.inf))
+        limit = verify_limit(self.tolerance, dtype, "mode.tolerance")
         for name in here:
             if name not in fp64:
                 continue
@@ -122,7 +129,7 @@ class ReplayTask:
             result.metrics.update({f"{name}/vs_fp64/{k}": v for k, v in m.items()})
             drift = errors(host64[name], fp64[name])
             result.metrics.update({f"{name}/fp64_here_vs_bundle/{k}": v for k, v in drift.items() if k in ("max_abs", "mismatch_share")})
-            if judge and "max_abs" in m and not m["max_abs"] <= limit:
+            if judge and "max_abs" in m and not within(m["max_abs"], limit):
                 result.fail(f"{name} max_abs vs the bundle's fp64 {m['max_abs']:.3g} > tolerance {limit:g} ({dtype})")
             report.fp64.append({"output": name, **m, "fp64_here_vs_bundle_max_abs": drift.get("max_abs", drift.get("mismatch_share"))})
 
