@@ -470,7 +470,8 @@ def free_maps() -> tuple[str, ...]:
 def normalize_argv(argv: list[str]) -> list[str]:
     """The command line as Hydra must see it: `+case=` as `case=` (a group now); an override of a free map
     (`verify.specialize={npu_fp16: {...}}`, as the docs write it) merged with `++`, since Hydra refuses new keys there
-    without it; a server URI's `user:password@` moved into MLflow's variables, so no file or log ever holds it."""
+    without it; a store URI's secrets (a server's `user:password@`, a database password, a `?token=`) kept out of what
+    Hydra writes (tracking.hide_secrets), so no file or log ever holds them."""
     import re
 
     out = []
@@ -480,11 +481,11 @@ def normalize_argv(argv: list[str]) -> list[str]:
         key = arg.split("=", 1)[0]
         if "=" in arg and not key.startswith(("+", "~")) and any(key == m or key.startswith(m + ".") for m in free_maps()):
             arg = "++" + arg
-        uri = re.fullmatch(r"(\+{0,2}tracking\.uri=)(['\"]?)(https?://[^@]*@.*)\2", arg)
-        if uri:
-            from huggy_exp.tracking import use_credentials
+        uri = re.fullmatch(r"(\+{0,2}tracking\.uri=)(['\"]?)(.+)\2", arg)
+        if uri:  # a password or token never reaches Hydra's .hydra/ files, result.json or a log (tracking.hide_secrets)
+            from huggy_exp.tracking import hide_secrets
 
-            arg = f"{uri[1]}{uri[2]}{use_credentials(uri[3])}{uri[2]}"
+            arg = f"{uri[1]}{uri[2]}{hide_secrets(uri[3])}{uri[2]}"
         out.append(arg)
     return out
 

@@ -16,6 +16,7 @@ from huggy_exp.certify import DUAL_RULES, bitwise, dual_benchmark, errors, laten
 from huggy_exp.compare import load_outputs
 from huggy_exp.context import Context
 from huggy_exp.errors import UserError
+from huggy_exp.report import escape
 from huggy_exp.results import Result
 from huggy_exp.verify import nonfinite_failures
 
@@ -232,8 +233,9 @@ class DiffTask:
                     f"environment), {counts['latency_changed']} in latency; {counts['only_baseline']} only in the baseline, "
                     f"{counts['only_candidate']} only in the candidate")
         result.summary = [headline, *(f"{r['point']}: {'; '.join(r['changes'])}" for r in rows if r["changes"])]
-        md = [f"# Diff: {self.baseline} -> {self.candidate}", "", headline, "", "| point | side | what changed |", "| --- | --- | --- |"]
-        md += [f"| {r['point']} | {r['side']} | {'; '.join(r['changes']).replace('|', '/') or 'nothing'} |" for r in rows]
+        md = [f"# Diff: {escape(self.baseline)} -> {escape(self.candidate)}", "", headline, "", "| point | side | what changed |",
+              "| --- | --- | --- |"]
+        md += [f"| {escape(r['point'])} | {r['side']} | {escape('; '.join(r['changes'])) or 'nothing'} |" for r in rows]
         (ctx.workdir / "report.md").write_text("\n".join(md) + "\n")
         result.files.append("report.md")
         result.details.update({"headline": headline, "baseline": self.baseline, "candidate": self.candidate, "points": rows})

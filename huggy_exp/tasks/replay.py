@@ -14,6 +14,7 @@ from huggy_exp.certify import bitwise, dual_benchmark, errors, latency_change, n
 from huggy_exp.config import DTYPE_NAMES
 from huggy_exp.context import Context
 from huggy_exp.errors import UserError
+from huggy_exp.report import escape
 from huggy_exp.results import Result
 from huggy_exp.runners import build, reference, run_feeds
 from huggy_exp.tasks.record import fingerprints, time_calls
@@ -48,11 +49,7 @@ class ReplayTask:
         env_rows = environment.diff(b.points[match or ref_key or next(iter(b.points))]["environment"], env_here) if b.points else []
         result = Result(arrays=dict(here))
         report = Report(key, b, match, ref_key)
-        for recorded in dict.fromkeys(filter(None, (match, ref_key))):  # a NaN recording or reference never passes
-            for why in nonfinite_failures(b.outputs(recorded), f"the recording {recorded}"):
-                result.fail(why)
-        for why in nonfinite_failures(fp64, "the bundle's fp64 reference"):
-            result.fail(why)
+        self._finite(result, b, fp64, match, ref_key)
         self._agreement(result, report, b, ctx, here, match, timed.threads, env_rows)
         self._against_fp64(result, report, here, fp64, host64, ctx.dtype, judge=match is None and ref_key is None)
         self._dual(result, report, b, here, fp64, ref_key)
@@ -71,6 +68,15 @@ class ReplayTask:
                                "threads": timed.threads, "environment_diff": env_rows, "notes": report.lines})
         result.files += report.write(ctx.workdir, timed.samples, ctx.plots)
         return result
+
+    @staticmethod
+    def _finite(result: Result, b: bundle.Bundle, fp64: dict, match: str | None, ref_key: str | None) -> None:
+        """A NaN/inf in what this replay is held to (the recording, the reference point, the fp64 reference) fails it."""
+        for recorded in dict.fromkeys(filter(None, (match, ref_key))):
+            for why in nonfinite_failures(b.outputs(recorded), f"the recording {recorded}"):
+                result.fail(why)
+        for why in nonfinite_failures(fp64, "the bundle's fp64 reference"):
+            result.fail(why)
 
     def _reference_key(self, b: bundle.Bundle, ctx: Context, match: str | None) -> str | None:
         """mode.reference_point: a recorded key, a dtype (its recorded point), or null (the same-dtype point)."""
@@ -209,19 +215,19 @@ class Report:
             files.append(plots.distributions(workdir / "latency_cdf.png", {f"recorded {self.latency['against']}": np.asarray(self.recorded_latency) * 1e6,
                                                                             f"here {self.key}": np.asarray(samples) * 1e6},
                                              "latency per call (µs)", f"latency, replay {self.key}"))
-        md = [f"# Replay of {self.bundle.root.name}: {self.key}", "", self.headline(), ""]
-        md += [f"- {line}" for line in self.lines]
+        md = [f"# Replay of {escape(self.bundle.root.name)}: {escape(self.key)}", "", escape(self.headline()), ""]
+        md += [f"- {escape(line)}" for line in self.lines]
         if self.agreement:
-            md += ["", f"## Agreement with the recording {self.match}" + (" (bitwise required)" if self.bitwise_required else ""), "",
+            md += ["", f"## Agreement with the recording {escape(self.match)}" + (" (bitwise required)" if self.bitwise_required else ""), "",
                    *_table(self.agreement, ["output", "bitwise_share", "ulp_max", "ulp_mean", "ulp_over_1_share", "max_abs", "mismatch_share"])]
         md += ["", "## Against the bundle's CPU fp64 reference", "",
                *_table(self.fp64, ["output", "max_abs", "rmse", "max_rel", "cosine", "mismatch_share", "fp64_here_vs_bundle_max_abs"])]
         if self.dual:
-            md += ["", f"## Dual benchmark (msprobe): error here / error of {self.ref_key}, both vs fp64", "",
+            md += ["", f"## Dual benchmark (msprobe): error here / error of {escape(self.ref_key)}, both vs fp64", "",
                    *_table(self.dual, ["output", "metric", "error", "reference_error", "ratio", "verdict", "pass_up_to", "warn_up_to"])]
         if self.latency and "median_ratio" in self.latency:
             lat = self.latency
-            md += ["", f"## Latency against {lat['against']}", "",
+            md += ["", f"## Latency against {escape(lat['against'])}", "",
                    f"median {lat['recorded_median_us']:,.1f} µs recorded, {lat['here_median_us']:,.1f} µs here: {lat['median_ratio']:.3f}x "
                    f"(95% CI {lat['ci95_low']:.3f}..{lat['ci95_high']:.3f}), p90 {lat['p90_ratio']:.3f}x, p = {lat['p_value']:.3g}: "
                    f"**{lat['verdict']}** ({lat['test']})"] + (["", "![latency](latency_cdf.png)"] if cdf else [])
@@ -233,5 +239,5 @@ class Report:
 
 def _table(rows: list[dict], columns: list[str]) -> list[str]:
     cols = [c for c in columns if any(c in r for r in rows)]
-    fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else ("" if v is None else str(v).replace("|", "\\|"))  # noqa: E731
+    fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else ("" if v is None else escape(v))  # noqa: E731
     return ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols), *("| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows)]
