@@ -15,7 +15,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from huggy_exp import report, tracking
-from huggy_exp.config import JOBS_ENV
+from huggy_exp.preflight import JOBS_ENV
 from huggy_exp.headline import judged_limits, ladder, noisy
 from huggy_exp.compare import compare, draw, errors_vs_fp64
 from huggy_exp.results import EXIT_CODES, EXIT_INTERRUPTED, EXIT_PENDING, atomic_write_text, jsonable, write_table
@@ -85,6 +85,8 @@ class SweepCallback(Callback):
             return EXIT_INTERRUPTED
         worst = max((EXIT_CODES.get(r["status"], 2) if r["expect"] is None else int(not r["expectation_met"])
                      for r in summary["rows"]), default=0)
+        if any(g.get("cards_disagree") for g in summary["comparison"]["agreement"]):
+            worst = max(worst, EXIT_CODES["failed"])  # the dual-card check: two cards of one kind gave different bytes
         if not worst and summary["tally"]["pending"]:
             return EXIT_PENDING
         return worst
