@@ -168,3 +168,23 @@ def test_a_sweep_over_the_mode_reads_naturally(tmp_path):
     assert [(r["run_name"], r["precision_mode"], r["status"]) for r in summary["rows"]] == [
         ("action-cpu-fp32-b64", "ieee", "passed"), ("action-cpu-fp32-tf32-b64", "tf32", "skipped")]
     assert "precision_mode" in (out / "summary.csv").read_text().splitlines()[0].split(",")
+
+
+def test_hf32_on_the_emulated_npu_rounds_its_matmuls_and_the_sweep_names_it(tmp_path, huggy_exp_cache):
+    """End to end on the emulated `npu` (its matmuls round fp32 inputs to 10 mantissa bits while HF32 is on):
+    `-m device=cpu,npu:0 precision_mode=ieee,hf32`. The ieee card gives the CPU's bytes; the hf32 card fails fp32's
+    limit by HF32's error and records the switches it ran with; the CPU's hf32 point is skipped."""
+    from test_emulated_npu import sweep
+
+    done, folder = sweep(tmp_path, huggy_exp_cache, "device=cpu,npu:0", "precision_mode=ieee,hf32", "obs.rows=16")
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    points = {r["run_name"]: r for r in (json.loads(p.read_text()) for p in folder.glob("*/result.json"))}
+    assert {name: r["status"] for name, r in points.items()} == {
+        "action-cpu-fp32-b64": "passed", "action-cpu-fp32-hf32-b64": "skipped",
+        "action-npu:0-fp32-b64": "passed", "action-npu:0-fp32-hf32-b64": "failed"}
+    hf32, ieee = points["action-npu:0-fp32-hf32-b64"], points["action-npu:0-fp32-b64"]
+    assert hf32["tags"]["fp32_precision/npu_matmul_allow_hf32"] == "true"
+    assert ieee["tags"]["fp32_precision/npu_matmul_allow_hf32"] == "false"
+    assert ieee["tags"]["fp32_precision/npu_conv_allow_hf32"] == "false"
+    assert 1e-4 < hf32["headline_metrics"]["max_abs_vs_fp64"] < 1e-2  # 10 mantissa bits: ~5e-4 relative per input
+    assert "npu:0 fp32-hf32 b64" in done.stdout and "failing: fp32-hf32" in done.stdout
