@@ -1,12 +1,13 @@
 """`python run.py mode=ui`: MLflow's UI for the tracking store on a free loopback port, opened at the latest sweep.
 
 `mlflow ui` runs in its own process group with one worker (its default of 4 took about 40 s to answer on 2 cores);
-the address of the latest sweep's runs is printed once the server answers /health, and Ctrl-C stops the server and
-everything it started.
+the address of the latest sweep's runs is printed once the server answers /health, and Ctrl-C, SIGTERM (`kill`) or
+SIGHUP (its terminal closed) stops the server and everything it started.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -49,16 +50,19 @@ def start(uri: str, port: int, log: Path, wait_s: float) -> subprocess.Popen:
     server = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log.open("w"), stderr=subprocess.STDOUT,
                               start_new_session=True)
     deadline = time.time() + wait_s
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://{HOST}:{port}/health", timeout=2):
-                return server
-        except OSError:
-            if server.poll() is not None or time.time() > deadline:
-                stop(server)
-                tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
-                raise UserError(f"mlflow ui did not answer on {HOST}:{port} within {wait_s:g} s; its log ({log}):\n{tail}")
-            time.sleep(0.5)
+    try:
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://{HOST}:{port}/health", timeout=2):
+                    return server
+            except OSError:
+                if server.poll() is not None or time.time() > deadline:
+                    tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
+                    raise UserError(f"mlflow ui did not answer on {HOST}:{port} within {wait_s:g} s; its log ({log}):\n{tail}") from None
+                time.sleep(0.5)
+    except BaseException:  # not up, or stopped (Ctrl-C, SIGTERM) while starting: nothing of it is left behind
+        stop(server)
+        raise
 
 
 def stop(server: subprocess.Popen) -> None:
@@ -73,18 +77,40 @@ def stop(server: subprocess.Popen) -> None:
         pass
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # stop the server as Ctrl-C (SIGINT) does
+
+
+@contextlib.contextmanager
+def stop_signals_interrupt():
+    """SIGTERM and SIGHUP raise KeyboardInterrupt while inside (so `kill <pid>` stops the server's whole group, as
+    Ctrl-C does); the previous handlers come back after."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def say(line: str) -> None:
     print(line, flush=True)  # a pipe (a test, `| tee`) sees each line as the server reaches it
 
 
 def serve(uri: str, runs_path: str | None, port: int, wait_s: float, out=say) -> int:
     """Start the UI on `uri`, print its address and the latest sweep's runs (`runs_path`, after the `/`), wait for
-    Ctrl-C, stop it; 0 on a clean stop."""
+    Ctrl-C (or SIGTERM, SIGHUP), stop it; 0 on a clean stop."""
     chosen = free_port(port)
-    with tempfile.TemporaryDirectory(prefix="huggy-ui-") as tmp:
+    with stop_signals_interrupt(), tempfile.TemporaryDirectory(prefix="huggy-ui-") as tmp:
         log = Path(tmp) / "mlflow-ui.log"
         out(f"starting mlflow ui on http://{HOST}:{chosen}/ (store {uri}, 1 worker) ...")
-        server = start(uri, chosen, log, wait_s)
+        try:
+            server = start(uri, chosen, log, wait_s)
+        except KeyboardInterrupt:  # stopped while it was starting: start() stops what it began
+            out("stopped before it answered")
+            return 0
         try:
             base = f"http://{HOST}:{chosen}/"
             out(f"MLflow UI: {base}")

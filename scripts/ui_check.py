@@ -6,11 +6,14 @@ a person sees without clicking or configuring anything.
 
 Pages, each in a browser profile that has never seen MLflow (so its Assistant panel opens, as on a first visit):
 - the runs URL the sweep printed: the verdict column first, then max error vs fp64, its limit, cosine, p50 and the
-  fingerprint prefix, all within the viewport beside the Assistant panel; every point's verdict readable, a skipped
-  point's reason begun in its verdict cell, and a point with metrics showing them;
-- the root URL: the experiment listed with the latest sweep in its description, and the experiment page linking to
+  fingerprint prefix (a benchmark sweep: the batch size, the fastest backend's p50, which, its obs/s and eager's
+  p50), all within the viewport beside the Assistant panel, headers and run names not cut; every point's verdict
+  readable, a skipped point's reason begun in its verdict cell, and a point with metrics showing them;
+- the root URL: the experiment listed with the sweep in its description, and the experiment page linking to
   the sweep's runs;
-- a child that has metrics (not a skipped one): its headline metrics and values;
+- a child that has metrics (not a skipped one): its headline metrics and values; its "Model metrics" tab: at most 20
+  charts, the `answer` section first;
+- a failed point (if the sweep has one): its run's status reads Failed;
 - the parent: its description with the tally and the recommendation;
 - the parent's plots and summary.md in MLflow's artifact viewer: every image decoded (naturalWidth > 0);
 - the compare view of the sweep's passing children: every one of them and the headline metrics;
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 import time
@@ -40,7 +44,7 @@ from huggy_exp import headline, tracking, ui  # noqa: E402
 from huggy_exp.errors import UserError  # noqa: E402
 
 WIDTH, HEIGHT = 1600, 1000
-PAGES = ("runs", "root", "child", "parent", "images", "compare", "report")
+PAGES = ("runs", "root", "child", "metrics", "failed", "parent", "images", "compare", "report")
 LOAD_S = 90  # one page of the MLflow UI on a busy 2-core machine
 
 # JavaScript helpers: is an element's box inside the viewport (and inside the clipping box `clip`), and is its left
@@ -53,6 +57,8 @@ window.__textSeen = t => {  // is some element whose own text contains t on scre
   for (let n = walk.nextNode(); n; n = walk.nextNode()) if (n.nodeValue.includes(t) && __seen(n.parentElement)) return true;
   return false;
 };
+window.__cut = el => [el, ...el.querySelectorAll('*')].some(e => e.scrollWidth > e.clientWidth + 1 && e.clientWidth > 0
+  && getComputedStyle(e).overflowX !== 'visible');  // text clipped (an ellipsis) inside the element
 window.__seen = (el, clip) => {
   const r = el.getBoundingClientRect();
   const c = clip ? clip.getBoundingClientRect() : {left: 0, right: innerWidth, top: 0, bottom: innerHeight};
@@ -70,7 +76,7 @@ JS_GRID = JS_SEEN + """
   const headers = {};
   for (const h of document.querySelectorAll('.ag-header-cell[col-id]')) {
     const r = h.getBoundingClientRect();
-    headers[h.getAttribute('col-id')] = {left: Math.round(r.left), right: Math.round(r.right), seen: __seen(h, h.closest('.ag-pinned-left-header') ? null : clip)};
+    headers[h.getAttribute('col-id')] = {left: Math.round(r.left), right: Math.round(r.right), seen: __seen(h, h.closest('.ag-pinned-left-header') ? null : clip), cut: __cut(h)};
   }
   const rows = {};
   for (const row of document.querySelectorAll('.ag-row[row-index]')) {
@@ -78,7 +84,7 @@ JS_GRID = JS_SEEN + """
     rows[i] = rows[i] || {};
     for (const cell of row.querySelectorAll('.ag-cell[col-id]')) {
       const pinned = !!cell.closest('.ag-pinned-left-cols-container');
-      rows[i][cell.getAttribute('col-id')] = {text: cell.innerText.trim(), seen: __seen(cell, pinned ? null : clip)};
+      rows[i][cell.getAttribute('col-id')] = {text: cell.innerText.trim(), seen: __seen(cell, pinned ? null : clip), cut: __cut(cell)};
     }
   }
   return {headers, rows: Object.values(rows), assistant: !!document.querySelector('[data-assistant-ui]') || document.body.innerText.includes('MLflow Assistant')};
@@ -156,6 +162,8 @@ def check_runs(check: Check, sweep: dict, runs_path: str, screenshot: Path | Non
         elif not headers[column]["seen"]:
             check.miss(name, f"the {what} column ({column}) is not within the {WIDTH}x{HEIGHT} viewport "
                              f"(x {headers[column]['left']}..{headers[column]['right']})")
+        elif headers[column]["cut"]:
+            check.miss(name, f"the {what} column's header ({column}) is cut")
     data = {c: h for c, h in headers.items() if c.startswith(("metrics.", "params.", "tags."))}
     if data and "tags.`verdict`" in headers and min(data, key=lambda c: data[c]["left"]) != "tags.`verdict`":
         check.miss(name, f"the verdict is not the first column after the run name (first: {min(data, key=lambda c: data[c]['left'])})")
@@ -165,6 +173,9 @@ def check_runs(check: Check, sweep: dict, runs_path: str, screenshot: Path | Non
         if row is None:
             check.miss(name, f"the point {child['name']} is not listed")
             continue
+        name_cell = row.get("attributes.`Run Name`", {})
+        if name_cell.get("cut"):
+            check.miss(name, f"{child['name']}: its name is cut in the name column")
         cell = row.get("tags.`verdict`", {"text": "", "seen": False})
         if not cell["seen"] or not cell["text"].startswith(child["status"]):
             check.miss(name, f"{child['name']}: verdict {cell['text']!r} does not read {child['status']!r} in view")
@@ -212,6 +223,54 @@ def check_child(check: Check, sweep: dict) -> None:
     for metric in child["headline"]:
         if metric not in text:
             check.miss(name, f"{child['name']}: headline metric {metric} not on its page")
+
+
+JS_SECTIONS = """(() => {  // the run page's chart sections, top to bottom: [name, charts]
+  const out = [], walk = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+    const m = n.nodeValue.trim().match(/^(.+) \\((\\d+)\\)$/);
+    if (m) out.push([m[1], +m[2]]);
+  }
+  return out;
+})()"""
+
+
+def tab_path(sweep: dict, run_id: str, tab: str) -> str:
+    return tracking.run_url(sweep["uri"], sweep["experiment_id"], run_id).replace(f"/runs/{run_id}?", f"/runs/{run_id}/{tab}?")
+
+
+def check_metrics(check: Check, sweep: dict) -> None:
+    """A child's "Model metrics" tab: at most MAX_LOGGED charts, and the answer's section first."""
+    name = "metrics"
+    child = next((c for c in sweep["children"] if c["headline"]), None)
+    if child is None:
+        check.miss(name, "no child with metrics to open")
+        return
+    ready = f"document.body.innerText.includes({json.dumps(tracking.ANSWER.rstrip('/') + ' (')})"
+    with check.visit(name, tab_path(sweep, child["id"], "model-metrics"), ready) as page:
+        sections = page.evaluate(JS_SECTIONS)
+    charts = sum(n for _, n in sections)
+    print(f"    sections: {', '.join(f'{s} ({n})' for s, n in sections)}")
+    if not sections or sections[0][0] != tracking.ANSWER.rstrip("/"):
+        check.miss(name, f"{child['name']}: the first chart section is {sections[0][0] if sections else 'none'!r}, not the answer")
+    if charts > headline.MAX_LOGGED or charts != len(child["metrics"]):
+        check.miss(name, f"{child['name']}: {charts} charts for {len(child['metrics'])} metrics (at most {headline.MAX_LOGGED})")
+
+
+def check_failed(check: Check, sweep: dict) -> None:
+    """A failed point's run reads Failed (MLflow's status follows the verdict), not MLflow's green Finished."""
+    name = "failed"
+    child = next((c for c in sweep["children"] if c["status"] == "failed"), None)
+    if child is None:
+        print(f"  {name}: no failed point in this sweep")
+        return
+    path = tracking.run_url(sweep["uri"], sweep["experiment_id"], child["id"])
+    with check.visit(name, path, f"document.body.innerText.includes({json.dumps(child['name'])})") as page:
+        text = page.evaluate("document.body.innerText")
+    if not re.search(r"Status\s+Failed", text):
+        check.miss(name, f"{child['name']}: failed, but its run's status does not read Failed")
+    else:
+        print(f"    {child['name']}: status Failed")
 
 
 def check_parent(check: Check, sweep: dict) -> None:
@@ -381,6 +440,7 @@ def main(argv: list[str]) -> int:
             check = Check(chrome, base, shots, Path(tmp))
             pages = {"runs": lambda: check_runs(check, sweep, sweep["runs"], args.screenshot),
                      "root": lambda: check_root(check, sweep), "child": lambda: check_child(check, sweep),
+                     "metrics": lambda: check_metrics(check, sweep), "failed": lambda: check_failed(check, sweep),
                      "parent": lambda: check_parent(check, sweep), "images": lambda: check_images(check, sweep),
                      "compare": lambda: check_compare(check, sweep),
                      "report": lambda: (check_report_file(check, sweep, Path(sweep["report"] or "report.html")),

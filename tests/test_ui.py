@@ -19,7 +19,6 @@ from huggy_exp import report, tracking, ui
 
 SHOTS = Path(os.environ.get("HUGGY_EXP_UI_SHOTS", REPO / "test-artifacts" / "ui"))  # screenshots of the slow tests
 
-pytestmark = pytest.mark.slow  # mlflow ui, a browser and a sweep: processes, run by `pytest -m slow`
 
 
 def _ui_check():
@@ -101,6 +100,7 @@ def _summary(tmp_path: Path) -> dict:
             "line": "2/3 passed, 0 failed, 1 skipped, 0 error", "comparison": {"recommended": rec, "lines": [], "table": []}}
 
 
+@pytest.mark.slow
 def test_a_parent_carries_the_swept_keys_one_sweep_id_and_one_recommendation_tag(tmp_path):
     import mlflow
 
@@ -148,6 +148,7 @@ def test_a_sweep_report_is_one_file_with_everything_embedded(tmp_path):
         assert text in page, text
 
 
+@pytest.mark.slow
 def test_a_job_writes_its_own_report_and_logs_it(tmp_path):
     from conftest import run_job
 
@@ -166,6 +167,70 @@ def test_the_ui_port_moves_past_a_taken_one():
         taken.listen()
         port = taken.getsockname()[1]
         assert ui.free_port(port) != port
+
+
+FAKE_MLFLOW = """#!{python}
+import http.server, subprocess, sys
+port = int(sys.argv[sys.argv.index("--port") + 1])
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])  # a worker, in the server's process group
+
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"OK")
+
+    def log_message(self, *args):
+        pass
+
+
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+
+def _group_alive(group: int) -> bool:
+    """Whether a process of the group runs (a zombie waiting for its reaper does not count)."""
+    rows = subprocess.run(["ps", "-eo", "pgid=,stat="], capture_output=True, text=True).stdout.split("\n")
+    return any(int(r.split()[0]) == group and not r.split()[1].startswith("Z") for r in rows if r.strip())
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGHUP"])
+def test_mode_ui_stops_its_whole_server_group_on_sigterm_and_sighup(tmp_path, stop):
+    """`kill <pid>` or a closed terminal stops `mlflow ui` and its workers as Ctrl-C does (here a stand-in server that
+    answers /health and starts a worker in its group)."""
+    import signal
+
+    fake = tmp_path / "mlflow"
+    fake.write_text(FAKE_MLFLOW.replace("{python}", PYTHON))
+    fake.chmod(0o755)
+    with socket.socket() as s:
+        s.bind((ui.HOST, 0))
+        port = s.getsockname()[1]
+    serve = ("import sys; from huggy_exp import ui; ui.mlflow_command = lambda: sys.argv[1]; "
+             "sys.exit(ui.serve('sqlite:///unused.db', None, int(sys.argv[2]), 60))")
+    proc = subprocess.Popen([PYTHON, "-c", serve, str(fake), str(port)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    killer = threading.Timer(120, proc.kill)
+    killer.start()
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "Ctrl-C stops it" in line:
+            break
+    group = int(subprocess.run(["ps", "-o", "pgid=", "--ppid", str(proc.pid)], capture_output=True, text=True).stdout.split()[0])
+    proc.send_signal(getattr(signal, stop))
+    out = "".join(lines) + proc.stdout.read()
+    killer.cancel()
+    try:
+        assert proc.wait(timeout=60) == 0 and "stopped" in out, out
+        deadline = time.time() + 20
+        while _group_alive(group) and time.time() < deadline:  # the server and its worker are gone
+            time.sleep(0.2)
+        assert not _group_alive(group), f"{stop}: the server's process group {group} still runs"
+    finally:
+        if _group_alive(group):
+            os.killpg(group, signal.SIGKILL)
 
 
 @pytest.mark.slow
@@ -231,12 +296,44 @@ def _check(ui_sweep: dict, shots: Path, *extra: str) -> subprocess.CompletedProc
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
 def test_the_ui_answers_which_dtype_is_safe_and_how_fast_on_its_first_screen(ui_sweep):
     assert "runs:       http://127.0.0.1:" in ui_sweep["out"] and "viewStateShareKey=" in ui_sweep["out"]
-    check = _check(ui_sweep, SHOTS / "passing")
+    check = _check(ui_sweep, SHOTS / "passing", "--screenshot", str(REPO / "docs" / "ui_runs.png"))  # the docs' picture
     assert check.returncode == 0, check.stdout[-4000:] + check.stderr[-3000:]
-    assert "ui check: passed" in check.stdout
-    for page in ("runs", "root", "experiment", "child", "parent", "artifact-summary-md", "compare", "report-file",
-                 "report-artifact"):
+    assert "ui check: passed" in check.stdout and "sections: answer (" in check.stdout
+    for page in ("runs", "root", "experiment", "child", "metrics", "parent", "artifact-summary-md", "compare",
+                 "report-file", "report-artifact"):
         assert (SHOTS / "passing" / f"{page}.png").stat().st_size > 10_000, page
+
+
+@pytest.fixture(scope="module")
+def more_sweeps(ui_sweep):
+    """Into the same store: a benchmark sweep over three batch sizes, and a one-point case sweep whose point fails."""
+    ids = {}
+    for name, args in (("benchmark", ["mode=benchmark", "batch_size=1,64,1024", "mode.backends=[eager,onnxruntime]",
+                                      "mode.scenarios=[offline]", "mode.rounds=1", "mode.budget_s=0.1",
+                                      "mode.warmup_s=0.02", "mode.settle_s=0"]),
+                       ("failed", ["case=precision_bf16_relative_fail", "obs.rows=4"])):
+        folder = Path(ui_sweep["uri"][len("sqlite:///"):]).parent / name
+        done = subprocess.run([PYTHON, "run.py", "-m", *args, f"hydra.sweep.dir={folder}", f"tracking.uri={ui_sweep['uri']}"],
+                              cwd=REPO, env=ui_sweep["env"], capture_output=True, text=True, timeout=600)
+        assert done.returncode in (0, 1), done.stdout[-2000:] + done.stderr[-3000:]
+        ids[name] = json.loads((folder / tracking.SWEEP_FILE).read_text())["id"]
+    return ids
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
+def test_a_benchmark_sweep_shows_each_batch_its_fastest_backend_and_eager_first(ui_sweep, more_sweeps):
+    check = _check(ui_sweep, SHOTS / "benchmark", "--sweep", more_sweeps["benchmark"], "--only", "runs", "metrics")
+    assert check.returncode == 0, check.stdout[-4000:] + check.stderr[-3000:]
+    assert "params.`batch_size`, metrics.`answer/best_p50_us`, tags.`best_backend`" in check.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
+def test_a_failed_point_reads_failed_in_the_ui(ui_sweep, more_sweeps):
+    check = _check(ui_sweep, SHOTS / "failed", "--sweep", more_sweeps["failed"], "--only", "failed", "metrics")
+    assert check.returncode == 0, check.stdout[-4000:] + check.stderr[-3000:]
+    assert "status Failed" in check.stdout
 
 
 @pytest.mark.slow
@@ -260,6 +357,7 @@ def test_the_check_fails_when_the_verdict_column_is_moved_out_of_view(ui_sweep):
             or "no the verdict column (tags.`verdict`) on the first screen" in check.stdout), check.stdout[-3000:]
 
 
+@pytest.mark.slow
 def test_ui_check_fails_when_the_store_has_no_sweep(tmp_path):
     proc = subprocess.run([PYTHON, "scripts/ui_check.py", "--store", f"sqlite:///{tmp_path / 'empty.db'}"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
