@@ -159,11 +159,6 @@ def judged_limits(record: dict) -> dict:
     return dict(record.get("limits") or (record.get("details") or {}).get("limits") or {})
 
 
-def headline_names() -> set[str]:
-    """Every short metric name any mode can show first."""
-    return {"passed", *ANY_MODE, *(k for table in HEADLINES.values() for k in table)}
-
-
 def ladder(metrics: dict[str, float], stat: str) -> list[tuple[str, int, float]]:
     """(backend, batch, value) of a benchmark's per-point metrics `<backend>/b<batch>/<stat>`."""
     points = []
