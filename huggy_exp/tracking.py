@@ -403,8 +403,18 @@ FIRST_COLUMNS = (f"metrics.`{ANSWER}best_p50_us`", "tags.`best_backend`", f"metr
                  f"metrics.`{ANSWER}{COSINE}`", f"metrics.`{ANSWER}p50_us`", FINGERPRINT_COLUMN)
 # px: the verdict and the next five fit in the 630 px MLflow leaves beside the name at 1600 px with its Assistant
 # panel open
-WIDTHS = {"verdict": 180, "metric": 84, "limit": 92, "fingerprint": 104, "reason": 440, "created": 44, "batch": 64,
+WIDTHS = {"verdict": 160, "metric": 84, "limit": 92, "fingerprint": 104, "reason": 440, "created": 44, "batch": 64,
           "backend": 92}
+NAME_COLUMN = "attributes.`Run Name`"
+NAME_PX = (182, 7.0, 30)  # MLflow's own name column width; px per character of a name and for its colour dot
+
+
+def name_width(names: list[str]) -> int:
+    """The name column's width: MLflow's own, or wider when the longest name needs it."""
+    base, per_char, dot = NAME_PX
+    return max(base, round(per_char * max(map(len, names), default=0) + dot))
+
+
 KIND = {"tags.`verdict`": "verdict", FINGERPRINT_COLUMN: "fingerprint", "tags.`reason`": "reason",
         f"params.`{LIMIT_PARAM}`": "limit", f"params.`{BATCH_PARAM}`": "batch", "tags.`best_backend`": "backend"}
 
@@ -437,17 +447,19 @@ def present_columns(runs) -> set[str]:
     return found
 
 
-def sweep_view(sweep_id: str, present: set[str], batches: int = 1) -> str:
+def sweep_view(sweep_id: str, present: set[str], batches: int = 1, names: list[str] = ()) -> str:
     """The runs table of one sweep as MLflow's shared view state: its points flat (a filter un-nests children), sorted
     by name, the columns of `view_columns` in that order and narrow enough to fit beside MLflow's Assistant panel
-    (it opens on a first visit to a local server and takes a quarter of the window)."""
+    (it opens on a first visit to a local server and takes a quarter of the window); the name column as wide as the
+    longest point's name (`names`) needs, so a benchmark's batch size at its end is not cut."""
     columns = view_columns(present, batches)
     shown = columns[:columns.index("tags.`reason`") + 1]
     widths = {c: WIDTHS[KIND.get(c, "metric")] for c in shown}
     widths["runDateAndNestInfo"] = WIDTHS["created"]  # "Created" is pinned beside the name: its icon is enough
+    widths[NAME_COLUMN] = name_width(names)
     return json.dumps({"selectedColumns": columns, "searchFilter": f"tags.sweep_id = '{sweep_id}'",
                        "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True,
-                       "columnOrder": ["attributes.`Run Name`", "runDateAndNestInfo", *columns], "columnWidths": widths})
+                       "columnOrder": [NAME_COLUMN, "runDateAndNestInfo", *columns], "columnWidths": widths})
 
 
 # --- one job
@@ -933,7 +945,8 @@ def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path],
             children = store.children(run_id)
             batches = len({c.data.params.get(BATCH_PARAM) for c in children})
             store.client.set_experiment_tag(store.experiment_id, SHARED_VIEW + info["id"],
-                                            sweep_view(info["id"], present_columns(children), batches))
+                                            sweep_view(info["id"], present_columns(children), batches,
+                                                       [c.info.run_name for c in children]))
             info["ui"] = {"parent": store.url(run_id), "runs": run_url(store.uri, store.experiment_id, view=info["id"])}
             store.client.set_experiment_tag(store.experiment_id, "mlflow.note.content", sweep_list(store))
             write_sweep(sweep_dir, info)
@@ -942,7 +955,7 @@ def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path],
         return None
 
 
-SWEEPS_LISTED = 5
+SWEEPS_LISTED = 3
 
 
 def sweep_list(store: Store) -> str:
