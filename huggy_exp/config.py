@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
 from typing import Any, Dict, List, Optional, get_type_hints
 
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -38,6 +38,12 @@ def rule(default: Any = MISSING, *, lo: float | None = None, hi: float | None = 
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def per_dtype(name: str, kind: type) -> type:
+    """A table with one required field per dtype of DTYPE_NAMES: a dtype left out is a config error at load (`missing
+    key mode.tolerance.bf16`), never a default."""
+    return make_dataclass(name, [(d, kind, rule(lo=0) if kind is float else field(default=MISSING)) for d in DTYPE_NAMES])
 
 
 # --- groups
@@ -92,12 +98,16 @@ class Threshold:
     max_abs: float = rule(lo=0)
     cosine_min: float = rule(lo=-1, hi=1)
     margin: float = rule(lo=0)  # discrete: a flip fails where fp64's top-1 minus top-2 masked logit exceeds margin x max(1, |best|)
-    rtol: float = rule(0.0, lo=0)
+    rtol: float = rule(lo=0)
+
+
+Thresholds = per_dtype("Thresholds", Threshold)
+Tolerances = per_dtype("Tolerances", float)  # one absolute limit per dtype
 
 
 @dataclass
 class VerifyConf:
-    limits: Dict[str, Threshold] = MISSING
+    limits: Thresholds = MISSING
     specialize: Dict[str, Any] = MISSING
     rel_floor: float = rule(lo=0, lo_open=True)
     decimals: int = rule(lo=0, hi=9)
@@ -108,6 +118,9 @@ class LayerThreshold:
     rel_rmse: float = rule(lo=0)
 
 
+LayerThresholds = per_dtype("LayerThresholds", LayerThreshold)
+
+
 @dataclass
 class Relative:
     warn: float = rule(lo=0)
@@ -116,7 +129,7 @@ class Relative:
 
 @dataclass
 class BatchMode(ModeConf):
-    tolerance: Dict[str, float] = MISSING
+    tolerance: Tolerances = MISSING
     budget_s: float = rule(lo=0, hi=600, lo_open=True)
 
 
@@ -130,7 +143,7 @@ class BenchmarkMode(ModeConf):
     warmup_s: float = rule(lo=0, hi=600)
     settle_s: float = rule(lo=0, hi=60)
     chunk_rows: int = rule(lo=1, hi=MAX_BATCH)
-    tolerance: Dict[str, float] = MISSING
+    tolerance: Tolerances = MISSING
     fp16_cpu_max_rows: int = rule(lo=1, hi=MAX_BATCH)
     fp16_cpu_samples: int = rule(lo=1, hi=1_000_000)
     qsl_samples: int = rule(lo=1, hi=1_000_000)
@@ -173,7 +186,7 @@ class FingerprintMode(ModeConf):
 @dataclass
 class OnnxCompareMode(ModeConf):
     provider: str = MISSING
-    atol: Dict[str, float] = MISSING
+    atol: Tolerances = MISSING
     specialize: Dict[str, Any] = MISSING
     sample_rows: int = rule(lo=1, hi=100_000)
     samples: int = rule(lo=2, hi=1_000_000)
@@ -184,7 +197,7 @@ class OnnxCompareMode(ModeConf):
 
 @dataclass
 class PrecisionMode(ModeConf):
-    layer_thresholds: Dict[str, LayerThreshold] = MISSING
+    layer_thresholds: LayerThresholds = MISSING
     layer_specialize: Dict[str, Any] = MISSING
     relative: Relative = MISSING
 
@@ -220,7 +233,7 @@ class ReplayMode(ModeConf):
     bundle: Optional[str] = MISSING
     reference_point: Optional[str] = MISSING
     allow_other_model: bool = MISSING
-    tolerance: Dict[str, float] = MISSING
+    tolerance: Tolerances = MISSING
     require_bitwise: bool = MISSING
     latency: LatencySamples = MISSING
     alpha: float = rule(lo=0, hi=1, lo_open=True)
@@ -320,6 +333,8 @@ def _check(schema: type, values: Any, prefix: str) -> None:
                             f"{', '.join(names) if names else 'none (this mode has no knobs)'}")
     for name, f in known.items():
         key = f"{prefix}{name}"
+        if values.get(name) == MISSING:  # `???`: a YAML file left it out
+            raise UserError(f"missing key {key}")
         if name not in values:
             if f.default is MISSING and f.default_factory is MISSING and name not in ("mode",):  # type: ignore[misc]
                 raise UserError(f"missing key {key}")
@@ -348,10 +363,6 @@ def _check_value(kind: Any, value: Any, key: str, meta: dict) -> None:
     if origin in (dict, Dict):
         if not isinstance(value, dict):
             raise UserError(f"{key} must be a mapping, got {value!r}")
-        if key.split(".")[-1] in ("tolerance", "atol", "limits", "layer_thresholds"):
-            for k in value:
-                if k not in DTYPE_NAMES:
-                    raise UserError(f"unknown key {key}.{k}; valid: {', '.join(DTYPE_NAMES)}")
         for k, v in value.items():
             _check_value(args[1], v, f"{key}.{k}", {"lo": 0} if args[1] is float else {})
         return

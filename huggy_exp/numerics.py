@@ -84,11 +84,17 @@ def discrete_histogram(actions: np.ndarray, sizes: tuple[int, ...] | None = None
     return metrics, table
 
 
-def limits_for(table: dict, dtype: str, device: str, specialize: dict | None = None) -> dict:
+def limit(table: dict, dtype: str, key: str):
+    """A per-dtype table's entry; a dtype without one is a UserError naming the key (tables fail closed)."""
+    if dtype not in table:
+        raise UserError(f"{key}.{dtype} is missing: a dtype without a limit cannot be judged; set it "
+                        f"(the table has {', '.join(sorted(table)) or 'nothing'})")
+    return table[dtype]
+
+
+def limits_for(table: dict, dtype: str, device: str, specialize: dict | None, key: str) -> dict:
     """Thresholds for a dtype, overridden by a `<device kind>_<dtype>` entry of `specialize` (e.g. npu_fp16)."""
-    limits = dict(table.get(dtype) or {})
-    limits.update((specialize or {}).get(f"{device.split(':')[0]}_{dtype}") or {})
-    return limits
+    return {**limit(table, dtype, key), **((specialize or {}).get(f"{device.split(':')[0]}_{dtype}") or {})}
 
 
 def rel_rmse(actual: np.ndarray, expected: np.ndarray) -> float:

@@ -13,7 +13,7 @@ import torch
 from huggy_exp.config import BACKENDS, DTYPE_NAMES
 from huggy_exp.errors import Unsupported, UserError
 
-DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.float16, torch.bfloat16, torch.float64)))  # config.DTYPE_NAMES
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64}  # by name, each
 DEVICE_KINDS = ("cpu", "cuda", "npu", "mps")
 _DEVICE_RE = re.compile(r"^(cpu|cuda|npu|mps)(?::(\d+))?$")
 # set by the Ray launcher's worker to the point's device kind: Ray made exactly the card it assigned visible

@@ -72,9 +72,9 @@ class Limits:
 
     @classmethod
     def of(cls, table: dict) -> "Limits":
-        """From a config table {max_abs, cosine_min, margin, rtol}: max_abs is the atol."""
-        return cls(atol=float(table.get("max_abs", table.get("atol", np.inf))), rtol=float(table.get("rtol", 0.0)),
-                   cosine_min=float(table.get("cosine_min", -1.0)), margin=float(table.get("margin", 0.0)))
+        """From a validated `verify.limits` entry {max_abs, cosine_min, margin, rtol}: max_abs is the atol."""
+        return cls(atol=float(table["max_abs"]), rtol=float(table["rtol"]), cosine_min=float(table["cosine_min"]),
+                   margin=float(table["margin"]))
 
 
 @dataclass(frozen=True)
@@ -252,8 +252,8 @@ def elementwise(actual: np.ndarray, expected: np.ndarray, rel_floor: float = REL
         "required_atol": float(diff.max(initial=0.0)),
         "required_rtol": float(rel.max(initial=0.0)),
         "ulp_max": float(ulps.max(initial=0.0)),
-        "ulp_share_over": float(np.mean(ulps > ULP_STANDARD.get(dtype, 1.0))) if ulps.size else 0.0,
-        "ulp_standard": ULP_STANDARD.get(dtype, 1.0),
+        "ulp_share_over": float(np.mean(ulps > ULP_STANDARD[dtype])) if ulps.size else 0.0,
+        "ulp_standard": ULP_STANDARD[dtype],
         "nan_mismatch": float(np.sum(np.isnan(a) != np.isnan(e))),
         "inf_mismatch": float(np.sum(np.isinf(a) != np.isinf(e)) + np.sum(np.isinf(a) & np.isinf(e) & (np.sign(a) != np.sign(e)))),
     }
@@ -270,7 +270,7 @@ def _rows(actual: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 def ulp(values: np.ndarray, dtype: str) -> np.ndarray:
     """The unit in the last place of `dtype` at each value (subnormals: the smallest normal's ULP)."""
-    mantissa, emin = _ULP_FORMAT.get(dtype, _ULP_FORMAT["fp32"])
+    mantissa, emin = _ULP_FORMAT[dtype]
     x = np.abs(np.asarray(values, np.float64))
     exp = np.where(x > 0, np.frexp(x)[1] - 1, emin)
     return np.ldexp(1.0, np.maximum(exp, emin) - mantissa)

@@ -7,6 +7,7 @@ under test a second time.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from huggy_exp.numerics import (
     rel_rmse,
     sampling_check,
 )
+from huggy_exp.errors import UserError
 
 # --- compare()
 
@@ -254,18 +256,24 @@ SPECIALIZE = {"npu_fp16": {"max_abs": 2e-2}}
 
 
 def test_limits_for_npu_fp16_overrides_only_what_it_names():
-    assert limits_for(TABLE, "fp16", "npu", SPECIALIZE) == {"max_abs": 2e-2, "cosine_min": 0.999}
-    assert limits_for(TABLE, "fp16", "npu:3", SPECIALIZE) == {"max_abs": 2e-2, "cosine_min": 0.999}
+    assert limits_for(TABLE, "fp16", "npu", SPECIALIZE, "verify.limits") == {"max_abs": 2e-2, "cosine_min": 0.999}
+    assert limits_for(TABLE, "fp16", "npu:3", SPECIALIZE, "verify.limits") == {"max_abs": 2e-2, "cosine_min": 0.999}
 
 
 @pytest.mark.parametrize("dtype, device", [("fp16", "cpu"), ("fp16", "cuda:0"), ("bf16", "npu"), ("bf16", "npu:1")])
 def test_limits_for_specialisation_does_not_leak_to_other_devices_or_dtypes(dtype, device):
-    assert limits_for(TABLE, dtype, device, SPECIALIZE) == TABLE[dtype]
+    assert limits_for(TABLE, dtype, device, SPECIALIZE, "verify.limits") == TABLE[dtype]
 
 
-def test_limits_for_does_not_modify_the_table_and_handles_missing_entries():
-    limits_for(TABLE, "fp16", "npu", SPECIALIZE)
+def test_limits_for_does_not_modify_the_table():
+    limits_for(TABLE, "fp16", "npu", SPECIALIZE, "verify.limits")
     assert TABLE["fp16"]["max_abs"] == 1e-2
-    assert limits_for(TABLE, "fp64", "cpu") == {}
-    assert limits_for(TABLE, "fp16", "npu", None) == TABLE["fp16"]
-    assert limits_for({}, "fp16", "npu", SPECIALIZE) == {"max_abs": 2e-2}
+    assert limits_for(TABLE, "fp16", "npu", None, "verify.limits") == TABLE["fp16"]
+
+
+@pytest.mark.parametrize("table", [TABLE, {}])
+def test_a_dtype_missing_from_a_limit_table_is_an_error_naming_the_key_never_a_default(table):
+    with pytest.raises(UserError, match=r"^mode.atol.fp64 is missing: a dtype without a limit cannot be judged"):
+        limits_for(table, "fp64", "cpu", None, "mode.atol")
+    with pytest.raises(UserError, match=r"^verify.limits.fp16 is missing") if not table else nullcontext():
+        limits_for(table, "fp16", "npu", SPECIALIZE, "verify.limits")  # a device exception is no limit on its own

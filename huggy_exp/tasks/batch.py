@@ -6,6 +6,7 @@ import numpy as np
 
 from huggy_exp.context import Context
 from huggy_exp.mlagents import RECURRENT_OUT
+from huggy_exp.numerics import limit
 from huggy_exp.placement import memory_stats
 from huggy_exp.results import Result
 from huggy_exp import timing
@@ -31,7 +32,7 @@ class BatchTask:
         # --- compare them row by row; time both
         row_max = _row_max(out_batched, out_single, feeds["obs_0"].ndim - 1)
         rows = int(np.prod(feeds["obs_0"].shape[:-1]))
-        tol = self.tolerance.get(ctx.dtype, 0.0)
+        tol = limit(self.tolerance, ctx.dtype, "mode.tolerance")
         metrics = {"rows": float(rows), **_invariance(row_max), **self.throughput(ctx, batched, single, feeds, rows),
                    **{f"device/{k}": v for k, v in memory_stats(target.device).items()}}
         flips = 0

@@ -13,7 +13,7 @@ from huggy_exp import control_loop, loadgen, plots, timing
 from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.mlagents import ACTION_MASKS, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name
-from huggy_exp.numerics import REL_FLOOR
+from huggy_exp.numerics import REL_FLOOR, limit
 from huggy_exp.placement import peak_memory_mb, reset_peak_memory, synchronize
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, build
@@ -139,7 +139,7 @@ class BenchmarkTask:
         runner = build(ctx, name, batch_size=chunk, dtype="fp32" if name == "onnxruntime" else None)
         info["load_s"] = time.perf_counter() - started
         # a backend running another dtype (onnxruntime's fp32 graph in an fp64 job) is held to the looser
-        gate = Gate(w, max(self.tolerance.get(ctx.dtype, 0.0), self.tolerance.get(info["dtype"], 0.0)))
+        gate = Gate(w, max(limit(self.tolerance, d, "mode.tolerance") for d in (ctx.dtype, info["dtype"])))
         for i, b in enumerate(points):
             started = time.perf_counter()
             got = runner.infer(feeds[b])
@@ -223,7 +223,7 @@ class BenchmarkTask:
         lg = [s for s in wanted if s in extra.LOADGEN]
         if lg:
             qsl = self.feeds(ctx, [self.qsl_samples])[0][self.qsl_samples]
-            tol = max(self.tolerance.get(ctx.dtype, 0.0), self.tolerance.get("fp32" if ctx.backend == "onnxruntime" else ctx.dtype, 0.0))
+            tol = max(limit(self.tolerance, d, "mode.tolerance") for d in (ctx.dtype, "fp32" if ctx.backend == "onnxruntime" else ctx.dtype))
             extra.run_loadgen(ctx, runner, runners["eager"], qsl, lg, self.loadgen, tol, point,
                               self.search_steps, self.search_ms, result, points)
         if extra.CONTROL_LOOP in wanted:

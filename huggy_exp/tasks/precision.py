@@ -54,7 +54,7 @@ class PrecisionTask:
             result.tables["step_errors"] = _step_errors(got, want)
         worst, first_bad = layers["worst_layer"], layers["first_failing_layer"]
         result.tags.update({"verdict_relative": verdict, "worst_layer": worst, "first_failing_layer": first_bad or "none"})
-        result.details.update({"limits": limits_for(ctx.verify.limits, ctx.dtype, ctx.device, ctx.verify.specialize),
+        result.details.update({"limits": limits_for(ctx.verify.limits, ctx.dtype, ctx.device, ctx.verify.specialize, "verify.limits"),
                                "relative_verdict": verdict, **layers})
         result.summary.insert(1, f"worst layer {worst} (rel_rmse {result.metrics[f'layer/{worst}/rel_rmse']:.2e}), first failing "
                                  f"layer {first_bad or 'none'}, relative {result.metrics['relative/ratio']:.2f} -> {verdict}")
@@ -63,7 +63,7 @@ class PrecisionTask:
 
     def _layers(self, ctx: Context, got: dict, want: dict, result: Result) -> dict:
         """rel_rmse and max_abs of every intermediate against fp64; the first one over the dtype's layer threshold fails."""
-        limit = limits_for(self.layer_thresholds, ctx.dtype, ctx.device, self.layer_specialize).get("rel_rmse", np.inf)
+        limit = limits_for(self.layer_thresholds, ctx.dtype, ctx.device, self.layer_specialize, "mode.layer_thresholds")["rel_rmse"]
         names = [k for k in got if k.startswith(("normalized_obs", "hidden_"))] + [k for k in LAYER_ORDER if k in got]
         rows, first_bad = [], None
         for name in names:

@@ -14,6 +14,7 @@ from huggy_exp.certify import bitwise, dual_benchmark, errors, latency_change, n
 from huggy_exp.config import DTYPE_NAMES
 from huggy_exp.context import Context
 from huggy_exp.errors import UserError
+from huggy_exp.numerics import limit as per_dtype
 from huggy_exp.results import Result
 from huggy_exp.runners import build, reference, run_feeds
 from huggy_exp.tasks.record import fingerprints, time_calls
@@ -88,7 +89,7 @@ class ReplayTask:
                                 "compared against the bundle's fp64 reference only")
             result.details["no_recording"] = True
             return
-        recorded, limit = b.outputs(match), float(self.tolerance.get(ctx.dtype, np.inf))
+        recorded, limit = b.outputs(match), float(per_dtype(self.tolerance, ctx.dtype, "mode.tolerance"))
         point = b.points[match]
         same_point = match == report.key and int(point.get("threads", 1)) == threads and environment.same_stack(env_rows)
         required = self.require_bitwise or same_point
@@ -114,7 +115,7 @@ class ReplayTask:
 
     def _against_fp64(self, result: Result, report: "Report", here: dict, fp64: dict, host64: dict, dtype: str, judge: bool) -> None:
         """Every output against the bundle's fp64 reference; this host's fp64 against the bundle's (how far fp64 moved)."""
-        limit = float(self.tolerance.get(dtype, np.inf))
+        limit = float(per_dtype(self.tolerance, dtype, "mode.tolerance"))
         for name in here:
             if name not in fp64:
                 continue
