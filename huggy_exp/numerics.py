@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from huggy_exp.errors import UserError
-from huggy_exp.verify import cosine, discrete_agreement, discrete_margins, margins  # noqa: F401 (the engine's, re-exported)
+from huggy_exp.verify import cosine, discrete_agreement, discrete_margins, finite_limits, margins  # noqa: F401 (the engine's, re-exported)
 
 REL_FLOOR = 1e-3  # relative errors divide by max(|expected|, REL_FLOOR): actions are O(1), zeros must not explode
 
@@ -84,17 +84,17 @@ def discrete_histogram(actions: np.ndarray, sizes: tuple[int, ...] | None = None
     return metrics, table
 
 
-def limit(table: dict, dtype: str, key: str):
-    """A per-dtype table's entry; a dtype without one is a UserError naming the key (tables fail closed)."""
+def limits_for(table: dict, dtype: str, device: str, specialize: dict | None, where: str) -> dict:
+    """Thresholds for a dtype, overridden by a `<device kind>_<dtype>` entry of `specialize` (e.g. npu_fp16); a dtype
+    without an entry is an error naming the key (tables fail closed), and every value a finite number
+    (`verify.finite_limits`: a NaN limit would switch its check off)."""
     if dtype not in table:
-        raise UserError(f"{key}.{dtype} is missing: a dtype without a limit cannot be judged; set it "
+        raise UserError(f"{where}.{dtype} is missing: a dtype without a limit cannot be judged; set it "
                         f"(the table has {', '.join(sorted(table)) or 'nothing'})")
-    return table[dtype]
-
-
-def limits_for(table: dict, dtype: str, device: str, specialize: dict | None, key: str) -> dict:
-    """Thresholds for a dtype, overridden by a `<device kind>_<dtype>` entry of `specialize` (e.g. npu_fp16)."""
-    return {**limit(table, dtype, key), **((specialize or {}).get(f"{device.split(':')[0]}_{dtype}") or {})}
+    special = f"{device.split(':')[0]}_{dtype}"
+    limits = finite_limits(dict(table[dtype]), f"{where}.{dtype}")
+    limits.update(finite_limits(dict((specialize or {}).get(special) or {}), f"{where} specialize.{special}"))
+    return limits
 
 
 def rel_rmse(actual: np.ndarray, expected: np.ndarray) -> float:

@@ -64,10 +64,8 @@ def test_a_limit_a_config_file_leaves_out_makes_the_job_an_error(mode, tmp_path)
 
 
 def test_a_dtype_without_a_limit_in_a_task_table_is_an_error_not_a_default():
-    from huggy_exp.numerics import limit
-
-    with pytest.raises(UserError, match="^mode.tolerance.bf16 is missing"):
-        limit({"fp32": 1e-5}, "bf16", "mode.tolerance")
+    with pytest.raises(UserError, match="^mode.tolerance has no bf16 limit"):
+        verify.limit({"fp32": 1e-5}, "bf16", "mode.tolerance")
 
 
 @pytest.mark.parametrize("table", [placement.DTYPES, verify.ULP_STANDARD, verify._ULP_FORMAT],

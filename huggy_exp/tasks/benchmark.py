@@ -13,13 +13,14 @@ from huggy_exp import control_loop, loadgen, plots, timing
 from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.mlagents import ACTION_MASKS, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name
-from huggy_exp.numerics import REL_FLOOR, limit
+from huggy_exp.numerics import REL_FLOOR
 from huggy_exp.placement import peak_memory_mb, reset_peak_memory, synchronize
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, build
 from huggy_exp.tasks import SLOW_FP16, batch_of, is_sequence, runner_device, verify_point
 from huggy_exp.tasks import scenarios as extra
 from huggy_exp.tasks.compare import compare_outputs
+from huggy_exp.verify import finite_limits, limit
 
 POINT_STATS = ("p50_us", "p90_us", "p95_us", "p99_us", "mean_us", "min_us", "max_us", "iqr_us", "obs_per_s", "noisy", "samples")
 SERIES_STATS = ("p50_us", "p99_us", "obs_per_s")
@@ -42,7 +43,7 @@ class BenchmarkTask:
         self.batch_sizes = [int(b) for b in (batch_sizes or [])]
         self.rounds, self.chunk_rows = int(rounds), int(chunk_rows)
         self.budget_s, self.warmup_s, self.settle_s = float(budget_s), float(warmup_s), float(settle_s)
-        self.tolerance = dict(tolerance)
+        self.tolerance = finite_limits(tolerance, "mode.tolerance")
         self.fp16_cpu_max_rows, self.fp16_cpu_samples = int(fp16_cpu_max_rows), int(fp16_cpu_samples)
         self.qsl_samples, self.search_steps, self.search_ms = int(qsl_samples), int(search_steps), int(search_ms)
         self.loadgen = loadgen.Settings(
