@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from huggy_exp import plots
+from huggy_exp.config import modes
 from huggy_exp.headline import ERROR
 
 NARROW_FIRST = ("bf16", "fp16", "fp32", "fp64")
@@ -148,14 +149,12 @@ def dual_lines(dual: list[dict]) -> list[str]:
             for d in dual]
 
 
-VERIFIED_MODES = ("action", "sample", "batch", "precision", "onnx-compare", "fingerprint", "stats", "benchmark")
-
-
 def recommend(rows: list[dict]) -> dict:
     """Per device (and model, when the sweep has several): the fastest dtype whose every verified point passed, with the
     figures it used; a noisy latency is named as such, never the silent basis of a pick."""
     recommended = {}
-    verified = [r for r in rows if r["mode"] in VERIFIED_MODES and r["status"] in ("passed", "failed")]
+    known = modes()
+    verified = [r for r in rows if r["mode"] in known and known[r["mode"]].verified and r["status"] in ("passed", "failed")]
     several = len({_model(r) for r in verified}) > 1
     for device, model in dict.fromkeys((r["device"], _model(r)) for r in verified):
         checked = [r for r in verified if r["device"] == device and _model(r) == model]

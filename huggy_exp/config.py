@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
-from typing import Any, Dict, List, Optional, get_type_hints
+from typing import Any, ClassVar, Dict, List, NamedTuple, Optional, get_type_hints
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -88,9 +88,75 @@ class Dynamics:
 # --- modes: one schema per conf/mode/<name>.yaml
 
 
+class Allocation(NamedTuple):
+    """Memory a job's own values size: bytes, what they hold, the keys that size them; `drawn` of its rows come from the
+    observation source (held to MAX_OBS_BYTES)."""
+
+    bytes: int
+    what: str
+    keys: str
+    drawn: int = 0
+
+
+class RowBytes(NamedTuple):
+    """What one row of the policy costs a job (safety.job_allocations measures it from the weights)."""
+
+    feed: int  # a row drawn (float64), kept (float32), its outputs compared
+    forward: int  # one row through a runner and the fp64 reference
+    io: int  # a row's float32 inputs and outputs
+
+
 @dataclass
 class ModeConf:
+    """A mode, declared once: its knobs (the fields, conf/mode/<name>.yaml holds their values) and its traits (class
+    variables), which every other module reads. A new mode is a new subclass here: nothing to register."""
+
     _target_: str = MISSING
+    name: ClassVar[str] = ""
+    runs_policy: ClassVar[bool] = True  # loads and runs the policy (false: no memory pre-check)
+    timed: ClassVar[bool] = True  # reports latency: a timed CPU point holds its Ray node alone; beside other jobs, tagged
+    verified: ClassVar[bool] = True  # judged against CPU fp64: its points choose a sweep's recommended dtype
+    headline: ClassVar[Dict[str, str]] = {}  # short name -> the detailed metric it copies (`a | b`: the first found)
+
+    @classmethod
+    def is_task(cls) -> bool:
+        """Whether Hydra instantiates a task class (sync and ui are run.py's own, `_target_: null`)."""
+        return cls._target_ is not None
+
+    @classmethod
+    def allocations(cls, cfg: dict, row: RowBytes) -> list[Allocation]:
+        """What the mode's own knobs allocate beyond a batch and the observations (`cfg`: the job's plain config)."""
+        return []
+
+
+@dataclass
+class ActionMode(ModeConf):
+    name: ClassVar[str] = "action"
+    headline: ClassVar[Dict[str, str]] = {"act_mean": "action_mean", "act_std": "action_std"}
+
+
+@dataclass
+class SampleMode(ModeConf):
+    name: ClassVar[str] = "sample"
+    headline: ClassVar[Dict[str, str]] = {"act_mean": "action_mean", "act_std": "action_std"}
+
+
+@dataclass
+class InfoMode(ModeConf):
+    name: ClassVar[str] = "info"
+    runs_policy: ClassVar[bool] = False
+    timed: ClassVar[bool] = False
+    verified: ClassVar[bool] = False
+    headline: ClassVar[Dict[str, str]] = {"parameters": "parameters", "fp16_overflow_dims": "fp16_overflow_dims"}
+
+
+@dataclass
+class CheckpointsMode(ModeConf):
+    name: ClassVar[str] = "checkpoints"
+    runs_policy: ClassVar[bool] = False
+    timed: ClassVar[bool] = False
+    verified: ClassVar[bool] = False
+    headline: ClassVar[Dict[str, str]] = {"checkpoints": "checkpoints", "best_reward": "best_reward"}
 
 
 @dataclass
@@ -129,12 +195,24 @@ class Relative:
 
 @dataclass
 class BatchMode(ModeConf):
+    name: ClassVar[str] = "batch"
+    headline: ClassVar[Dict[str, str]] = {"invariance_max": "batch_invariance_max_abs", "rows_identical": "rows_bit_identical",
+                                          "rows_per_s": "batched_rows_per_s"}
     tolerance: Tolerances = MISSING
     budget_s: float = rule(lo=0, hi=600, lo_open=True)
 
 
 @dataclass
 class BenchmarkMode(ModeConf):
+    name: ClassVar[str] = "benchmark"
+    # at the job's own batch size ({batch}; a ladder without it: its largest): eager's and onnxruntime's p50 and
+    # `eager_vs_ort` = eager p50 / onnxruntime p50 (> 1: torch is slower); throughput at the largest batch timed;
+    # the LoadGen server's highest QPS under its p99 bound, and the control loop's miss rate and highest rate
+    headline: ClassVar[Dict[str, str]] = {
+        "p50_us": "eager/b{batch}/p50_us", "p99_us": "eager/b{batch}/p99_us", "ort_p50_us": "onnxruntime/b{batch}/p50_us",
+        "eager_vs_ort": "eager/b{batch}/p50_us / onnxruntime/b{batch}/p50_us", "obs_per_s": "eager/b{top}/obs_per_s",
+        "server_qps": "loadgen/server/max_qps", "miss_rate": "control_loop/miss_rate",
+        "loop_hz_max": "control_loop/max_rate_hz"}
     backends: List[str] = MISSING
     batch_sizes: Optional[List[int]] = MISSING
     scenarios: List[str] = MISSING
@@ -162,9 +240,21 @@ class BenchmarkMode(ModeConf):
     confidence: float = rule(lo=0, hi=1, lo_open=True)
     loop_search_s: float = rule(lo=0, hi=600, lo_open=True)
 
+    @classmethod
+    def allocations(cls, cfg: dict, row: RowBytes) -> list[Allocation]:
+        ladder = cfg["mode"].get("batch_sizes") or [cfg["batch_size"]]
+        top = max(int(b) for b in ladder)
+        return [Allocation(top * (row.feed + row.forward), f"the benchmark's largest batch ({top:,} rows)",
+                           f"mode.batch_sizes={ladder}")]
+
 
 @dataclass
 class ExportOnnxMode(ModeConf):
+    name: ClassVar[str] = "export-onnx"
+    timed: ClassVar[bool] = False
+    verified: ClassVar[bool] = False
+    headline: ClassVar[Dict[str, str]] = {"max_abs_vs_torch": "actions/vs_torch/max_abs | memories/vs_torch/max_abs",
+                                          "src_identical": "graph/vs_source/bit_identical"}
     path: Optional[str] = MISSING
     opset: int = rule(lo=7, hi=21)
     atol: float = rule(lo=0)
@@ -174,6 +264,8 @@ class ExportOnnxMode(ModeConf):
 
 @dataclass
 class FingerprintMode(ModeConf):
+    name: ClassVar[str] = "fingerprint"
+    headline: ClassVar[Dict[str, str]] = {"fp_match": "matches_cpu_fp32", "fp_qmatch": "quantized_matches_cpu_fp32"}
     steps: int = rule(lo=1, hi=1_000_000)
     loop: str = rule(choices=LOOPS)
     actions: str = rule(choices=ACTION_KINDS)
@@ -182,9 +274,16 @@ class FingerprintMode(ModeConf):
     require_match: List[str] = MISSING
     dynamics: Dynamics = MISSING
 
+    @classmethod
+    def allocations(cls, cfg: dict, row: RowBytes) -> list[Allocation]:
+        return rollout_rows(cfg, row, drawn=cfg["mode"]["loop"] == "open" and cfg["obs"]["source"] != "file")
+
 
 @dataclass
 class OnnxCompareMode(ModeConf):
+    name: ClassVar[str] = "onnx-compare"
+    headline: ClassVar[Dict[str, str]] = {"max_abs_vs_ort": "actions/vs_onnxruntime/max_abs | memories/vs_onnxruntime/max_abs",
+                                          "sampled_z": "sampled/mean_z_max"}
     provider: str = MISSING
     atol: Tolerances = MISSING
     specialize: Dict[str, Any] = MISSING
@@ -194,9 +293,17 @@ class OnnxCompareMode(ModeConf):
     rel_floor: float = rule(lo=0, lo_open=True)
     masks: str = rule(choices=MASKS)
 
+    @classmethod
+    def allocations(cls, cfg: dict, row: RowBytes) -> list[Allocation]:
+        rows = int(cfg["mode"]["sample_rows"]) * int(cfg["mode"]["samples"])
+        return [Allocation(rows * row.io * 3, f"{rows:,} tiled rows of sampled draws",
+                           f"mode.sample_rows={cfg['mode']['sample_rows']} × mode.samples={cfg['mode']['samples']}")]
+
 
 @dataclass
 class PrecisionMode(ModeConf):
+    name: ClassVar[str] = "precision"
+    headline: ClassVar[Dict[str, str]] = {"rel_ratio": "relative/ratio"}
     layer_thresholds: LayerThresholds = MISSING
     layer_specialize: Dict[str, Any] = MISSING
     relative: Relative = MISSING
@@ -204,6 +311,8 @@ class PrecisionMode(ModeConf):
 
 @dataclass
 class StatsMode(ModeConf):
+    name: ClassVar[str] = "stats"
+    headline: ClassVar[Dict[str, str]] = {"drift_max": "drift_max", "saturation": "saturation_rate", "smoothness": "smoothness"}
     steps: int = rule(lo=1, hi=1_000_000)
     envs: int = rule(lo=1, hi=1_000_000)
     source: str = rule(choices=STATS_SOURCES)
@@ -212,6 +321,18 @@ class StatsMode(ModeConf):
     drift_fail: Optional[float] = rule(lo=0)
     saturation: float = rule(lo=0, hi=1, lo_open=True)
     dynamics: Dynamics = MISSING
+
+    @classmethod
+    def allocations(cls, cfg: dict, row: RowBytes) -> list[Allocation]:
+        return rollout_rows(cfg, row, drawn=False)
+
+
+def rollout_rows(cfg: dict, row: RowBytes, drawn: bool) -> list[Allocation]:
+    """A rollout's steps x envs rows for two runners (fingerprint, stats); `drawn`: the observation source draws them."""
+    steps, envs = int(cfg["mode"]["steps"]), int(cfg["mode"]["envs"])
+    rows = steps * envs
+    return [Allocation(rows * row.feed * 2, f"{rows:,} rollout rows (steps × envs) for two runners",
+                       f"mode.steps={steps} × mode.envs={envs}", rows if drawn else 0)]
 
 
 @dataclass
@@ -223,6 +344,9 @@ class LatencySamples:
 
 @dataclass
 class RecordMode(ModeConf):
+    name: ClassVar[str] = "record"
+    verified: ClassVar[bool] = False
+    headline: ClassVar[Dict[str, str]] = {"points": "bundle/points"}
     out: Optional[str] = MISSING
     latency: LatencySamples = MISSING
     decimals: int = rule(lo=0, hi=9)
@@ -230,6 +354,11 @@ class RecordMode(ModeConf):
 
 @dataclass
 class ReplayMode(ModeConf):
+    name: ClassVar[str] = "replay"
+    verified: ClassVar[bool] = False
+    headline: ClassVar[Dict[str, str]] = {
+        "bitwise": "agreement/bitwise_share", "ulp_max": "agreement/ulp_max", "dual_ratio": "dual/worst_ratio",
+        "lat_ratio": "latency_change/median_ratio", "lat_p": "latency_change/p_value"}
     bundle: Optional[str] = MISSING
     reference_point: Optional[str] = MISSING
     allow_other_model: bool = MISSING
@@ -243,6 +372,12 @@ class ReplayMode(ModeConf):
 
 @dataclass
 class DiffMode(ModeConf):
+    name: ClassVar[str] = "diff"
+    runs_policy: ClassVar[bool] = False
+    timed: ClassVar[bool] = False
+    verified: ClassVar[bool] = False
+    headline: ClassVar[Dict[str, str]] = {"changed": "diff/changed", "only_base": "diff/only_baseline",
+                                          "only_cand": "diff/only_candidate"}
     baseline: Optional[str] = MISSING
     candidate: Optional[str] = MISSING
     alpha: float = rule(lo=0, hi=1, lo_open=True)
@@ -251,24 +386,27 @@ class DiffMode(ModeConf):
 
 @dataclass
 class SyncMode(ModeConf):
+    name: ClassVar[str] = "sync"
+    runs_policy: ClassVar[bool] = False
+    timed: ClassVar[bool] = False
+    verified: ClassVar[bool] = False
     _target_: Optional[str] = None  # not a task: run.py hands it to tracking.sync
     paths: List[str] = MISSING
 
 
 @dataclass
 class UiMode(ModeConf):
+    name: ClassVar[str] = "ui"
+    runs_policy: ClassVar[bool] = False
+    timed: ClassVar[bool] = False
+    verified: ClassVar[bool] = False
     _target_: Optional[str] = None  # not a task: run.py hands it to huggy_exp.ui (the port is tracking.ui_port)
     wait_s: float = rule(lo=1, hi=3600)
 
 
-NOT_TASKS = ("sync", "ui")  # modes run.py handles itself (tracking), not task classes
-MODES: dict[str, type] = {
-    "action": ModeConf, "sample": ModeConf, "info": ModeConf, "checkpoints": ModeConf, "batch": BatchMode,
-    "benchmark": BenchmarkMode,
-    "export-onnx": ExportOnnxMode, "fingerprint": FingerprintMode, "onnx-compare": OnnxCompareMode,
-    "precision": PrecisionMode, "stats": StatsMode, "sync": SyncMode, "ui": UiMode,
-    "record": RecordMode, "replay": ReplayMode, "diff": DiffMode,
-}
+def modes() -> dict[str, type[ModeConf]]:
+    """Every mode by name: the ModeConf subclasses declared here (and any declared elsewhere, e.g. a test's)."""
+    return {cls.name: cls for cls in ModeConf.__subclasses__()}
 
 
 @dataclass
@@ -299,7 +437,7 @@ def register() -> None:
     cs.store(name="config_schema", node=Config)
     for group, node in (("model", ModelConf), ("obs", ObsConf), ("tracking", TrackingConf)):
         cs.store(group=f"schema/{group}", name="base", node=node)
-    for name, node in MODES.items():
+    for name, node in modes().items():
         cs.store(group="schema/mode", name=name, node=node)
 
 
@@ -309,12 +447,12 @@ def register() -> None:
 def validate(cfg: DictConfig, mode: str) -> dict:
     """The composed config as plain values; UserError (one line) for an unknown key, a wrong type, a value out of range,
     a NaN/inf number or a rule across keys. Pure: the host's checks are preflight.validate's."""
-    if mode not in MODES:
-        raise UserError(f"unknown mode {mode!r}; valid: {', '.join(sorted(MODES))}")
+    if mode not in modes():
+        raise UserError(f"unknown mode {mode!r}; valid: {', '.join(sorted(modes()))}")
     plain = OmegaConf.to_container(cfg, resolve=True)
     plain.pop("hydra", None)
     _check(Config, plain, "")
-    _check(MODES[mode], plain["mode"], "mode.")
+    _check(modes()[mode], plain["mode"], "mode.")
     if mode == "stats" and plain["mode"]["source"] == "replay" and not plain["mode"]["trajectory"]:
         raise UserError("mode.source=replay needs mode.trajectory=<file.npy> (float32 [T, obs_dim]) or an .npz of obs_<i> [T, d_i]")
     return plain
@@ -410,7 +548,7 @@ def _optional(kind: Any) -> bool:
 @functools.cache
 def free_maps() -> tuple[str, ...]:
     """Every schema map with free keys (Dict[str, Any]): `mode.<key>` (e.g. mode.specialize) and `verify.specialize`."""
-    tables = [("mode", schema) for schema in MODES.values()] + [("verify", VerifyConf)]
+    tables = [("mode", schema) for schema in modes().values()] + [("verify", VerifyConf)]
     return tuple(sorted({f"{prefix}.{f.name}" for prefix, schema in tables for f in fields(schema)
                          if get_type_hints(schema)[f.name] == Dict[str, Any]}))
 
@@ -419,7 +557,7 @@ def free_maps() -> tuple[str, ...]:
 def unknown_key(key: str, mode: str) -> str:
     """`unknown key mode.tolerence; valid keys of mode (batch): budget_s, tolerance`."""
     parts = key.split(".")
-    kind: Any = MODES.get(mode, ModeConf) if parts[0] == "mode" else Config
+    kind: Any = modes().get(mode, ModeConf) if parts[0] == "mode" else Config
     for part in (parts[1:] if parts[0] == "mode" else parts)[:-1]:
         if getattr(kind, "__origin__", None) in (dict, Dict):  # per-dtype tables: the key is a dtype
             kind = kind.__args__[1]

@@ -34,7 +34,7 @@ CONF = REPO / "conf"
 SHARED = REPO.parent / "shared" / "fixtures" / "mlagents"
 HUGGY_PT = SHARED / "huggy" / "Huggy" / "Huggy-2000049.pt"
 REFERENCE = SHARED / "huggy" / "reference"
-MODES = sorted(p.stem for p in (CONF / "mode").glob("*.yaml") if p.stem not in config.NOT_TASKS)  # sync, ui: not tasks
+MODES = sorted(p.stem for p in (CONF / "mode").glob("*.yaml") if config.modes()[p.stem].is_task())  # sync, ui: not tasks
 READS_A_RUN = ("replay", "diff")  # they need a bundle or sweep to read: tests/test_certificate.py runs them
 
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"genuine ML-Agents fixtures not found at {SHARED}")
