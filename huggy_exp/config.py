@@ -435,8 +435,6 @@ def register() -> None:
     if "config_schema.yaml" in cs.repo:  # stored already in this process: each store converts every dataclass again
         return
     cs.store(name="config_schema", node=Config)
-    for group, node in (("model", ModelConf), ("obs", ObsConf), ("tracking", TrackingConf)):
-        cs.store(group=f"schema/{group}", name="base", node=node)
     for name, node in modes().items():
         cs.store(group="schema/mode", name=name, node=node)
 

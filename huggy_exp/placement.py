@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from huggy_exp.config import BACKENDS, DTYPE_NAMES
+from huggy_exp.config import BACKENDS
 from huggy_exp.errors import Unsupported, UserError
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64}  # by name, each

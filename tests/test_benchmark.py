@@ -57,11 +57,6 @@ def test_threads_are_fixed_for_the_block_and_restored():
     assert torch.get_num_threads() == before
 
 
-def test_samples_become_a_torch_utils_benchmark_measurement():
-    m = timing.measurement(timing.Timing(samples=[1e-3, 2e-3, 3e-3]), "x")
-    assert m.median == pytest.approx(2e-3)
-
-
 # --- runners
 
 
