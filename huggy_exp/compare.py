@@ -14,6 +14,7 @@ import numpy as np
 
 from huggy_exp import plots
 from huggy_exp.config import modes
+from huggy_exp.verify import DECLARED
 from huggy_exp.headline import ERROR
 
 NARROW_FIRST = ("bf16", "fp16", "fp32", "fp64")
@@ -28,15 +29,12 @@ def inputs_key(row: dict) -> tuple:
     return row["mode"], json.dumps(knobs, sort_keys=True, default=str), row["obs"], row["seed"], row["model_sha256"]
 
 
-OUTPUT_FILES = ("actions.npy", "discrete_actions.npy", "memories.npy")  # whichever the policy has (docs/policy-shapes.md)
-
-
 def load_outputs(row: dict) -> dict[str, np.ndarray]:
     """A point's output arrays by file stem: continuous `actions`, `discrete_actions`, `memories` (empty on error)."""
     if row["status"] == "error":
         return {}
     d = Path(row["dir"])
-    return {f[:-4]: np.load(d / f, allow_pickle=False) for f in OUTPUT_FILES if (d / f).is_file()}
+    return {o.stem: np.load(d / f"{o.stem}.npy", allow_pickle=False) for o in DECLARED if (d / f"{o.stem}.npy").is_file()}
 
 
 def _digest(outputs: dict[str, np.ndarray]) -> str | None:

@@ -10,36 +10,6 @@ from huggy_exp.verify import cosine, discrete_agreement, discrete_margins, finit
 REL_FLOOR = 1e-3  # relative errors divide by max(|expected|, REL_FLOOR): actions are O(1), zeros must not explode
 
 
-def compare(actual: np.ndarray, expected: np.ndarray, rel_floor: float = REL_FLOOR) -> dict[str, float]:
-    """Polygraphy/msprobe-style metrics; NaN/Inf that differ between the two are counted, never hidden."""
-    a, e = _same_size(actual, expected)
-    rows = len(a) if a.ndim > 1 else 1
-    a = a.reshape(rows, a.size // rows if rows else 0)
-    e = e.reshape(a.shape)
-    nan_mismatch = int(np.sum(np.isnan(a) != np.isnan(e)))
-    inf_mismatch = int(np.sum(np.isinf(a) != np.isinf(e)) + np.sum(np.isinf(a) & np.isinf(e) & (np.sign(a) != np.sign(e))))
-    both = np.isfinite(a) & np.isfinite(e)
-    with np.errstate(invalid="ignore", over="ignore"):
-        diff = np.where(both, np.abs(a - e), 0.0)
-    rel = diff / np.maximum(np.abs(e), rel_floor)
-    n = max(int(both.sum()), 1)
-    af, ef = np.where(both, a, 0.0), np.where(both, e, 0.0)
-    return {
-        "max_abs": float(diff.max(initial=0.0)),
-        "mean_abs": float(diff.sum() / n),
-        "max_rel": float(rel.max(initial=0.0)),
-        "rmse": float(np.sqrt((diff**2).sum() / n)),
-        "cosine": cosine(af.ravel(), ef.ravel()),
-        "cosine_min_row": float(min((cosine(x, y) for x, y in zip(af, ef)), default=1.0)),
-        "within_0.1pct": float(np.sum((rel <= 1e-3) & both) / max(a.size, 1)),
-        "within_0.5pct": float(np.sum((rel <= 5e-3) & both) / max(a.size, 1)),
-        "nan_mismatch": float(nan_mismatch),
-        "inf_mismatch": float(inf_mismatch),
-        "min_atol": float(diff.max(initial=0.0)),
-        "min_rtol": float(rel.max(initial=0.0)),
-    }
-
-
 def _same_size(actual: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Both as float64; arrays of different sizes cannot be compared element-wise (a UserError naming both shapes)."""
     a, e = np.asarray(actual, np.float64), np.asarray(expected, np.float64)

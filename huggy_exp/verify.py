@@ -43,6 +43,15 @@ class Output:
     rule: str
     sampled_stem: str | None = None
 
+    def stored(self, value: np.ndarray, float_dtype=np.float32) -> np.ndarray:
+        """The array as its file (`<stem>.npy`) holds it: discrete actions int64, floats `float_dtype`, the memory
+        [..., N, m] (ML-Agents' [..., N, 1, m] without its middle axis)."""
+        a = np.asarray(value)
+        if self.rule in ("discrete", "sampled_discrete"):
+            return a.astype(np.int64)
+        a = a.astype(float_dtype)
+        return a.squeeze(-2) if self.rule == "memory" and a.ndim >= 3 and a.shape[-2] == 1 else a
+
     def twin(self) -> "Output | None":
         """The sampled output, compared like this one (a sampled discrete action has no margin: reported only)."""
         if self.sampled is None or self.sampled == self.name:

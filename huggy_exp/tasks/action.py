@@ -13,6 +13,7 @@ from huggy_exp.results import Result
 from huggy_exp.errors import Unsupported
 from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, build, run_feeds
 from huggy_exp.tasks import is_sequence, latency, verify_point
+from huggy_exp.verify import MEMORY
 
 
 class ActionTask:
@@ -51,7 +52,7 @@ def _actions_result(feeds: dict, actions: np.ndarray | None, discrete: np.ndarra
     if discrete is not None:
         arrays["discrete_actions"] = discrete.astype(np.int64)
     if memory is not None:
-        arrays["memories"] = memory.astype(np.float32).squeeze(-2)  # [..., N, 1, m] -> [..., N, m]
+        arrays["memories"] = MEMORY.stored(memory)
     digest = hashlib.sha256(b"".join(a.tobytes() for a in arrays.values())).hexdigest()
     first = next(iter(arrays.values()))
     sequence = is_sequence(feeds)

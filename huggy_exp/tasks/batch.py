@@ -38,7 +38,7 @@ class BatchTask:
         flips = 0
         if DISCRETE in out_batched:
             flips = int(np.sum(out_batched[DISCRETE] != out_single[DISCRETE]))
-            metrics["discrete_mismatches"] = float(flips)
+            metrics["discrete_flips"] = float(flips)
             metrics["discrete_agreement"] = float(np.mean(out_batched[DISCRETE] == out_single[DISCRETE]))
         arrays = {"actions": out_batched[ACTIONS].astype(np.float32)} if ACTIONS in out_batched else {}
         if DISCRETE in out_batched:

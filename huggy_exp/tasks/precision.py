@@ -11,10 +11,11 @@ from huggy_exp import plots
 from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported
 from huggy_exp.mlagents import RECURRENT_OUT
-from huggy_exp.numerics import compare, error_ratio, limits_for, ratio_verdict, rel_rmse
+from huggy_exp.numerics import error_ratio, limits_for, ratio_verdict, rel_rmse
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, DISCRETE, build, reference, run_feeds
 from huggy_exp.tasks import is_sequence, latency, verify_point
+from huggy_exp.verify import elementwise
 from huggy_exp.verify import limit as verify_limit
 from huggy_exp.verify import outputs_of, within
 
@@ -47,7 +48,8 @@ class PrecisionTask:
         verify_point(ctx, result, device, feeds, got, ctx.seed)
         for name in ("mu", "logits"):
             if name in got:
-                result.metrics.update({f"{name}/vs_fp64/{k}": v for k, v in compare(got[name], want[name], ctx.verify.rel_floor).items()})
+                m = elementwise(got[name], want[name], ctx.verify.rel_floor, ctx.dtype)
+                result.metrics.update({f"{name}/vs_fp64/{k}": v for k, v in m.items()})
         layers = self._layers(ctx, got, want, result)
         verdict = self._relative(ctx, got, want, cpu_same, result)
         if is_sequence(feeds):
@@ -99,8 +101,7 @@ class PrecisionTask:
             self._plot(ctx, got, want, result)
         for out in outputs_of((ACTIONS, DISCRETE, RECURRENT_OUT)):
             if out.name in got:
-                a = got[out.name]
-                result.arrays[out.stem] = a.astype(np.int64) if out.rule == "discrete" else a.astype(np.float32).squeeze(-2) if out.rule == "memory" else a.astype(np.float32)
+                result.arrays[out.stem] = out.stored(got[out.name])
 
     def _plot(self, ctx: Context, got: dict, want: dict, result: Result) -> None:
         """error_histogram.png (the point's and CPU fp32's error vs fp64) and layer_errors.png (rel_rmse per layer)."""
