@@ -10,7 +10,6 @@ from huggy_exp.context import Context
 from huggy_exp.mlagents import RECURRENT_OUT
 from huggy_exp.numerics import action_stats, discrete_histogram
 from huggy_exp.results import Result
-from huggy_exp.errors import Unsupported
 from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, build, run_feeds
 from huggy_exp.tasks import is_sequence, latency, verify_point
 from huggy_exp.verify import MEMORY
@@ -33,9 +32,6 @@ class SampleTask:
 
     def run(self, ctx: Context) -> Result:
         runner = build(ctx)
-        if not hasattr(runner, "sample"):
-            raise Unsupported(f"backend {ctx.backend}: sampled actions take the seeded CPU noise, which only the torch "
-                              "backends accept (onnxruntime samples inside the graph: see mode=onnx-compare)")
         out = run_feeds(runner, ctx.feeds, ctx.seed)
         result = _actions_result(ctx.feeds, out.get(SAMPLED), out.get(DISCRETE_SAMPLED), out.get(RECURRENT_OUT),
                                  f"sampled (seed {ctx.seed})")

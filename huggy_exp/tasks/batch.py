@@ -10,7 +10,7 @@ from huggy_exp.placement import memory_stats
 from huggy_exp.results import Result
 from huggy_exp import timing
 from huggy_exp.runners import ACTIONS, DISCRETE, build, run_feeds
-from huggy_exp.tasks import latency, runner_device, verify_point
+from huggy_exp.tasks import latency, verify_point
 from huggy_exp.verify import finite_limits, limit
 
 FLIP_FAILS_UP_TO = 1e-5  # discrete flips fail where the dtype's tolerance is this tight (fp32, fp64); else reported
@@ -64,8 +64,8 @@ class BatchTask:
     def throughput(self, ctx: Context, batched, single, feeds: dict, rows: int) -> dict[str, float]:
         """Rows per second of both runners, through the one measurement policy (fixed threads, warm-up until stable)."""
         with timing.threads(ctx.threads):
-            t_batched = timing.measure(lambda: run_feeds(batched, feeds), runner_device(batched), rows, self.budget_s, self.budget_s / 2)
-            t_single = timing.measure(lambda: run_feeds(single, feeds), runner_device(single), rows, self.budget_s, self.budget_s / 2)
+            t_batched = timing.measure(lambda: run_feeds(batched, feeds), batched.target.device, rows, self.budget_s, self.budget_s / 2)
+            t_single = timing.measure(lambda: run_feeds(single, feeds), single.target.device, rows, self.budget_s, self.budget_s / 2)
         return {"batched_rows_per_s": rows / (t_batched.stats()["p50_us"] / 1e6),
                 "single_rows_per_s": rows / (t_single.stats()["p50_us"] / 1e6)}
 

@@ -17,7 +17,7 @@ from huggy_exp.numerics import REL_FLOOR
 from huggy_exp.placement import peak_memory_mb, reset_peak_memory, synchronize
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, build
-from huggy_exp.tasks import SLOW_FP16, batch_of, is_sequence, runner_device, verify_point
+from huggy_exp.tasks import SLOW_FP16, batch_of, is_sequence, verify_point
 from huggy_exp.tasks import scenarios as extra
 from huggy_exp.tasks.compare import compare_outputs
 from huggy_exp.verify import finite_limits, limit
@@ -144,7 +144,7 @@ class BenchmarkTask:
         for i, b in enumerate(points):
             started = time.perf_counter()
             got = runner.infer(feeds[b])
-            synchronize(runner_device(runner))
+            synchronize(runner.target.device)
             if i == 0:
                 info["cold_start_ms"] = (time.perf_counter() - started) * 1e3
             if name == "eager":
@@ -166,7 +166,7 @@ class BenchmarkTask:
                 for name in order:
                     time.sleep(self.settle_s)  # let thread pools stop spinning between blocks
                     fn = lambda runner=runners[name], f=feeds[b]: runner.infer(f)  # noqa: E731
-                    t = timing.measure(fn, runner_device(runners[name]), b, self.budget_s / self.rounds,
+                    t = timing.measure(fn, runners[name].target.device, b, self.budget_s / self.rounds,
                                        self.warmup_s if r == 0 else self.warmup_s / 5, max_samples=cap,
                                        min_warmup=1 if slow else 2)
                     timings[(name, b)].extend(t)

@@ -9,7 +9,6 @@ import numpy as np
 
 from huggy_exp import plots
 from huggy_exp.context import Context
-from huggy_exp.errors import Unsupported
 from huggy_exp.mlagents import RECURRENT_OUT
 from huggy_exp.numerics import error_ratio, limits_for, ratio_verdict, rel_rmse
 from huggy_exp.results import Result
@@ -35,10 +34,8 @@ class PrecisionTask:
         feeds = ctx.feeds
         # --- build runners, run the feeds (a sequence: step by step, each run carrying its own memory)
         device = build(ctx)
-        if not hasattr(device, "trace"):
-            raise Unsupported(f"backend {ctx.backend}: precision's per-layer attribution needs a torch backend "
-                              "(eager, compile, graphs); compare onnxruntime with mode=onnx-compare")
-        got = {**run_feeds(device, feeds, ctx.seed), **run_feeds(device, feeds, trace=True)}
+        traced = run_feeds(device, feeds, trace=True)  # onnxruntime: Unsupported, per-layer attribution is torch's
+        got = {**run_feeds(device, feeds, ctx.seed), **traced}
         want = run_feeds(reference(ctx, "fp64"), feeds, trace=True)
         cpu_eager = ctx.target().kind == "cpu" and ctx.backend == "eager"
         cpu_same = got if cpu_eager else run_feeds(reference(ctx, ctx.dtype, ctx.batch_size), feeds, trace=True)

@@ -20,7 +20,7 @@ from huggy_exp.mlagents import ACTION_MASKS, PolicyWeights
 from huggy_exp.numerics import REL_FLOOR
 from huggy_exp.results import Result
 from huggy_exp.runners import Runner
-from huggy_exp.tasks import first_step, runner_device
+from huggy_exp.tasks import first_step
 from huggy_exp.tasks.compare import compare_outputs
 
 LOADGEN = loadgen.SCENARIOS
@@ -53,7 +53,7 @@ def run_loadgen(ctx: Context, runner: Runner, eager: Runner, feeds: Mapping[str,
     single = point.get("b1_p50_us", point["p50_us"] / max(ctx.batch_size, 1)) * 1e-6
     out = loadgen.run_scenarios(scenarios, runner.infer, feeds, ctx.batch_size, settings, ctx.workdir, single,
                                 point["obs_per_s"], check, search_steps, search_ms, point.get("b1_min_us", 0.0) * 1e-6,
-                                points if getattr(runner, "fixed_shape", False) else None)
+                                points if runner.fixed_shape else None)
     result.metrics.update(out.metrics)
     result.files += out.files
     result.summary += out.lines
@@ -68,7 +68,7 @@ def run_loadgen(ctx: Context, runner: Runner, eager: Runner, feeds: Mapping[str,
         agree = lg_p50 / point["b1_p50_us"]
         result.metrics["loadgen/single_stream/p50_vs_timing"] = agree
         result.metrics["loadgen/single_stream/p50_over_timing_us"] = lg_p50 - point["b1_p50_us"]
-        result.summary.append(f"loadgen single_stream p50 vs timing.py b1 p50 on {getattr(runner, 'name', ctx.backend)}: "
+        result.summary.append(f"loadgen single_stream p50 vs timing.py b1 p50 on {runner.name}: "
                               f"{lg_p50:,.1f} vs {point['b1_p50_us']:,.1f} µs = {agree:.2f}x (LoadGen's includes its "
                               f"dispatch, the sample's gather and the response copy)")
 
@@ -87,7 +87,7 @@ def run_control_loop(ctx: Context, runner: Runner, loop: control_loop.Loop, resu
         return lambda obs: rollout.action_vector(stepper(rollout.split(obs, w)), w)
 
     warm = make_tick()
-    timing.warm_up(lambda: warm(side), runner_device(runner), 0.2)
+    timing.warm_up(lambda: warm(side), runner.target.device, 0.2)
     m, tried = control_loop.measure(make_tick, lambda: dynamics.world(side, rollout.input_scale(w), width), width, loop)
     m["agents"], m["memory"] = float(len(side)), float(bool(w.memory))
     result.metrics.update({f"control_loop/{k}": v for k, v in m.items()})
