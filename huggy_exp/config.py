@@ -136,32 +136,34 @@ class ModeConf:
 
 
 @dataclass
+class OfflineMode(ModeConf):
+    """A mode that never runs the policy: nothing timed, nothing verified (info, checkpoints, diff, sync, ui)."""
+
+    runs_policy: ClassVar[bool] = False
+    timed: ClassVar[bool] = False
+    verified: ClassVar[bool] = False
+
+
+@dataclass
 class ActionMode(ModeConf):
     name: ClassVar[str] = "action"
     headline: ClassVar[Dict[str, str]] = {"act_mean": "action_mean", "act_std": "action_std"}
 
 
 @dataclass
-class SampleMode(ModeConf):
+class SampleMode(ActionMode):
     name: ClassVar[str] = "sample"
-    headline: ClassVar[Dict[str, str]] = {"act_mean": "action_mean", "act_std": "action_std"}
 
 
 @dataclass
-class InfoMode(ModeConf):
+class InfoMode(OfflineMode):
     name: ClassVar[str] = "info"
-    runs_policy: ClassVar[bool] = False
-    timed: ClassVar[bool] = False
-    verified: ClassVar[bool] = False
     headline: ClassVar[Dict[str, str]] = {"parameters": "parameters", "fp16_overflow_dims": "fp16_overflow_dims"}
 
 
 @dataclass
-class CheckpointsMode(ModeConf):
+class CheckpointsMode(OfflineMode):
     name: ClassVar[str] = "checkpoints"
-    runs_policy: ClassVar[bool] = False
-    timed: ClassVar[bool] = False
-    verified: ClassVar[bool] = False
     headline: ClassVar[Dict[str, str]] = {"checkpoints": "checkpoints", "best_reward": "best_reward"}
 
 
@@ -377,11 +379,8 @@ class ReplayMode(ModeConf):
 
 
 @dataclass
-class DiffMode(ModeConf):
+class DiffMode(OfflineMode):
     name: ClassVar[str] = "diff"
-    runs_policy: ClassVar[bool] = False
-    timed: ClassVar[bool] = False
-    verified: ClassVar[bool] = False
     headline: ClassVar[Dict[str, str]] = {"changed": "diff/changed", "only_base": "diff/only_baseline",
                                           "only_cand": "diff/only_candidate"}
     baseline: Optional[str] = MISSING
@@ -391,28 +390,27 @@ class DiffMode(ModeConf):
 
 
 @dataclass
-class SyncMode(ModeConf):
+class SyncMode(OfflineMode):
     name: ClassVar[str] = "sync"
-    runs_policy: ClassVar[bool] = False
-    timed: ClassVar[bool] = False
-    verified: ClassVar[bool] = False
     _target_: Optional[str] = None  # not a task: run.py hands it to tracking.sync
     paths: List[str] = MISSING
 
 
 @dataclass
-class UiMode(ModeConf):
+class UiMode(OfflineMode):
     name: ClassVar[str] = "ui"
-    runs_policy: ClassVar[bool] = False
-    timed: ClassVar[bool] = False
-    verified: ClassVar[bool] = False
     _target_: Optional[str] = None  # not a task: run.py hands it to huggy_exp.ui (the port is tracking.ui_port)
     wait_s: float = rule(lo=1, hi=3600)
 
 
 def modes() -> dict[str, type[ModeConf]]:
-    """Every mode by name: the ModeConf subclasses declared here (and any declared elsewhere, e.g. a test's)."""
-    return {cls.name: cls for cls in ModeConf.__subclasses__()}
+    """Every mode by name: the named ModeConf subclasses declared here (and any declared elsewhere, e.g. a test's)."""
+    found, todo = {}, list(ModeConf.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        found.update({cls.name: cls} if cls.name else {})
+    return found
 
 
 @dataclass
