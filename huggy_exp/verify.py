@@ -29,7 +29,6 @@ REL_FLOOR = 1e-3  # relative errors divide by max(|expected|, REL_FLOOR): action
 # msprobe's ULP standard: a share of elements above this many ULPs of the compared dtype is reported
 ULP_STANDARD = {"fp16": 1.0, "bf16": 1.0, "fp32": 32.0, "fp64": 32.0}
 _ULP_FORMAT = {"fp16": (10, -14), "bf16": (7, -126), "fp32": (23, -126), "fp64": (52, -1022)}  # mantissa bits, min exponent
-RULES = ("continuous", "memory", "discrete", "constant")
 DECIMALS = 3  # the quantized fingerprint rounds float outputs to this many decimals
 
 
