@@ -220,7 +220,9 @@ class BenchmarkMode(ModeConf):
         "p50_us": "eager/b{batch}/p50_us", "p99_us": "eager/b{batch}/p99_us", "ort_p50_us": "onnxruntime/b{batch}/p50_us",
         "eager_vs_ort": "eager/b{batch}/p50_us / onnxruntime/b{batch}/p50_us", "obs_per_s": "eager/b{top}/obs_per_s",
         "server_qps": "loadgen/server/max_qps", "miss_rate": "control_loop/miss_rate",
-        "loop_hz_max": "control_loop/max_rate_hz"}
+        "loop_hz_max": "control_loop/max_rate_hz",
+        # the fastest backend at the job's batch ({fastest}: least p50 there), its p50 and throughput
+        "best_p50_us": "{fastest}/b{batch}/p50_us", "best_obs_per_s": "{fastest}/b{batch}/obs_per_s"}
     backends: List[str] = MISSING
     batch_sizes: Optional[List[int]] = MISSING
     scenarios: List[str] = MISSING
