@@ -221,7 +221,9 @@ def test_forward_equals_the_exported_layer_stack_bit_for_bit(small, dtype):
     policy = TorchRunner(small.weights, target).policy
     x = torch.from_numpy(np.random.default_rng(2).normal(size=(9, 8)).astype(np.float32))
     with torch.inference_mode():
-        assert torch.equal(policy(x), policy.head(policy.continuous.mu(policy.features(x))))
+        layers = policy.trace(x)  # normalized_obs, hidden_<i>, mu: the stack the ONNX export writes
+        last = layers[f"hidden_{len(small.weights.layers) - 1}"]
+        assert torch.equal(policy(x), policy.continuous.head(policy.continuous.mu(last)))
 
 
 def test_compile_without_a_cxx_compiler_is_unsupported_with_the_reason(small, tmp_path, monkeypatch):
