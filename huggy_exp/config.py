@@ -605,11 +605,12 @@ def preflight(argv: list[str], conf_dir, keep: list | None = None) -> int:
 
 def _check_output_dir(path: str, key: str) -> None:
     """The job directory must be creatable (tried in its nearest existing parent: root ignores permission bits), hold no
-    earlier job's result (it would be overwritten, a result pending for MLflow lost), and have room for a job's files."""
+    earlier job's result (it would be overwritten, a result pending for MLflow lost) nor anything else (the user's files),
+    and have room for a job's files. run.py claims it (safety.claim_folder) once every job is validated."""
     import tempfile
     from pathlib import Path
 
-    from huggy_exp.safety import check_free
+    from huggy_exp.safety import check_free, check_unused
 
     target = Path(path).expanduser().absolute()
     parent = next((p for p in [target, *target.parents] if p.exists()), Path("/"))
@@ -619,6 +620,7 @@ def _check_output_dir(path: str, key: str) -> None:
     if held is not None:
         raise UserError(f"{key}={path} already holds a job's result ({held}); refused, so that it is not overwritten: "
                         f"choose another {key} (the default is a fresh folder per run)")
+    check_unused(path, key)
     try:
         Path(tempfile.mkdtemp(dir=parent, prefix=".huggy_exp-probe-")).rmdir()
     except OSError as exc:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+from huggy_exp.safety import atomic_write
+
 
 def _pyplot():
     import logging
@@ -177,6 +179,8 @@ def distributions(path: Path, samples: dict[str, np.ndarray], xlabel: str, title
 
 def _save(plt, fig, path: Path) -> str:
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    try:
+        atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=90, format=path.suffix.lstrip(".") or "png"))
+    finally:
+        plt.close(fig)
     return path.name

@@ -80,12 +80,13 @@ def jsonable(value):
     return value
 
 
-def write_table(path: Path, rows: list[dict]) -> None:
-    columns = list(dict.fromkeys(k for row in rows for k in row))
+def write_table(path: Path, rows: list[dict], columns: list[str] | None = None) -> None:
+    """Rows as a .csv (atomically); `columns` picks and orders them (default: every key of every row)."""
+    columns = columns or list(dict.fromkeys(k for row in rows for k in row))
 
     def write(tmp: str) -> None:
         with open(tmp, "w", newline="") as fh:
-            writer = csv.DictWriter(fh, columns)
+            writer = csv.DictWriter(fh, columns, extrasaction="ignore")
             writer.writeheader()
             writer.writerows(jsonable(rows))
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import errno
 import os
+import platform
 import re
 import resource
 import tempfile
+import time
 import zipfile
 import zlib
 from collections.abc import Callable, Iterable
@@ -18,6 +20,7 @@ from huggy_exp.errors import UserError
 MIN_FREE_BYTES = 64 << 20  # a job dir's disk must have this much free before a job starts (config, arrays, plots, run.log)
 MAX_CHECKPOINT_BYTES = 256 << 20  # a .pt's storages, inflated: ~19x the genuine Huggy .pt (13.5 MB with its optimizer)
 MAX_ONNX_BYTES = 256 << 20  # an .onnx plus its external data: ~110x the genuine Huggy .onnx (2.3 MB)
+FULL_BYTES = 1 << 20  # a write that fails without an errno while less than this is free ran out of disk
 MEMORY_SHARE = 0.8  # a job may plan to take this share of the memory available when it starts
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
@@ -45,10 +48,37 @@ def is_disk_full(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in DISK_ERRNOS
 
 
+def _short_write(exc: BaseException, folder: Path) -> bool:
+    """A writer that lost the errno (numpy's `N requested and M written`, torch's `file write failed`) on a disk that
+    has no room left: the same full disk."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return False
+    if re.search(r"\d+ requested and \d+ written", str(exc)):
+        return True
+    try:
+        return free_bytes(folder) < FULL_BYTES
+    except OSError:
+        return False
+
+
+def mount_point(path: str | Path) -> Path:
+    """The mount point of the filesystem holding `path` (or its nearest existing parent): the disk a message names."""
+    p = Path(path).expanduser().absolute()
+    p = next((q for q in (p, *p.parents) if q.exists()), Path("/"))
+    dev = p.stat().st_dev
+    while p.parent != p and p.parent.stat().st_dev == dev:
+        p = p.parent
+    return p
+
+
 def disk_full_message(exc: OSError, path: str | Path | None = None) -> str:
-    """One line: what could not be written, and how much is free there."""
-    where = Path(path or exc.filename or ".")
-    return f"no space left writing {where} ({exc.strerror or exc}): {size(free_bytes(where))} free on its disk"
+    """One line: what could not be written, how much is free on its disk and which disk that is."""
+    target = path or exc.filename
+    if target is None:
+        return f"no space left on a disk ({exc.strerror or exc})"
+    where = Path(target).expanduser().absolute()
+    return (f"no space left writing {where} ({exc.strerror or exc}): {size(free_bytes(where))} free on its disk "
+            f"({mount_point(where)})")
 
 
 def check_free(path: str | Path, key: str, need: int = MIN_FREE_BYTES) -> None:
@@ -59,21 +89,82 @@ def check_free(path: str | Path, key: str, need: int = MIN_FREE_BYTES) -> None:
                         "free some space or choose another folder")
 
 
+# --- job and sweep folders
+
+CLAIM = ".huggy_exp-claim"  # created exclusively in a job or sweep folder before anything else is written there
+
+
+def folder_in_use(folder: str | Path) -> str | None:
+    """Why `folder` cannot be a new job's or sweep's (another job claimed it, or it holds files: the user's, an earlier
+    job's); None when it is absent or empty."""
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        return None
+    names = sorted(p.name for p in folder.iterdir())
+    if CLAIM in names:
+        try:
+            who = (folder / CLAIM).read_text(errors="replace").strip()[:200]
+        except OSError:
+            who = "unreadable claim"
+        return f"is already claimed by another run ({who or 'no owner recorded'})"
+    if not names:
+        return None
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return f"holds files that are not this job's ({shown})"
+
+
+REFUSED = "refused, so that nothing in it is replaced: choose a new or empty folder (the default is a fresh one per run)"
+
+
+def check_unused(path: str | Path, key: str) -> Path:
+    """The absolute folder `path`, once it is known to be absent or empty (one line naming what is in it otherwise)."""
+    folder = Path(path).expanduser().absolute()
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"{key}={path} is a file, not a folder; {REFUSED}")
+    why = folder_in_use(folder)
+    if why:
+        raise UserError(f"{key}={path} {why}; {REFUSED}")
+    return folder
+
+
+def claim_folder(path: str | Path, key: str) -> Path:
+    """Make `path` this process's job or sweep folder before anything is written into it: it must be absent or empty,
+    and it is claimed by creating CLAIM exclusively, so that of two processes given one folder exactly one goes on and
+    the other is refused in one line, nothing of the first touched. Returns the absolute folder."""
+    folder = check_unused(path, key)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / CLAIM, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        raise UserError(f"{key}={path} {folder_in_use(folder) or 'was claimed by another job first'}; {REFUSED}") from None
+    except OSError as exc:
+        if is_disk_full(exc):
+            raise UserError(f"{key}={path}: {disk_full_message(exc, folder / CLAIM)}") from None
+        raise UserError(f"{key}={path}: cannot create it ({exc.strerror or exc})") from None
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"pid {os.getpid()} on {platform.node()} since {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n")
+    return folder
+
+
 # --- files
 
 
 def claim_output(path: str | Path, overwrite: bool, protected: Iterable[str | Path | None], key: str) -> Path:
     """The output file `path`, once it is known not to replace anything unasked: an existing file is refused unless
-    `overwrite`, and the model's own files (`protected`: files, or folders whose files are all protected) always."""
+    `overwrite`; a file the tool owns or reads (`protected`: files, or folders whose files are all protected) and
+    anything that is not a regular file (a device, a FIFO, a socket) always."""
     out = Path(path).expanduser()
     target = out.resolve()
     for p in filter(None, protected):
         q = Path(p).expanduser().resolve()
         if target == q or (q.is_dir() and target.is_relative_to(q) and target.exists()):
-            raise UserError(f"{key}={path} is the model's own file ({q}); refused even with mode.overwrite=true: "
-                            "write the output elsewhere")
+            raise UserError(f"{key}={path} is the model's own file or one this tool owns ({q}: the model's, the job's, "
+                            "the tracking store's, the cache's); refused even with mode.overwrite=true: write it elsewhere")
     if out.is_dir():
         raise UserError(f"{key}={path} is a folder; give a file name")
+    if target.exists() and not target.is_file():
+        raise UserError(f"{key}={path} is not a regular file (a device, a FIFO or a socket); refused even with "
+                        "mode.overwrite=true: give a file name")
     if (out.exists() or out.is_symlink()) and not overwrite:
         raise UserError(f"{key}={path} already exists; refused to replace it: choose another path, or set "
                         "mode.overwrite=true")
@@ -82,19 +173,23 @@ def claim_output(path: str | Path, overwrite: bool, protected: Iterable[str | Pa
 
 def atomic_write(path: Path, write: Callable[[str], object], overwrite: bool = True) -> None:
     """`write(tmp)` into a temporary file beside `path`, flushed to disk, then moved over it in one step: a reader, a
-    crash or a full disk leaves the old file or the new one, never a part. `overwrite=False` never replaces a file."""
+    crash or a full disk leaves the old file or the new one, never a part. `overwrite=False` never replaces a file.
+    A full disk is an OSError(ENOSPC) naming `path`, whatever the writer raised (numpy and torch lose the errno)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
+    tmp = None
     try:
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+            os.close(fd)
             write(tmp)
             with open(tmp, "rb+") as fh:
                 os.fsync(fh.fileno())
-        except OSError as exc:
+        except (OSError, RuntimeError) as exc:
             if is_disk_full(exc):  # the file the user knows, not the temporary one
                 raise OSError(exc.errno, exc.strerror, str(path)) from None
+            if _short_write(exc, path.parent):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from None
             raise
         if overwrite:
             os.replace(tmp, path)
@@ -104,7 +199,7 @@ def atomic_write(path: Path, write: Callable[[str], object], overwrite: bool = T
             except FileExistsError:
                 raise UserError(f"{path} already exists; refused to replace it") from None
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import re
@@ -14,10 +13,11 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from huggy_exp import report, tracking
+from huggy_exp import report, terminal, tracking
 from huggy_exp.config import JOBS_ENV
 from huggy_exp.headline import judged_limits, ladder, noisy
 from huggy_exp.compare import compare, draw, errors_vs_fp64
+from huggy_exp.safety import disk_full_message, is_disk_full
 from huggy_exp.results import EXIT_CODES, EXIT_INTERRUPTED, EXIT_PENDING, atomic_write_text, jsonable, write_table
 
 ORDER = ("passed", "failed", "skipped", "error")
@@ -50,12 +50,22 @@ class SweepCallback(Callback):
         sys.exit(self.finish("FINISHED"))
 
     def finish(self, status: str) -> int:
-        """Write the summaries, close the parent run, print the tally; returns the sweep's exit code."""
+        """Write the summaries, close the parent run, print the tally; returns the sweep's exit code.
+
+        Hydra turns a callback's exception into a warning and exit 0: a summary that cannot be written (a full disk) is
+        one line and exit 2 here, and the parent run is ended FAILED all the same (every point's result.json stays)."""
         assert self.sweep_dir is not None
-        summary = summarize(self.sweep_dir, since=self.started)
-        info = tracking.read_sweep(self.sweep_dir) or {}
-        summary["title"] = tracking.sweep_name(info.get("argv", sys.argv[1:]), info.get("started") or self.started)
-        files = write_summary(self.sweep_dir, summary, self.plots)
+        try:
+            summary = summarize(self.sweep_dir, since=self.started)
+            info = tracking.read_sweep(self.sweep_dir) or {}
+            summary["title"] = tracking.sweep_name(info.get("argv", sys.argv[1:]), info.get("started") or self.started)
+            files = write_summary(self.sweep_dir, summary, self.plots)
+        except Exception as exc:
+            reason = disk_full_message(exc) if is_disk_full(exc) else f"{type(exc).__name__}: {exc}"
+            tracking.end_sweep(self.settings, self.sweep_dir, {}, [], "FAILED")
+            print(f"error: the sweep's summary was not written: {reason}; each point's result.json under "
+                  f"{self.sweep_dir} is kept", file=sys.stderr)
+            return EXIT_INTERRUPTED if status == "KILLED" else EXIT_CODES["error"]
         url = tracking.end_sweep(self.settings, self.sweep_dir, summary, files, status)
         print(f"\nsweep summary ({len(summary['rows'])} jobs) in {self.sweep_dir}:")
         for row in summary["rows"]:
@@ -93,14 +103,16 @@ class SweepCallback(Callback):
 ACTIVE: list[SweepCallback | None] = [None]  # the running sweep, for run.py's Ctrl-C handler (one per process)
 
 
-def interrupted() -> int:
-    """Ctrl-C mid-sweep: summaries of what finished, the parent run KILLED; the exit code to use."""
+def interrupted(exc: BaseException) -> int:
+    """A sweep ended by a signal (Ctrl-C, SIGTERM, a closed pipe): summaries of what finished, the parent run KILLED;
+    the exit code to use (128 + the signal)."""
     callback = ACTIVE[0]
     if callback is None or callback.sweep_dir is None:
-        return EXIT_INTERRUPTED
+        return terminal.exit_code(exc)
     ACTIVE[0] = None
-    print("\ninterrupted (Ctrl-C): the jobs that finished are summarised below", file=sys.stderr)
-    return callback.finish("KILLED")
+    print(f"\ninterrupted ({terminal.describe(exc)}): the jobs that finished are summarised below", file=sys.stderr)
+    code = callback.finish("KILLED")
+    return terminal.exit_code(exc) if code == EXIT_INTERRUPTED else code
 
 
 def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
@@ -205,10 +217,7 @@ def write_summary(sweep_dir: Path, summary: dict, plot: bool) -> list[Path]:
     flat = [{**r, **{f"m.{k}": v for k, v in r["metrics"].items()}} for r in summary["rows"]]
     paths = [sweep_dir / "summary.json", sweep_dir / "summary.csv", sweep_dir / "summary.md"]
     atomic_write_text(paths[0], json.dumps(jsonable(summary), indent=2) + "\n")
-    with open(paths[1], "w", newline="") as fh:
-        writer = csv.DictWriter(fh, columns + [f"m.{k}" for k in metric_names], extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(flat)
+    write_table(paths[1], flat, columns + [f"m.{k}" for k in metric_names])
     md = [f"# {summary.get('title') or 'Sweep ' + sweep_dir.name}", "", summary["line"], ""]
     advice = tracking.recommendation(summary["comparison"])
     if advice:

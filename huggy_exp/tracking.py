@@ -100,6 +100,12 @@ def _sqlite_path(uri: str) -> Path | None:
     return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
 
 
+def local_paths(uri: str | None) -> list[Path]:
+    """The folder a SQLite store lives in (the database, its lock and the artifacts beside it): the tool's own files."""
+    db = _sqlite_path(store_uri(uri))
+    return [db.expanduser().absolute().parent] if db else []
+
+
 def artifact_root(uri: str) -> str | None:
     """Artifacts live beside a SQLite store (mlruns/ by default); a server chooses its own."""
     db = _sqlite_path(uri)

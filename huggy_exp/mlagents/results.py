@@ -209,6 +209,15 @@ def run_folder(model_file: Path) -> Path:
     return model_file.parent
 
 
+def model_files(model_file: str | Path) -> list[Path]:
+    """What belongs with a model file and is read beside it: its results folder (when it sits in one), the behaviour's
+    final <Behavior>.onnx beside the checkpoint's folder, and the checkpoint's own .onnx. No output replaces these."""
+    path = Path(model_file).expanduser().absolute()
+    folder = run_folder(path)
+    return [*([folder] if folder != path.parent else []), path.parent.parent / f"{path.parent.name}.onnx",
+            path.with_suffix(".onnx")]
+
+
 def model_configuration(model_file: Path) -> tuple[str, dict | None]:
     """(behavior, its configuration.yaml settings or None) for a model file inside a results folder."""
     path = Path(model_file).resolve()

@@ -17,6 +17,7 @@ from huggy_exp.compare import load_outputs
 from huggy_exp.context import Context
 from huggy_exp.errors import UserError
 from huggy_exp.results import Result
+from huggy_exp.safety import atomic_write_text
 
 ACCURACY_MARKS = ("vs_fp64", "vs_fp32", "vs_cpu", "vs_torch", "deterministic", "agreement")
 
@@ -220,7 +221,7 @@ class DiffTask:
         result.summary = [headline, *(f"{r['point']}: {'; '.join(r['changes'])}" for r in rows if r["changes"])]
         md = [f"# Diff: {self.baseline} -> {self.candidate}", "", headline, "", "| point | side | what changed |", "| --- | --- | --- |"]
         md += [f"| {r['point']} | {r['side']} | {'; '.join(r['changes']).replace('|', '/') or 'nothing'} |" for r in rows]
-        (ctx.workdir / "report.md").write_text("\n".join(md) + "\n")
+        atomic_write_text(ctx.workdir / "report.md", "\n".join(md) + "\n")
         result.files.append("report.md")
         result.details.update({"headline": headline, "baseline": self.baseline, "candidate": self.candidate, "points": rows})
         return result

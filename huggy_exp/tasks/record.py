@@ -48,6 +48,8 @@ class RecordTask:
 
     def __init__(self, out: str | None, latency: dict, decimals: int):
         self.out, self.latency, self.decimals = out, dict(latency), int(decimals)
+        if out:
+            bundle.check_out(Path(out))  # before any inference: a folder of the user's files is refused now
 
     def run(self, ctx: Context) -> Result:
         root = Path(self.out).expanduser() if self.out else ctx.workdir / "bundle"

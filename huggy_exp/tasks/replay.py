@@ -15,6 +15,7 @@ from huggy_exp.config import DTYPE_NAMES
 from huggy_exp.context import Context
 from huggy_exp.errors import UserError
 from huggy_exp.results import Result
+from huggy_exp.safety import atomic_write_text
 from huggy_exp.runners import build, reference, run_feeds
 from huggy_exp.tasks.record import fingerprints, time_calls
 
@@ -220,7 +221,7 @@ class Report:
                    f"**{lat['verdict']}** ({lat['test']})"] + (["", "![latency](latency_cdf.png)"] if cdf else [])
         md += ["", "## Environment diff", ""]
         md += _table(self.env, ["field", "recorded", "here"]) if self.env else ["none: same host stack"]
-        (workdir / "report.md").write_text("\n".join(md) + "\n")
+        atomic_write_text(workdir / "report.md", "\n".join(md) + "\n")
         return ["report.md", *files]
 
 
