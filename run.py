@@ -8,9 +8,9 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from huggy_exp import config, safety, terminal
+from huggy_exp import preflight, terminal
 from huggy_exp.errors import UserError
 from huggy_exp.tracking_worker import Helper
 
@@ -20,7 +20,7 @@ CONF = Path(__file__).parent / "conf"
 def one_job(cfg: DictConfig, tracker=None) -> str:
     from huggy_exp.app import JobInfo, execute, exit_code, point_info, sync, ui
 
-    config.setup()  # the resolvers, again: joblib and submitit run this function in fresh processes
+    preflight.setup()  # the resolvers, again: joblib and submitit run this function in fresh processes
     terminal.guard_output()
     hc = HydraConfig.get()
     mode = hc.runtime.choices["mode"]
@@ -32,7 +32,7 @@ def one_job(cfg: DictConfig, tracker=None) -> str:
     launcher = hc.runtime.choices.get("hydra/launcher", "basic")
     job = JobInfo(overrides=tuple(hc.overrides.task), case=hc.runtime.choices.get("case"),
                   sweep_dir=Path(hc.sweep.dir) if multirun else None, num=hc.job.num if multirun else None,
-                  launcher=launcher, shared_machine=multirun and config.shares_machine(launcher, hc.launcher),
+                  launcher=launcher, shared_machine=multirun and preflight.shares_machine(launcher, hc.launcher),
                   tracker=tracker, **point_info())
     result = execute(cfg, Path(hc.runtime.output_dir), mode, job)
     terminal.check_pipe()  # output closed (`| head`): this job is kept, the sweep ends here
@@ -60,20 +60,6 @@ def ray_preflight(composed: list[DictConfig]) -> None:
     _core.preflight(composed)
 
 
-def claim(cfg: DictConfig, multirun: bool) -> None:
-    """Claim the job (or sweep) folder before anything is written into it, and pin it: Hydra composes again to run, and
-    the default folder's name (`<time>-<µs>-<pid>`) would differ from the one claimed."""
-    from omegaconf import open_dict, read_write
-
-    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-    folder = str(OmegaConf.select(cfg, key))
-    safety.claim_folder(folder, key)
-    with read_write(cfg), open_dict(cfg):
-        OmegaConf.update(cfg, key, folder)
-    quoted = folder.replace("'", "\\'")  # Hydra's quoted value: only a quote is escaped
-    sys.argv.append(f"{key}='{quoted}'")
-
-
 def cli(argv: list[str], mlflow_helper: bool = False) -> None:
     """Validate every job first (one line, exit 2, on the first bad value), then let Hydra run them.
 
@@ -85,26 +71,26 @@ def cli(argv: list[str], mlflow_helper: bool = False) -> None:
 
 
 def _cli(argv: list[str], mlflow_helper: bool) -> None:
-    config.setup()
+    preflight.setup()
     try:
-        argv = config.normalize_argv(argv)
+        argv = preflight.normalize_argv(argv)
         sys.argv[1:] = argv
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    single = config.single_run(argv)
+    single = preflight.single_run(argv)
     # MLflow's import (2-3 s of CPU) starts now in a helper process, beside torch's import and the job
     tracked = mlflow_helper and single and not {"tracking=none", "tracking.enabled=false"} & set(argv)
     helper = Helper.start() if tracked else None
     composed: list[DictConfig] = []
     try:
         try:
-            jobs = config.preflight(argv, CONF, keep=composed)
-            os.environ[config.JOBS_ENV] = str(jobs)  # the sweep's size, for its progress lines (sweep.json)
+            jobs = preflight.check(argv, CONF, keep=composed)
+            os.environ[preflight.JOBS_ENV] = str(jobs)  # the sweep's size, for its progress lines (sweep.json)
             if {"-m", "--multirun"} & set(argv) and composed and composed[0].hydra.runtime.choices.get("hydra/launcher") == "ray":
                 ray_preflight(composed)
             if composed:
-                claim(composed[0], bool({"-m", "--multirun"} & set(argv)))
+                preflight.claim(composed[0], bool({"-m", "--multirun"} & set(argv)))
         except UserError as exc:
             print(f"error: {exc}", file=sys.stderr)
             sys.exit(2)
@@ -113,7 +99,7 @@ def _cli(argv: list[str], mlflow_helper: bool) -> None:
             helper.close()  # nothing to log after all (tracking off in a case file; sync and ui work in this process)
             helper = None
         if once:
-            config.run_once(once, functools.partial(one_job, tracker=helper))  # composed once, by preflight
+            preflight.run_once(once, functools.partial(one_job, tracker=helper))  # composed once, by preflight
         else:
             main()
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, a closed pipe (terminal.Interrupted)
