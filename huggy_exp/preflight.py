@@ -3,6 +3,7 @@ and the host checks (device, LoadGen, tracking store, job folder and free disk).
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import re
@@ -15,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from hydra._internal.callbacks import Callbacks
 from hydra._internal.utils import get_args_parser, run_and_report
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Glob
+from hydra.core.override_parser.types import Glob, OverrideType, RangeSweep
 from hydra.core.utils import configure_log, run_job
 from hydra.errors import HydraException
 from hydra.types import HydraContext, RunMode
@@ -26,7 +27,7 @@ from huggy_exp import config
 from huggy_exp.config import free_maps, unknown_key
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.results import held_result
-from huggy_exp.safety import check_free, check_unused, claim_folder
+from huggy_exp.safety import check_free, check_sweep_size, check_unused, claim_folder
 from huggy_exp.tracking import StoreDown, check_uri, hide_secrets
 
 GROUPS = ("mode", "model", "obs", "tracking", "case")
@@ -118,6 +119,7 @@ def expand(argv: list[str], conf_dirs: list) -> tuple[list[str], list[list[str]]
                 raise UserError(f"{arg}: Hydra reads only ASCII outside quotes; quote the value: "
                                 f"{key}='{value}' (in the shell: \"{key}='{value}'\")") from None
             raise UserError(f"{arg}: {reason} (Hydra's override grammar: key=value, -m key=a,b,c)") from None
+    check_sweep_size({o.input_line: _count(o.value()) for o in parsed if o.is_sweep_override() and not isinstance(o.value(), Glob)})
     plain, sweeps = [], []
     for o in parsed:
         if o.get_key_element().startswith("hydra"):  # Hydra's own settings: composed too, never swept by us
@@ -144,6 +146,15 @@ def expand(argv: list[str], conf_dirs: list) -> tuple[list[str], list[list[str]]
                     _known_choice(key.lstrip("+"), v, conf_dirs)
         sweeps.append([f"{key}={v}" for v in values])
     return plain, sweeps
+
+
+def _count(sweep) -> int:
+    """How many values a sweep (`a,b,c`, `range(0,1000000)`) has, worked out without listing them."""
+    if isinstance(sweep, RangeSweep):
+        start, stop, step = sweep.start, sweep.stop, sweep.step
+        return len(range(start, stop, step)) if all(isinstance(v, int) for v in (start, stop, step)) else \
+            max(0, math.ceil((stop - start) / step))
+    return len(getattr(sweep, "list", None) or ())
 
 
 def _known_choice(group: str, value: str, conf_dirs: list) -> None:
@@ -183,28 +194,47 @@ def check(argv: list[str], conf_dir, keep: list | None = None) -> int:
     plain, sweeps = expand(args.overrides, dirs)
     if sweeps and not args.multirun:
         raise UserError(f"{sweeps[0][0].split('=')[0]} has several values: add -m to sweep over them")
-    jobs = [plain] + [plain + [value] for values in sweeps for value in values]
-    if sweeps:
-        jobs = jobs[1:]
+    jobs = [plain + [value] for values in sweeps for value in values] if sweeps else [plain]
+    first: dict[str, DictConfig] = {}
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3", job_name="run"):  # as @hydra.main names run.py's job
-        for overrides in jobs:
-            try:
-                cfg = compose(config_name=args.config_name or "config", overrides=overrides + extra,
-                              return_hydra_config=True)
-            except (HydraException, OmegaConfBaseException, yaml.YAMLError) as exc:
-                raise UserError(_in_case(composition_error(exc, overrides, _case_file(overrides, dirs)), overrides,
-                                         dirs)) from None
-            _check_output_dir(cfg.hydra.sweep.dir if args.multirun else cfg.hydra.run.dir,
-                              "hydra.sweep.dir" if args.multirun else "hydra.run.dir")
+        for i, overrides in enumerate(jobs):
+            cfg, shared = _composed(overrides, args.config_name or "config", extra, dirs, first)
+            if i == 0:
+                _check_output_dir(cfg.hydra.sweep.dir if args.multirun else cfg.hydra.run.dir,
+                                  "hydra.sweep.dir" if args.multirun else "hydra.run.dir")
             mode = cfg.hydra.runtime.choices.get("mode")
             with_cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
             try:
                 validate(with_cfg, mode)
             except UserError as exc:
                 raise UserError(_in_case(str(exc), overrides, dirs)) from None
-            if keep is not None:
-                keep.append(cfg)
+            if keep is not None and (i == 0 or cfg.hydra.runtime.choices.get("hydra/launcher") == "ray"):
+                keep.append(copy.deepcopy(cfg) if shared else cfg)  # Ray places every point; others need the first
     return math.prod(len(values) for values in sweeps)
+
+
+def _composed(overrides: list[str], name: str, extra: list[str], dirs: list,
+              first: dict[str, DictConfig]) -> tuple[DictConfig, bool]:
+    """(the job's config, whether it is shared): composed by Hydra, or, for another value of a swept plain key
+    (`seed=range(0,5000)`), that value set into the config its first value composed (Hydra's 0.2 s per point saved)."""
+    override = OverridesParser.create().parse_overrides(overrides[-1:])[0] if overrides else None
+    settable = (override is not None and override.type == OverrideType.CHANGE and override.package is None
+                and override.get_key_element() not in GROUPS and not override.get_key_element().startswith("hydra")
+                and not isinstance(override.value(), dict))
+    key = override.get_key_element() if settable else None
+    if key in first:
+        try:
+            OmegaConf.update(first[key], key, override.value(), merge=False)
+            return first[key], True
+        except OmegaConfBaseException:
+            pass  # composed below: Hydra's error, in one line
+    try:
+        cfg = compose(config_name=name, overrides=overrides + extra, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException, yaml.YAMLError) as exc:
+        raise UserError(_in_case(composition_error(exc, overrides, _case_file(overrides, dirs)), overrides, dirs)) from None
+    if key is not None:
+        first[key] = copy.deepcopy(cfg)  # the values after this one are set into the copy
+    return cfg, False
 
 
 def _check_output_dir(path: str, key: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import platform
 import re
@@ -26,6 +27,7 @@ MIN_FREE_BYTES = 64 << 20  # a job dir's disk must have this much free before a 
 MAX_CHECKPOINT_BYTES = 256 << 20  # a .pt's storages, inflated: ~19x the genuine Huggy .pt (13.5 MB with its optimizer)
 MAX_ONNX_BYTES = 256 << 20  # an .onnx plus its external data: ~110x the genuine Huggy .onnx (2.3 MB)
 FULL_BYTES = 1 << 20  # a write that fails without an errno while less than this is free ran out of disk
+MAX_SWEEP_POINTS = 10_000  # points one -m may launch: each is validated first and runs as a job (a day at 10 s each)
 MEMORY_SHARE = 0.8  # a job may plan to take this share of the memory available when it starts
 MAX_JSON_BYTES = 64 << 20  # a foreign JSON file (a result.json sync reads, a bundle's manifest): ~300x a sweep point's
 MAX_JSON_DEPTH = 64  # nesting of a foreign JSON file (results nest 5 deep); Python's parser recurses per level
@@ -254,8 +256,17 @@ def require_memory(need: int, what: str, keys: str) -> None:
     """Refuse, before allocating, what would not fit in MEMORY_SHARE of the memory available (one line, the user's keys)."""
     free, why = available_memory()
     if need > MEMORY_SHARE * free:
-        raise UserError(f"{keys}: {what} would take about {size(need)}, but only {size(free)} is {why}; "
-                        f"lower {_names(keys)}")
+        advice = "pass a file of fewer rows" if keys.startswith("obs.path=") else f"lower {_names(keys)}"
+        raise UserError(f"{keys}: {what} would take about {size(need)}, but only {size(free)} is {why}; {advice}")
+
+
+def check_sweep_size(counts: dict[str, int]) -> None:
+    """A sweep's points (the product of its swept values), counted before any is listed or composed."""
+    points = math.prod(counts.values())
+    if points > MAX_SWEEP_POINTS:
+        sizes = " × ".join(f"{what} ({n:,} values)" for what, n in counts.items())
+        raise UserError(f"-m {sizes}: {points:,} points, over the {MAX_SWEEP_POINTS:,} one sweep may launch (each is "
+                        "validated first, then runs as a job); sweep fewer values, or split the sweep")
 
 
 def _names(keys: str) -> str:
@@ -316,11 +327,15 @@ def job_allocations(mode: str, cfg: dict, weights) -> list[tuple[int, str, str]]
     hidden = sum(int(weight.shape[0]) for weight, _ in w.layers) + lstm
     forward = 4 * (width_in + width_out) * 4 + 8 * hidden * 3  # one row through a runner and the fp64 reference
     feed_row = 8 * 3 * width_in + 4 * 6 * width_out  # a row drawn (float64), kept (float32), its outputs compared
+    obs_row = feed_row + forward  # the feeds run through the runners and the fp64 reference in one call (run_feeds)
     out = [(int(cfg["batch_size"]) * forward, "a forward call of batch_size rows", f"batch_size={cfg['batch_size']}")]
     obs = cfg.get("obs") or {}
     if obs.get("source") != "file":
         _obs_cap(int(obs["rows"]), w.obs_dim, f"obs.rows={obs['rows']}")
-        out.append((int(obs["rows"]) * feed_row, "the observations and their outputs", f"obs.rows={obs['rows']}"))
+        out.append((int(obs["rows"]) * obs_row, "the observations and their outputs", f"obs.rows={obs['rows']}"))
+    elif obs.get("path"):
+        rows = file_rows(obs["path"], w.obs_dim)
+        out.append((rows * obs_row, f"the {rows:,} observation rows of the file and their outputs", f"obs.path={obs['path']}"))
     if mode in ("stats", "fingerprint"):
         steps, envs = int(knobs["steps"]), int(knobs["envs"])
         rows = steps * envs
@@ -332,11 +347,51 @@ def job_allocations(mode: str, cfg: dict, weights) -> list[tuple[int, str, str]]
         ladder = knobs.get("batch_sizes") or [cfg["batch_size"]]
         top = max(int(b) for b in ladder)
         out.append((top * (feed_row + forward), f"the benchmark's largest batch ({top:,} rows)", f"mode.batch_sizes={ladder}"))
+        out += _scenario_allocations(knobs)
     if mode == "onnx-compare":
         rows = int(knobs["sample_rows"]) * int(knobs["samples"])
         out.append((rows * 4 * (width_in + width_out) * 3, f"{rows:,} tiled rows of sampled draws",
                     f"mode.sample_rows={knobs['sample_rows']} × mode.samples={knobs['samples']}"))
     return out
+
+
+LOADGEN_QUERY_BYTES = 512  # LoadGen's schedule and record of one query (measured: 360-390 B at 0.4-0.8 M queries)
+TICK_BYTES = 64  # the control loop's per-tick record: latency, compute and wake (float64) and their derived copies
+
+
+def _scenario_allocations(knobs: dict) -> list[tuple[int, str, str]]:
+    """LoadGen's server schedule (target_qps x its duration) and the control loop's record (rate_hz x duration_s)."""
+    out = []
+    scenarios = knobs.get("scenarios") or []
+    if "server" in scenarios:
+        duration = (f"mode.min_duration_ms={knobs['min_duration_ms']}" if knobs.get("min_duration_ms")
+                    else f"mode.budget_s={knobs['budget_s']}")  # LoadGen's run lasts min_duration_ms, else budget_s
+        seconds = (knobs.get("min_duration_ms") or knobs["budget_s"] * 1e3) / 1e3
+        queries = max(int(knobs["target_qps"] * seconds), int(knobs["min_query_count"]))
+        out.append((queries * LOADGEN_QUERY_BYTES, f"LoadGen's server schedule of {queries:,} queries",
+                    f"mode.target_qps={knobs['target_qps']} × {duration}"))
+    if "control_loop" in scenarios:
+        ticks = int(knobs["rate_hz"] * knobs["duration_s"])
+        out.append((ticks * TICK_BYTES, f"the control loop's record of {ticks:,} ticks",
+                    f"mode.rate_hz={knobs['rate_hz']} × mode.duration_s={knobs['duration_s']}"))
+    return out
+
+
+def file_rows(path: str | Path, width: int) -> int:
+    """The observation rows a .npy (its header's leading dims) or an .npz (its arrays' inflated bytes over a float32 row
+    of `width`) holds, read without loading it; 0 when it cannot be told (its reader then says why)."""
+    try:
+        p = Path(path).expanduser()
+        if p.suffix == ".npz":
+            with zipfile.ZipFile(p) as zf:
+                return sum(i.file_size for i in zf.infolist()) // max(4 * width, 1)
+        with open(p, "rb") as fh:
+            version = np.lib.format.read_magic(fh)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, _ = read(fh)
+        return math.prod(shape[:-1]) if len(shape) > 1 else 1
+    except (OSError, ValueError, SyntaxError, zipfile.BadZipFile, EOFError):
+        return 0
 
 
 def _obs_cap(rows: int, obs_dim: int, keys: str) -> None:

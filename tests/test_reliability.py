@@ -1025,3 +1025,66 @@ def test_ctrl_c_during_loadgens_server_scenario_ends_130_with_the_result_kept(tm
     assert proc.returncode == 130, err[-3000:]
     record = json.loads((job / "result.json").read_text())
     assert record["status"] == "error" and record["interrupted"] and "interrupted (Ctrl-C)" in record["reason"]
+
+
+# --- issue 27, class 15: every size a user drives is estimated before it is allocated
+
+
+@pytest.fixture
+def sixteen_gib(monkeypatch):
+    monkeypatch.setattr(safety, "available_memory", lambda: (16 << 30, "left under a test limit"))
+
+
+def _header_only_npy(path: Path, shape: tuple[int, ...]) -> Path:
+    """A .npy whose header declares `shape` (float32) and holds no data: only its header may be read."""
+    with open(path, "wb") as fh:
+        np.lib.format.write_array_header_1_0(fh, {"descr": "<f4", "fortran_order": False, "shape": shape})
+    return path
+
+
+@pytest.mark.parametrize("args, keys", [
+    (["mode=benchmark", "mode.scenarios=[control_loop]", "mode.rate_hz=100000", "mode.duration_s=3600"],
+     "mode.rate_hz=100000.0 × mode.duration_s=3600.0: the control loop's record of 360,000,000 ticks"),
+    (["mode=benchmark", "mode.scenarios=[single_stream,server]", "mode.target_qps=10000000", "mode.min_duration_ms=3600000"],
+     "mode.target_qps=10000000.0 × mode.min_duration_ms=3600000: LoadGen's server schedule"),
+    (["mode=benchmark", "mode.scenarios=[server]", "mode.target_qps=1000000", "mode.budget_s=3600"],
+     "mode.target_qps=1000000.0 × mode.budget_s=3600.0"),  # min_duration_ms null: LoadGen runs budget_s
+    (["mode=precision", "obs=file", "obs.path={npy}"], "the 4,500,000 observation rows of the file"),
+    (["mode=action", "obs=file", "obs.path={npy3}"], "the 6,000,000 observation rows of the file"),  # [T, N, d]
+])
+def test_sizes_a_user_drives_are_estimated_before_allocation(tmp_path, sixteen_gib, args, keys):
+    npy = _header_only_npy(tmp_path / "rows.npy", (4_500_000, 59))
+    npy3 = _header_only_npy(tmp_path / "seq.npy", (3, 2_000_000, 59))
+    got = cli([a.format(npy=npy, npy3=npy3) for a in args] + ["tracking=none"], tmp_path / "job")
+    line = one_line(got, keys)
+    assert got.code == 2 and "but only 16.0 GiB is left under a test limit" in line, line
+    assert got.record["status"] == "error"
+
+
+def test_a_sweep_is_counted_before_any_point_is_listed_or_composed(tmp_path):
+    from huggy_exp import preflight
+
+    preflight.setup()
+    started = time.monotonic()
+    for sweep, points in ((["seed=range(0,1000000)"], "1,000,000 points"),
+                          (["seed=range(0,200)", "obs.rows=range(1,101)"], "20,000 points"),
+                          (["obs.scale=range(0.0,1000.0,0.01)"], "100,000 points")):
+        with pytest.raises(UserError, match=f"{points}, over the 10,000 one sweep may launch"):
+            preflight.check(["-m", "mode=info", *sweep], CONF)
+    assert time.monotonic() - started < 30  # counted, not listed: Hydra's 0.2 s per composed point would be hours
+    got = cli(["-m", "seed=range(0,1000000)", "mode=info", "tracking=none", f"hydra.sweep.dir={tmp_path / 's'}"], None)
+    assert got.code == 2 and "(1,000,000 values)" in one_line(got, "seed=range(0,1000000)")
+    assert not (tmp_path / "s").exists()
+
+
+def test_every_value_of_a_long_sweep_is_still_validated(tmp_path):
+    from huggy_exp import preflight
+
+    preflight.setup()
+    keep: list = []
+    assert preflight.check(["-m", "mode=info", "seed=range(0,300)", "obs.rows=1,2"], CONF, keep=keep) == 600
+    assert len(keep) == 1  # the first point's config (run.py claims its sweep dir); not 302 configs in memory
+    for bad, fragment in (("obs.rows=1,2,-3", "obs.rows=-3 is out of range"), ("obs.rows=4,x", "obs.rows=x"),
+                          ("seed=range(4611686018427387900,4611686018427387910)", "out of range")):
+        with pytest.raises(UserError, match=re.escape(fragment)):
+            preflight.check(["-m", "mode=info", "seed=range(0,300)", bad], CONF)
