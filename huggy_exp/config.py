@@ -17,6 +17,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from huggy_exp.errors import UserError
 
+DEVICE_KINDS = ("cpu", "cuda", "npu", "mps")  # what `device` names before `:<index>`; `specialize` entries are <kind>_<dtype>
 DTYPE_NAMES = ("fp32", "fp16", "bf16", "fp64")
 BACKENDS = ("eager", "compile", "fused", "graphs", "onnxruntime")
 PRECISION_MODES = ("ieee", "tf32", "hf32")  # fp32 math: IEEE fp32, TF32 (CUDA), HF32 (Ascend): placement.set_precision
@@ -311,7 +312,41 @@ def validate(cfg: DictConfig, mode: str) -> dict:
     _check(MODES[mode], plain["mode"], "mode.")
     if mode == "stats" and plain["mode"]["source"] == "replay" and not plain["mode"]["trajectory"]:
         raise UserError("mode.source=replay needs mode.trajectory=<file.npy> (float32 [T, obs_dim]) or an .npz of obs_<i> [T, d_i]")
+    if mode == "export-onnx" and plain["mode"]["path"] and not str(plain["mode"]["path"]).lower().endswith(".onnx"):
+        raise UserError(f"mode.path={plain['mode']['path']}: an exported graph is an .onnx file; give a path ending in .onnx")
+    for key, entry in SPECIALIZED.items():
+        table, name = key.split(".")
+        _check_specialize(key, (plain.get(table) or {}).get(name), entry)
     return plain
+
+
+@dataclass
+class AtolEntry:
+    atol: float = rule(lo=0)
+
+
+SPECIALIZED = {"verify.specialize": Threshold, "mode.specialize": AtolEntry, "mode.layer_specialize": LayerThreshold}
+
+
+def _check_specialize(key: str, value: Any, entry: type) -> None:
+    """A free map of `<device kind>_<dtype>` entries (e.g. npu_fp16): each name a known device kind and dtype, each entry
+    the keys of its table (any of them), every number finite and in range; the first bad one is one line."""
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise UserError(f"{key} must be a mapping of <device kind>_<dtype> entries, got {value!r}")
+    hints, known = get_type_hints(entry), {f.name: f for f in fields(entry)}
+    for name, limits in value.items():
+        kind, _, dtype = str(name).partition("_")
+        if kind not in DEVICE_KINDS or dtype not in DTYPE_NAMES:
+            raise UserError(f"unknown key {key}.{name}: an entry is named <device kind>_<dtype> (device kinds "
+                            f"{', '.join(DEVICE_KINDS)}; dtypes {', '.join(DTYPE_NAMES)}), e.g. npu_fp16")
+        if not isinstance(limits, dict):
+            raise UserError(f"{key}.{name} must be a mapping of {', '.join(known)}, got {limits!r}")
+        for k, v in limits.items():
+            if k not in known:
+                raise UserError(f"unknown key {key}.{name}.{k}; valid keys: {', '.join(known)}")
+            _check_value(hints[k], v, f"{key}.{name}.{k}", known[k].metadata)
 
 
 def _check(schema: type, values: Any, prefix: str) -> None:
@@ -327,9 +362,9 @@ def _check(schema: type, values: Any, prefix: str) -> None:
                             f"{', '.join(names) if names else 'none (this mode has no knobs)'}")
     for name, f in known.items():
         key = f"{prefix}{name}"
-        if name not in values:
-            if f.default is MISSING and f.default_factory is MISSING and name not in ("mode",):  # type: ignore[misc]
-                raise UserError(f"missing key {key}")
+        if name not in values:  # composition fills every schema key: only `~key` removes one
+            if name != "mode":
+                raise UserError(f"missing key {key}: every job reads it (a `~{key}` cannot delete it; set it instead)")
             continue
         value = values[name]
         if name == "mode" and schema is Config:

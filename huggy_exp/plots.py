@@ -11,7 +11,14 @@ from huggy_exp.safety import atomic_write
 
 def _pyplot():
     import logging
+    import os
+    import tempfile
 
+    if "MPLCONFIGDIR" not in os.environ:  # a read-only HOME: matplotlib would warn in two lines, then use a temporary folder
+        try:
+            (Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "matplotlib").mkdir(parents=True, exist_ok=True)
+        except OSError:
+            os.environ["MPLCONFIGDIR"] = tempfile.mkdtemp(prefix="huggy_exp-matplotlib-")
     import matplotlib
 
     logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)  # "findfont: ... Falling back" warnings: noise

@@ -15,6 +15,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 from hydra._internal.callbacks import Callbacks
 from hydra._internal.utils import get_args_parser, run_and_report
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Glob, OverrideType, RangeSweep
 from hydra.core.utils import configure_log, run_job
@@ -185,6 +186,11 @@ def check(argv: list[str], conf_dir, keep: list | None = None) -> int:
 
     parser.error = refuse  # argparse would print its 8-line usage; one line, exit 2, as for every other bad value
     args = parser.parse_args(argv)
+    given = [flag for flag, on in (("-m", args.multirun), ("--cfg", args.cfg), ("--info", args.info),
+                                   ("--shell-completion", args.shell_completion)) if on]
+    if len(given) > 1:
+        raise UserError(f"{' and '.join(given)} cannot be used together: --cfg and --info print one job's config, -m runs "
+                        "a sweep; drop one of them")
     if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.experimental_rerun:
         return 0
     dirs = [Path(conf_dir)] + ([Path(args.config_dir).expanduser().resolve()] if args.config_dir else [])
@@ -199,10 +205,11 @@ def check(argv: list[str], conf_dir, keep: list | None = None) -> int:
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3", job_name="run"):  # as @hydra.main names run.py's job
         for i, overrides in enumerate(jobs):
             cfg, shared = _composed(overrides, args.config_name or "config", extra, dirs, first)
+            mode = cfg.hydra.runtime.choices.get("mode")
             if i == 0:
                 _check_output_dir(cfg.hydra.sweep.dir if args.multirun else cfg.hydra.run.dir,
                                   "hydra.sweep.dir" if args.multirun else "hydra.run.dir")
-            mode = cfg.hydra.runtime.choices.get("mode")
+                _check_new_store(cfg, mode)
             with_cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
             try:
                 validate(with_cfg, mode)
@@ -231,10 +238,31 @@ def _composed(overrides: list[str], name: str, extra: list[str], dirs: list,
     try:
         cfg = compose(config_name=name, overrides=overrides + extra, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException, yaml.YAMLError) as exc:
+        missing = re.search(r"Could not find '([\w/]+)/([^'/]+)'", str(exc))
+        if missing:  # Hydra's own list leaves out the plugins' choices (hydra/launcher lists only basic)
+            options = GlobalHydra.instance().config_loader().get_group_options(missing[1])
+            raise UserError(f"unknown {missing[1]} {missing[2]!r}; valid: {', '.join(options)}") from None
         raise UserError(_in_case(composition_error(exc, overrides, _case_file(overrides, dirs)), overrides, dirs)) from None
     if key is not None:
         first[key] = copy.deepcopy(cfg)  # the values after this one are set into the copy
     return cfg, False
+
+
+def _check_new_store(cfg: DictConfig, mode: str) -> None:
+    """A SQLite store that does not exist yet: `mode=ui` would serve it empty (refused, one line); a job or sync creates
+    it, and says so in one line (a typo in tracking.uri would otherwise start an empty store without a word)."""
+    import sys
+
+    from huggy_exp.tracking import default_uri, local_store, redact
+
+    uri = cfg.tracking.get("uri") or default_uri()
+    db = local_store(uri)
+    if not cfg.tracking.get("enabled", True) or db is None or db.exists() or uri == default_uri():
+        return
+    if mode == "ui":
+        raise UserError(f"tracking.uri={redact(uri)}: no store at {db} (nothing was ever logged there); check the path")
+    created = "" if db.parent.is_dir() else f" (its folder {db.parent} too)"
+    print(f"note: tracking.uri={redact(uri)} names no store yet: a new one is created at {db}{created}", file=sys.stderr)
 
 
 def _check_output_dir(path: str, key: str) -> None:

@@ -134,10 +134,16 @@ def _sqlite_path(uri: str) -> Path | None:
     return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
 
 
+def local_store(uri: str | None) -> Path | None:
+    """The database file of a SQLite store (absolute), None for a server."""
+    db = _sqlite_path(store_uri(uri))
+    return db.expanduser().absolute() if db else None
+
+
 def local_paths(uri: str | None) -> list[Path]:
     """The folder a SQLite store lives in (the database, its lock and the artifacts beside it): the tool's own files."""
-    db = _sqlite_path(store_uri(uri))
-    return [db.expanduser().absolute().parent] if db else []
+    db = local_store(uri)
+    return [db.parent] if db else []
 
 
 def artifact_root(uri: str) -> str | None:

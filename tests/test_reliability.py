@@ -1088,3 +1088,53 @@ def test_every_value_of_a_long_sweep_is_still_validated(tmp_path):
                           ("seed=range(4611686018427387900,4611686018427387910)", "out of range")):
         with pytest.raises(UserError, match=re.escape(fragment)):
             preflight.check(["-m", "mode=info", "seed=range(0,300)", bad], CONF)
+
+
+# --- issue 27, class 17: one clear line, never a traceback
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["mode=export-onnx", "mode.path={tmp}/out.json"], "give a path ending in .onnx"),
+    (["mode=export-onnx", "mode.path={tmp}/policy.txt"], "give a path ending in .onnx"),
+    (["mode=precision", "verify.specialize={gpu_fp16: {max_abs: 0.02}}"], "unknown key verify.specialize.gpu_fp16"),
+    (["mode=precision", "verify.specialize={npu_fp8: {max_abs: 0.02}}"], "unknown key verify.specialize.npu_fp8"),
+    (["mode=precision", "verify.specialize={npu_fp16: {max_abss: 0.02}}"], "unknown key verify.specialize.npu_fp16.max_abss"),
+    (["mode=precision", "verify.specialize={cpu_fp32: {max_abs: .nan}}"], "verify.specialize.cpu_fp32.max_abs='.nan' is not a number"),
+    (["mode=precision", "verify.specialize={cpu_fp32: {max_abs: nan}}"], "verify.specialize.cpu_fp32.max_abs=nan must be a finite number"),
+    (["mode=precision", "mode.layer_specialize={cuda_bf16: {rel_rmse: -inf}}"], "mode.layer_specialize.cuda_bf16.rel_rmse=-inf"),
+    (["mode=onnx-compare", "mode.specialize={tpu_fp16: {atol: 0.1}}"], "unknown key mode.specialize.tpu_fp16"),
+    (["~dtype"], "missing key dtype"),
+    (["~seed"], "missing key seed"),
+    (["~obs.rows"], "does not support deletion (key obs.rows)"),  # Hydra's own line
+    (["-m", "--cfg", "job", "mode=info", "seed=1,2"], "-m and --cfg cannot be used together"),
+    (["--info", "--cfg", "job"], "--cfg and --info cannot be used together"),
+    (["-m", "hydra/launcher=nonexistent", "mode=info", "seed=1,2"], "unknown hydra/launcher 'nonexistent'; valid: basic, joblib"),
+    (["mode=ui", "tracking.uri=sqlite:///{tmp}/typo/mlflow.db"], "no store at"),
+])
+def test_bad_values_of_the_new_surface_get_one_line(tmp_path, args, fragment):
+    got = cli([a.replace("{tmp}", str(tmp_path)) for a in args] + ["tracking=none"] * ("tracking" not in " ".join(args)),
+              tmp_path / "job")
+    assert got.code == 2, got.err[-2000:]
+    assert [ln for ln in (got.out + got.err).splitlines() if ln.strip()] == [one_line(got, fragment)]
+    assert not (tmp_path / "job").exists() and not list(tmp_path.glob("*.json"))
+
+
+def test_an_onnx_is_read_and_written_as_protobuf_whatever_its_name(tmp_path, default_model):
+    from huggy_exp.mlagents import load_onnx, write_onnx
+
+    odd = tmp_path / "policy.json"  # onnx would pick its JSON reader and writer by this suffix
+    write_onnx(default_model.weights, odd)
+    assert odd.read_bytes()[:1] != b"{" and load_onnx(odd).weights.obs_dim == default_model.weights.obs_dim
+
+
+def test_a_new_store_is_announced_and_a_read_only_home_is_one_line(tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path / 'typo' / 'mlflow.db'}"
+    got = cli(["mode=info", f"tracking.uri={uri}"], tmp_path / "a")
+    assert got.code == 0 and "names no store yet: a new one is created at" in one_line(got, "(its folder")
+    again = cli(["mode=info", f"tracking.uri={uri}"], tmp_path / "b")
+    assert again.code == 0 and "no store yet" not in again.err
+    cache = tmp_path / "file-not-folder"
+    cache.write_text("")
+    monkeypatch.setenv("HUGGY_EXP_CACHE", str(cache / "cache"))  # as a read-only HOME: the cache cannot be made
+    got = cli(["mode=action", "tracking=none"], tmp_path / "c")
+    assert got.code == 2 and "set HUGGY_EXP_CACHE to a writable folder" in one_line(got, "cannot be written")

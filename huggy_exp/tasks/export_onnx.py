@@ -138,10 +138,10 @@ class ExportOnnxTask:
                                   dynamic_axes=dynamic, opset_version=self.opset, dynamo=False)
         except Exception as exc:
             raise UserError(f"torch.onnx.export failed at opset {self.opset}: {str(exc).splitlines()[0]}") from None
-        model = _name_outputs(onnx.load(str(traced)), output_names)
+        model = _name_outputs(onnx.load(str(traced), format="protobuf"), output_names)
         tmpdir.cleanup()
         onnx.checker.check_model(model, full_check=True)
-        atomic_write(out, lambda tmp: onnx.save(model, tmp), overwrite=self.overwrite)
+        atomic_write(out, lambda tmp: onnx.save(model, tmp, format="protobuf"), overwrite=self.overwrite)
         return out, _interface(model)
 
     def judge_interface(self, found: dict, w: PolicyWeights, result: Result) -> None:
