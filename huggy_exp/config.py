@@ -312,8 +312,6 @@ def validate(cfg: DictConfig, mode: str) -> dict:
     _check(MODES[mode], plain["mode"], "mode.")
     if mode == "stats" and plain["mode"]["source"] == "replay" and not plain["mode"]["trajectory"]:
         raise UserError("mode.source=replay needs mode.trajectory=<file.npy> (float32 [T, obs_dim]) or an .npz of obs_<i> [T, d_i]")
-    if mode == "export-onnx" and plain["mode"]["path"] and not str(plain["mode"]["path"]).lower().endswith(".onnx"):
-        raise UserError(f"mode.path={plain['mode']['path']}: an exported graph is an .onnx file; give a path ending in .onnx")
     for key, entry in SPECIALIZED.items():
         table, name = key.split(".")
         _check_specialize(key, (plain.get(table) or {}).get(name), entry)

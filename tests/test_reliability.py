@@ -1094,8 +1094,6 @@ def test_every_value_of_a_long_sweep_is_still_validated(tmp_path):
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["mode=export-onnx", "mode.path={tmp}/out.json"], "give a path ending in .onnx"),
-    (["mode=export-onnx", "mode.path={tmp}/policy.txt"], "give a path ending in .onnx"),
     (["mode=precision", "verify.specialize={gpu_fp16: {max_abs: 0.02}}"], "unknown key verify.specialize.gpu_fp16"),
     (["mode=precision", "verify.specialize={npu_fp8: {max_abs: 0.02}}"], "unknown key verify.specialize.npu_fp8"),
     (["mode=precision", "verify.specialize={npu_fp16: {max_abss: 0.02}}"], "unknown key verify.specialize.npu_fp16.max_abss"),
@@ -1125,6 +1123,9 @@ def test_an_onnx_is_read_and_written_as_protobuf_whatever_its_name(tmp_path, def
     odd = tmp_path / "policy.json"  # onnx would pick its JSON reader and writer by this suffix
     write_onnx(default_model.weights, odd)
     assert odd.read_bytes()[:1] != b"{" and load_onnx(odd).weights.obs_dim == default_model.weights.obs_dim
+    got = cli(["mode=export-onnx", f"mode.path={tmp_path / 'out.json'}", "tracking=none", "obs.rows=4"], tmp_path / "job")
+    assert got.code == 0 and "Traceback" not in got.err, got.err[-2000:]
+    assert load_onnx(tmp_path / "out.json").weights.obs_dim == default_model.weights.obs_dim
 
 
 def test_a_new_store_is_announced_and_a_read_only_home_is_one_line(tmp_path, monkeypatch):
