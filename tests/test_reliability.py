@@ -1103,7 +1103,7 @@ def test_every_value_of_a_long_sweep_is_still_validated(tmp_path):
     (["mode=onnx-compare", "mode.specialize={tpu_fp16: {atol: 0.1}}"], "unknown key mode.specialize.tpu_fp16"),
     (["~dtype"], "missing key dtype"),
     (["~seed"], "missing key seed"),
-    (["~obs.rows"], "does not support deletion (key obs.rows)"),  # Hydra's own line
+    (["~obs.rows"], "obs.rows cannot be removed"),
     (["-m", "--cfg", "job", "mode=info", "seed=1,2"], "-m and --cfg cannot be used together"),
     (["--info", "--cfg", "job"], "--cfg and --info cannot be used together"),
     (["-m", "hydra/launcher=nonexistent", "mode=info", "seed=1,2"], "unknown hydra/launcher 'nonexistent'; valid: basic, joblib"),
