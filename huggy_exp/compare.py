@@ -6,7 +6,6 @@ Pure functions over the summary rows and the jobs' actions.npy; sweep.py writes 
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import numpy as np
 
 from huggy_exp import plots
 from huggy_exp.headline import ERROR
+from huggy_exp.verify import FINGERPRINT
 
 NARROW_FIRST = ("bf16", "fp16", "fp32", "fp64")
 VERDICT_KNOBS = ("thresholds", "layer_thresholds", "specialize", "relative", "rel_floor", "tolerance", "atol",
@@ -38,22 +38,10 @@ def load_outputs(row: dict) -> dict[str, np.ndarray]:
     return {f[:-4]: np.load(d / f, allow_pickle=False) for f in OUTPUT_FILES if (d / f).is_file()}
 
 
-def _digest(outputs: dict[str, np.ndarray]) -> str | None:
-    if not outputs:
-        return None
-    h = hashlib.sha256()
-    for name, a in outputs.items():
-        h.update(name.encode() + str(a.dtype).encode() + str(a.shape).encode())
-        h.update(np.ascontiguousarray(a).tobytes())
-    return h.hexdigest()
-
-
 def compare(rows: list[dict]) -> dict:
     """{"vs_cpu_fp32": {job: max |Δ|}, "agreement": [groups], "recommended": {device: {...}}, "lines": [...]}."""
     outputs = {r["job"]: load_outputs(r) for r in rows}
     actions = {job: o.get("actions") for job, o in outputs.items()}
-    for row in rows:
-        row["actions_sha256"] = _digest(outputs[row["job"]])  # every output the policy has, memories included
 
     # --- each point against the CPU fp32 point on the same inputs (same batch size preferred)
     vs_ref: dict[str, float] = {}
@@ -77,19 +65,19 @@ def compare(rows: list[dict]) -> dict:
             ref = min(refs, key=lambda r: r["batch_size"] != row["batch_size"])
             row["vs_cpu_fp32_discrete_agreement"] = float(np.mean(mine == outputs[ref["job"]]["discrete_actions"]))
 
-    # --- device agreement: bit-identical actions within (inputs, dtype), across devices or repeats
+    # --- device agreement: equal fingerprints (every output's bytes) within (inputs, dtype), across devices or repeats
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
-        if row["actions_sha256"]:
+        if row.get(FINGERPRINT) and row["status"] != "error":
             groups.setdefault((*inputs_key(row), row["dtype"]), []).append(row)
     agreement = []
     for (mode, _, obs, seed, _, dtype), members in groups.items():
         if len(members) < 2:
             continue
-        hashes = list(dict.fromkeys(r["actions_sha256"] for r in members))
+        hashes = list(dict.fromkeys(r[FINGERPRINT] for r in members))
         agreement.append({"mode": mode, "dtype": dtype, "obs": obs, "seed": seed, "identical": len(hashes) == 1,
                           "points": [{"job": r["job"], "device": r["device"], "batch_size": r["batch_size"],
-                                      "class": hashes.index(r["actions_sha256"]), "sha256": r["actions_sha256"]}
+                                      "class": hashes.index(r[FINGERPRINT]), FINGERPRINT: r[FINGERPRINT]}
                                      for r in members]})
 
     recommended = recommend(rows)
@@ -208,21 +196,21 @@ def replay_agreement(rows: list[dict]) -> dict:
     dtype, which points gave the same output bytes as each other (class 0 = the first's) and as the recording."""
     table = []
     for row in rows:
-        if row["mode"] != "replay" or row["status"] == "error" or not row.get("actions_sha256"):
+        if row["mode"] != "replay" or row["status"] == "error" or not row.get(FINGERPRINT):
             continue
         record = json.loads((Path(row["dir"]) / "result.json").read_text())
         share = (record.get("metrics") or {}).get("agreement/bitwise_share")
         record = {**record, **(record.get("details") or {})}  # a task's details, wherever result.json keeps them
         table.append({"job": row["job"], "bundle": record.get("bundle"), "point": record.get("point"), "dtype": row["dtype"],
                       "threads": record.get("threads"), "recorded_point": record.get("recorded_point"),
-                      "equal_to_recording": None if share is None else share == 1.0, "sha256": row["actions_sha256"],
+                      "equal_to_recording": None if share is None else share == 1.0, FINGERPRINT: row[FINGERPRINT],
                       "status": row["status"]})
     lines = []
     for group in dict.fromkeys((t["bundle"], t["dtype"]) for t in table):
         members = [t for t in table if (t["bundle"], t["dtype"]) == group]
-        hashes = list(dict.fromkeys(t["sha256"] for t in members))
+        hashes = list(dict.fromkeys(t[FINGERPRINT] for t in members))
         for t in members:
-            t["class"] = hashes.index(t["sha256"])
+            t["class"] = hashes.index(t[FINGERPRINT])
         cells = ", ".join(f"{t['point']} t{t['threads']} (job {t['job']}): class {t['class']}, "
                           + {True: "= recording", False: "≠ recording", None: "no recording"}[t["equal_to_recording"]] for t in members)
         verdict = "all bit-identical" if len(hashes) == 1 else f"{len(hashes)} different results"
@@ -255,7 +243,7 @@ def comparison_lines(rows: list[dict], agreement: list[dict], recommended: dict)
 def comparison_table(rows: list[dict]) -> list[dict]:
     """One row per point for the parent run's table artifact."""
     keys = ("job", "case", "mode", "device", "dtype", "batch_size", "obs", "seed", "status", "vs_cpu_fp32_max_abs",
-            "actions_sha256")
+            FINGERPRINT)
     return [{**{k: r.get(k) for k in keys}, **{f"m.{k}": v for k, v in r["metrics"].items()}} for r in rows]
 
 

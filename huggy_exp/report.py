@@ -13,6 +13,7 @@ from pathlib import Path
 
 from huggy_exp.headline import COSINE, ERROR, judged_limits
 from huggy_exp.results import atomic_write_text
+from huggy_exp.verify import FINGERPRINT
 
 REPORT = "report.html"
 STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1180px;color:#1f2328;padding:0 16px}
@@ -87,12 +88,12 @@ def verdict_rows(rows: list[dict]) -> list[list]:
         p50 = m.get("p50_us")
         p50_cell = ("html", f"{_e(p50)} <span class=noisy>noisy</span>") if p50 is not None and r.get("noisy") else p50
         out.append([r["job"], r["run_name"], verdict(r["status"]), m.get(ERROR), (r.get("limits") or {}).get("max_abs"),
-                    m.get(COSINE), p50_cell, (r.get("fingerprint") or r.get("actions_sha256") or "")[:12], r.get("note", "") if r["status"] != "passed" else ""])
+                    m.get(COSINE), p50_cell, (r.get(FINGERPRINT) or "")[:12], r.get("note", "") if r["status"] != "passed" else ""])
     return out
 
 
 VERDICT_HEAD = ["job", "run", "verdict", "max abs error vs fp64", "limit", "cosine (worst row)", "p50 µs (own batch)",
-                "fingerprint", "note"]
+                FINGERPRINT, "note"]
 
 
 def recommendation_section(comparison: dict) -> str:
@@ -114,11 +115,11 @@ def recommendation_section(comparison: dict) -> str:
 
 def comparison_section(rows: list[dict], comparison: dict) -> str:
     compared = [[r["job"], r["run_name"], r.get("vs_cpu_fp32_max_abs"), r.get("vs_cpu_fp32_discrete_agreement"),
-                 (r.get("actions_sha256") or "")[:12]] for r in rows
+                 (r.get(FINGERPRINT) or "")[:12]] for r in rows
                 if "vs_cpu_fp32_max_abs" in r or "vs_cpu_fp32_discrete_agreement" in r]
     parts = ["<h2>Against the reference point (CPU fp32, same inputs)</h2>"]
     if compared:
-        parts.append(table(["job", "run", "max |Δaction| vs cpu fp32", "discrete actions equal", "fingerprint"], compared, {2, 3}))
+        parts.append(table(["job", "run", "max |Δaction| vs cpu fp32", "discrete actions equal", FINGERPRINT], compared, {2, 3}))
     else:
         parts.append("<p class=muted>No point of this sweep has a CPU fp32 point on the same inputs to compare with.</p>")
     lines = [line for line in comparison.get("lines", []) if line.startswith("agreement")]

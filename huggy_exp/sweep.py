@@ -19,6 +19,7 @@ from huggy_exp.config import JOBS_ENV
 from huggy_exp.headline import judged_limits, ladder, noisy
 from huggy_exp.compare import compare, draw, errors_vs_fp64
 from huggy_exp.results import EXIT_CODES, EXIT_INTERRUPTED, EXIT_PENDING, atomic_write_text, jsonable, write_table
+from huggy_exp.verify import FINGERPRINT
 
 ORDER = ("passed", "failed", "skipped", "error")
 
@@ -129,7 +130,7 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
                      "latency_points": latency_points(r), "throughput_points": latency_points(r, "obs_per_s"), "metrics": r.get("headline_metrics") or {}, "shared_machine": r.get("shared_machine", False),
                      "noisy": noisy(r), "run_id": (r.get("tracking") or {}).get("run_id"), "limits": judged_limits(r),
                      "latency": r.get("latency") or {}, "max_abs_limit": _limit(r.get("metrics") or {}),
-                     "fingerprint": (r.get("tags") or {}).get("fingerprint/sha256"),
+                     "fingerprint": (r.get("tags") or {}).get(FINGERPRINT),
                      "knobs": (r.get("params") or {}).get("mode") or {}, "vs_fp64": errors_vs_fp64(r.get("metrics") or {}),
                      "host": (r.get("host") or {}).get("hostname") or (r.get("environment") or {}).get("host"),
                      "node": (r.get("host") or {}).get("ray_node_ip")})
@@ -145,7 +146,7 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
 
 
 def point_figures(record: dict) -> str:
-    """` max_abs 5.9e-07/1e-05 cos 1.000000 p50 52 µs fp 68a9080ce4d8` of a verified point (empty for other modes)."""
+    """` max_abs 5.9e-07/1e-05 cos 1.000000 p50 52 µs fingerprint 68a9080ce4d8` of a point (empty for other modes)."""
     head, metrics = record.get("headline_metrics") or {}, record.get("metrics") or {}
     parts = []
     if "max_abs_vs_fp64" in head:
@@ -157,9 +158,9 @@ def point_figures(record: dict) -> str:
         parts.append(f"agree {head['agreement_vs_fp64']:.2%}")
     if "p50_us" in head:
         parts.append(f"p50 {head['p50_us']:,.0f} µs" + ("(noisy)" if (record.get("latency") or {}).get("noisy") else ""))
-    fp = (record.get("tags") or {}).get("fingerprint/sha256")
+    fp = (record.get("tags") or {}).get(FINGERPRINT)
     if fp:
-        parts.append(f"fp {fp[:12]}")
+        parts.append(f"{FINGERPRINT} {fp[:12]}")
     return (" " + " ".join(parts)) if parts else ""
 
 
@@ -200,7 +201,7 @@ def obs_label(obs: dict) -> str:
 def write_summary(sweep_dir: Path, summary: dict, plot: bool) -> list[Path]:
     """summary.json, summary.csv and summary.md in the sweep dir; the comparison table and (with `plot`) plots beside them."""
     columns = ["job", "run_name", "mode", "device", "dtype", "batch_size", "case", "host", "node", "obs", "seed", "status", "expect",
-               "tracking", "vs_cpu_fp32_max_abs", "vs_cpu_fp32_discrete_agreement", "actions_sha256", "note"]
+               "tracking", "vs_cpu_fp32_max_abs", "vs_cpu_fp32_discrete_agreement", FINGERPRINT, "note"]
     metric_names = list(dict.fromkeys(k for r in summary["rows"] for k in r["metrics"]))
     flat = [{**r, **{f"m.{k}": v for k, v in r["metrics"].items()}} for r in summary["rows"]]
     paths = [sweep_dir / "summary.json", sweep_dir / "summary.csv", sweep_dir / "summary.md"]

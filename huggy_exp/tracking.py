@@ -753,7 +753,7 @@ def recommendation(comparison: dict) -> str:
 
 def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path], status: str = "FINISHED") -> dict | None:
     """Close the parent run with the sweep's tally, recommendation, comparison and files (the HTML report among
-    them), tag each point with its output fingerprint, and save the UI view of the sweep's runs.
+    them), and save the UI view of the sweep's runs (each point logged its own `fingerprint` tag).
 
     Returns the UI addresses {"parent": ..., "runs": ...} (full URLs for servers, else the part after the UI's
     address), or None if not logged.
@@ -778,10 +778,6 @@ def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path],
                 tags += [RunTag("recommendation", advice[:MAX_TAG_CHARS]), RunTag("verdict", f"recommends {advice}"[:MAX_TAG_CHARS])]
             store.client.log_batch(run_id, metrics=[Metric(f"jobs_{k}", float(v), stamp, 0) for k, v in tally.items()],
                                    tags=tags)
-            for row in summary.get("rows", []):  # the output fingerprint is known once the sweep compared its points
-                fingerprint = row.get("fingerprint") or row.get("actions_sha256")  # the engine's, as the sweep's lines
-                if row.get("run_id") and fingerprint:
-                    store.client.set_tag(row["run_id"], "fingerprint", fingerprint[:12])
             if comparison.get("table"):
                 store.client.log_table(run_id, data=_columns(comparison["table"]), artifact_file="comparison_table.json")
             for path in files:

@@ -90,6 +90,10 @@ MUTATIONS = (
         ("huggy_exp/policy.py", "kind = stat_dtype if name in exempt else", "kind = dtype if name in exempt else"),
     ), ("tests/test_policy_placement.py::test_normalizer_buffers_stay_float32_under_low_precision",
         "tests/test_placement_fake_device.py::test_every_shape_runs_on_the_device_with_cpu_noise_and_fp32_statistics")),
+    Mutation("fingerprint-second-hash", "the sweep's summaries show the quantized hash under the name `fingerprint`", (
+        ("huggy_exp/sweep.py", '"fingerprint": (r.get("tags") or {}).get(FINGERPRINT),',
+         '"fingerprint": (r.get("tags") or {}).get("quantized_fingerprint"),'),
+    ), ("tests/test_answers.py::test_one_sweep_shows_one_fingerprint_per_point_everywhere",)),
 )
 
 

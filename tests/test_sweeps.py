@@ -16,6 +16,7 @@ from conftest import (CONF, PYTHON, REPO, compose_config, free_port, run_job, st
 from huggy_exp import compare, config
 from huggy_exp.errors import UserError
 from huggy_exp.headline import headline_metrics, settings
+from huggy_exp.verify import fingerprint
 
 CASES = sorted(p.stem for p in (CONF / "case").glob("*.yaml"))
 # one or more per mode, the expected failures, accelerator points (skipped here), a fixture case, a repeat pair
@@ -86,7 +87,8 @@ def _point(root: Path, job: str, device: str, dtype: str, actions: np.ndarray | 
         np.save(d / "actions.npy", actions.astype(np.float32))
     return {"job": job, "dir": str(d), "mode": mode, "device": device, "dtype": dtype, "batch_size": batch,
             "status": status, "obs": "random/8/x1.0", "seed": 0, "model_sha256": "m", "knobs": {},
-            "metrics": {} if p50 is None else {"p50_us": p50}}
+            "metrics": {} if p50 is None else {"p50_us": p50},
+            "fingerprint": None if actions is None else fingerprint({"actions": actions})["fingerprint"]}
 
 
 def test_comparison_measures_each_point_against_cpu_fp32_and_groups_identical_devices(tmp_path):
@@ -127,6 +129,7 @@ def test_discrete_and_memory_outputs_are_compared_and_fingerprinted(tmp_path):
                                   (np.where(picks == 3, 2, picks), memory)]):
         np.save(Path(row["dir"]) / "discrete_actions.npy", p)
         np.save(Path(row["dir"]) / "memories.npy", m)
+        row["fingerprint"] = fingerprint({"discrete_actions": p, "memories": m})["fingerprint"]
     out = compare.compare(rows)
     assert rows[3]["vs_cpu_fp32_discrete_agreement"] == pytest.approx(7 / 8)
     assert rows[1]["vs_cpu_fp32_discrete_agreement"] == 1.0 and "vs_cpu_fp32_max_abs" not in rows[1]
