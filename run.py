@@ -10,7 +10,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from huggy_exp import config
+from huggy_exp import preflight
 from huggy_exp.errors import UserError
 from huggy_exp.tracking_worker import Helper
 
@@ -20,7 +20,7 @@ CONF = Path(__file__).parent / "conf"
 def one_job(cfg: DictConfig, tracker=None) -> str:
     from huggy_exp.app import JobInfo, execute, exit_code, point_info, sync, ui
 
-    config.setup()  # the resolvers, again: joblib and submitit run this function in fresh processes
+    preflight.setup()  # the resolvers, again: joblib and submitit run this function in fresh processes
     hc = HydraConfig.get()
     mode = hc.runtime.choices["mode"]
     if mode == "sync":
@@ -31,7 +31,7 @@ def one_job(cfg: DictConfig, tracker=None) -> str:
     launcher = hc.runtime.choices.get("hydra/launcher", "basic")
     job = JobInfo(overrides=tuple(hc.overrides.task), case=hc.runtime.choices.get("case"),
                   sweep_dir=Path(hc.sweep.dir) if multirun else None, num=hc.job.num if multirun else None,
-                  launcher=launcher, shared_machine=multirun and config.shares_machine(launcher, hc.launcher),
+                  launcher=launcher, shared_machine=multirun and preflight.shares_machine(launcher, hc.launcher),
                   tracker=tracker, **point_info())
     result = execute(cfg, Path(hc.runtime.output_dir), mode, job)
     code = exit_code(result, cfg.get("expect"))
@@ -63,22 +63,22 @@ def cli(argv: list[str], mlflow_helper: bool = False) -> None:
 
     `mlflow_helper`: a single run imports mlflow in a helper process beside the job (the command line; in-process callers
     that run many jobs pay mlflow's import once and need none)."""
-    config.setup()
+    preflight.setup()
     try:
-        argv = config.normalize_argv(argv)
+        argv = preflight.normalize_argv(argv)
         sys.argv[1:] = argv
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    single = config.single_run(argv)
+    single = preflight.single_run(argv)
     # MLflow's import (2-3 s of CPU) starts now in a helper process, beside torch's import and the job
     tracked = mlflow_helper and single and not {"tracking=none", "tracking.enabled=false"} & set(argv)
     helper = Helper.start() if tracked else None
     composed: list[DictConfig] = []
     try:
         try:
-            jobs = config.preflight(argv, CONF, keep=composed)
-            os.environ[config.JOBS_ENV] = str(jobs)  # the sweep's size, for its progress lines (sweep.json)
+            jobs = preflight.check(argv, CONF, keep=composed)
+            os.environ[preflight.JOBS_ENV] = str(jobs)  # the sweep's size, for its progress lines (sweep.json)
             if {"-m", "--multirun"} & set(argv) and composed and composed[0].hydra.runtime.choices.get("hydra/launcher") == "ray":
                 ray_preflight(composed)
         except UserError as exc:
@@ -89,7 +89,7 @@ def cli(argv: list[str], mlflow_helper: bool = False) -> None:
             helper.close()  # nothing to log after all (tracking off in a case file; sync and ui work in this process)
             helper = None
         if once:
-            config.run_once(once, functools.partial(one_job, tracker=helper))  # composed once, by preflight
+            preflight.run_once(once, functools.partial(one_job, tracker=helper))  # composed once, by preflight
         else:
             main()
     except KeyboardInterrupt:

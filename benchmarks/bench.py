@@ -96,18 +96,11 @@ def gemms_only_obs_s(ctx: Context, rows: int, seconds: float = 1.5) -> float:
 # --- batch 1: every way torch was tried, against onnxruntime, in one interleaved loop
 
 
-def attempts(ctx: Context, everything: bool) -> dict[str, Callable[[np.ndarray], np.ndarray] | str]:
-    """name -> f(obs [1, d] float32) -> actions [1, act], each Huggy's forward spelled another way (or why it cannot run)."""
+def _by_hand(mean, std, layers, mu_w, mu_b) -> dict[str, Callable]:
+    """Huggy's forward written out by hand: nn.Linear calls, out= buffers, oneDNN and MKL packed weights, numpy."""
     import torch.nn.functional as F
 
-    policy = build(ctx, "eager", batch_size=1).policy
-    norm = policy.normalizers[0]
-    mean, std = norm.running_mean, norm.std
-    layers, (mu_w, mu_b) = policy._gemv[:-1], policy._gemv[-1]
     out: dict[str, Callable] = {}
-    runners = {name: build(ctx, name, batch_size=1, threads=1) for name in ("onnxruntime", "eager", "fused")}
-    out["onnxruntime (reference)"] = lambda o: runners["onnxruntime"].infer({OBS: o})[ACTIONS]
-    out["eager backend: addmv chain (MKL gemv)"] = lambda o: runners["eager"].infer({OBS: o})[ACTIONS]
 
     def addmm(o):
         x = torch.clamp((torch.from_numpy(o) - mean) / std, -5, 5)
@@ -117,7 +110,6 @@ def attempts(ctx: Context, everything: bool) -> dict[str, Callable[[np.ndarray],
         return (torch.clamp(F.linear(x, mu_w, mu_b), -3, 3) / 3).numpy()
 
     out["eager addmm (nn.Linear chain)"] = addmm
-
     width = max(w.shape[0] for w, _ in layers)
     n0, h, s, mu = torch.empty(mean.shape), torch.empty(2, width), torch.empty(width), torch.empty(mu_b.shape)
 
@@ -133,22 +125,6 @@ def attempts(ctx: Context, everything: bool) -> dict[str, Callable[[np.ndarray],
         return mu.clamp_(-3, 3).div_(3).numpy()[None].copy()
 
     out["addmv + out= buffers, in place"] = preallocated
-
-    def _chain(x):
-        x = torch.clamp((x - mean) / std, -5, 5)
-        for w, b in layers:
-            x = F.linear(x, w, b)
-            x = x * torch.sigmoid(x)
-        return torch.clamp(F.linear(x, mu_w, mu_b), -3, 3) / 3
-
-    example = torch.from_numpy(ctx.make_observations(1))
-    with torch.inference_mode(False), torch.no_grad():
-        traced = torch.jit.freeze(torch.jit.trace(_Wrap(_chain), example).eval())
-        optimized = torch.jit.optimize_for_inference(torch.jit.freeze(torch.jit.trace(_Wrap(_chain), example).eval()))
-    out["torch.jit.trace + freeze"] = lambda o: traced(torch.from_numpy(o)).numpy()
-    out["jit.trace + freeze + optimize_for_inference"] = lambda o: optimized(torch.from_numpy(o)).numpy()
-
-    out["torch.jit.script + freeze, NNC fuser on (SiLU fused)"] = _scripted(mean, std, layers, mu_w, mu_b, example)
 
     packed = [(torch.ops.mkldnn._reorder_linear_weight(w, 1), b) for w, b in layers]
     packed_mu = torch.ops.mkldnn._reorder_linear_weight(mu_w, 1)
@@ -171,17 +147,55 @@ def attempts(ctx: Context, everything: bool) -> dict[str, Callable[[np.ndarray],
             return (torch.clamp(torch.ops.mkl._mkl_linear(x, mkl_mu, mu_w, mu_b, 1), -3, 3) / 3).numpy()
 
         out["MKL packed sgemm + silu"] = mkl_packed
+    out["numpy (OpenBLAS sgemv; not torch)"] = _numpy_forward(mean, std, layers, mu_w, mu_b)
+    return out
+
+
+def _numpy_forward(mean, std, layers, mu_w, mu_b) -> Callable:
+    """Not torch: numpy's OpenBLAS sgemv, for scale."""
     np_layers = [(w.numpy(), b.numpy()) for w, b in layers]
     np_mean, np_std, np_mu = mean.numpy(), std.numpy(), (mu_w.numpy(), mu_b.numpy())
 
-    def numpy_forward(o):  # not torch: numpy's OpenBLAS sgemv, for scale
+    def numpy_forward(o):
         x = np.clip((o[0] - np_mean) / np_std, -5, 5)
         for w, b in np_layers:
             x = w @ x + b
             x = x / (1 + np.exp(-x))
         return (np.clip(np_mu[0] @ x + np_mu[1], -3, 3) / 3)[None]
 
-    out["numpy (OpenBLAS sgemv; not torch)"] = numpy_forward
+    return numpy_forward
+
+
+def attempts(ctx: Context, everything: bool) -> dict[str, Callable[[np.ndarray], np.ndarray] | str]:
+    """name -> f(obs [1, d] float32) -> actions [1, act], each Huggy's forward spelled another way (or why it cannot run)."""
+    import torch.nn.functional as F
+
+    policy = build(ctx, "eager", batch_size=1).policy
+    norm = policy.normalizers[0]
+    mean, std = norm.running_mean, norm.std
+    layers, (mu_w, mu_b) = policy._gemv[:-1], policy._gemv[-1]
+    out: dict[str, Callable] = {}
+    runners = {name: build(ctx, name, batch_size=1, threads=1) for name in ("onnxruntime", "eager", "fused")}
+    out["onnxruntime (reference)"] = lambda o: runners["onnxruntime"].infer({OBS: o})[ACTIONS]
+    out["eager backend: addmv chain (MKL gemv)"] = lambda o: runners["eager"].infer({OBS: o})[ACTIONS]
+    out.update(_by_hand(mean, std, layers, mu_w, mu_b))
+
+    def _chain(x):
+        x = torch.clamp((x - mean) / std, -5, 5)
+        for w, b in layers:
+            x = F.linear(x, w, b)
+            x = x * torch.sigmoid(x)
+        return torch.clamp(F.linear(x, mu_w, mu_b), -3, 3) / 3
+
+    example = torch.from_numpy(ctx.make_observations(1))
+    with torch.inference_mode(False), torch.no_grad():
+        traced = torch.jit.freeze(torch.jit.trace(_Wrap(_chain), example).eval())
+        optimized = torch.jit.optimize_for_inference(torch.jit.freeze(torch.jit.trace(_Wrap(_chain), example).eval()))
+    out["torch.jit.trace + freeze"] = lambda o: traced(torch.from_numpy(o)).numpy()
+    out["jit.trace + freeze + optimize_for_inference"] = lambda o: optimized(torch.from_numpy(o)).numpy()
+
+    out["torch.jit.script + freeze, NNC fuser on (SiLU fused)"] = _scripted(mean, std, layers, mu_w, mu_b, example)
+
     if everything:
         out.update(_slow_attempts(_chain, example))
     out["fused backend: one C++ kernel (inductor toolchain)"] = lambda o: runners["fused"].infer({OBS: o})[ACTIONS]
@@ -295,8 +309,8 @@ import json, sys, time
 t = [time.perf_counter()]
 import torch; t.append(time.perf_counter())
 import hydra; from hydra import compose, initialize_config_dir; t.append(time.perf_counter())
-from huggy_exp import config
-config.setup()
+from huggy_exp import preflight
+preflight.setup()
 with initialize_config_dir(config_dir=sys.argv[1], version_base="1.3"):
     compose(config_name="config", overrides=["mode=action", "tracking=none"], return_hydra_config=True)
 t.append(time.perf_counter())
@@ -355,7 +369,7 @@ def benchmark_knobs(**changes) -> dict:
     return {**{k: v for k, v in knobs.items() if k not in ("_target_", "defaults")}, **changes}
 
 
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=str(HUGGY) if HUGGY.is_file() else None, help="ML-Agents .pt (.onnx beside it)")
     parser.add_argument("--rows", type=int, default=1024, help="offline batch size (>= 512)")
@@ -365,7 +379,11 @@ def main() -> None:
     parser.add_argument("--all-attempts", action="store_true", help="also inductor's GEMM template and AOTInductor (minutes)")
     parser.add_argument("--markdown", type=Path, help="write the table (and the attempts) as markdown here")
     parser.add_argument("--json", type=Path, help="write every figure as JSON here")
-    a = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    a = _arguments()
     started = time.time()
     ctx = Context(model_spec=ModelSpec(checkpoint=a.model), workdir=Path(tempfile.mkdtemp()), threads=1)
     flop = flops_per_obs(ctx)
@@ -374,63 +392,77 @@ def main() -> None:
               f"({', '.join(f for f in ('avx2', 'fma', 'avx512f', *BF16_FLAGS) if f in flags) or 'no avx flags read'}) · "
               f"torch {torch.__version__} · model {a.model or 'embedded synthetic default'} · {flop / 1e6:.2f} MFLOP/obs · 1 thread")
     print(f"# {header}", flush=True)
+    m = {**measure_backends(ctx, a), **measure_processes(a.startup_runs)}
+    rows = targets(m, a.rows, flop, flags)
+    text = report(header, rows, m, a.rounds, started)
+    print("\n" + text)
+    if a.markdown:
+        a.markdown.write_text(text + "\n")
+    if a.json:
+        a.json.write_text(json.dumps({"header": header, "targets": rows, "attempts": m["tried"], "startup": m["startup"],
+                                      "mlflow": {**m["mlflow_cost"], "first_run_s": m["first_s"]}, "breakdown": m["parts"],
+                                      "gemm_peak_gflops": m["peak"], "gemms_only_obs_s": m["gemms"],
+                                      "gemm_square_gflops": m["square"], "fp32": m["m32"], "bf16": m["m16"]},
+                                     indent=2, default=float))
 
-    # --- the backends as run.py mode=benchmark measures them
+
+def measure_backends(ctx: Context, a: argparse.Namespace) -> dict:
+    """In this process: the backends as run.py mode=benchmark measures them, every batch-1 attempt, the harness against
+    a bare loop, the GEMM peak."""
     knobs = benchmark_knobs(rounds=3, budget_s=a.budget, warmup_s=0.5, settle_s=0.05, batch_sizes=[a.rows],
                             scenarios=["single_stream", "offline"])
     fp32 = BenchmarkTask(**{**knobs, "backends": [*TORCH_BACKENDS, "onnxruntime"]}).run(ctx)
     bf16_ctx = Context(model_spec=ctx.model_spec, dtype="bf16", workdir=ctx.workdir, threads=1)
     bf16 = BenchmarkTask(**{**knobs, "backends": ["eager", "compile"], "scenarios": ["offline"]}).run(bf16_ctx)
-    m32, m16 = fp32.metrics, bf16.metrics
     for r in (fp32, bf16):
         print("\n".join("  " + line for line in r.summary), flush=True)
-
-    # --- batch 1: every attempt, interleaved
     tried = time_attempts(ctx, attempts(ctx, a.all_attempts), a.rounds, a.budget / a.rounds)
-
-    # --- harness vs a bare loop on the same onnxruntime session, interleaved
-    ort = build(ctx, "onnxruntime", batch_size=1, threads=1)
+    ort = build(ctx, "onnxruntime", batch_size=1, threads=1)  # harness vs a bare loop on one session, interleaved
     feeds = {OBS: ctx.make_observations(1)}
     harness, bare = [], []
     for _ in range(3):
         harness.append(timing.measure(lambda: ort.infer(feeds), torch.device("cpu"), 1, a.budget / 2, 0.3).stats()["p50_us"])
         bare.append(bare_loop_us(ort.session, {ort.input: feeds[OBS]}, a.budget / 2))
-    harness_us, bare_us = statistics.median(harness), statistics.median(bare)
-
     with timing.threads(1):
         peak = gemm_gflops(a.rows, 512, 512)  # the policy's hidden layer shape: the peak its GEMMs can reach
         square = gemm_gflops(a.rows, 1024, 1024)
         gemms = gemms_only_obs_s(ctx, a.rows)
+    return {"m32": fp32.metrics, "m16": bf16.metrics, "tried": tried, "harness_us": statistics.median(harness),
+            "bare_us": statistics.median(bare), "peak": peak, "square": square, "gemms": gemms}
 
-    # --- whole processes
+
+def measure_processes(startup_runs: int = 7) -> dict:
+    """Whole processes: run.py's start-up over `import torch`, MLflow's cost on a single run, the import breakdown."""
     run = [sys.executable, "run.py", "mode=action", "hydra.run.dir={tmp}"]
-    startup = paired([*run, "tracking=none"], [sys.executable, "-c", "import torch"], a.startup_runs)
+    startup = paired([*run, "tracking=none"], [sys.executable, "-c", "import torch"], startup_runs)
     with tempfile.TemporaryDirectory() as store:
         uri = f"tracking.uri=sqlite:///{store}/mlflow.db"
         first = time.perf_counter()
         subprocess.run([*run[:-1], uri, f"hydra.run.dir={store}/first"], cwd=REPO, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)})
         first_s = time.perf_counter() - first
-        mlflow_cost = paired([*run, uri], [*run, "tracking=none"], a.startup_runs)
-    parts = breakdown()
+        mlflow_cost = paired([*run, uri], [*run, "tracking=none"], startup_runs)
+    return {"startup": startup, "first_s": first_s, "mlflow_cost": mlflow_cost, "parts": breakdown()}
 
-    # --- the table
+
+def targets(m: dict, rows_n: int, flop: float, flags: set) -> list[dict]:
+    """The table's rows: each target with its measurement, ratio, goal, verdict and cause."""
+    m32, m16, startup, mlflow_cost, parts = m["m32"], m["m16"], m["startup"], m["mlflow_cost"], m["parts"]
     p50 = lambda b: m32.get(f"{b}/b1/p50_us", float("nan"))  # noqa: E731
     ort1 = p50("onnxruntime")
     best1 = min(TORCH_BACKENDS, key=lambda b: p50(b) if np.isfinite(p50(b)) else float("inf"))
-    rate = lambda m, b: m.get(f"{b}/b{a.rows}/obs_per_s", float("nan"))  # noqa: E731
+    rate = lambda m, b: m.get(f"{b}/b{rows_n}/obs_per_s", float("nan"))  # noqa: E731
     ort_t = rate(m32, "onnxruntime")
     best32 = max(("eager", "compile"), key=lambda b: np.nan_to_num(rate(m32, b)))
     best16 = max(("eager", "compile"), key=lambda b: np.nan_to_num(rate(m16, b)))
     gflops = lambda obs_s: obs_s * flop / 1e9  # noqa: E731
     has_bf16 = sorted(flags & set(BF16_FLAGS))
-    gemv = {k: v["p50_us"] for k, v in tried.items()}
-    eager_name = "eager backend: addmv chain (MKL gemv)"
-    ratio1 = p50(best1) / ort1
-    rows = [
+    eager_us = m["tried"]["eager backend: addmv chain (MKL gemv)"]["p50_us"]
+    ratio1, peak, gemms = p50(best1) / ort1, m["peak"], m["gemms"]
+    return [
         target("batch 1: fastest torch / onnxruntime (1 thread)", f"{best1} {p50(best1):.1f} µs vs onnxruntime {ort1:.1f} µs",
                ratio1, "<= 1.2x", ratio1 <= 1.2,
-               f"eager spends its time in MKL's sgemv ({gemv[eager_name]:.0f} µs here); the fused kernel runs the whole "
+               f"eager spends its time in MKL's sgemv ({eager_us:.0f} µs here); the fused kernel runs the whole "
                f"forward in one call at memory bandwidth" if best1 == "fused" else "see the attempts below"),
         target("start-up: run.py mode=action tracking=none / import torch",
                f"{startup['a_s']:.2f} s / {startup['b_s']:.2f} s (medians of {startup['runs']} pairs; CPU "
@@ -440,30 +472,35 @@ def main() -> None:
                f"one compose {parts['compose_s']:.2f} s, then the job"),
         target("MLflow on a single run: over tracking=none", f"+{mlflow_cost['diff_s']:.2f} s "
                f"({mlflow_cost['a_s']:.2f} vs {mlflow_cost['b_s']:.2f} s; CPU +{mlflow_cost['cpu_diff_s']:.2f} s; "
-               f"first run on a new store {first_s:.2f} s)",
+               f"first run on a new store {m['first_s']:.2f} s)",
                mlflow_cost["diff_s"], "<= 1.5 s", mlflow_cost["diff_s"] <= 1.5,
                f"import mlflow alone {parts['import_mlflow_s']:.2f} s (after torch and hydra), then the store and the logging"),
-        target(f"batch {a.rows}: fastest torch fp32 / onnxruntime", f"{best32} {rate(m32, best32):,.0f} vs "
+        target(f"batch {rows_n}: fastest torch fp32 / onnxruntime", f"{best32} {rate(m32, best32):,.0f} vs "
                f"{ort_t:,.0f} obs/s", rate(m32, best32) / ort_t, ">= 1.0x", rate(m32, best32) / ort_t >= 1.0,
                f"torch's GEMMs alone (4 addmm, nothing between): {gemms:,.0f} obs/s = {gemms / ort_t:.2f}x onnxruntime"),
-        target(f"batch {a.rows}: fastest torch fp32 / GEMM peak", f"{gflops(rate(m32, best32)):.1f} GFLOP/s vs peak "
-               f"{peak:.1f} at [{a.rows},512]x[512,512] ({square:.1f} at 1024x1024)",
+        target(f"batch {rows_n}: fastest torch fp32 / GEMM peak", f"{gflops(rate(m32, best32)):.1f} GFLOP/s vs peak "
+               f"{peak:.1f} at [{rows_n},512]x[512,512] ({m['square']:.1f} at 1024x1024)",
                gflops(rate(m32, best32)) / peak, ">= 0.85", gflops(rate(m32, best32)) / peak >= 0.85,
                f"the GEMMs alone reach {gflops(gemms) / peak:.0%} of that peak; the rest is elementwise work and drift"),
-        target(f"batch {a.rows}: fastest torch bf16 / onnxruntime fp32", f"{best16} {rate(m16, best16):,.0f} obs/s",
+        target(f"batch {rows_n}: fastest torch bf16 / onnxruntime fp32", f"{best16} {rate(m16, best16):,.0f} obs/s",
                rate(m16, best16) / ort_t, ">= 1.7x" if has_bf16 else "n/a",
                (rate(m16, best16) / ort_t >= 1.7) if has_bf16 else None,
                f"CPU flags {', '.join(has_bf16)}" if has_bf16 else
                f"n/a: no bf16 dot products on this CPU (none of {', '.join(BF16_FLAGS)} in /proc/cpuinfo; bf16 is converted to fp32 per op)"),
-        target("harness onnxruntime b1 p50 vs a bare loop", f"{harness_us:.1f} vs {bare_us:.1f} µs", harness_us / bare_us,
-               "within 5%", abs(harness_us / bare_us - 1) <= 0.05, ""),
+        target("harness onnxruntime b1 p50 vs a bare loop", f"{m['harness_us']:.1f} vs {m['bare_us']:.1f} µs",
+               m["harness_us"] / m["bare_us"], "within 5%", abs(m["harness_us"] / m["bare_us"] - 1) <= 0.05, ""),
     ]
+
+
+def report(header: str, rows: list[dict], m: dict, rounds: int, started: float) -> str:
+    """The markdown: the targets, the batch-1 attempts, and the one-off figures."""
+    m32, m16, tried = m["m32"], m["m16"], m["tried"]
     noisy = [k.rsplit("/", 1)[0] for k, v in {**m32, **m16}.items() if k.endswith("/noisy") and v]
     ort_here = tried["onnxruntime (reference)"]["p50_us"]
     lines = [f"_{header}_", "", "| target | measured | ratio | goal | verdict | cause |", "| --- | --- | --- | --- | --- | --- |"]
     for row in rows:
         lines.append(f"| {row['target']} | {row['measured']} | {row['ratio']:.2f} | {row['goal']} | {row['verdict']} | {row['cause']} |")
-    lines += ["", f"Batch-1 attempts ({a.rounds} interleaved rounds, median p50; ratio to onnxruntime in the same loop):", "",
+    lines += ["", f"Batch-1 attempts ({rounds} interleaved rounds, median p50; ratio to onnxruntime in the same loop):", "",
               "| attempt | p50 µs | / onnxruntime | max abs vs eager |", "| --- | --- | --- | --- |"]
     for name, row in tried.items():
         timed = (f"{row['p50_us']:.1f} | {row['p50_us'] / ort_here:.2f}x" if row["ok"] else
@@ -473,14 +510,7 @@ def main() -> None:
               f"fused load (build or cache) {m32.get('fused/load_s', float('nan')):.1f} s; peak RSS "
               f"{max(m32['peak_mem_mb'], m16['peak_mem_mb']):,.0f} MB; noisy points (IQR/median > 0.1): "
               f"{', '.join(noisy) or 'none'}; whole run {time.time() - started:.0f} s"]
-    text = "\n".join(lines)
-    print("\n" + text)
-    if a.markdown:
-        a.markdown.write_text(text + "\n")
-    if a.json:
-        a.json.write_text(json.dumps({"header": header, "targets": rows, "attempts": tried, "startup": startup,
-                                      "mlflow": {**mlflow_cost, "first_run_s": first_s}, "breakdown": parts, "gemm_peak_gflops": peak, "gemms_only_obs_s": gemms,
-                                      "gemm_square_gflops": square, "fp32": m32, "bf16": m16}, indent=2, default=float))
+    return "\n".join(lines)
 
 
 def target(name: str, measured: str, ratio: float, goal: str, met: bool | None, cause: str) -> dict:

@@ -13,12 +13,12 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from huggy_exp import environment, tracking
-from huggy_exp.config import held_result, validate
 from huggy_exp.context import Context, ModelSpec, ObsSpec, VerifySpec
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.headline import headline_metrics
+from huggy_exp.preflight import validate
 from huggy_exp.report import write_job_report
-from huggy_exp.results import EXIT_CODES, EXIT_PENDING, Result, read_result, update_result, write_result
+from huggy_exp.results import EXIT_CODES, EXIT_PENDING, Result, held_result, read_result, update_result, write_result
 from huggy_exp.safety import NO_INFERENCE, check_job_memory, disk_full_message, is_disk_full
 
 JOB_LOG = "huggy_exp.job"  # conf/hydra/job_logging/huggy.yaml sends it to the job's run.log only

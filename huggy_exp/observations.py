@@ -7,12 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
-from huggy_exp.config import OBS_SOURCES
+from huggy_exp.config import MAX_OBS_BYTES, OBS_SOURCES
 from huggy_exp.errors import UserError
 from huggy_exp.mlagents import ACTION_MASKS, Normalizer, PolicyWeights, obs_name
 
 EXTREME = 1.0e4
-MAX_OBS_BYTES = 1 << 30  # 1 GiB of float32 observations (~4.5M Huggy rows); the random source needs ~3x that while drawing
 
 
 def make_observations(

@@ -54,6 +54,23 @@ class Result:
                 self.fail(f"{name}: {count} NaN/inf value{'s' * (count > 1)} (first at {list(index)})")
 
 
+def held_result(folder, sweep: bool = False) -> str | None:
+    """`result.json, tracking pending` if `folder` (a sweep: any job folder under it) already holds a job's result."""
+    folder = Path(folder)
+    if sweep:
+        found = next(iter(sorted(folder.glob("**/result.json"))), None) if folder.is_dir() else None
+    else:
+        found = folder / "result.json"
+    if found is None or not found.is_file():
+        return None
+    try:
+        state = (json.loads(found.read_text()).get("tracking") or {}).get("status", "unknown")
+    except (OSError, ValueError, AttributeError):
+        state = "unreadable"
+    shown = found.relative_to(folder) if found.is_relative_to(folder) else found
+    return f"{shown}, tracking {state}" + (": not in MLflow yet" if state in ("pending", "logging") else "")
+
+
 def first_nonfinite(array) -> tuple[int, tuple[int, ...]] | None:
     """(count, index of the first) NaN/inf values of a float array; None when all are finite or it is not float."""
     a = np.asarray(array)

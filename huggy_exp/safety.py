@@ -13,6 +13,7 @@ import zlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from huggy_exp.config import MAX_OBS_BYTES
 from huggy_exp.errors import UserError
 
 MIN_FREE_BYTES = 64 << 20  # a job dir's disk must have this much free before a job starts (config, arrays, plots, run.log)
@@ -235,8 +236,6 @@ def job_allocations(mode: str, cfg: dict, weights) -> list[tuple[int, str, str]]
 
 
 def _obs_cap(rows: int, obs_dim: int, keys: str) -> None:
-    from huggy_exp.observations import MAX_OBS_BYTES
-
     if rows * obs_dim * 4 > MAX_OBS_BYTES:
         raise UserError(f"{keys}: {rows:,} rows of {obs_dim} float32 observations need {size(rows * obs_dim * 4)}, over the "
                         f"{size(MAX_OBS_BYTES)} limit of the observation source; lower {_names(keys)}")

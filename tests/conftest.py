@@ -331,7 +331,7 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()):
     with `plots=false` unless the overrides set `plots` (plots_off)."""
     from hydra import compose, initialize_config_dir
 
-    from huggy_exp.config import setup
+    from huggy_exp.preflight import setup
 
     setup()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):

@@ -133,7 +133,7 @@ def test_sac_policy_with_conditional_sigma_loads_and_acts_like_mlagents(huggy_ac
 
 @pytest.mark.parametrize("override", ["seed=abc", "batch_size=2.5", "obs.rows=x", "obs.scale=big", "batch_size=1e9"])
 def test_untyped_numbers_on_the_command_line_are_user_errors(override):
-    from huggy_exp.config import preflight, setup
+    from huggy_exp.preflight import check as preflight, setup
 
     setup()
     with pytest.raises(UserError) as err:

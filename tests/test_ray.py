@@ -126,7 +126,7 @@ def test_the_launcher_is_a_hydra_plugin_whose_start_up_imports_no_ray():
 def test_hydra_launcher_ray_composes_to_this_projects_launcher():
     from hydra import compose, initialize_config_dir
 
-    from huggy_exp.config import setup
+    from huggy_exp.preflight import setup
 
     setup()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):

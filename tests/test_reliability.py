@@ -26,7 +26,7 @@ from conftest import (CONF, PYTHON, REPO, free_port, save_mlagents_checkpoint, s
                       subprocess_env)
 from test_trust import _runs, _spawn, _wait_for, cli
 
-from huggy_exp import config, safety, tracking
+from huggy_exp import preflight, safety, tracking
 from huggy_exp.errors import UserError
 
 
@@ -461,7 +461,7 @@ def doc_commands(docs=DOCS) -> list[tuple[str, list[str]]]:
 
 
 def compose_examples(tmp_path: Path, globbed: bool, docs=DOCS) -> None:
-    config.setup()  # the schemas in Hydra's ConfigStore, as run.py's cli does first
+    preflight.setup()  # the schemas in Hydra's ConfigStore, as run.py's cli does first
     commands = doc_commands(docs)
     assert len(commands) >= 10, commands
     failures, seen = [], set()
@@ -473,7 +473,7 @@ def compose_examples(tmp_path: Path, globbed: bool, docs=DOCS) -> None:
             continue
         seen.add(tuple(argv))
         try:
-            config.preflight(config.normalize_argv(argv + [f"hydra.run.dir={tmp_path / 'r'}",
+            preflight.check(preflight.normalize_argv(argv + [f"hydra.run.dir={tmp_path / 'r'}",
                                                            f"hydra.sweep.dir={tmp_path / 's'}"]), CONF)
         except UserError as exc:
             if "needs" in str(exc) or "not found" in str(exc):  # a file the reader has (fixtures, their own model)

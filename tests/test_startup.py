@@ -12,7 +12,7 @@ import pytest
 import yaml
 from conftest import CONF, run_job, subprocess_env
 
-from huggy_exp import config
+from huggy_exp import preflight
 
 REPO = CONF.parent
 
@@ -46,7 +46,7 @@ def test_a_single_run_composes_its_config_once(tmp_path, monkeypatch):
 @pytest.mark.parametrize("argv, single", [(["mode=action", "seed=3"], True), ([], True), (["-m", "seed=1,2"], False),
                                           (["--cfg", "job"], False), (["--config-dir", "x", "mode=info"], False)])
 def test_only_plain_overrides_take_the_single_compose_path(argv, single):
-    assert config.single_run(argv) is single
+    assert preflight.single_run(argv) is single
 
 
 def test_a_single_action_run_imports_no_tracking_plotting_or_onnx_packages(tmp_path, huggy_exp_cache):

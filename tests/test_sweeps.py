@@ -13,7 +13,7 @@ import yaml
 
 from conftest import (CONF, PYTHON, REPO, compose_config, free_port, run_job, start_server, stop_server,
                       subprocess_env)
-from huggy_exp import compare, config
+from huggy_exp import compare, config, preflight
 from huggy_exp.errors import UserError
 from huggy_exp.headline import headline_metrics, settings
 from huggy_exp.verify import fingerprint
@@ -203,7 +203,7 @@ def test_case_library_has_50_cases_each_with_an_expected_verdict():
 
 
 def test_the_case_glob_matches_every_case_file():
-    plain, sweeps = config.expand(["case=glob(*)"], [CONF])
+    plain, sweeps = preflight.expand(["case=glob(*)"], [CONF])
     assert not plain and sorted(v.split("=", 1)[1] for v in sweeps[0]) == CASES
 
 
@@ -213,12 +213,12 @@ CASE_CHUNKS = [CASES[i::6] for i in range(6)]  # six tests, so that the default 
 @pytest.mark.parametrize("chunk", CASE_CHUNKS, ids=[f"cases{i}" for i in range(len(CASE_CHUNKS))])
 def test_every_case_composes_and_validates(chunk):
     """preflight composes and validates each case (expect among the verdicts, known keys, ranges) and counts them."""
-    config.setup()
-    assert config.preflight(["-m", f"case={','.join(chunk)}"], CONF) == len(chunk)
+    preflight.setup()
+    assert preflight.check(["-m", f"case={','.join(chunk)}"], CONF) == len(chunk)
 
 
 def test_device_expectations_hold_on_every_host():
-    assert config.available("cpu", "passed", "skipped") == "passed"
+    assert preflight.available("cpu", "passed", "skipped") == "passed"
     from huggy_exp.errors import Unsupported
     from huggy_exp.placement import resolve_device
 
@@ -227,9 +227,9 @@ def test_device_expectations_hold_on_every_host():
         here = True
     except Unsupported:
         here = False
-    assert config.available("npu:1", "passed", "skipped") == ("passed" if here else "skipped")
-    assert config.available(str(CONF / "config.yaml"), "passed", "skipped") == "passed"
-    assert config.available(str(CONF / "nothing.pt"), "passed", "skipped") == "skipped"
+    assert preflight.available("npu:1", "passed", "skipped") == ("passed" if here else "skipped")
+    assert preflight.available(str(CONF / "config.yaml"), "passed", "skipped") == "passed"
+    assert preflight.available(str(CONF / "nothing.pt"), "passed", "skipped") == "skipped"
 
 
 def test_missing_fixture_makes_a_case_skipped_not_an_error(tmp_path, monkeypatch):
@@ -259,9 +259,9 @@ def config_dir(tmp_path) -> Path:
     ("bad_expect", "unknown expect 'pased'"),
 ])
 def test_a_malformed_case_fails_fast_naming_its_file_and_key(config_dir, case, needle):
-    config.setup()
+    preflight.setup()
     with pytest.raises(UserError) as err:
-        config.preflight(["--config-dir", str(config_dir), f"case={case}"], CONF)
+        preflight.check(["--config-dir", str(config_dir), f"case={case}"], CONF)
     message = str(err.value)
     assert message.startswith(f"case {case} ({config_dir / 'case' / case}.yaml): ") and needle in message
     assert "\n" not in message
@@ -378,7 +378,7 @@ def test_submitit_local_sweep_logs_a_parent_and_its_children(tmp_path, huggy_exp
 def test_slurm_launcher_preset_composes():
     from hydra import compose, initialize_config_dir
 
-    config.setup()
+    preflight.setup()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="config", overrides=["hydra/launcher=slurm"], return_hydra_config=True)
     assert cfg.hydra.launcher._target_.endswith("SlurmLauncher") and cfg.hydra.launcher.timeout_min == 60

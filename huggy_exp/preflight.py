@@ -1,0 +1,297 @@
+"""Before any job runs: the command line (argv rewriting, glob sweeps, Hydra's errors as one line, the single-run path)
+and the host checks (device, LoadGen, tracking store, job folder and free disk). config.py holds the schema alone."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra._internal.callbacks import Callbacks
+from hydra._internal.utils import get_args_parser, run_and_report
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Glob
+from hydra.core.utils import configure_log, run_job
+from hydra.errors import HydraException
+from hydra.types import HydraContext, RunMode
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
+
+from huggy_exp import config
+from huggy_exp.config import free_maps, unknown_key
+from huggy_exp.errors import Unsupported, UserError
+from huggy_exp.results import held_result
+from huggy_exp.safety import check_free
+from huggy_exp.tracking import StoreDown, check_uri, use_credentials
+
+GROUPS = ("mode", "model", "obs", "tracking", "case")
+JOBS_ENV = "HUGGY_EXP_SWEEP_JOBS"  # run.py's preflight counts the jobs; the sweep callback writes it to sweep.json
+
+
+def validate(cfg: DictConfig, mode: str) -> None:
+    """The schema's checks (config.validate), then the host's: a device name torch knows, LoadGen installed for its
+    scenarios, the tracking store answering. placement and loadgen import torch: imported here, after run.py has
+    started MLflow's helper process."""
+    from huggy_exp.loadgen import check_available
+    from huggy_exp.placement import check_device
+
+    plain = config.validate(cfg, mode)
+    check_device(str(plain["device"]))
+    if mode == "benchmark":
+        check_available(plain["mode"]["scenarios"])
+    track = plain["tracking"]
+    if track.get("enabled") and track.get("uri"):
+        try:
+            check_uri(track["uri"])
+        except StoreDown as exc:
+            raise UserError(str(exc)) from None
+
+
+def unique_suffix() -> str:
+    """<time>-<microseconds>-<pid>: two runs started in the same second never share a directory."""
+    now = time.time()
+    return f"{time.strftime('%H-%M-%S', time.localtime(now))}-{int(now * 1e6) % 1_000_000:06d}-{os.getpid()}"
+
+
+def available(what: str, yes: str, no: str) -> str:
+    """`${huggy_available:<device or file>,<if here>,<if not>}`: an expectation that holds on every host.
+
+    A device (cpu, cuda[:N], npu[:N], mps) is here when torch can place on it; anything else is a path that exists.
+    """
+    if re.fullmatch(r"(cpu|cuda|npu|mps)(:\d+)?", str(what)):
+        from huggy_exp.placement import resolve_device  # torch, imported only for a case that asks
+
+        try:
+            resolve_device(str(what))
+        except Unsupported:
+            return no
+        return yes
+    return yes if Path(str(what)).expanduser().exists() else no
+
+
+def setup() -> None:
+    """Schemas into the ConfigStore and the resolvers (run.py, its jobs and tests call this before composing)."""
+    config.register()
+    if not OmegaConf.has_resolver("huggy_unique"):
+        OmegaConf.register_new_resolver("huggy_unique", unique_suffix, use_cache=True)
+    if not OmegaConf.has_resolver("huggy_available"):
+        OmegaConf.register_new_resolver("huggy_available", available)
+
+
+def group_options(group: str, dirs: list) -> list[str]:
+    return sorted({p.stem for d in dirs for p in (Path(d) / group).glob("*.yaml")})
+
+
+def normalize_argv(argv: list[str]) -> list[str]:
+    """The command line as Hydra must see it: an override of a free map
+    (`verify.specialize={npu_fp16: {...}}`, as the docs write it) merged with `++`, since Hydra refuses new keys there
+    without it; a server URI's `user:password@` moved into MLflow's variables, so no file or log ever holds it."""
+    out = []
+    for arg in argv:
+        key = arg.split("=", 1)[0]
+        if "=" in arg and not key.startswith(("+", "~")) and any(key == m or key.startswith(m + ".") for m in free_maps()):
+            arg = "++" + arg
+        uri = re.fullmatch(r"(\+{0,2}tracking\.uri=)(['\"]?)(https?://[^@]*@.*)\2", arg)
+        if uri:
+            arg = f"{uri[1]}{uri[2]}{use_credentials(uri[3])}{uri[2]}"
+        out.append(arg)
+    return out
+
+
+def expand(argv: list[str], conf_dirs: list) -> tuple[list[str], list[list[str]]]:
+    """(plain overrides, one list of `key=value` per swept value); glob() only on groups and never empty."""
+    parser = OverridesParser.create()
+    parsed = []
+    for arg in argv:
+        try:
+            parsed += parser.parse_overrides([arg])
+        except HydraException as exc:
+            reason = " ".join(str(exc).split()).split(" See https://")[0]
+            if not arg.isascii():
+                key, _, value = arg.partition("=")
+                raise UserError(f"{arg}: Hydra reads only ASCII outside quotes; quote the value: "
+                                f"{key}='{value}' (in the shell: \"{key}='{value}'\")") from None
+            raise UserError(f"{arg}: {reason} (Hydra's override grammar: key=value, -m key=a,b,c)") from None
+    plain, sweeps = [], []
+    for o in parsed:
+        if o.get_key_element().startswith("hydra"):  # Hydra's own settings: composed too, never swept by us
+            plain.append(o.input_line)
+            continue
+        key = o.get_key_element()
+        if not o.is_sweep_override():
+            if key.lstrip("+") in GROUPS and not o.is_delete():
+                _known_choice(key.lstrip("+"), str(o.value()), conf_dirs)
+            plain.append(o.input_line)
+            continue
+        if isinstance(o.value(), Glob):
+            if key.lstrip("+") not in GROUPS:
+                raise UserError(f"{o.input_line}: glob() selects config files, so it works only on the groups "
+                                f"{', '.join(GROUPS)}; list the values instead ({key}=a,b,c)")
+            options = group_options(key.lstrip("+"), conf_dirs)
+            values = o.value().filter(options)
+            if not values:
+                raise UserError(f"{o.input_line} matches no {key} file; available: {', '.join(options) or 'none'}")
+        else:
+            values = list(o.sweep_string_iterator())
+            if key.lstrip("+") in GROUPS:
+                for v in values:
+                    _known_choice(key.lstrip("+"), v, conf_dirs)
+        sweeps.append([f"{key}={v}" for v in values])
+    return plain, sweeps
+
+
+def _known_choice(group: str, value: str, conf_dirs: list) -> None:
+    options = group_options(group, conf_dirs)
+    if value not in options and not (group == "case" and value == "null"):
+        raise UserError(f"unknown {group} {value!r}; valid: {', '.join(options)}")
+
+
+def shares_machine(launcher: str, settings) -> bool:
+    """Whether a launcher runs jobs beside each other: joblib unless n_jobs=1, submitit (local, or SLURM nodes); not
+    Ray, whose timed points hold their card, or every CPU of a node, alone (docs/tracking-and-sweeps.md)."""
+    if launcher in ("basic", "ray"):
+        return False
+    return not (launcher == "joblib" and settings.get("n_jobs") == 1)
+
+
+def check(argv: list[str], conf_dir, keep: list | None = None) -> int:
+    """Compose and validate every job the command line asks for; the first bad one is a UserError (one line).
+
+    Returns how many jobs Hydra will launch (the product of the swept values; 1 without -m). `keep`, when given,
+    receives each composed config (Hydra node included) so that a single run need not be composed again (run_once).
+    """
+    parser = get_args_parser()
+
+    def refuse(message: str):
+        raise UserError(f"{message.replace('unrecognized arguments', 'unknown option')}; run.py takes key=value overrides "
+                        "and Hydra's flags (-m, --cfg job, --info, --config-dir DIR, --help)")
+
+    parser.error = refuse  # argparse would print its 8-line usage; one line, exit 2, as for every other bad value
+    args = parser.parse_args(argv)
+    if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.experimental_rerun:
+        return 0
+    dirs = [Path(conf_dir)] + ([Path(args.config_dir).expanduser().resolve()] if args.config_dir else [])
+    if args.config_dir and not dirs[1].is_dir():
+        raise UserError(f"--config-dir {args.config_dir}: no such folder")
+    extra = [f"hydra.searchpath=[file://{dirs[1]}]"] if args.config_dir else []
+    plain, sweeps = expand(args.overrides, dirs)
+    if sweeps and not args.multirun:
+        raise UserError(f"{sweeps[0][0].split('=')[0]} has several values: add -m to sweep over them")
+    jobs = [plain] + [plain + [value] for values in sweeps for value in values]
+    if sweeps:
+        jobs = jobs[1:]
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3", job_name="run"):  # as @hydra.main names run.py's job
+        for overrides in jobs:
+            try:
+                cfg = compose(config_name=args.config_name or "config", overrides=overrides + extra,
+                              return_hydra_config=True)
+            except (HydraException, OmegaConfBaseException, yaml.YAMLError) as exc:
+                raise UserError(_in_case(composition_error(exc, overrides, _case_file(overrides, dirs)), overrides,
+                                         dirs)) from None
+            _check_output_dir(cfg.hydra.sweep.dir if args.multirun else cfg.hydra.run.dir,
+                              "hydra.sweep.dir" if args.multirun else "hydra.run.dir")
+            mode = cfg.hydra.runtime.choices.get("mode")
+            with_cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+            try:
+                validate(with_cfg, mode)
+            except UserError as exc:
+                raise UserError(_in_case(str(exc), overrides, dirs)) from None
+            if keep is not None:
+                keep.append(cfg)
+    return math.prod(len(values) for values in sweeps)
+
+
+def _check_output_dir(path: str, key: str) -> None:
+    """The job directory must be creatable (tried in its nearest existing parent: root ignores permission bits), hold no
+    earlier job's result (it would be overwritten, a result pending for MLflow lost), and have room for a job's files."""
+    target = Path(path).expanduser().absolute()
+    parent = next((p for p in [target, *target.parents] if p.exists()), Path("/"))
+    if not parent.is_dir():
+        raise UserError(f"{key}={path}: {parent} is a file, not a folder")
+    held = held_result(target, sweep=key == "hydra.sweep.dir")
+    if held is not None:
+        raise UserError(f"{key}={path} already holds a job's result ({held}); refused, so that it is not overwritten: "
+                        f"choose another {key} (the default is a fresh folder per run)")
+    try:
+        Path(tempfile.mkdtemp(dir=parent, prefix=".huggy_exp-probe-")).rmdir()
+    except OSError as exc:
+        raise UserError(f"{key}={path}: cannot create a folder in {parent} ({exc.strerror or exc})") from None
+    check_free(target, key)
+
+
+def _case_file(overrides: list[str], dirs: list):
+    """The file of the job's case (the --config-dir copy wins, as in Hydra's search path), or None."""
+    names = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") == "case"]
+    if not names or names[-1] == "null":
+        return None
+    files = [Path(d) / "case" / f"{names[-1]}.yaml" for d in dirs]
+    return next((f for f in reversed(files) if f.is_file()), files[0])
+
+
+def _in_case(message: str, overrides: list[str], dirs: list) -> str:
+    """Prefix a job's error with the case file it came from: `case bad (conf/case/bad.yaml): ...`."""
+    path = _case_file(overrides, dirs)
+    return message if path is None else f"case {path.stem} ({path}): {message}"
+
+
+def composition_error(exc: BaseException, overrides: list[str], case_file=None) -> str:
+    """Hydra's multi-line composition report as one line: what was asked, and OmegaConf's reason with the key."""
+    if isinstance(exc, yaml.YAMLError):
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        return f"not valid YAML: {where}{getattr(exc, 'problem', None) or str(exc).splitlines()[0]}"
+    head = " ".join(str(exc).split("\n")[0].split()).rstrip(".").rstrip(":")
+    cause = exc.__cause__
+    lines = [ln.strip() for ln in str(cause if cause is not None else exc).splitlines() if ln.strip()]
+    if cause is None:  # Hydra put OmegaConf's report in its own text: `In 'case/x': ...`, the reason, `full_key: ...`
+        if not any(ln.startswith("full_key:") for ln in lines[1:]):
+            return "; ".join(" ".join(ln.split()) for ln in lines[:3]) or head
+        lines = lines[1:]
+    key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), None)
+    reason = lines[0] if lines else type(cause).__name__
+    if key and ("not in struct" in reason or "not in '" in reason):
+        return unknown_key(key, _mode_choice(overrides, case_file))
+    return f"{head}: {reason}" + (f" (key {key})" if key and key not in reason else "")
+
+
+def _mode_choice(overrides: list[str], case_file=None) -> str:
+    """The mode a job asked for: on the command line, else in its case file's `override /mode: x`, else action."""
+    chosen = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") == "mode"]
+    if chosen:
+        return chosen[-1]
+    try:
+        defaults = (yaml.safe_load(case_file.read_text()) or {}).get("defaults") or [] if case_file else []
+    except (OSError, yaml.YAMLError, AttributeError):
+        defaults = []
+    picked = [v for d in defaults if isinstance(d, dict) for k, v in d.items() if k.split()[-1] in ("/mode", "mode")]
+    return str(picked[-1]) if picked else "action"
+
+
+def single_run(argv: list[str]) -> bool:
+    """Plain `key=value` overrides only: no -m, no --config-dir, --cfg, --help or other Hydra flag."""
+    return not any(a.startswith("-") for a in argv)
+
+
+def run_once(cfg, task_function) -> None:
+    """Run one job from the config preflight composed, as @hydra.main runs it (hydra.mode RUN, Hydra's and the job's
+    logging, callbacks, <job dir>/.hydra/), without composing it twice more: @hydra.main composes once to learn the
+    mode and once to run (~0.2 s each, a sixth of a single run's start-up over `import torch`). Hydra 1.3's run_job."""
+    with open_dict(cfg.hydra):
+        cfg.hydra.mode = RunMode.RUN
+        cfg.hydra.overrides.hydra.append("hydra.mode=RUN")  # what @hydra.main adds when the config names no mode
+
+    def launch() -> None:
+        configure_log(cfg.hydra.hydra_logging, cfg.hydra.verbose)
+        callbacks = Callbacks(cfg)
+        callbacks.on_run_start(config=cfg, config_name="config")
+        ret = run_job(hydra_context=HydraContext(config_loader=None, callbacks=callbacks), task_function=task_function,
+                      config=cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, configure_logging=True)
+        callbacks.on_run_end(config=cfg, config_name="config", job_return=ret)
+        _ = ret.return_value  # re-raises what the job raised, as Hydra's run does
+
+    run_and_report(launch)
