@@ -75,10 +75,10 @@ def compare(rows: list[dict]) -> dict:
         if len(members) < 2:
             continue
         hashes = list(dict.fromkeys(r[FINGERPRINT] for r in members))
+        points = [{"job": r["job"], "device": r["device"], "batch_size": r["batch_size"],
+                   "class": hashes.index(r[FINGERPRINT]), FINGERPRINT: r[FINGERPRINT]} for r in members]
         agreement.append({"mode": mode, "dtype": dtype, "obs": obs, "seed": seed, "identical": len(hashes) == 1,
-                          "points": [{"job": r["job"], "device": r["device"], "batch_size": r["batch_size"],
-                                      "class": hashes.index(r[FINGERPRINT]), FINGERPRINT: r[FINGERPRINT]}
-                                     for r in members]})
+                          "points": points, "cards_disagree": cards_disagree(points)})
 
     recommended = recommend(rows)
     replays = replay_agreement(rows)
@@ -220,6 +220,26 @@ def replay_agreement(rows: list[dict]) -> dict:
 
 
 
+def cards_disagree(points: list[dict]) -> str | None:
+    """Two cards of one kind (npu:0, npu:1) at one batch size must give the same bytes: which card does not, or None.
+
+    The odd card is one outside the largest class of the group (the CPU's points count as witnesses); on a tie, outside
+    the first point's class."""
+    by_kind: dict[tuple[str, int], list[dict]] = {}
+    for p in points:
+        if not str(p["device"]).startswith("cpu"):
+            by_kind.setdefault((str(p["device"]).split(":")[0], p["batch_size"]), []).append(p)
+    sizes = [sum(q["class"] == c for q in points) for c in range(max((p["class"] for p in points), default=-1) + 1)]
+    usual = max(range(len(sizes)), key=lambda c: (sizes[c], c == points[0]["class"])) if sizes else 0
+    found = []
+    for cards in by_kind.values():
+        if len({c["device"] for c in cards}) > 1 and len({c["class"] for c in cards}) > 1:
+            good = [c for c in cards if c["class"] == usual] or cards[:1]
+            odd = [c for c in cards if c["class"] != good[0]["class"]]
+            found += [f"{c['device']} (job {c['job']}) differs bit for bit from {good[0]['device']} (job {good[0]['job']})" for c in odd]
+    return "; ".join(found) or None
+
+
 def comparison_lines(rows: list[dict], agreement: list[dict], recommended: dict) -> list[str]:
     """The terminal's dtype comparison: one line per compared point, per agreement group, per device pick."""
     lines = []
@@ -233,6 +253,8 @@ def comparison_lines(rows: list[dict], agreement: list[dict], recommended: dict)
     for g in agreement:
         where = ", ".join(f"{p['device']}(job {p['job']})" for p in g["points"])
         verdict = "bit-identical" if g["identical"] else f"{len({p['class'] for p in g['points']})} different results"
+        if g.get("cards_disagree"):
+            verdict += f"; FAILED: {g['cards_disagree']} (cards of one kind must agree)"
         lines.append(f"agreement {g['mode']} {g['dtype']} {g['obs']} seed {g['seed']}: {where}: {verdict}")
     for device, rec in recommended.items():
         lines.append(f"recommended on {device}: {rec['dtype'] or 'none'} ({rec['why']}; passing: "

@@ -32,6 +32,18 @@ def capture() -> dict:
             "env": {k: os.environ[k] for k in NUMERIC_ENV if k in os.environ}}
 
 
+def emulated(device: str) -> bool:
+    """Whether the device kind of `device` ("npu:1") is an emulation: its device module, when already imported, carries
+    the marker `EMULATED` (tests/emulated_npu.py sets it). Never imports a backend."""
+    kind = str(device).split(":")[0]
+    if kind == "cpu":
+        return False
+    import sys
+
+    torch = sys.modules.get("torch")
+    return bool(getattr(getattr(torch, kind, None), "EMULATED", False)) if torch is not None else False
+
+
 def cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
     """Model name, logical CPUs, ISA flags (from /proc/cpuinfo on Linux) and torch's CPU kernel level (AVX2, AVX512...)."""
     model, flags = platform.processor() or platform.machine(), []

@@ -86,6 +86,8 @@ class SweepCallback(Callback):
             return EXIT_INTERRUPTED
         worst = max((EXIT_CODES.get(r["status"], 2) if r["expect"] is None else int(not r["expectation_met"])
                      for r in summary["rows"]), default=0)
+        if any(g.get("cards_disagree") for g in summary["comparison"]["agreement"]):
+            worst = max(worst, EXIT_CODES["failed"])  # the dual-card check: two cards of one kind gave different bytes
         if not worst and summary["tally"]["pending"]:
             return EXIT_PENDING
         return worst

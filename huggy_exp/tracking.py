@@ -529,6 +529,8 @@ def run_tags(record: dict, parent: str | None) -> dict[str, str]:
         tags["mlflow.user"] = user
     if record.get("case"):
         tags["case"] = record["case"]
+    if record.get("emulated"):
+        tags["emulated"] = "true"
     if record.get("overrides") is not None:
         tags["overrides"] = " ".join(record["overrides"])
     commit = git_commit()

@@ -1,0 +1,524 @@
+"""A test-only `npu` device: PyTorch's PrivateUse1 backend renamed `npu`, as torch_npu attaches, in pure Python.
+
+Two cards. A tensor on `npu:N` is a wrapper (`torch.Tensor._make_wrapper_subclass(..., device=npu:N)`) around a CPU
+tensor holding its real values; every op runs on the CPU through `__torch_dispatch__`, and factory calls with
+`device="npu:N"` reach a `torch.library` fallback on PrivateUse1. It refuses what a card refuses: float64 on the NPU,
+and one op meeting tensors of two cards (or a CPU tensor that is not a scalar). `torch.npu` is the device module with
+the surface huggy_exp calls, torch_npu's names: is_available, device_count, set_device / current_device (per thread),
+synchronize, Event, Stream / stream / current_stream, memory statistics, NPUGraph / graph (a capture records the
+ops it sees on its own card, on its device and stream, and replays them on the current values), get_device_name,
+matmul.allow_hf32 / conv.allow_hf32 (HF32: fp32 matmul inputs rounded to 10 mantissa bits, as the cube unit does).
+
+The rename happens once per process and cannot be undone, so it runs in a child process only:
+
+    python tests/emulated_npu.py run.py mode=precision device=npu:1      # any script and its arguments
+
+Nothing in huggy_exp imports this file: only this launcher turns the device on. `torch.npu.EMULATED` is the marker
+huggy_exp.environment reads (every result says `emulated: true`).
+`HUGGY_EXP_EMULATED_NPU_PERTURB=<card>[:<rel>]` makes that card's matmuls return results scaled by (1 + rel): a card
+that computes wrongly by a known amount (default 1e-7, about one fp32 ulp: inside every fp32 limit, so only the bitwise
+agreement of two cards catches it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import runpy
+import sys
+import threading
+import time
+import types
+import weakref
+
+import torch
+from torch.utils._pytree import tree_map
+
+CARDS = 2
+NAME = "Ascend910B-emulated"
+PERTURB_ENV = "HUGGY_EXP_EMULATED_NPU_PERTURB"
+DEFAULT_PERTURBATION = 1e-7  # about one fp32 ulp: passes every limit, caught only by the cards' bitwise agreement
+aten = torch.ops.aten
+# ops whose result a perturbed card scales, and whose fp32 inputs HF32 rounds (the cube unit's ops)
+MATMULS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default, aten.mv.default,
+           aten.addmv.default, aten.dot.default, aten._addmm_activation.default}
+CONVS = {aten.convolution.default}
+TRANSFERS = {aten._to_copy.default, aten.copy_.default, aten._copy_from.default, aten._copy_from_and_resize.default}
+
+
+class _State(threading.local):
+    """Per thread, as torch_npu's: the current card, the current stream per card, the capture in progress."""
+
+    def __init__(self):
+        self.device = 0
+        self.streams: dict[int, Stream] = {}
+        self.capture: NPUGraph | None = None
+
+
+_thread = _State()
+_allocated = [0] * CARDS
+_peak = [0] * CARDS
+_live: dict[tuple[int, int], int] = {}  # (card, storage pointer) -> live wrappers sharing it
+_lock = threading.Lock()
+
+
+def _card(device) -> int:
+    """The card index of a device argument (None: the current card)."""
+    if device is None:
+        return _thread.device
+    if isinstance(device, int):
+        index = device
+    else:
+        device = torch.device(device)
+        index = device.index if device.index is not None else _thread.device
+    if not 0 <= index < CARDS:
+        raise RuntimeError(f"npu:{index}: invalid device ordinal (this emulator has {CARDS} cards)")
+    return index
+
+
+# --- tensors on a card
+
+
+class NpuTensor(torch.Tensor):
+    """A tensor on an emulated card: its values are a CPU tensor (`value`)."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # results keep their own type (a copy to the host is a CPU tensor)
+
+    @staticmethod
+    def __new__(cls, value: torch.Tensor, card: int):
+        if value.dtype == torch.float64:
+            raise RuntimeError(f"npu:{card}: float64 is not supported on the NPU (emulated: the card has no fp64 kernels)")
+        with torch.inference_mode(False):  # a view op's autograd layer sets the wrapper's version counter from its base
+            return torch.Tensor._make_wrapper_subclass(cls, value.size(), strides=value.stride(), dtype=value.dtype,
+                                                       device=torch.device("npu", card), storage_offset=value.storage_offset(),
+                                                       requires_grad=value.requires_grad)
+
+    def __init__(self, value: torch.Tensor, card: int):
+        self.value = value
+        self.card = card
+        _track(self)
+
+    def __repr__(self):
+        return f"NpuTensor(npu:{self.card}, {self.value!r})"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return _dispatch(func, args, kwargs or {})
+
+
+def _track(t: NpuTensor) -> None:
+    """Count the storage's bytes on its card once, while any wrapper of it lives."""
+    storage = t.value.untyped_storage()
+    key = (t.card, storage.data_ptr())
+    with _lock:
+        if _live.get(key, 0) == 0:
+            _allocated[t.card] += storage.nbytes()
+            _peak[t.card] = max(_peak[t.card], _allocated[t.card])
+        _live[key] = _live.get(key, 0) + 1
+    weakref.finalize(t, _release, key, storage.nbytes())
+
+
+def _release(key: tuple[int, int], nbytes: int) -> None:
+    with _lock:
+        _live[key] -= 1
+        if _live[key] == 0:
+            del _live[key]
+            _allocated[key[0]] -= nbytes
+
+
+def _wrap(value, card: int):
+    return NpuTensor(value, card) if isinstance(value, torch.Tensor) and not isinstance(value, NpuTensor) else value
+
+
+def _cards_of(args, kwargs) -> set[int]:
+    """The cards of the NPU tensors an op meets; a non-scalar CPU tensor beside them is refused, as on a card."""
+    cards, cpu = set(), []
+    for a in torch.utils._pytree.tree_leaves((args, kwargs)):
+        if isinstance(a, NpuTensor):
+            cards.add(a.card)
+        elif isinstance(a, torch.Tensor) and a.dim() > 0:
+            cpu.append(a)
+    if len(cards) > 1:
+        a, b = sorted(cards)[:2]
+        raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, npu:{a} and npu:{b}!")
+    if cards and cpu:
+        raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, npu:{min(cards)} and cpu!")
+    return cards
+
+
+def _dispatch(func, args, kwargs):
+    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+        decomposed = func.decompose(*args, **kwargs)  # inference mode skips the autograd layer that would decompose
+        if decomposed is not NotImplemented:
+            return decomposed
+    if func in TRANSFERS:
+        return _transfer(func, args, kwargs)
+    if func is aten._thnn_fused_lstm_cell.default:  # device-only (CUDA/NPU) decomposition of nn.LSTM
+        cards = _cards_of(args, kwargs)
+        return tree_map(lambda v: _wrap(v, min(cards)), _lstm_cell(*tree_map(_unwrap, args)))
+    cards = _cards_of(args, kwargs)
+    card = min(cards) if cards else _card(kwargs.get("device"))
+    cpu_args, cpu_kwargs = tree_map(_unwrap, args), {k: _unwrap(v) for k, v in kwargs.items()}
+    if "device" in cpu_kwargs:
+        cpu_kwargs["device"] = torch.device("cpu")
+    out = _compute(func, card, cpu_args, cpu_kwargs)
+    result = _rewrap(func, args, out, card)
+    capture = _thread.capture
+    if capture is not None and capture.card == card:
+        capture.record(func, args, kwargs, result)
+    return result
+
+
+def _compute(func, card: int, args, kwargs):
+    """The op on the CPU values, with the card's numerics: HF32 inputs and a perturbed card's matmuls."""
+    if func in MATMULS and _hf32_on(matmul) or func in CONVS and _hf32_on(conv):
+        args = tree_map(lambda a: _round_hf32(a) if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a, args)
+    out = func(*args, **kwargs)
+    rel = _perturbation(card)
+    if rel and func in MATMULS and isinstance(out, torch.Tensor) and out.is_floating_point():
+        out = (out.float() * (1.0 + rel)).to(out.dtype)
+    return out
+
+
+def _rewrap(func, args, out, card: int):
+    """Outputs as NPU tensors; an in-place op returns the very wrapper it was given."""
+    if func._schema.is_mutable and isinstance(out, torch.Tensor) and args and isinstance(args[0], NpuTensor):
+        return args[0]
+    return tree_map(lambda v: _wrap(v, card), out)
+
+
+def _unwrap(a):
+    return a.value if isinstance(a, NpuTensor) else a
+
+
+def _transfer(func, args, kwargs):
+    """Copies between the host and a card, and between cards; a capture refuses a copy back to the host."""
+    src = args[0] if func is aten._to_copy.default else args[1]
+    if func is aten._to_copy.default:
+        target = kwargs.get("device")
+        to = torch.device(target) if target is not None else src.device
+        cpu_kwargs = {**kwargs, "device": torch.device("cpu")}
+        value = aten._to_copy.default(_unwrap(src), **cpu_kwargs)
+        if to.type == "cpu":
+            _refuse_host_copy_in_capture(src)
+            return value
+        card = _card(to)
+        out = NpuTensor(value, card)
+        _record_if_captured(card, func, args, kwargs, out)
+        return out
+    dst = args[0]
+    if not isinstance(dst, NpuTensor):
+        _refuse_host_copy_in_capture(src)
+    _unwrap(dst).copy_(_unwrap(src), *args[2:])
+    if isinstance(dst, NpuTensor):
+        _record_if_captured(dst.card, func, args, kwargs, dst)
+    return dst
+
+
+def _refuse_host_copy_in_capture(src) -> None:
+    capture = _thread.capture
+    if capture is not None and isinstance(src, NpuTensor) and src.card == capture.card:
+        raise RuntimeError("operation not permitted when stream is capturing (a copy to the host inside an NPU graph capture)")
+
+
+def _record_if_captured(card: int, func, args, kwargs, out) -> None:
+    capture = _thread.capture
+    if capture is not None and capture.card == card:
+        capture.record(func, args, kwargs, out)
+
+
+def _lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
+    """aten::_thnn_fused_lstm_cell (CUDA/NPU only): one LSTM step from the precomputed gates; (hy, cy, workspace)."""
+    gates = input_gates + hidden_gates
+    if input_bias is not None:
+        gates = gates + input_bias + hidden_bias
+    i, f, g, o = gates.chunk(4, 1)
+    i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
+    cy = f * cx + i * g
+    hy = o * cy.tanh()
+    return hy, cy, torch.cat([i, f, g, o], 1)
+
+
+def _round_hf32(t: torch.Tensor) -> torch.Tensor:
+    """fp32 values rounded (to nearest, ties to even) to HF32's 10 explicit mantissa bits."""
+    bits = t.contiguous().view(torch.int32)
+    lsb = (bits >> 13) & 1
+    rounded = ((bits + 0xFFF + lsb) >> 13) << 13
+    finite = torch.isfinite(t)
+    return torch.where(finite, rounded.view(torch.float32), t)
+
+
+def _perturbation(card: int) -> float:
+    spec = os.environ.get(PERTURB_ENV, "")
+    if not spec:
+        return 0.0
+    which, _, rel = spec.partition(":")
+    return (float(rel) if rel else DEFAULT_PERTURBATION) if int(which) == card else 0.0
+
+
+def _fallback(op, *args, **kwargs):
+    """Factory calls with device='npu:N' (no NPU tensor among the arguments): computed on the CPU, placed on the card."""
+    card = _card(kwargs.get("device"))
+    cpu_kwargs = {**kwargs, "device": torch.device("cpu")}
+    out = op(*args, **cpu_kwargs)
+    return tree_map(lambda v: _wrap(v, card), out)
+
+
+# --- the device module: torch.npu
+
+
+class _Flag:
+    """A switch object like torch_npu's torch.npu.matmul (attribute allow_hf32)."""
+
+    def __init__(self, allow_hf32: bool):
+        self.allow_hf32 = allow_hf32
+
+
+matmul = _Flag(False)  # torch_npu's defaults: HF32 off for matmul, on for convolution
+conv = _Flag(True)
+
+
+def _hf32_on(flag: _Flag) -> bool:
+    return bool(flag.allow_hf32)
+
+
+class Stream:
+    """A queue on one card; the emulator runs every op at once, so waits are bookkeeping."""
+
+    def __init__(self, device=None, priority: int = 0):
+        self.device = torch.device("npu", _card(device))
+        self.priority = priority
+
+    def wait_stream(self, other: "Stream") -> None:
+        pass
+
+    def wait_event(self, event: "Event") -> None:
+        pass
+
+    def record_event(self, event: "Event | None" = None) -> "Event":
+        event = event or Event()
+        event.record(self)
+        return event
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def __repr__(self):
+        return f"<emulated npu Stream on {self.device} at {id(self):#x}>"
+
+
+class Event:
+    """A timing event: recorded now (the emulator's ops are synchronous)."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        self.enable_timing, self.t = enable_timing, None
+
+    def record(self, stream: Stream | None = None) -> None:
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end: "Event") -> float:
+        if not (self.enable_timing and end.enable_timing):
+            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+        if self.t is None or end.t is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return (end.t - self.t) * 1000.0
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, stream: Stream | None = None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+_default_streams: list[Stream] = []  # one per card, made by install()
+
+
+def current_stream(device=None) -> Stream:
+    card = _card(device)
+    return _thread.streams.get(card) or _default_streams[card]
+
+
+def default_stream(device=None) -> Stream:
+    return _default_streams[_card(device)]
+
+
+@contextlib.contextmanager
+def stream(s: Stream | None):
+    """Make `s` the current stream of its card (and its card current), as torch.npu.stream does."""
+    if s is None:
+        yield
+        return
+    card = s.device.index
+    before_device, before_stream = _thread.device, current_stream(card)
+    _thread.device, _thread.streams[card] = card, s
+    try:
+        yield
+    finally:
+        _thread.streams[card], _thread.device = before_stream, before_device
+
+
+class NPUGraph:
+    """A capture of the ops run on its card while `graph(self)` is open; replay() reruns them on the current values."""
+
+    def __init__(self):
+        self.card: int | None = None
+        self.stream: Stream | None = None
+        self.ops: list[tuple] = []
+        self.recorded = False
+
+    def capture_begin(self, pool=None, capture_error_mode: str = "global") -> None:
+        if _thread.capture is not None:
+            raise RuntimeError("an NPU graph capture is already in progress in this thread")
+        self.card, self.stream = _thread.device, current_stream()
+        if self.stream is _default_streams[self.card]:
+            raise RuntimeError("NPU graphs must be captured on a non-default stream")
+        self.ops, _thread.capture = [], self
+
+    def capture_end(self) -> None:
+        _thread.capture, self.recorded = None, True
+
+    def record(self, func, args, kwargs, out) -> None:
+        self.ops.append((func, args, kwargs, out))
+
+    def replay(self) -> None:
+        if not self.recorded:
+            raise RuntimeError("replay() of an NPU graph that was never captured")
+        for func, args, kwargs, out in self.ops:
+            if func in TRANSFERS:
+                src = args[0] if func is aten._to_copy.default else args[1]
+                value = _unwrap(src).to(out.dtype) if func is aten._to_copy.default else None
+                if value is not None:
+                    out.value = value
+                else:
+                    out.value.copy_(_unwrap(src))
+                continue
+            fresh = _compute(func, self.card, tree_map(_unwrap, args), {k: _unwrap(v) for k, v in kwargs.items()})
+            if func._schema.is_mutable:
+                continue  # in place: _compute already wrote into the argument's values
+            for wrapper, value in zip(torch.utils._pytree.tree_leaves(out), torch.utils._pytree.tree_leaves(fresh)):
+                if isinstance(wrapper, NpuTensor):
+                    wrapper.value = value
+
+    def reset(self) -> None:
+        self.ops, self.recorded = [], False
+
+
+@contextlib.contextmanager
+def graph(npu_graph: NPUGraph, pool=None, stream: Stream | None = None, capture_error_mode: str = "global"):
+    """torch.npu.graph: capture on a side stream of the current card (`stream` if given)."""
+    side = stream or Stream()
+    with globals()["stream"](side):
+        npu_graph.capture_begin()
+        try:
+            yield npu_graph
+        finally:
+            npu_graph.capture_end()
+
+
+def is_available() -> bool:
+    return True
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def device_count() -> int:
+    return CARDS
+
+
+def current_device() -> int:
+    return _thread.device
+
+
+def set_device(device) -> None:
+    _thread.device = _card(device)
+
+
+def synchronize(device=None) -> None:
+    _card(device)
+
+
+def get_device_name(device=None) -> str:
+    return f"{NAME} (card {_card(device)})"
+
+
+def memory_allocated(device=None) -> int:
+    return _allocated[_card(device)]
+
+
+def max_memory_allocated(device=None) -> int:
+    return _peak[_card(device)]
+
+
+memory_reserved = memory_allocated
+max_memory_reserved = max_memory_allocated
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    card = _card(device)
+    with _lock:
+        _peak[card] = _allocated[card]
+
+
+def memory_stats(device=None) -> dict[str, int]:
+    card = _card(device)
+    return {"allocated_bytes.all.current": _allocated[card], "allocated_bytes.all.peak": _peak[card]}
+
+
+def manual_seed_all(seed: int) -> None:
+    pass
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def device_module() -> types.ModuleType:
+    mod = types.ModuleType("torch.npu", __doc__)
+    for name in ("is_available", "is_initialized", "device_count", "current_device", "set_device", "synchronize",
+                 "get_device_name", "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+                 "reset_peak_memory_stats", "memory_stats", "manual_seed_all", "_is_in_bad_fork", "Stream", "Event",
+                 "current_stream", "default_stream", "stream", "NPUGraph", "graph", "matmul", "conv"):
+        setattr(mod, name, globals()[name])
+    mod.EMULATED = True  # the marker huggy_exp.environment reads
+    return mod
+
+
+_LIBRARY: list = []
+
+
+def install() -> types.ModuleType:
+    """Rename PrivateUse1 to `npu`, register torch.npu and the factory fallback; once per process."""
+    if getattr(torch, "npu", None) is not None:
+        return torch.npu
+    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+    mod = device_module()
+    _setup_privateuseone_for_python_backend("npu", backend_module=mod)
+    lib = torch.library.Library("_", "IMPL")
+    lib.fallback(_fallback, "PrivateUse1")
+    _LIBRARY.append(lib)  # the registration lives as long as the library object
+    _default_streams.extend(Stream(card) for card in range(CARDS))
+    return mod
+
+
+def main(argv: list[str]) -> None:
+    """python tests/emulated_npu.py SCRIPT [ARGS...]: run SCRIPT as __main__ with the emulated npu installed."""
+    if not argv:
+        raise SystemExit("usage: python tests/emulated_npu.py SCRIPT [ARGS...]")
+    install()
+    script = os.path.abspath(argv[0])  # as `python script` sets __file__ (run.py finds conf/ beside it)
+    sys.argv = [script, *argv[1:]]
+    sys.path.insert(0, os.path.dirname(script))
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
