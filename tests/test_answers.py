@@ -7,9 +7,7 @@ import csv
 import json
 import re
 from html.parser import HTMLParser
-from pathlib import Path
 
-import numpy as np
 
 from huggy_exp import bundle
 from huggy_exp.compare import load_outputs
