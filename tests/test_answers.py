@@ -8,7 +8,6 @@ import json
 import re
 from html.parser import HTMLParser
 
-
 from huggy_exp import bundle
 from huggy_exp.compare import load_outputs
 from huggy_exp.verify import fingerprint
