@@ -813,14 +813,16 @@ def ensure_parent(store: Store, info: dict) -> str:
 
 
 def recommendation(comparison: dict) -> str:
-    """The sweep's recommendation in one line: `cpu: fp32 (p50 6,210 µs; passing fp32, fp16, bf16)`, per device."""
+    """The sweep's recommendation in one line, per device and batch size (compare.recommend):
+    `cpu at batch 64: bf16 eager (p50 562 µs; passing fp32, bf16)`, or `cpu at batch 64: no pick (why)`."""
     parts = []
-    for device, rec in (comparison.get("recommended") or {}).items():
+    for where, rec in (comparison.get("recommended") or {}).items():
         if rec.get("dtype"):
             figure = f"p50 {rec['p50_us']:,.0f} µs" + (" NOISY: re-measure before relying on it" if rec.get("noisy") else "")
-            parts.append(f"{device}: {rec['dtype']} ({figure}; passing {', '.join(rec.get('passing') or []) or 'none'})")
+            pick = rec["dtype"] + (f" {rec['backend']}" if rec.get("backend") else "")
+            parts.append(f"{where}: {pick} ({figure}; passing {', '.join(rec.get('passing') or [rec['dtype']])})")
         else:
-            parts.append(f"{device}: none ({rec.get('why', 'no passing dtype')})")
+            parts.append(f"{where}: no pick ({rec.get('why', 'no passing dtype')})")
     return "; ".join(parts)
 
 

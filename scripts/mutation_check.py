@@ -103,6 +103,9 @@ MUTATIONS = (
         ("huggy_exp/sweep.py", '"fingerprint": (r.get("tags") or {}).get(FINGERPRINT),',
          '"fingerprint": (r.get("tags") or {}).get("quantized_fingerprint"),'),
     ), ("tests/test_answers.py::test_one_sweep_shows_one_fingerprint_per_point_everywhere",)),
+    Mutation("recommend-across-batches", "a sweep's pick compares latencies measured at different batch sizes", (
+        ("huggy_exp/compare.py", '_pick(device, batch, [t for t in here if t["batch"] == batch])', "_pick(device, batch, here)"),
+    ), ("tests/test_answers.py::test_every_recommendation_is_the_fastest_passing_point_at_its_batch_backend_and_device",)),
 )
 
 

@@ -8,8 +8,11 @@ import json
 import re
 from html.parser import HTMLParser
 
-from huggy_exp import bundle
-from huggy_exp.compare import load_outputs
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from huggy_exp import bundle, report, tracking
+from huggy_exp.compare import VERIFIED_MODES, comparison_lines, load_outputs, negative_control, recommend
 from huggy_exp.verify import fingerprint
 
 HEX = re.compile(r"^[0-9a-f]{12,64}$")
@@ -119,3 +122,93 @@ def test_one_sweep_shows_one_fingerprint_per_point_everywhere(tmp_path):
     for where, job, value in shown:
         assert HEX.match(value) and truth[job].startswith(value), (where, job, value, truth[job])
     assert {job for where, job, _ in shown if where == "mlflow"} == set(jobs)
+
+
+# --- summaries that agree with their tables: random sweep tables (hypothesis)
+
+DEVICES, DTYPES, BACKENDS, BATCHES = ("cpu", "cuda:0", "npu:0"), ("fp32", "fp16", "bf16"), ("eager", "onnxruntime"), (1, 64, 1024)
+TABLES = settings(max_examples=150, deadline=None, derandomize=True, database=None)
+
+
+@st.composite
+def sweep_tables(draw) -> list[dict]:
+    """Rows as sweep.summarize writes them: any mode, device, dtype, batch, verdict (a case's expectation met or not),
+    latencies (a benchmark's ladder: several backends and batch sizes) or none, noisy or not, one or two models."""
+    rows = []
+    for job in range(draw(st.integers(1, 10))):
+        mode = draw(st.sampled_from(("precision", "benchmark", "action", "record", "replay")))
+        status = draw(st.sampled_from(("passed", "failed", "failed", "skipped", "error")))
+        batch, expect = draw(st.sampled_from(BATCHES)), draw(st.sampled_from((None, None, "passed", "failed")))
+        timed = status in ("passed", "failed") and draw(st.booleans())
+        ladder = ([(b, n) for b in draw(st.lists(st.sampled_from(BACKENDS), min_size=1, max_size=2, unique=True))
+                   for n in sorted({1, batch})] if mode == "benchmark" else [("eager", batch)]) if timed else []
+        p50 = [draw(st.floats(1.0, 1e5, allow_nan=False)) for _ in ladder]
+        model = draw(st.sampled_from(("m1", "m1", "m2")))
+        rows.append({"job": str(job), "run_name": f"{mode}-{job}", "mode": mode, "device": draw(st.sampled_from(DEVICES)),
+                     "dtype": draw(st.sampled_from(DTYPES)), "precision_mode": "ieee", "batch_size": batch,
+                     "status": status, "expect": expect, "expectation_met": None if expect is None else status == expect,
+                     "latency_points": [[b, n, v] for (b, n), v in zip(ladder, p50)],
+                     "throughput_points": [[b, n, n * 1e6 / v] for (b, n), v in zip(ladder, p50)],
+                     "noisy_points": [[b, n, float(draw(st.booleans()))] for b, n in ladder],
+                     "metrics": {"p50_us": p50[-1]} if p50 else {}, "noisy": False, "model_sha256": model,
+                     "model_name": f"{model}.pt", "max_abs_limit": 1e-5, "note": "", "verified": mode in VERIFIED_MODES})
+    return rows
+
+
+def comparable(rows: list[dict], device: str, model: str, batch: int) -> list[tuple[dict, str, float]]:
+    """(row, backend, p50) of every judged latency at one device, model and batch size."""
+    return [(r, b, p) for r in rows if r["mode"] in VERIFIED_MODES and r["status"] in ("passed", "failed")
+            and r["device"] == device and r["model_name"] == model for b, n, p in r["latency_points"] if n == batch]
+
+
+def eligible(group: list[tuple[dict, str, float]]) -> list[tuple[dict, str, float]]:
+    """The passing latencies of a group whose dtype failed nowhere in it (a case's expected failure is no failure)."""
+    failed = {r["dtype"] for r, _, _ in group if r["status"] == "failed" and not negative_control(r)}
+    return [(r, b, p) for r, b, p in group if r["status"] == "passed" and r["dtype"] not in failed]
+
+
+@given(sweep_tables())
+@TABLES
+def test_every_recommendation_is_the_fastest_passing_point_at_its_batch_backend_and_device(rows):
+    recs = recommend(rows)
+    for where, rec in recs.items():
+        if not rec["dtype"]:
+            continue
+        model = next(r["model_name"] for r in rows if r["job"] == rec["job"])
+        group = comparable(rows, rec["device"], model, rec["batch_size"])
+        (picked,) = [(r, b, p) for r, b, p in group if r["job"] == rec["job"] and b == rec["backend"] and p == rec["p50_us"]]
+        assert picked in eligible(group) and picked[0]["dtype"] == rec["dtype"], where  # a passing point, not a failing dtype
+        assert rec["p50_us"] == min(p for _, _, p in eligible(group)), where  # the fastest of its like
+        assert f"batch {rec['batch_size']}" in where and rec["dtype"] not in rec["failing"]
+
+
+@given(sweep_tables())
+@TABLES
+def test_a_summary_never_says_none_when_its_table_holds_a_passing_timed_point(rows):
+    recs = recommend(rows)
+    picked = {(rec["device"], rec["batch_size"]) for rec in recs.values() if rec["dtype"]}
+    for r in rows:
+        for _, n, _ in r["latency_points"]:
+            if eligible([t for t in comparable(rows, r["device"], r["model_name"], n) if t[0] is r]):
+                assert (r["device"], n) in picked, (r, recs)
+    lines = [line for line in comparison_lines(rows, [], recs) if line.startswith("recommended")]
+    for text in [*lines, tracking.recommendation({"recommended": recs})]:
+        assert not re.search(r"\bnone\b", text) and "has a verdict and a latency" not in text, text
+    assert "precision verdict" not in report.recommendation_section({"recommended": recs})
+    if any(r["mode"] in VERIFIED_MODES and r["status"] in ("passed", "failed") for r in rows):
+        assert recs  # every judged device gets a line: a pick, or why there is none
+    else:
+        assert not recs and not lines
+
+
+@given(sweep_tables())
+@TABLES
+def test_an_expected_outcome_is_marked_met_or_not_in_words_and_colour(rows):
+    for r in rows:
+        cell = report.outcome(r)[1]
+        if r["expect"] is None:
+            assert f'class="{r["status"]}"' in cell and "expected" not in cell
+        elif r["expectation_met"]:
+            assert 'class="met"' in cell and ": met" in cell  # an expected failure is the answer asked for: not red
+        else:
+            assert 'class="missed"' in cell and "NOT met" in cell

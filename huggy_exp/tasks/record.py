@@ -73,7 +73,7 @@ class RecordTask:
         errs = ", ".join(f"{n} max_abs {m['max_abs']:.2e}" if "max_abs" in m else f"{n} {m['mismatch_share']:.2%} differ"
                          for n, m in comparison.items())
         headline = (f"recorded {key} into {root} ({len(manifest['points'])} point(s)); vs fp64: {errs}; "
-                    f"fingerprint {prints['fingerprint'][:12]}")
+                    f"p50 {stats['p50_us']:,.0f} µs; fingerprint {prints['fingerprint'][:12]}")
         result.summary = [headline, f"latency: {len(timed.samples)} samples, p50 {stats['p50_us']:,.1f} µs, p99 {stats['p99_us']:,.1f} µs "
                                     f"at {timed.threads} thread(s)" + (" (noisy)" if stats["noisy"] else "")]
         if replaced:
