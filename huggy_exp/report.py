@@ -122,8 +122,9 @@ def recommendation_section(comparison: dict) -> str:
     """Per device and batch size the pick and every (dtype, backend) timed there, with its verdict and latency."""
     recs = comparison.get("recommended") or {}
     if not recs:
-        return ("<h2>Recommendation</h2><p class=muted>No point of this sweep has a verdict against CPU fp64 and a "
-                "latency, so nothing is recommended; the points' own results are in the table below.</p>")
+        return ("<h2>Recommendation</h2><p class=muted>No dtype is recommended: no point of this sweep was judged by "
+                "its dtype's limits against CPU fp64 (record and replay points are judged against their bundle); what "
+                "the points found is in their notes and the comparison below.</p>")
     parts = ["<h2>Recommendation</h2>"]
     for where, rec in recs.items():
         noisy = ' <span class=noisy>noisy p50: re-measure before relying on it</span>' if rec.get("noisy") else ""
@@ -146,7 +147,7 @@ def comparison_section(rows: list[dict], comparison: dict) -> str:
         parts.append(table(["job", "run", "max |Δaction| vs cpu fp32", "discrete actions equal", FINGERPRINT], compared, {2, 3}))
     else:
         parts.append("<p class=muted>No point of this sweep has a CPU fp32 point on the same inputs to compare with.</p>")
-    lines = [line for line in comparison.get("lines", []) if line.startswith("agreement")]
+    lines = [line for line in comparison.get("lines", []) if line.startswith(("agreement", "device agreement", "dual benchmark", "record into", "replay:"))]
     if lines:
         parts.append("<ul>" + "".join(f"<li><code>{escape(x)}</code></li>" for x in lines) + "</ul>")
     return "\n".join(parts)
