@@ -284,7 +284,9 @@ def port_lines(rows: list[dict]) -> list[str]:
     replays = [r for r in rows if r["mode"] == "replay" and r["status"] in ("passed", "failed")]
     if not replays:
         return lines
-    figure = lambda r, k: r["metrics"].get(k) if isinstance(r["metrics"].get(k), (int, float)) else None  # noqa: E731
+    def figure(r: dict, k: str) -> float | None:
+        return r["metrics"].get(k) if isinstance(r["metrics"].get(k), (int, float)) else None
+
     compared = [r for r in replays if figure(r, "bitwise") is not None]
     text = (f"replay: {len(replays)} point(s); bitwise equal to their recording: "
             f"{sum(figure(r, 'bitwise') == 1.0 for r in compared)}/{len(compared)}")

@@ -12,7 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from huggy_exp import bundle, report, tracking
-from huggy_exp.compare import VERIFIED_MODES, comparison_lines, load_outputs, negative_control, recommend
+from huggy_exp.compare import (
+    VERIFIED_MODES,
+    comparison_lines,
+    load_outputs,
+    negative_control,
+    port_lines,
+    recommend,
+)
 from huggy_exp.verify import fingerprint
 
 HEX = re.compile(r"^[0-9a-f]{12,64}$")
@@ -212,3 +219,23 @@ def test_an_expected_outcome_is_marked_met_or_not_in_words_and_colour(rows):
             assert 'class="met"' in cell and ": met" in cell  # an expected failure is the answer asked for: not red
         else:
             assert 'class="missed"' in cell and "NOT met" in cell
+
+
+def test_record_and_replay_sweeps_report_their_own_results_not_a_missing_recommendation():
+    """A replay sweep: agreement with the recording, worst ULP, the dual benchmark's verdicts and ratios, the latency
+    changes; a record sweep: its points per bundle. Neither has precision points, so neither gets a recommendation line."""
+    def point(job, mode, metrics, port):
+        return {"job": job, "mode": mode, "device": "cpu", "dtype": "fp32", "status": "passed", "metrics": metrics,
+                "port": port, "latency_points": [["eager", 8, 200.0]], "model_sha256": "m", "model_name": "m"}
+
+    replays = [point("0", "replay", {"bitwise": 1.0, "ulp_max": 0.0, "dual_ratio": 1.0, "lat_ratio": 1.08},
+                     {"dual_benchmark": "pass", "latency_change": "not significant"}),
+               point("1", "replay", {"bitwise": 0.5, "ulp_max": 3.0, "dual_ratio": 1.4, "lat_ratio": 1.3},
+                     {"dual_benchmark": "warn", "latency_change": "slower"})]
+    (line,) = port_lines(replays)
+    assert line == ("replay: 2 point(s); bitwise equal to their recording: 1/2 (worst 3 ULP); dual benchmark: pass 1, "
+                    "warn 1 (ratios 1..1.4); latency vs recording: not significant 1, slower 1 (ratios 1.08..1.3)")
+    records = [point("0", "record", {"p50_us": 219.0, "max_abs_vs_fp64": 5.8e-7}, {"bundle": "cert", "point": "cpu/fp32/eager/b8"})]
+    assert port_lines(records) == ["record into cert: 1 point(s): cpu/fp32/eager/b8 p50 219 µs, max_abs vs fp64 5.8e-07"]
+    assert recommend(replays + records) == {}
+    assert not [x for x in comparison_lines(replays + records, [], {}) if x.startswith("recommended")]
