@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from huggy_exp import plots
-from huggy_exp.config import numerics_label
+from huggy_exp.config import modes, numerics_label
 from huggy_exp.headline import ERROR
-from huggy_exp.verify import FINGERPRINT
+from huggy_exp.verify import DECLARED, FINGERPRINT
 
 NARROW_FIRST = ("bf16", "fp16", "fp32", "fp64")
 VERDICT_KNOBS = ("thresholds", "layer_thresholds", "specialize", "relative", "rel_floor", "tolerance", "atol",
@@ -34,15 +34,12 @@ def inputs_key(row: dict) -> tuple:
     return row["mode"], json.dumps(knobs, sort_keys=True, default=str), obs, row["seed"], row["model_sha256"]
 
 
-OUTPUT_FILES = ("actions.npy", "discrete_actions.npy", "memories.npy")  # whichever the policy has (docs/policy-shapes.md)
-
-
 def load_outputs(row: dict) -> dict[str, np.ndarray]:
     """A point's output arrays by file stem: continuous `actions`, `discrete_actions`, `memories` (empty on error)."""
     if row["status"] == "error":
         return {}
     d = Path(row["dir"])
-    return {f[:-4]: np.load(d / f, allow_pickle=False) for f in OUTPUT_FILES if (d / f).is_file()}
+    return {o.stem: np.load(d / f"{o.stem}.npy", allow_pickle=False) for o in DECLARED if (d / f"{o.stem}.npy").is_file()}
 
 
 def compare(rows: list[dict]) -> dict:
@@ -149,7 +146,11 @@ def dual_lines(dual: list[dict]) -> list[str]:
             for d in dual]
 
 
-VERIFIED_MODES = ("action", "sample", "batch", "precision", "onnx-compare", "fingerprint", "stats", "benchmark")
+def is_verified(mode: str) -> bool:
+    """A mode whose points are judged by their dtype's limits against CPU fp64 (config's `verified` trait): the points
+    a recommendation chooses from."""
+    known = modes()
+    return mode in known and known[mode].verified
 
 
 def negative_control(row: dict) -> bool:
@@ -166,7 +167,7 @@ def timed_points(rows: list[dict]) -> list[dict]:
     """Every latency a judged point measured, one per (point, backend, batch): its p50, obs/s and noise flag."""
     out = []
     for r in rows:
-        if r["mode"] not in VERIFIED_MODES or r["status"] not in ("passed", "failed"):
+        if not is_verified(r["mode"]) or r["status"] not in ("passed", "failed"):
             continue
         extra = {stat: {(b, int(n)): v for b, n, v in r.get(f"{stat}_points") or ()} for stat in ("throughput", "noisy")}
         for backend, batch, p50 in r.get("latency_points") or ():
@@ -184,7 +185,7 @@ def recommend(rows: list[dict]) -> dict:
     there is not picked, unless the failure was a case's expected one (a negative control); a noisy latency is named as
     such, never the silent basis of a pick."""
     recommended: dict[str, dict] = {}
-    judged = [r for r in rows if r["mode"] in VERIFIED_MODES and r["status"] in ("passed", "failed")]
+    judged = [r for r in rows if is_verified(r["mode"]) and r["status"] in ("passed", "failed")]
     several = len({_model(r) for r in judged}) > 1
     timed = timed_points(judged)
     for device, model in dict.fromkeys((r["device"], _model(r)) for r in judged):

@@ -18,7 +18,7 @@ from huggy_exp import report, tracking
 from huggy_exp.config import numerics_label
 from huggy_exp.preflight import JOBS_ENV
 from huggy_exp.headline import judged_limits, ladder, noisy
-from huggy_exp.compare import VERIFIED_MODES, compare, draw, errors_vs_fp64
+from huggy_exp.compare import compare, draw, errors_vs_fp64, is_verified
 from huggy_exp.results import (EXIT_CODES, EXIT_INTERRUPTED, EXIT_PENDING, atomic_write_text, expectation, jsonable,
                                write_table)
 from huggy_exp.verify import FINGERPRINT
@@ -117,7 +117,7 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
         r = json.loads(path.read_text())
         note = r.get("reason") or r.get("headline") or ""
         track = (r.get("tracking") or {}).get("status", "off")
-        verified = r["mode"] in VERIFIED_MODES  # record, replay, ...: their own headline is their answer
+        verified = is_verified(r["mode"])  # record, replay, ...: their own headline is their answer
         figures = point_figures(r) if verified else ""
         placed = r.get("host") or {}  # a launcher's placement (Ray): the host and node that ran the point
         shown = r.get("reason") if figures else note  # a verified point's figures say what its headline says
