@@ -196,7 +196,7 @@ def test_a_summary_never_says_none_when_its_table_holds_a_passing_timed_point(ro
     picked = {(rec["device"], rec["batch_size"]) for rec in recs.values() if rec["dtype"]}
     for r in rows:
         for _, n, _ in r["latency_points"]:
-            if eligible([t for t in comparable(rows, r["device"], r["model_name"], n) if t[0] is r]):
+            if any(t[0] is r for t in eligible(comparable(rows, r["device"], r["model_name"], n))):
                 assert (r["device"], n) in picked, (r, recs)
     lines = [line for line in comparison_lines(rows, [], recs) if line.startswith("recommended")]
     for text in [*lines, tracking.recommendation({"recommended": recs})]:
