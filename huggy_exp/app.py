@@ -300,7 +300,7 @@ def ui(cfg: DictConfig) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if uri.startswith(("http://", "https://")):
-        print(f"tracking server {uri}: its UI is already there" + (f"; latest sweep's runs: {latest}" if latest else ""))
+        print(f"tracking server {tracking.redact(uri)}: its UI is already there" + (f"; latest sweep's runs: {latest}" if latest else ""))
         return 0
     try:
         return mlflow_ui.serve(uri, latest, int(settings.get("ui_port") or 5000), float(cfg.mode.wait_s))

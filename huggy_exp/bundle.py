@@ -23,14 +23,15 @@ import json
 import time
 import zipfile
 from contextlib import contextmanager
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from huggy_exp.errors import UserError
 from huggy_exp.mlagents import sha256_file
-from huggy_exp.safety import atomic_write
+from huggy_exp.mlagents.weights import weights_sha256  # noqa: F401 (the bundle's model identity)
+from huggy_exp.safety import MAX_LATENCY_SAMPLES, atomic_write, check_npz, read_json
 
 FORMAT = "huggy_exp-port-bundle"
 VERSION = 1
@@ -69,27 +70,6 @@ def sha256_bytes(data: bytes) -> str:
 
 def sha256_of(path: Path) -> str:
     return sha256_file(Path(path))
-
-
-def weights_sha256(weights) -> str:
-    """The policy's numbers, whatever file they came from: every array and scalar of PolicyWeights, by field name."""
-    digest = hashlib.sha256()
-
-    def walk(value, name: str) -> None:
-        if isinstance(value, np.ndarray):
-            digest.update(f"{name}:{value.dtype.str}:{value.shape}".encode())
-            digest.update(np.ascontiguousarray(value).tobytes())
-        elif is_dataclass(value):
-            for f in fields(value):
-                walk(getattr(value, f.name), f"{name}.{f.name}")
-        elif isinstance(value, (tuple, list)):
-            for i, item in enumerate(value):
-                walk(item, f"{name}[{i}]")
-        elif value is None or isinstance(value, (bool, int, float, str)):
-            digest.update(f"{name}={value!r}".encode())
-
-    walk(weights, "weights")
-    return digest.hexdigest()
 
 
 def arrays_sha256(arrays: dict[str, np.ndarray]) -> str:
@@ -212,10 +192,19 @@ class Bundle:
         return self.arrays(f"{self.points[key]['dir']}/outputs.npz")
 
     def latency(self, key: str) -> np.ndarray:
-        return self.arrays(f"{self.points[key]['dir']}/latency.npz")["seconds"]
+        name = f"{self.points[key]['dir']}/latency.npz"
+        seconds = self.arrays(name).get("seconds")
+        if seconds is None or seconds.ndim != 1 or len(seconds) > MAX_LATENCY_SAMPLES:
+            shown = "no `seconds` array" if seconds is None else f"{list(seconds.shape)} samples"
+            raise UserError(f"bundle {self.root}: {name} holds {shown}; a point records one row of at most "
+                            f"{MAX_LATENCY_SAMPLES:,} timed calls")
+        return seconds
 
     def comparison(self, key: str) -> dict:
-        return json.loads((self.root / self.points[key]["dir"] / "comparison.json").read_text())
+        found = read_json(self.root / self.points[key]["dir"] / "comparison.json", f"bundle {self.root}:")
+        if not isinstance(found, dict):
+            raise UserError(f"bundle {self.root}: {self.points[key]['dir']}/comparison.json is not a JSON object")
+        return found
 
 
 def read(root: Path | str, check_model: str | None = None, allow_other_model: bool = False) -> Bundle:
@@ -228,10 +217,7 @@ def read(root: Path | str, check_model: str | None = None, allow_other_model: bo
     path = root / MANIFEST
     if not path.is_file():
         raise UserError(f"{where}: {MANIFEST} is missing (not a bundle, or an incomplete copy)")
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"{where}: {MANIFEST} is not valid JSON (truncated or edited?): {exc}") from None
+    manifest = read_json(path, f"{where}:")  # a regular file, under the cap, not too deep, valid JSON: or one line
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise UserError(f"{where}: {MANIFEST} is not a {FORMAT} manifest")
     version = manifest.get("format_version")
@@ -273,6 +259,7 @@ def read(root: Path | str, check_model: str | None = None, allow_other_model: bo
 def load_npz(root: Path, name: str) -> dict[str, np.ndarray]:
     """Arrays of a bundle .npz, never unpickled: an object array is refused, as is a file that is not a zip."""
     path = Path(root) / name
+    check_npz(path, f"bundle {root}:")
     try:
         with np.load(path, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}

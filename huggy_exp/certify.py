@@ -21,6 +21,8 @@ from huggy_exp.verify import elementwise
 DUAL_RULES = {"rmse": (1.0, 2.0), "max_rel": (1.0, 10.0)}  # metric: (pass up to, warn up to); msprobe's thresholds
 TEST05_TOLERANCE, TEST05_SHORT_TOLERANCE, TEST05_SHORT_S = 0.05, 0.20, 0.2e-3
 BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_MAX_SAMPLES = 100_000  # per side: a larger sample's interval comes from a seeded subsample of this many
+BOOTSTRAP_CHUNK = 1 << 23  # resampled indices drawn at once (64 MiB of int64)
 VERDICT_ORDER = ("pass", "warn", "fail")
 
 
@@ -137,8 +139,7 @@ def latency_change(recorded_s, here_s, alpha: float = 0.01, tolerance: float | N
     tol = test05_tolerance(med_r) if tolerance is None else float(tolerance)
     p = float(mannwhitneyu(h, r, alternative="two-sided").pvalue)
     rng = np.random.default_rng(seed)
-    boot_r = np.median(r[rng.integers(0, len(r), (BOOTSTRAP_RESAMPLES, len(r)))], axis=1)
-    boot_h = np.median(h[rng.integers(0, len(h), (BOOTSTRAP_RESAMPLES, len(h)))], axis=1)
+    boot_r, boot_h = bootstrap_medians(r, rng), bootstrap_medians(h, rng)
     low, high = (float(x) for x in np.percentile(boot_h / boot_r, [2.5, 97.5]))
     ratio = med_h / med_r if med_r > 0 else float("inf")
     outside = ratio > 1 + tol or ratio < 1 - tol
@@ -151,6 +152,16 @@ def latency_change(recorded_s, here_s, alpha: float = 0.01, tolerance: float | N
             "recorded_median_us": med_r * 1e6, "here_median_us": med_h * 1e6, "recorded_samples": len(r), "here_samples": len(h),
             "test": "two-sided Mann-Whitney U on per-call latencies; bootstrap 95% CI of the median ratio "
                     f"({BOOTSTRAP_RESAMPLES} resamples); tolerance {tol:.0%} (MLPerf TEST05: 5%, 20% at <= 0.2 ms)"}
+
+
+def bootstrap_medians(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """BOOTSTRAP_RESAMPLES medians of resamples of x, drawn BOOTSTRAP_CHUNK indices at a time (memory stays bounded
+    whatever the sample count); a sample over BOOTSTRAP_MAX_SAMPLES is first subsampled (seeded, without replacement)."""
+    if len(x) > BOOTSTRAP_MAX_SAMPLES:
+        x = rng.choice(x, BOOTSTRAP_MAX_SAMPLES, replace=False)
+    per = max(1, BOOTSTRAP_CHUNK // len(x))
+    return np.concatenate([np.median(x[rng.integers(0, len(x), (min(per, BOOTSTRAP_RESAMPLES - i), len(x)))], axis=1)
+                           for i in range(0, BOOTSTRAP_RESAMPLES, per)])
 
 
 def same_dtype_point(points: dict[str, dict], device: str, dtype: str, backend: str, batch: int) -> str | None:

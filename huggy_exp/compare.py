@@ -156,19 +156,38 @@ def recommend(rows: list[dict]) -> dict:
     figures it used; a noisy latency is named as such, never the silent basis of a pick."""
     recommended = {}
     verified = [r for r in rows if r["mode"] in VERIFIED_MODES and r["status"] in ("passed", "failed")]
-    several = len({r["model_sha256"] for r in verified}) > 1
-    for device, model in dict.fromkeys((r["device"], r["model_sha256"]) for r in verified):
-        checked = [r for r in verified if r["device"] == device and r["model_sha256"] == model]
+    several = len({_model(r) for r in verified}) > 1
+    for device, model in dict.fromkeys((r["device"], _model(r)) for r in verified):
+        checked = [r for r in verified if r["device"] == device and _model(r) == model]
+        key = f"{device} with {checked[0].get('model_name') or model}" if several else device
+        weights = {}
+        for r in checked:  # the numbers each point ran: a checkpoint replaced mid-sweep shows here
+            weights.setdefault(r.get("weights_sha256") or r["model_sha256"], []).append(r["job"])
+        if len(weights) > 1:
+            recommended[key] = mixed_weights(weights)
+            continue
         failing = sorted({r["dtype"] for r in checked if r["status"] == "failed"}, key=NARROW_FIRST.index)
         passing = [d for d in dict.fromkeys(r["dtype"] for r in checked) if d not in failing]
         timed = {d: t for d in passing if (t := _latency(checked, d)) is not None}
         choice = min(timed, key=lambda d: timed[d]["p50_us"]) if timed else None
-        key = f"{device} with {checked[0].get('model_name') or model}" if several else device
         recommended[key] = {"dtype": choice, "p50_us": timed[choice]["p50_us"] if choice else None, "passing": passing,
                             "failing": failing, "noisy": bool(choice and timed[choice]["noisy"]),
                             "figures": {d: t for d, t in timed.items()}, "p50_by_dtype": {d: t["p50_us"] for d, t in timed.items()},
                             "why": _why(choice, timed)}
     return recommended
+
+
+def _model(row: dict) -> str:
+    """Which model a point asked for (its file, or the embedded default): the points a recommendation compares."""
+    return row.get("model_name") or str(row.get("model_sha256"))
+
+
+def mixed_weights(weights: dict[str, list[str]]) -> dict:
+    """No pick: the points of one model ran different weights (the checkpoint was replaced during the sweep)."""
+    ran = "; ".join(f"job{'s' * (len(jobs) > 1)} {', '.join(map(str, jobs))} ran weights {str(w)[:12]}" for w, jobs in weights.items())
+    return {"dtype": None, "p50_us": None, "passing": [], "failing": [], "noisy": False, "figures": {}, "p50_by_dtype": {},
+            "mixed_weights": weights, "why": f"no recommendation across different weights: the model's weights changed "
+                                            f"during the sweep ({ran}); re-run the sweep on one checkpoint"}
 
 
 def _why(choice: str | None, timed: dict) -> str:

@@ -121,7 +121,7 @@ class Context:
 
     def limits(self, dtype: str | None = None) -> Limits:
         """The dtype's output limits on this device kind (`verify.limits`, `verify.specialize`)."""
-        return Limits.of(limits_for(self.verify.limits, dtype or self.dtype, self.device, self.verify.specialize))
+        return Limits.of(limits_for(self.verify.limits, dtype or self.dtype, self.device, self.verify.specialize, "verify.limits"))
 
     def rules(self, dtype: str | None = None) -> Rules:
         """How an output of this job is compared with a reference: the dtype's limits, its ULPs, the branch sizes."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from huggy_exp.errors import UserError
-from huggy_exp.verify import cosine, discrete_agreement, discrete_margins, margins  # noqa: F401 (the engine's, re-exported)
+from huggy_exp.verify import cosine, discrete_agreement, discrete_margins, finite_limits, margins  # noqa: F401 (the engine's, re-exported)
 
 REL_FLOOR = 1e-3  # relative errors divide by max(|expected|, REL_FLOOR): actions are O(1), zeros must not explode
 
@@ -84,10 +84,12 @@ def discrete_histogram(actions: np.ndarray, sizes: tuple[int, ...] | None = None
     return metrics, table
 
 
-def limits_for(table: dict, dtype: str, device: str, specialize: dict | None = None) -> dict:
-    """Thresholds for a dtype, overridden by a `<device kind>_<dtype>` entry of `specialize` (e.g. npu_fp16)."""
-    limits = dict(table.get(dtype) or {})
-    limits.update((specialize or {}).get(f"{device.split(':')[0]}_{dtype}") or {})
+def limits_for(table: dict, dtype: str, device: str, specialize: dict | None = None, where: str = "limits") -> dict:
+    """Thresholds for a dtype, overridden by a `<device kind>_<dtype>` entry of `specialize` (e.g. npu_fp16); every value
+    a finite number (`verify.finite_limits`: a NaN limit would switch its check off)."""
+    special = f"{device.split(':')[0]}_{dtype}"
+    limits = finite_limits(dict(table.get(dtype) or {}), f"{where}.{dtype}")
+    limits.update(finite_limits(dict((specialize or {}).get(special) or {}), f"{where} specialize.{special}"))
     return limits
 
 

@@ -27,7 +27,7 @@ from huggy_exp.config import free_maps, unknown_key
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.results import held_result
 from huggy_exp.safety import check_free
-from huggy_exp.tracking import StoreDown, check_uri, use_credentials
+from huggy_exp.tracking import StoreDown, check_uri, hide_secrets
 
 GROUPS = ("mode", "model", "obs", "tracking", "case")
 JOBS_ENV = "HUGGY_EXP_SWEEP_JOBS"  # run.py's preflight counts the jobs; the sweep callback writes it to sweep.json
@@ -90,15 +90,16 @@ def group_options(group: str, dirs: list) -> list[str]:
 def normalize_argv(argv: list[str]) -> list[str]:
     """The command line as Hydra must see it: an override of a free map
     (`verify.specialize={npu_fp16: {...}}`, as the docs write it) merged with `++`, since Hydra refuses new keys there
-    without it; a server URI's `user:password@` moved into MLflow's variables, so no file or log ever holds it."""
+    without it; a store URI's secrets (a server's `user:password@`, a database password, a `?token=`) kept out of what
+    Hydra writes (tracking.hide_secrets), so no file or log ever holds them."""
     out = []
     for arg in argv:
         key = arg.split("=", 1)[0]
         if "=" in arg and not key.startswith(("+", "~")) and any(key == m or key.startswith(m + ".") for m in free_maps()):
             arg = "++" + arg
-        uri = re.fullmatch(r"(\+{0,2}tracking\.uri=)(['\"]?)(https?://[^@]*@.*)\2", arg)
+        uri = re.fullmatch(r"(\+{0,2}tracking\.uri=)(['\"]?)(.+)\2", arg)
         if uri:
-            arg = f"{uri[1]}{uri[2]}{use_credentials(uri[3])}{uri[2]}"
+            arg = f"{uri[1]}{uri[2]}{hide_secrets(uri[3])}{uri[2]}"
         out.append(arg)
     return out
 

@@ -41,8 +41,19 @@ def fmt(value) -> str:
     return str(value)
 
 
+MARKUP = str.maketrans({"|": "&#124;", "[": "&#91;", "]": "&#93;", "`": "&#96;", "\n": " ", "\r": " "})
+
+
+def escape(value) -> str:
+    """Text a user wrote (a run or case name, a path, a bundle's environment field, a reason) as it may sit in any
+    human-readable output: HTML (report.html), markdown (summary.md, report.md, an MLflow description) and a markdown
+    table cell. `<`, `>`, `&` and quotes become HTML entities, as do markdown's `|`, `[`, `]` and backtick (a link or a
+    cell border); a line break becomes a space. Markdown renders the entities as the characters, never as markup."""
+    return html.escape(str(value), quote=True).translate(MARKUP)
+
+
 def _e(value) -> str:
-    return html.escape(fmt(value))
+    return escape(fmt(value))
 
 
 def table(head: list[str], rows: list[list], numeric: set[int] = frozenset()) -> str:
@@ -52,7 +63,7 @@ def table(head: list[str], rows: list[list], numeric: set[int] = frozenset()) ->
             return f"<td>{v[1]}</td>"
         return f"<td class=num>{_e(v)}</td>" if i in numeric else f"<td>{_e(v)}</td>"
 
-    out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
+    out = ["<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>"]
     out += ["<tr>" + "".join(cell(i, v) for i, v in enumerate(r)) + "</tr>" for r in rows]
     return "\n".join(out) + "</table>"
 
@@ -60,15 +71,15 @@ def table(head: list[str], rows: list[list], numeric: set[int] = frozenset()) ->
 def image(path: Path) -> str:
     """A PNG embedded as a data URI, captioned with its file name."""
     data = base64.b64encode(path.read_bytes()).decode()
-    return f'<figure><img alt="{html.escape(path.name)}" src="data:image/png;base64,{data}"><figcaption class=muted>{html.escape(path.name)}</figcaption></figure>'
+    return f'<figure><img alt="{escape(path.name)}" src="data:image/png;base64,{data}"><figcaption class=muted>{escape(path.name)}</figcaption></figure>'
 
 
 def verdict(status: str) -> tuple[str, str]:
-    return ("html", f'<span class="{html.escape(status)}">{html.escape(status.upper())}</span>')
+    return ("html", f'<span class="{escape(status)}">{escape(status.upper())}</span>')
 
 
 def page(title: str, sections: list[str]) -> str:
-    return (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
+    return (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{escape(title)}</title>"
             f"<style>{STYLE}</style></head><body>\n" + "\n".join(sections) + "\n</body></html>\n")
 
 
@@ -103,8 +114,8 @@ def recommendation_section(comparison: dict) -> str:
     parts = ["<h2>Recommendation</h2>"]
     for device, rec in recs.items():
         noisy = ' <span class=noisy>noisy p50: re-measure before relying on it</span>' if rec.get("noisy") else ""
-        parts.append(f"<div class=rec><b>{html.escape(device)}: {html.escape(str(rec.get('dtype') or 'none'))}</b> "
-                     f"&mdash; {html.escape(rec.get('why', ''))}{noisy}</div>")
+        parts.append(f"<div class=rec><b>{escape(device)}: {escape(str(rec.get('dtype') or 'none'))}</b> "
+                     f"&mdash; {escape(rec.get('why', ''))}{noisy}</div>")
         figures = rec.get("p50_by_dtype") or {}
         rows = [[d, "passed", figures.get(d)] for d in rec.get("passing") or []]
         rows += [[d, "failed", None] for d in rec.get("failing") or []]
@@ -123,7 +134,7 @@ def comparison_section(rows: list[dict], comparison: dict) -> str:
         parts.append("<p class=muted>No point of this sweep has a CPU fp32 point on the same inputs to compare with.</p>")
     lines = [line for line in comparison.get("lines", []) if line.startswith("agreement")]
     if lines:
-        parts.append("<ul>" + "".join(f"<li><code>{html.escape(x)}</code></li>" for x in lines) + "</ul>")
+        parts.append("<ul>" + "".join(f"<li><code>{escape(x)}</code></li>" for x in lines) + "</ul>")
     return "\n".join(parts)
 
 
@@ -131,12 +142,12 @@ def write_sweep_report(sweep_dir: Path, title: str, summary: dict, plots: list[P
     """report.html for a sweep: tally, verdicts with limits, reference comparison, recommendation, noise, plots."""
     rows = summary["rows"]
     noisy = [r for r in rows if r.get("noisy")]
-    sections = [f"<h1>{html.escape(title)}</h1>", f"<p class=tally>{html.escape(summary['line'])}</p>",
+    sections = [f"<h1>{escape(title)}</h1>", f"<p class=tally>{escape(summary['line'])}</p>",
                 recommendation_section(summary.get("comparison") or {}),
                 "<h2>Verdicts</h2>" + table(VERDICT_HEAD, verdict_rows(rows), {3, 4, 5, 6})]
     if noisy:
         sections.append(f"<p><span class=noisy>noisy</span> {len(noisy)} point(s) timed with IQR / median above 0.1 "
-                        f"({', '.join(r['run_name'] for r in noisy)}): their p50 is not a firm figure; re-measure "
+                        f"({escape(', '.join(r['run_name'] for r in noisy))}): their p50 is not a firm figure; re-measure "
                         "(mode=benchmark) before choosing on speed.</p>")
     sections.append(comparison_section(rows, summary.get("comparison") or {}))
     if plots:
@@ -158,11 +169,11 @@ def write_job_report(workdir: Path, record: dict, plots: list[Path]) -> Path:
     limits = judged_limits(record)
     latency_noisy = bool(metrics.get("latency/noisy"))
     model = record.get("model") or {}
-    sections = [f"<h1>{html.escape(record['run_name'])}</h1>",
-                f"<p class=tally>{verdict(record['status'])[1]} {html.escape(record.get('reason') or record.get('headline') or '')}</p>",
-                f"<p class=muted>mode {html.escape(record['mode'])} · device {html.escape(record['device'])} · dtype "
-                f"{html.escape(record['dtype'])} · batch {_e(record.get('batch_size'))} · model "
-                f"{html.escape('embedded synthetic default (not real Huggy weights)' if model.get('synthetic') else str(model.get('path')))}</p>"]
+    sections = [f"<h1>{escape(record['run_name'])}</h1>",
+                f"<p class=tally>{verdict(record['status'])[1]} {escape(record.get('reason') or record.get('headline') or '')}</p>",
+                f"<p class=muted>mode {escape(record['mode'])} · device {escape(record['device'])} · dtype "
+                f"{escape(record['dtype'])} · batch {_e(record.get('batch_size'))} · model "
+                f"{escape('embedded synthetic default (not real Huggy weights)' if model.get('synthetic') else str(model.get('path')))}</p>"]
     if head:
         rows = [[k, ("html", f"{_e(v)} <span class=noisy>noisy</span>") if k == "p50_us" and latency_noisy else v] for k, v in head.items()]
         sections.append("<h2>Headline</h2>" + table(["metric", "value"], rows, {1}))

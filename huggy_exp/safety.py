@@ -4,14 +4,18 @@ taken, archives sized before they are read. docs/reliability.md lists what each 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import resource
+import stat
 import tempfile
 import zipfile
 import zlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+import numpy as np
 
 from huggy_exp.config import MAX_OBS_BYTES
 from huggy_exp.errors import UserError
@@ -20,6 +24,11 @@ MIN_FREE_BYTES = 64 << 20  # a job dir's disk must have this much free before a 
 MAX_CHECKPOINT_BYTES = 256 << 20  # a .pt's storages, inflated: ~19x the genuine Huggy .pt (13.5 MB with its optimizer)
 MAX_ONNX_BYTES = 256 << 20  # an .onnx plus its external data: ~110x the genuine Huggy .onnx (2.3 MB)
 MEMORY_SHARE = 0.8  # a job may plan to take this share of the memory available when it starts
+MAX_JSON_BYTES = 64 << 20  # a foreign JSON file (a result.json sync reads, a bundle's manifest): ~300x a sweep point's
+MAX_JSON_DEPTH = 64  # nesting of a foreign JSON file (results nest 5 deep); Python's parser recurses per level
+MAX_ARRAY_BYTES = 1 << 30  # one array of a foreign .npz (a bundle's inputs, outputs, latency), inflated
+MAX_NPZ_BYTES = 2 << 30  # every array of one foreign .npz together, inflated
+MAX_LATENCY_SAMPLES = 1_000_000  # a bundle's timed calls per point: what mode.latency.max_samples can record
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
@@ -249,3 +258,88 @@ def check_job_memory(mode: str, cfg: dict, weights) -> None:
     if len(allocations) > 1:
         need, what, keys = max(allocations)
         require_memory(sum(a[0] for a in allocations), f"the job (largest part: {what})", keys)
+
+
+# --- foreign files: read under a cap, never a special file
+
+
+def read_capped(path: str | Path, cap: int, what: str) -> bytes:
+    """The bytes of a regular file of at most `cap` bytes. A FIFO, a device, a socket or a folder is refused before it
+    is opened (a symlink is followed to what it names: /dev/zero is a device), and no more than cap + 1 bytes are read
+    even if the file grows."""
+    path = Path(path)
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise UserError(f"{what} {path} is not a regular file ({_kind(st.st_mode)}): not read")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise UserError(f"{what} {path} does not exist") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped for another kind of file since the stat above
+            raise UserError(f"{what} {path} is not a regular file: not read")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(cap + 1)
+    finally:
+        os.close(fd)
+    if len(data) > cap:
+        raise UserError(f"{what} {path} is over the {size(cap)} limit for it (docs/reliability.md): not read")
+    return data
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def json_depth(data: bytes) -> int:
+    """How deep the arrays and objects of a JSON text nest (strings skipped), counted without recursion."""
+    bare = np.frombuffer(_STRINGS.sub(b'""', data), np.uint8)
+    steps = (bare == ord("[")).astype(np.int64) + (bare == ord("{")) - (bare == ord("]")) - (bare == ord("}"))
+    return int(np.cumsum(steps).max(initial=0))
+
+
+def read_json(path: str | Path, what: str, cap: int | None = None, depth: int | None = None):
+    """A foreign JSON file, parsed only once it is known to be a regular file under `cap` bytes, nested at most `depth`
+    deep (Python's parser recurses once per level: a deep file would stop the reader with a RecursionError). Every
+    refusal is a UserError of one line naming the file."""
+    cap, depth = cap or MAX_JSON_BYTES, depth or MAX_JSON_DEPTH
+    data = read_capped(path, cap, what)
+    found = json_depth(data)
+    if found > depth:
+        raise UserError(f"{what} {path} nests {found:,} levels deep, over the limit of {depth}: not read")
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise UserError(f"{what} {path} is not valid JSON ({' '.join(str(exc).split())[:120]})") from None
+
+
+def check_npz(path: str | Path, what: str, array_cap: int | None = None, total_cap: int | None = None) -> None:
+    """A foreign .npz whose arrays would inflate past the caps is refused before any is loaded: each member's declared
+    shape x item size (read from its .npy header: a 1.5 TiB array is declared in 128 bytes), then the bytes the
+    compressed members really inflate to (check_zip)."""
+    array_cap, total_cap, total = array_cap or MAX_ARRAY_BYTES, total_cap or MAX_NPZ_BYTES, 0
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for entry in zf.infolist():
+                with zf.open(entry) as fh:
+                    version = np.lib.format.read_magic(fh)
+                    shape, _, dtype = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                                       else np.lib.format.read_array_header_2_0)(fh)
+                need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+                if need > array_cap:
+                    raise UserError(f"{what} {path}: {entry.filename} declares {size(need)} ({list(shape)} {dtype}), over "
+                                    f"the {size(array_cap)} limit for one array (docs/reliability.md): not loaded")
+                total += need
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, NotImplementedError, RuntimeError):
+        pass  # not an .npz of plain arrays: its reader reports it (not a zip, truncated, pickled objects)
+    if total > total_cap:
+        raise UserError(f"{what} {path}: its arrays declare {size(total)} together, over the {size(total_cap)} limit "
+                        "(docs/reliability.md): not loaded")
+    check_zip(Path(path), total_cap, what)

@@ -127,6 +127,7 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
                      "note": note, "tracking": track, "expect": r.get("expect"),
                      "expectation_met": r.get("expectation_met"), "line": line, "dir": str(path.parent),
                      "seed": r.get("seed"), "obs": obs_label(obs), "model_sha256": (r.get("model") or {}).get("sha256"),
+                     "weights_sha256": (r.get("model") or {}).get("weights_sha256"),
                      "model_name": _model_name(r.get("model") or {}),
                      "latency_points": latency_points(r), "throughput_points": latency_points(r, "obs_per_s"), "metrics": r.get("headline_metrics") or {}, "shared_machine": r.get("shared_machine", False),
                      "noisy": noisy(r), "run_id": (r.get("tracking") or {}).get("run_id"), "limits": judged_limits(r),
@@ -211,15 +212,15 @@ def write_summary(sweep_dir: Path, summary: dict, plot: bool) -> list[Path]:
         writer = csv.DictWriter(fh, columns + [f"m.{k}" for k in metric_names], extrasaction="ignore")
         writer.writeheader()
         writer.writerows(flat)
-    md = [f"# {summary.get('title') or 'Sweep ' + sweep_dir.name}", "", summary["line"], ""]
+    md = [f"# {report.escape(summary.get('title') or 'Sweep ' + sweep_dir.name)}", "", report.escape(summary["line"]), ""]
     advice = tracking.recommendation(summary["comparison"])
     if advice:
-        md += [f"**Recommended:** {advice}", ""]
+        md += [f"**Recommended:** {report.escape(advice)}", ""]
     md += ["| " + " | ".join(report.VERDICT_HEAD) + " |", "|" + " --- |" * len(report.VERDICT_HEAD)]
     md += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in report.verdict_rows(summary["rows"])]
     comparison = summary["comparison"]
     if comparison["lines"]:
-        md += ["", "## Comparison", "", *(f"- {line}" for line in comparison["lines"])]
+        md += ["", "## Comparison", "", *(f"- {report.escape(line)}" for line in comparison["lines"])]
     table = sweep_dir / "comparison.csv"
     write_table(table, comparison["table"])
     if comparison.get("device_agreement"):  # replays (mode=replay): one table of which points agree bit for bit
@@ -236,7 +237,7 @@ def write_summary(sweep_dir: Path, summary: dict, plot: bool) -> list[Path]:
 
 
 def _cell(value) -> str:
-    """A markdown table cell: numbers as the report prints them, a report's marked-up cell as its text."""
+    """A markdown table cell: numbers as the report prints them, a report's marked-up cell as its (escaped) text."""
     if isinstance(value, tuple) and value and value[0] == "html":
-        value = re.sub(r"<[^>]+>", "", value[1]).strip()
-    return report.fmt(value).replace("|", "\\|")
+        return re.sub(r"<[^>]+>", "", value[1]).strip().replace("|", "&#124;")
+    return report.escape(report.fmt(value))

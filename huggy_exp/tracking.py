@@ -28,9 +28,12 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from huggy_exp.errors import UserError
 from huggy_exp.headline import COSINE, ERROR, PER_DTYPE, headline_names, judged_limits, noisy, settings
-from huggy_exp.results import read_result, update_result
-from huggy_exp.safety import atomic_write, disk_full_message, free_bytes, is_disk_full, size
+from huggy_exp.report import escape
+from huggy_exp.results import STATUSES, update_result
+from huggy_exp.safety import (MAX_JSON_BYTES, atomic_write, disk_full_message, free_bytes, is_disk_full, read_capped,
+                              read_json, size)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_EXPERIMENT = "huggy_exp"
@@ -50,18 +53,49 @@ def default_uri() -> str:
 
 
 def store_uri(uri: str | None) -> str:
-    """The store's URI without a server's `user:password@` (those go where MLflow reads them: use_credentials)."""
-    return use_credentials(uri) if uri else default_uri()
+    """The store's URI without a server's `user:password@` (those go where MLflow reads them: use_credentials); a URI
+    whose secrets hide_secrets() kept aside gets them back (only MLflow's client sees them; print it with redact())."""
+    if not uri:
+        return default_uri()
+    clean = use_credentials(uri)
+    return _secrets().get(clean, clean)
 
 
 # --- credentials: never printed or stored; MLflow gets them from MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD
 
 USERINFO = re.compile(r"(?P<scheme>\b[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s'\"]*):(?P<password>[^@/\s'\"]*)@", re.I)
+# a query parameter that carries a secret: ?token=, &password=, &api_key=, &X-Amz-Signature=, &sig=, ...
+SECRET_QUERY = re.compile(r"(?P<key>[?&;][\w.-]*(?:token|passw(?:or)?d|pwd|secret|key|auth|credential|signature|sig)[\w.-]*=)"
+                          r"(?P<value>[^&;#\s'\"]+)", re.I)
+SECRETS_ENV = "HUGGY_EXP_TRACKING_SECRETS"  # {redacted URI: the URI}: a store URI's secrets, never in Hydra's files
 
 
 def redact(text: object) -> str:
-    """Any `scheme://user:password@` in the text as `scheme://user:***@` (MLflow masks MLFLOW_TRACKING_PASSWORD alike)."""
-    return USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@", str(text))
+    """Any `scheme://user:password@` in the text as `scheme://user:***@` (MLflow masks MLFLOW_TRACKING_PASSWORD alike),
+    and the value of a query parameter that carries a secret (`?token=***`)."""
+    text = USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@", str(text))
+    return SECRET_QUERY.sub(lambda m: f"{m['key']}***", text)
+
+
+def hide_secrets(uri: str) -> str:
+    """The store URI as Hydra may write it (`.hydra/`, result.json): a server's `user:password@` moved into MLflow's
+    variables (use_credentials); any other secret (a database password, a `?token=`) kept in this process's
+    environment (SECRETS_ENV, inherited by the jobs) under the redacted URI, which store_uri() maps back."""
+    clean = use_credentials(uri)
+    shown = redact(clean)
+    if shown != clean:
+        secrets = _secrets()
+        secrets[shown] = clean
+        os.environ[SECRETS_ENV] = json.dumps(secrets)
+    return shown
+
+
+def _secrets() -> dict:
+    try:
+        found = json.loads(os.environ.get(SECRETS_ENV) or "{}")
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def split_credentials(uri: str) -> tuple[str, str | None, str | None]:
@@ -114,9 +148,18 @@ def check_uri(uri: str) -> None:
         raise StoreDown(f"tracking.uri={shown!r}: MLflow 3 needs a database or server store, e.g. sqlite:///path/mlflow.db")
     if scheme not in ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks"):
         raise StoreDown(f"tracking.uri={shown!r}: unknown scheme {scheme!r}; use sqlite:///path/mlflow.db or http://host:port")
+    if scheme == "sqlite":
+        db = _sqlite_path(uri)
+        if db is None or str(db) in ("", ".") or ":memory:" in uri or "mode=memory" in uri:
+            raise StoreDown(f"tracking.uri={shown!r} is an in-memory SQLite store: every run would vanish when the job "
+                            "ends; give a file, sqlite:///<folder>/mlflow.db")
+        if "?" in uri or "#" in uri:
+            raise StoreDown(f"tracking.uri={shown!r}: a SQLite store takes no query ({shown[shown.find('?'):] or '#'}): "
+                            "MLflow would create a file of that name; give sqlite:///<folder>/mlflow.db")
 
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
+MLFLOW_TABLES = {"alembic_version", "experiments", "runs"}  # a SQLite file with tables but not these is not a store
 
 
 def probe(uri: str) -> None:
@@ -143,7 +186,11 @@ def probe(uri: str) -> None:
                 # read-write, never creating: a process killed mid-transaction leaves a hot journal that only a
                 # writable connection rolls back (a read-only one reads "attempt to write a readonly database")
                 with contextlib.closing(sqlite3.connect(db.absolute().as_uri() + "?mode=rw", uri=True, timeout=PROBE_TIMEOUT_S)) as con:
-                    con.execute("PRAGMA schema_version").fetchone()
+                    tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+                if tables and not MLFLOW_TABLES <= tables:  # another application's database: MLflow would add its tables
+                    raise StoreDown(f"MLflow store {db} is another application's SQLite database (tables "
+                                    f"{', '.join(sorted(tables)[:4])}{', ...' if len(tables) > 4 else ''}), not an MLflow "
+                                    "store: give tracking.uri=sqlite:///<folder>/mlflow.db")
         except sqlite3.Error as exc:
             raise StoreDown(f"MLflow store {db} cannot be opened as SQLite ({exc}); move it aside "
                             f"(mv {db} {db}.broken) and sync into a fresh one") from None
@@ -348,7 +395,7 @@ def run_url(uri: str, experiment_id: str, run_id: str | None = None, view: str |
     """`#/experiments/<id>/runs[/<run>]?workflowType=machine_learning[&viewStateShareKey=<view>]`; servers prefixed."""
     path = (f"#/experiments/{experiment_id}/runs" + (f"/{run_id}" if run_id else "") + f"?{UI_VIEW}"
             + (f"&viewStateShareKey={view}" if view else ""))
-    return f"{uri.rstrip('/')}/{path}" if urlparse(uri).scheme in ("http", "https") else path
+    return f"{redact(uri).rstrip('/')}/{path}" if urlparse(uri).scheme in ("http", "https") else path
 
 
 def view_columns(metrics: list[str]) -> list[str]:
@@ -380,15 +427,17 @@ def sweep_view(sweep_id: str, metrics: list[str]) -> str:
 # --- one job
 
 
-def log_job(settings: dict, workdir: Path, retry_down: bool = False) -> dict:
+def log_job(settings: dict, workdir: Path, retry_down: bool = False, foreign: bool = False) -> dict:
     """Copy the job's result.json (+ artifacts) into MLflow; returns the tracking outcome recorded in result.json.
 
     In a sweep whose store was already found down, the job goes straight to pending unless `retry_down` (sync).
+    `foreign` (sync): the result.json was not written by this process; it is read with the sync reader and only files
+    inside the job's folder are uploaded.
     """
     if not settings.get("enabled", True):
         return {"status": "off"}
     with folder_lock(workdir):  # one logger per job at a time (a job and a sync, two syncs), on any store
-        record = read_result(workdir)
+        record = read_record(workdir / "result.json")
         if (record.get("tracking") or {}).get("status") == "logged":  # another process logged it while we waited
             return record["tracking"]
         sweep = read_sweep(Path(record["sweep"]["dir"])) if record.get("sweep") else None
@@ -397,7 +446,7 @@ def log_job(settings: dict, workdir: Path, retry_down: bool = False) -> dict:
         try:
             store = Store.open(settings)
             with store_lock(store.uri):
-                return _log_job(store, record, workdir, sweep)
+                return _log_job(store, record, workdir, sweep, foreign)
         except StoreDown as exc:
             if sweep:
                 mark_sweep_down(Path(record["sweep"]["dir"]), str(exc))
@@ -418,7 +467,7 @@ def folder_lock(folder: Path):
         os.close(fd)  # closing releases the lock
 
 
-def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None) -> dict:
+def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None, foreign: bool = False) -> dict:
     from mlflow.entities import Metric, Param, RunTag
 
     job_id = record["job_id"]
@@ -434,21 +483,21 @@ def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None) -> d
         stamp = int(run.info.start_time)
         flat = {"mode": record["mode"], **flatten(settings(record.get("params", {}), record["dtype"])), **limit_params(record)}
         params = [Param(k, v) for k, v in flat.items() if not _per_dtype(k, record["dtype"])]
-        metrics = [Metric(k, float(v), stamp, 0) for k, v in record.get("metrics", {}).items()
+        metrics = [Metric(k, float(v), stamp, 0) for k, v in (record.get("metrics") or {}).items()
                    if isinstance(v, (int, float)) and math.isfinite(float(v))]
-        metrics += [Metric(name, float(v), stamp, int(step)) for name, points in record.get("series", {}).items()
+        metrics += [Metric(name, float(v), stamp, int(step)) for name, points in (record.get("series") or {}).items()
                     for step, v in points if isinstance(v, (int, float)) and math.isfinite(float(v))]
         for i in range(0, max(len(params), len(metrics)), 100):
             store.client.log_batch(run_id, metrics=metrics[i:i + 100], params=params[i:i + 100])
         # on disk "logging" (sync retries it) until the run is complete; the copy in MLflow says where it lives
-        update_result(workdir, tracking={**_logged(store, run_id, record), "status": "logging"})
-        for path in artifacts(record, workdir):
+        update_result(workdir, tracking={**_logged(store, run_id, record, parent), "status": "logging"})
+        for path in artifacts(record, workdir, inside_only=foreign):
             if path.name == "result.json":
                 with tempfile.TemporaryDirectory() as tmp:
                     copy = Path(tmp) / "result.json"
-                    copy.write_text(json.dumps({**read_result(workdir), "tracking": _logged(store, run_id, record)}, indent=2))
+                    copy.write_text(json.dumps({**record, "tracking": _logged(store, run_id, record, parent)}, indent=2))
                     store.client.log_artifact(run_id, str(copy))
-            elif path.suffix == ".yaml" and redact(text := path.read_text(errors="replace")) != text:
+            elif path.suffix == ".yaml" and redact(text := read_capped(path, MAX_JSON_BYTES, "config").decode(errors="replace")) != text:
                 with tempfile.TemporaryDirectory() as tmp:  # Hydra's copy of a config file that holds a URI password
                     copy = Path(tmp) / path.name
                     copy.write_text(redact(text))
@@ -467,7 +516,7 @@ def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None) -> d
             update_result(workdir, tracking={"status": "pending", "reason": f"logging interrupted ({type(exc).__name__}); "
                                              f"partial run {run_id} ended, sync replaces it"})
         raise
-    return _logged(store, run_id, record)
+    return _logged(store, run_id, record, parent)
 
 
 def run_status(record: dict) -> str:
@@ -477,9 +526,10 @@ def run_status(record: dict) -> str:
     return "FAILED" if record.get("status") == "error" else "FINISHED"
 
 
-def _logged(store: Store, run_id: str, record: dict) -> dict:
-    return {"status": "logged", "run_id": run_id, "uri": store.uri, "experiment": store.experiment,
-            "experiment_id": store.experiment_id, "parent_run_id": (record.get("sweep") or {}).get("parent_run_id")}
+def _logged(store: Store, run_id: str, record: dict, parent: str | None = None) -> dict:
+    return {"status": "logged", "run_id": run_id, "uri": redact(store.uri), "experiment": store.experiment,
+            "experiment_id": store.experiment_id,
+            "parent_run_id": parent or (record.get("sweep") or {}).get("parent_run_id")}
 
 
 def end_partial(store: Store, run) -> None:
@@ -496,17 +546,32 @@ def end_partial(store: Store, run) -> None:
 
 
 def _parent_id(store: Store, sweep: dict | None) -> str | None:
+    """The sweep's parent run in this store: the one sweep.json names if this store holds it, else one found by the
+    sweep id or created after the fact (a sweep whose store was down, or synced into another store than it started
+    in: its children never point at a run of a store they are not in)."""
     if not sweep:
         return None
-    if sweep.get("parent_run_id"):
+    if _in_store(store, sweep.get("parent_run_id")):
         return sweep["parent_run_id"]
     with folder_lock(Path(sweep["dir"])):  # two syncs of a sweep that started while the store was down: one parent
         sweep = read_sweep(Path(sweep["dir"])) or sweep
-        if sweep.get("parent_run_id"):
+        if _in_store(store, sweep.get("parent_run_id")):
             return sweep["parent_run_id"]
-        run_id = ensure_parent(store, sweep)  # a parent after the fact
+        run_id = ensure_parent(store, {**sweep, "parent_run_id": None})  # a parent after the fact, in this store
     store.client.set_terminated(run_id, "FINISHED")
     return run_id
+
+
+def _in_store(store: Store, run_id: str | None) -> bool:
+    """Whether `run_id` is a run of this store's experiment (a parent id from sweep.json may be another store's)."""
+    if not run_id:
+        return False
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return store.client.get_run(run_id).info.experiment_id == store.experiment_id
+    except MlflowException:
+        return False
 
 
 def run_tags(record: dict, parent: str | None) -> dict[str, str]:
@@ -519,7 +584,7 @@ def run_tags(record: dict, parent: str | None) -> dict[str, str]:
         "reason": record.get("reason", ""), "synthetic": str(model.get("synthetic")).lower(),
         "model.sha256": str(model.get("sha256")), "huggy.job_id": record["job_id"],
         "mlflow.source.name": "run.py", "mlflow.source.type": "LOCAL", "huggy.owner": owner(),
-        "mlflow.note.content": record.get("headline") or record.get("reason") or record["status"],
+        "mlflow.note.content": escape(record.get("headline") or record.get("reason") or record["status"]),
         **{f"env.{k}": str(env[k]) for k in ENV_TAGS if k in env},
         **{f"host.{k}": str(v) for k, v in (record.get("host") or {}).items()},  # a launcher's placement (Ray)
         **(record.get("tags") or {}),
@@ -574,11 +639,17 @@ def verdict(record: dict) -> str:
     return f"{status}, p50 noisy" if noisy(record) else status
 
 
-def artifacts(record: dict, workdir: Path) -> list[Path]:
-    names = ["result.json", "report.html", *record.get("arrays", {}).values(), *record.get("tables", {}).values(),
-             *record.get("files", [])]
-    paths = [p if p.is_absolute() else workdir / p for p in map(Path, names)] + [workdir / ".hydra" / "config.yaml"]
-    return [p for p in dict.fromkeys(paths) if p.is_file()]
+def artifacts(record: dict, workdir: Path, inside_only: bool = True) -> list[Path]:
+    """The job's files to upload: result.json, report.html, its arrays, tables and files, Hydra's config.yaml; regular
+    files only. `inside_only` (always for sync): only files inside the job's own folder, symlinks resolved, so a
+    result.json naming `/etc/passwd`, `../x` or a link out of the folder uploads nothing of it. The job itself
+    (`inside_only=False`) also uploads a file it wrote elsewhere (export-onnx's mode.path)."""
+    names = ["result.json", "report.html", *(record.get("arrays") or {}).values(), *(record.get("tables") or {}).values(),
+             *(record.get("files") or [])]
+    paths = [p if p.is_absolute() else workdir / p for p in map(Path, filter(lambda n: isinstance(n, str), names))]
+    home = workdir.resolve()
+    return [p for p in dict.fromkeys([*paths, workdir / ".hydra" / "config.yaml"])
+            if p.is_file() and (not inside_only or p.resolve().is_relative_to(home))]
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
@@ -721,7 +792,7 @@ def ensure_parent(store: Store, info: dict) -> str:
         shown = redact(" ".join(argv))
         tags = {"sweep_id": info["id"], PARENT_TAG: "true", "huggy.owner": owner(), "huggy.jobs": str(info.get("jobs") or ""),
                 SWEEP_DIR_TAG: str(info.get("dir") or ""), "mlflow.source.name": "run.py", "overrides": shown,
-                "mlflow.note.content": f"python run.py {shown}"}
+                "mlflow.note.content": f"python run.py {escape(shown)}"}
         if store.user:
             tags["mlflow.user"] = store.user
         commit = git_commit()
@@ -734,7 +805,7 @@ def ensure_parent(store: Store, info: dict) -> str:
             store.client.log_batch(run_id, params=params)
     if info.get("parent_run_id") != run_id:
         info["parent_run_id"] = run_id
-        info["tracking"] = {"status": "logged", "uri": store.uri, "experiment_id": store.experiment_id,
+        info["tracking"] = {"status": "logged", "uri": redact(store.uri), "experiment_id": store.experiment_id,
                             "url": store.url(run_id)}
         if info.get("dir"):
             write_sweep(Path(info["dir"]), info)
@@ -773,8 +844,8 @@ def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path],
             tally = summary.get("tally", {})
             comparison = summary.get("comparison") or {}
             advice = recommendation(comparison)
-            head = summary.get("line", "") + (f" · **Recommended** {advice}" if advice else "")  # one paragraph: in view
-            note = "\n\n".join(filter(None, [head, "\n".join(f"- {x}" for x in comparison.get("lines", []))]))
+            head = escape(summary.get("line", "")) + (f" · **Recommended** {escape(advice)}" if advice else "")  # in view
+            note = "\n\n".join(filter(None, [head, "\n".join(f"- {escape(x)}" for x in comparison.get("lines", []))]))
             tags = [RunTag("mlflow.note.content", note[:MAX_TAG_CHARS])]
             if advice:
                 tags += [RunTag("recommendation", advice[:MAX_TAG_CHARS]), RunTag("verdict", f"recommends {advice}"[:MAX_TAG_CHARS])]
@@ -797,9 +868,9 @@ def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path],
             info["ui"] = {"parent": store.url(run_id), "runs": run_url(store.uri, store.experiment_id, view=info["id"])}
             name = store.client.get_run(run_id).info.run_name
             store.client.set_experiment_tag(store.experiment_id, "mlflow.note.content", (  # the home page lists it
-                f"Latest sweep: [{name}]({info['ui']['runs']})"
-                f" (verdict, error with its limit, cosine, p50 and fingerprint first). {summary.get('line', '')}"
-                + (f" Recommended: {advice}." if advice else "")))
+                f"Latest sweep: [{escape(name)}]({info['ui']['runs']})"
+                f" (verdict, error with its limit, cosine, p50 and fingerprint first). {escape(summary.get('line', ''))}"
+                + (f" Recommended: {escape(advice)}." if advice else "")))
             write_sweep(sweep_dir, info)
             return info["ui"]
     except Exception:  # the summary files are on disk; sync re-closes nothing, so say so in the caller
@@ -808,7 +879,7 @@ def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path],
 
 def ui_base(uri: str, ui_port: int = 5000) -> str:
     """The UI's address for a store: the server itself, or where mode=ui serves a SQLite store (tracking.ui_port)."""
-    return uri.rstrip("/") if urlparse(uri).scheme in ("http", "https") else f"http://127.0.0.1:{ui_port}"
+    return redact(uri).rstrip("/") if urlparse(uri).scheme in ("http", "https") else f"http://127.0.0.1:{ui_port}"
 
 
 def _log_markdown(store: Store, run_id: str, path: Path, ui_port: int) -> None:
@@ -840,7 +911,7 @@ def sweep_runs(settings: dict, sweep_id: str | None = None) -> dict:
     parents = store.client.search_runs([store.experiment_id], filter_string=where, max_results=1,
                                        order_by=["attributes.start_time DESC"])
     if not parents:
-        raise StoreDown(f"no sweep {sweep_id or ''} in {store.uri} (experiment {store.experiment!r})".replace("  ", " "))
+        raise StoreDown(f"no sweep {sweep_id or ''} in {redact(store.uri)} (experiment {store.experiment!r})".replace("  ", " "))
     parent = parents[0]
     sid = parent.data.tags["sweep_id"]
     shown = headline_names()
@@ -848,7 +919,7 @@ def sweep_runs(settings: dict, sweep_id: str | None = None) -> dict:
                                         max_results=1000)
     folder = parent.data.tags.get(SWEEP_DIR_TAG)
     note = parent.data.tags.get("mlflow.note.content", "")
-    return {"sweep_id": sid, "experiment_id": store.experiment_id, "experiment": store.experiment, "uri": store.uri,
+    return {"sweep_id": sid, "experiment_id": store.experiment_id, "experiment": store.experiment, "uri": redact(store.uri),
             "runs": run_url(store.uri, store.experiment_id, view=sid),
             "report": str(Path(folder) / "report.html") if folder else None,
             "parent": {"id": parent.info.run_id, "name": parent.info.run_name, "tally": note.split("\n")[0].split(" · ")[0],
@@ -878,38 +949,74 @@ def latest_sweep_url(settings: dict) -> str | None:
 
 
 RECORD_KEYS = ("job_id", "mode", "run_name", "status", "device", "dtype")  # what logging a result reads
+# the other fields logging reads, with their JSON types (absent or null is fine)
+RECORD_FIELDS = {"metrics": dict, "series": dict, "params": dict, "tags": dict, "arrays": dict, "tables": dict,
+                 "files": list, "sweep": dict, "tracking": dict, "model": dict, "environment": dict, "host": dict,
+                 "reason": str, "headline": str, "case": str, "overrides": list}
+
+
+def read_record(path: Path) -> dict:
+    """The sync reader for foreign results: a result.json read under safety's caps (a regular file, never a FIFO or a
+    device, at most MAX_JSON_BYTES, nested at most MAX_JSON_DEPTH), then checked field by field. One line (UserError)
+    naming the file and the first bad field, never a traceback, a hang or a retry that cannot succeed."""
+    record = read_json(path, "sync: result")
+    if not isinstance(record, dict):
+        raise UserError(f"sync: result {path} is a JSON {type(record).__name__}, not a job's result")
+    state = (record.get("tracking") or {}).get("status") if isinstance(record.get("tracking"), dict) else None
+    if state not in ("pending", "logging"):
+        return record  # not for sync: only what logging reads must be well formed
+    missing = [k for k in RECORD_KEYS if not isinstance(record.get(k), str) or not record[k]]
+    if missing:
+        raise UserError(f"sync: result {path} has no text {', '.join(missing)}: not a job's result.json")
+    wrong = [f"{k} is a {type(record[k]).__name__}, not a {kind.__name__}" for k, kind in RECORD_FIELDS.items()
+             if record.get(k) is not None and not isinstance(record[k], kind)]
+    if record["status"] not in STATUSES:
+        wrong.insert(0, f"status {record['status'][:40]!r} is none of {', '.join(STATUSES)}")
+    sweep = record.get("sweep")
+    if isinstance(sweep, dict) and not all(isinstance(sweep.get(k), str) for k in ("id", "dir")):
+        wrong.append("sweep has no text id and dir")
+    series = record.get("series")
+    if isinstance(series, dict) and not all(isinstance(points, list) and all(isinstance(p, list) and len(p) == 2 for p in points)
+                                            for points in series.values()):
+        wrong.append("series is not lists of [step, value] pairs")
+    if wrong:
+        raise UserError(f"sync: result {path}: {wrong[0]}; not logged")
+    return record
 
 
 def sync(settings: dict, roots: list[Path], say=print) -> dict[str, int]:
-    """Log every result.json whose tracking is pending (a file that is not a result is named and skipped), then end
-    every RUNNING run whose process is gone; returns counts (seen, logged, pending, skipped, closed)."""
+    """Log every result.json whose tracking is pending (a folder that does not exist, or a file that is not a result, is
+    named and skipped), then end every RUNNING run whose process is gone; returns counts (seen, logged, pending,
+    skipped, closed)."""
     counts = {"logged": 0, "pending": 0, "seen": 0, "skipped": 0, "closed": 0}
+    for root in roots:
+        if not root.is_dir():
+            counts["skipped"] += 1
+            say(f"sync: skipped {root}: {'not a folder' if root.exists() else 'no such folder'} (mode.paths)")
     found = sorted({p for root in roots if root.is_dir() for p in root.rglob("result.json")})
+    said = None
     for path in found:
         try:
-            record = read_result(path.parent)
-            if not isinstance(record, dict):
-                raise ValueError(f"a JSON {type(record).__name__}, not an object")
-            state = (record.get("tracking") or {}).get("status")
-            missing = [k for k in RECORD_KEYS if k not in record]
-            if state in ("pending", "logging") and missing:
-                raise ValueError(f"no {', '.join(missing)}: not a job's result.json")
-        except (OSError, ValueError, AttributeError) as exc:
+            state = (read_record(path).get("tracking") or {}).get("status")
+        except UserError as exc:
             counts["skipped"] += 1
-            say(f"sync: skipped {path}: not a readable result ({' '.join(str(exc).split())[:160]})")
+            say(f"sync: skipped {path}: {' '.join(str(exc).split())[:240]}")
             continue
         if state not in ("pending", "logging"):  # logging: a crash mid-copy
             continue
         counts["seen"] += 1
         try:
-            outcome = log_job({**settings, "enabled": True}, path.parent, retry_down=True)
+            outcome = log_job({**settings, "enabled": True}, path.parent, retry_down=True, foreign=True)
             update_result(path.parent, tracking=outcome)
-        except (OSError, ValueError, KeyError, TypeError) as exc:  # a result.json of the wrong shape: name it, go on
+        except (OSError, ValueError, KeyError, TypeError, UserError) as exc:  # a result.json of the wrong shape: name it, go on
             counts["seen"] -= 1
             counts["skipped"] += 1
             say(f"sync: skipped {path}: {disk_full_message(exc) if is_disk_full(exc) else f'{type(exc).__name__}: {exc}'}")
             continue
         counts["logged" if outcome["status"] == "logged" else "pending"] += 1
+        if outcome["status"] != "logged" and outcome.get("reason") != said:  # the store down: said once, not per file
+            said = outcome.get("reason")
+            say(f"sync: {path} stays pending: {said}")
     try:
         store = Store.open({**settings, "enabled": True})
         with store_lock(store.uri):

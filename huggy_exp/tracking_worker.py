@@ -9,6 +9,7 @@ or answers nothing, the job logs in its own process as before. EOF on its stdin 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -72,7 +73,14 @@ def main() -> int:
         return 0
     request = json.loads(line)
     outcome = tracking.log_job(request["settings"], Path(request["workdir"]))
-    print(ANSWER + json.dumps(outcome), flush=True)
+    try:
+        print(ANSWER + json.dumps(outcome), flush=True)
+    except BrokenPipeError:  # the job is gone (kill -9): record the outcome itself, and say nothing to a closed pipe
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit must not fail again
+        from huggy_exp.results import update_result
+
+        with contextlib.suppress(OSError):
+            update_result(Path(request["workdir"]), tracking=outcome)
     return 0
 
 

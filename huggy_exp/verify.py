@@ -11,12 +11,14 @@ Rules (docs/verification.md):
 - discrete: exactly equal, a flip excused only where the reference's best masked logit leads the second by at most
   margin * max(1, |best masked logit|) (the one margin rule);
 - constant: exactly equal (shape and values);
-- NaN or inf in an actual output always fails, whatever the rule.
+- NaN or inf in an actual output always fails, whatever the rule; so does one in the reference it is held to, and a
+  limit that is not a finite number is an error (`within`, `limit`, `finite_limits`): nothing that is not finite passes.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -73,8 +75,9 @@ class Limits:
     @classmethod
     def of(cls, table: dict) -> "Limits":
         """From a config table {max_abs, cosine_min, margin, rtol}: max_abs is the atol."""
-        return cls(atol=float(table.get("max_abs", table.get("atol", np.inf))), rtol=float(table.get("rtol", 0.0)),
-                   cosine_min=float(table.get("cosine_min", -1.0)), margin=float(table.get("margin", 0.0)))
+        table = finite_limits(table, "verify.limits")
+        return cls(atol=table.get("max_abs", table.get("atol", np.inf)), rtol=table.get("rtol", 0.0),
+                   cosine_min=table.get("cosine_min", -1.0), margin=table.get("margin", 0.0))
 
 
 @dataclass(frozen=True)
@@ -154,7 +157,7 @@ def compare(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], rule
 def _continuous(oc: OutputComparison, got: np.ndarray, ref: np.ndarray, actual: dict, expected: dict, rules: Rules) -> None:
     lim = rules.limits
     oc.metrics.update(elementwise(got, ref, rules.rel_floor, rules.dtype))
-    bad = _nonfinite(oc, got)
+    bad = _nonfinite(oc, got) + _nonfinite_reference(oc, ref)
     over = _over_tolerance(got, ref, lim.atol, lim.rtol)
     oc.metrics.update({"max_abs_limit": lim.atol, "rtol_limit": lim.rtol, "cosine_min_row_limit": lim.cosine_min,
                        "over_tolerance": float(over)})
@@ -169,7 +172,7 @@ def _continuous(oc: OutputComparison, got: np.ndarray, ref: np.ndarray, actual: 
 
 def _memory(oc: OutputComparison, got: np.ndarray, ref: np.ndarray, actual: dict, expected: dict, rules: Rules) -> None:
     oc.metrics.update(elementwise(got, ref, rules.rel_floor, rules.dtype))
-    bad = _nonfinite(oc, got)
+    bad = _nonfinite(oc, got) + _nonfinite_reference(oc, ref)
     tol = rules.limits.atol * max(1.0, float(np.nanmax(np.abs(np.asarray(ref, np.float64)), initial=0.0)))
     oc.metrics["max_abs_limit"] = tol
     if not bad and not oc.metrics["max_abs"] <= tol:
@@ -219,11 +222,70 @@ def _nonfinite(oc: OutputComparison, got: np.ndarray) -> int:
     return int(bad.sum())
 
 
+def _nonfinite_reference(oc: OutputComparison, ref: np.ndarray) -> int:
+    """NaN/inf in the reference: nothing can be held to it, so the output fails (a NaN reference is no pass)."""
+    count = nonfinite_count(ref)
+    oc.metrics["nonfinite_reference"] = float(count)
+    if count:
+        oc.failures.append(f"the reference holds {count} NaN/Inf values: nothing can be held to it")
+    return count
+
+
 def _over_tolerance(got: np.ndarray, ref: np.ndarray, atol: float, rtol: float) -> int:
     a, e = np.asarray(got, np.float64), np.asarray(ref, np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         ok = np.abs(a - e) <= atol + rtol * np.abs(e)
     return int(np.sum(~ok))
+
+
+# --- nothing that is not finite passes
+
+
+def nonfinite_count(array) -> int:
+    """NaN/inf values of a float array (0 for integers)."""
+    a = np.asarray(array)
+    return int(np.sum(~np.isfinite(a))) if a.dtype.kind in "fc" else 0
+
+
+def nonfinite_failures(arrays: dict, what: str) -> list[str]:
+    """One failure per array of `arrays` holding NaN/inf (`what`: whose arrays: "the bundle's fp64 reference")."""
+    return [f"{what} {name} holds {n} NaN/Inf values" for name, a in arrays.items() if (n := nonfinite_count(a))]
+
+
+def within(value, limit) -> bool:
+    """value <= limit, both finite numbers: a NaN error, a NaN limit or an infinite one never passes."""
+    try:
+        v, lim = float(value), float(limit)
+    except (TypeError, ValueError):
+        return False
+    return math.isfinite(v) and math.isfinite(lim) and v <= lim
+
+
+def finite_limits(table: dict, where: str) -> dict[str, float]:
+    """A limit table as floats; a value that is not a finite number is an error, never a pass (NaN compares false, so
+    a NaN limit would switch its check off)."""
+    out = {}
+    for key, value in (table or {}).items():
+        number = None if isinstance(value, bool) else _number(value)
+        if number is None or not math.isfinite(number):
+            raise UserError(f"{where}.{key}={value!r}: a limit must be a finite number (NaN or inf would pass every value)")
+        out[key] = number
+    return out
+
+
+def _number(value) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def limit(table: dict, key: str, where: str) -> float:
+    """One limit of a table: missing or not finite is an error (tables fail closed)."""
+    if key not in (table or {}):
+        raise UserError(f"{where} has no {key} limit (given: {', '.join(table or {}) or 'none'}): a missing limit is an "
+                        "error, never a pass")
+    return finite_limits({key: table[key]}, where)[key]
 
 
 # --- element-wise metrics
@@ -234,6 +296,7 @@ def elementwise(actual: np.ndarray, expected: np.ndarray, rel_floor: float = REL
     the error in ULPs of `dtype` (max, and the share above msprobe's standard), and NaN/inf mismatches."""
     a, e = _rows(actual, expected)
     both = np.isfinite(a) & np.isfinite(e)
+    nonfinite = int(a.size - both.sum())
     with np.errstate(invalid="ignore", over="ignore"):
         diff = np.where(both, np.abs(a - e), 0.0)
     rel = diff / np.maximum(np.abs(np.where(both, e, 0.0)), rel_floor)
@@ -241,7 +304,7 @@ def elementwise(actual: np.ndarray, expected: np.ndarray, rel_floor: float = REL
     af, ef = np.where(both, a, 0.0), np.where(both, e, 0.0)
     ulps = diff / ulp(np.where(both, e, 0.0), dtype)
     row_cos = [cosine(x, y) for x, y in zip(af, ef)]
-    return {
+    out = {
         "max_abs": float(diff.max(initial=0.0)),
         "mean_abs": float(diff.sum() / n),
         "rmse": float(np.sqrt((diff**2).sum() / n)),
@@ -256,7 +319,16 @@ def elementwise(actual: np.ndarray, expected: np.ndarray, rel_floor: float = REL
         "ulp_standard": ULP_STANDARD.get(dtype, 1.0),
         "nan_mismatch": float(np.sum(np.isnan(a) != np.isnan(e))),
         "inf_mismatch": float(np.sum(np.isinf(a) != np.isinf(e)) + np.sum(np.isinf(a) & np.isinf(e) & (np.sign(a) != np.sign(e)))),
+        "nonfinite_actual": float(np.sum(~np.isfinite(a))),
+        "nonfinite_expected": float(np.sum(~np.isfinite(e))),
     }
+    if nonfinite:  # a NaN/inf on either side is no agreement: the errors are infinite, the cosines undefined
+        out.update({k: np.inf for k in POISONED_ERRORS})
+        out.update({"cosine": np.nan, "cosine_min_row": np.nan})
+    return out
+
+
+POISONED_ERRORS = ("max_abs", "mean_abs", "rmse", "max_rel", "required_atol", "required_rtol", "ulp_max")
 
 
 def _rows(actual: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 
 import numpy as np
@@ -225,7 +225,29 @@ class LoadedModel:
             "synthetic": self.synthetic,
             "step": self.step,
             "onnx": str(self.onnx_path) if self.onnx_path else None,
+            "weights_sha256": weights_sha256(self.weights),  # the numbers this job ran, whatever the file holds now
         }
+
+
+def weights_sha256(weights) -> str:
+    """The policy's numbers, whatever file they came from: every array and scalar of PolicyWeights, by field name."""
+    digest = hashlib.sha256()
+
+    def walk(value, name: str) -> None:
+        if isinstance(value, np.ndarray):
+            digest.update(f"{name}:{value.dtype.str}:{value.shape}".encode())
+            digest.update(np.ascontiguousarray(value).tobytes())
+        elif is_dataclass(value):
+            for f in fields(value):
+                walk(getattr(value, f.name), f"{name}.{f.name}")
+        elif isinstance(value, (tuple, list)):
+            for i, item in enumerate(value):
+                walk(item, f"{name}[{i}]")
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            digest.update(f"{name}={value!r}".encode())
+
+    walk(weights, "weights")
+    return digest.hexdigest()
 
 
 def sha256_file(path: Path) -> str:

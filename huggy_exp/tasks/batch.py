@@ -11,6 +11,7 @@ from huggy_exp.results import Result
 from huggy_exp import timing
 from huggy_exp.runners import ACTIONS, DISCRETE, build, run_feeds
 from huggy_exp.tasks import latency, runner_device, verify_point
+from huggy_exp.verify import finite_limits
 
 FLIP_FAILS_UP_TO = 1e-5  # discrete flips fail where the dtype's tolerance is this tight (fp32, fp64); else reported
 
@@ -20,7 +21,7 @@ class BatchTask:
 
     def __init__(self, tolerance: dict[str, float], budget_s: float):
         """mode=batch's keys (values: conf/mode/batch.yaml; validated by config.BatchMode)."""
-        self.tolerance = dict(tolerance)
+        self.tolerance = finite_limits(tolerance, "mode.tolerance")
         self.budget_s = float(budget_s)
 
     def run(self, ctx: Context) -> Result:

@@ -20,6 +20,7 @@ from huggy_exp.runners import ACTIONS, build
 from huggy_exp.tasks import SLOW_FP16, batch_of, is_sequence, runner_device, verify_point
 from huggy_exp.tasks import scenarios as extra
 from huggy_exp.tasks.compare import compare_outputs
+from huggy_exp.verify import finite_limits
 
 POINT_STATS = ("p50_us", "p90_us", "p95_us", "p99_us", "mean_us", "min_us", "max_us", "iqr_us", "obs_per_s", "noisy", "samples")
 SERIES_STATS = ("p50_us", "p99_us", "obs_per_s")
@@ -42,7 +43,7 @@ class BenchmarkTask:
         self.batch_sizes = [int(b) for b in (batch_sizes or [])]
         self.rounds, self.chunk_rows = int(rounds), int(chunk_rows)
         self.budget_s, self.warmup_s, self.settle_s = float(budget_s), float(warmup_s), float(settle_s)
-        self.tolerance = dict(tolerance)
+        self.tolerance = finite_limits(tolerance, "mode.tolerance")
         self.fp16_cpu_max_rows, self.fp16_cpu_samples = int(fp16_cpu_max_rows), int(fp16_cpu_samples)
         self.qsl_samples, self.search_steps, self.search_ms = int(qsl_samples), int(search_steps), int(search_ms)
         self.loadgen = loadgen.Settings(

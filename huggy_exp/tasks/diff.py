@@ -16,7 +16,9 @@ from huggy_exp.certify import DUAL_RULES, bitwise, dual_benchmark, errors, laten
 from huggy_exp.compare import load_outputs
 from huggy_exp.context import Context
 from huggy_exp.errors import UserError
+from huggy_exp.report import escape
 from huggy_exp.results import Result
+from huggy_exp.verify import nonfinite_failures
 
 ACCURACY_MARKS = ("vs_fp64", "vs_fp32", "vs_cpu", "vs_torch", "deterministic", "agreement")
 
@@ -144,8 +146,17 @@ def _dual(base: Point, cand: Point, row: dict) -> None:
 
 
 def _outputs(base: Point, cand: Point, row: dict) -> None:
-    """The outputs both sides hold, bit for bit and in ULPs, and the fingerprints that changed."""
+    """The outputs both sides hold, bit for bit and in ULPs (not applicable to other inputs, or to outputs of another
+    shape), and the fingerprints that changed."""
     shared = [n for n in base.outputs if n in cand.outputs]
+    if shared and base.inputs != cand.inputs:
+        row["changes"].append("outputs not compared: not applicable, the inputs differ")
+        shared = []
+    reshaped = [n for n in shared if np.shape(base.outputs[n]) != np.shape(cand.outputs[n])]
+    if reshaped:
+        row["changes"].append("outputs not compared: not applicable, other shapes (" + "; ".join(
+            f"{n} {list(np.shape(base.outputs[n]))} -> {list(np.shape(cand.outputs[n]))}" for n in reshaped) + ")")
+        shared = [n for n in shared if n not in reshaped]
     if shared:
         agree = [bitwise(cand.outputs[n], base.outputs[n]) for n in shared]
         row["bitwise_share"] = min(a["bitwise_share"] for a in agree)
@@ -197,6 +208,8 @@ class DiffTask:
 
     def run(self, ctx: Context) -> Result:
         base, cand = load_side(self.baseline, "baseline"), load_side(self.candidate, "candidate")
+        nonfinite = [why for side, points in (("baseline", base), ("candidate", cand)) for k, p in points.items()
+                     for why in nonfinite_failures(p.outputs, f"{side} {k}:") + nonfinite_failures(p.fp64 or {}, f"{side} {k}: fp64 reference")]
         rows = [compare_points(base[k], cand[k], self.alpha) for k in base if k in cand]
         rows += [{"point": k, "side": "baseline only", "changed": True, "changes": ["only in the baseline"]} for k in base if k not in cand]
         rows += [{"point": k, "side": "candidate only", "changed": True, "changes": ["only in the candidate"]} for k in cand if k not in base]
@@ -207,6 +220,8 @@ class DiffTask:
                   "only_candidate": sum(r["side"] == "candidate only" for r in rows)}
         result = Result(metrics={f"diff/{k}": float(v) for k, v in counts.items()},
                         tables={"diff": [{**r, "changes": " | ".join(r["changes"])} for r in rows]})
+        for why in nonfinite:  # nothing that is not finite passes, on either side
+            result.fail(why)
         for r in both:
             if r.get("regressed"):
                 result.fail(f"{r['point']}: passed in the baseline, failed in the candidate")
@@ -218,8 +233,9 @@ class DiffTask:
                     f"environment), {counts['latency_changed']} in latency; {counts['only_baseline']} only in the baseline, "
                     f"{counts['only_candidate']} only in the candidate")
         result.summary = [headline, *(f"{r['point']}: {'; '.join(r['changes'])}" for r in rows if r["changes"])]
-        md = [f"# Diff: {self.baseline} -> {self.candidate}", "", headline, "", "| point | side | what changed |", "| --- | --- | --- |"]
-        md += [f"| {r['point']} | {r['side']} | {'; '.join(r['changes']).replace('|', '/') or 'nothing'} |" for r in rows]
+        md = [f"# Diff: {escape(self.baseline)} -> {escape(self.candidate)}", "", headline, "", "| point | side | what changed |",
+              "| --- | --- | --- |"]
+        md += [f"| {escape(r['point'])} | {r['side']} | {escape('; '.join(r['changes'])) or 'nothing'} |" for r in rows]
         (ctx.workdir / "report.md").write_text("\n".join(md) + "\n")
         result.files.append("report.md")
         result.details.update({"headline": headline, "baseline": self.baseline, "candidate": self.candidate, "points": rows})

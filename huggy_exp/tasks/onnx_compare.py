@@ -45,7 +45,7 @@ class OnnxCompareTask:
         dist = over_steps(reference(ctx, "fp32").distributions, feeds, w.memory)
         result = Result()
         # --- compare: deterministic outputs element-wise (discrete exactly), constants exactly, draws statistically
-        atol = limits_for({k: {"atol": v} for k, v in self.atol.items()}, ctx.dtype, ctx.device, self.specialize)["atol"]
+        atol = limits_for({k: {"atol": v} for k, v in self.atol.items()}, ctx.dtype, ctx.device, self.specialize, "mode.atol")["atol"]
         metrics, failures, rows = compare_outputs(mine, theirs, VERSUS, atol, self.rel_floor, dist.get("masked_logits"), w.branch_sizes)
         c_metrics, c_failures, constants = check_constants(theirs, expected_constants(w), sequence)
         result.metrics.update({**metrics, **c_metrics})

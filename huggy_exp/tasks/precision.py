@@ -15,7 +15,8 @@ from huggy_exp.numerics import compare, error_ratio, limits_for, ratio_verdict, 
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, DISCRETE, build, reference, run_feeds
 from huggy_exp.tasks import is_sequence, latency, verify_point
-from huggy_exp.verify import outputs_of
+from huggy_exp.verify import limit as verify_limit
+from huggy_exp.verify import outputs_of, within
 
 LAYER_ORDER = ("lstm", RECURRENT_OUT, "mu", "logits")  # after normalized_obs* and hidden_*
 
@@ -63,12 +64,13 @@ class PrecisionTask:
 
     def _layers(self, ctx: Context, got: dict, want: dict, result: Result) -> dict:
         """rel_rmse and max_abs of every intermediate against fp64; the first one over the dtype's layer threshold fails."""
-        limit = limits_for(self.layer_thresholds, ctx.dtype, ctx.device, self.layer_specialize).get("rel_rmse", np.inf)
+        limits = limits_for(self.layer_thresholds, ctx.dtype, ctx.device, self.layer_specialize, "mode.layer_thresholds")
+        limit = verify_limit(limits, "rel_rmse", f"mode.layer_thresholds.{ctx.dtype}")
         names = [k for k in got if k.startswith(("normalized_obs", "hidden_"))] + [k for k in LAYER_ORDER if k in got]
         rows, first_bad = [], None
         for name in names:
             err, finite = rel_rmse(got[name], want[name]), bool(np.all(np.isfinite(got[name])))
-            exceeds = (not finite) or err > limit
+            exceeds = not (finite and within(err, limit))
             first_bad = first_bad or (name if exceeds else None)
             max_abs = float(np.max(np.abs(got[name].astype(np.float64) - want[name])))
             result.metrics.update({f"layer/{name}/rel_rmse": err, f"layer/{name}/max_abs": max_abs, f"layer/{name}/rel_rmse_limit": limit})

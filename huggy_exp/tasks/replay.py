@@ -14,9 +14,12 @@ from huggy_exp.certify import bitwise, dual_benchmark, errors, latency_change, n
 from huggy_exp.config import DTYPE_NAMES
 from huggy_exp.context import Context
 from huggy_exp.errors import UserError
+from huggy_exp.report import escape
 from huggy_exp.results import Result
 from huggy_exp.runners import build, reference, run_feeds
 from huggy_exp.tasks.record import fingerprints, time_calls
+from huggy_exp.verify import finite_limits, nonfinite_failures, within
+from huggy_exp.verify import limit as verify_limit
 
 
 class ReplayTask:
@@ -25,7 +28,7 @@ class ReplayTask:
     def __init__(self, bundle: str | None, reference_point: str | None, allow_other_model: bool, tolerance: dict,
                  require_bitwise: bool, latency: dict, alpha: float, fail_on_latency: bool, decimals: int):
         self.bundle, self.reference_point, self.allow_other_model = bundle, reference_point, bool(allow_other_model)
-        self.tolerance, self.require_bitwise, self.latency = dict(tolerance), bool(require_bitwise), dict(latency)
+        self.tolerance, self.require_bitwise, self.latency = finite_limits(tolerance, "mode.tolerance"), bool(require_bitwise), dict(latency)
         self.alpha, self.fail_on_latency, self.decimals = float(alpha), bool(fail_on_latency), int(decimals)
 
     def run(self, ctx: Context) -> Result:
@@ -46,6 +49,7 @@ class ReplayTask:
         env_rows = environment.diff(b.points[match or ref_key or next(iter(b.points))]["environment"], env_here) if b.points else []
         result = Result(arrays=dict(here))
         report = Report(key, b, match, ref_key)
+        self._finite(result, b, fp64, match, ref_key)
         self._agreement(result, report, b, ctx, here, match, timed.threads, env_rows)
         self._against_fp64(result, report, here, fp64, host64, ctx.dtype, judge=match is None and ref_key is None)
         self._dual(result, report, b, here, fp64, ref_key)
@@ -64,6 +68,15 @@ class ReplayTask:
                                "threads": timed.threads, "environment_diff": env_rows, "notes": report.lines})
         result.files += report.write(ctx.workdir, timed.samples, ctx.plots)
         return result
+
+    @staticmethod
+    def _finite(result: Result, b: bundle.Bundle, fp64: dict, match: str | None, ref_key: str | None) -> None:
+        """A NaN/inf in what this replay is held to (the recording, the reference point, the fp64 reference) fails it."""
+        for recorded in dict.fromkeys(filter(None, (match, ref_key))):
+            for why in nonfinite_failures(b.outputs(recorded), f"the recording {recorded}"):
+                result.fail(why)
+        for why in nonfinite_failures(fp64, "the bundle's fp64 reference"):
+            result.fail(why)
 
     def _reference_key(self, b: bundle.Bundle, ctx: Context, match: str | None) -> str | None:
         """mode.reference_point: a recorded key, a dtype (its recorded point), or null (the same-dtype point)."""
@@ -88,7 +101,7 @@ class ReplayTask:
                                 "compared against the bundle's fp64 reference only")
             result.details["no_recording"] = True
             return
-        recorded, limit = b.outputs(match), float(self.tolerance.get(ctx.dtype, np.inf))
+        recorded, limit = b.outputs(match), verify_limit(self.tolerance, ctx.dtype, "mode.tolerance")
         point = b.points[match]
         same_point = match == report.key and int(point.get("threads", 1)) == threads and environment.same_stack(env_rows)
         required = self.require_bitwise or same_point
@@ -104,7 +117,7 @@ class ReplayTask:
                 why = "same device, dtype, backend, batch and threads on an unchanged host stack" if same_point else "mode.require_bitwise=true"
                 result.fail(f"{name} is not bitwise identical to the recording {match} ({row['bitwise_share']:.2%} equal, "
                             f"max {row['ulp_max']:.0f} ULP; {why})")
-            if "max_abs" in row and not row["max_abs"] <= limit:
+            if "max_abs" in row and not within(row["max_abs"], limit):
                 result.fail(f"{name} max |replay - recorded {match}| {row['max_abs']:.3g} > tolerance {limit:g} ({ctx.dtype})")
         if rows:
             result.metrics["agreement/bitwise_share"] = min(r["bitwise_share"] for r in rows)
@@ -114,7 +127,7 @@ class ReplayTask:
 
     def _against_fp64(self, result: Result, report: "Report", here: dict, fp64: dict, host64: dict, dtype: str, judge: bool) -> None:
         """Every output against the bundle's fp64 reference; this host's fp64 against the bundle's (how far fp64 moved)."""
-        limit = float(self.tolerance.get(dtype, np.inf))
+        limit = verify_limit(self.tolerance, dtype, "mode.tolerance")
         for name in here:
             if name not in fp64:
                 continue
@@ -122,7 +135,7 @@ class ReplayTask:
             result.metrics.update({f"{name}/vs_fp64/{k}": v for k, v in m.items()})
             drift = errors(host64[name], fp64[name])
             result.metrics.update({f"{name}/fp64_here_vs_bundle/{k}": v for k, v in drift.items() if k in ("max_abs", "mismatch_share")})
-            if judge and "max_abs" in m and not m["max_abs"] <= limit:
+            if judge and "max_abs" in m and not within(m["max_abs"], limit):
                 result.fail(f"{name} max_abs vs the bundle's fp64 {m['max_abs']:.3g} > tolerance {limit:g} ({dtype})")
             report.fp64.append({"output": name, **m, "fp64_here_vs_bundle_max_abs": drift.get("max_abs", drift.get("mismatch_share"))})
 
@@ -202,19 +215,19 @@ class Report:
             files.append(plots.distributions(workdir / "latency_cdf.png", {f"recorded {self.latency['against']}": np.asarray(self.recorded_latency) * 1e6,
                                                                             f"here {self.key}": np.asarray(samples) * 1e6},
                                              "latency per call (µs)", f"latency, replay {self.key}"))
-        md = [f"# Replay of {self.bundle.root.name}: {self.key}", "", self.headline(), ""]
-        md += [f"- {line}" for line in self.lines]
+        md = [f"# Replay of {escape(self.bundle.root.name)}: {escape(self.key)}", "", escape(self.headline()), ""]
+        md += [f"- {escape(line)}" for line in self.lines]
         if self.agreement:
-            md += ["", f"## Agreement with the recording {self.match}" + (" (bitwise required)" if self.bitwise_required else ""), "",
+            md += ["", f"## Agreement with the recording {escape(self.match)}" + (" (bitwise required)" if self.bitwise_required else ""), "",
                    *_table(self.agreement, ["output", "bitwise_share", "ulp_max", "ulp_mean", "ulp_over_1_share", "max_abs", "mismatch_share"])]
         md += ["", "## Against the bundle's CPU fp64 reference", "",
                *_table(self.fp64, ["output", "max_abs", "rmse", "max_rel", "cosine", "mismatch_share", "fp64_here_vs_bundle_max_abs"])]
         if self.dual:
-            md += ["", f"## Dual benchmark (msprobe): error here / error of {self.ref_key}, both vs fp64", "",
+            md += ["", f"## Dual benchmark (msprobe): error here / error of {escape(self.ref_key)}, both vs fp64", "",
                    *_table(self.dual, ["output", "metric", "error", "reference_error", "ratio", "verdict", "pass_up_to", "warn_up_to"])]
         if self.latency and "median_ratio" in self.latency:
             lat = self.latency
-            md += ["", f"## Latency against {lat['against']}", "",
+            md += ["", f"## Latency against {escape(lat['against'])}", "",
                    f"median {lat['recorded_median_us']:,.1f} µs recorded, {lat['here_median_us']:,.1f} µs here: {lat['median_ratio']:.3f}x "
                    f"(95% CI {lat['ci95_low']:.3f}..{lat['ci95_high']:.3f}), p90 {lat['p90_ratio']:.3f}x, p = {lat['p_value']:.3g}: "
                    f"**{lat['verdict']}** ({lat['test']})"] + (["", "![latency](latency_cdf.png)"] if cdf else [])
@@ -226,5 +239,5 @@ class Report:
 
 def _table(rows: list[dict], columns: list[str]) -> list[str]:
     cols = [c for c in columns if any(c in r for r in rows)]
-    fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else ("" if v is None else str(v).replace("|", "\\|"))  # noqa: E731
+    fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else ("" if v is None else escape(v))  # noqa: E731
     return ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols), *("| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows)]
