@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from huggy_exp.config import MAX_OBS_BYTES, OBS_SOURCES
-from huggy_exp.errors import UserError
+from huggy_exp.errors import UserError, first_line
 from huggy_exp.mlagents import ACTION_MASKS, Normalizer, PolicyWeights, obs_name
 
 EXTREME = 1.0e4
@@ -101,7 +101,7 @@ def _npy_header(fh, p: Path) -> tuple[tuple[int, ...], np.dtype]:
         else:
             raise ValueError(f"unsupported .npy format version {version}")
     except (ValueError, OSError, EOFError, SyntaxError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise UserError(f"observation file {p} is not a .npy array (save it with numpy.save): {first[:200]}") from None
     return tuple(int(d) for d in shape), np.dtype(dtype)
 
