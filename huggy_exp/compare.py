@@ -14,6 +14,7 @@ import numpy as np
 
 from huggy_exp import plots
 from huggy_exp.headline import ERROR
+from huggy_exp.safety import check_npy
 
 NARROW_FIRST = ("bf16", "fp16", "fp32", "fp64")
 VERDICT_KNOBS = ("thresholds", "layer_thresholds", "specialize", "relative", "rel_floor", "tolerance", "atol",
@@ -35,7 +36,10 @@ def load_outputs(row: dict) -> dict[str, np.ndarray]:
     if row["status"] == "error":
         return {}
     d = Path(row["dir"])
-    return {f[:-4]: np.load(d / f, allow_pickle=False) for f in OUTPUT_FILES if (d / f).is_file()}
+    found = [f for f in OUTPUT_FILES if (d / f).is_file()]
+    for f in found:  # a foreign job dir (mode=diff) may hold a header that declares terabytes
+        check_npy(d / f, "output")
+    return {f[:-4]: np.load(d / f, allow_pickle=False) for f in found}
 
 
 def _digest(outputs: dict[str, np.ndarray]) -> str | None:

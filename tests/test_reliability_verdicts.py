@@ -471,3 +471,15 @@ def test_the_logging_helper_of_a_killed_job_ends_quietly_and_records_the_outcome
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 0 and "Traceback" not in err and "BrokenPipe" not in err, err
     assert json.loads((job / "result.json").read_text())["tracking"]["status"] == "logged"
+
+
+def test_a_foreign_npy_that_declares_more_than_it_holds_is_refused_unread(small, tmp_path):
+    """Variant: mode=diff reads a job dir's actions.npy, whose header claims 4 GiB in a file of 200 bytes."""
+    for side in ("base", "cand"):
+        job = run_job(tmp_path / side / "0", "precision", small.model, "dtype=fp32", "obs.rows=8")
+        assert job.record["status"] == "passed", job.record["reason"]
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (1 << 30,)})
+    (tmp_path / "cand" / "0" / "actions.npy").write_bytes(b"\x93NUMPY\x01\x00" + header.getvalue()[8:] + b"\0" * 64)
+    r = run_job(tmp_path / "diff", "diff", f"mode.baseline={tmp_path / 'base'}", f"mode.candidate={tmp_path / 'cand'}").record
+    assert r["status"] == "error" and "actions.npy declares 4.0 GiB" in r["reason"] and "\n" not in r["reason"], r["reason"]
