@@ -483,3 +483,13 @@ def test_a_foreign_npy_that_declares_more_than_it_holds_is_refused_unread(small,
     (tmp_path / "cand" / "0" / "actions.npy").write_bytes(b"\x93NUMPY\x01\x00" + header.getvalue()[8:] + b"\0" * 64)
     r = run_job(tmp_path / "diff", "diff", f"mode.baseline={tmp_path / 'base'}", f"mode.candidate={tmp_path / 'cand'}").record
     assert r["status"] == "error" and "actions.npy declares 4.0 GiB" in r["reason"] and "\n" not in r["reason"], r["reason"]
+
+
+def test_a_nan_latency_is_never_within_tolerance(small_bundle, small, tmp_path):
+    from huggy_exp import certify
+
+    change = certify.latency_change(np.array([1e-3, np.nan, 1e-3]), np.array([1e-3, 1e-3]))
+    assert change["verdict"] == "not measured" and "not finite" in change["why"]
+    b = poison(copy_bundle(small_bundle, tmp_path / "b"), "points/cpu-fp32-eager-b64/latency.npz")
+    r = replay(tmp_path / "job", b, small.model).record
+    assert r["status"] == "error" and "samples that are not finite seconds" in r["reason"], r["reason"]

@@ -175,7 +175,7 @@ def _latency(base: Point, cand: Point, alpha: float, row: dict) -> None:
     """The samples' test where both sides carry them, else the p50 ratio against TEST05's tolerance."""
     if base.latency_s is not None and cand.latency_s is not None:
         lat = latency_change(base.latency_s, cand.latency_s, alpha)
-    elif base.p50_us and cand.p50_us:
+    elif all(isinstance(v, (int, float)) and np.isfinite(v) and v > 0 for v in (base.p50_us, cand.p50_us)):
         ratio, tol = cand.p50_us / base.p50_us, test05_tolerance(base.p50_us * 1e-6)
         lat = {"median_ratio": ratio, "tolerance": tol, "test": "p50 ratio only: a sweep's result.json has no samples, no test",
                "verdict": "within tolerance" if abs(ratio - 1) <= tol else ("slower (untested)" if ratio > 1 else "faster (untested)")}
