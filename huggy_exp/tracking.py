@@ -153,8 +153,8 @@ def check_uri(uri: str) -> None:
         if db is None or str(db) in ("", ".") or ":memory:" in uri or "mode=memory" in uri:
             raise StoreDown(f"tracking.uri={shown!r} is an in-memory SQLite store: every run would vanish when the job "
                             "ends; give a file, sqlite:///<folder>/mlflow.db")
-        if "?" in uri or "#" in uri:
-            raise StoreDown(f"tracking.uri={shown!r}: a SQLite store takes no query ({shown[shown.find('?'):] or '#'}): "
+        if "?" in uri:
+            raise StoreDown(f"tracking.uri={shown!r}: a SQLite store takes no query ({shown[shown.find('?'):]}): "
                             "MLflow would create a file of that name; give sqlite:///<folder>/mlflow.db")
 
 
