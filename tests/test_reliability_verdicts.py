@@ -493,3 +493,37 @@ def test_a_nan_latency_is_never_within_tolerance(small_bundle, small, tmp_path):
     b = poison(copy_bundle(small_bundle, tmp_path / "b"), "points/cpu-fp32-eager-b64/latency.npz")
     r = replay(tmp_path / "job", b, small.model).record
     assert r["status"] == "error" and "samples that are not finite seconds" in r["reason"], r["reason"]
+
+
+def test_an_observation_npz_whose_member_declares_terabytes_is_refused_unread(tmp_path):
+    """Variant on another reader: an obs.path .npz of 200 bytes whose obs_0.npy declares 1.5 TiB (numpy would allocate
+    what the header declares before it finds the data missing)."""
+    import zipfile
+
+    from huggy_exp.observations import _read_npz
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (6, 68_719_476_736)})
+    with zipfile.ZipFile(tmp_path / "obs.npz", "w") as zf:
+        zf.writestr("obs_0.npy", header.getvalue() + b"\0" * 64)
+    with pytest.raises(UserError, match=r"obs_0.npy declares 1,536.0 GiB"):
+        _read_npz(tmp_path / "obs.npz")
+
+
+def test_an_mlagents_status_file_that_is_a_fifo_is_one_line_not_a_hang(tmp_path):
+    from huggy_exp.mlagents.results import read_training_status
+
+    import signal
+
+    def hung(*_):
+        raise TimeoutError("the reader opened the FIFO and waits for a writer")
+
+    os.mkfifo(tmp_path / "training_status.json")
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(10)
+    try:
+        with pytest.raises(UserError, match="is not a regular file .a FIFO."):
+            read_training_status(tmp_path / "training_status.json")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
