@@ -295,14 +295,19 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes included (unrolled: linear and fast)
 
 
 def json_depth(data: bytes) -> int:
     """How deep the arrays and objects of a JSON text nest (strings skipped), counted without recursion."""
     bare = np.frombuffer(_STRINGS.sub(b'""', data), np.uint8)
-    steps = (bare == ord("[")).astype(np.int64) + (bare == ord("{")) - (bare == ord("]")) - (bare == ord("}"))
-    return int(np.cumsum(steps).max(initial=0))
+    depth = deepest = 0
+    for start in range(0, len(bare), 1 << 20):  # 1 MiB at a time: a 64 MiB file costs megabytes, not gigabytes
+        chunk = bare[start:start + (1 << 20)]
+        steps = (chunk == ord("[")).astype(np.int32) + (chunk == ord("{")) - (chunk == ord("]")) - (chunk == ord("}"))
+        running = np.cumsum(steps) + depth
+        deepest, depth = max(deepest, int(running.max())), int(running[-1])
+    return deepest
 
 
 def read_json(path: str | Path, what: str, cap: int | None = None, depth: int | None = None):
