@@ -13,6 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from huggy_exp import environment, tracking
+from huggy_exp.config import numerics_label
 from huggy_exp.context import Context, ModelSpec, ObsSpec, VerifySpec
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.headline import headline_metrics
@@ -41,6 +42,7 @@ def build_context(cfg: DictConfig, workdir: Path) -> Context:
     return Context(
         device=str(cfg.device),
         dtype=str(cfg.dtype),
+        precision_mode=str(cfg.precision_mode),
         batch_size=int(cfg.batch_size),
         seed=int(cfg.seed),
         backend=str(cfg.backend),
@@ -88,11 +90,12 @@ def point_info() -> dict:
 
 
 def run_name(mode: str, cfg: DictConfig, case: str | None = None) -> str:
-    """What is special about the job first: the case, then mode, device, dtype, batch, and obs when not random.
+    """What is special about the job first: the case, then mode, device, dtype (with its precision mode off IEEE:
+    `fp32-tf32`), batch, and obs when not random.
 
     A benchmark is named by the batch sizes it times (its ladder, mode.batch_sizes, when it has one), zero-padded so
     that names sort numerically (b00001 < b00064 < b01024) in the MLflow runs table and in listings."""
-    name = f"{mode}-{cfg.device}-{cfg.dtype}-b{batch_label(mode, cfg)}"
+    name = f"{mode}-{cfg.device}-{numerics_label(cfg.dtype, cfg.get('precision_mode'))}-b{batch_label(mode, cfg)}"
     source = (cfg.get("obs") or {}).get("source")
     if source and source != "random":
         name += f"-{source}"
@@ -175,9 +178,11 @@ def _run_task(cfg: DictConfig, workdir: Path, mode: str,
         if missing:
             raise Unsupported(f"needs {missing[0]}, which is not on this host (shared fixtures: set HUGGY_EXP_SHARED)")
         ctx = build_context(cfg, workdir)
+        switches = ctx.set_precision() if mode not in NO_INFERENCE else {}
         if mode not in NO_INFERENCE:
             check_job_memory(mode, OmegaConf.to_container(cfg, resolve=True), ctx.weights)
         result = _instantiate(cfg.mode).run(ctx)
+        result.tags.update({f"fp32_precision/{name}": value for name, value in switches.items()})
         result.check_finite()
     except OSError as exc:
         if not is_disk_full(exc):
@@ -223,6 +228,7 @@ def _job_record(cfg: DictConfig, mode: str, job: JobInfo, result: Result, ctx: C
         "overrides": [tracking.redact(o) for o in job.overrides],
         "device": str(cfg.device),
         "dtype": str(cfg.dtype),
+        "precision_mode": str(cfg.precision_mode),
         "batch_size": cfg.batch_size,
         "seed": cfg.seed,
         "model": loaded.describe() if loaded is not None else _model_stub(cfg),

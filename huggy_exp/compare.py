@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from huggy_exp import plots
+from huggy_exp.config import numerics_label
 from huggy_exp.headline import ERROR
 from huggy_exp.safety import check_npy
 
@@ -53,7 +54,12 @@ def _digest(outputs: dict[str, np.ndarray]) -> str | None:
 
 
 def compare(rows: list[dict]) -> dict:
-    """{"vs_cpu_fp32": {job: max |Δ|}, "agreement": [groups], "recommended": {device: {...}}, "lines": [...]}."""
+    """{"vs_cpu_fp32": {job: max |Δ|}, "agreement": [groups], "recommended": {device: {...}}, "lines": [...]}.
+
+    A point's numerics (dtype, and its precision mode off IEEE: `fp32-tf32`) stand where a dtype would: agreement groups,
+    the per-device pick and the lines compare `fp32` and `fp32-tf32` as two choices."""
+    for row in rows:  # rows of older result.json files have no precision mode: they ran in IEEE fp32
+        row.setdefault("numerics", numerics_label(row["dtype"], row.get("precision_mode")))
     outputs = {r["job"]: load_outputs(r) for r in rows}
     actions = {job: o.get("actions") for job, o in outputs.items()}
     for row in rows:
@@ -85,7 +91,7 @@ def compare(rows: list[dict]) -> dict:
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         if row["actions_sha256"]:
-            groups.setdefault((*inputs_key(row), row["dtype"]), []).append(row)
+            groups.setdefault((*inputs_key(row), row["numerics"]), []).append(row)
     agreement = []
     for (mode, _, obs, seed, _, dtype), members in groups.items():
         if len(members) < 2:
@@ -116,7 +122,8 @@ def dual_benchmarks(rows: list[dict]) -> list[dict]:
     judged = [r for r in rows if r["status"] in ("passed", "failed") and r.get("vs_fp64")]
     for npu in (r for r in judged if str(r["device"]).startswith("npu")):
         for gpu in (r for r in judged if str(r["device"]).startswith("cuda")):
-            if gpu["dtype"] != npu["dtype"] or inputs_key(gpu) != inputs_key(npu) or gpu["batch_size"] != npu["batch_size"]:
+            if (gpu["dtype"] != npu["dtype"] or inputs_key(gpu) != inputs_key(npu) or gpu["batch_size"] != npu["batch_size"]
+                    or (gpu.get("precision_mode", "ieee") == "ieee") != (npu.get("precision_mode", "ieee") == "ieee")):
                 continue
             outputs = []
             for stem in (s for s in DUAL_STEMS if s in npu["vs_fp64"] and s in gpu["vs_fp64"]):
@@ -170,8 +177,8 @@ def recommend(rows: list[dict]) -> dict:
         if len(weights) > 1:
             recommended[key] = mixed_weights(weights)
             continue
-        failing = sorted({r["dtype"] for r in checked if r["status"] == "failed"}, key=NARROW_FIRST.index)
-        passing = [d for d in dict.fromkeys(r["dtype"] for r in checked) if d not in failing]
+        failing = sorted({r["numerics"] for r in checked if r["status"] == "failed"}, key=_narrow_first)
+        passing = [d for d in dict.fromkeys(r["numerics"] for r in checked) if d not in failing]
         timed = {d: t for d in passing if (t := _latency(checked, d)) is not None}
         choice = min(timed, key=lambda d: timed[d]["p50_us"]) if timed else None
         recommended[key] = {"dtype": choice, "p50_us": timed[choice]["p50_us"] if choice else None, "passing": passing,
@@ -179,6 +186,12 @@ def recommend(rows: list[dict]) -> dict:
                             "figures": {d: t for d, t in timed.items()}, "p50_by_dtype": {d: t["p50_us"] for d, t in timed.items()},
                             "why": _why(choice, timed)}
     return recommended
+
+
+def _narrow_first(numerics: str) -> tuple[int, str]:
+    """bf16 before fp16 before fp32 before fp64; within a dtype, ieee before tf32/hf32."""
+    dtype, _, mode = numerics.partition("-")
+    return NARROW_FIRST.index(dtype), mode
 
 
 def _model(row: dict) -> str:
@@ -215,8 +228,8 @@ def _latency(rows: list[dict], dtype: str) -> dict | None:
     if not timed:
         return None
     keys = [(r["mode"], r["batch_size"]) for r in timed]
-    common = max(dict.fromkeys(keys), key=lambda k: len({r["dtype"] for r in timed if (r["mode"], r["batch_size"]) == k}))
-    mine = [r for r in timed if r["dtype"] == dtype]
+    common = max(dict.fromkeys(keys), key=lambda k: len({r["numerics"] for r in timed if (r["mode"], r["batch_size"]) == k}))
+    mine = [r for r in timed if r["numerics"] == dtype]
     pick = [r for r in mine if (r["mode"], r["batch_size"]) == common] or mine
     if not pick:
         return None
@@ -280,10 +293,10 @@ def comparison_lines(rows: list[dict], agreement: list[dict], recommended: dict)
     lines = []
     for r in rows:
         if "vs_cpu_fp32_max_abs" in r and not (r["device"] == "cpu" and r["dtype"] == "fp32"):
-            lines.append(f"{r['job']:>3} {r['mode']} {r['device']} {r['dtype']} b{r['batch_size']} {r['obs']} seed {r['seed']}: "
+            lines.append(f"{r['job']:>3} {r['mode']} {r['device']} {r['numerics']} b{r['batch_size']} {r['obs']} seed {r['seed']}: "
                          f"max |Δaction| vs cpu fp32 = {r['vs_cpu_fp32_max_abs']:.3g}")
         if "vs_cpu_fp32_discrete_agreement" in r and not (r["device"] == "cpu" and r["dtype"] == "fp32"):
-            lines.append(f"{r['job']:>3} {r['mode']} {r['device']} {r['dtype']} b{r['batch_size']} {r['obs']} seed {r['seed']}: "
+            lines.append(f"{r['job']:>3} {r['mode']} {r['device']} {r['numerics']} b{r['batch_size']} {r['obs']} seed {r['seed']}: "
                          f"discrete actions equal to cpu fp32's: {r['vs_cpu_fp32_discrete_agreement']:.2%}")
     for g in agreement:
         where = ", ".join(f"{p['device']}(job {p['job']})" for p in g["points"])
@@ -299,7 +312,7 @@ def comparison_lines(rows: list[dict], agreement: list[dict], recommended: dict)
 
 def comparison_table(rows: list[dict]) -> list[dict]:
     """One row per point for the parent run's table artifact."""
-    keys = ("job", "case", "mode", "device", "dtype", "batch_size", "obs", "seed", "status", "vs_cpu_fp32_max_abs",
+    keys = ("job", "case", "mode", "device", "dtype", "precision_mode", "batch_size", "obs", "seed", "status", "vs_cpu_fp32_max_abs",
             "actions_sha256")
     return [{**{k: r.get(k) for k in keys}, **{f"m.{k}": v for k, v in r["metrics"].items()}} for r in rows]
 
@@ -328,7 +341,7 @@ def draw(sweep_dir: Path, rows: list[dict], result: dict) -> list[Path]:
             r = {**r, "latency_points": [["eager", r["batch_size"], r["metrics"]["p50_us"]]]}  # rows without a ladder
         for stat in ("latency_points", "throughput_points"):
             for backend, batch, value in r.get(stat) or ():
-                curves.setdefault(f"{r['device']} {r['dtype']} {backend}", {"latency_points": [], "throughput_points": []})[stat].append((batch, value))
+                curves.setdefault(f"{r['device']} {r['numerics']} {backend}", {"latency_points": [], "throughput_points": []})[stat].append((batch, value))
     if curves:
         files.append(sweep_dir / plots.versus_batch(sweep_dir / "latency_vs_batch.png", curves,
                                                     "latency and throughput vs batch size, per device, dtype and backend"))

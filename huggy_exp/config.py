@@ -19,6 +19,12 @@ from huggy_exp.errors import UserError
 
 DTYPE_NAMES = ("fp32", "fp16", "bf16", "fp64")
 BACKENDS = ("eager", "compile", "fused", "graphs", "onnxruntime")
+PRECISION_MODES = ("ieee", "tf32", "hf32")  # fp32 math: IEEE fp32, TF32 (CUDA), HF32 (Ascend): placement.set_precision
+
+
+def numerics_label(dtype: str, precision_mode: str | None = "ieee") -> str:
+    """What a point computes in, as run names and sweep comparisons show it: `fp32`, or `fp32-tf32` off IEEE."""
+    return dtype if precision_mode in (None, "ieee") else f"{dtype}-{precision_mode}"
 VERDICTS = ("passed", "failed", "skipped", "error")
 SCENARIOS = ("single_stream", "multi_stream", "offline", "server", "control_loop")  # mode=benchmark
 OBS_SOURCES = ("random", "zeros", "extreme", "file")  # obs.source
@@ -262,6 +268,7 @@ MODES: dict[str, type] = {
 class Config:
     device: str = MISSING
     dtype: str = rule(choices=DTYPE_NAMES)
+    precision_mode: str = rule(choices=PRECISION_MODES)
     batch_size: int = rule(lo=1, hi=MAX_BATCH)
     seed: int = rule(lo=0, hi=MAX_SEED)
     backend: str = rule(choices=BACKENDS)

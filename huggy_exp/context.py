@@ -13,7 +13,7 @@ from huggy_exp.errors import UserError
 from huggy_exp.numerics import limits_for
 from huggy_exp.observations import make_feeds, make_observations
 from huggy_exp.verify import Limits, Rules
-from huggy_exp.placement import Target, resolve
+from huggy_exp.placement import Target, resolve, set_precision
 
 
 
@@ -89,6 +89,7 @@ class Context:
 
     device: str = "cpu"
     dtype: str = "fp32"
+    precision_mode: str = "ieee"  # fp32 math on the device (placement.set_precision)
     batch_size: int = 64
     seed: int = 0
     backend: str = "eager"
@@ -118,6 +119,10 @@ class Context:
     def target(self, device: str | None = None, dtype: str | None = None) -> Target:
         """Raises Unsupported when the device or dtype is not available here."""
         return resolve(device or self.device, dtype or self.dtype)
+
+    def set_precision(self) -> dict[str, str]:
+        """Put the device's fp32 switches in `precision_mode`; every switch as it reads back (Unsupported: skipped)."""
+        return set_precision(self.device, self.dtype, self.precision_mode)
 
     def limits(self, dtype: str | None = None) -> Limits:
         """The dtype's output limits on this device kind (`verify.limits`, `verify.specialize`)."""

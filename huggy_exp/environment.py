@@ -131,26 +131,24 @@ def _ascend_driver(root: Path = Path("/usr/local/Ascend/driver")) -> str:
 
 
 def runtime_flags() -> dict:
-    """The process's precision switches: float32 matmul precision, TF32 (CUDA), HF32 (Ascend), reduced-precision
-    reductions, deterministic algorithms (the point's thread count is recorded with the point)."""
+    """The process's precision switches: fp32 math per op (placement.precision_switches: oneDNN, cuBLAS, cuDNN conv and
+    RNN, Ascend's HF32 and cube math type), reduced-precision reductions, deterministic algorithms (the point's thread
+    count is recorded with the point). torch's legacy allow_tf32 / float32_matmul_precision are not read: once the
+    per-op switches are set, reading them raises."""
     try:
         import torch
     except ImportError:
         return {}
-    flags = {
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
-        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+    from huggy_exp.placement import precision_switches
+
+    flags = {f"fp32_precision_{name}": value for name, value in precision_switches().items()}
+    flags.update({
         "cuda_fp16_reduced_precision_reduction": bool(torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction),
         "cuda_bf16_reduced_precision_reduction": bool(torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction),
         "deterministic_algorithms": bool(torch.are_deterministic_algorithms_enabled()),
         "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
         "mkldnn_enabled": bool(torch.backends.mkldnn.enabled),
-    }
-    npu = getattr(torch, "npu", None)  # only when torch_npu is already imported: capture never imports it
-    for name in ("matmul", "conv"):
-        switch = getattr(getattr(npu, name, None), "allow_hf32", None)
-        flags[f"npu_{name}_allow_hf32"] = bool(switch) if switch is not None else NOT_PRESENT
+    })
     return flags
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from huggy_exp.config import BACKENDS, DTYPE_NAMES
+from huggy_exp.config import BACKENDS, DTYPE_NAMES, PRECISION_MODES
 from huggy_exp.errors import Unsupported, UserError
 
 DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.float16, torch.bfloat16, torch.float64)))  # config.DTYPE_NAMES
@@ -109,6 +109,88 @@ def resolve(device: str, dtype: str) -> Target:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise Unsupported(f"dtype {dtype} is not supported on {device}: {first}") from None
     return Target(torch_device, torch_dtype, str(device), dtype)
+
+
+# --- fp32 math: the precision_mode axis (docs/hardware/)
+# which precision modes each device kind honours: tf32 is CUDA's (cuBLAS, cuDNN), hf32 Ascend's (cube units)
+HONOURED = {"cpu": ("ieee",), "cuda": ("ieee", "tf32"), "npu": ("ieee", "hf32"), "mps": ("ieee",)}
+TORCH_OPS = ("matmul", "conv", "rnn")  # the ops torch's per-op fp32_precision switches name (mkldnn; cudnn: conv, rnn)
+
+
+def set_precision(device: str, dtype: str, mode: str) -> dict[str, str]:
+    """Put the fp32 switches of the device's kind in `mode` (the CPU's in ieee always: the references run there) and
+    return what every switch reads back. A mode the device cannot honour, or tf32/hf32 with another dtype, is
+    Unsupported (skipped), and so is a switch that does not read back what was set. Switches are process-wide: every
+    job sets them, so a sweep's earlier point never leaks its mode into the next."""
+    kind, _ = check_device(device)
+    if mode not in PRECISION_MODES:
+        raise UserError(f"unknown precision_mode {mode!r}; valid: {', '.join(PRECISION_MODES)}")
+    if mode not in HONOURED[kind]:
+        raise Unsupported(f"precision_mode={mode} cannot be honoured on {kind}: it has {', '.join(HONOURED[kind])} "
+                          "(tf32 is CUDA's, hf32 Ascend's)")
+    if mode != "ieee" and dtype != "fp32":
+        raise Unsupported(f"precision_mode={mode} changes fp32 math only; dtype={dtype} computes in {dtype} (use ieee)")
+    for op in TORCH_OPS:  # CPU references stay IEEE fp32 (oneDNN may otherwise run fp32 in bf16 or tf32)
+        getattr(torch.backends.mkldnn, op).fp32_precision = "ieee"
+    asked = {f"cpu_{op}": "ieee" for op in TORCH_OPS}
+    if kind == "cuda":
+        _set_cuda(mode)
+        asked.update({"cuda_matmul": mode, "cudnn_conv": mode, "cudnn_rnn": mode})
+    elif kind == "npu":
+        _import_backend("npu")
+        asked.update(_set_npu(mode))
+    found = precision_switches()
+    wrong = {k: found.get(k) for k, v in asked.items() if found.get(k) != v}
+    if wrong:
+        raise Unsupported(f"precision_mode={mode}: the switches read back {wrong}, not {({k: asked[k] for k in wrong})}")
+    return found
+
+
+def _set_cuda(mode: str) -> None:
+    """torch's per-op TF32 switches (torch >= 2.9): cuBLAS matmul, cuDNN convolution, cuDNN RNN (tf32 by default)."""
+    if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        raise Unsupported(f"precision_mode={mode}: torch {torch.__version__} has no per-op fp32_precision switches (torch >= 2.9)")
+    torch.backends.cuda.matmul.fp32_precision = mode
+    torch.backends.cudnn.conv.fp32_precision = mode
+    torch.backends.cudnn.rnn.fp32_precision = mode
+
+
+def _set_npu(mode: str) -> dict[str, str]:
+    """torch_npu's HF32 switches (matmul off by default, conv on) and, where it exists (CANN >= 8.5), the matmul cube
+    math type, which outranks allow_hf32 when set; returns what was asked of each, as precision_switches names them."""
+    npu = torch.npu
+    hf32 = mode == "hf32"
+    npu.matmul.allow_hf32 = hf32
+    npu.conv.allow_hf32 = hf32
+    asked = {"npu_matmul_allow_hf32": str(hf32).lower(), "npu_conv_allow_hf32": str(hf32).lower()}
+    kinds = getattr(npu, "CubeMathType", None)
+    if kinds is not None and hasattr(npu.matmul, "cube_math_type"):
+        npu.matmul.cube_math_type = kinds.USE_HF32 if hf32 else kinds.KEEP_DTYPE
+        asked["npu_cube_math_type"] = "USE_HF32" if hf32 else "KEEP_DTYPE"
+    return asked
+
+
+def precision_switches() -> dict[str, str]:
+    """Every fp32 precision switch of this process as it reads now (never imports torch_npu): the CPU's oneDNN per op,
+    CUDA's per op, Ascend's HF32 and cube math type (`not present` where the switch does not exist)."""
+    def read(holder, name: str) -> str:
+        if holder is None or not hasattr(holder, name):
+            return "not present"
+        value = getattr(holder, name)
+        if value is None:
+            return "unset"
+        if isinstance(value, bool):
+            return str(value).lower()
+        return str(getattr(value, "name", value))
+
+    out = {f"cpu_{op}": read(getattr(torch.backends.mkldnn, op, None), "fp32_precision") for op in TORCH_OPS}
+    out["cuda_matmul"] = read(torch.backends.cuda.matmul, "fp32_precision")
+    out.update({f"cudnn_{op}": read(getattr(torch.backends.cudnn, op, None), "fp32_precision") for op in ("conv", "rnn")})
+    npu = getattr(torch, "npu", None)  # only when torch_npu (or the emulated npu) is imported already
+    for op in ("matmul", "conv"):
+        out[f"npu_{op}_allow_hf32"] = read(getattr(npu, op, None), "allow_hf32")
+    out["npu_cube_math_type"] = read(getattr(npu, "matmul", None), "cube_math_type")
+    return out
 
 
 def synchronize(device: torch.device) -> None:

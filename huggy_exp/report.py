@@ -119,7 +119,7 @@ def recommendation_section(comparison: dict) -> str:
         figures = rec.get("p50_by_dtype") or {}
         rows = [[d, "passed", figures.get(d)] for d in rec.get("passing") or []]
         rows += [[d, "failed", None] for d in rec.get("failing") or []]
-        parts.append(table(["dtype", "precision verdict", "p50 µs used"], rows, {2}))
+        parts.append(table(["dtype (precision mode)", "precision verdict", "p50 µs used"], rows, {2}))
     return "\n".join(parts)
 
 

@@ -15,6 +15,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from huggy_exp import report, tracking
+from huggy_exp.config import numerics_label
 from huggy_exp.preflight import JOBS_ENV
 from huggy_exp.headline import judged_limits, ladder, noisy
 from huggy_exp.compare import compare, draw, errors_vs_fp64
@@ -123,7 +124,8 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
                 + (f" [on {placed.get('hostname')} {placed.get('ray_node_ip', '')}]".replace(" ]", "]") if placed else ""))
         obs = (r.get("params") or {}).get("obs") or {}
         rows.append({"job": path.parent.name, "run_name": r["run_name"], "mode": r["mode"], "device": r["device"],
-                     "dtype": r["dtype"], "batch_size": r["batch_size"], "case": r.get("case"), "status": r["status"],
+                     "dtype": r["dtype"], "precision_mode": r.get("precision_mode", "ieee"),
+                     "numerics": numerics_label(r["dtype"], r.get("precision_mode")), "batch_size": r["batch_size"], "case": r.get("case"), "status": r["status"],
                      "note": note, "tracking": track, "expect": r.get("expect"),
                      "expectation_met": r.get("expectation_met"), "line": line, "dir": str(path.parent),
                      "seed": r.get("seed"), "obs": obs_label(obs), "model_sha256": (r.get("model") or {}).get("sha256"),
@@ -202,7 +204,7 @@ def obs_label(obs: dict) -> str:
 
 def write_summary(sweep_dir: Path, summary: dict, plot: bool) -> list[Path]:
     """summary.json, summary.csv and summary.md in the sweep dir; the comparison table and (with `plot`) plots beside them."""
-    columns = ["job", "run_name", "mode", "device", "dtype", "batch_size", "case", "host", "node", "obs", "seed", "status", "expect",
+    columns = ["job", "run_name", "mode", "device", "dtype", "precision_mode", "batch_size", "case", "host", "node", "obs", "seed", "status", "expect",
                "tracking", "vs_cpu_fp32_max_abs", "vs_cpu_fp32_discrete_agreement", "actions_sha256", "note"]
     metric_names = list(dict.fromkeys(k for r in summary["rows"] for k in r["metrics"]))
     flat = [{**r, **{f"m.{k}": v for k, v in r["metrics"].items()}} for r in summary["rows"]]

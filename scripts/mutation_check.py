@@ -90,6 +90,15 @@ MUTATIONS = (
         ("huggy_exp/policy.py", "kind = stat_dtype if name in exempt else", "kind = dtype if name in exempt else"),
     ), ("tests/test_policy_placement.py::test_normalizer_buffers_stay_float32_under_low_precision",
         "tests/test_placement_fake_device.py::test_every_shape_runs_on_the_device_with_cpu_noise_and_fp32_statistics")),
+    Mutation("rnn-tf32", "precision_mode=ieee leaves CUDA's switches alone (cuDNN RNNs and convolutions stay TF32)", (
+        ("huggy_exp/placement.py", '    if kind == "cuda":\n        _set_cuda(mode)', '    if kind == "cuda" and mode != "ieee":\n        _set_cuda(mode)'),
+    ), ("tests/test_precision_mode.py::test_an_fp32_cuda_point_runs_cudnn_rnns_in_ieee_although_torch_defaults_them_to_tf32",)),
+    Mutation("conv-hf32", "precision_mode=ieee leaves torch_npu's conv HF32 (on by default) alone", (
+        ("huggy_exp/placement.py", "    npu.conv.allow_hf32 = hf32\n", ""),
+    ), ("tests/test_precision_mode.py::test_hf32_sets_ascends_switches_and_cube_math_type_and_ieee_turns_conv_hf32_off",)),
+    Mutation("precision-unchecked", "a precision switch that did not take is reported as the mode asked", (
+        ("huggy_exp/placement.py", "    if wrong:\n", "    if False:\n"),
+    ), ("tests/test_precision_mode.py::test_a_switch_that_does_not_take_is_skipped_naming_what_it_read",)),
 )
 
 

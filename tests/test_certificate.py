@@ -95,7 +95,8 @@ def test_record_writes_every_dtype_into_one_bundle_with_its_manifest(default_bun
     env = point["environment"]
     assert env["cpu"]["model"] and env["cpu"]["flags"] and env["os"]["system"] and env["python"]
     assert {"torch", "onnxruntime", "numpy", "torch_npu", "cann", "cuda", "cuda_driver", "npu_driver"} <= set(env["versions"])
-    assert {"float32_matmul_precision", "cuda_matmul_allow_tf32", "npu_matmul_allow_hf32", "deterministic_algorithms"} <= set(env["runtime"])
+    assert {"fp32_precision_cuda_matmul", "fp32_precision_cudnn_rnn", "fp32_precision_npu_matmul_allow_hf32",
+            "fp32_precision_npu_cube_math_type", "deterministic_algorithms"} <= set(env["runtime"])
     assert set(point["fingerprints"]["actions"]) == {"sha256", "quantized", "decimals"}
     on_disk = {p.relative_to(default_bundle).as_posix() for p in default_bundle.rglob("*") if p.is_file()} - {"manifest.json", ".lock"}
     assert on_disk == set(manifest["files"])

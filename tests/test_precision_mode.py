@@ -1,0 +1,190 @@
+"""`precision_mode` (ieee | tf32 | hf32): the fp32 math switches as a sweep axis, set by placement.set_precision.
+
+The CUDA switches are torch's own per-op `fp32_precision` attributes, which a CPU build sets and reads back like a CUDA
+build: these tests set the real switches. The Ascend switches are exercised here through a stand-in with torch_npu's
+surface (`matmul.allow_hf32`, `conv.allow_hf32`, `matmul.cube_math_type`, `CubeMathType`); the emulated `npu`
+(tests/emulated_npu.py) runs the axis end to end, its matmul rounding the inputs' mantissa to 10 bits under HF32.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import compose_config, run_job
+
+from huggy_exp import environment, placement
+from huggy_exp.app import run_name
+from huggy_exp.compare import compare
+from huggy_exp.errors import Unsupported
+
+
+@pytest.fixture(autouse=True)
+def restore_switches():
+    """The switches are process-wide: put back what the process had before each test."""
+    holders = [torch.backends.cuda.matmul, torch.backends.cudnn.conv, torch.backends.cudnn.rnn,
+               *(getattr(torch.backends.mkldnn, op) for op in placement.TORCH_OPS)]
+    before = [h.fp32_precision for h in holders]
+    yield
+    for holder, value in zip(holders, before):
+        holder.fp32_precision = value
+
+
+class CubeMathType(enum.Enum):  # torch_npu.npu.CubeMathType's names and values (CANN >= 8.5)
+    KEEP_DTYPE = 0
+    USE_HF32 = 3
+
+
+def ascend_surface(cube: bool = True) -> SimpleNamespace:
+    """torch_npu's precision switches as torch_npu ships them: matmul HF32 off, conv HF32 on, cube math type unset."""
+    matmul = SimpleNamespace(allow_hf32=False, **({"cube_math_type": None} if cube else {}))
+    return SimpleNamespace(matmul=matmul, conv=SimpleNamespace(allow_hf32=True),
+                           **({"CubeMathType": CubeMathType} if cube else {}))
+
+
+def test_tf32_sets_every_cuda_per_op_switch_and_ieee_puts_them_back():
+    found = placement.set_precision("cuda:0", "fp32", "tf32")
+    assert (found["cuda_matmul"], found["cudnn_conv"], found["cudnn_rnn"]) == ("tf32", "tf32", "tf32")
+    assert torch.backends.cudnn.rnn.fp32_precision == "tf32"
+    found = placement.set_precision("cuda:1", "fp32", "ieee")
+    assert (found["cuda_matmul"], found["cudnn_conv"], found["cudnn_rnn"]) == ("ieee", "ieee", "ieee")
+
+
+def test_an_fp32_cuda_point_runs_cudnn_rnns_in_ieee_although_torch_defaults_them_to_tf32():
+    assert torch.backends.cudnn.rnn.fp32_precision == "tf32"  # torch's default: fp32 LSTMs in TF32 on a GPU
+    placement.set_precision("cuda:0", "fp32", "ieee")
+    assert torch.backends.cudnn.rnn.fp32_precision == "ieee" and torch.backends.cudnn.conv.fp32_precision == "ieee"
+
+
+def test_the_cpu_references_stay_ieee_whatever_the_point_asks():
+    torch.backends.mkldnn.matmul.fp32_precision = "bf16"  # what a user's earlier setting could leave behind
+    found = placement.set_precision("cuda:0", "fp32", "tf32")
+    assert {found[f"cpu_{op}"] for op in placement.TORCH_OPS} == {"ieee"}
+
+
+@pytest.mark.parametrize("device, dtype, mode, why", [
+    ("cpu", "fp32", "tf32", "precision_mode=tf32 cannot be honoured on cpu: it has ieee"),
+    ("cpu", "fp32", "hf32", "precision_mode=hf32 cannot be honoured on cpu: it has ieee"),
+    ("cuda:0", "fp32", "hf32", "precision_mode=hf32 cannot be honoured on cuda: it has ieee, tf32"),
+    ("npu:0", "fp32", "tf32", "precision_mode=tf32 cannot be honoured on npu: it has ieee, hf32"),
+    ("mps", "fp32", "tf32", "precision_mode=tf32 cannot be honoured on mps: it has ieee"),
+    ("cuda:0", "bf16", "tf32", "precision_mode=tf32 changes fp32 math only; dtype=bf16 computes in bf16"),
+])
+def test_a_mode_the_device_cannot_honour_is_skipped_with_the_reason(device, dtype, mode, why):
+    with pytest.raises(Unsupported, match=why.replace("(", r"\(")):
+        placement.set_precision(device, dtype, mode)
+
+
+def test_hf32_sets_ascends_switches_and_cube_math_type_and_ieee_turns_conv_hf32_off(monkeypatch):
+    npu = ascend_surface()
+    monkeypatch.setattr(torch, "npu", npu, raising=False)
+    found = placement.set_precision("npu:0", "fp32", "hf32")
+    assert (found["npu_matmul_allow_hf32"], found["npu_conv_allow_hf32"], found["npu_cube_math_type"]) == ("true", "true", "USE_HF32")
+    found = placement.set_precision("npu:1", "fp32", "ieee")
+    assert (found["npu_matmul_allow_hf32"], found["npu_conv_allow_hf32"], found["npu_cube_math_type"]) == ("false", "false", "KEEP_DTYPE")
+    assert npu.conv.allow_hf32 is False  # torch_npu's default is True: ieee must say no to it
+
+
+def test_without_cube_math_type_hf32_rests_on_allow_hf32_and_records_its_absence(monkeypatch):
+    monkeypatch.setattr(torch, "npu", ascend_surface(cube=False), raising=False)
+    found = placement.set_precision("npu:0", "fp32", "hf32")
+    assert found["npu_matmul_allow_hf32"] == "true" and found["npu_cube_math_type"] == "not present"
+
+
+def test_a_switch_that_does_not_take_is_skipped_naming_what_it_read(monkeypatch):
+    class Stuck(SimpleNamespace):
+        def __setattr__(self, name, value):  # a build whose switch ignores the setting
+            pass
+
+    npu = SimpleNamespace(matmul=Stuck(allow_hf32=False), conv=SimpleNamespace(allow_hf32=False))
+    monkeypatch.setattr(torch, "npu", npu, raising=False)
+    with pytest.raises(Unsupported, match="npu_matmul_allow_hf32"):
+        placement.set_precision("npu:0", "fp32", "hf32")
+
+
+def test_the_environment_reads_the_switches_after_tf32_was_set():
+    placement.set_precision("cuda:0", "fp32", "tf32")  # torch's legacy allow_tf32 reads raise from here on
+    flags = environment.runtime_flags()
+    assert flags["fp32_precision_cuda_matmul"] == "tf32" and flags["fp32_precision_cudnn_rnn"] == "tf32"
+
+
+def test_a_point_records_the_switches_in_effect_in_result_json(tmp_path):
+    job = run_job(tmp_path, "action", "obs.rows=4")
+    assert job.record["precision_mode"] == "ieee" and job.record["tags"]["fp32_precision/cpu_matmul"] == "ieee"
+    assert job.record["tags"]["fp32_precision/cudnn_rnn"] in ("ieee", "tf32")  # a cpu point leaves CUDA's alone
+
+
+def test_tf32_on_the_cpu_is_a_skipped_point_named_for_its_mode(tmp_path):
+    job = run_job(tmp_path, "action", "precision_mode=tf32", "obs.rows=4")
+    assert job.record["status"] == "skipped" and "precision_mode=tf32 cannot be honoured on cpu" in job.record["reason"]
+    assert job.record["run_name"] == "action-cpu-fp32-tf32-b64"
+
+
+def test_run_names_carry_the_mode_off_ieee_only():
+    assert run_name("precision", compose_config(["device=cuda:0", "precision_mode=tf32"])) == "precision-cuda:0-fp32-tf32-b64"
+    assert run_name("precision", compose_config(["device=cuda:0"])) == "precision-cuda:0-fp32-b64"
+
+
+def test_an_unknown_mode_is_refused_naming_the_choices():
+    from huggy_exp.config import validate
+    from huggy_exp.errors import UserError
+
+    with pytest.raises(UserError, match="unknown precision_mode 'fp8'; valid: ieee, tf32, hf32"):
+        validate(compose_config(["precision_mode=fp8"]), "action")
+
+
+def row(job: str, device: str, dtype: str, mode: str, status: str, p50: float) -> dict:
+    return {"job": job, "mode": "precision", "device": device, "dtype": dtype, "precision_mode": mode, "status": status,
+            "batch_size": 64, "knobs": {}, "obs": "random/64/x1.0", "seed": 0, "model_sha256": "m", "dir": "/nonexistent",
+            "metrics": {"p50_us": p50}, "latency": {}, "model_name": "m"}
+
+
+def test_the_comparison_weighs_fp32_and_fp32_tf32_as_two_choices_of_one_device():
+    rows = [row("0", "cuda:0", "fp32", "ieee", "passed", 50.0), row("1", "cuda:0", "fp32", "tf32", "failed", 20.0),
+            row("2", "cuda:0", "bf16", "ieee", "passed", 30.0)]
+    pick = compare(rows)["recommended"]["cuda:0"]
+    assert pick["dtype"] == "bf16" and pick["failing"] == ["fp32-tf32"] and pick["passing"] == ["fp32", "bf16"]
+    assert any("cuda:0: bf16" in line and "failing: fp32-tf32" in line for line in compare(rows)["lines"])
+    assert [r["precision_mode"] for r in compare(rows)["table"]] == ["ieee", "tf32", "ieee"]
+
+
+@pytest.mark.slow
+def test_a_sweep_over_the_mode_reads_naturally(tmp_path):
+    """`-m precision_mode=ieee,tf32` on the CPU: the ieee point passes, the tf32 one is skipped and named for its mode."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, subprocess_env
+
+    out = tmp_path / "sweep"
+    done = subprocess.run([sys.executable, "run.py", "-m", "tracking=none", "plots=false", "obs.rows=4",
+                           "precision_mode=ieee,tf32", f"hydra.sweep.dir={out}"], cwd=REPO, capture_output=True,
+                          text=True, timeout=240, env=subprocess_env(tmp_path / "cache"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert [(r["run_name"], r["precision_mode"], r["status"]) for r in summary["rows"]] == [
+        ("action-cpu-fp32-b64", "ieee", "passed"), ("action-cpu-fp32-tf32-b64", "tf32", "skipped")]
+    assert "precision_mode" in (out / "summary.csv").read_text().splitlines()[0].split(",")
+
+
+def test_hf32_on_the_emulated_npu_rounds_its_matmuls_and_the_sweep_names_it(tmp_path, huggy_exp_cache):
+    """End to end on the emulated `npu` (its matmuls round fp32 inputs to 10 mantissa bits while HF32 is on):
+    `-m device=cpu,npu:0 precision_mode=ieee,hf32`. The ieee card gives the CPU's bytes; the hf32 card fails fp32's
+    limit by HF32's error and records the switches it ran with; the CPU's hf32 point is skipped."""
+    from test_emulated_npu import sweep
+
+    done, folder = sweep(tmp_path, huggy_exp_cache, "device=cpu,npu:0", "precision_mode=ieee,hf32", "obs.rows=16")
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    points = {r["run_name"]: r for r in (json.loads(p.read_text()) for p in folder.glob("*/result.json"))}
+    assert {name: r["status"] for name, r in points.items()} == {
+        "action-cpu-fp32-b64": "passed", "action-cpu-fp32-hf32-b64": "skipped",
+        "action-npu:0-fp32-b64": "passed", "action-npu:0-fp32-hf32-b64": "failed"}
+    hf32, ieee = points["action-npu:0-fp32-hf32-b64"], points["action-npu:0-fp32-b64"]
+    assert hf32["tags"]["fp32_precision/npu_matmul_allow_hf32"] == "true"
+    assert ieee["tags"]["fp32_precision/npu_matmul_allow_hf32"] == "false"
+    assert ieee["tags"]["fp32_precision/npu_conv_allow_hf32"] == "false"
+    assert 1e-4 < hf32["headline_metrics"]["max_abs_vs_fp64"] < 1e-2  # 10 mantissa bits: ~5e-4 relative per input
+    assert "npu:0 fp32-hf32 b64" in done.stdout and "failing: fp32-hf32" in done.stdout
