@@ -15,13 +15,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_certificate import copy_bundle, record, replay, rewrite_npz, run_job, small_bundle  # noqa: F401 (fixture)
-
+import test_certificate
+from test_certificate import copy_bundle, record, replay, rewrite_npz, run_job
 from test_reliability import one_line
 from test_trust import _runs, cli
 
 from huggy_exp import bundle, tracking, verify
 from huggy_exp.errors import UserError
+
+small_bundle = test_certificate.small_bundle  # the fixture: the small policy recorded in fp32
 
 
 def rehash(root: Path, name: str) -> None:
@@ -511,9 +513,9 @@ def test_an_observation_npz_whose_member_declares_terabytes_is_refused_unread(tm
 
 
 def test_an_mlagents_status_file_that_is_a_fifo_is_one_line_not_a_hang(tmp_path):
-    from huggy_exp.mlagents.results import read_training_status
-
     import signal
+
+    from huggy_exp.mlagents.results import read_training_status
 
     def hung(*_):
         raise TimeoutError("the reader opened the FIFO and waits for a writer")
