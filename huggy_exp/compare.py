@@ -16,6 +16,7 @@ from huggy_exp import plots
 from huggy_exp.config import modes, numerics_label
 from huggy_exp.verify import DECLARED
 from huggy_exp.headline import ERROR
+from huggy_exp.safety import check_npy
 
 NARROW_FIRST = ("bf16", "fp16", "fp32", "fp64")
 VERDICT_KNOBS = ("thresholds", "layer_thresholds", "specialize", "relative", "rel_floor", "tolerance", "atol",
@@ -34,7 +35,10 @@ def load_outputs(row: dict) -> dict[str, np.ndarray]:
     if row["status"] == "error":
         return {}
     d = Path(row["dir"])
-    return {o.stem: np.load(d / f"{o.stem}.npy", allow_pickle=False) for o in DECLARED if (d / f"{o.stem}.npy").is_file()}
+    found = [d / f"{o.stem}.npy" for o in DECLARED if (d / f"{o.stem}.npy").is_file()]
+    for f in found:  # a foreign job dir (mode=diff) may hold a header that declares terabytes
+        check_npy(f, "output")
+    return {f.stem: np.load(f, allow_pickle=False) for f in found}
 
 
 def _digest(outputs: dict[str, np.ndarray]) -> str | None:
