@@ -152,6 +152,13 @@ MUTATIONS = (
         ("huggy_exp/compare.py", "    return \"; \".join(found) or None", "    return None"),
     ), ("tests/test_emulated_npu.py::test_a_sweep_on_two_cards_names_the_card_that_differs_by_one_ulp_and_says_emulated",
         "tests/test_emulated_npu.py::test_cards_of_one_kind_must_agree_and_the_odd_one_is_named")),
+    Mutation("fingerprint-second-hash", "the sweep's summaries show the quantized hash under the name `fingerprint`", (
+        ("huggy_exp/sweep.py", '"fingerprint": (r.get("tags") or {}).get(FINGERPRINT),',
+         '"fingerprint": (r.get("tags") or {}).get("quantized_fingerprint"),'),
+    ), ("tests/test_answers.py::test_one_sweep_shows_one_fingerprint_per_point_everywhere",)),
+    Mutation("recommend-across-batches", "a sweep's pick compares latencies measured at different batch sizes", (
+        ("huggy_exp/compare.py", '_pick(device, batch, [t for t in here if t["batch"] == batch])', "_pick(device, batch, here)"),
+    ), ("tests/test_answers.py::test_every_recommendation_is_the_fastest_passing_point_at_its_batch_backend_and_device",)),
 )
 
 

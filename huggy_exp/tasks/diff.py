@@ -19,7 +19,7 @@ from huggy_exp.errors import UserError
 from huggy_exp.report import escape
 from huggy_exp.results import Result
 from huggy_exp.safety import read_json
-from huggy_exp.verify import nonfinite_failures
+from huggy_exp.verify import is_fingerprint, nonfinite_failures
 
 ACCURACY_MARKS = ("vs_fp64", "vs_fp32", "vs_cpu", "vs_torch", "deterministic", "agreement")
 
@@ -75,7 +75,7 @@ def load_side(path: str | None, which: str) -> dict[str, Point]:
 def bundle_point(b: bundle.Bundle, key: str) -> Point:
     p = b.points[key]
     accuracy = {f"{name}/vs_fp64/{k}": v for name, m in b.comparison(key).get("outputs", {}).items() for k, v in m.items()}
-    return Point(key, f"bundle {b.root}", None, accuracy, {n: f["sha256"] for n, f in p.get("fingerprints", {}).items()},
+    return Point(key, f"bundle {b.root}", None, accuracy, dict(p.get("fingerprints", {})),
                  b.latency(key), p.get("latency", {}).get("p50_us"), p.get("environment", {}), b.manifest["model"].get("sha256"),
                  b.outputs(key), b.reference(), b.manifest["observations"].get("inputs_sha256"))
 
@@ -93,7 +93,7 @@ def job_point(record: dict, workdir: Path) -> Point:
     metrics = record.get("metrics") or {}
     accuracy = {k: v for k, v in metrics.items() if any(mark in k for mark in ACCURACY_MARKS)}
     prints = {k: v for k, v in {**(record.get("tags") or {}), **record}.items()
-              if isinstance(v, str) and (k.endswith("sha256") or k.startswith("fingerprint")) and k != "job_id"}
+              if isinstance(v, str) and (k.endswith("sha256") or is_fingerprint(k)) and k != "job_id"}
     p50 = next((metrics[k] for k in ("latency.p50_us", "latency/p50_us", "p50_us") if isinstance(metrics.get(k), (int, float))), None)
     outputs = load_outputs({"status": record.get("status"), "dir": str(workdir)})
     inputs = json.dumps({"obs": params.get("obs"), "seed": record.get("seed")}, sort_keys=True)
