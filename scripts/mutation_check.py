@@ -99,6 +99,14 @@ MUTATIONS = (
     Mutation("precision-unchecked", "a precision switch that did not take is reported as the mode asked", (
         ("huggy_exp/placement.py", "    if wrong:\n", "    if False:\n"),
     ), ("tests/test_precision_mode.py::test_a_switch_that_does_not_take_is_skipped_naming_what_it_read",)),
+    Mutation("ray-worker-reused", "accelerator points under Ray lose max_calls=1: a reused worker runs the next point", (
+        ("hydra_plugins/huggy_ray_launcher/_core.py", "return {True: ray.remote(max_calls=1)(_run_point)",
+         "return {True: ray.remote(_run_point)"),
+    ), ("tests/test_ray.py::test_accelerator_points_under_ray_run_one_per_worker_process",
+        "tests/test_ray.py::test_each_accelerator_point_runs_in_a_worker_of_its_own_and_records_its_card")),
+    Mutation("one-card-as-two", "the dual-card agreement compares device strings, not the cards the points ran on", (
+        ("huggy_exp/compare.py", 'if len({_card(c) for c in cards}) > 1 and', 'if len({c["device"] for c in cards}) > 1 and'),
+    ), ("tests/test_ray.py::test_two_cards_that_ran_on_one_card_are_not_a_two_card_check",)),
 )
 
 
