@@ -107,6 +107,14 @@ MUTATIONS = (
     Mutation("one-card-as-two", "the dual-card agreement compares device strings, not the cards the points ran on", (
         ("huggy_exp/compare.py", 'if len({_card(c) for c in cards}) > 1 and', 'if len({c["device"] for c in cards}) > 1 and'),
     ), ("tests/test_ray.py::test_two_cards_that_ran_on_one_card_are_not_a_two_card_check",)),
+    Mutation("cpu-first", "the accelerator check's sweeps list cpu before the device (its jobs run first, issue 24 #1)", (
+        ("scripts/accelerator_check.py", 'devices = device if device == "cpu" else f"{device},cpu"',
+         'devices = device if device == "cpu" else f"cpu,{device}"'),
+    ), ("tests/test_accelerator_check.py::test_device_points_run_before_the_cpu_jobs_in_every_step",)),
+    Mutation("fixtures-silent", "a missing fixture folder skips the genuine policies silently (issue 24 #4)", (
+        ("scripts/accelerator_check.py", "    if not folder.is_dir():\n        raise SystemExit(",
+         "    if not folder.is_dir():\n        return []\n        raise SystemExit("),
+    ), ("tests/test_accelerator_check.py::test_a_missing_fixture_folder_is_an_error_unless_a_flag_says_to_skip_it",)),
 )
 
 
