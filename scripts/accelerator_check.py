@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHAPES = ("huggy", "huggy_lstm", "pyramids")  # what prepare.sh copies into .fx/
 START_S = 20.0  # a sweep's start-up: python, torch, Hydra's composition, the first model and references
 POINT_S = 5.0  # each point's own work beyond its timed minimum: references, result.json, summaries
-CALL_S = 0.02  # each sequential policy call of a rollout (fingerprint, stats: mode.steps of them per point)
+CALL_S = 0.04  # each sequential policy call of a rollout (fingerprint, stats: mode.steps of them per point)
 COMPILE_S = 15.0  # each shape a compiled backend builds (torch.compile with freezing; graph capture is less)
 SLACK = 1.5  # budget = SLACK x the estimate: a loaded host, a slow first kernel load
 TOTAL_S = 400.0  # the whole run (the device call allows about 420 s)
@@ -169,8 +169,24 @@ def run_step(step: Step, python: list[str], out: Path, budget_s: float) -> None:
             _kill(proc)
             step.rc = 124
     step.took_s = time.monotonic() - started
-    summary = out / step.name / "summary.json"
-    step.rows = json.loads(summary.read_text())["rows"] if summary.is_file() else []
+    step.rows = rows(out / step.name)
+
+
+def rows(folder: Path) -> list[dict]:
+    """The sweep's rows from its summary.json; a sweep stopped at its budget has none: each finished point's
+    result.json then, so that what ran before the cut is still reported."""
+    summary = folder / "summary.json"
+    if summary.is_file():
+        return json.loads(summary.read_text())["rows"]
+    found = []
+    for path in sorted(folder.glob("*/result.json"), key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0):
+        r = json.loads(path.read_text())
+        note = r.get("reason") or r.get("headline") or ""
+        found.append({"job": path.parent.name, "run_name": r["run_name"], "status": r["status"], "note": note,
+                      "mode": r["mode"], "device": r["device"], "dtype": r["dtype"],
+                      "precision_mode": r.get("precision_mode", "ieee"),
+                      "line": f"{path.parent.name:>3} {r['run_name']:<32} {r['status'].upper():<7} {note}"})
+    return found
 
 
 def _kill(proc: subprocess.Popen) -> None:

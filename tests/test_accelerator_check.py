@@ -142,3 +142,13 @@ def test_the_rehearsal_on_the_emulated_npu_with_full_settings_fits_in_420_s(tmp_
     with tarfile.open(box / "acc.tgz") as tar:
         names = tar.getnames()
     assert "acc/SUMMARY.md" in names and "acc/fixtures-precision/summary.json" in names
+
+
+def test_a_step_stopped_at_its_budget_still_reports_the_points_it_finished(tmp_path):
+    record = {"run_name": "stats-npu-bf16-b64", "status": "failed", "reason": "max_abs 0.052 > 0.05", "mode": "stats",
+              "device": "npu", "dtype": "bf16"}
+    (tmp_path / "stats" / "0").mkdir(parents=True)
+    (tmp_path / "stats" / "0" / "result.json").write_text(json.dumps(record))  # no summary.json: the sweep was cut
+    found = check.rows(tmp_path / "stats")
+    assert [(r["job"], r["status"], r["note"], r["precision_mode"]) for r in found] == [
+        ("0", "failed", "max_abs 0.052 > 0.05", "ieee")]
