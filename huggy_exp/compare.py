@@ -89,10 +89,10 @@ def compare(rows: list[dict]) -> dict:
         if len(members) < 2:
             continue
         hashes = list(dict.fromkeys(r[FINGERPRINT] for r in members))
-        points = [{"job": r["job"], "device": r["device"], "batch_size": r["batch_size"],
+        points = [{"job": r["job"], "device": r["device"], "batch_size": r["batch_size"], "card": r.get("card"),
                    "class": hashes.index(r[FINGERPRINT]), FINGERPRINT: r[FINGERPRINT]} for r in members]
         agreement.append({"mode": mode, "dtype": dtype, "obs": obs, "seed": seed, "identical": len(hashes) == 1,
-                          "points": points, "cards_disagree": cards_disagree(points)})
+                          "points": points, "cards_disagree": cards_disagree(points), "one_card": one_card(points)})
 
     recommended = recommend(rows)
     replays = replay_agreement(rows)
@@ -352,10 +352,26 @@ def cards_disagree(points: list[dict]) -> str | None:
     usual = max(range(len(sizes)), key=lambda c: (sizes[c], c == points[0]["class"])) if sizes else 0
     found = []
     for cards in by_kind.values():
-        if len({c["device"] for c in cards}) > 1 and len({c["class"] for c in cards}) > 1:
+        if len({_card(c) for c in cards}) > 1 and len({c["class"] for c in cards}) > 1:
             good = [c for c in cards if c["class"] == usual] or cards[:1]
             odd = [c for c in cards if c["class"] != good[0]["class"]]
             found += [f"{c['device']} (job {c['job']}) differs bit for bit from {good[0]['device']} (job {good[0]['job']})" for c in odd]
+    return "; ".join(found) or None
+
+
+def _card(point: dict) -> str:
+    """The card a point ran on: the one a launcher recorded (Ray: `host/npu:3`, as the node numbers it), else its device."""
+    return point.get("card") or str(point["device"])
+
+
+def one_card(points: list[dict]) -> str | None:
+    """Points asked for different cards of one kind (npu:0, npu:1) but ran on one (Ray placed them): which, or None.
+    Their agreement compares a card with itself, never two cards."""
+    found = []
+    for card in dict.fromkeys(_card(p) for p in points if p.get("card")):
+        asked = [p for p in points if _card(p) == card]
+        if len({p["device"] for p in asked}) > 1:
+            found.append(", ".join(f"{p['device']} (job {p['job']})" for p in asked) + f" all ran on {card}")
     return "; ".join(found) or None
 
 
@@ -374,6 +390,8 @@ def comparison_lines(rows: list[dict], agreement: list[dict], recommended: dict)
         verdict = "bit-identical" if g["identical"] else f"{len({p['class'] for p in g['points']})} different results"
         if g.get("cards_disagree"):
             verdict += f"; FAILED: {g['cards_disagree']} (cards of one kind must agree)"
+        if g.get("one_card"):
+            verdict += f"; NOT a two-card check: {g['one_card']}"
         lines.append(f"agreement {g['mode']} {g['dtype']} {g['obs']} seed {g['seed']}: {where}: {verdict}")
     for where, rec in recommended.items():
         lines.append(f"recommended on {where}: {pick_text(rec)}")

@@ -141,7 +141,7 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
                      "fingerprint": (r.get("tags") or {}).get(FINGERPRINT),
                      "knobs": (r.get("params") or {}).get("mode") or {}, "vs_fp64": errors_vs_fp64(r.get("metrics") or {}),
                      "host": (r.get("host") or {}).get("hostname") or (r.get("environment") or {}).get("host"),
-                     "node": (r.get("host") or {}).get("ray_node_ip")})
+                     "node": (r.get("host") or {}).get("ray_node_ip"), "card": _card(r.get("host") or {})})
     tally = {s: sum(r["status"] == s for r in rows) for s in ORDER}
     tally["pending"] = sum(r["tracking"] == "pending" for r in rows)
     tally["expected"] = sum(r["expect"] is not None for r in rows)
@@ -175,6 +175,10 @@ def painted(row: dict) -> str:
 
 
 COLOURS = {"passed": "32", "failed": "31", "error": "31", "skipped": "33"}  # ANSI: green, red, red, yellow
+def _card(host: dict) -> str | None:
+    """`a2/npu:3`: the host and the card a launcher says a point ran on (None when no launcher placed it on one)."""
+    card = host.get("card")
+    return f"{host.get('hostname')}/{card}" if card and card != "none" else None
 
 
 def point_figures(record: dict) -> str:
