@@ -156,9 +156,9 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
 def port_details(record: dict) -> dict:
     """A record or replay point's own answer, for the sweep's port lines (compare.port_lines): its bundle, point, and
     the replay's verdict words (dual benchmark, latency change)."""
-    if record.get("mode") not in ("record", "replay"):
-        return {}
     details, tags = {**record, **(record.get("details") or {})}, record.get("tags") or {}
+    if not details.get("bundle"):  # only record and replay name the bundle they wrote or read
+        return {}
     found = {"bundle": details.get("bundle"), "point": details.get("point"), "recorded_point": details.get("recorded_point"),
              "dual_benchmark": tags.get("dual_benchmark"), "latency_change": tags.get("latency_change")}
     return {k: v for k, v in found.items() if v is not None}
