@@ -238,6 +238,7 @@ def _job_record(cfg: DictConfig, mode: str, job: JobInfo, result: Result, ctx: C
         "duration_s": round(time.time() - started, 3),
         "environment": environment.summary(),
         "emulated": environment.emulated(str(cfg.device)),  # an emulated device (tests/emulated_npu.py), not a card
+        "switches": environment.device_switches(),  # CPU fallback, jit compile, internal formats, visible devices
         "params": params,
         "interrupted": interrupted,
         "headline_metrics": head,

@@ -199,6 +199,10 @@ class Bundle:
             shown = "no `seconds` array" if seconds is None else f"{list(seconds.shape)} samples"
             raise UserError(f"bundle {self.root}: {name} holds {shown}; a point records one row of at most "
                             f"{MAX_LATENCY_SAMPLES:,} timed calls")
+        bad = int(np.sum(~np.isfinite(seconds) | (seconds < 0))) if seconds.dtype.kind == "f" else 0
+        if bad or seconds.dtype.kind != "f":
+            raise UserError(f"bundle {self.root}: {name} holds {bad or seconds.dtype} samples that are not finite seconds "
+                            "(NaN, inf, negative or not floats)")
         return seconds
 
     def comparison(self, key: str) -> dict:

@@ -15,6 +15,7 @@ import numpy as np
 from huggy_exp import plots
 from huggy_exp.config import modes, numerics_label
 from huggy_exp.headline import ERROR
+from huggy_exp.safety import check_npy
 from huggy_exp.verify import DECLARED, FINGERPRINT
 
 NARROW_FIRST = ("bf16", "fp16", "fp32", "fp64")
@@ -39,7 +40,10 @@ def load_outputs(row: dict) -> dict[str, np.ndarray]:
     if row["status"] == "error":
         return {}
     d = Path(row["dir"])
-    return {o.stem: np.load(d / f"{o.stem}.npy", allow_pickle=False) for o in DECLARED if (d / f"{o.stem}.npy").is_file()}
+    found = [d / f"{o.stem}.npy" for o in DECLARED if (d / f"{o.stem}.npy").is_file()]
+    for f in found:  # a foreign job dir (mode=diff) may hold a header that declares terabytes
+        check_npy(f, "output")
+    return {f.stem: np.load(f, allow_pickle=False) for f in found}
 
 
 def compare(rows: list[dict]) -> dict:
@@ -84,10 +88,10 @@ def compare(rows: list[dict]) -> dict:
         if len(members) < 2:
             continue
         hashes = list(dict.fromkeys(r[FINGERPRINT] for r in members))
-        points = [{"job": r["job"], "device": r["device"], "batch_size": r["batch_size"],
+        points = [{"job": r["job"], "device": r["device"], "batch_size": r["batch_size"], "card": r.get("card"),
                    "class": hashes.index(r[FINGERPRINT]), FINGERPRINT: r[FINGERPRINT]} for r in members]
         agreement.append({"mode": mode, "dtype": dtype, "obs": obs, "seed": seed, "identical": len(hashes) == 1,
-                          "points": points, "cards_disagree": cards_disagree(points)})
+                          "points": points, "cards_disagree": cards_disagree(points), "one_card": one_card(points)})
 
     recommended = recommend(rows)
     replays = replay_agreement(rows)
@@ -146,11 +150,10 @@ def dual_lines(dual: list[dict]) -> list[str]:
             for d in dual]
 
 
-def is_verified(mode: str) -> bool:
-    """A mode whose points are judged by their dtype's limits against CPU fp64 (config's `verified` trait): the points
-    a recommendation chooses from."""
+def verified(row: dict) -> bool:
+    """A point of a mode that verifies its outputs (the mode's `verified` trait, config.py)."""
     known = modes()
-    return mode in known and known[mode].verified
+    return row["mode"] in known and known[row["mode"]].verified
 
 
 def negative_control(row: dict) -> bool:
@@ -167,7 +170,7 @@ def timed_points(rows: list[dict]) -> list[dict]:
     """Every latency a judged point measured, one per (point, backend, batch): its p50, obs/s and noise flag."""
     out = []
     for r in rows:
-        if not is_verified(r["mode"]) or r["status"] not in ("passed", "failed"):
+        if not verified(r) or r["status"] not in ("passed", "failed"):
             continue
         extra = {stat: {(b, int(n)): v for b, n, v in r.get(f"{stat}_points") or ()} for stat in ("throughput", "noisy")}
         for backend, batch, p50 in r.get("latency_points") or ():
@@ -185,7 +188,7 @@ def recommend(rows: list[dict]) -> dict:
     there is not picked, unless the failure was a case's expected one (a negative control); a noisy latency is named as
     such, never the silent basis of a pick."""
     recommended: dict[str, dict] = {}
-    judged = [r for r in rows if is_verified(r["mode"]) and r["status"] in ("passed", "failed")]
+    judged = [r for r in rows if verified(r) and r["status"] in ("passed", "failed")]
     several = len({_model(r) for r in judged}) > 1
     timed = timed_points(judged)
     for device, model in dict.fromkeys((r["device"], _model(r)) for r in judged):
@@ -348,10 +351,26 @@ def cards_disagree(points: list[dict]) -> str | None:
     usual = max(range(len(sizes)), key=lambda c: (sizes[c], c == points[0]["class"])) if sizes else 0
     found = []
     for cards in by_kind.values():
-        if len({c["device"] for c in cards}) > 1 and len({c["class"] for c in cards}) > 1:
+        if len({_card(c) for c in cards}) > 1 and len({c["class"] for c in cards}) > 1:
             good = [c for c in cards if c["class"] == usual] or cards[:1]
             odd = [c for c in cards if c["class"] != good[0]["class"]]
             found += [f"{c['device']} (job {c['job']}) differs bit for bit from {good[0]['device']} (job {good[0]['job']})" for c in odd]
+    return "; ".join(found) or None
+
+
+def _card(point: dict) -> str:
+    """The card a point ran on: the one a launcher recorded (Ray: `host/npu:3`, as the node numbers it), else its device."""
+    return point.get("card") or str(point["device"])
+
+
+def one_card(points: list[dict]) -> str | None:
+    """Points asked for different cards of one kind (npu:0, npu:1) but ran on one (Ray placed them): which, or None.
+    Their agreement compares a card with itself, never two cards."""
+    found = []
+    for card in dict.fromkeys(_card(p) for p in points if p.get("card")):
+        asked = [p for p in points if _card(p) == card]
+        if len({p["device"] for p in asked}) > 1:
+            found.append(", ".join(f"{p['device']} (job {p['job']})" for p in asked) + f" all ran on {card}")
     return "; ".join(found) or None
 
 
@@ -370,6 +389,8 @@ def comparison_lines(rows: list[dict], agreement: list[dict], recommended: dict)
         verdict = "bit-identical" if g["identical"] else f"{len({p['class'] for p in g['points']})} different results"
         if g.get("cards_disagree"):
             verdict += f"; FAILED: {g['cards_disagree']} (cards of one kind must agree)"
+        if g.get("one_card"):
+            verdict += f"; NOT a two-card check: {g['one_card']}"
         lines.append(f"agreement {g['mode']} {g['dtype']} {g['obs']} seed {g['seed']}: {where}: {verdict}")
     for where, rec in recommended.items():
         lines.append(f"recommended on {where}: {pick_text(rec)}")

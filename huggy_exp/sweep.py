@@ -18,7 +18,7 @@ from huggy_exp import report, tracking
 from huggy_exp.config import numerics_label
 from huggy_exp.preflight import JOBS_ENV
 from huggy_exp.headline import judged_limits, ladder, noisy
-from huggy_exp.compare import compare, draw, errors_vs_fp64, is_verified
+from huggy_exp.compare import compare, draw, errors_vs_fp64, verified
 from huggy_exp.results import (EXIT_CODES, EXIT_INTERRUPTED, EXIT_PENDING, atomic_write_text, expectation, jsonable,
                                write_table)
 from huggy_exp.verify import FINGERPRINT
@@ -117,15 +117,15 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
         r = json.loads(path.read_text())
         note = r.get("reason") or r.get("headline") or ""
         track = (r.get("tracking") or {}).get("status", "off")
-        verified = is_verified(r["mode"])  # record, replay, ...: their own headline is their answer
-        figures = point_figures(r) if verified else ""
+        is_verified = verified(r)  # record, replay, ...: their own headline is their answer
+        figures = point_figures(r) if is_verified else ""
         placed = r.get("host") or {}  # a launcher's placement (Ray): the host and node that ran the point
         shown = r.get("reason") if figures else note  # a verified point's figures say what its headline says
         line = (f"{path.parent.name:>3} {r['run_name']:<32} {r['status'].upper() + expectation(r):<7}" + figures
                 + (f" {shown}" if shown else "") + (" [not in MLflow yet]" if track == "pending" else "")
                 + (f" [on {placed.get('hostname')} {placed.get('ray_node_ip', '')}]".replace(" ]", "]") if placed else ""))
         obs = (r.get("params") or {}).get("obs") or {}
-        rows.append({"job": path.parent.name, "run_name": r["run_name"], "mode": r["mode"], "verified": verified,
+        rows.append({"job": path.parent.name, "run_name": r["run_name"], "mode": r["mode"], "verified": is_verified,
                      "device": r["device"], "port": port_details(r),
                      "dtype": r["dtype"], "precision_mode": r.get("precision_mode", "ieee"),
                      "numerics": numerics_label(r["dtype"], r.get("precision_mode")), "batch_size": r["batch_size"], "case": r.get("case"), "status": r["status"],
@@ -141,7 +141,7 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
                      "fingerprint": (r.get("tags") or {}).get(FINGERPRINT),
                      "knobs": (r.get("params") or {}).get("mode") or {}, "vs_fp64": errors_vs_fp64(r.get("metrics") or {}),
                      "host": (r.get("host") or {}).get("hostname") or (r.get("environment") or {}).get("host"),
-                     "node": (r.get("host") or {}).get("ray_node_ip")})
+                     "node": (r.get("host") or {}).get("ray_node_ip"), "card": _card(r.get("host") or {})})
     tally = {s: sum(r["status"] == s for r in rows) for s in ORDER}
     tally["pending"] = sum(r["tracking"] == "pending" for r in rows)
     tally["expected"] = sum(r["expect"] is not None for r in rows)
@@ -155,8 +155,10 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
 
 def port_details(record: dict) -> dict:
     """A record or replay point's own answer, for the sweep's port lines (compare.port_lines): its bundle, point, and
-    the replay's verdict words (dual benchmark, latency change); empty for a point of another mode."""
+    the replay's verdict words (dual benchmark, latency change)."""
     details, tags = {**record, **(record.get("details") or {})}, record.get("tags") or {}
+    if not details.get("bundle"):  # only record and replay name the bundle they wrote or read
+        return {}
     found = {"bundle": details.get("bundle"), "point": details.get("point"), "recorded_point": details.get("recorded_point"),
              "dual_benchmark": tags.get("dual_benchmark"), "latency_change": tags.get("latency_change")}
     return {k: v for k, v in found.items() if v is not None}
@@ -173,6 +175,10 @@ def painted(row: dict) -> str:
 
 
 COLOURS = {"passed": "32", "failed": "31", "error": "31", "skipped": "33"}  # ANSI: green, red, red, yellow
+def _card(host: dict) -> str | None:
+    """`a2/npu:3`: the host and the card a launcher says a point ran on (None when no launcher placed it on one)."""
+    card = host.get("card")
+    return f"{host.get('hostname')}/{card}" if card and card != "none" else None
 
 
 def point_figures(record: dict) -> str:

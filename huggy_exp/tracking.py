@@ -158,13 +158,13 @@ def check_uri(uri: str) -> None:
         if db is None or str(db) in ("", ".") or ":memory:" in uri or "mode=memory" in uri:
             raise StoreDown(f"tracking.uri={shown!r} is an in-memory SQLite store: every run would vanish when the job "
                             "ends; give a file, sqlite:///<folder>/mlflow.db")
-        if "?" in uri or "#" in uri:
-            raise StoreDown(f"tracking.uri={shown!r}: a SQLite store takes no query ({shown[shown.find('?'):] or '#'}): "
+        if "?" in uri:
+            raise StoreDown(f"tracking.uri={shown!r}: a SQLite store takes no query ({shown[shown.find('?'):]}): "
                             "MLflow would create a file of that name; give sqlite:///<folder>/mlflow.db")
 
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
-MLFLOW_TABLES = {"alembic_version", "experiments", "runs"}  # a SQLite file with tables but not these is not a store
+MLFLOW_TABLES = {"alembic_version", "experiments", "runs"}  # a SQLite file with a schema but none of these is no store
 
 
 def probe(uri: str) -> None:
@@ -191,8 +191,11 @@ def probe(uri: str) -> None:
                 # read-write, never creating: a process killed mid-transaction leaves a hot journal that only a
                 # writable connection rolls back (a read-only one reads "attempt to write a readonly database")
                 with contextlib.closing(sqlite3.connect(db.absolute().as_uri() + "?mode=rw", uri=True, timeout=PROBE_TIMEOUT_S)) as con:
-                    tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-                if tables and not MLFLOW_TABLES <= tables:  # another application's database: MLflow would add its tables
+                    schema = con.execute("SELECT type, name FROM sqlite_master").fetchall()
+                tables = {name for kind, name in schema if kind == "table"}
+                if schema and not MLFLOW_TABLES & tables:  # another application's database: MLflow would add its tables
+                    # (any one of MLflow's tables: a store another process is migrating right now has some of them)
+                    tables = tables or {name for _, name in schema}
                     raise StoreDown(f"MLflow store {db} is another application's SQLite database (tables "
                                     f"{', '.join(sorted(tables)[:4])}{', ...' if len(tables) > 4 else ''}), not an MLflow "
                                     "store: give tracking.uri=sqlite:///<folder>/mlflow.db")

@@ -14,13 +14,15 @@ from hypothesis import strategies as st
 from huggy_exp import bundle, report, tracking
 from huggy_exp.compare import (
     comparison_lines,
-    is_verified,
     load_outputs,
     negative_control,
     port_lines,
     recommend,
 )
+from huggy_exp.config import modes
 from huggy_exp.verify import fingerprint
+
+VERIFIED_MODES = tuple(name for name, mode in modes().items() if mode.verified)  # the modes' own trait
 
 HEX = re.compile(r"^[0-9a-f]{12,64}$")
 
@@ -158,13 +160,13 @@ def sweep_tables(draw) -> list[dict]:
                      "throughput_points": [[b, n, n * 1e6 / v] for (b, n), v in zip(ladder, p50)],
                      "noisy_points": [[b, n, float(draw(st.booleans()))] for b, n in ladder],
                      "metrics": {"p50_us": p50[-1]} if p50 else {}, "noisy": False, "model_sha256": model,
-                     "model_name": f"{model}.pt", "max_abs_limit": 1e-5, "note": "", "verified": is_verified(mode)})
+                     "model_name": f"{model}.pt", "max_abs_limit": 1e-5, "note": "", "verified": mode in VERIFIED_MODES})
     return rows
 
 
 def comparable(rows: list[dict], device: str, model: str, batch: int) -> list[tuple[dict, str, float]]:
     """(row, backend, p50) of every judged latency at one device, model and batch size."""
-    return [(r, b, p) for r in rows if is_verified(r["mode"]) and r["status"] in ("passed", "failed")
+    return [(r, b, p) for r in rows if r["mode"] in VERIFIED_MODES and r["status"] in ("passed", "failed")
             and r["device"] == device and r["model_name"] == model for b, n, p in r["latency_points"] if n == batch]
 
 
@@ -202,7 +204,7 @@ def test_a_summary_never_says_none_when_its_table_holds_a_passing_timed_point(ro
     for text in [*lines, tracking.recommendation({"recommended": recs})]:
         assert not re.search(r"\bnone\b", text) and "has a verdict and a latency" not in text, text
     assert "precision verdict" not in report.recommendation_section({"recommended": recs})
-    if any(is_verified(r["mode"]) and r["status"] in ("passed", "failed") for r in rows):
+    if any(r["mode"] in VERIFIED_MODES and r["status"] in ("passed", "failed") for r in rows):
         assert recs  # every judged device gets a line: a pick, or why there is none
     else:
         assert not recs and not lines
