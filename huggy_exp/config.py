@@ -512,6 +512,8 @@ def _check_specialize(key: str, value: Any, entry: type) -> None:
         for k, v in limits.items():
             if k not in known:
                 raise UserError(f"unknown key {key}.{name}.{k}; valid keys: {', '.join(known)}")
+            if isinstance(v, str) and v.strip().lower().lstrip("+-.") in ("nan", "inf", "infinity"):  # `.nan`: YAML's NaN
+                raise UserError(f"{key}.{name}.{k}={v!r} must be a finite number (NaN or inf would pass every value)")
             _check_value(hints[k], v, f"{key}.{name}.{k}", known[k].metadata)
 
 

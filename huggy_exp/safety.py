@@ -330,8 +330,7 @@ def job_allocations(mode: str, cfg: dict, weights) -> list[tuple[int, str, str]]
     if obs.get("source") != "file":
         _obs_cap(int(obs["rows"]), w.obs_dim, f"obs.rows={obs['rows']}")
         out.append((int(obs["rows"]) * obs_row, "the observations and their outputs", f"obs.rows={obs['rows']}"))
-    elif obs.get("path"):
-        rows = file_rows(obs["path"], w.obs_dim)
+    elif obs.get("path") and (rows := file_rows(obs["path"], w.obs_dim)) * w.obs_dim * 4 <= MAX_OBS_BYTES:  # else its reader refuses it at the cap
         out.append((rows * obs_row, f"the {rows:,} observation rows of the file and their outputs", f"obs.path={obs['path']}"))
     for need, what, keys, drawn in schema.allocations(cfg, row):
         if drawn:
