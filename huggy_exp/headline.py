@@ -1,38 +1,12 @@
-"""What a run shows first: a few short headline metrics per mode, derived from its detailed metrics, and the params
-that matter. One table here instead of a line in every task; the full detail stays beside them."""
+"""What a run shows first: a few short headline metrics per mode (each mode's schema declares its own, config.py),
+derived from its detailed metrics, and the params that matter; the full detail stays beside them."""
 
 from __future__ import annotations
 
 import math
 
-# short name -> the detailed metric it copies; per mode, in the order a reader wants them
-HEADLINES: dict[str, dict[str, str]] = {
-    "info": {"parameters": "parameters", "fp16_overflow_dims": "fp16_overflow_dims"},
-    "checkpoints": {"checkpoints": "checkpoints", "best_reward": "best_reward"},
-    "action": {"act_mean": "action_mean", "act_std": "action_std"},
-    "sample": {"act_mean": "action_mean", "act_std": "action_std"},
-    "batch": {"invariance_max": "batch_invariance_max_abs", "rows_identical": "rows_bit_identical",
-              "rows_per_s": "batched_rows_per_s"},
-    "precision": {"rel_ratio": "relative/ratio"},
-    "onnx-compare": {"max_abs_vs_ort": "actions/vs_onnxruntime/max_abs | memories/vs_onnxruntime/max_abs",
-                     "sampled_z": "sampled/mean_z_max"},
-    "export-onnx": {"max_abs_vs_torch": "actions/vs_torch/max_abs | memories/vs_torch/max_abs",
-                    "src_identical": "graph/vs_source/bit_identical"},
-    "fingerprint": {"fp_match": "matches_cpu_fp32", "fp_qmatch": "quantized_matches_cpu_fp32"},
-    "stats": {"drift_max": "drift_max", "saturation": "saturation_rate", "smoothness": "smoothness"},
-    "record": {"points": "bundle/points"},
-    "replay": {"bitwise": "agreement/bitwise_share", "ulp_max": "agreement/ulp_max", "dual_ratio": "dual/worst_ratio",
-               "lat_ratio": "latency_change/median_ratio", "lat_p": "latency_change/p_value"},
-    "diff": {"changed": "diff/changed", "only_base": "diff/only_baseline", "only_cand": "diff/only_candidate"},
-    # at the job's own batch size ({batch}; a ladder without it: its largest): eager's and onnxruntime's p50 and
-    # `eager_vs_ort` = eager p50 / onnxruntime p50 (> 1: torch is slower); throughput at the largest batch timed;
-    # the LoadGen server's highest QPS under its p99 bound, and the control loop's miss rate and highest rate
-    "benchmark": {"p50_us": "eager/b{batch}/p50_us", "p99_us": "eager/b{batch}/p99_us",
-                  "ort_p50_us": "onnxruntime/b{batch}/p50_us",
-                  "eager_vs_ort": "eager/b{batch}/p50_us / onnxruntime/b{batch}/p50_us",
-                  "obs_per_s": "eager/b{top}/obs_per_s", "server_qps": "loadgen/server/max_qps",
-                  "miss_rate": "control_loop/miss_rate", "loop_hz_max": "control_loop/max_rate_hz"},
-}
+from huggy_exp.config import modes
+
 # every inference point (docs/verification.md): its errors vs CPU fp64 and fp32, and its latency; `a | b`: the first found.
 # These are the one headline error and cosine of every mode: no mode has a second name for them.
 ANY_MODE = {
@@ -53,23 +27,97 @@ NOISE = ("mode._target_", "tracking.http_retries", "tracking.http_timeout_s", "t
 
 
 SIGNIFICANT = 3  # headline values are for reading (the UI prints every digit: 0.00942 not 0.0094211900...)
-DIGITS = {COSINE: 6}  # cosines live next to 1: 0.999968 must not read as 1
+
+
+def readable(name: str, value: float) -> float:
+    """`value` to 3 significant digits; a cosine to 3 significant digits of its distance from 1 (0.99999968, not 1.0)."""
+    if "cosine" in name and 0 < value < 1:
+        return 1 - float(f"{1 - value:.{SIGNIFICANT}g}")
+    return float(f"{value:.{SIGNIFICANT}g}")
 
 
 def headline_metrics(mode: str, metrics: dict[str, float], status: str, batch_size: int | None = None) -> dict[str, float]:
     """`passed` (1/0, absent for skipped/error) and the mode's short metrics that the job produced, finite only,
-    rounded to 3 significant digits, cosines to 6 (the detailed metric beside each keeps full precision)."""
+    `readable` (the detailed metric beside each keeps full precision)."""
     out: dict[str, float] = {}
     if status in ("passed", "failed"):
         out["passed"] = float(status == "passed")
-    timed = {batch for _, batch, _ in ladder(metrics, "obs_per_s")}
-    top = max(timed, default=None)  # benchmark: the largest batch timed
-    batch = batch_size if batch_size in timed else top  # ... and the job's own batch size, when it was timed
-    for short, long in {**HEADLINES.get(mode, {}), **{k: v for k, v in ANY_MODE.items() if k not in HEADLINES.get(mode, {})}}.items():
-        value = _lookup(metrics, long.replace("{top}", str(top)).replace("{batch}", str(batch)))
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value)):
-            out[short] = float(f"{float(value):.{DIGITS.get(short, SIGNIFICANT)}g}")
+    batch, top = timed_batch(metrics, batch_size)
+    fastest = fastest_backend(metrics, batch)
+    own = modes()[mode].headline if mode in modes() else {}  # the mode's schema declares its headline
+    for short, long in {**own, **{k: v for k, v in ANY_MODE.items() if k not in own}}.items():
+        value = _lookup(metrics, long.replace("{top}", str(top)).replace("{batch}", str(batch)).replace("{fastest}", str(fastest)))
+        if _finite(value):
+            out[short] = readable(short, float(value))
     return out
+
+
+def timed_batch(metrics: dict[str, float], batch_size: int | None) -> tuple[int | None, int | None]:
+    """(the batch a benchmark's headline reads: the job's own when it was timed, else the largest; the largest)."""
+    timed = {batch for _, batch, _ in ladder(metrics, "obs_per_s")}
+    top = max(timed, default=None)
+    return (batch_size if batch_size in timed else top), top
+
+
+def fastest_backend(metrics: dict[str, float], batch: int | None) -> str | None:
+    """The backend with the least p50 at `batch` (each was verified against eager before it was timed), or None."""
+    times = {backend: value for backend, b, value in ladder(metrics, "p50_us") if b == batch and _finite(value)}
+    return min(times, key=times.get) if times else None
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value))
+
+
+# --- what MLflow gets: at most MAX_LOGGED metrics; everything else stays in result.json and the run's metrics.csv
+
+MAX_LOGGED = 20
+# MLflow's run page draws one chart section per name prefix (up to the last `/`), sorted by name (unprefixed names
+# last): `answer/` sorts before every other section logged here (tests/test_ui.py checks the order)
+ANSWER = "answer/"
+ANSWER_ORDER = ("passed", ERROR, COSINE, "agreement_vs_fp64", "p50_us", "p99_us", "obs_per_s", "max_abs_vs_fp32")
+# benchmark: the ladder's figures logged only at the job's own batch, the best backend's in `answer/`
+NOT_LOGGED = {"benchmark": ("p50_us", "p99_us", "ort_p50_us", "eager_vs_ort", "obs_per_s", "server_qps", "miss_rate",
+                            "loop_hz_max")}
+OUTPUT_STATS = ("max_abs", "cosine_min_row", "agreement")  # per output vs fp64, each with its `_limit`
+BACKEND_STATS = ("p50_us", "obs_per_s")  # benchmark: per backend at the job's batch, as `<backend>/<stat>`
+LOADGEN_LATENCY = {"single_stream": "p90_us", "multi_stream": "p99_us", "server": "p99_us", "offline": "samples_per_s"}
+CONTROL_LOOP = ("control_loop/miss_rate", "control_loop/miss_rate_upper")  # the miss rate and its confidence bound
+
+
+def logged_metrics(record: dict) -> dict[str, float]:
+    """The few metrics MLflow gets for a job, under names every dtype and batch share (a compare view lines them up):
+    the headline as `answer/<name>` (result.json's headline_metrics); benchmark: each backend's p50 and obs/s at the
+    job's batch, the control loop's miss rate and its bound, LoadGen's VALID and headline latency per scenario; per
+    output its error vs fp64 with the limit it was judged by (`vs_fp64/<output>/<stat>`, `..._limit`). Values are
+    `readable` (MLflow's table prints every digit it is given). The first MAX_LOGGED in that order; every metric, at
+    full precision, is in result.json and the run's metrics.csv."""
+    mode, metrics = record["mode"], record.get("metrics") or {}
+    head = headline_metrics(mode, metrics, record["status"], record.get("batch_size"))
+    skip = NOT_LOGGED.get(mode, ())
+    names = [*(n for n in ANSWER_ORDER if n not in skip), *(n for n in head if n not in ANSWER_ORDER and n not in skip)]
+    out = {ANSWER + n: head[n] for n in names if n in head}
+    batch, _ = timed_batch(metrics, record.get("batch_size"))
+    for backend, b, _ in ladder(metrics, "p50_us"):
+        if b == batch:
+            out.update({f"{backend}/{s}": readable(s, metrics[f"{backend}/b{b}/{s}"]) for s in BACKEND_STATS
+                        if _finite(metrics.get(f"{backend}/b{b}/{s}"))})
+    out.update({k: readable(k, metrics[k]) for k in CONTROL_LOOP if _finite(metrics.get(k))})
+    for scenario, latency in LOADGEN_LATENCY.items():
+        out.update({k: readable(k, metrics[k]) for k in (f"loadgen/{scenario}/valid", f"loadgen/{scenario}/{latency}")
+                    if _finite(metrics.get(k))})
+    for stem in dict.fromkeys(k.split("/vs_fp64/")[0] for k in metrics if "/vs_fp64/" in k and k.count("/") == 2):
+        for stat in OUTPUT_STATS:
+            for suffix in ("", "_limit"):
+                value = metrics.get(f"{stem}/vs_fp64/{stat}{suffix}")
+                if _finite(value) and f"{stem}/vs_fp64/{stat}_limit" in metrics:  # judged outputs only
+                    out[f"vs_fp64/{stem}/{stat}{suffix}"] = float(value) if suffix else readable(stat, float(value))
+    return dict(list(out.items())[:MAX_LOGGED])
+
+
+def chart_section(key: str) -> str:
+    """The chart section MLflow's run page puts a metric in: its name up to the last `/` ("" for none)."""
+    return key.rsplit("/", 1)[0] if "/" in key else ""
 
 
 def judged_limits(record: dict) -> dict:
@@ -86,7 +134,7 @@ def judged_limits(record: dict) -> dict:
 
 def headline_names() -> set[str]:
     """Every short metric name any mode can show first."""
-    return {"passed", *ANY_MODE, *(k for table in HEADLINES.values() for k in table)}
+    return {"passed", *ANY_MODE, *(k for schema in modes().values() for k in schema.headline)}
 
 
 def ladder(metrics: dict[str, float], stat: str) -> list[tuple[str, int, float]]:
