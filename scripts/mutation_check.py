@@ -153,6 +153,29 @@ MUTATIONS = (
         ("huggy_exp/compare.py", "    return \"; \".join(found) or None", "    return None"),
     ), ("tests/test_emulated_npu.py::test_a_sweep_on_two_cards_names_the_card_that_differs_by_one_ulp_and_says_emulated",
         "tests/test_emulated_npu.py::test_cards_of_one_kind_must_agree_and_the_odd_one_is_named")),
+    Mutation("fingerprint-second-hash", "the sweep's summaries show the quantized hash under the name `fingerprint`", (
+        ("huggy_exp/sweep.py", '"fingerprint": (r.get("tags") or {}).get(FINGERPRINT),',
+         '"fingerprint": (r.get("tags") or {}).get("quantized_fingerprint"),'),
+    ), ("tests/test_answers.py::test_one_sweep_shows_one_fingerprint_per_point_everywhere",)),
+    Mutation("recommend-across-batches", "a sweep's pick compares latencies measured at different batch sizes", (
+        ("huggy_exp/compare.py", '_pick(device, batch, [t for t in here if t["batch"] == batch])', "_pick(device, batch, here)"),
+    ), ("tests/test_answers.py::test_every_recommendation_is_the_fastest_passing_point_at_its_batch_backend_and_device",)),
+    Mutation("ray-worker-reused", "accelerator points under Ray lose max_calls=1: a reused worker runs the next point", (
+        ("hydra_plugins/huggy_ray_launcher/_core.py", "return {True: ray.remote(max_calls=1)(_run_point)",
+         "return {True: ray.remote(_run_point)"),
+    ), ("tests/test_ray.py::test_accelerator_points_under_ray_run_one_per_worker_process",
+        "tests/test_ray.py::test_each_accelerator_point_runs_in_a_worker_of_its_own_and_records_its_card")),
+    Mutation("one-card-as-two", "the dual-card agreement compares device strings, not the cards the points ran on", (
+        ("huggy_exp/compare.py", 'if len({_card(c) for c in cards}) > 1 and', 'if len({c["device"] for c in cards}) > 1 and'),
+    ), ("tests/test_ray.py::test_two_cards_that_ran_on_one_card_are_not_a_two_card_check",)),
+    Mutation("cpu-first", "the accelerator check's sweeps list cpu before the device (its jobs run first, issue 24 #1)", (
+        ("scripts/accelerator_check.py", 'devices = device if device == "cpu" else f"{device},cpu"',
+         'devices = device if device == "cpu" else f"cpu,{device}"'),
+    ), ("tests/test_accelerator_check.py::test_device_points_run_before_the_cpu_jobs_in_every_step",)),
+    Mutation("fixtures-silent", "a missing fixture folder skips the genuine policies silently (issue 24 #4)", (
+        ("scripts/accelerator_check.py", "    if not folder.is_dir():\n        raise SystemExit(",
+         "    if not folder.is_dir():\n        return []\n        raise SystemExit("),
+    ), ("tests/test_accelerator_check.py::test_a_missing_fixture_folder_is_an_error_unless_a_flag_says_to_skip_it",)),
 )
 
 

@@ -317,7 +317,7 @@ class Gate:
         return out
 
     def reason(self, dtype: str) -> str:
-        if self.huggy and list(self.failures) == [ACTIONS] and "max_abs" in self.failures[ACTIONS]:
+        if self.huggy and list(self.failures) == ["actions"] and "max_abs" in self.failures["actions"]:
             return f"actions differ from eager by {self.worst[ACTIONS]:.3g} > {self.tol:g} ({dtype}): not timed"
         return f"{'; '.join(self.failures.values())} (vs eager, {dtype}): not timed"
 
