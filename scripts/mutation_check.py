@@ -135,7 +135,8 @@ MUTATIONS = (
     ), ("tests/test_first_run_failures.py::test_failure_9_the_npu_cpu_fallback_switch_is_set_before_the_first_npu_op",
         "tests/test_emulated_npu.py::test_failure_9_the_npu_cpu_fallback_switch_is_set_and_recorded")),
     Mutation("peak-memory-shared", "#11: one allocator peak for every backend, and batch never resets it", (
-        ("huggy_exp/tasks/benchmark.py", "    if device.type in (\"cuda\", \"npu\"):\n        info[", "    if False:\n        info["),
+        ("huggy_exp/tasks/benchmark.py", "    if device.type in (\"cuda\", \"npu\") and isinstance(runner, TorchRunner):",
+         "    if False:"),
         ("huggy_exp/tasks/batch.py", "        reset_peak_memory(target.device)  # this job's peak", "        pass  # this job's peak"),
     ), ("tests/test_emulated_npu.py::test_failure_11_peak_memory_is_per_backend_and_batch_reads_its_own",)),
     Mutation("slurm-card-skipped", "#12: under SLURM, `cuda:1` with one visible card is skipped", (

@@ -16,7 +16,7 @@ from huggy_exp.mlagents import ACTION_MASKS, RECURRENT_IN, RECURRENT_OUT, Policy
 from huggy_exp.numerics import REL_FLOOR
 from huggy_exp.placement import peak_memory, reset_peak_memory, synchronize
 from huggy_exp.results import Result
-from huggy_exp.runners import ACTIONS, build
+from huggy_exp.runners import ACTIONS, TorchRunner, build
 from huggy_exp.tasks import SLOW_FP16, batch_of, is_sequence, verify_point
 from huggy_exp.tasks import scenarios as extra
 from huggy_exp.tasks.compare import compare_outputs
@@ -123,7 +123,7 @@ class BenchmarkTask:
             try:
                 reset_peak_memory(ctx.target().device)  # each backend's peak alone: its build, capture, first calls
                 runner, gate = self.first_calls(ctx, name, info, feeds, points, chunk, expected, margins)
-                _note_peak(info, runner.target.device)  # torch's allocator: not onnxruntime's memory
+                _note_peak(info, runner)
             except (Unsupported, UserError) as exc:
                 info.update(status="skipped", reason=str(exc))
                 continue
@@ -176,12 +176,11 @@ class BenchmarkTask:
                 for name in order:
                     time.sleep(self.settle_s)  # let thread pools stop spinning between blocks
                     fn = lambda runner=runners[name], f=feeds[b]: runner.infer(f)  # noqa: E731
-                    device = runners[name].target.device
-                    reset_peak_memory(device)
-                    t = timing.measure(fn, device, b, self.budget_s / self.rounds,
+                    reset_peak_memory(runners[name].target.device)
+                    t = timing.measure(fn, runners[name].target.device, b, self.budget_s / self.rounds,
                                        self.warmup_s if r == 0 else self.warmup_s / 5, max_samples=cap,
                                        min_warmup=1 if slow else 2)
-                    _note_peak(backends[name], device)
+                    _note_peak(backends[name], runners[name])
                     timings[(name, b)].extend(t)
         return timings
 
@@ -323,9 +322,11 @@ class Gate:
         return f"{'; '.join(self.failures.values())} (vs eager, {dtype}): not timed"
 
 
-def _note_peak(info: dict, device) -> None:
-    """A backend's allocator peak (MB): the largest of its blocks'; only a card's allocator, whose peak resets."""
-    if device.type in ("cuda", "npu"):
+def _note_peak(info: dict, runner) -> None:
+    """A torch backend's allocator peak (MB): the largest of its blocks'; only a card's allocator, whose peak resets
+    (onnxruntime's memory is not torch's allocator's)."""
+    device = runner.target.device
+    if device.type in ("cuda", "npu") and isinstance(runner, TorchRunner):
         info["peak_mem_mb"] = max(info.get("peak_mem_mb", 0.0), peak_memory(device)[0])
 
 
