@@ -233,6 +233,7 @@ def _job_record(cfg: DictConfig, mode: str, job: JobInfo, result: Result, ctx: C
         "seed": cfg.seed,
         "model": loaded.describe() if loaded is not None else _model_stub(cfg),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "start_time_ms": int(started * 1000),  # MLflow's run starts here, not when it is logged
         "duration_s": round(time.time() - started, 3),
         "environment": environment.summary(),
         "emulated": environment.emulated(str(cfg.device)),  # an emulated device (tests/emulated_npu.py), not a card

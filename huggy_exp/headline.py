@@ -31,7 +31,9 @@ HEADLINES: dict[str, dict[str, str]] = {
                   "ort_p50_us": "onnxruntime/b{batch}/p50_us",
                   "eager_vs_ort": "eager/b{batch}/p50_us / onnxruntime/b{batch}/p50_us",
                   "obs_per_s": "eager/b{top}/obs_per_s", "server_qps": "loadgen/server/max_qps",
-                  "miss_rate": "control_loop/miss_rate", "loop_hz_max": "control_loop/max_rate_hz"},
+                  "miss_rate": "control_loop/miss_rate", "loop_hz_max": "control_loop/max_rate_hz",
+                  # the fastest backend at the job's batch ({fastest}: least p50 there), its p50 and throughput
+                  "best_p50_us": "{fastest}/b{batch}/p50_us", "best_obs_per_s": "{fastest}/b{batch}/obs_per_s"},
 }
 # every inference point (docs/verification.md): its errors vs CPU fp64 and fp32, and its latency; `a | b`: the first found.
 # These are the one headline error and cosine of every mode: no mode has a second name for them.
@@ -53,23 +55,96 @@ NOISE = ("mode._target_", "tracking.http_retries", "tracking.http_timeout_s", "t
 
 
 SIGNIFICANT = 3  # headline values are for reading (the UI prints every digit: 0.00942 not 0.0094211900...)
-DIGITS = {COSINE: 6}  # cosines live next to 1: 0.999968 must not read as 1
+
+
+def readable(name: str, value: float) -> float:
+    """`value` to 3 significant digits; a cosine to 3 significant digits of its distance from 1 (0.99999968, not 1.0)."""
+    if "cosine" in name and 0 < value < 1:
+        return 1 - float(f"{1 - value:.{SIGNIFICANT}g}")
+    return float(f"{value:.{SIGNIFICANT}g}")
 
 
 def headline_metrics(mode: str, metrics: dict[str, float], status: str, batch_size: int | None = None) -> dict[str, float]:
     """`passed` (1/0, absent for skipped/error) and the mode's short metrics that the job produced, finite only,
-    rounded to 3 significant digits, cosines to 6 (the detailed metric beside each keeps full precision)."""
+    `readable` (the detailed metric beside each keeps full precision)."""
     out: dict[str, float] = {}
     if status in ("passed", "failed"):
         out["passed"] = float(status == "passed")
-    timed = {batch for _, batch, _ in ladder(metrics, "obs_per_s")}
-    top = max(timed, default=None)  # benchmark: the largest batch timed
-    batch = batch_size if batch_size in timed else top  # ... and the job's own batch size, when it was timed
+    batch, top = timed_batch(metrics, batch_size)
+    fastest = fastest_backend(metrics, batch)
     for short, long in {**HEADLINES.get(mode, {}), **{k: v for k, v in ANY_MODE.items() if k not in HEADLINES.get(mode, {})}}.items():
-        value = _lookup(metrics, long.replace("{top}", str(top)).replace("{batch}", str(batch)))
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value)):
-            out[short] = float(f"{float(value):.{DIGITS.get(short, SIGNIFICANT)}g}")
+        value = _lookup(metrics, long.replace("{top}", str(top)).replace("{batch}", str(batch)).replace("{fastest}", str(fastest)))
+        if _finite(value):
+            out[short] = readable(short, float(value))
     return out
+
+
+def timed_batch(metrics: dict[str, float], batch_size: int | None) -> tuple[int | None, int | None]:
+    """(the batch a benchmark's headline reads: the job's own when it was timed, else the largest; the largest)."""
+    timed = {batch for _, batch, _ in ladder(metrics, "obs_per_s")}
+    top = max(timed, default=None)
+    return (batch_size if batch_size in timed else top), top
+
+
+def fastest_backend(metrics: dict[str, float], batch: int | None) -> str | None:
+    """The backend with the least p50 at `batch` (each was verified against eager before it was timed), or None."""
+    times = {backend: value for backend, b, value in ladder(metrics, "p50_us") if b == batch and _finite(value)}
+    return min(times, key=times.get) if times else None
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value))
+
+
+# --- what MLflow gets: at most MAX_LOGGED metrics; everything else stays in result.json and the run's metrics.csv
+
+MAX_LOGGED = 20
+# MLflow's run page draws one chart section per name prefix (up to the last `/`), sorted by name (unprefixed names
+# last): `answer/` sorts before every other section logged here (tests/test_ui.py checks the order)
+ANSWER = "answer/"
+ANSWER_ORDER = ("passed", ERROR, COSINE, "agreement_vs_fp64", "p50_us", "p99_us", "obs_per_s", "max_abs_vs_fp32")
+# benchmark: the ladder's figures logged only at the job's own batch, the best backend's in `answer/`
+NOT_LOGGED = {"benchmark": ("p50_us", "p99_us", "ort_p50_us", "eager_vs_ort", "obs_per_s", "server_qps", "miss_rate",
+                            "loop_hz_max")}
+OUTPUT_STATS = ("max_abs", "cosine_min_row", "agreement")  # per output vs fp64, each with its `_limit`
+BACKEND_STATS = ("p50_us", "obs_per_s")  # benchmark: per backend at the job's batch, as `<backend>/<stat>`
+LOADGEN_LATENCY = {"single_stream": "p90_us", "multi_stream": "p99_us", "server": "p99_us", "offline": "samples_per_s"}
+CONTROL_LOOP = ("control_loop/miss_rate", "control_loop/miss_rate_upper")  # the miss rate and its confidence bound
+
+
+def logged_metrics(record: dict) -> dict[str, float]:
+    """The few metrics MLflow gets for a job, under names every dtype and batch share (a compare view lines them up):
+    the headline as `answer/<name>` (result.json's headline_metrics); benchmark: each backend's p50 and obs/s at the
+    job's batch, the control loop's miss rate and its bound, LoadGen's VALID and headline latency per scenario; per
+    output its error vs fp64 with the limit it was judged by (`vs_fp64/<output>/<stat>`, `..._limit`). Values are
+    `readable` (MLflow's table prints every digit it is given). The first MAX_LOGGED in that order; every metric, at
+    full precision, is in result.json and the run's metrics.csv."""
+    mode, metrics = record["mode"], record.get("metrics") or {}
+    head = headline_metrics(mode, metrics, record["status"], record.get("batch_size"))
+    skip = NOT_LOGGED.get(mode, ())
+    names = [*(n for n in ANSWER_ORDER if n not in skip), *(n for n in head if n not in ANSWER_ORDER and n not in skip)]
+    out = {ANSWER + n: head[n] for n in names if n in head}
+    batch, _ = timed_batch(metrics, record.get("batch_size"))
+    for backend, b, _ in ladder(metrics, "p50_us"):
+        if b == batch:
+            out.update({f"{backend}/{s}": readable(s, metrics[f"{backend}/b{b}/{s}"]) for s in BACKEND_STATS
+                        if _finite(metrics.get(f"{backend}/b{b}/{s}"))})
+    out.update({k: readable(k, metrics[k]) for k in CONTROL_LOOP if _finite(metrics.get(k))})
+    for scenario, latency in LOADGEN_LATENCY.items():
+        out.update({k: readable(k, metrics[k]) for k in (f"loadgen/{scenario}/valid", f"loadgen/{scenario}/{latency}")
+                    if _finite(metrics.get(k))})
+    for stem in dict.fromkeys(k.split("/vs_fp64/")[0] for k in metrics if "/vs_fp64/" in k and k.count("/") == 2):
+        for stat in OUTPUT_STATS:
+            for suffix in ("", "_limit"):
+                value = metrics.get(f"{stem}/vs_fp64/{stat}{suffix}")
+                if _finite(value) and f"{stem}/vs_fp64/{stat}_limit" in metrics:  # judged outputs only
+                    out[f"vs_fp64/{stem}/{stat}{suffix}"] = float(value) if suffix else readable(stat, float(value))
+    return dict(list(out.items())[:MAX_LOGGED])
+
+
+def chart_section(key: str) -> str:
+    """The chart section MLflow's run page puts a metric in: its name up to the last `/` ("" for none)."""
+    return key.rsplit("/", 1)[0] if "/" in key else ""
 
 
 def judged_limits(record: dict) -> dict:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import csv
 import fcntl
 import functools
+import io
 import json
 import math
 import os
@@ -25,11 +27,13 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from huggy_exp.errors import UserError
-from huggy_exp.headline import COSINE, ERROR, PER_DTYPE, headline_names, judged_limits, noisy, settings
+from huggy_exp.headline import (ANSWER, ANSWER_ORDER, COSINE, ERROR, PER_DTYPE, fastest_backend, judged_limits,
+                                logged_metrics, noisy, settings, timed_batch)
 from huggy_exp.report import escape
 from huggy_exp.results import STATUSES, update_result
 from huggy_exp.safety import (MAX_JSON_BYTES, atomic_write, disk_full_message, free_bytes, is_disk_full, read_capped,
@@ -365,6 +369,11 @@ class Store:
                 raise
             return found.experiment_id
 
+    def children(self, parent_id: str) -> list:
+        """The runs of a sweep's parent."""
+        return self.client.search_runs([self.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent_id}'",
+                                       max_results=5000)
+
     def find(self, key: str, value: str, also: str = ""):
         """Active runs whose tag `key` is `value` (and `also`, a further filter clause)."""
         from mlflow.entities import ViewType
@@ -382,13 +391,22 @@ UI_VIEW = "workflowType=machine_learning"  # MLflow 3 UI: without it an experime
 SHARED_VIEW = "mlflow.sharedViewState."  # experiment tag the UI reads for `?viewStateShareKey=<key>` (its Share button)
 PARENT_TAG = "huggy.parent"
 SWEEP_DIR_TAG = "huggy.sweep_dir"  # on the parent: the sweep's folder (summary.md, report.html)
-# the runs table's first screen, left to right after the run name: the verdict, the error with its limit, the cosine,
-# the latency at the job's own batch, the fingerprint prefix, and why a point was skipped; then the rest
-FIRST_METRICS = (ERROR, COSINE, "p50_us")  # headline names (headline.py), in this order, those present
 LIMIT_PARAM = "limit/max_abs"
-VIEW_PARAMS = ("device", "dtype", "batch_size", "mode", "obs.source", "seed")
-# px: the first six fit in the 630 px MLflow leaves beside the name at 1600 px with its Assistant panel open
-WIDTHS = {"verdict": 180, "metric": 84, "limit": 92, "fingerprint": 104, "reason": 440, "created": 44}
+BATCH_PARAM = "batch_size"
+VIEW_PARAMS = ("device", "dtype", BATCH_PARAM, "mode", "obs.source", "seed")
+FINGERPRINT_COLUMN = "tags.`fingerprint`"
+# the runs table's first screen, after the run name and the verdict (and the batch size where the sweep's points
+# differ in it), those the sweep's runs have: a benchmark's fastest backend at the job's batch (p50, which, obs/s) and
+# eager's p50; the error vs fp64 with its limit, the cosine, the p50 and the fingerprint prefix; then the rest
+FIRST_COLUMNS = (f"metrics.`{ANSWER}best_p50_us`", "tags.`best_backend`", f"metrics.`{ANSWER}best_obs_per_s`",
+                 "metrics.`eager/p50_us`", f"metrics.`{ANSWER}{ERROR}`", f"params.`{LIMIT_PARAM}`",
+                 f"metrics.`{ANSWER}{COSINE}`", f"metrics.`{ANSWER}p50_us`", FINGERPRINT_COLUMN)
+# px: the verdict and the next five fit in the 630 px MLflow leaves beside the name at 1600 px with its Assistant
+# panel open
+WIDTHS = {"verdict": 180, "metric": 84, "limit": 92, "fingerprint": 104, "reason": 440, "created": 44, "batch": 64,
+          "backend": 92}
+KIND = {"tags.`verdict`": "verdict", FINGERPRINT_COLUMN: "fingerprint", "tags.`reason`": "reason",
+        f"params.`{LIMIT_PARAM}`": "limit", f"params.`{BATCH_PARAM}`": "batch", "tags.`best_backend`": "backend"}
 
 
 def run_url(uri: str, experiment_id: str, run_id: str | None = None, view: str | None = None) -> str:
@@ -398,26 +416,34 @@ def run_url(uri: str, experiment_id: str, run_id: str | None = None, view: str |
     return f"{redact(uri).rstrip('/')}/{path}" if urlparse(uri).scheme in ("http", "https") else path
 
 
-def view_columns(metrics: list[str]) -> list[str]:
-    """The runs table's columns in display order (MLflow column ids) for a sweep whose points logged `metrics`
-    (headline names, in the headline table's order)."""
-    shown = [m for m in metrics if m != "passed"]  # the verdict column says it in words
-    first = [m for m in FIRST_METRICS if m in shown]
-    metric_cols = [f"metrics.`{m}`" for m in first]
-    if first and first[0] == ERROR:
-        metric_cols.insert(1, f"params.`{LIMIT_PARAM}`")
-    return (["tags.`verdict`", *metric_cols, "tags.`fingerprint`", "tags.`reason`",
-             *(f"metrics.`{m}`" for m in shown if m not in first), *(f"params.`{p}`" for p in VIEW_PARAMS), "tags.`case`"])
+def view_columns(present: set[str], batches: int = 1) -> list[str]:
+    """The runs table's columns in display order (MLflow column ids) for a sweep whose runs have the columns `present`
+    (`metrics.<key>`, `params.<key>`, `tags.<key>`: `present_columns`) over `batches` distinct batch sizes."""
+    first = [c for c in FIRST_COLUMNS if c in present or c == FINGERPRINT_COLUMN]
+    answer = [f"metrics.`{ANSWER}{n}`" for n in ANSWER_ORDER if n != "passed"]  # the verdict says passed in words
+    rest = sorted((c for c in present if c.startswith(f"metrics.`{ANSWER}") and c not in first
+                   and c != f"metrics.`{ANSWER}passed`"), key=lambda c: (c not in answer, answer.index(c) if c in answer else 0, c))
+    batch = [f"params.`{BATCH_PARAM}`"] if batches > 1 else []
+    return ["tags.`verdict`", *batch, *first, "tags.`reason`", *rest,
+            *(f"params.`{p}`" for p in VIEW_PARAMS if f"params.`{p}`" not in batch), "tags.`case`"]
 
 
-def sweep_view(sweep_id: str, metrics: list[str]) -> str:
+def present_columns(runs) -> set[str]:
+    """The MLflow column ids of what `runs` (MLflow Run objects) logged: their metrics, params and tags."""
+    found = set()
+    for run in runs:
+        found |= {f"metrics.`{k}`" for k in run.data.metrics}
+        found |= {f"params.`{k}`" for k in run.data.params} | {f"tags.`{k}`" for k in run.data.tags}
+    return found
+
+
+def sweep_view(sweep_id: str, present: set[str], batches: int = 1) -> str:
     """The runs table of one sweep as MLflow's shared view state: its points flat (a filter un-nests children), sorted
     by name, the columns of `view_columns` in that order and narrow enough to fit beside MLflow's Assistant panel
     (it opens on a first visit to a local server and takes a quarter of the window)."""
-    columns = view_columns(metrics)
-    kind = {"tags.`verdict`": "verdict", "tags.`fingerprint`": "fingerprint", "tags.`reason`": "reason",
-            f"params.`{LIMIT_PARAM}`": "limit"}
-    widths = {c: WIDTHS[kind.get(c, "metric")] for c in columns[:len(columns) - len(VIEW_PARAMS) - 1]}
+    columns = view_columns(present, batches)
+    shown = columns[:columns.index("tags.`reason`") + 1]
+    widths = {c: WIDTHS[KIND.get(c, "metric")] for c in shown}
     widths["runDateAndNestInfo"] = WIDTHS["created"]  # "Created" is pinned beside the name: its icon is enough
     return json.dumps({"selectedColumns": columns, "searchFilter": f"tags.sweep_id = '{sweep_id}'",
                        "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True,
@@ -476,39 +502,23 @@ def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None, fore
             return _logged(store, old.info.run_id, record)
         end_partial(store, old)
     parent = _parent_id(store, sweep)
-    tags = run_tags(record, parent)
-    run = store.client.create_run(store.experiment_id, run_name=record["run_name"], tags=tags)
+    started, ended = job_times(record)
+    run = store.client.create_run(store.experiment_id, run_name=record["run_name"], tags=run_tags(record, parent),
+                                  start_time=started)
     run_id = run.info.run_id
     try:
-        stamp = int(run.info.start_time)
         flat = {"mode": record["mode"], **flatten(settings(record.get("params", {}), record["dtype"])), **limit_params(record)}
         params = [Param(k, v) for k, v in flat.items() if not _per_dtype(k, record["dtype"])]
-        metrics = [Metric(k, float(v), stamp, 0) for k, v in (record.get("metrics") or {}).items()
-                   if isinstance(v, (int, float)) and math.isfinite(float(v))]
-        metrics += [Metric(name, float(v), stamp, int(step)) for name, points in (record.get("series") or {}).items()
-                    for step, v in points if isinstance(v, (int, float)) and math.isfinite(float(v))]
-        for i in range(0, max(len(params), len(metrics)), 100):
-            store.client.log_batch(run_id, metrics=metrics[i:i + 100], params=params[i:i + 100])
+        metrics = [Metric(k, v, ended, 0) for k, v in logged_metrics(record).items()]
+        for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch (and 1000 metrics)
+            store.client.log_batch(run_id, metrics=metrics if i == 0 else [], params=params[i:i + 100])
         # on disk "logging" (sync retries it) until the run is complete; the copy in MLflow says where it lives
         update_result(workdir, tracking={**_logged(store, run_id, record, parent), "status": "logging"})
-        for path in artifacts(record, workdir, inside_only=foreign):
-            if path.name == "result.json":
-                with tempfile.TemporaryDirectory() as tmp:
-                    copy = Path(tmp) / "result.json"
-                    copy.write_text(json.dumps({**record, "tracking": _logged(store, run_id, record, parent)}, indent=2))
-                    store.client.log_artifact(run_id, str(copy))
-            elif path.suffix == ".yaml" and redact(text := read_capped(path, MAX_JSON_BYTES, "config").decode(errors="replace")) != text:
-                with tempfile.TemporaryDirectory() as tmp:  # Hydra's copy of a config file that holds a URI password
-                    copy = Path(tmp) / path.name
-                    copy.write_text(redact(text))
-                    store.client.log_artifact(run_id, str(copy))
-            else:  # a file in a job-dir folder keeps it (loadgen/<scenario>/mlperf_log_summary.txt, one per scenario);
-                # Hydra's .hydra/config.yaml and files outside the job dir land at the top
-                folder = path.parent.relative_to(workdir) if path.is_relative_to(workdir) else Path(".")
-                keep = str(folder) != "." and not folder.parts[0].startswith(".")
-                store.client.log_artifact(run_id, str(path), folder.as_posix() if keep else None)
+        with tempfile.TemporaryDirectory() as tmp:  # every artifact in one upload: one call, not one per file
+            _stage_artifacts({**record, "tracking": _logged(store, run_id, record, parent)}, workdir, Path(tmp), foreign)
+            store.client.log_artifacts(run_id, tmp)
         store.client.log_batch(run_id, tags=[RunTag("huggy.complete", "true")])
-        store.client.set_terminated(run_id, run_status(record))
+        store.client.set_terminated(run_id, run_status(record), end_time=max(ended, started))
     except BaseException as exc:  # end the run first: on a full disk the result.json update below may fail too
         with contextlib.suppress(Exception):
             store.client.set_terminated(run_id, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
@@ -519,11 +529,63 @@ def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None, fore
     return _logged(store, run_id, record, parent)
 
 
+METRICS_TABLE = "metrics.csv"  # every metric of the job (and each series point), beside the few MLflow charts
+
+
+def _stage_artifacts(record: dict, workdir: Path, stage: Path, foreign: bool = False) -> None:
+    """The run's artifacts in `stage` as the run shows them, as symbolic links to the checked files (the upload copies
+    what they point at): result.json as logged (`record`), metrics.csv, a config file holding a URI password redacted,
+    a file in a job-dir folder in that folder (loadgen/<scenario>/mlperf_log_summary.txt), Hydra's .hydra/config.yaml
+    and files outside the job dir at the top. `foreign`: only files inside the job's folder (`artifacts`)."""
+    (stage / "result.json").write_text(json.dumps(record, indent=2))
+    (stage / METRICS_TABLE).write_text(metric_table(record))
+    for path in artifacts(record, workdir, inside_only=foreign):
+        if path.name == "result.json":
+            continue
+        folder = path.parent.relative_to(workdir) if path.is_relative_to(workdir) else Path(".")
+        target = stage / (folder if str(folder) != "." and not folder.parts[0].startswith(".") else Path(".")) / path.name
+        if target.exists():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix == ".yaml" and redact(text := read_capped(path, MAX_JSON_BYTES, "config").decode(errors="replace")) != text:
+            target.write_text(redact(text))  # Hydra's copy of a config file that holds a URI password
+        else:
+            target.symlink_to(path.resolve())
+
+
+def metric_table(record: dict) -> str:
+    """Every metric of the job as CSV (`name,step,value`; a series point has its step, e.g. the batch size)."""
+    out = io.StringIO()
+    rows = csv.writer(out, lineterminator="\n")
+    rows.writerow(("name", "step", "value"))
+    metrics, series = record.get("metrics"), record.get("series")
+    rows.writerows((k, "", v) for k, v in (metrics.items() if isinstance(metrics, dict) else ()))
+    rows.writerows((name, *point) for name, points in (series.items() if isinstance(series, dict) else ())
+                   for point in (points if isinstance(points, list) else ()) if isinstance(point, list | tuple) and len(point) == 2)
+    return out.getvalue()
+
+
+def job_times(record: dict) -> tuple[int, int]:
+    """(start, end) of the job in epoch ms: MLflow's run shows the job's own duration, not the logging's."""
+    started, duration = record.get("start_time_ms"), record.get("duration_s")
+    if not _number(started):  # a record written before start_time_ms: its second-resolution timestamp
+        try:
+            started = datetime.strptime(record["started"], "%Y-%m-%dT%H:%M:%S%z").timestamp() * 1000
+        except (KeyError, TypeError, ValueError):
+            started = time.time() * 1000
+    return int(started), int(started + (float(duration) * 1000 if _number(duration) and duration >= 0 else 0))
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def run_status(record: dict) -> str:
-    """MLflow's status says whether the job ran: an error is FAILED, an interrupted job KILLED; verdicts are tags."""
+    """MLflow's status follows the verdict: failed or error is FAILED, an interrupted job KILLED, else FINISHED (the
+    verdict in words is the `verdict` tag)."""
     if record.get("interrupted"):
         return "KILLED"
-    return "FAILED" if record.get("status") == "error" else "FINISHED"
+    return "FAILED" if record.get("status") in ("failed", "error") else "FINISHED"
 
 
 def _logged(store: Store, run_id: str, record: dict, parent: str | None = None) -> dict:
@@ -589,6 +651,10 @@ def run_tags(record: dict, parent: str | None) -> dict[str, str]:
         **{f"host.{k}": str(v) for k, v in (record.get("host") or {}).items()},  # a launcher's placement (Ray)
         **(record.get("tags") or {}),
     }
+    metrics = record.get("metrics") or {}
+    fastest = fastest_backend(metrics, timed_batch(metrics, record.get("batch_size"))[0])
+    if fastest:  # a benchmark: the backend of `answer/best_p50_us`
+        tags["best_backend"] = fastest
     user = ((record.get("params") or {}).get("tracking") or {}).get("user")
     if user:
         tags["mlflow.user"] = user
@@ -626,9 +692,10 @@ def limit_params(record: dict) -> dict[str, str]:
 
 
 def _per_dtype(key: str, dtype: str) -> bool:
-    """`mode.thresholds.fp32.max_abs`: a per-dtype key, replaced by its `limit/...` twin (one row for every dtype)."""
+    """`mode.thresholds.fp32.max_abs`, `verify.limits.bf16.cosine_min`: a per-dtype key, replaced by its `limit/...`
+    twin (one row for every dtype: a compare of fp32 and bf16 runs has no half-empty rows)."""
     parts = key.split(".")
-    return len(parts) > 3 and parts[0] == "mode" and parts[1] in PER_DTYPE and parts[2] == dtype
+    return any(part == dtype and parts[i - 1] in (*PER_DTYPE, "limits") for i, part in enumerate(parts[:-1]) if i)
 
 
 def verdict(record: dict) -> str:
@@ -863,18 +930,29 @@ def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path],
                 elif path.is_file():
                     store.client.log_artifact(run_id, str(path))
             store.client.set_terminated(run_id, status)
-            headline = list(dict.fromkeys(m for r in summary.get("rows", []) for m in r.get("metrics", {})))
-            store.client.set_experiment_tag(store.experiment_id, SHARED_VIEW + info["id"], sweep_view(info["id"], headline))
+            children = store.children(run_id)
+            batches = len({c.data.params.get(BATCH_PARAM) for c in children})
+            store.client.set_experiment_tag(store.experiment_id, SHARED_VIEW + info["id"],
+                                            sweep_view(info["id"], present_columns(children), batches))
             info["ui"] = {"parent": store.url(run_id), "runs": run_url(store.uri, store.experiment_id, view=info["id"])}
-            name = store.client.get_run(run_id).info.run_name
-            store.client.set_experiment_tag(store.experiment_id, "mlflow.note.content", (  # the home page lists it
-                f"Latest sweep: [{escape(name)}]({info['ui']['runs']})"
-                f" (verdict, error with its limit, cosine, p50 and fingerprint first). {escape(summary.get('line', ''))}"
-                + (f" Recommended: {escape(advice)}." if advice else "")))
+            store.client.set_experiment_tag(store.experiment_id, "mlflow.note.content", sweep_list(store))
             write_sweep(sweep_dir, info)
             return info["ui"]
     except Exception:  # the summary files are on disk; sync re-closes nothing, so say so in the caller
         return None
+
+
+SWEEPS_LISTED = 5
+
+
+def sweep_list(store: Store) -> str:
+    """The experiment's description: its last few finished sweeps, newest first, each a link to its runs (one line,
+    and no "latest": MLflow shows it above every view of the experiment, another sweep's included)."""
+    parents = store.client.search_runs([store.experiment_id], max_results=SWEEPS_LISTED, order_by=["attributes.start_time DESC"],
+                                       filter_string=f"tags.`{PARENT_TAG}` = 'true' and attributes.status != 'RUNNING'")
+    links = [f"[{escape(p.info.run_name)}]({run_url(store.uri, store.experiment_id, view=p.data.tags.get('sweep_id'))})"
+             for p in parents if p.data.tags.get("sweep_id")]
+    return "Sweeps, newest first: " + " · ".join(links)
 
 
 def ui_base(uri: str, ui_port: int = 5000) -> str:
@@ -914,21 +992,21 @@ def sweep_runs(settings: dict, sweep_id: str | None = None) -> dict:
         raise StoreDown(f"no sweep {sweep_id or ''} in {redact(store.uri)} (experiment {store.experiment!r})".replace("  ", " "))
     parent = parents[0]
     sid = parent.data.tags["sweep_id"]
-    shown = headline_names()
-    children = store.client.search_runs([store.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'",
-                                        max_results=1000)
+    children = store.children(parent.info.run_id)
     folder = parent.data.tags.get(SWEEP_DIR_TAG)
     note = parent.data.tags.get("mlflow.note.content", "")
     return {"sweep_id": sid, "experiment_id": store.experiment_id, "experiment": store.experiment, "uri": redact(store.uri),
             "runs": run_url(store.uri, store.experiment_id, view=sid),
             "report": str(Path(folder) / "report.html") if folder else None,
+            "columns": view_columns(present_columns(children), len({c.data.params.get(BATCH_PARAM) for c in children})),
             "parent": {"id": parent.info.run_id, "name": parent.info.run_name, "tally": note.split("\n")[0].split(" · ")[0],
                        "recommendation": parent.data.tags.get("recommendation", ""),
                        "artifacts": [a.path for a in store.client.list_artifacts(parent.info.run_id)]},
             "children": [{"id": c.info.run_id, "name": c.info.run_name, "metrics": dict(c.data.metrics),
-                          "status": c.data.tags.get("status", ""),
+                          "status": c.data.tags.get("status", ""), "run_status": c.info.status,
                           "reason": c.data.tags.get("reason", ""), "params": dict(c.data.params),
-                          "headline": [k for k in c.data.metrics if k in shown]} for c in children]}
+                          "tags": dict(c.data.tags),
+                          "headline": [k for k in c.data.metrics if k.startswith(ANSWER)]} for c in children]}
 
 
 def latest_sweep_url(settings: dict) -> str | None:
@@ -1049,7 +1127,7 @@ def close_orphans(store: Store, say=print) -> int:
             reason = (f"the sweep's process (pid {pid}) ended without closing it; {done} of {jobs or '?'} jobs are in "
                       "MLflow" + ("" if status == "FINISHED" else ": the sweep did not complete"))
         elif tags.get("huggy.complete") == "true":  # the copy was whole; only its closing was lost
-            status = "FAILED" if tags.get("status") == "error" else "FINISHED"
+            status = run_status({"status": tags.get("status")})
             reason = f"its job's process (pid {pid}) ended after the copy was complete, before closing it"
         else:
             status, reason = "FAILED", f"its job's process (pid {pid}) ended while logging it: a partial copy"

@@ -128,12 +128,15 @@ class Check:
 
 def first_screen(sweep: dict) -> list[tuple[str, str]]:
     """(column id, what it is) that must be in view on the runs page: verdict first, then the headline columns."""
-    metrics = list(dict.fromkeys(m for c in sweep["children"] for m in c["headline"]))
-    wanted = {"tags.`verdict`": "the verdict", f"metrics.`{headline.ERROR}`": "error vs fp64",
-              f"params.`{tracking.LIMIT_PARAM}`": "its limit", f"metrics.`{headline.COSINE}`": "cosine",
-              "metrics.`p50_us`": "p50 at the job's batch", "tags.`fingerprint`": "fingerprint prefix"}
-    columns = tracking.view_columns(metrics)
-    return [(c, wanted[c]) for c in columns if c in wanted]
+    answer = tracking.ANSWER
+    wanted = {"tags.`verdict`": "the verdict", f"params.`{tracking.BATCH_PARAM}`": "the batch size",
+              f"metrics.`{answer}best_p50_us`": "the fastest backend's p50", "tags.`best_backend`": "the fastest backend",
+              f"metrics.`{answer}best_obs_per_s`": "the fastest backend's obs/s", "metrics.`eager/p50_us`": "eager's p50",
+              f"metrics.`{answer}{headline.ERROR}`": "error vs fp64", f"params.`{tracking.LIMIT_PARAM}`": "its limit",
+              f"metrics.`{answer}{headline.COSINE}`": "cosine", f"metrics.`{answer}p50_us`": "p50 at the job's batch",
+              tracking.FINGERPRINT_COLUMN: "fingerprint prefix"}
+    first = sweep["columns"][:sweep["columns"].index("tags.`reason`")]
+    return [(c, wanted[c]) for c in first if c in wanted][:6]
 
 
 def check_runs(check: Check, sweep: dict, runs_path: str, screenshot: Path | None) -> None:
@@ -184,8 +187,10 @@ def check_root(check: Check, sweep: dict) -> None:
     ready = f"document.body.innerText.includes({json.dumps(sweep['experiment'])})"
     with check.visit(name, "", ready) as page:
         text = page.evaluate("document.body.innerText")
-    if "Latest sweep" not in text:
-        check.miss(name, "the experiment's description does not name the latest sweep on the home page")
+    if sweep["parent"]["name"][:40] not in text:
+        check.miss(name, "the experiment's description does not list the sweep on the home page")
+    if "latest sweep" in text.lower():
+        check.miss(name, "the experiment's description calls a sweep the latest (it shows above every sweep's runs)")
     name = "experiment"
     link = f"a[href*='viewStateShareKey={sweep['sweep_id']}']"
     with check.visit(name, f"#/experiments/{sweep['experiment_id']}", f"!!document.querySelector({json.dumps(link)})") as page:

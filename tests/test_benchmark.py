@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -192,7 +193,7 @@ def test_benchmark_bad_ladder_is_a_user_error(small, tmp_path):
     assert run.record["status"] == "error" and "mode.batch_sizes" in run.record["reason"]
 
 
-def test_benchmark_series_reach_mlflow_with_the_batch_size_as_step(small, tmp_path):
+def test_benchmark_series_reach_mlflows_metrics_table_with_the_batch_size_as_step(small, tmp_path):
     import mlflow
 
     from huggy_exp.app import execute
@@ -204,7 +205,9 @@ def test_benchmark_series_reach_mlflow_with_the_batch_size_as_step(small, tmp_pa
     execute(cfg, workdir=tmp_path / "job", mode="benchmark")
     client = mlflow.MlflowClient(tracking_uri=uri)
     run = client.search_runs([client.get_experiment_by_name("huggy_exp").experiment_id])[0]
-    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "eager/obs_per_s")) == [1, 4]
+    table = Path(client.download_artifacts(run.info.run_id, "metrics.csv", str(tmp_path / "dl"))).read_text()
+    assert sorted(int(line.split(",")[1]) for line in table.splitlines() if line.startswith("eager/obs_per_s,")) == [1, 4]
+    assert run.data.metrics["eager/obs_per_s"] > 0 and run.data.tags["best_backend"] == "eager"  # at the job's batch
     assert json.loads((tmp_path / "job" / "result.json").read_text())["series"]["eager/p50_us"][0][0] == 1
 
 

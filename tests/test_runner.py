@@ -194,9 +194,10 @@ def test_tracking_creates_an_mlflow_run_with_params_metrics_tags_and_result_arti
     assert run.info.run_name == "action-cpu-fp32-b64" and run.info.status == "FINISHED"
     assert run.data.params["device"] == "cpu" and run.data.params["obs.rows"] == "8"
     assert run.data.params["mode"] == "action" and "mode._target_" not in run.data.params  # plumbing is not a setting
-    assert run.data.metrics["rows"] == 8.0 and "action_mean" in run.data.metrics
-    assert run.data.metrics["act_mean"] == pytest.approx(run.data.metrics["action_mean"], rel=5e-3)
-    assert run.data.metrics["passed"] == 1.0
+    assert run.data.metrics["answer/act_mean"] == job.record["headline_metrics"]["act_mean"]  # result.json's value
+    assert run.data.metrics["answer/passed"] == 1.0 and "rows" not in run.data.metrics  # the detail: in metrics.csv
+    table = Path(client.download_artifacts(run.info.run_id, "metrics.csv", str(tmp_path / "dl"))).read_text()
+    assert "rows,,8.0\n" in table and "action_mean," in table
     tags = run.data.tags
     assert tags["mode"] == "action" and tags["status"] == "passed" and tags["synthetic"] == "true"
     assert tags["model.sha256"] == job.record["model"]["sha256"]
@@ -205,6 +206,74 @@ def test_tracking_creates_an_mlflow_run_with_params_metrics_tags_and_result_arti
     assert {"result.json", "actions.npy", "obs.npy"} <= artifacts
     local = client.download_artifacts(run.info.run_id, "result.json", str(tmp_path))
     assert json.loads(Path(local).read_text()) == job.record
+
+
+def test_a_precision_run_logs_the_answer_first_and_at_most_twenty_metrics(tmp_path):
+    from huggy_exp import headline
+
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    job = run_job(tmp_path / "job", "precision", "obs.rows=4", "dtype=bf16", tracking=uri)
+    run = _mlflow_client(uri).get_run(job.record["tracking"]["run_id"])
+    metrics = run.data.metrics
+    assert len(job.record["metrics"]) > 100 and len(metrics) <= headline.MAX_LOGGED
+    assert metrics["answer/max_abs_vs_fp64"] == job.record["headline_metrics"]["max_abs_vs_fp64"]  # result.json's value
+    assert metrics["vs_fp64/actions/max_abs_limit"] == job.record["metrics"]["actions/vs_fp64/max_abs_limit"]
+    assert {"answer/cosine_vs_fp64", "answer/p50_us", "answer/p99_us", "vs_fp64/actions/cosine_min_row"} <= set(metrics)
+    # MLflow's run page: one chart section per prefix, sorted by name (locale order: case-insensitive)
+    sections = {headline.chart_section(k) for k in metrics}
+    assert min(sections, key=str.casefold) == "answer" and "" not in sections
+    # no per-dtype key: runs of fp32 and bf16 compare row for row
+    assert not [k for k in run.data.params if ".bf16" in k] and run.data.params["limit/max_abs"]
+
+
+def test_a_failed_point_is_failed_in_mlflow_with_the_jobs_own_start_and_end(tmp_path):
+    from huggy_exp import tracking
+    from huggy_exp.results import update_result
+
+    job = run_job(tmp_path / "job", "action", "obs.rows=4")
+    update_result(tmp_path / "job", status="failed", reason="over its limit", tracking={"status": "pending", "reason": "x"})
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    outcome = tracking.log_job({"uri": uri}, tmp_path / "job")
+    run = _mlflow_client(uri).get_run(outcome["run_id"])
+    assert run.info.status == "FAILED" and run.data.tags["verdict"] == "failed: over its limit"
+    # the run spans the job, not the logging that came after it
+    assert run.info.start_time == job.record["start_time_ms"]
+    assert run.info.end_time - run.info.start_time == pytest.approx(job.record["duration_s"] * 1000, abs=2)
+    assert tracking.run_status({"status": "error", "interrupted": True}) == "KILLED"
+
+
+def _benchmark_record(backends: tuple[str, ...], scenarios: tuple[str, ...]) -> dict:
+    from huggy_exp import headline
+
+    metrics = {"actions/vs_fp64/max_abs": 1e-7, "actions/vs_fp64/max_abs_limit": 1e-5,
+               "actions/vs_fp64/cosine_min_row": 0.99999968, "actions/vs_fp64/cosine_min_row_limit": 0.99999,
+               "control_loop/miss_rate": 0.0, "control_loop/miss_rate_upper": 0.004, "control_loop/ticks": 1000.0}
+    for backend, p50 in (("eager", 400.0), ("compile", 300.0), ("fused", 90.0), ("onnxruntime", 120.0)):
+        for batch in (1, 64):
+            if backend in backends:
+                metrics.update({f"{backend}/b{batch}/p50_us": p50 * batch, f"{backend}/b{batch}/p99_us": 2 * p50 * batch,
+                                f"{backend}/b{batch}/obs_per_s": 1e6 / p50})
+    for scenario in scenarios:
+        metrics.update({f"loadgen/{scenario}/valid": 1.0, f"loadgen/{scenario}/p90_us": 100.0,
+                        f"loadgen/{scenario}/p99_us": 200.0, f"loadgen/{scenario}/samples_per_s": 5e3})
+    record = {"mode": "benchmark", "status": "passed", "batch_size": 64, "metrics": metrics}
+    return {**record, "headline_metrics": headline.headline_metrics("benchmark", metrics, "passed", 64)}
+
+
+def test_a_benchmark_logs_each_backend_and_scenario_at_its_batch_within_twenty_metrics():
+    from huggy_exp import headline
+
+    logged = headline.logged_metrics(_benchmark_record(("eager", "fused"), ("single_stream", "server")))
+    assert len(logged) <= headline.MAX_LOGGED
+    assert logged["answer/best_p50_us"] == 90.0 * 64 and logged["eager/p50_us"] == 400.0 * 64  # at the job's batch
+    assert {"fused/obs_per_s", "loadgen/server/valid", "loadgen/server/p99_us", "loadgen/single_stream/p90_us",
+            "control_loop/miss_rate_upper", "vs_fp64/actions/max_abs_limit"} <= set(logged)
+    assert min({headline.chart_section(k) for k in logged}, key=str.casefold) == "answer"
+    # every backend and scenario at once: still at most twenty, the answer and every backend first
+    everything = headline.logged_metrics(_benchmark_record(("eager", "compile", "fused", "onnxruntime"),
+                                                           ("single_stream", "multi_stream", "offline", "server")))
+    assert len(everything) == headline.MAX_LOGGED and {"compile/p50_us", "onnxruntime/obs_per_s"} <= set(everything)
+    assert list(everything)[0] == "answer/passed"
 
 
 def test_tracking_failure_keeps_result_json_pending_and_warns(tmp_path, capsys):

@@ -303,7 +303,8 @@ def test_case_library_runs_with_its_tally_parent_run_comparison_and_job_logs(tmp
     assert {c.data.tags["case"] for c in children} == set(cases)
     assert all(c.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for c in children)
     prec = next(c for c in children if c.data.tags["case"] == "precision_bf16_relative_fail")
-    assert prec.data.metrics["passed"] == 0.0 and prec.data.metrics["max_abs_vs_fp64"] > 0
+    assert prec.data.metrics["answer/passed"] == 0.0 and prec.data.metrics["answer/max_abs_vs_fp64"] > 0
+    assert prec.info.status == "FAILED"  # MLflow's status follows the verdict
     import mlflow
 
     artifacts = {a.path for a in mlflow.MlflowClient(uri).list_artifacts(parents[0].info.run_id)}
@@ -335,7 +336,7 @@ def _three_sweeps_at_once(tmp_path: Path, cache: Path, uri: str, launcher: list[
         assert len(mine) == 8 and {c.data.tags["sweep_id"] for c in mine} == {parent.data.tags["sweep_id"]}
         assert parent.data.metrics["jobs_passed"] == 8.0
     for c in children:
-        assert c.data.metrics["passed"] == 1.0 and "batch_invariance_max_abs" in c.data.metrics
+        assert c.data.metrics["answer/passed"] == 1.0 and "answer/invariance_max" in c.data.metrics
         assert c.info.status == "FINISHED"
 
 
@@ -368,7 +369,7 @@ def test_submitit_local_sweep_logs_a_parent_and_its_children(tmp_path, huggy_exp
     parents, children = _runs(uri)
     assert len(parents) == 1 and len(children) == 2
     assert {c.data.tags["dtype"] for c in children} == {"fp32", "bf16"}
-    assert all("act_mean" in c.data.metrics for c in children)
+    assert all("answer/act_mean" in c.data.metrics for c in children)
     assert "max |Δaction| vs cpu fp32" in proc.stdout
 
 

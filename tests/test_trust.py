@@ -355,7 +355,7 @@ def test_sync_replaces_a_partial_copy_and_never_duplicates(tmp_path):
     assert tracking.sync({"uri": uri}, [tmp_path]) == {"seen": 1, "logged": 1, "pending": 0, "skipped": 0, "closed": 0}
     runs = _runs(uri)
     assert len(runs) == 1 and runs[0].info.status == "FINISHED" and runs[0].data.tags["huggy.complete"] == "true"
-    assert runs[0].data.metrics["rows"] == 4.0
+    assert runs[0].data.metrics["answer/passed"] == 1.0
 
 
 def test_result_json_is_replaced_atomically_never_rewritten_in_place(tmp_path):

@@ -18,7 +18,6 @@ from conftest import PYTHON, REPO, subprocess_env
 from huggy_exp import report, tracking, ui
 
 SHOTS = Path(os.environ.get("HUGGY_EXP_UI_SHOTS", REPO / "test-artifacts" / "ui"))  # screenshots of the slow tests
-PRECISION_HEADLINE = ["passed", "rel_ratio", "max_abs_vs_fp64", "cosine_vs_fp64", "agreement_vs_fp64", "max_abs_vs_fp32", "p50_us"]
 
 pytestmark = pytest.mark.slow  # mlflow ui, a browser and a sweep: processes, run by `pytest -m slow`
 
@@ -36,20 +35,36 @@ CHROMIUM = _ui_check().find_browser()
 # --- the runs table's first screen
 
 
+PRECISION_COLUMNS = {"metrics.`answer/passed`", "metrics.`answer/max_abs_vs_fp64`", "params.`limit/max_abs`",
+                     "metrics.`answer/cosine_vs_fp64`", "metrics.`answer/p50_us`", "metrics.`answer/rel_ratio`",
+                     "metrics.`vs_fp64/actions/max_abs`", "params.`batch_size`", "tags.`verdict`"}
+BENCHMARK_COLUMNS = {"metrics.`answer/passed`", "metrics.`answer/max_abs_vs_fp64`", "params.`limit/max_abs`",
+                     "metrics.`answer/cosine_vs_fp64`", "metrics.`answer/best_p50_us`", "metrics.`answer/best_obs_per_s`",
+                     "tags.`best_backend`", "metrics.`eager/p50_us`", "metrics.`onnxruntime/p50_us`", "params.`batch_size`"}
+
+
 def test_runs_view_shows_the_verdict_then_error_limit_cosine_p50_and_fingerprint():
-    columns = tracking.view_columns(PRECISION_HEADLINE)
-    assert columns[:6] == ["tags.`verdict`", "metrics.`max_abs_vs_fp64`", "params.`limit/max_abs`", "metrics.`cosine_vs_fp64`",
-                           "metrics.`p50_us`", "tags.`fingerprint`"]
-    assert "metrics.`passed`" not in columns  # the verdict says it in words
+    columns = tracking.view_columns(PRECISION_COLUMNS)
+    assert columns[:6] == ["tags.`verdict`", "metrics.`answer/max_abs_vs_fp64`", "params.`limit/max_abs`",
+                           "metrics.`answer/cosine_vs_fp64`", "metrics.`answer/p50_us`", "tags.`fingerprint`"]
+    assert "metrics.`answer/passed`" not in columns  # the verdict says it in words
+
+
+def test_a_benchmark_sweep_shows_the_batch_then_the_fastest_backend_and_eager_first():
+    columns = tracking.view_columns(BENCHMARK_COLUMNS, batches=3)
+    assert columns[:6] == ["tags.`verdict`", "params.`batch_size`", "metrics.`answer/best_p50_us`", "tags.`best_backend`",
+                           "metrics.`answer/best_obs_per_s`", "metrics.`eager/p50_us`"]
+    assert columns.count("params.`batch_size`") == 1
 
 
 def test_the_first_screen_fits_beside_the_assistant_panel():
-    view = json.loads(tracking.sweep_view("abc", PRECISION_HEADLINE))
-    assert view["columnOrder"][:3] == ["attributes.`Run Name`", "runDateAndNestInfo", "tags.`verdict`"]
-    assert view["searchFilter"] == "tags.sweep_id = 'abc'" and view["selectedColumns"][0] == "tags.`verdict`"
-    first = view["columnOrder"][2:8]
-    # 1600 px window, Assistant panel open: the grid is x 222..1160, the name and Created end at 529
-    assert sum(view["columnWidths"][c] for c in first) <= 1160 - 529
+    for present, batches in ((PRECISION_COLUMNS, 1), (BENCHMARK_COLUMNS, 3)):
+        view = json.loads(tracking.sweep_view("abc", present, batches))
+        assert view["columnOrder"][:3] == ["attributes.`Run Name`", "runDateAndNestInfo", "tags.`verdict`"]
+        assert view["searchFilter"] == "tags.sweep_id = 'abc'" and view["selectedColumns"][0] == "tags.`verdict`"
+        first = view["columnOrder"][2:8]
+        # 1600 px window, Assistant panel open: the grid is x 222..1160, the name and Created end at 529
+        assert sum(view["columnWidths"][c] for c in first) <= 1160 - 529
 
 
 def test_a_skipped_point_reads_its_reason_and_a_noisy_one_says_so():
