@@ -10,7 +10,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from huggy_exp import preflight
+from huggy_exp import config, preflight
 from huggy_exp.errors import UserError
 from huggy_exp.tracking_worker import Helper
 
@@ -85,7 +85,7 @@ def cli(argv: list[str], mlflow_helper: bool = False) -> None:
             print(f"error: {exc}", file=sys.stderr)
             sys.exit(2)
         once = composed[0] if len(composed) == 1 and single else None
-        if helper and not (once and once.tracking.enabled and once.hydra.runtime.choices.mode not in ("sync", "ui")):
+        if helper and not (once and once.tracking.enabled and config.modes()[once.hydra.runtime.choices.mode].is_task()):
             helper.close()  # nothing to log after all (tracking off in a case file; sync and ui work in this process)
             helper = None
         if once:

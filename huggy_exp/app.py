@@ -20,10 +20,10 @@ from huggy_exp.headline import headline_metrics
 from huggy_exp.preflight import validate
 from huggy_exp.report import write_job_report
 from huggy_exp.results import EXIT_CODES, EXIT_PENDING, Result, held_result, read_result, update_result, write_result
-from huggy_exp.safety import NO_INFERENCE, check_job_memory, disk_full_message, is_disk_full
+from huggy_exp.config import modes
+from huggy_exp.safety import check_job_memory, disk_full_message, is_disk_full
 
 JOB_LOG = "huggy_exp.job"  # conf/hydra/job_logging/huggy.yaml sends it to the job's run.log only
-TIMED_MODES = ("batch", "benchmark")  # modes whose numbers are wall-clock timings (any mode with latency.* too)
 
 
 def say(line: str, error: bool = False) -> None:
@@ -178,8 +178,8 @@ def _run_task(cfg: DictConfig, workdir: Path, mode: str,
         if missing:
             raise Unsupported(f"needs {missing[0]}, which is not on this host (shared fixtures: set HUGGY_EXP_SHARED)")
         ctx = build_context(cfg, workdir)
-        switches = ctx.set_precision() if mode not in NO_INFERENCE else {}
-        if mode not in NO_INFERENCE:
+        switches = ctx.set_precision() if modes()[mode].runs_policy else {}
+        if modes()[mode].runs_policy:
             check_job_memory(mode, OmegaConf.to_container(cfg, resolve=True), ctx.weights)
         result = _instantiate(cfg.mode).run(ctx)
         result.tags.update({f"fp32_precision/{name}": value for name, value in switches.items()})
@@ -206,7 +206,7 @@ def _lead_with_headline(result: Result, mode: str, job: JobInfo, batch_size: int
     `result.metrics` so that MLflow lists them first; returns the headline metrics."""
     if result.summary and not result.headline:
         result.headline = result.summary[0]
-    timed = mode in TIMED_MODES or bool(result.latency)
+    timed = modes()[mode].timed
     if job.shared_machine and timed and result.headline:
         result.headline += " [timed while other jobs shared the machine]"
     head = headline_metrics(mode, result.metrics, result.status, batch_size)

@@ -15,8 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from huggy_exp.numerics import error_ratio
-from huggy_exp.rollout import OUTPUT_FILES
-from huggy_exp.verify import elementwise
+from huggy_exp.verify import DECLARED, elementwise
 
 DUAL_RULES = {"rmse": (1.0, 2.0), "max_rel": (1.0, 10.0)}  # metric: (pass up to, warn up to); msprobe's thresholds
 TEST05_TOLERANCE, TEST05_SHORT_TOLERANCE, TEST05_SHORT_S = 0.05, 0.20, 0.2e-3
@@ -29,13 +28,7 @@ VERDICT_ORDER = ("pass", "warn", "fail")
 def named_outputs(out: dict[str, np.ndarray], float_dtype=np.float32) -> dict[str, np.ndarray]:
     """A runner's deterministic outputs by file name (actions, discrete_actions, memories [.., m]); floats in
     `float_dtype` (the fp64 reference keeps float64), discrete actions int64."""
-    named = {}
-    for name, deterministic, _ in OUTPUT_FILES:
-        if deterministic in out:
-            value = np.asarray(out[deterministic])
-            value = value.astype(np.int64) if name == "discrete_actions" else value.astype(float_dtype)
-            named[name] = value.squeeze(-2) if name == "memories" and value.ndim >= 3 and value.shape[-2] == 1 else value
-    return named
+    return {o.stem: o.stored(out[o.name], float_dtype) for o in DECLARED if o.name in out}
 
 
 def is_discrete(a: np.ndarray) -> bool:

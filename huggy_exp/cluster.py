@@ -12,11 +12,10 @@ import importlib.util
 import socket
 from urllib.parse import urlparse
 
+from huggy_exp.config import modes
 from huggy_exp.errors import UserError
 
 EXTRA = "pip install -e '.[ray]'"  # the optional extra that installs hydra-ray-launcher and ray[default]
-# modes that time nothing: their points may share a node's CPUs (every other mode reports a latency or benchmarks)
-UNTIMED_MODES = ("info", "checkpoints", "export-onnx", "diff", "sync", "ui")
 # the Ray resource of each accelerator kind: CUDA GPUs are Ray's own `GPU`; Ascend NPUs its `NPU` (for which Ray sets
 # ASCEND_RT_VISIBLE_DEVICES); Apple's MPS has no Ray resource: a Mac node declares --resources '{"MPS": 1}'
 ACCELERATOR = {"cuda": "GPU", "npu": "NPU", "mps": "MPS"}
@@ -34,10 +33,6 @@ def require_ray() -> None:
             raise UserError(f"hydra/launcher=ray needs {dist}, which is not installed: {EXTRA}")
 
 
-def timed(mode: str) -> bool:
-    return mode not in UNTIMED_MODES
-
-
 def request(device: str, mode: str, cpus_per_point: int, node_cpus: list[float]) -> dict:
     """The Ray resources one point asks for: `{"num_cpus", "num_gpus", "resources"}` (ray.remote's options).
 
@@ -50,7 +45,7 @@ def request(device: str, mode: str, cpus_per_point: int, node_cpus: list[float])
         return {"num_cpus": 1, "num_gpus": 1, "resources": {}} if name == "GPU" else \
             {"num_cpus": 1, "num_gpus": 0, "resources": {name: 1}}
     cpus = float(cpus_per_point)
-    if timed(mode) and node_cpus:
+    if modes()[mode].timed and node_cpus:  # a mode that times nothing may share a node's CPUs
         cpus = max(cpus, max(node_cpus))
     return {"num_cpus": cpus, "num_gpus": 0, "resources": {}}
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from huggy_exp import plots
-from huggy_exp.config import numerics_label
+from huggy_exp.config import modes, numerics_label
+from huggy_exp.verify import DECLARED
 from huggy_exp.headline import ERROR
 
 NARROW_FIRST = ("bf16", "fp16", "fp32", "fp64")
@@ -28,15 +29,12 @@ def inputs_key(row: dict) -> tuple:
     return row["mode"], json.dumps(knobs, sort_keys=True, default=str), row["obs"], row["seed"], row["model_sha256"]
 
 
-OUTPUT_FILES = ("actions.npy", "discrete_actions.npy", "memories.npy")  # whichever the policy has (docs/policy-shapes.md)
-
-
 def load_outputs(row: dict) -> dict[str, np.ndarray]:
     """A point's output arrays by file stem: continuous `actions`, `discrete_actions`, `memories` (empty on error)."""
     if row["status"] == "error":
         return {}
     d = Path(row["dir"])
-    return {f[:-4]: np.load(d / f, allow_pickle=False) for f in OUTPUT_FILES if (d / f).is_file()}
+    return {o.stem: np.load(d / f"{o.stem}.npy", allow_pickle=False) for o in DECLARED if (d / f"{o.stem}.npy").is_file()}
 
 
 def _digest(outputs: dict[str, np.ndarray]) -> str | None:
@@ -155,14 +153,12 @@ def dual_lines(dual: list[dict]) -> list[str]:
             for d in dual]
 
 
-VERIFIED_MODES = ("action", "sample", "batch", "precision", "onnx-compare", "fingerprint", "stats", "benchmark")
-
-
 def recommend(rows: list[dict]) -> dict:
     """Per device (and model, when the sweep has several): the fastest dtype whose every verified point passed, with the
     figures it used; a noisy latency is named as such, never the silent basis of a pick."""
     recommended = {}
-    verified = [r for r in rows if r["mode"] in VERIFIED_MODES and r["status"] in ("passed", "failed")]
+    known = modes()
+    verified = [r for r in rows if r["mode"] in known and known[r["mode"]].verified and r["status"] in ("passed", "failed")]
     several = len({_model(r) for r in verified}) > 1
     for device, model in dict.fromkeys((r["device"], _model(r)) for r in verified):
         checked = [r for r in verified if r["device"] == device and _model(r) == model]

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Dict, List, Optional, get_type_hints
+from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
+from typing import Any, ClassVar, Dict, List, NamedTuple, Optional, get_type_hints
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -44,6 +44,12 @@ def rule(default: Any = MISSING, *, lo: float | None = None, hi: float | None = 
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def per_dtype(name: str, kind: type) -> type:
+    """A table with one required field per dtype of DTYPE_NAMES: a dtype left out is a config error at load (`missing
+    key mode.tolerance.bf16`), never a default."""
+    return make_dataclass(name, [(d, kind, rule(lo=0) if kind is float else field(default=MISSING)) for d in DTYPE_NAMES])
 
 
 # --- groups
@@ -88,9 +94,77 @@ class Dynamics:
 # --- modes: one schema per conf/mode/<name>.yaml
 
 
+class Allocation(NamedTuple):
+    """Memory a job's own values size: bytes, what they hold, the keys that size them; `drawn` of its rows come from the
+    observation source (held to MAX_OBS_BYTES)."""
+
+    bytes: int
+    what: str
+    keys: str
+    drawn: int = 0
+
+
+class RowBytes(NamedTuple):
+    """What one row of the policy costs a job (safety.job_allocations measures it from the weights)."""
+
+    feed: int  # a row drawn (float64), kept (float32), its outputs compared
+    forward: int  # one row through a runner and the fp64 reference
+    io: int  # a row's float32 inputs and outputs
+
+
 @dataclass
 class ModeConf:
+    """A mode, declared once: its knobs (the fields, conf/mode/<name>.yaml holds their values) and its traits (class
+    variables), which every other module reads. A new mode is a new subclass here: nothing to register."""
+
     _target_: str = MISSING
+    name: ClassVar[str] = ""
+    runs_policy: ClassVar[bool] = True  # loads and runs the policy (false: no memory pre-check)
+    timed: ClassVar[bool] = True  # reports latency: a timed CPU point holds its Ray node alone; beside other jobs, tagged
+    verified: ClassVar[bool] = True  # judged against CPU fp64: its points choose a sweep's recommended dtype
+    headline: ClassVar[Dict[str, str]] = {}  # short name -> the detailed metric it copies (`a | b`: the first found)
+
+    @classmethod
+    def is_task(cls) -> bool:
+        """Whether Hydra instantiates a task class (sync and ui are run.py's own, `_target_: null`)."""
+        return cls._target_ is not None
+
+    @classmethod
+    def allocations(cls, cfg: dict, row: RowBytes) -> list[Allocation]:
+        """What the mode's own knobs allocate beyond a batch and the observations (`cfg`: the job's plain config)."""
+        return []
+
+
+@dataclass
+class OfflineMode(ModeConf):
+    """A mode that never runs the policy: nothing timed, nothing verified (info, checkpoints, diff, sync, ui)."""
+
+    runs_policy: ClassVar[bool] = False
+    timed: ClassVar[bool] = False
+    verified: ClassVar[bool] = False
+
+
+@dataclass
+class ActionMode(ModeConf):
+    name: ClassVar[str] = "action"
+    headline: ClassVar[Dict[str, str]] = {"act_mean": "action_mean", "act_std": "action_std"}
+
+
+@dataclass
+class SampleMode(ActionMode):
+    name: ClassVar[str] = "sample"
+
+
+@dataclass
+class InfoMode(OfflineMode):
+    name: ClassVar[str] = "info"
+    headline: ClassVar[Dict[str, str]] = {"parameters": "parameters", "fp16_overflow_dims": "fp16_overflow_dims"}
+
+
+@dataclass
+class CheckpointsMode(OfflineMode):
+    name: ClassVar[str] = "checkpoints"
+    headline: ClassVar[Dict[str, str]] = {"checkpoints": "checkpoints", "best_reward": "best_reward"}
 
 
 @dataclass
@@ -98,12 +172,16 @@ class Threshold:
     max_abs: float = rule(lo=0)
     cosine_min: float = rule(lo=-1, hi=1)
     margin: float = rule(lo=0)  # discrete: a flip fails where fp64's top-1 minus top-2 masked logit exceeds margin x max(1, |best|)
-    rtol: float = rule(0.0, lo=0)
+    rtol: float = rule(lo=0)
+
+
+Thresholds = per_dtype("Thresholds", Threshold)
+Tolerances = per_dtype("Tolerances", float)  # one absolute limit per dtype
 
 
 @dataclass
 class VerifyConf:
-    limits: Dict[str, Threshold] = MISSING
+    limits: Thresholds = MISSING
     specialize: Dict[str, Any] = MISSING
     rel_floor: float = rule(lo=0, lo_open=True)
     decimals: int = rule(lo=0, hi=9)
@@ -114,6 +192,9 @@ class LayerThreshold:
     rel_rmse: float = rule(lo=0)
 
 
+LayerThresholds = per_dtype("LayerThresholds", LayerThreshold)
+
+
 @dataclass
 class Relative:
     warn: float = rule(lo=0)
@@ -122,12 +203,26 @@ class Relative:
 
 @dataclass
 class BatchMode(ModeConf):
-    tolerance: Dict[str, float] = MISSING
+    name: ClassVar[str] = "batch"
+    headline: ClassVar[Dict[str, str]] = {"invariance_max": "batch_invariance_max_abs", "rows_identical": "rows_bit_identical",
+                                          "rows_per_s": "batched_rows_per_s"}
+    tolerance: Tolerances = MISSING
     budget_s: float = rule(lo=0, hi=600, lo_open=True)
 
 
 @dataclass
 class BenchmarkMode(ModeConf):
+    name: ClassVar[str] = "benchmark"
+    # at the job's own batch size ({batch}; a ladder without it: its largest): eager's and onnxruntime's p50 and
+    # `eager_vs_ort` = eager p50 / onnxruntime p50 (> 1: torch is slower); throughput at the largest batch timed;
+    # the LoadGen server's highest QPS under its p99 bound, and the control loop's miss rate and highest rate
+    headline: ClassVar[Dict[str, str]] = {
+        "p50_us": "eager/b{batch}/p50_us", "p99_us": "eager/b{batch}/p99_us", "ort_p50_us": "onnxruntime/b{batch}/p50_us",
+        "eager_vs_ort": "eager/b{batch}/p50_us / onnxruntime/b{batch}/p50_us", "obs_per_s": "eager/b{top}/obs_per_s",
+        "server_qps": "loadgen/server/max_qps", "miss_rate": "control_loop/miss_rate",
+        "loop_hz_max": "control_loop/max_rate_hz",
+        # the fastest backend at the job's batch ({fastest}: least p50 there), its p50 and throughput
+        "best_p50_us": "{fastest}/b{batch}/p50_us", "best_obs_per_s": "{fastest}/b{batch}/obs_per_s"}
     backends: List[str] = MISSING
     batch_sizes: Optional[List[int]] = MISSING
     scenarios: List[str] = MISSING
@@ -136,7 +231,7 @@ class BenchmarkMode(ModeConf):
     warmup_s: float = rule(lo=0, hi=600)
     settle_s: float = rule(lo=0, hi=60)
     chunk_rows: int = rule(lo=1, hi=MAX_BATCH)
-    tolerance: Dict[str, float] = MISSING
+    tolerance: Tolerances = MISSING
     fp16_cpu_max_rows: int = rule(lo=1, hi=MAX_BATCH)
     fp16_cpu_samples: int = rule(lo=1, hi=1_000_000)
     qsl_samples: int = rule(lo=1, hi=1_000_000)
@@ -155,9 +250,21 @@ class BenchmarkMode(ModeConf):
     confidence: float = rule(lo=0, hi=1, lo_open=True)
     loop_search_s: float = rule(lo=0, hi=600, lo_open=True)
 
+    @classmethod
+    def allocations(cls, cfg: dict, row: RowBytes) -> list[Allocation]:
+        ladder = cfg["mode"].get("batch_sizes") or [cfg["batch_size"]]
+        top = max(int(b) for b in ladder)
+        return [Allocation(top * (row.feed + row.forward), f"the benchmark's largest batch ({top:,} rows)",
+                           f"mode.batch_sizes={ladder}")]
+
 
 @dataclass
 class ExportOnnxMode(ModeConf):
+    name: ClassVar[str] = "export-onnx"
+    timed: ClassVar[bool] = False
+    verified: ClassVar[bool] = False
+    headline: ClassVar[Dict[str, str]] = {"max_abs_vs_torch": "actions/vs_torch/max_abs | memories/vs_torch/max_abs",
+                                          "src_identical": "graph/vs_source/bit_identical"}
     path: Optional[str] = MISSING
     opset: int = rule(lo=7, hi=21)
     atol: float = rule(lo=0)
@@ -167,6 +274,8 @@ class ExportOnnxMode(ModeConf):
 
 @dataclass
 class FingerprintMode(ModeConf):
+    name: ClassVar[str] = "fingerprint"
+    headline: ClassVar[Dict[str, str]] = {"fp_match": "matches_cpu_fp32", "fp_qmatch": "quantized_matches_cpu_fp32"}
     steps: int = rule(lo=1, hi=1_000_000)
     loop: str = rule(choices=LOOPS)
     actions: str = rule(choices=ACTION_KINDS)
@@ -175,11 +284,18 @@ class FingerprintMode(ModeConf):
     require_match: List[str] = MISSING
     dynamics: Dynamics = MISSING
 
+    @classmethod
+    def allocations(cls, cfg: dict, row: RowBytes) -> list[Allocation]:
+        return rollout_rows(cfg, row, drawn=cfg["mode"]["loop"] == "open" and cfg["obs"]["source"] != "file")
+
 
 @dataclass
 class OnnxCompareMode(ModeConf):
+    name: ClassVar[str] = "onnx-compare"
+    headline: ClassVar[Dict[str, str]] = {"max_abs_vs_ort": "actions/vs_onnxruntime/max_abs | memories/vs_onnxruntime/max_abs",
+                                          "sampled_z": "sampled/mean_z_max"}
     provider: str = MISSING
-    atol: Dict[str, float] = MISSING
+    atol: Tolerances = MISSING
     specialize: Dict[str, Any] = MISSING
     sample_rows: int = rule(lo=1, hi=100_000)
     samples: int = rule(lo=2, hi=1_000_000)
@@ -187,16 +303,26 @@ class OnnxCompareMode(ModeConf):
     rel_floor: float = rule(lo=0, lo_open=True)
     masks: str = rule(choices=MASKS)
 
+    @classmethod
+    def allocations(cls, cfg: dict, row: RowBytes) -> list[Allocation]:
+        rows = int(cfg["mode"]["sample_rows"]) * int(cfg["mode"]["samples"])
+        return [Allocation(rows * row.io * 3, f"{rows:,} tiled rows of sampled draws",
+                           f"mode.sample_rows={cfg['mode']['sample_rows']} × mode.samples={cfg['mode']['samples']}")]
+
 
 @dataclass
 class PrecisionMode(ModeConf):
-    layer_thresholds: Dict[str, LayerThreshold] = MISSING
+    name: ClassVar[str] = "precision"
+    headline: ClassVar[Dict[str, str]] = {"rel_ratio": "relative/ratio"}
+    layer_thresholds: LayerThresholds = MISSING
     layer_specialize: Dict[str, Any] = MISSING
     relative: Relative = MISSING
 
 
 @dataclass
 class StatsMode(ModeConf):
+    name: ClassVar[str] = "stats"
+    headline: ClassVar[Dict[str, str]] = {"drift_max": "drift_max", "saturation": "saturation_rate", "smoothness": "smoothness"}
     steps: int = rule(lo=1, hi=1_000_000)
     envs: int = rule(lo=1, hi=1_000_000)
     source: str = rule(choices=STATS_SOURCES)
@@ -205,6 +331,18 @@ class StatsMode(ModeConf):
     drift_fail: Optional[float] = rule(lo=0)
     saturation: float = rule(lo=0, hi=1, lo_open=True)
     dynamics: Dynamics = MISSING
+
+    @classmethod
+    def allocations(cls, cfg: dict, row: RowBytes) -> list[Allocation]:
+        return rollout_rows(cfg, row, drawn=False)
+
+
+def rollout_rows(cfg: dict, row: RowBytes, drawn: bool) -> list[Allocation]:
+    """A rollout's steps x envs rows for two runners (fingerprint, stats); `drawn`: the observation source draws them."""
+    steps, envs = int(cfg["mode"]["steps"]), int(cfg["mode"]["envs"])
+    rows = steps * envs
+    return [Allocation(rows * row.feed * 2, f"{rows:,} rollout rows (steps × envs) for two runners",
+                       f"mode.steps={steps} × mode.envs={envs}", rows if drawn else 0)]
 
 
 @dataclass
@@ -216,6 +354,9 @@ class LatencySamples:
 
 @dataclass
 class RecordMode(ModeConf):
+    name: ClassVar[str] = "record"
+    verified: ClassVar[bool] = False
+    headline: ClassVar[Dict[str, str]] = {"points": "bundle/points"}
     out: Optional[str] = MISSING
     latency: LatencySamples = MISSING
     decimals: int = rule(lo=0, hi=9)
@@ -223,10 +364,15 @@ class RecordMode(ModeConf):
 
 @dataclass
 class ReplayMode(ModeConf):
+    name: ClassVar[str] = "replay"
+    verified: ClassVar[bool] = False
+    headline: ClassVar[Dict[str, str]] = {
+        "bitwise": "agreement/bitwise_share", "ulp_max": "agreement/ulp_max", "dual_ratio": "dual/worst_ratio",
+        "lat_ratio": "latency_change/median_ratio", "lat_p": "latency_change/p_value"}
     bundle: Optional[str] = MISSING
     reference_point: Optional[str] = MISSING
     allow_other_model: bool = MISSING
-    tolerance: Dict[str, float] = MISSING
+    tolerance: Tolerances = MISSING
     require_bitwise: bool = MISSING
     latency: LatencySamples = MISSING
     alpha: float = rule(lo=0, hi=1, lo_open=True)
@@ -235,7 +381,10 @@ class ReplayMode(ModeConf):
 
 
 @dataclass
-class DiffMode(ModeConf):
+class DiffMode(OfflineMode):
+    name: ClassVar[str] = "diff"
+    headline: ClassVar[Dict[str, str]] = {"changed": "diff/changed", "only_base": "diff/only_baseline",
+                                          "only_cand": "diff/only_candidate"}
     baseline: Optional[str] = MISSING
     candidate: Optional[str] = MISSING
     alpha: float = rule(lo=0, hi=1, lo_open=True)
@@ -243,25 +392,27 @@ class DiffMode(ModeConf):
 
 
 @dataclass
-class SyncMode(ModeConf):
+class SyncMode(OfflineMode):
+    name: ClassVar[str] = "sync"
     _target_: Optional[str] = None  # not a task: run.py hands it to tracking.sync
     paths: List[str] = MISSING
 
 
 @dataclass
-class UiMode(ModeConf):
+class UiMode(OfflineMode):
+    name: ClassVar[str] = "ui"
     _target_: Optional[str] = None  # not a task: run.py hands it to huggy_exp.ui (the port is tracking.ui_port)
     wait_s: float = rule(lo=1, hi=3600)
 
 
-NOT_TASKS = ("sync", "ui")  # modes run.py handles itself (tracking), not task classes
-MODES: dict[str, type] = {
-    "action": ModeConf, "sample": ModeConf, "info": ModeConf, "checkpoints": ModeConf, "batch": BatchMode,
-    "benchmark": BenchmarkMode,
-    "export-onnx": ExportOnnxMode, "fingerprint": FingerprintMode, "onnx-compare": OnnxCompareMode,
-    "precision": PrecisionMode, "stats": StatsMode, "sync": SyncMode, "ui": UiMode,
-    "record": RecordMode, "replay": ReplayMode, "diff": DiffMode,
-}
+def modes() -> dict[str, type[ModeConf]]:
+    """Every mode by name: the named ModeConf subclasses declared here (and any declared elsewhere, e.g. a test's)."""
+    found, todo = {}, list(ModeConf.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        found.update({cls.name: cls} if cls.name else {})
+    return found
 
 
 @dataclass
@@ -291,9 +442,7 @@ def register() -> None:
     if "config_schema.yaml" in cs.repo:  # stored already in this process: each store converts every dataclass again
         return
     cs.store(name="config_schema", node=Config)
-    for group, node in (("model", ModelConf), ("obs", ObsConf), ("tracking", TrackingConf)):
-        cs.store(group=f"schema/{group}", name="base", node=node)
-    for name, node in MODES.items():
+    for name, node in modes().items():
         cs.store(group="schema/mode", name=name, node=node)
 
 
@@ -303,12 +452,12 @@ def register() -> None:
 def validate(cfg: DictConfig, mode: str) -> dict:
     """The composed config as plain values; UserError (one line) for an unknown key, a wrong type, a value out of range,
     a NaN/inf number or a rule across keys. Pure: the host's checks are preflight.validate's."""
-    if mode not in MODES:
-        raise UserError(f"unknown mode {mode!r}; valid: {', '.join(sorted(MODES))}")
+    if mode not in modes():
+        raise UserError(f"unknown mode {mode!r}; valid: {', '.join(sorted(modes()))}")
     plain = OmegaConf.to_container(cfg, resolve=True)
     plain.pop("hydra", None)
     _check(Config, plain, "")
-    _check(MODES[mode], plain["mode"], "mode.")
+    _check(modes()[mode], plain["mode"], "mode.")
     if mode == "stats" and plain["mode"]["source"] == "replay" and not plain["mode"]["trajectory"]:
         raise UserError("mode.source=replay needs mode.trajectory=<file.npy> (float32 [T, obs_dim]) or an .npz of obs_<i> [T, d_i]")
     return plain
@@ -327,6 +476,8 @@ def _check(schema: type, values: Any, prefix: str) -> None:
                             f"{', '.join(names) if names else 'none (this mode has no knobs)'}")
     for name, f in known.items():
         key = f"{prefix}{name}"
+        if values.get(name) == MISSING:  # `???`: a YAML file left it out
+            raise UserError(f"missing key {key}")
         if name not in values:
             if f.default is MISSING and f.default_factory is MISSING and name not in ("mode",):  # type: ignore[misc]
                 raise UserError(f"missing key {key}")
@@ -355,10 +506,6 @@ def _check_value(kind: Any, value: Any, key: str, meta: dict) -> None:
     if origin in (dict, Dict):
         if not isinstance(value, dict):
             raise UserError(f"{key} must be a mapping, got {value!r}")
-        if key.split(".")[-1] in ("tolerance", "atol", "limits", "layer_thresholds"):
-            for k in value:
-                if k not in DTYPE_NAMES:
-                    raise UserError(f"unknown key {key}.{k}; valid: {', '.join(DTYPE_NAMES)}")
         for k, v in value.items():
             _check_value(args[1], v, f"{key}.{k}", {"lo": 0} if args[1] is float else {})
         return
@@ -406,7 +553,7 @@ def _optional(kind: Any) -> bool:
 @functools.cache
 def free_maps() -> tuple[str, ...]:
     """Every schema map with free keys (Dict[str, Any]): `mode.<key>` (e.g. mode.specialize) and `verify.specialize`."""
-    tables = [("mode", schema) for schema in MODES.values()] + [("verify", VerifyConf)]
+    tables = [("mode", schema) for schema in modes().values()] + [("verify", VerifyConf)]
     return tuple(sorted({f"{prefix}.{f.name}" for prefix, schema in tables for f in fields(schema)
                          if get_type_hints(schema)[f.name] == Dict[str, Any]}))
 
@@ -415,7 +562,7 @@ def free_maps() -> tuple[str, ...]:
 def unknown_key(key: str, mode: str) -> str:
     """`unknown key mode.tolerence; valid keys of mode (batch): budget_s, tolerance`."""
     parts = key.split(".")
-    kind: Any = MODES.get(mode, ModeConf) if parts[0] == "mode" else Config
+    kind: Any = modes().get(mode, ModeConf) if parts[0] == "mode" else Config
     for part in (parts[1:] if parts[0] == "mode" else parts)[:-1]:
         if getattr(kind, "__origin__", None) in (dict, Dict):  # per-dtype tables: the key is a dtype
             kind = kind.__args__[1]

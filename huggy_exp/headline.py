@@ -1,40 +1,12 @@
-"""What a run shows first: a few short headline metrics per mode, derived from its detailed metrics, and the params
-that matter. One table here instead of a line in every task; the full detail stays beside them."""
+"""What a run shows first: a few short headline metrics per mode (each mode's schema declares its own, config.py),
+derived from its detailed metrics, and the params that matter; the full detail stays beside them."""
 
 from __future__ import annotations
 
 import math
 
-# short name -> the detailed metric it copies; per mode, in the order a reader wants them
-HEADLINES: dict[str, dict[str, str]] = {
-    "info": {"parameters": "parameters", "fp16_overflow_dims": "fp16_overflow_dims"},
-    "checkpoints": {"checkpoints": "checkpoints", "best_reward": "best_reward"},
-    "action": {"act_mean": "action_mean", "act_std": "action_std"},
-    "sample": {"act_mean": "action_mean", "act_std": "action_std"},
-    "batch": {"invariance_max": "batch_invariance_max_abs", "rows_identical": "rows_bit_identical",
-              "rows_per_s": "batched_rows_per_s"},
-    "precision": {"rel_ratio": "relative/ratio"},
-    "onnx-compare": {"max_abs_vs_ort": "actions/vs_onnxruntime/max_abs | memories/vs_onnxruntime/max_abs",
-                     "sampled_z": "sampled/mean_z_max"},
-    "export-onnx": {"max_abs_vs_torch": "actions/vs_torch/max_abs | memories/vs_torch/max_abs",
-                    "src_identical": "graph/vs_source/bit_identical"},
-    "fingerprint": {"fp_match": "matches_cpu_fp32", "fp_qmatch": "quantized_matches_cpu_fp32"},
-    "stats": {"drift_max": "drift_max", "saturation": "saturation_rate", "smoothness": "smoothness"},
-    "record": {"points": "bundle/points"},
-    "replay": {"bitwise": "agreement/bitwise_share", "ulp_max": "agreement/ulp_max", "dual_ratio": "dual/worst_ratio",
-               "lat_ratio": "latency_change/median_ratio", "lat_p": "latency_change/p_value"},
-    "diff": {"changed": "diff/changed", "only_base": "diff/only_baseline", "only_cand": "diff/only_candidate"},
-    # at the job's own batch size ({batch}; a ladder without it: its largest): eager's and onnxruntime's p50 and
-    # `eager_vs_ort` = eager p50 / onnxruntime p50 (> 1: torch is slower); throughput at the largest batch timed;
-    # the LoadGen server's highest QPS under its p99 bound, and the control loop's miss rate and highest rate
-    "benchmark": {"p50_us": "eager/b{batch}/p50_us", "p99_us": "eager/b{batch}/p99_us",
-                  "ort_p50_us": "onnxruntime/b{batch}/p50_us",
-                  "eager_vs_ort": "eager/b{batch}/p50_us / onnxruntime/b{batch}/p50_us",
-                  "obs_per_s": "eager/b{top}/obs_per_s", "server_qps": "loadgen/server/max_qps",
-                  "miss_rate": "control_loop/miss_rate", "loop_hz_max": "control_loop/max_rate_hz",
-                  # the fastest backend at the job's batch ({fastest}: least p50 there), its p50 and throughput
-                  "best_p50_us": "{fastest}/b{batch}/p50_us", "best_obs_per_s": "{fastest}/b{batch}/obs_per_s"},
-}
+from huggy_exp.config import modes
+
 # every inference point (docs/verification.md): its errors vs CPU fp64 and fp32, and its latency; `a | b`: the first found.
 # These are the one headline error and cosine of every mode: no mode has a second name for them.
 ANY_MODE = {
@@ -72,7 +44,8 @@ def headline_metrics(mode: str, metrics: dict[str, float], status: str, batch_si
         out["passed"] = float(status == "passed")
     batch, top = timed_batch(metrics, batch_size)
     fastest = fastest_backend(metrics, batch)
-    for short, long in {**HEADLINES.get(mode, {}), **{k: v for k, v in ANY_MODE.items() if k not in HEADLINES.get(mode, {})}}.items():
+    own = modes()[mode].headline if mode in modes() else {}  # the mode's schema declares its headline
+    for short, long in {**own, **{k: v for k, v in ANY_MODE.items() if k not in own}}.items():
         value = _lookup(metrics, long.replace("{top}", str(top)).replace("{batch}", str(batch)).replace("{fastest}", str(fastest)))
         if _finite(value):
             out[short] = readable(short, float(value))
@@ -161,7 +134,7 @@ def judged_limits(record: dict) -> dict:
 
 def headline_names() -> set[str]:
     """Every short metric name any mode can show first."""
-    return {"passed", *ANY_MODE, *(k for table in HEADLINES.values() for k in table)}
+    return {"passed", *ANY_MODE, *(k for schema in modes().values() for k in schema.headline)}
 
 
 def ladder(metrics: dict[str, float], stat: str) -> list[tuple[str, int, float]]:

@@ -10,36 +10,6 @@ from huggy_exp.verify import cosine, discrete_agreement, discrete_margins, finit
 REL_FLOOR = 1e-3  # relative errors divide by max(|expected|, REL_FLOOR): actions are O(1), zeros must not explode
 
 
-def compare(actual: np.ndarray, expected: np.ndarray, rel_floor: float = REL_FLOOR) -> dict[str, float]:
-    """Polygraphy/msprobe-style metrics; NaN/Inf that differ between the two are counted, never hidden."""
-    a, e = _same_size(actual, expected)
-    rows = len(a) if a.ndim > 1 else 1
-    a = a.reshape(rows, a.size // rows if rows else 0)
-    e = e.reshape(a.shape)
-    nan_mismatch = int(np.sum(np.isnan(a) != np.isnan(e)))
-    inf_mismatch = int(np.sum(np.isinf(a) != np.isinf(e)) + np.sum(np.isinf(a) & np.isinf(e) & (np.sign(a) != np.sign(e))))
-    both = np.isfinite(a) & np.isfinite(e)
-    with np.errstate(invalid="ignore", over="ignore"):
-        diff = np.where(both, np.abs(a - e), 0.0)
-    rel = diff / np.maximum(np.abs(e), rel_floor)
-    n = max(int(both.sum()), 1)
-    af, ef = np.where(both, a, 0.0), np.where(both, e, 0.0)
-    return {
-        "max_abs": float(diff.max(initial=0.0)),
-        "mean_abs": float(diff.sum() / n),
-        "max_rel": float(rel.max(initial=0.0)),
-        "rmse": float(np.sqrt((diff**2).sum() / n)),
-        "cosine": cosine(af.ravel(), ef.ravel()),
-        "cosine_min_row": float(min((cosine(x, y) for x, y in zip(af, ef)), default=1.0)),
-        "within_0.1pct": float(np.sum((rel <= 1e-3) & both) / max(a.size, 1)),
-        "within_0.5pct": float(np.sum((rel <= 5e-3) & both) / max(a.size, 1)),
-        "nan_mismatch": float(nan_mismatch),
-        "inf_mismatch": float(inf_mismatch),
-        "min_atol": float(diff.max(initial=0.0)),
-        "min_rtol": float(rel.max(initial=0.0)),
-    }
-
-
 def _same_size(actual: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Both as float64; arrays of different sizes cannot be compared element-wise (a UserError naming both shapes)."""
     a, e = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
@@ -84,11 +54,15 @@ def discrete_histogram(actions: np.ndarray, sizes: tuple[int, ...] | None = None
     return metrics, table
 
 
-def limits_for(table: dict, dtype: str, device: str, specialize: dict | None = None, where: str = "limits") -> dict:
-    """Thresholds for a dtype, overridden by a `<device kind>_<dtype>` entry of `specialize` (e.g. npu_fp16); every value
-    a finite number (`verify.finite_limits`: a NaN limit would switch its check off)."""
+def limits_for(table: dict, dtype: str, device: str, specialize: dict | None, where: str) -> dict:
+    """Thresholds for a dtype, overridden by a `<device kind>_<dtype>` entry of `specialize` (e.g. npu_fp16); a dtype
+    without an entry is an error naming the key (tables fail closed), and every value a finite number
+    (`verify.finite_limits`: a NaN limit would switch its check off)."""
+    if dtype not in table:
+        raise UserError(f"{where}.{dtype} is missing: a dtype without a limit cannot be judged; set it "
+                        f"(the table has {', '.join(sorted(table)) or 'nothing'})")
     special = f"{device.split(':')[0]}_{dtype}"
-    limits = finite_limits(dict(table.get(dtype) or {}), f"{where}.{dtype}")
+    limits = finite_limits(dict(table[dtype]), f"{where}.{dtype}")
     limits.update(finite_limits(dict((specialize or {}).get(special) or {}), f"{where} specialize.{special}"))
     return limits
 

@@ -10,11 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
-from huggy_exp.config import BACKENDS, DTYPE_NAMES, PRECISION_MODES
+from huggy_exp.config import BACKENDS, PRECISION_MODES
 from huggy_exp.errors import Unsupported, UserError
 
-DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.float16, torch.bfloat16, torch.float64)))  # config.DTYPE_NAMES
-DEVICE_KINDS = ("cpu", "cuda", "npu", "mps")
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64}  # by name, each
 _DEVICE_RE = re.compile(r"^(cpu|cuda|npu|mps)(?::(\d+))?$")
 # set by the Ray launcher's worker to the point's device kind: Ray made exactly the card it assigned visible
 # (CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES), so `npu:1` runs on that card, index 0 in this process

@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from huggy_exp.mlagents import ACTION_CLAMP, LOG_SIGMA_RANGE, MASK_PENALTY, NORMALIZER_CLAMP, Lstm, Normalizer, PolicyWeights
-from huggy_exp.mlagents.heads import ContinuousHead, DiscreteHead
 
 DISCRETE_SEED_OFFSET = 1_000_003  # the discrete draws' CPU stream: seed + this, apart from the Gaussian stream of `seed`
 
@@ -60,7 +59,6 @@ class ContinuousActions(nn.Module):
     """PPO's Gaussian head: deterministic clamp(mu, -3, 3) / 3, sampled clamp(mu + exp(log_sigma) * z, -3, 3) / 3."""
 
     deterministic_name, sampled_name = "deterministic_continuous_actions", "continuous_actions"
-    file_format = ContinuousHead  # its ONNX pattern, read and written
     stats = ("log_sigma_const",)
 
     def __init__(self, mu: tuple[np.ndarray, np.ndarray], log_sigma: np.ndarray | tuple[np.ndarray, np.ndarray]):
@@ -114,7 +112,6 @@ class DiscreteActions(nn.Module):
     deterministic = argmax of the softmax per branch, sampled = a categorical draw from given uniforms. int64 [N, branches]."""
 
     deterministic_name, sampled_name = "deterministic_discrete_actions", "discrete_actions"
-    file_format = DiscreteHead  # its ONNX pattern, read and written
 
     def __init__(self, branches: tuple[tuple[np.ndarray, np.ndarray], ...]):
         super().__init__()
@@ -305,10 +302,6 @@ class Policy(nn.Module):
 
     # --- the continuous single-input path (Huggy's shape): the same trunk, kept lean for timing
 
-    def features(self, obs: torch.Tensor) -> torch.Tensor:
-        """The last hidden layer for one input: normalize (stat dtype), then the trunk in the compute dtype."""
-        return self._hidden(_cast(self.normalize(obs), self.compute_dtype))
-
     def trace(self, obs: torch.Tensor | list[torch.Tensor], masks: torch.Tensor | None = None,
               memory: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """Every intermediate, for per-layer attribution.
@@ -359,9 +352,6 @@ class Policy(nn.Module):
             log_sigma = head.log_sigma_of(x, mu)
             record["log_sigma"] = log_sigma.reshape(1, -1) if log_sigma.dim() == 1 else log_sigma
         return keep(head.head(mu))
-
-    def head(self, mu: torch.Tensor) -> torch.Tensor:
-        return self.continuous.head(mu)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """Deterministic continuous actions of a single-input policy without memory: the one path, _run."""

@@ -257,6 +257,8 @@ def composition_error(exc: BaseException, overrides: list[str], case_file=None) 
     reason = lines[0] if lines else type(cause).__name__
     if key and ("not in struct" in reason or "not in '" in reason):
         return unknown_key(key, _mode_choice(overrides, case_file))
+    if key and "does not support deletion" in reason:
+        return f"{key} cannot be removed: the schema requires it (a limit table has one entry per dtype); set its value"
     return f"{head}: {reason}" + (f" (key {key})" if key and key not in reason else "")
 
 

@@ -14,10 +14,10 @@ import numpy as np
 from huggy_exp.dynamics import Dynamics
 from huggy_exp.config import ACTION_KINDS
 from huggy_exp.errors import UserError
-from huggy_exp.mlagents import ACTION_MASKS, RECURRENT_OUT, Normalizer, PolicyWeights, obs_name
-from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, Recurrent, Runner
+from huggy_exp.mlagents import ACTION_MASKS, Normalizer, PolicyWeights, obs_name
+from huggy_exp.runners import Recurrent, Runner
+from huggy_exp.verify import DECLARED
 
-OUTPUT_FILES = (("actions", ACTIONS, SAMPLED), ("discrete_actions", DISCRETE, DISCRETE_SAMPLED), ("memories", RECURRENT_OUT, RECURRENT_OUT))
 
 
 def input_scale(weights: PolicyWeights) -> Normalizer | None:
@@ -92,15 +92,8 @@ class Stepper:
 
 def named(out: dict[str, np.ndarray], kind: str) -> dict[str, np.ndarray]:
     """ML-Agents' output names -> file names; float32 actions and memories ([.., 1, m] -> [.., m]), int64 discrete."""
-    named = {}
-    for name, deterministic, sampled in OUTPUT_FILES:
-        key = deterministic if kind == "deterministic" else sampled
-        if key in out:
-            value = out[key]
-            named[name] = value.astype(np.int64) if name == "discrete_actions" else value.astype(np.float32)
-    if "memories" in named:
-        named["memories"] = named["memories"].squeeze(-2)
-    return named
+    keys = {o: o.name if kind == "deterministic" else o.sampled or o.name for o in DECLARED}
+    return {o.stem: o.stored(out[key]) for o, key in keys.items() if key in out}
 
 
 def open_loop(runner: Runner, feeds: dict[str, np.ndarray], kind: str = "deterministic", seed: int = 0) -> dict[str, np.ndarray]:

@@ -41,9 +41,21 @@ _F32 = np.dtype(np.float32)
 
 
 class Runner(Protocol):
+    """Every backend's contract: all that callers use, declared. `target` is where its work runs (timing synchronises
+    on it); a backend that cannot sample, trace or give distributions raises Unsupported saying so."""
+
     name: str
+    target: Target
+    memory_size: int
+    fixed_shape: bool
 
     def infer(self, feeds: Feeds) -> dict[str, np.ndarray]: ...
+
+    def sample(self, feeds: Feeds, seed: int) -> dict[str, np.ndarray]: ...
+
+    def trace(self, feeds: Feeds) -> dict[str, np.ndarray]: ...
+
+    def distributions(self, feeds: Feeds) -> dict[str, np.ndarray]: ...
 
 
 def obs_of(feeds: Feeds) -> np.ndarray:
@@ -354,10 +366,13 @@ def check_provider(session, provider: str) -> None:
 class OnnxRunner:
     """onnxruntime on one execution provider; a missing provider fails with the list of available ones."""
 
+    fixed_shape = False
+
     def __init__(self, path: Path, provider: str = "CPUExecutionProvider", threads: int = 0, seed: int | None = None,
-                 batch_size: int = 0, device_id: int | None = None):
+                 batch_size: int = 0, device_id: int | None = None, target: Target | None = None):
         import onnxruntime as ort
 
+        self.target = target or resolve("cpu", "fp32")  # the provider's device: the graph's own dtype, fp32 I/O
         if seed is not None:
             ort.set_seed(int(seed))  # RandomNormalLike draws become repeatable run to run (not equal to torch's)
 
@@ -382,6 +397,20 @@ class OnnxRunner:
         self._batched = {i for i, o in enumerate(self.session.get_outputs()) if o.shape and not isinstance(o.shape[0], int)}
         self.batch_size = batch_size
         self.name = f"onnxruntime-{provider}"
+
+    def sample(self, feeds: Feeds, seed: int) -> dict[str, np.ndarray]:
+        raise self._torch_only("sampled actions take the seeded CPU noise, which")
+
+    def trace(self, feeds: Feeds) -> dict[str, np.ndarray]:
+        raise self._torch_only("per-layer attribution")
+
+    def distributions(self, feeds: Feeds) -> dict[str, np.ndarray]:
+        raise self._torch_only("the distributions (mu, log_sigma, masked logits)")
+
+    @staticmethod
+    def _torch_only(what: str) -> Unsupported:
+        return Unsupported(f"backend onnxruntime: {what} only the torch backends (eager, compile, fused, graphs) give; "
+                           "onnxruntime runs the graph's outputs (compare it with mode=onnx-compare)")
 
     def infer(self, feeds: Feeds) -> dict[str, np.ndarray]:
         """The graph's outputs; absent action_masks are all ones, an absent recurrent_in is zeros (ML-Agents' defaults)."""
@@ -430,7 +459,8 @@ def build(ctx: Context, backend: str | None = None, *, device: str | None = None
         if provider is None:
             raise Unsupported(f"backend onnxruntime: no execution provider for device {target.device_name}")
         index = target.device.index if target.kind != "cpu" else None
-        return OnnxRunner(onnx or ctx.onnx_path(), provider, ctx.threads if threads is None else threads, ctx.seed, batch, index)
+        return OnnxRunner(onnx or ctx.onnx_path(), provider, ctx.threads if threads is None else threads, ctx.seed, batch, index,
+                          target)
     return TorchRunner(ctx.weights, ctx.target(device, dtype), batch, backend)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from huggy_exp.config import MAX_OBS_BYTES
+from huggy_exp.config import MAX_OBS_BYTES, RowBytes, modes
 from huggy_exp.errors import UserError
 
 MIN_FREE_BYTES = 64 << 20  # a job dir's disk must have this much free before a job starts (config, arrays, plots, run.log)
@@ -204,43 +204,29 @@ def check_file_size(path: Path, cap: int, what: str) -> None:
 
 # --- the memory a job's own values drive, estimated before the task allocates it
 
-NO_INFERENCE = ("info", "checkpoints", "sync", "diff")  # modes that never run the policy
-
-
 def job_allocations(mode: str, cfg: dict, weights) -> list[tuple[int, str, str]]:
     """(bytes, what, the user's keys) of each allocation a job's values size: rows x bytes per row x the copies the modes
-    hold (feeds, device and reference outputs, float64 draws and comparisons). Rough on purpose: it is there to refuse
-    what cannot fit, not to pack memory tightly."""
-    if mode in NO_INFERENCE:
+    hold (feeds, device and reference outputs, float64 draws and comparisons), and what the mode's own knobs allocate
+    (its schema's `allocations`). Rough on purpose: it is there to refuse what cannot fit, not to pack memory tightly."""
+    schema = modes()[mode]
+    if not schema.runs_policy:
         return []
-    knobs = cfg.get("mode") or {}
     w = weights
     lstm = w.lstm.weight_ih.shape[0] if w.lstm is not None else 0
     width_in = w.obs_dim + sum(w.branch_sizes) + 2 * w.memory  # obs, masks, recurrent_in
     width_out = w.act_dim * 3 + 2 * len(w.branch_sizes) + 2 * w.memory  # actions, mu, sampled; discrete; recurrent_out
     hidden = sum(int(weight.shape[0]) for weight, _ in w.layers) + lstm
-    forward = 4 * (width_in + width_out) * 4 + 8 * hidden * 3  # one row through a runner and the fp64 reference
-    feed_row = 8 * 3 * width_in + 4 * 6 * width_out  # a row drawn (float64), kept (float32), its outputs compared
-    out = [(int(cfg["batch_size"]) * forward, "a forward call of batch_size rows", f"batch_size={cfg['batch_size']}")]
+    row = RowBytes(feed=8 * 3 * width_in + 4 * 6 * width_out, forward=4 * (width_in + width_out) * 4 + 8 * hidden * 3,
+                   io=4 * (width_in + width_out))
+    out = [(int(cfg["batch_size"]) * row.forward, "a forward call of batch_size rows", f"batch_size={cfg['batch_size']}")]
     obs = cfg.get("obs") or {}
     if obs.get("source") != "file":
         _obs_cap(int(obs["rows"]), w.obs_dim, f"obs.rows={obs['rows']}")
-        out.append((int(obs["rows"]) * feed_row, "the observations and their outputs", f"obs.rows={obs['rows']}"))
-    if mode in ("stats", "fingerprint"):
-        steps, envs = int(knobs["steps"]), int(knobs["envs"])
-        rows = steps * envs
-        keys = f"mode.steps={steps} × mode.envs={envs}"
-        if mode == "fingerprint" and knobs.get("loop") == "open" and obs.get("source") != "file":
-            _obs_cap(rows, w.obs_dim, keys)  # drawn by the observation source, whose cap would name obs.rows
-        out.append((rows * feed_row * 2, f"{rows:,} rollout rows (steps × envs) for two runners", keys))
-    if mode == "benchmark":
-        ladder = knobs.get("batch_sizes") or [cfg["batch_size"]]
-        top = max(int(b) for b in ladder)
-        out.append((top * (feed_row + forward), f"the benchmark's largest batch ({top:,} rows)", f"mode.batch_sizes={ladder}"))
-    if mode == "onnx-compare":
-        rows = int(knobs["sample_rows"]) * int(knobs["samples"])
-        out.append((rows * 4 * (width_in + width_out) * 3, f"{rows:,} tiled rows of sampled draws",
-                    f"mode.sample_rows={knobs['sample_rows']} × mode.samples={knobs['samples']}"))
+        out.append((int(obs["rows"]) * row.feed, "the observations and their outputs", f"obs.rows={obs['rows']}"))
+    for need, what, keys, drawn in schema.allocations(cfg, row):
+        if drawn:
+            _obs_cap(drawn, w.obs_dim, keys)  # drawn by the observation source, whose cap would name obs.rows
+        out.append((need, what, keys))
     return out
 
 

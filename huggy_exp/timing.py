@@ -68,13 +68,6 @@ def is_noisy(iqr: float, median: float) -> bool:
     return median <= 0 or iqr / median > NOISY_IQR
 
 
-def measurement(timing: Timing, label: str):
-    """The samples as a torch.utils.benchmark Measurement (for its printing and comparison tools)."""
-    from torch.utils.benchmark.utils.common import Measurement, TaskSpec
-
-    return Measurement(1, list(timing.samples), TaskSpec(stmt=label, setup="", num_threads=timing.threads))
-
-
 def _timed(fn: Callable[[], object], device: torch.device) -> float:
     start = time.perf_counter()
     fn()

@@ -35,7 +35,8 @@ from huggy_exp.errors import UserError
 from huggy_exp.headline import (ANSWER, ANSWER_ORDER, COSINE, ERROR, PER_DTYPE, fastest_backend, judged_limits,
                                 logged_metrics, noisy, settings, timed_batch)
 from huggy_exp.report import escape
-from huggy_exp.results import STATUSES, update_result
+from huggy_exp.config import VERDICTS
+from huggy_exp.results import update_result
 from huggy_exp.safety import (MAX_JSON_BYTES, atomic_write, disk_full_message, free_bytes, is_disk_full, read_capped,
                               read_json, size)
 
@@ -1048,8 +1049,8 @@ def read_record(path: Path) -> dict:
         raise UserError(f"sync: result {path} has no text {', '.join(missing)}: not a job's result.json")
     wrong = [f"{k} is a {type(record[k]).__name__}, not a {kind.__name__}" for k, kind in RECORD_FIELDS.items()
              if record.get(k) is not None and not isinstance(record[k], kind)]
-    if record["status"] not in STATUSES:
-        wrong.insert(0, f"status {record['status'][:40]!r} is none of {', '.join(STATUSES)}")
+    if record["status"] not in VERDICTS:
+        wrong.insert(0, f"status {record['status'][:40]!r} is none of {', '.join(VERDICTS)}")
     sweep = record.get("sweep")
     if isinstance(sweep, dict) and not all(isinstance(sweep.get(k), str) for k in ("id", "dir")):
         wrong.append("sweep has no text id and dir")

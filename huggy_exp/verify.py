@@ -29,7 +29,6 @@ REL_FLOOR = 1e-3  # relative errors divide by max(|expected|, REL_FLOOR): action
 # msprobe's ULP standard: a share of elements above this many ULPs of the compared dtype is reported
 ULP_STANDARD = {"fp16": 1.0, "bf16": 1.0, "fp32": 32.0, "fp64": 32.0}
 _ULP_FORMAT = {"fp16": (10, -14), "bf16": (7, -126), "fp32": (23, -126), "fp64": (52, -1022)}  # mantissa bits, min exponent
-RULES = ("continuous", "memory", "discrete", "constant")
 DECIMALS = 3  # the quantized fingerprint rounds float outputs to this many decimals
 
 
@@ -42,6 +41,15 @@ class Output:
     stem: str
     rule: str
     sampled_stem: str | None = None
+
+    def stored(self, value: np.ndarray, float_dtype=np.float32) -> np.ndarray:
+        """The array as its file (`<stem>.npy`) holds it: discrete actions int64, floats `float_dtype`, the memory
+        [..., N, m] (ML-Agents' [..., N, 1, m] without its middle axis)."""
+        a = np.asarray(value)
+        if self.rule in ("discrete", "sampled_discrete"):
+            return a.astype(np.int64)
+        a = a.astype(float_dtype)
+        return a.squeeze(-2) if self.rule == "memory" and a.ndim >= 3 and a.shape[-2] == 1 else a
 
     def twin(self) -> "Output | None":
         """The sampled output, compared like this one (a sampled discrete action has no margin: reported only)."""
@@ -74,10 +82,9 @@ class Limits:
 
     @classmethod
     def of(cls, table: dict) -> "Limits":
-        """From a config table {max_abs, cosine_min, margin, rtol}: max_abs is the atol."""
+        """From a validated `verify.limits` entry {max_abs, cosine_min, margin, rtol}: max_abs is the atol."""
         table = finite_limits(table, "verify.limits")
-        return cls(atol=table.get("max_abs", table.get("atol", np.inf)), rtol=table.get("rtol", 0.0),
-                   cosine_min=table.get("cosine_min", -1.0), margin=table.get("margin", 0.0))
+        return cls(atol=table["max_abs"], rtol=table["rtol"], cosine_min=table["cosine_min"], margin=table["margin"])
 
 
 @dataclass(frozen=True)
@@ -315,8 +322,8 @@ def elementwise(actual: np.ndarray, expected: np.ndarray, rel_floor: float = REL
         "required_atol": float(diff.max(initial=0.0)),
         "required_rtol": float(rel.max(initial=0.0)),
         "ulp_max": float(ulps.max(initial=0.0)),
-        "ulp_share_over": float(np.mean(ulps > ULP_STANDARD.get(dtype, 1.0))) if ulps.size else 0.0,
-        "ulp_standard": ULP_STANDARD.get(dtype, 1.0),
+        "ulp_share_over": float(np.mean(ulps > ULP_STANDARD[dtype])) if ulps.size else 0.0,
+        "ulp_standard": ULP_STANDARD[dtype],
         "nan_mismatch": float(np.sum(np.isnan(a) != np.isnan(e))),
         "inf_mismatch": float(np.sum(np.isinf(a) != np.isinf(e)) + np.sum(np.isinf(a) & np.isinf(e) & (np.sign(a) != np.sign(e)))),
         "nonfinite_actual": float(np.sum(~np.isfinite(a))),
@@ -342,7 +349,7 @@ def _rows(actual: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 def ulp(values: np.ndarray, dtype: str) -> np.ndarray:
     """The unit in the last place of `dtype` at each value (subnormals: the smallest normal's ULP)."""
-    mantissa, emin = _ULP_FORMAT.get(dtype, _ULP_FORMAT["fp32"])
+    mantissa, emin = _ULP_FORMAT[dtype]
     x = np.abs(np.asarray(values, np.float64))
     exp = np.where(x > 0, np.frexp(x)[1] - 1, emin)
     return np.ldexp(1.0, np.maximum(exp, emin) - mantissa)

@@ -58,11 +58,6 @@ def test_threads_are_fixed_for_the_block_and_restored():
     assert torch.get_num_threads() == before
 
 
-def test_samples_become_a_torch_utils_benchmark_measurement():
-    m = timing.measurement(timing.Timing(samples=[1e-3, 2e-3, 3e-3]), "x")
-    assert m.median == pytest.approx(2e-3)
-
-
 # --- runners
 
 
@@ -226,7 +221,9 @@ def test_forward_equals_the_exported_layer_stack_bit_for_bit(small, dtype):
     policy = TorchRunner(small.weights, target).policy
     x = torch.from_numpy(np.random.default_rng(2).normal(size=(9, 8)).astype(np.float32))
     with torch.inference_mode():
-        assert torch.equal(policy(x), policy.head(policy.continuous.mu(policy.features(x))))
+        layers = policy.trace(x)  # normalized_obs, hidden_<i>, mu: the stack the ONNX export writes
+        last = layers[f"hidden_{len(small.weights.layers) - 1}"]
+        assert torch.equal(policy(x), policy.continuous.head(policy.continuous.mu(last)))
 
 
 def test_compile_without_a_cxx_compiler_is_unsupported_with_the_reason(small, tmp_path, monkeypatch):
@@ -234,3 +231,30 @@ def test_compile_without_a_cxx_compiler_is_unsupported_with_the_reason(small, tm
     monkeypatch.delenv("CXX", raising=False)
     with pytest.raises(Unsupported, match="C\\+\\+ compiler"):
         build(small_context(small, tmp_path), "compile")
+
+
+@pytest.mark.parametrize("backend", ["eager", "onnxruntime"])
+def test_every_runner_declares_the_whole_runner_contract(backend, small, tmp_path):
+    """What callers use is declared (runners.Runner), never probed: a backend that cannot do a part says Unsupported."""
+    from typing import get_type_hints
+
+    from huggy_exp.runners import Runner
+
+    runner = build(small_context(small, tmp_path), backend)
+    declared = set(get_type_hints(Runner)) | {n for n in vars(Runner) if not n.startswith("_")}
+    assert all(hasattr(runner, name) for name in declared), sorted(n for n in declared if not hasattr(runner, n))
+    assert runner.target.device == torch.device("cpu")
+    if backend == "onnxruntime":
+        with pytest.raises(Unsupported, match="only the torch backends"):
+            runner.sample({OBS: np.zeros((2, small.weights.obs_dim), np.float32)}, 0)
+
+
+def test_a_runner_without_a_device_is_an_error_not_an_unsynchronised_timing(small, tmp_path):
+    from huggy_exp.results import Result
+    from huggy_exp.tasks import latency
+
+    ctx = small_context(small, tmp_path)
+    eager = build(ctx)
+    bare = SimpleNamespace(name="bare", infer=eager.infer, memory_size=0)  # no target: where would timing synchronise?
+    with pytest.raises(AttributeError, match="target"):
+        latency(bare, ctx, ctx.feeds, Result())

@@ -133,7 +133,7 @@ def test_record_never_writes_nan_outputs_into_a_bundle(small, tmp_path, monkeypa
 
     class NaNRunner:
         def __init__(self, runner):
-            self.runner, self.name, self.memory_size = runner, runner.name, runner.memory_size
+            self.runner, self.name, self.memory_size, self.target = runner, runner.name, runner.memory_size, runner.target
 
         def infer(self, feeds):
             out = self.runner.infer(feeds)
@@ -211,7 +211,7 @@ def test_a_replay_on_the_recording_stack_that_differs_in_bits_fails(small_bundle
 
     class OneUlpOff:
         def __init__(self, runner):
-            self.runner, self.name, self.memory_size = runner, runner.name, runner.memory_size
+            self.runner, self.name, self.memory_size, self.target = runner, runner.name, runner.memory_size, runner.target
 
         def infer(self, feeds):
             out = self.runner.infer(feeds)
@@ -297,7 +297,7 @@ class SlowRunner:
 
     def __init__(self, runner, delay_s: float = 3e-3):
         self.runner, self.delay_s = runner, delay_s
-        self.name, self.memory_size = f"slow-{runner.name}", runner.memory_size
+        self.name, self.memory_size, self.target = f"slow-{runner.name}", runner.memory_size, runner.target
 
     def infer(self, feeds):
         time.sleep(self.delay_s)

@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 
 from conftest import assert_same_weights, compose_config
 from huggy_exp import config, mlagents
-from huggy_exp.context import Context, ModelSpec, ObsSpec
+from huggy_exp.context import Context, ModelSpec, ObsSpec, VerifySpec
 from huggy_exp.dynamics import Dynamics
 from huggy_exp.placement import resolve
 from huggy_exp.runners import ACTIONS, TorchRunner
@@ -34,7 +34,7 @@ CONF = REPO / "conf"
 SHARED = REPO.parent / "shared" / "fixtures" / "mlagents"
 HUGGY_PT = SHARED / "huggy" / "Huggy" / "Huggy-2000049.pt"
 REFERENCE = SHARED / "huggy" / "reference"
-MODES = sorted(p.stem for p in (CONF / "mode").glob("*.yaml") if p.stem not in config.NOT_TASKS)  # sync, ui: not tasks
+MODES = sorted(p.stem for p in (CONF / "mode").glob("*.yaml") if config.modes()[p.stem].is_task())  # sync, ui: not tasks
 READS_A_RUN = ("replay", "diff")  # they need a bundle or sweep to read: tests/test_certificate.py runs them
 
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"genuine ML-Agents fixtures not found at {SHARED}")
@@ -217,8 +217,9 @@ def test_precision_writes_plots_and_the_layer_table(small, tmp_path):
 
 
 def test_precision_task_run_directly_on_a_context(small, tmp_path):
+    verify = VerifySpec(**OmegaConf.to_container(compose_config().verify, resolve=True))  # the limits are the config's
     ctx = Context(device="cpu", dtype="bf16", batch_size=8, seed=3, model_spec=ModelSpec(checkpoint=str(small.pt)),
-                  obs=ObsSpec(source="random", rows=24), workdir=tmp_path)
+                  obs=ObsSpec(source="random", rows=24), verify=verify, workdir=tmp_path)
     result = PrecisionTask(**mode_knobs("precision")).run(ctx)
     assert result.status == "passed", result.reason
     assert result.metrics["relative/ratio"] == 1.0

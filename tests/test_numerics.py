@@ -7,6 +7,7 @@ under test a second time.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 
 import numpy as np
 import pytest
@@ -15,7 +16,6 @@ from huggy_exp.numerics import (
     REL_FLOOR,
     action_stats,
     clipped_normal_moments,
-    compare,
     cosine,
     error_ratio,
     limits_for,
@@ -23,6 +23,8 @@ from huggy_exp.numerics import (
     rel_rmse,
     sampling_check,
 )
+from huggy_exp.errors import UserError
+from huggy_exp.verify import elementwise as compare  # the one element-wise engine
 
 # --- compare()
 
@@ -43,11 +45,8 @@ def test_compare_relative_errors_and_min_tolerances_match_hand_computation():
     m = compare(ACTUAL, EXPECTED)
     assert m["max_rel"] == pytest.approx(1 / 3)
     # the smallest atol / rtol that would make np.allclose-style checks pass element-wise
-    assert m["min_atol"] == pytest.approx(1.0)
-    assert m["min_rtol"] == pytest.approx(1 / 3)
-    # two of the four elements are exact
-    assert m["within_0.1pct"] == pytest.approx(0.5)
-    assert m["within_0.5pct"] == pytest.approx(0.5)
+    assert m["required_atol"] == pytest.approx(1.0)
+    assert m["required_rtol"] == pytest.approx(1 / 3)
 
 
 def test_compare_cosine_over_everything_and_worst_row():
@@ -57,14 +56,6 @@ def test_compare_cosine_over_everything_and_worst_row():
     row0 = (1 + 5) / (math.sqrt(5) * math.sqrt(1 + 6.25))
     row1 = (9 + 12) / (math.sqrt(9 + 16) * math.sqrt(9 + 9))
     assert m["cosine_min_row"] == pytest.approx(min(row0, row1))
-
-
-def test_compare_within_tolerance_counts_small_relative_errors():
-    expected = np.array([1.0, 1.0, 1.0, 1.0])
-    actual = np.array([1.0, 1.0 + 4e-4, 1.0 + 3e-3, 1.0 + 2e-2])  # rel 0, 0.04%, 0.3%, 2%
-    m = compare(actual, expected)
-    assert m["within_0.1pct"] == pytest.approx(0.5)
-    assert m["within_0.5pct"] == pytest.approx(0.75)
 
 
 def test_compare_relative_error_divides_by_the_floor_near_zero():
@@ -79,24 +70,20 @@ def test_compare_identical_arrays_are_exact():
     m = compare(x, x.copy())
     assert m["max_abs"] == 0.0 and m["rmse"] == 0.0 and m["max_rel"] == 0.0
     assert m["cosine"] == pytest.approx(1.0) and m["cosine_min_row"] == pytest.approx(1.0)
-    assert m["within_0.1pct"] == 1.0
 
 
 def test_nan_in_actual_where_expected_is_finite_is_a_nan_mismatch_not_hidden():
     actual = np.array([[np.nan, 1.0], [2.0, 3.0]])
     expected = np.array([[1.0, 1.0], [2.0, 3.5]])
     m = compare(actual, expected)
-    assert m["nan_mismatch"] == 1.0
-    # the NaN does not poison the finite metrics, and it does not count as "within tolerance"
-    assert m["max_abs"] == pytest.approx(0.5)
-    assert np.isfinite(m["rmse"]) and np.isfinite(m["cosine"])
-    assert m["within_0.1pct"] == pytest.approx(2 / 4)
+    assert m["nan_mismatch"] == 1.0 and m["nonfinite_actual"] == 1.0
+    assert m["max_abs"] == np.inf and np.isnan(m["cosine"])  # a NaN is no agreement: nothing reads as close
 
 
 def test_nan_in_both_at_the_same_place_is_not_a_mismatch():
     m = compare(np.array([np.nan, 1.0]), np.array([np.nan, 1.0]))
     assert m["nan_mismatch"] == 0.0
-    assert m["max_abs"] == 0.0
+    assert m["nonfinite_expected"] == 1.0 and m["max_abs"] == np.inf  # ... and still no agreement
 
 
 def test_inf_against_finite_and_inf_of_opposite_sign_are_inf_mismatches():
@@ -254,18 +241,24 @@ SPECIALIZE = {"npu_fp16": {"max_abs": 2e-2}}
 
 
 def test_limits_for_npu_fp16_overrides_only_what_it_names():
-    assert limits_for(TABLE, "fp16", "npu", SPECIALIZE) == {"max_abs": 2e-2, "cosine_min": 0.999}
-    assert limits_for(TABLE, "fp16", "npu:3", SPECIALIZE) == {"max_abs": 2e-2, "cosine_min": 0.999}
+    assert limits_for(TABLE, "fp16", "npu", SPECIALIZE, "verify.limits") == {"max_abs": 2e-2, "cosine_min": 0.999}
+    assert limits_for(TABLE, "fp16", "npu:3", SPECIALIZE, "verify.limits") == {"max_abs": 2e-2, "cosine_min": 0.999}
 
 
 @pytest.mark.parametrize("dtype, device", [("fp16", "cpu"), ("fp16", "cuda:0"), ("bf16", "npu"), ("bf16", "npu:1")])
 def test_limits_for_specialisation_does_not_leak_to_other_devices_or_dtypes(dtype, device):
-    assert limits_for(TABLE, dtype, device, SPECIALIZE) == TABLE[dtype]
+    assert limits_for(TABLE, dtype, device, SPECIALIZE, "verify.limits") == TABLE[dtype]
 
 
-def test_limits_for_does_not_modify_the_table_and_handles_missing_entries():
-    limits_for(TABLE, "fp16", "npu", SPECIALIZE)
+def test_limits_for_does_not_modify_the_table():
+    limits_for(TABLE, "fp16", "npu", SPECIALIZE, "verify.limits")
     assert TABLE["fp16"]["max_abs"] == 1e-2
-    assert limits_for(TABLE, "fp64", "cpu") == {}
-    assert limits_for(TABLE, "fp16", "npu", None) == TABLE["fp16"]
-    assert limits_for({}, "fp16", "npu", SPECIALIZE) == {"max_abs": 2e-2}
+    assert limits_for(TABLE, "fp16", "npu", None, "verify.limits") == TABLE["fp16"]
+
+
+@pytest.mark.parametrize("table", [TABLE, {}])
+def test_a_dtype_missing_from_a_limit_table_is_an_error_naming_the_key_never_a_default(table):
+    with pytest.raises(UserError, match=r"^mode.atol.fp64 is missing: a dtype without a limit cannot be judged"):
+        limits_for(table, "fp64", "cpu", None, "mode.atol")
+    with pytest.raises(UserError, match=r"^verify.limits.fp16 is missing") if not table else nullcontext():
+        limits_for(table, "fp16", "npu", SPECIALIZE, "verify.limits")  # a device exception is no limit on its own

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from huggy_exp import mlagents, numerics
+from huggy_exp import mlagents, numerics, verify
 from huggy_exp.errors import UserError
 from huggy_exp.observations import load_observations
 from huggy_exp.placement import resolve
@@ -200,7 +200,7 @@ def test_compare_gives_metrics_or_a_user_error(actual, expected, rel_floor):
     expected = actual[::-1].copy() if expected is None and actual.ndim else (actual if expected is None else expected)
     with np.errstate(all="ignore"):
         try:
-            m = numerics.compare(actual, expected, rel_floor)
+            m = verify.elementwise(actual, expected, rel_floor)
         except UserError as exc:
             assert "\n" not in str(exc)
             return

@@ -25,7 +25,7 @@ from conftest import (
 )
 from huggy_exp import config
 
-MODES = sorted(p.stem for p in CONF.glob("mode/*.yaml") if p.stem not in config.NOT_TASKS)  # sync, ui: not tasks
+MODES = sorted(p.stem for p in CONF.glob("mode/*.yaml") if config.modes()[p.stem].is_task())  # sync, ui: not tasks
 CORE_MODES = ("info", "checkpoints", "action", "sample", "batch")
 COMMON_KEYS = ("mode", "run_name", "device", "dtype", "batch_size", "seed", "model", "status", "reason", "metrics",
                "started", "duration_s", "environment")

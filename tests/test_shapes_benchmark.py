@@ -46,7 +46,7 @@ def test_benchmark_times_eager_and_onnxruntime_on_every_shape_and_gates_every_ou
     # onnxruntime agrees with eager on every output the policy has
     assert (m["onnxruntime/max_abs_vs_eager"] <= 1e-5) if spec.continuous else "onnxruntime/max_abs_vs_eager" not in m
     if spec.branches:
-        assert m["onnxruntime/discrete_unexcused"] == 0 and m["onnxruntime/discrete_mismatches"] == 0
+        assert m["onnxruntime/discrete_flips_beyond_margin"] == 0 and m["onnxruntime/discrete_flips"] == 0
     assert (m["onnxruntime/recurrent_out_max_abs_vs_eager"] <= 1e-5) if spec.memory else "onnxruntime/recurrent_out_max_abs_vs_eager" not in m
     gate = backends["onnxruntime"]["vs_eager"]
     assert ("discrete actions: 0 differ" in gate) == bool(spec.branches) and ("recurrent_out" in gate) == bool(spec.memory), gate
@@ -122,7 +122,7 @@ def test_benchmark_on_mlagents_own_fixtures(fixture, shape, tmp_path):
     assert job.record["status"] == "passed", job.record["reason"]
     m = job.record["metrics"]
     if shape == "discrete":  # Pyramids: one branch of 5, no continuous actions
-        assert m["onnxruntime/discrete_unexcused"] == 0 and m["onnxruntime/discrete_mismatches"] == 0
+        assert m["onnxruntime/discrete_flips_beyond_margin"] == 0 and m["onnxruntime/discrete_flips"] == 0
     else:  # Huggy-LSTM: 21 continuous actions and a memory of 128
         assert m["onnxruntime/max_abs_vs_eager"] <= 1e-5 and m["onnxruntime/recurrent_out_max_abs_vs_eager"] <= 1e-4
     for backend in ("eager", "onnxruntime"):

@@ -146,3 +146,22 @@ def test_the_edges_import_only_what_the_package_defines(path):
             missing += [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" not in modules
                         and (where is None or a.name not in _defined(where))]
     assert not missing, missing
+
+
+def test_a_mode_declares_itself_once_no_module_keeps_a_table_of_mode_names():
+    """A mode's traits (runs the policy, timed, verified, headline, memory) live on its schema class in config.py; a
+    tuple, set, list or dict mostly of mode names anywhere else is a side registry that a new mode forgets."""
+    from huggy_exp.config import modes
+
+    names = set(modes())
+    tables = []
+    for path in [*_modules(), *EDGES]:
+        if path.name == "config.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            items = node.keys if isinstance(node, ast.Dict) else node.elts if isinstance(node, (ast.Tuple, ast.Set, ast.List)) else []
+            strings = [n.value for n in items if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+            found = {s for s in strings if s in names}
+            if len(found) >= 2 and 2 * len(found) > len(strings):  # mostly mode names (not a table that has a "batch")
+                tables.append(f"{path.relative_to(REPO)}:{node.lineno} {sorted(found)}")
+    assert not tables, tables

@@ -51,10 +51,10 @@ def test_headline_metrics_copy_the_modes_detail_and_say_passed():
     assert "passed" not in headline_metrics("action", {}, "skipped")
 
 
-def test_every_mode_with_a_task_has_headline_metrics():
-    from huggy_exp.headline import HEADLINES
-
-    assert set(HEADLINES) == set(config.MODES) - set(config.NOT_TASKS)
+def test_every_mode_with_a_task_declares_headline_metrics():
+    tasks = {name for name, schema in config.modes().items() if schema.is_task()}
+    assert tasks == {p.stem for p in (CONF / "mode").glob("*.yaml")} - {"sync", "ui"}
+    assert all(config.modes()[name].headline for name in tasks), [n for n in tasks if not config.modes()[n].headline]
 
 
 def test_params_keep_the_runs_own_dtype_and_drop_plumbing():

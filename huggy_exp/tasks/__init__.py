@@ -6,10 +6,10 @@ from collections.abc import Mapping
 from typing import Protocol
 
 import numpy as np
-import torch
 
 from huggy_exp import timing
 from huggy_exp.context import Context
+from huggy_exp.errors import Unsupported
 from huggy_exp.results import Result
 from huggy_exp.runners import OBS, Runner, over_steps, reference, run_feeds
 from huggy_exp import verify
@@ -23,12 +23,6 @@ class Task(Protocol):
     name: str
 
     def run(self, ctx: Context) -> Result: ...
-
-
-def runner_device(runner: Runner) -> torch.device:
-    """Where a runner's work is queued (onnxruntime's run() returns when done: nothing to synchronise)."""
-    target = getattr(runner, "target", None)
-    return target.device if target is not None else torch.device("cpu")
 
 
 def is_sequence(feeds: Mapping[str, np.ndarray]) -> bool:
@@ -53,15 +47,15 @@ def latency(runner: Runner, ctx: Context, feeds: np.ndarray | Mapping[str, np.nd
 
     Every input of the policy (obs_0.. and masks) at that batch size; a sequence is timed as its first step."""
     feeds = batch_of(feeds, ctx.batch_size)
-    t = timing.quick(lambda: runner.infer(feeds), runner_device(runner), ctx.batch_size, ctx.threads)
+    t = timing.quick(lambda: runner.infer(feeds), runner.target.device, ctx.batch_size, ctx.threads)
     stats = t.stats()
     result.latency = {k: stats[k] for k in (*LATENCY_KEYS, "noisy", "samples", "threads")}
     result.latency["batch_size"] = float(ctx.batch_size)
     result.metrics.update({f"latency/{k}": v for k, v in result.latency.items()})
-    line = (f"latency ({getattr(runner, 'name', ctx.backend)}, batch {ctx.batch_size}, {t.threads} thread(s)): "
+    line = (f"latency ({runner.name}, batch {ctx.batch_size}, {t.threads} thread(s)): "
             f"p50 {stats['p50_us']:,.1f} µs, p99 {stats['p99_us']:,.1f} µs, {stats['obs_per_s']:,.0f} obs/s")
     result.summary.append(line + (" (noisy)" if stats["noisy"] else ""))
-    if ctx.dtype == "fp16" and runner_device(runner).type == "cpu":
+    if ctx.dtype == "fp16" and runner.target.device.type == "cpu":
         result.summary.append(SLOW_FP16)
         result.details["latency_note"] = SLOW_FP16
 
@@ -111,9 +105,10 @@ def verify_rollout(ctx: Context, result: Result, runner: Runner, feeds: Mapping[
 
 def _distributions(runner: Runner, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """mu, log_sigma, masked_logits of a torch runner on the feeds (a sequence: its own memory carried); none for others."""
-    if not hasattr(runner, "distributions"):
+    try:
+        out = over_steps(runner.distributions, feeds, runner.memory_size)
+    except Unsupported:  # onnxruntime: the graph's outputs only
         return {}
-    out = over_steps(runner.distributions, feeds, runner.memory_size)
     return {k: v for k, v in out.items() if k in ("mu", "log_sigma", "masked_logits")}
 
 

@@ -10,9 +10,9 @@ from huggy_exp.context import Context
 from huggy_exp.mlagents import RECURRENT_OUT
 from huggy_exp.numerics import action_stats, discrete_histogram
 from huggy_exp.results import Result
-from huggy_exp.errors import Unsupported
 from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, build, run_feeds
 from huggy_exp.tasks import is_sequence, latency, verify_point
+from huggy_exp.verify import MEMORY
 
 
 class ActionTask:
@@ -32,9 +32,6 @@ class SampleTask:
 
     def run(self, ctx: Context) -> Result:
         runner = build(ctx)
-        if not hasattr(runner, "sample"):
-            raise Unsupported(f"backend {ctx.backend}: sampled actions take the seeded CPU noise, which only the torch "
-                              "backends accept (onnxruntime samples inside the graph: see mode=onnx-compare)")
         out = run_feeds(runner, ctx.feeds, ctx.seed)
         result = _actions_result(ctx.feeds, out.get(SAMPLED), out.get(DISCRETE_SAMPLED), out.get(RECURRENT_OUT),
                                  f"sampled (seed {ctx.seed})")
@@ -51,7 +48,7 @@ def _actions_result(feeds: dict, actions: np.ndarray | None, discrete: np.ndarra
     if discrete is not None:
         arrays["discrete_actions"] = discrete.astype(np.int64)
     if memory is not None:
-        arrays["memories"] = memory.astype(np.float32).squeeze(-2)  # [..., N, 1, m] -> [..., N, m]
+        arrays["memories"] = MEMORY.stored(memory)
     digest = hashlib.sha256(b"".join(a.tobytes() for a in arrays.values())).hexdigest()
     first = next(iter(arrays.values()))
     sequence = is_sequence(feeds)

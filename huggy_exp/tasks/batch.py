@@ -10,8 +10,8 @@ from huggy_exp.placement import memory_stats
 from huggy_exp.results import Result
 from huggy_exp import timing
 from huggy_exp.runners import ACTIONS, DISCRETE, build, run_feeds
-from huggy_exp.tasks import latency, runner_device, verify_point
-from huggy_exp.verify import finite_limits
+from huggy_exp.tasks import latency, verify_point
+from huggy_exp.verify import finite_limits, limit
 
 FLIP_FAILS_UP_TO = 1e-5  # discrete flips fail where the dtype's tolerance is this tight (fp32, fp64); else reported
 
@@ -32,13 +32,13 @@ class BatchTask:
         # --- compare them row by row; time both
         row_max = _row_max(out_batched, out_single, feeds["obs_0"].ndim - 1)
         rows = int(np.prod(feeds["obs_0"].shape[:-1]))
-        tol = self.tolerance.get(ctx.dtype, 0.0)
+        tol = limit(self.tolerance, ctx.dtype, "mode.tolerance")
         metrics = {"rows": float(rows), **_invariance(row_max), **self.throughput(ctx, batched, single, feeds, rows),
                    **{f"device/{k}": v for k, v in memory_stats(target.device).items()}}
         flips = 0
         if DISCRETE in out_batched:
             flips = int(np.sum(out_batched[DISCRETE] != out_single[DISCRETE]))
-            metrics["discrete_mismatches"] = float(flips)
+            metrics["discrete_flips"] = float(flips)
             metrics["discrete_agreement"] = float(np.mean(out_batched[DISCRETE] == out_single[DISCRETE]))
         arrays = {"actions": out_batched[ACTIONS].astype(np.float32)} if ACTIONS in out_batched else {}
         if DISCRETE in out_batched:
@@ -64,8 +64,8 @@ class BatchTask:
     def throughput(self, ctx: Context, batched, single, feeds: dict, rows: int) -> dict[str, float]:
         """Rows per second of both runners, through the one measurement policy (fixed threads, warm-up until stable)."""
         with timing.threads(ctx.threads):
-            t_batched = timing.measure(lambda: run_feeds(batched, feeds), runner_device(batched), rows, self.budget_s, self.budget_s / 2)
-            t_single = timing.measure(lambda: run_feeds(single, feeds), runner_device(single), rows, self.budget_s, self.budget_s / 2)
+            t_batched = timing.measure(lambda: run_feeds(batched, feeds), batched.target.device, rows, self.budget_s, self.budget_s / 2)
+            t_single = timing.measure(lambda: run_feeds(single, feeds), single.target.device, rows, self.budget_s, self.budget_s / 2)
         return {"batched_rows_per_s": rows / (t_batched.stats()["p50_us"] / 1e6),
                 "single_rows_per_s": rows / (t_single.stats()["p50_us"] / 1e6)}
 

@@ -17,10 +17,10 @@ from huggy_exp.numerics import REL_FLOOR
 from huggy_exp.placement import peak_memory_mb, reset_peak_memory, synchronize
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, build
-from huggy_exp.tasks import SLOW_FP16, batch_of, is_sequence, runner_device, verify_point
+from huggy_exp.tasks import SLOW_FP16, batch_of, is_sequence, verify_point
 from huggy_exp.tasks import scenarios as extra
 from huggy_exp.tasks.compare import compare_outputs
-from huggy_exp.verify import finite_limits
+from huggy_exp.verify import finite_limits, limit
 
 POINT_STATS = ("p50_us", "p90_us", "p95_us", "p99_us", "mean_us", "min_us", "max_us", "iqr_us", "obs_per_s", "noisy", "samples")
 SERIES_STATS = ("p50_us", "p99_us", "obs_per_s")
@@ -140,11 +140,11 @@ class BenchmarkTask:
         runner = build(ctx, name, batch_size=chunk, dtype="fp32" if name == "onnxruntime" else None)
         info["load_s"] = time.perf_counter() - started
         # a backend running another dtype (onnxruntime's fp32 graph in an fp64 job) is held to the looser
-        gate = Gate(w, max(self.tolerance.get(ctx.dtype, 0.0), self.tolerance.get(info["dtype"], 0.0)))
+        gate = Gate(w, max(limit(self.tolerance, d, "mode.tolerance") for d in (ctx.dtype, info["dtype"])))
         for i, b in enumerate(points):
             started = time.perf_counter()
             got = runner.infer(feeds[b])
-            synchronize(runner_device(runner))
+            synchronize(runner.target.device)
             if i == 0:
                 info["cold_start_ms"] = (time.perf_counter() - started) * 1e3
             if name == "eager":
@@ -166,7 +166,7 @@ class BenchmarkTask:
                 for name in order:
                     time.sleep(self.settle_s)  # let thread pools stop spinning between blocks
                     fn = lambda runner=runners[name], f=feeds[b]: runner.infer(f)  # noqa: E731
-                    t = timing.measure(fn, runner_device(runners[name]), b, self.budget_s / self.rounds,
+                    t = timing.measure(fn, runners[name].target.device, b, self.budget_s / self.rounds,
                                        self.warmup_s if r == 0 else self.warmup_s / 5, max_samples=cap,
                                        min_warmup=1 if slow else 2)
                     timings[(name, b)].extend(t)
@@ -224,7 +224,7 @@ class BenchmarkTask:
         lg = [s for s in wanted if s in extra.LOADGEN]
         if lg:
             qsl = self.feeds(ctx, [self.qsl_samples])[0][self.qsl_samples]
-            tol = max(self.tolerance.get(ctx.dtype, 0.0), self.tolerance.get("fp32" if ctx.backend == "onnxruntime" else ctx.dtype, 0.0))
+            tol = max(limit(self.tolerance, d, "mode.tolerance") for d in (ctx.dtype, "fp32" if ctx.backend == "onnxruntime" else ctx.dtype))
             extra.run_loadgen(ctx, runner, runners["eager"], qsl, lg, self.loadgen, tol, point,
                               self.search_steps, self.search_ms, result, points)
         if extra.CONTROL_LOOP in wanted:
@@ -251,7 +251,7 @@ class BenchmarkTask:
         return feeds, text
 
 
-GATE_METRICS = ("discrete_mismatches", "discrete_excused", "discrete_unexcused", "recurrent_out_max_abs_vs_eager")
+GATE_METRICS = ("discrete_flips", "discrete_flips_beyond_margin", "recurrent_out_max_abs_vs_eager")
 
 
 def step_feeds(w: PolicyWeights, base: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
@@ -276,14 +276,14 @@ class Gate:
         self.huggy, self.continuous, self.branches, self.memory = w.huggy_shaped, w.mu is not None, bool(w.branches), bool(w.memory)
         self.branch_sizes = w.branch_sizes
         self.tol, self.failures = tol, {}
-        self.worst = {ACTIONS: 0.0, RECURRENT_OUT: 0.0, "tolerance": 0.0}
-        self.counts = {"mismatches": 0.0, "excused": 0.0, "unexcused": 0.0}
+        self.worst = {ACTIONS: 0.0, RECURRENT_OUT: 0.0, "max_abs_limit": 0.0}
+        self.counts = {"flips": 0.0, "flips_beyond_margin": 0.0}
 
     def add(self, rows: int, got: dict, expected: dict, masked_logits: np.ndarray | None) -> None:
         metrics, failures, _ = compare_outputs(got, expected, VERSUS, self.tol, REL_FLOOR, masked_logits, self.branch_sizes)
         for name, stem in ((ACTIONS, "actions"), (RECURRENT_OUT, "memories")):
             self.worst[name] = max(self.worst[name], metrics.get(f"{stem}/vs_{VERSUS}/max_abs", 0.0))
-        self.worst["tolerance"] = max(self.worst["tolerance"], metrics.get(f"memories/vs_{VERSUS}/tolerance", 0.0))
+        self.worst["max_abs_limit"] = max(self.worst["max_abs_limit"], metrics.get(f"memories/vs_{VERSUS}/max_abs_limit", 0.0))
         for k in self.counts:
             self.counts[k] += metrics.get(f"discrete_actions/vs_{VERSUS}/{k}", 0.0)
         for failure in failures:  # the first failure of each output, with the batch point it came from
@@ -295,10 +295,11 @@ class Gate:
         said = [f"max |Δ| vs eager {self.worst[ACTIONS]:.2e}"] if self.continuous else []
         if self.branches:
             out.update({f"discrete_{k}": v for k, v in self.counts.items()})
-            said.append(f"discrete actions: {int(self.counts['mismatches'])} differ ({int(self.counts['excused'])} excused near-ties)")
+            excused = int(self.counts["flips"] - self.counts["flips_beyond_margin"])
+            said.append(f"discrete actions: {int(self.counts['flips'])} differ ({excused} excused near-ties)")
         if self.memory:
             out["recurrent_out_max_abs_vs_eager"] = self.worst[RECURRENT_OUT]
-            said.append(f"recurrent_out max |Δ| {self.worst[RECURRENT_OUT]:.2e} (tolerance {self.worst['tolerance']:.2g})")
+            said.append(f"recurrent_out max |Δ| {self.worst[RECURRENT_OUT]:.2e} (tolerance {self.worst['max_abs_limit']:.2g})")
         if not self.huggy:  # Huggy's result.json keeps its keys
             out["vs_eager"] = ", ".join(said)
         return out

@@ -53,24 +53,13 @@ def check_constants(outputs: dict[str, np.ndarray], expected: dict[str, np.ndarr
 def compare_outputs(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], reference: str, atol: float,
                     rel_floor: float, masked_logits: np.ndarray | None = None, branch_sizes: tuple[int, ...] = (),
                     ) -> tuple[dict[str, float], list[str], list[dict]]:
-    """Every deterministic output `expected` has, in `actual` too, through the verification engine, with metrics named
-    as the engine names them, `<stem>/vs_<reference>/<metric>` (stems actions, discrete_actions, memories): continuous
+    """Every deterministic output `expected` has, in `actual` too, through the verification engine, with the engine's
+    metrics under the engine's names, `<stem>/vs_<reference>/<metric>` (stems actions, discrete_actions, memories): continuous
     actions within `atol`, recurrent_out within atol * max(1, max |memory|), discrete actions equal but where the
     reference's masked-logit margin <= atol * max(1, |best|) (`masked_logits`: the reference's)."""
     wanted = tuple(o for o in outputs_of(COMPARED) if o.name in expected)
     extra = {"masked_logits": masked_logits} if masked_logits is not None else {}
     c = compare(actual, {**expected, **extra}, Rules(Limits(atol=atol, margin=atol), rel_floor=rel_floor, outputs=wanted,
                                                       branch_sizes=tuple(branch_sizes)))
-    metrics, rows = {}, []
-    for o in wanted:
-        oc = c.outputs[o.stem]
-        m = dict(oc.metrics)
-        if o.rule == "discrete" and "flips" in m:
-            m = {"agreement": m["agreement"], "mismatches": m["flips"], "excused": m["flips"] - m["flips_beyond_margin"],
-                 "unexcused": m["flips_beyond_margin"], "near_ties": m["near_ties"], "margin_min": m["margin_min"],
-                 "margin_tol": m["margin_limit"]}
-        elif o.rule == "memory" and "max_abs_limit" in m:
-            m["tolerance"] = m["max_abs_limit"]
-        metrics.update({f"{o.stem}/vs_{reference}/{k}": v for k, v in m.items()})
-        rows.append({"output": o.name, **m})
-    return metrics, c.failures, rows
+    rows = [{"output": o.name, **c.outputs[o.stem].metrics} for o in wanted]
+    return c.metrics(reference), c.failures, rows

@@ -10,7 +10,7 @@ import numpy as np
 from huggy_exp import rollout
 from huggy_exp.context import Context
 from huggy_exp.dynamics import Dynamics
-from huggy_exp.errors import Unsupported, UserError
+from huggy_exp.errors import UserError
 from huggy_exp.results import Result
 from huggy_exp.runners import Runner, build, reference
 from huggy_exp.tasks import first_step, latency, verify_rollout
@@ -23,8 +23,6 @@ def output_sequences(runner: Runner, ctx: Context, loop: str, kind: str, steps: 
     """The inputs the policy saw [T, envs, d] by ML-Agents name, and every output [T, envs, *] by file name (actions,
     discrete_actions, memories): open-loop over the observation source (steps x envs rows, or a file's [T, N, d]
     sequence), or closed-loop through `dynamics`."""
-    if kind == "sampled" and not hasattr(runner, "sample"):
-        raise Unsupported(f"backend {ctx.backend}: sampled actions take the seeded CPU noise, which only the torch backends accept")
     w = ctx.weights
     if loop == "open":
         feeds = ctx.make_feeds(steps * envs)

@@ -127,8 +127,9 @@ def _deterministic_lines(m: dict, mine: dict, atol: float, constants: dict) -> l
     if ACTIONS in mine:
         parts.append(f"deterministic max_abs {m.get(f'actions/vs_{VERSUS}/max_abs', float('nan')):.2e} (atol {atol:g})")
     if DISCRETE in mine:
-        parts.append(f"discrete agreement {m.get(f'discrete_actions/vs_{VERSUS}/agreement', float('nan')):.2%} "
-                     f"({int(m.get(f'discrete_actions/vs_{VERSUS}/excused', 0))} excused near-ties)")
+        d = f"discrete_actions/vs_{VERSUS}/"
+        excused = int(m.get(d + "flips", 0) - m.get(d + "flips_beyond_margin", 0))
+        parts.append(f"discrete agreement {m.get(d + 'agreement', float('nan')):.2%} ({excused} excused near-ties)")
     if RECURRENT_OUT in mine:
         parts.append(f"recurrent_out max_abs {m.get(f'memories/vs_{VERSUS}/max_abs', float('nan')):.2e}")
     parts.append(f"constants {'equal' if all(c['equal'] for c in constants.values()) else 'DIFFER'}")

@@ -9,12 +9,12 @@ import numpy as np
 
 from huggy_exp import plots
 from huggy_exp.context import Context
-from huggy_exp.errors import Unsupported
 from huggy_exp.mlagents import RECURRENT_OUT
-from huggy_exp.numerics import compare, error_ratio, limits_for, ratio_verdict, rel_rmse
+from huggy_exp.numerics import error_ratio, limits_for, ratio_verdict, rel_rmse
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, DISCRETE, build, reference, run_feeds
 from huggy_exp.tasks import is_sequence, latency, verify_point
+from huggy_exp.verify import elementwise
 from huggy_exp.verify import limit as verify_limit
 from huggy_exp.verify import outputs_of, within
 
@@ -34,10 +34,8 @@ class PrecisionTask:
         feeds = ctx.feeds
         # --- build runners, run the feeds (a sequence: step by step, each run carrying its own memory)
         device = build(ctx)
-        if not hasattr(device, "trace"):
-            raise Unsupported(f"backend {ctx.backend}: precision's per-layer attribution needs a torch backend "
-                              "(eager, compile, graphs); compare onnxruntime with mode=onnx-compare")
-        got = {**run_feeds(device, feeds, ctx.seed), **run_feeds(device, feeds, trace=True)}
+        traced = run_feeds(device, feeds, trace=True)  # onnxruntime: Unsupported, per-layer attribution is torch's
+        got = {**run_feeds(device, feeds, ctx.seed), **traced}
         want = run_feeds(reference(ctx, "fp64"), feeds, trace=True)
         cpu_eager = ctx.target().kind == "cpu" and ctx.backend == "eager"
         cpu_same = got if cpu_eager else run_feeds(reference(ctx, ctx.dtype, ctx.batch_size), feeds, trace=True)
@@ -47,7 +45,8 @@ class PrecisionTask:
         verify_point(ctx, result, device, feeds, got, ctx.seed)
         for name in ("mu", "logits"):
             if name in got:
-                result.metrics.update({f"{name}/vs_fp64/{k}": v for k, v in compare(got[name], want[name], ctx.verify.rel_floor).items()})
+                m = elementwise(got[name], want[name], ctx.verify.rel_floor, ctx.dtype)
+                result.metrics.update({f"{name}/vs_fp64/{k}": v for k, v in m.items()})
         layers = self._layers(ctx, got, want, result)
         verdict = self._relative(ctx, got, want, cpu_same, result)
         if is_sequence(feeds):
@@ -55,7 +54,7 @@ class PrecisionTask:
             result.tables["step_errors"] = _step_errors(got, want)
         worst, first_bad = layers["worst_layer"], layers["first_failing_layer"]
         result.tags.update({"verdict_relative": verdict, "worst_layer": worst, "first_failing_layer": first_bad or "none"})
-        result.details.update({"limits": limits_for(ctx.verify.limits, ctx.dtype, ctx.device, ctx.verify.specialize),
+        result.details.update({"limits": limits_for(ctx.verify.limits, ctx.dtype, ctx.device, ctx.verify.specialize, "verify.limits"),
                                "relative_verdict": verdict, **layers})
         result.summary.insert(1, f"worst layer {worst} (rel_rmse {result.metrics[f'layer/{worst}/rel_rmse']:.2e}), first failing "
                                  f"layer {first_bad or 'none'}, relative {result.metrics['relative/ratio']:.2f} -> {verdict}")
@@ -99,8 +98,7 @@ class PrecisionTask:
             self._plot(ctx, got, want, result)
         for out in outputs_of((ACTIONS, DISCRETE, RECURRENT_OUT)):
             if out.name in got:
-                a = got[out.name]
-                result.arrays[out.stem] = a.astype(np.int64) if out.rule == "discrete" else a.astype(np.float32).squeeze(-2) if out.rule == "memory" else a.astype(np.float32)
+                result.arrays[out.stem] = out.stored(got[out.name])
 
     def _plot(self, ctx: Context, got: dict, want: dict, result: Result) -> None:
         """error_histogram.png (the point's and CPU fp32's error vs fp64) and layer_errors.png (rel_rmse per layer)."""

@@ -14,7 +14,7 @@ from huggy_exp.certify import errors, named_outputs
 from huggy_exp.context import Context
 from huggy_exp.results import Result, first_nonfinite
 from huggy_exp.runners import Runner, build, reference, run_feeds
-from huggy_exp.tasks import SLOW_FP16, batch_of, runner_device
+from huggy_exp.tasks import SLOW_FP16, batch_of
 from huggy_exp.verify import digest, quantize
 
 
@@ -22,7 +22,7 @@ def time_calls(runner: Runner, ctx: Context, feeds: dict[str, np.ndarray], setti
     """Per-call latency of the runner on the job's batch of the feeds (a sequence: its first step), at the job's threads."""
     batch = batch_of(feeds, ctx.batch_size)
     with timing.threads(ctx.threads):
-        return timing.measure(lambda: runner.infer(batch), runner_device(runner), ctx.batch_size,
+        return timing.measure(lambda: runner.infer(batch), runner.target.device, ctx.batch_size,
                               budget_s=float(settings["budget_s"]), warmup_s=float(settings["warmup_s"]),
                               max_samples=int(settings["max_samples"]), min_samples=5)
 
@@ -83,7 +83,7 @@ class RecordTask:
                                     f"at {timed.threads} thread(s)" + (" (noisy)" if stats["noisy"] else "")]
         if replaced:
             result.summary.append(f"replaced the earlier recording of {key}")
-        if ctx.dtype == "fp16" and runner_device(runner).type == "cpu":
+        if ctx.dtype == "fp16" and runner.target.device.type == "cpu":
             result.summary.append(SLOW_FP16)
         result.headline = headline
         result.details.update({"headline": headline, "bundle": str(root.resolve()), "point": key, "fingerprints": prints})
@@ -99,7 +99,7 @@ class RecordTask:
                         "inputs": {k: list(v.shape) for k, v in feeds.items()}}
         stats = timed.stats()
         point = {"device": ctx.device, "dtype": ctx.dtype, "backend": ctx.backend, "batch": ctx.batch_size,
-                 "threads": timed.threads, "runner": getattr(runner, "name", ctx.backend), "environment": environment.capture(),
+                 "threads": timed.threads, "runner": runner.name, "environment": environment.capture(),
                  "fingerprints": prints, "outputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in outputs.items()},
                  "latency": {k: stats[k] for k in ("p50_us", "p90_us", "p99_us", "mean_us", "iqr_us", "samples", "noisy")}}
         return bundle.record_point(root, model_entry(ctx), observations, feeds, fp64, key, point, outputs,

@@ -1,0 +1,83 @@
+"""CONTRIBUTING's instructions cannot drift: a toy mode added in a copy of the tree from its "Files to touch" list alone
+(nothing else edited) composes, validates and runs through a small sweep."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+from conftest import PYTHON, REPO, subprocess_env
+
+TOY_TASK = '''"""mode=toy: a test's mode (tests/test_contributing.py)."""
+
+from huggy_exp.context import Context
+from huggy_exp.results import Result
+
+
+class ToyTask:
+    name = "toy"
+
+    def __init__(self, scale: float):
+        self.scale = scale
+
+    def run(self, ctx: Context) -> Result:
+        value = self.scale * ctx.seed
+        return Result(metrics={"toy_value": value}, summary=[f"toy value {value:g}"])
+'''
+TOY_YAML = '''# mode=toy: a test's mode (tests/test_contributing.py)
+defaults:
+  - /schema/mode/toy@_here_   # types, ranges and known keys: huggy_exp/config.py
+  - _self_
+
+_target_: huggy_exp.tasks.toy.ToyTask
+scale: 2.0   # multiplies the seed (a number >= 0)
+'''
+TOY_SCHEMA = '''
+
+@dataclass
+class ToyMode(ModeConf):
+    name: ClassVar[str] = "toy"
+    runs_policy: ClassVar[bool] = False
+    timed: ClassVar[bool] = False
+    verified: ClassVar[bool] = False
+    headline: ClassVar[Dict[str, str]] = {"value": "toy_value"}
+    scale: float = rule(lo=0)
+'''
+
+
+def files_to_touch(section: str) -> list[str]:
+    """The code files of a CONTRIBUTING section's "Files to touch" line (before its `; then` docs and tests)."""
+    text = (REPO / "CONTRIBUTING.md").read_text()
+    body = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    line = " ".join(body.split("Files to touch:", 1)[1].split("; then", 1)[0].split())
+    return re.findall(r"`([^`]+)`", line)
+
+
+def test_contributing_names_the_three_code_files_of_a_mode():
+    assert files_to_touch("Adding a mode") == ["huggy_exp/tasks/<name>.py", "conf/mode/<name>.yaml", "huggy_exp/config.py"]
+
+
+@pytest.mark.slow
+def test_a_toy_mode_added_from_contributings_list_runs_through_a_sweep(tmp_path, huggy_exp_cache):
+    tree = tmp_path / "tree"
+    for part in ("huggy_exp", "conf", "hydra_plugins"):
+        shutil.copytree(REPO / part, tree / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "run.py", tree / "run.py")
+    edits = {"huggy_exp/tasks/<name>.py": TOY_TASK, "conf/mode/<name>.yaml": TOY_YAML}
+    for path in files_to_touch("Adding a mode"):
+        target = tree / path.replace("<name>", "toy")
+        if path in edits:
+            target.write_text(edits[path])
+        else:  # the schema: appended to config.py
+            target.write_text(target.read_text() + TOY_SCHEMA)
+    env = {**subprocess_env(huggy_exp_cache), "PYTHONPATH": str(tree)}
+    sweep = tmp_path / "sweep"
+    out = subprocess.run([PYTHON, "run.py", "-m", "mode=toy", "seed=1,2", "tracking=none", "plots=false",
+                          f"hydra.sweep.dir={sweep}"], cwd=tree, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    records = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/result.json"))]
+    assert [r["status"] for r in records] == ["passed", "passed"]
+    assert [r["headline_metrics"]["value"] for r in records] == [2.0, 4.0]
