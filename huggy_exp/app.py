@@ -19,7 +19,8 @@ from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.headline import headline_metrics
 from huggy_exp.preflight import validate
 from huggy_exp.report import write_job_report
-from huggy_exp.results import EXIT_CODES, EXIT_PENDING, Result, held_result, read_result, update_result, write_result
+from huggy_exp.results import (EXIT_CODES, EXIT_PENDING, Result, expectation, held_result, read_result, update_result,
+                               write_result)
 from huggy_exp.config import modes
 from huggy_exp.safety import check_job_memory, disk_full_message, is_disk_full
 
@@ -237,6 +238,7 @@ def _job_record(cfg: DictConfig, mode: str, job: JobInfo, result: Result, ctx: C
         "duration_s": round(time.time() - started, 3),
         "environment": environment.summary(),
         "emulated": environment.emulated(str(cfg.device)),  # an emulated device (tests/emulated_npu.py), not a card
+        "switches": environment.device_switches(),  # CPU fallback, jit compile, internal formats, visible devices
         "params": params,
         "interrupted": interrupted,
         "headline_metrics": head,
@@ -342,7 +344,7 @@ def _print_summary(record: dict, result: Result, path: Path) -> None:
     say(head)
     for line in result.summary:
         say(f"  {line}")
-    status = result.status.upper() + (f": {result.reason}" if result.reason else "")
+    status = result.status.upper() + expectation(record) + (f": {result.reason}" if result.reason else "")
     say(f"  {status}", error=result.status == "error")
     say(f"  result: {path}")
 

@@ -1,8 +1,9 @@
 """A port-certificate bundle: what a policy did on one host, as data only (JSON and .npz), checked file by file.
 
-Layout (format version 1):
+Layout (format version 2):
     manifest.json                 format, model (weights sha256, file sha256, dims), observations (preset, seed, rows),
-                                  points {key: device, dtype, backend, batch, threads, environment, fingerprints,
+                                  points {key: device, dtype, backend, batch, threads, environment, fingerprints
+                                  (verify.fingerprints: fingerprint, quantized_fingerprint, ...), decimals,
                                   latency summary, files}, files {relative path: {sha256, bytes}} of every other file
     inputs.npz                    the feeds every point ran (obs_0.., action_masks), float32
     reference_fp64.npz            the CPU fp64 eager outputs on those inputs
@@ -34,8 +35,8 @@ from huggy_exp.mlagents.weights import weights_sha256  # noqa: F401 (the bundle'
 from huggy_exp.safety import MAX_LATENCY_SAMPLES, atomic_write, check_npz, read_json
 
 FORMAT = "huggy_exp-port-bundle"
-VERSION = 1
-READS = (1,)
+VERSION = 2  # 2: a point's `fingerprints` are verify.fingerprints' (1: per output {sha256, quantized}; re-record)
+READS = (2,)
 MANIFEST = "manifest.json"
 LOCK = ".lock"
 INPUTS = "inputs.npz"
@@ -198,6 +199,10 @@ class Bundle:
             shown = "no `seconds` array" if seconds is None else f"{list(seconds.shape)} samples"
             raise UserError(f"bundle {self.root}: {name} holds {shown}; a point records one row of at most "
                             f"{MAX_LATENCY_SAMPLES:,} timed calls")
+        bad = int(np.sum(~np.isfinite(seconds) | (seconds < 0))) if seconds.dtype.kind == "f" else 0
+        if bad or seconds.dtype.kind != "f":
+            raise UserError(f"bundle {self.root}: {name} holds {bad or seconds.dtype} samples that are not finite seconds "
+                            "(NaN, inf, negative or not floats)")
         return seconds
 
     def comparison(self, key: str) -> dict:

@@ -70,6 +70,14 @@ def held_result(folder, sweep: bool = False) -> str | None:
     return f"{shown}, tracking {state}" + (": not in MLflow yet" if state in ("pending", "logging") else "")
 
 
+def expectation(record: dict) -> str:
+    """` (expected FAILED: met)` / ` (expected PASSED: NOT met)` of a case's point ('' without `expect`): the words
+    every place that shows a verdict puts beside it (the job's last line, the sweep's lines, the report)."""
+    if record.get("expect") is None:
+        return ""
+    return f" (expected {str(record['expect']).upper()}: " + ("met)" if record.get("expectation_met") else "NOT met)")
+
+
 def first_nonfinite(array) -> tuple[int, tuple[int, ...]] | None:
     """(count, index of the first) NaN/inf values of a float array; None when all are finite or it is not float."""
     a = np.asarray(array)

@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 from huggy_exp.errors import UserError
+from huggy_exp.tracking import redact
 
 HOST = "127.0.0.1"  # loopback only: the UI has no authentication
 
@@ -83,7 +84,7 @@ def serve(uri: str, runs_path: str | None, port: int, wait_s: float, out=say) ->
     chosen = free_port(port)
     with tempfile.TemporaryDirectory(prefix="huggy-ui-") as tmp:
         log = Path(tmp) / "mlflow-ui.log"
-        out(f"starting mlflow ui on http://{HOST}:{chosen}/ (store {uri}, 1 worker) ...")
+        out(f"starting mlflow ui on http://{HOST}:{chosen}/ (store {redact(uri)}, 1 worker) ...")
         server = start(uri, chosen, log, wait_s)
         try:
             base = f"http://{HOST}:{chosen}/"

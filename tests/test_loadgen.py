@@ -274,6 +274,7 @@ def test_loadgens_files_reach_mlflow_one_folder_per_scenario(small, tmp_path):
     assert "config.yaml" in {a.path for a in client.list_artifacts(run_id)} or not (tmp_path / "job" / ".hydra").exists()
 
 
+
 class _NearTie:
     """An eager reference of one discrete branch of 3 whose first row is a near-tie (logits 2.0 and 2.0 + 1e-6)."""
 

@@ -139,15 +139,15 @@ def test_an_unknown_mode_is_refused_naming_the_choices():
 def row(job: str, device: str, dtype: str, mode: str, status: str, p50: float) -> dict:
     return {"job": job, "mode": "precision", "device": device, "dtype": dtype, "precision_mode": mode, "status": status,
             "batch_size": 64, "knobs": {}, "obs": "random/64/x1.0", "seed": 0, "model_sha256": "m", "dir": "/nonexistent",
-            "metrics": {"p50_us": p50}, "latency": {}, "model_name": "m"}
+            "metrics": {"p50_us": p50}, "latency": {}, "model_name": "m", "latency_points": [["eager", 64, p50]]}
 
 
 def test_the_comparison_weighs_fp32_and_fp32_tf32_as_two_choices_of_one_device():
     rows = [row("0", "cuda:0", "fp32", "ieee", "passed", 50.0), row("1", "cuda:0", "fp32", "tf32", "failed", 20.0),
             row("2", "cuda:0", "bf16", "ieee", "passed", 30.0)]
-    pick = compare(rows)["recommended"]["cuda:0"]
+    pick = compare(rows)["recommended"]["cuda:0 at batch 64"]
     assert pick["dtype"] == "bf16" and pick["failing"] == ["fp32-tf32"] and pick["passing"] == ["fp32", "bf16"]
-    assert any("cuda:0: bf16" in line and "failing: fp32-tf32" in line for line in compare(rows)["lines"])
+    assert any("cuda:0 at batch 64: bf16" in line and "failing: fp32-tf32" in line for line in compare(rows)["lines"])
     assert [r["precision_mode"] for r in compare(rows)["table"]] == ["ieee", "tf32", "ieee"]
 
 
