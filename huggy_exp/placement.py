@@ -164,9 +164,12 @@ def set_precision(device: str, dtype: str, mode: str) -> dict[str, str]:
                           "(tf32 is CUDA's, hf32 Ascend's)")
     if mode != "ieee" and dtype != "fp32":
         raise Unsupported(f"precision_mode={mode} changes fp32 math only; dtype={dtype} computes in {dtype} (use ieee)")
+    asked = {}
     for op in TORCH_OPS:  # CPU references stay IEEE fp32 (oneDNN may otherwise run fp32 in bf16 or tf32)
-        getattr(torch.backends.mkldnn, op).fp32_precision = "ieee"
-    asked = {f"cpu_{op}": "ieee" for op in TORCH_OPS}
+        holder = getattr(torch.backends.mkldnn, op, None)
+        if holder is not None and hasattr(holder, "fp32_precision"):  # absent before torch 2.4: nothing to set
+            _switch(holder, "ieee", mode)
+            asked[f"cpu_{op}"] = "ieee"
     if kind == "cuda":
         _set_cuda(mode)
         asked.update({"cuda_matmul": mode, "cudnn_conv": mode, "cudnn_rnn": mode})
@@ -184,9 +187,17 @@ def _set_cuda(mode: str) -> None:
     """torch's per-op TF32 switches (torch >= 2.9): cuBLAS matmul, cuDNN convolution, cuDNN RNN (tf32 by default)."""
     if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):
         raise Unsupported(f"precision_mode={mode}: torch {torch.__version__} has no per-op fp32_precision switches (torch >= 2.9)")
-    torch.backends.cuda.matmul.fp32_precision = mode
-    torch.backends.cudnn.conv.fp32_precision = mode
-    torch.backends.cudnn.rnn.fp32_precision = mode
+    for holder in (torch.backends.cuda.matmul, torch.backends.cudnn.conv, torch.backends.cudnn.rnn):
+        _switch(holder, mode, mode)
+
+
+def _switch(holder, value: str, mode: str) -> None:
+    """Set one per-op fp32_precision switch; a torch whose switch refuses the value skips the point, saying so."""
+    try:
+        holder.fp32_precision = value
+    except (RuntimeError, ValueError, AssertionError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise Unsupported(f"precision_mode={mode}: torch {torch.__version__} refused fp32_precision={value!r} ({first})") from None
 
 
 def _set_npu(mode: str) -> dict[str, str]:

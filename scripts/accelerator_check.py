@@ -126,10 +126,13 @@ def plan(device: str, quick: bool, onnx: list[Path]) -> list[Step]:
     backends = "eager" if quick or device == "cpu" else "eager,compile,graphs"
     steps = [Step("points", [f"device={devices}", f"dtype={dtypes}", "obs.rows=64"], per),
              Step("precision", ["mode=precision", f"device={devices}", f"dtype={dtypes}", "obs.rows=64"], per)]
-    for mode in ("fingerprint", "stats"):  # rollouts: mode.steps sequential calls a point
+
+    def rollout(mode: str) -> Step:  # mode.steps sequential calls a point
         calls = 8 if quick else int(_mode_knobs(mode)["steps"])
-        steps.append(Step(mode, [f"mode={mode}", f"device={devices}", f"dtype={dtypes}", *steps_knobs], per,
-                          per * calls * CALL_S, why=f"{per} point(s) x {calls} calls x {CALL_S:g} s"))
+        return Step(mode, [f"mode={mode}", f"device={devices}", f"dtype={dtypes}", *steps_knobs], per,
+                    per * calls * CALL_S, why=f"{per} point(s) x {calls} calls x {CALL_S:g} s")
+
+    steps += [rollout("fingerprint"), rollout("stats")]
     timed = [benchmark_minimum(bench, len({"eager", "onnxruntime", b}), len(ladder), SCENARIOS) for b in backends.split(",")]
     bench_step = Step("benchmark", ["mode=benchmark", f"device={device}", f"backend={backends}",
                                     "mode.backends=[eager,onnxruntime]", f"mode.batch_sizes=[{','.join(map(str, ladder))}]",

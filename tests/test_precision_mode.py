@@ -188,3 +188,15 @@ def test_hf32_on_the_emulated_npu_rounds_its_matmuls_and_the_sweep_names_it(tmp_
     assert ieee["tags"]["fp32_precision/npu_conv_allow_hf32"] == "false"
     assert 1e-4 < hf32["headline_metrics"]["max_abs_vs_fp64"] < 1e-2  # 10 mantissa bits: ~5e-4 relative per input
     assert "npu:0 fp32-hf32 b64" in done.stdout and "failing: fp32-hf32" in done.stdout
+
+
+def test_a_torch_whose_switch_refuses_the_value_skips_the_point_saying_so(monkeypatch):
+    class Older:  # a torch whose per-op switch knows other names ("default" in 2.4-2.8)
+        fp32_precision = "default"
+
+        def __setattr__(self, name, value):
+            raise RuntimeError(f"Invalid precision {value}")
+
+    monkeypatch.setattr(torch.backends.cudnn, "rnn", Older())
+    with pytest.raises(Unsupported, match="refused fp32_precision='tf32' \\(Invalid precision tf32\\)"):
+        placement.set_precision("cuda:0", "fp32", "tf32")
