@@ -58,8 +58,8 @@ MUTATIONS = (
          "        return\n        for name, array in self.arrays.items():\n"),
     ), ("tests/test_trust.py::test_nan_inf_in_any_output_array_fails_with_count_and_place",)),
     Mutation("nan-mismatch", "comparison metrics stop counting NaN that differ between actual and expected", (
-        ("huggy_exp/numerics.py", "nan_mismatch = int(np.sum(np.isnan(a) != np.isnan(e)))", "nan_mismatch = 0"),
-    ), ("tests/test_numerics.py",)),
+        ("huggy_exp/verify.py", '"nan_mismatch": float(np.sum(np.isnan(a) != np.isnan(e))),', '"nan_mismatch": 0.0,'),
+    ), ("tests/test_shapes_modes_prec.py",)),
     Mutation("margin-dropped", "discrete margin rule dropped: every flip is excused, whatever the margin", (
         ("huggy_exp/verify.py", "near = m <= allowed", "near = np.ones_like(flips)"),
     ), ("tests/test_shapes_modes_prec.py::test_a_flip_fails_only_where_the_fp64_margin_exceeds_the_bound",
