@@ -21,8 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from conftest import (CONF, PYTHON, REPO, free_port, save_mlagents_checkpoint, start_server, stop_server,
+from conftest import (CONF, PYTHON, REPO, free_port, start_server, stop_server,
                       subprocess_env)
 from test_trust import _runs, _spawn, _wait_for, cli
 
