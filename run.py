@@ -10,7 +10,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from huggy_exp import config, preflight
+from huggy_exp import config, preflight, terminal
 from huggy_exp.errors import UserError
 from huggy_exp.tracking_worker import Helper
 
@@ -21,6 +21,7 @@ def one_job(cfg: DictConfig, tracker=None) -> str:
     from huggy_exp.app import JobInfo, execute, exit_code, point_info, sync, ui
 
     preflight.setup()  # the resolvers, again: joblib and submitit run this function in fresh processes
+    terminal.guard_output()
     hc = HydraConfig.get()
     mode = hc.runtime.choices["mode"]
     if mode == "sync":
@@ -34,6 +35,7 @@ def one_job(cfg: DictConfig, tracker=None) -> str:
                   launcher=launcher, shared_machine=multirun and preflight.shares_machine(launcher, hc.launcher),
                   tracker=tracker, **point_info())
     result = execute(cfg, Path(hc.runtime.output_dir), mode, job)
+    terminal.check_pipe()  # output closed (`| head`): this job is kept, the sweep ends here
     code = exit_code(result, cfg.get("expect"))
     if not multirun and code:
         sys.exit(code)
@@ -62,7 +64,13 @@ def cli(argv: list[str], mlflow_helper: bool = False) -> None:
     """Validate every job first (one line, exit 2, on the first bad value), then let Hydra run them.
 
     `mlflow_helper`: a single run imports mlflow in a helper process beside the job (the command line; in-process callers
-    that run many jobs pay mlflow's import once and need none)."""
+    that run many jobs pay mlflow's import once and need none). Output survives a closed pipe or an ASCII terminal, and
+    SIGTERM ends the jobs as Ctrl-C does (huggy_exp/terminal.py)."""
+    with terminal.guarded():
+        _cli(argv, mlflow_helper)
+
+
+def _cli(argv: list[str], mlflow_helper: bool) -> None:
     preflight.setup()
     try:
         argv = preflight.normalize_argv(argv)
@@ -81,6 +89,8 @@ def cli(argv: list[str], mlflow_helper: bool = False) -> None:
             os.environ[preflight.JOBS_ENV] = str(jobs)  # the sweep's size, for its progress lines (sweep.json)
             if {"-m", "--multirun"} & set(argv) and composed and composed[0].hydra.runtime.choices.get("hydra/launcher") == "ray":
                 ray_preflight(composed)
+            if composed:
+                preflight.claim(composed[0], bool({"-m", "--multirun"} & set(argv)))
         except UserError as exc:
             print(f"error: {exc}", file=sys.stderr)
             sys.exit(2)
@@ -92,10 +102,10 @@ def cli(argv: list[str], mlflow_helper: bool = False) -> None:
             preflight.run_once(once, functools.partial(one_job, tracker=helper))  # composed once, by preflight
         else:
             main()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, a closed pipe (terminal.Interrupted)
         from huggy_exp.sweep import interrupted
 
-        sys.exit(interrupted())
+        sys.exit(interrupted(exc))
     finally:
         if helper:
             helper.close()

@@ -12,14 +12,15 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from huggy_exp import environment, tracking
+from huggy_exp import environment, mlagents, terminal, tracking
 from huggy_exp.config import numerics_label
 from huggy_exp.context import Context, ModelSpec, ObsSpec, VerifySpec
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.headline import headline_metrics
 from huggy_exp.preflight import validate
 from huggy_exp.report import write_job_report
-from huggy_exp.results import EXIT_CODES, EXIT_PENDING, Result, held_result, read_result, update_result, write_result
+from huggy_exp.results import (EXIT_CODES, EXIT_PENDING, Result, expectation, held_result, read_result, update_result,
+                               write_result)
 from huggy_exp.config import modes
 from huggy_exp.safety import check_job_memory, disk_full_message, is_disk_full
 
@@ -52,6 +53,7 @@ def build_context(cfg: DictConfig, workdir: Path) -> Context:
         obs=ObsSpec(**{k: obs[k] for k in ObsSpec.__dataclass_fields__ if k in obs}),
         verify=VerifySpec(**OmegaConf.to_container(cfg.verify, resolve=True)) if "verify" in cfg else VerifySpec(),
         workdir=workdir,
+        owned=(workdir, mlagents.cache_dir(), *tracking.local_paths((cfg.get("tracking") or {}).get("uri"))),
     )
 
 
@@ -141,27 +143,42 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
     if sweep is not None:
         record["sweep"] = {"dir": str(job.sweep_dir), "id": sweep.get("id"), "num": job.num,
                            "parent_run_id": sweep.get("parent_run_id")}
-    try:
-        path = write_result(workdir, record, result)
-    except OSError as exc:
-        if not is_disk_full(exc):
-            raise
-        result.status, result.reason = "error", disk_full_message(exc)
+    with terminal.deferred():  # a signal now would lose the job's result: it is raised once result.json is written
+        path = _write(workdir, record, result)
+    if path is None:
         say(f"  ERROR: {result.reason}; the job's result was not written (nothing of it is half-written)", error=True)
         if interrupted:
-            raise KeyboardInterrupt from None
+            raise interrupted from None
         return result
     write_job_report(workdir, read_result(workdir), [workdir / f for f in result.files if str(f).endswith(".png")])
     _print_summary(record, result, path)
     if interrupted:
         update_result(workdir, tracking={"status": "pending", "reason": "interrupted: `python run.py mode=sync` logs it"})
-        raise KeyboardInterrupt
+        raise interrupted
     _track(result, settings, workdir, path, job)
     return result
 
 
+def _write(workdir: Path, record: dict, result: Result) -> Path | None:
+    """result.json and the files beside it. A full disk turns the job into an error: result.json is written again
+    without the arrays and tables (it is small: the disk may still hold it); None when even that cannot be written."""
+    try:
+        return write_result(workdir, record, result)
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        result.status, result.reason = "error", disk_full_message(exc)
+        result.arrays, result.tables = {}, {}
+    try:
+        return write_result(workdir, record, result)
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        return None
+
+
 def _run_task(cfg: DictConfig, workdir: Path, mode: str,
-              preset: tuple[str, str] | None = None) -> tuple[Result, Context | None, bool]:
+              preset: tuple[str, str] | None = None) -> tuple[Result, Context | None, KeyboardInterrupt | None]:
     """Validate, build the context, run the task and check its outputs are finite: (result, context, interrupted).
 
     Every failure becomes a result: a bad value `error`, a missing device or file `skipped`, a bug `error` with its
@@ -173,7 +190,7 @@ def _run_task(cfg: DictConfig, workdir: Path, mode: str,
         if preset is not None and preset[0] == "skipped":
             raise Unsupported(preset[1])
         if preset is not None:
-            return Result(status=preset[0], reason=preset[1]), None, False
+            return Result(status=preset[0], reason=preset[1]), None, None
         missing = [p for p in cfg.get("needs") or () if not Path(p).expanduser().exists()]
         if missing:
             raise Unsupported(f"needs {missing[0]}, which is not on this host (shared fixtures: set HUGGY_EXP_SHARED)")
@@ -193,12 +210,12 @@ def _run_task(cfg: DictConfig, workdir: Path, mode: str,
         result = Result(status="skipped", reason=str(exc))
     except UserError as exc:
         result = Result(status="error", reason=str(exc))
-    except KeyboardInterrupt:
-        return Result(status="error", reason="interrupted (Ctrl-C) before the job finished"), ctx, True
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM (terminal.Interrupted)
+        return Result(status="error", reason=f"interrupted ({terminal.describe(exc)}) before the job finished"), ctx, exc
     except Exception as exc:  # a bug, not a user error: keep the traceback, record the job, let a sweep go on
         say(traceback.format_exc().rstrip(), error=True)
         result = Result(status="error", reason=f"internal error: {type(exc).__name__}: {exc}")
-    return result, ctx, False
+    return result, ctx, None
 
 
 def _lead_with_headline(result: Result, mode: str, job: JobInfo, batch_size: int) -> dict[str, float]:
@@ -215,7 +232,7 @@ def _lead_with_headline(result: Result, mode: str, job: JobInfo, batch_size: int
 
 
 def _job_record(cfg: DictConfig, mode: str, job: JobInfo, result: Result, ctx: Context | None, started: float,
-                interrupted: bool, head: dict[str, float], settings: dict) -> dict:
+                interrupted: KeyboardInterrupt | None, head: dict[str, float], settings: dict) -> dict:
     """Everything result.json holds about the job besides its Result: what ran, on what, when, and tracking's state."""
     loaded = ctx.loaded_model if ctx is not None else None
     params = OmegaConf.to_container(cfg, resolve=True)
@@ -237,8 +254,9 @@ def _job_record(cfg: DictConfig, mode: str, job: JobInfo, result: Result, ctx: C
         "duration_s": round(time.time() - started, 3),
         "environment": environment.summary(),
         "emulated": environment.emulated(str(cfg.device)),  # an emulated device (tests/emulated_npu.py), not a card
+        "switches": environment.device_switches(),  # CPU fallback, jit compile, internal formats, visible devices
         "params": params,
-        "interrupted": interrupted,
+        "interrupted": interrupted is not None,
         "headline_metrics": head,
         "launcher": job.launcher,
         "shared_machine": job.shared_machine,
@@ -342,7 +360,7 @@ def _print_summary(record: dict, result: Result, path: Path) -> None:
     say(head)
     for line in result.summary:
         say(f"  {line}")
-    status = result.status.upper() + (f": {result.reason}" if result.reason else "")
+    status = result.status.upper() + expectation(record) + (f": {result.reason}" if result.reason else "")
     say(f"  {status}", error=result.status == "error")
     say(f"  result: {path}")
 

@@ -1,8 +1,9 @@
 """A port-certificate bundle: what a policy did on one host, as data only (JSON and .npz), checked file by file.
 
-Layout (format version 1):
+Layout (format version 2):
     manifest.json                 format, model (weights sha256, file sha256, dims), observations (preset, seed, rows),
-                                  points {key: device, dtype, backend, batch, threads, environment, fingerprints,
+                                  points {key: device, dtype, backend, batch, threads, environment, fingerprints
+                                  (verify.fingerprints: fingerprint, quantized_fingerprint, ...), decimals,
                                   latency summary, files}, files {relative path: {sha256, bytes}} of every other file
     inputs.npz                    the feeds every point ran (obs_0.., action_masks), float32
     reference_fp64.npz            the CPU fp64 eager outputs on those inputs
@@ -20,6 +21,7 @@ import fcntl
 import hashlib
 import io
 import json
+import re
 import time
 import zipfile
 from contextlib import contextmanager
@@ -30,12 +32,13 @@ import numpy as np
 
 from huggy_exp.errors import UserError
 from huggy_exp.mlagents import sha256_file
+from huggy_exp import terminal
 from huggy_exp.mlagents.weights import weights_sha256  # noqa: F401 (the bundle's model identity)
-from huggy_exp.safety import MAX_LATENCY_SAMPLES, atomic_write, check_npz, read_json
+from huggy_exp.safety import MAX_LATENCY_SAMPLES, atomic_write, check_npz, check_unused, read_json
 
 FORMAT = "huggy_exp-port-bundle"
-VERSION = 1
-READS = (1,)
+VERSION = 2  # 2: a point's `fingerprints` are verify.fingerprints' (1: per output {sha256, quantized}; re-record)
+READS = (2,)
 MANIFEST = "manifest.json"
 LOCK = ".lock"
 INPUTS = "inputs.npz"
@@ -136,7 +139,10 @@ def record_point(root: Path, model: dict, observations: dict, inputs: dict[str, 
         f"points/{slug(key)}/latency.npz": npz_bytes({"seconds": np.asarray(latency_s, np.float64)}),
         f"points/{slug(key)}/comparison.json": json_bytes(comparison),
     }
+    check_out(root)
     with locked(root):
+        for orphan in leftovers(root):  # an interrupted or killed record's files, never listed: the bundle would refuse them
+            orphan.unlink()
         if (root / MANIFEST).exists():
             manifest = read(root, check_model=None).manifest
             _same_subject(root, manifest, model, observations, inputs)
@@ -145,12 +151,46 @@ def record_point(root: Path, model: dict, observations: dict, inputs: dict[str, 
             files[INPUTS] = npz_bytes(inputs)
             files[REFERENCE] = npz_bytes(reference)
         replaced = key in manifest["points"]
-        for name, data in files.items():
-            _atomic_bytes(root / name, data)
-            manifest["files"][name] = {"sha256": sha256_bytes(data), "bytes": len(data)}
-        manifest["points"][key] = {**point, "dir": f"points/{slug(key)}", "recorded": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        _atomic_bytes(root / MANIFEST, json_bytes(manifest))
+        with terminal.deferred():  # the files and the manifest that lists them: Ctrl-C waits for both
+            for name, data in files.items():
+                _atomic_bytes(root / name, data)
+                manifest["files"][name] = {"sha256": sha256_bytes(data), "bytes": len(data)}
+            manifest["points"][key] = {**point, "dir": f"points/{slug(key)}", "recorded": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            _atomic_bytes(root / MANIFEST, json_bytes(manifest))
     return manifest, replaced
+
+
+OWN = re.compile(r"(points/[^/]+/)?(\.?)(manifest\.json|inputs\.npz|reference_fp64\.npz|outputs\.npz|latency\.npz|"
+                 r"comparison\.json)(\.\w+)?")  # a bundle's files, and the writer's temporary ones beside them (.<name>.<random>)
+
+
+def _is_own(name: str) -> bool:
+    m = OWN.fullmatch(name)
+    return bool(m) and (m[1] is None) == (m[3] in (MANIFEST, INPUTS, REFERENCE)) and bool(m[2]) == bool(m[4])
+
+
+def check_out(root: Path) -> None:
+    """`mode.out` may be a new or empty folder, or a bundle (its manifest or lock there) holding only a bundle's files;
+    anything else (the user's files, a file in place of the folder) is refused in one line, before anything is written."""
+    root = Path(root).expanduser()
+    if not (root / MANIFEST).is_file() and not (root / LOCK).is_file():
+        check_unused(root, "mode.out")
+        return
+    names = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if not p.is_dir())
+    foreign = [n for n in names if n != LOCK and not _is_own(n)]
+    if foreign:
+        raise UserError(f"mode.out={root} holds files that are not a bundle's ({', '.join(foreign[:3])}); refused, so that "
+                        "nothing in it is replaced: record into a new or empty folder, or into a bundle")
+
+
+def leftovers(root: Path) -> list[Path]:
+    """A bundle's files its manifest does not list (a record interrupted or killed before it wrote the manifest)."""
+    try:
+        listed = set(json.loads((root / MANIFEST).read_text())["files"]) if (root / MANIFEST).is_file() else set()
+    except (OSError, ValueError, KeyError, TypeError):
+        return []  # a damaged manifest: read() names it; nothing is removed
+    return [p for p in sorted(root.rglob("*")) if not p.is_dir() and p.name != LOCK and p.name != MANIFEST
+            and _is_own(n := p.relative_to(root).as_posix()) and n not in listed]
 
 
 def _same_subject(root: Path, manifest: dict, model: dict, observations: dict, inputs: dict[str, np.ndarray]) -> None:
@@ -198,6 +238,10 @@ class Bundle:
             shown = "no `seconds` array" if seconds is None else f"{list(seconds.shape)} samples"
             raise UserError(f"bundle {self.root}: {name} holds {shown}; a point records one row of at most "
                             f"{MAX_LATENCY_SAMPLES:,} timed calls")
+        bad = int(np.sum(~np.isfinite(seconds) | (seconds < 0))) if seconds.dtype.kind == "f" else 0
+        if bad or seconds.dtype.kind != "f":
+            raise UserError(f"bundle {self.root}: {name} holds {bad or seconds.dtype} samples that are not finite seconds "
+                            "(NaN, inf, negative or not floats)")
         return seconds
 
     def comparison(self, key: str) -> dict:

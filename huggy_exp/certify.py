@@ -128,6 +128,10 @@ def latency_change(recorded_s, here_s, alpha: float = 0.01, tolerance: float | N
     r, h = np.asarray(recorded_s, np.float64), np.asarray(here_s, np.float64)
     if len(r) < 2 or len(h) < 2:
         return {"verdict": "not measured", "why": f"too few samples ({len(r)} recorded, {len(h)} here; 2 each at least)"}
+    bad = int(np.sum(~np.isfinite(r) | (r < 0))), int(np.sum(~np.isfinite(h) | (h < 0)))
+    if any(bad):  # a NaN latency is no measurement: never "within tolerance"
+        return {"verdict": "not measured", "why": f"{bad[0]} recorded and {bad[1]} measured samples are not finite "
+                                                  "non-negative seconds"}
     med_r, med_h = float(np.median(r)), float(np.median(h))
     tol = test05_tolerance(med_r) if tolerance is None else float(tolerance)
     p = float(mannwhitneyu(h, r, alternative="two-sided").pvalue)

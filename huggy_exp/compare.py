@@ -6,16 +6,17 @@ Pure functions over the summary rows and the jobs' actions.npy; sweep.py writes 
 
 from __future__ import annotations
 
-import hashlib
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 
 from huggy_exp import plots
 from huggy_exp.config import modes, numerics_label
-from huggy_exp.verify import DECLARED
 from huggy_exp.headline import ERROR
+from huggy_exp.safety import check_npy
+from huggy_exp.verify import DECLARED, FINGERPRINT
 
 NARROW_FIRST = ("bf16", "fp16", "fp32", "fp64")
 VERDICT_KNOBS = ("thresholds", "layer_thresholds", "specialize", "relative", "rel_floor", "tolerance", "atol",
@@ -23,10 +24,15 @@ VERDICT_KNOBS = ("thresholds", "layer_thresholds", "specialize", "relative", "re
                  "decimals", "provider", "opset")  # mode knobs that judge or time the actions, not shape them
 
 
+BATCH_INPUTS = ("benchmark",)  # modes that verify (and fingerprint) the job's batch of rows, not every observation row
+
+
 def inputs_key(row: dict) -> tuple:
-    """Points are comparable when the mode and its action-shaping knobs, the observations, seed and model agree."""
+    """Points are comparable when the mode and its action-shaping knobs, the observations, seed and model agree (and,
+    where the mode verifies only the job's batch of rows, the batch size)."""
     knobs = {k: v for k, v in (row.get("knobs") or {}).items() if k not in VERDICT_KNOBS and k != "_target_"}
-    return row["mode"], json.dumps(knobs, sort_keys=True, default=str), row["obs"], row["seed"], row["model_sha256"]
+    obs = f"{row['obs']}/b{row['batch_size']}" if row["mode"] in BATCH_INPUTS else row["obs"]
+    return row["mode"], json.dumps(knobs, sort_keys=True, default=str), obs, row["seed"], row["model_sha256"]
 
 
 def load_outputs(row: dict) -> dict[str, np.ndarray]:
@@ -34,17 +40,10 @@ def load_outputs(row: dict) -> dict[str, np.ndarray]:
     if row["status"] == "error":
         return {}
     d = Path(row["dir"])
-    return {o.stem: np.load(d / f"{o.stem}.npy", allow_pickle=False) for o in DECLARED if (d / f"{o.stem}.npy").is_file()}
-
-
-def _digest(outputs: dict[str, np.ndarray]) -> str | None:
-    if not outputs:
-        return None
-    h = hashlib.sha256()
-    for name, a in outputs.items():
-        h.update(name.encode() + str(a.dtype).encode() + str(a.shape).encode())
-        h.update(np.ascontiguousarray(a).tobytes())
-    return h.hexdigest()
+    found = [d / f"{o.stem}.npy" for o in DECLARED if (d / f"{o.stem}.npy").is_file()]
+    for f in found:  # a foreign job dir (mode=diff) may hold a header that declares terabytes
+        check_npy(f, "output")
+    return {f.stem: np.load(f, allow_pickle=False) for f in found}
 
 
 def compare(rows: list[dict]) -> dict:
@@ -53,11 +52,9 @@ def compare(rows: list[dict]) -> dict:
     A point's numerics (dtype, and its precision mode off IEEE: `fp32-tf32`) stand where a dtype would: agreement groups,
     the per-device pick and the lines compare `fp32` and `fp32-tf32` as two choices."""
     for row in rows:  # rows of older result.json files have no precision mode: they ran in IEEE fp32
-        row.setdefault("numerics", numerics_label(row["dtype"], row.get("precision_mode")))
+        row.setdefault("numerics", numerics(row))
     outputs = {r["job"]: load_outputs(r) for r in rows}
     actions = {job: o.get("actions") for job, o in outputs.items()}
-    for row in rows:
-        row["actions_sha256"] = _digest(outputs[row["job"]])  # every output the policy has, memories included
 
     # --- each point against the CPU fp32 point on the same inputs (same batch size preferred)
     vs_ref: dict[str, float] = {}
@@ -81,26 +78,26 @@ def compare(rows: list[dict]) -> dict:
             ref = min(refs, key=lambda r: r["batch_size"] != row["batch_size"])
             row["vs_cpu_fp32_discrete_agreement"] = float(np.mean(mine == outputs[ref["job"]]["discrete_actions"]))
 
-    # --- device agreement: bit-identical actions within (inputs, dtype), across devices or repeats
+    # --- device agreement: equal fingerprints (every output's bytes) within (inputs, dtype), across devices or repeats
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
-        if row["actions_sha256"]:
+        if row.get(FINGERPRINT) and row["status"] != "error":
             groups.setdefault((*inputs_key(row), row["numerics"]), []).append(row)
     agreement = []
     for (mode, _, obs, seed, _, dtype), members in groups.items():
         if len(members) < 2:
             continue
-        hashes = list(dict.fromkeys(r["actions_sha256"] for r in members))
-        points = [{"job": r["job"], "device": r["device"], "batch_size": r["batch_size"],
-                   "class": hashes.index(r["actions_sha256"]), "sha256": r["actions_sha256"]} for r in members]
+        hashes = list(dict.fromkeys(r[FINGERPRINT] for r in members))
+        points = [{"job": r["job"], "device": r["device"], "batch_size": r["batch_size"], "card": r.get("card"),
+                   "class": hashes.index(r[FINGERPRINT]), FINGERPRINT: r[FINGERPRINT]} for r in members]
         agreement.append({"mode": mode, "dtype": dtype, "obs": obs, "seed": seed, "identical": len(hashes) == 1,
-                          "points": points, "cards_disagree": cards_disagree(points)})
+                          "points": points, "cards_disagree": cards_disagree(points), "one_card": one_card(points)})
 
     recommended = recommend(rows)
     replays = replay_agreement(rows)
     dual = dual_benchmarks(rows)
     return {"vs_cpu_fp32": vs_ref, "agreement": agreement, "recommended": recommended,
-            "lines": comparison_lines(rows, agreement, recommended) + dual_lines(dual) + replays["lines"],
+            "lines": comparison_lines(rows, agreement, recommended) + dual_lines(dual) + replays["lines"] + port_lines(rows),
             "table": comparison_table(rows), "device_agreement": replays["table"], "dual_benchmark": dual}
 
 
@@ -153,31 +150,95 @@ def dual_lines(dual: list[dict]) -> list[str]:
             for d in dual]
 
 
-def recommend(rows: list[dict]) -> dict:
-    """Per device (and model, when the sweep has several): the fastest dtype whose every verified point passed, with the
-    figures it used; a noisy latency is named as such, never the silent basis of a pick."""
-    recommended = {}
+def verified(row: dict) -> bool:
+    """A point of a mode that verifies its outputs (the mode's `verified` trait, config.py)."""
     known = modes()
-    verified = [r for r in rows if r["mode"] in known and known[r["mode"]].verified and r["status"] in ("passed", "failed")]
-    several = len({_model(r) for r in verified}) > 1
-    for device, model in dict.fromkeys((r["device"], _model(r)) for r in verified):
-        checked = [r for r in verified if r["device"] == device and _model(r) == model]
-        key = f"{device} with {checked[0].get('model_name') or model}" if several else device
+    return row["mode"] in known and known[row["mode"]].verified
+
+
+def negative_control(row: dict) -> bool:
+    """A case that expected to fail and did: its limits were tightened on purpose, so it says nothing against its dtype."""
+    return row["status"] == "failed" and row.get("expect") == "failed" and row.get("expectation_met") is True
+
+
+def numerics(row: dict) -> str:
+    """The choice a point stands for: its dtype, and its precision mode off IEEE (`fp32-tf32`)."""
+    return row.get("numerics") or numerics_label(row["dtype"], row.get("precision_mode"))
+
+
+def timed_points(rows: list[dict]) -> list[dict]:
+    """Every latency a judged point measured, one per (point, backend, batch): its p50, obs/s and noise flag."""
+    out = []
+    for r in rows:
+        if not verified(r) or r["status"] not in ("passed", "failed"):
+            continue
+        extra = {stat: {(b, int(n)): v for b, n, v in r.get(f"{stat}_points") or ()} for stat in ("throughput", "noisy")}
+        for backend, batch, p50 in r.get("latency_points") or ():
+            if isinstance(p50, (int, float)) and math.isfinite(p50):
+                where = (backend, int(batch))
+                out.append({"row": r, "backend": backend, "batch": int(batch), "p50_us": float(p50),
+                            "obs_per_s": extra["throughput"].get(where),
+                            "noisy": bool(extra["noisy"].get(where, r.get("noisy")))})
+    return out
+
+
+def recommend(rows: list[dict]) -> dict:
+    """Per device, model and batch size: the fastest passing dtype and backend, comparing only latencies measured at that
+    batch size on that device (a benchmark's ladder gives one per backend and batch). A dtype with a point that failed
+    there is not picked, unless the failure was a case's expected one (a negative control); a noisy latency is named as
+    such, never the silent basis of a pick."""
+    recommended: dict[str, dict] = {}
+    judged = [r for r in rows if verified(r) and r["status"] in ("passed", "failed")]
+    several = len({_model(r) for r in judged}) > 1
+    timed = timed_points(judged)
+    for device, model in dict.fromkeys((r["device"], _model(r)) for r in judged):
+        checked = [r for r in judged if r["device"] == device and _model(r) == model]
+        suffix = f" with {checked[0].get('model_name') or model}" if several else ""
         weights = {}
         for r in checked:  # the numbers each point ran: a checkpoint replaced mid-sweep shows here
             weights.setdefault(r.get("weights_sha256") or r["model_sha256"], []).append(r["job"])
+        here = [t for t in timed if t["row"]["device"] == device and _model(t["row"]) == model]
         if len(weights) > 1:
-            recommended[key] = mixed_weights(weights)
+            recommended[device + suffix] = {**_no_pick(device, None), **mixed_weights(weights)}
             continue
-        failing = sorted({r["numerics"] for r in checked if r["status"] == "failed"}, key=_narrow_first)
-        passing = [d for d in dict.fromkeys(r["numerics"] for r in checked) if d not in failing]
-        timed = {d: t for d in passing if (t := _latency(checked, d)) is not None}
-        choice = min(timed, key=lambda d: timed[d]["p50_us"]) if timed else None
-        recommended[key] = {"dtype": choice, "p50_us": timed[choice]["p50_us"] if choice else None, "passing": passing,
-                            "failing": failing, "noisy": bool(choice and timed[choice]["noisy"]),
-                            "figures": {d: t for d, t in timed.items()}, "p50_by_dtype": {d: t["p50_us"] for d, t in timed.items()},
-                            "why": _why(choice, timed)}
+        if not here:  # judged, never timed: the verdicts without a pick
+            failing = sorted({numerics(r) for r in checked if r["status"] == "failed" and not negative_control(r)}, key=_narrow_first)
+            recommended[device + suffix] = {
+                **_no_pick(device, None), "failing": failing, "why": "no judged point on this device measured a latency: speed unknown",
+                "passing": [d for d in dict.fromkeys(numerics(r) for r in checked if r["status"] == "passed") if d not in failing]}
+        for batch in sorted({t["batch"] for t in here}):
+            recommended[f"{device} at batch {batch}{suffix}"] = _pick(device, batch, [t for t in here if t["batch"] == batch])
     return recommended
+
+
+def _no_pick(device: str, batch: int | None) -> dict:
+    return {"device": device, "batch_size": batch, "dtype": None, "backend": None, "p50_us": None, "obs_per_s": None,
+            "job": None, "noisy": False, "options": [], "passing": [], "failing": [], "expected_failures": []}
+
+
+def _pick(device: str, batch: int, here: list[dict]) -> dict:
+    """The fastest passing (dtype, backend) among the latencies measured at one batch size on one device."""
+    failing = sorted({numerics(t["row"]) for t in here if t["row"]["status"] == "failed" and not negative_control(t["row"])},
+                     key=_narrow_first)
+    fastest: dict[tuple, dict] = {}
+    for t in sorted(here, key=lambda t: t["p50_us"]):
+        verdict = "expected failure" if negative_control(t["row"]) else t["row"]["status"]
+        fastest.setdefault((numerics(t["row"]), t["backend"], verdict), t)
+    options = [{"dtype": d, "backend": b, "verdict": v, "p50_us": t["p50_us"], "obs_per_s": t["obs_per_s"],
+                "noisy": t["noisy"], "job": t["row"]["job"], "mode": t["row"]["mode"]} for (d, b, v), t in fastest.items()]
+    eligible = [o for o in options if o["verdict"] == "passed" and o["dtype"] not in failing]
+    choice = min(eligible, key=lambda o: o["p50_us"]) if eligible else None
+    rec = {**_no_pick(device, batch), "options": options, "failing": failing,
+           "passing": [d for d in dict.fromkeys(numerics(t["row"]) for t in here) if d in {o["dtype"] for o in eligible}],
+           "expected_failures": [f"{o['dtype']} (job {o['job']})" for o in options if o["verdict"] == "expected failure"]}
+    if choice is None:
+        failed = ", ".join(f"{o['dtype']} {o['backend']} (job {o['job']})" for o in options if o["verdict"] == "failed")
+        passed = any(o["verdict"] == "passed" for o in options)
+        return {**rec, "why": f"no pick at batch {batch}: " + (f"every dtype timed here also failed a point here ({failed})"
+                                                                if passed else f"no point timed here passed ({failed or 'expected failures only'})")}
+    row = next(t["row"] for t in here if t["row"]["job"] == choice["job"])
+    rec.update({k: choice[k] for k in ("dtype", "backend", "p50_us", "obs_per_s", "job", "noisy")})
+    return {**rec, "why": _why(choice, [o for o in eligible if o is not choice], batch, row)}
 
 
 def _narrow_first(numerics: str) -> tuple[int, str]:
@@ -194,41 +255,58 @@ def _model(row: dict) -> str:
 def mixed_weights(weights: dict[str, list[str]]) -> dict:
     """No pick: the points of one model ran different weights (the checkpoint was replaced during the sweep)."""
     ran = "; ".join(f"job{'s' * (len(jobs) > 1)} {', '.join(map(str, jobs))} ran weights {str(w)[:12]}" for w, jobs in weights.items())
-    return {"dtype": None, "p50_us": None, "passing": [], "failing": [], "noisy": False, "figures": {}, "p50_by_dtype": {},
-            "mixed_weights": weights, "why": f"no recommendation across different weights: the model's weights changed "
-                                            f"during the sweep ({ran}); re-run the sweep on one checkpoint"}
+    return {"mixed_weights": weights, "why": f"no recommendation across different weights: the model's weights changed "
+                                             f"during the sweep ({ran}); re-run the sweep on one checkpoint"}
 
 
-def _why(choice: str | None, timed: dict) -> str:
-    if choice is None:
-        return "no latency measured for a passing dtype: speed unknown, no pick"
-    c = timed[choice]
-    others = ", ".join(f"{d} {t['p50_us']:,.1f} µs" + (" (noisy)" if t["noisy"] else "") for d, t in timed.items() if d != choice)
-    text = f"fastest passing: p50 {c['p50_us']:,.1f} µs at batch {c['batch_size']} ({c['mode']})"
-    if c.get("max_abs") is not None:
-        text += f", max_abs vs fp64 {c['max_abs']:.2g}" + (f" (limit {c['limit']:.2g})" if c.get("limit") is not None else "")
-    text += f"; {others}" if others else ""
-    if c["noisy"] or any(t["noisy"] for t in timed.values()):
+def _why(choice: dict, others: list[dict], batch: int, row: dict) -> str:
+    """The figures a pick rests on, all measured at one batch size."""
+    text = (f"fastest passing at batch {batch}: {choice['dtype']} {choice['backend']}, p50 {choice['p50_us']:,.1f} µs"
+            + (f", {choice['obs_per_s']:,.0f} obs/s" if choice.get("obs_per_s") else "") + f" (job {choice['job']}, {choice['mode']})")
+    error, limit = row["metrics"].get("max_abs_vs_fp64"), row.get("max_abs_limit")
+    if isinstance(error, (int, float)):
+        text += f", max_abs vs fp64 {error:.2g}" + (f" (limit {limit:.2g})" if isinstance(limit, (int, float)) else "")
+    if others:
+        text += f"; also passing at batch {batch}: " + ", ".join(
+            f"{o['dtype']} {o['backend']} {o['p50_us']:,.1f} µs" + (" (noisy)" if o["noisy"] else "") for o in others)
+    if choice["noisy"] or any(o["noisy"] for o in others):
         text += "; NOTE: a latency this pick rests on is noisy (IQR/median > 0.1): re-measure on a quiet machine before relying on it"
     return text
 
 
-def _latency(rows: list[dict], dtype: str) -> dict | None:
-    """The dtype's p50 like for like: from the (mode, batch size) most dtypes of the device were timed at, else the best
-    any of its points measured; with whether that measurement was noisy."""
-    timed = [r for r in rows if isinstance(r["metrics"].get("p50_us"), (int, float))]
-    if not timed:
-        return None
-    keys = [(r["mode"], r["batch_size"]) for r in timed]
-    common = max(dict.fromkeys(keys), key=lambda k: len({r["numerics"] for r in timed if (r["mode"], r["batch_size"]) == k}))
-    mine = [r for r in timed if r["numerics"] == dtype]
-    pick = [r for r in mine if (r["mode"], r["batch_size"]) == common] or mine
-    if not pick:
-        return None
-    best = min(pick, key=lambda r: r["metrics"]["p50_us"])
-    return {"p50_us": float(best["metrics"]["p50_us"]), "noisy": bool((best.get("latency") or {}).get("noisy")),
-            "batch_size": best["batch_size"], "mode": best["mode"], "job": best["job"],
-            "max_abs": best["metrics"].get("max_abs_vs_fp64"), "limit": best.get("max_abs_limit")}
+def port_lines(rows: list[dict]) -> list[str]:
+    """What a record or replay sweep found, in its own terms: per bundle the points recorded (p50, error vs fp64); for
+    the replays, the agreement with their recordings (bitwise, worst ULP), the dual benchmark's verdicts and worst
+    ratio, and the latency changes."""
+    lines = []
+    recorded = [r for r in rows if r["mode"] == "record" and r["status"] == "passed"]
+    for bundle in dict.fromkeys(_port(r).get("bundle") for r in recorded):
+        mine = [r for r in recorded if _port(r).get("bundle") == bundle]
+        lines.append(f"record into {bundle}: {len(mine)} point(s): " + "; ".join(
+            f"{r['port'].get('point')} p50 {r['metrics']['p50_us']:,.0f} µs" * ("p50_us" in r["metrics"])
+            + (f", max_abs vs fp64 {r['metrics'][ERROR]:.2g}" if ERROR in r["metrics"] else "") for r in mine))
+    replays = [r for r in rows if r["mode"] == "replay" and r["status"] in ("passed", "failed")]
+    if not replays:
+        return lines
+    def figure(r: dict, k: str) -> float | None:
+        return r["metrics"].get(k) if isinstance(r["metrics"].get(k), (int, float)) else None
+
+    compared = [r for r in replays if figure(r, "bitwise") is not None]
+    text = (f"replay: {len(replays)} point(s); bitwise equal to their recording: "
+            f"{sum(figure(r, 'bitwise') == 1.0 for r in compared)}/{len(compared)}")
+    ulps = [figure(r, "ulp_max") for r in compared if figure(r, "ulp_max") is not None]
+    text += f" (worst {max(ulps):,.0f} ULP)" if ulps else ""
+    for word, key, metric in (("dual benchmark", "dual_benchmark", "dual_ratio"), ("latency vs recording", "latency_change", "lat_ratio")):
+        verdicts = [_port(r)[key] for r in replays if _port(r).get(key)]
+        ratios = [figure(r, metric) for r in replays if figure(r, metric) is not None]
+        if verdicts:
+            text += f"; {word}: " + ", ".join(f"{v} {verdicts.count(v)}" for v in dict.fromkeys(verdicts))
+            text += f" (ratios {min(ratios):.3g}..{max(ratios):.3g})" if ratios else ""
+    return lines + [text]
+
+
+def _port(row: dict) -> dict:
+    return row.get("port") or {}
 
 
 def replay_agreement(rows: list[dict]) -> dict:
@@ -236,21 +314,21 @@ def replay_agreement(rows: list[dict]) -> dict:
     dtype, which points gave the same output bytes as each other (class 0 = the first's) and as the recording."""
     table = []
     for row in rows:
-        if row["mode"] != "replay" or row["status"] == "error" or not row.get("actions_sha256"):
+        if row["mode"] != "replay" or row["status"] == "error" or not row.get(FINGERPRINT):
             continue
         record = json.loads((Path(row["dir"]) / "result.json").read_text())
         share = (record.get("metrics") or {}).get("agreement/bitwise_share")
         record = {**record, **(record.get("details") or {})}  # a task's details, wherever result.json keeps them
         table.append({"job": row["job"], "bundle": record.get("bundle"), "point": record.get("point"), "dtype": row["dtype"],
                       "threads": record.get("threads"), "recorded_point": record.get("recorded_point"),
-                      "equal_to_recording": None if share is None else share == 1.0, "sha256": row["actions_sha256"],
+                      "equal_to_recording": None if share is None else share == 1.0, FINGERPRINT: row[FINGERPRINT],
                       "status": row["status"]})
     lines = []
     for group in dict.fromkeys((t["bundle"], t["dtype"]) for t in table):
         members = [t for t in table if (t["bundle"], t["dtype"]) == group]
-        hashes = list(dict.fromkeys(t["sha256"] for t in members))
+        hashes = list(dict.fromkeys(t[FINGERPRINT] for t in members))
         for t in members:
-            t["class"] = hashes.index(t["sha256"])
+            t["class"] = hashes.index(t[FINGERPRINT])
         cells = ", ".join(f"{t['point']} t{t['threads']} (job {t['job']}): class {t['class']}, "
                           + {True: "= recording", False: "≠ recording", None: "no recording"}[t["equal_to_recording"]] for t in members)
         verdict = "all bit-identical" if len(hashes) == 1 else f"{len(hashes)} different results"
@@ -273,10 +351,26 @@ def cards_disagree(points: list[dict]) -> str | None:
     usual = max(range(len(sizes)), key=lambda c: (sizes[c], c == points[0]["class"])) if sizes else 0
     found = []
     for cards in by_kind.values():
-        if len({c["device"] for c in cards}) > 1 and len({c["class"] for c in cards}) > 1:
+        if len({_card(c) for c in cards}) > 1 and len({c["class"] for c in cards}) > 1:
             good = [c for c in cards if c["class"] == usual] or cards[:1]
             odd = [c for c in cards if c["class"] != good[0]["class"]]
             found += [f"{c['device']} (job {c['job']}) differs bit for bit from {good[0]['device']} (job {good[0]['job']})" for c in odd]
+    return "; ".join(found) or None
+
+
+def _card(point: dict) -> str:
+    """The card a point ran on: the one a launcher recorded (Ray: `host/npu:3`, as the node numbers it), else its device."""
+    return point.get("card") or str(point["device"])
+
+
+def one_card(points: list[dict]) -> str | None:
+    """Points asked for different cards of one kind (npu:0, npu:1) but ran on one (Ray placed them): which, or None.
+    Their agreement compares a card with itself, never two cards."""
+    found = []
+    for card in dict.fromkeys(_card(p) for p in points if p.get("card")):
+        asked = [p for p in points if _card(p) == card]
+        if len({p["device"] for p in asked}) > 1:
+            found.append(", ".join(f"{p['device']} (job {p['job']})" for p in asked) + f" all ran on {card}")
     return "; ".join(found) or None
 
 
@@ -295,17 +389,30 @@ def comparison_lines(rows: list[dict], agreement: list[dict], recommended: dict)
         verdict = "bit-identical" if g["identical"] else f"{len({p['class'] for p in g['points']})} different results"
         if g.get("cards_disagree"):
             verdict += f"; FAILED: {g['cards_disagree']} (cards of one kind must agree)"
+        if g.get("one_card"):
+            verdict += f"; NOT a two-card check: {g['one_card']}"
         lines.append(f"agreement {g['mode']} {g['dtype']} {g['obs']} seed {g['seed']}: {where}: {verdict}")
-    for device, rec in recommended.items():
-        lines.append(f"recommended on {device}: {rec['dtype'] or 'none'} ({rec['why']}; passing: "
-                     f"{', '.join(rec['passing']) or 'none'}; failing: {', '.join(rec['failing']) or 'none'})")
+    for where, rec in recommended.items():
+        lines.append(f"recommended on {where}: {pick_text(rec)}")
     return lines
+
+
+def pick_text(rec: dict) -> str:
+    """`bf16 eager (fastest passing at batch 64: ...; passing: fp32, bf16; failing: fp16)`, or `no pick (why)`: never a bare
+    'none' beside a table that holds a passing timed point."""
+    if not rec.get("dtype"):
+        return f"no pick ({rec['why']})"
+    text = f"{rec['dtype']}" + (f" {rec['backend']}" if rec.get("backend") else "") + f" ({rec['why']}"
+    text += f"; passing: {', '.join(rec['passing'])}" if rec.get("passing") else ""
+    text += f"; failing: {', '.join(rec['failing'])}" if rec.get("failing") else ""
+    text += f"; expected failures, met: {', '.join(rec['expected_failures'])}" if rec.get("expected_failures") else ""
+    return text + ")"
 
 
 def comparison_table(rows: list[dict]) -> list[dict]:
     """One row per point for the parent run's table artifact."""
-    keys = ("job", "case", "mode", "device", "dtype", "precision_mode", "batch_size", "obs", "seed", "status", "vs_cpu_fp32_max_abs",
-            "actions_sha256")
+    keys = ("job", "case", "mode", "device", "dtype", "precision_mode", "batch_size", "obs", "seed", "status",
+            "vs_cpu_fp32_max_abs", FINGERPRINT)
     return [{**{k: r.get(k) for k in keys}, **{f"m.{k}": v for k, v in r["metrics"].items()}} for r in rows]
 
 

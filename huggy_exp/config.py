@@ -17,6 +17,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from huggy_exp.errors import UserError
 
+DEVICE_KINDS = ("cpu", "cuda", "npu", "mps")  # what `device` names before `:<index>`; `specialize` entries are <kind>_<dtype>
 DTYPE_NAMES = ("fp32", "fp16", "bf16", "fp64")
 BACKENDS = ("eager", "compile", "fused", "graphs", "onnxruntime")
 PRECISION_MODES = ("ieee", "tf32", "hf32")  # fp32 math: IEEE fp32, TF32 (CUDA), HF32 (Ascend): placement.set_precision
@@ -252,10 +253,29 @@ class BenchmarkMode(ModeConf):
 
     @classmethod
     def allocations(cls, cfg: dict, row: RowBytes) -> list[Allocation]:
-        ladder = cfg["mode"].get("batch_sizes") or [cfg["batch_size"]]
+        """The ladder's largest batch; LoadGen's server schedule (target_qps x its run: min_duration_ms, else budget_s);
+        the control loop's per-tick record (rate_hz x duration_s)."""
+        knobs = cfg["mode"]
+        ladder = knobs.get("batch_sizes") or [cfg["batch_size"]]
         top = max(int(b) for b in ladder)
-        return [Allocation(top * (row.feed + row.forward), f"the benchmark's largest batch ({top:,} rows)",
-                           f"mode.batch_sizes={ladder}")]
+        out = [Allocation(top * (row.feed + row.forward), f"the benchmark's largest batch ({top:,} rows)",
+                          f"mode.batch_sizes={ladder}")]
+        if "server" in knobs["scenarios"]:
+            duration = (f"mode.min_duration_ms={knobs['min_duration_ms']}" if knobs.get("min_duration_ms")
+                        else f"mode.budget_s={knobs['budget_s']}")
+            seconds = (knobs.get("min_duration_ms") or knobs["budget_s"] * 1e3) / 1e3
+            queries = max(int(knobs["target_qps"] * seconds), int(knobs["min_query_count"]))
+            out.append(Allocation(queries * LOADGEN_QUERY_BYTES, f"LoadGen's server schedule of {queries:,} queries",
+                                  f"mode.target_qps={knobs['target_qps']} × {duration}"))
+        if "control_loop" in knobs["scenarios"]:
+            ticks = int(knobs["rate_hz"] * knobs["duration_s"])
+            out.append(Allocation(ticks * TICK_BYTES, f"the control loop's record of {ticks:,} ticks",
+                                  f"mode.rate_hz={knobs['rate_hz']} × mode.duration_s={knobs['duration_s']}"))
+        return out
+
+
+LOADGEN_QUERY_BYTES = 512  # LoadGen's schedule and record of one query (measured: 360-390 B at 0.4-0.8 M queries)
+TICK_BYTES = 64  # the control loop's per-tick record: latency, compute and wake (float64) and their derived copies
 
 
 @dataclass
@@ -460,7 +480,41 @@ def validate(cfg: DictConfig, mode: str) -> dict:
     _check(modes()[mode], plain["mode"], "mode.")
     if mode == "stats" and plain["mode"]["source"] == "replay" and not plain["mode"]["trajectory"]:
         raise UserError("mode.source=replay needs mode.trajectory=<file.npy> (float32 [T, obs_dim]) or an .npz of obs_<i> [T, d_i]")
+    for key, entry in SPECIALIZED.items():
+        table, name = key.split(".")
+        _check_specialize(key, (plain.get(table) or {}).get(name), entry)
     return plain
+
+
+@dataclass
+class AtolEntry:
+    atol: float = rule(lo=0)
+
+
+SPECIALIZED = {"verify.specialize": Threshold, "mode.specialize": AtolEntry, "mode.layer_specialize": LayerThreshold}
+
+
+def _check_specialize(key: str, value: Any, entry: type) -> None:
+    """A free map of `<device kind>_<dtype>` entries (e.g. npu_fp16): each name a known device kind and dtype, each entry
+    the keys of its table (any of them), every number finite and in range; the first bad one is one line."""
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise UserError(f"{key} must be a mapping of <device kind>_<dtype> entries, got {value!r}")
+    hints, known = get_type_hints(entry), {f.name: f for f in fields(entry)}
+    for name, limits in value.items():
+        kind, _, dtype = str(name).partition("_")
+        if kind not in DEVICE_KINDS or dtype not in DTYPE_NAMES:
+            raise UserError(f"unknown key {key}.{name}: an entry is named <device kind>_<dtype> (device kinds "
+                            f"{', '.join(DEVICE_KINDS)}; dtypes {', '.join(DTYPE_NAMES)}), e.g. npu_fp16")
+        if not isinstance(limits, dict):
+            raise UserError(f"{key}.{name} must be a mapping of {', '.join(known)}, got {limits!r}")
+        for k, v in limits.items():
+            if k not in known:
+                raise UserError(f"unknown key {key}.{name}.{k}; valid keys: {', '.join(known)}")
+            if isinstance(v, str) and v.strip().lower().lstrip("+-.") in ("nan", "inf", "infinity"):  # `.nan`: YAML's NaN
+                raise UserError(f"{key}.{name}.{k}={v!r} must be a finite number (NaN or inf would pass every value)")
+            _check_value(hints[k], v, f"{key}.{name}.{k}", known[k].metadata)
 
 
 def _check(schema: type, values: Any, prefix: str) -> None:
@@ -478,9 +532,9 @@ def _check(schema: type, values: Any, prefix: str) -> None:
         key = f"{prefix}{name}"
         if values.get(name) == MISSING:  # `???`: a YAML file left it out
             raise UserError(f"missing key {key}")
-        if name not in values:
-            if f.default is MISSING and f.default_factory is MISSING and name not in ("mode",):  # type: ignore[misc]
-                raise UserError(f"missing key {key}")
+        if name not in values:  # composition fills every schema key: only `~key` removes one
+            if name != "mode":
+                raise UserError(f"missing key {key}: every job reads it (a `~{key}` cannot delete it; set it instead)")
             continue
         value = values[name]
         if name == "mode" and schema is Config:

@@ -99,6 +99,7 @@ class Context:
     obs: ObsSpec = field(default_factory=ObsSpec)
     verify: VerifySpec = field(default_factory=VerifySpec)
     workdir: Path = Path(".")
+    owned: tuple[Path, ...] = ()  # what the tool owns besides the model (job folder, tracking store, cache): never an output
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)

@@ -28,7 +28,7 @@ NOT_PRESENT = "not present"
 def capture() -> dict:
     """The host and its numeric stack as plain JSON values."""
     return {"host": platform.node(), "cpu": cpu(), "os": os_info(), "python": platform.python_version(),
-            "versions": versions(), "runtime": runtime_flags(),
+            "versions": versions(), "runtime": runtime_flags(), "switches": device_switches(),
             "env": {k: os.environ[k] for k in NUMERIC_ENV if k in os.environ}}
 
 
@@ -150,6 +150,26 @@ def runtime_flags() -> dict:
         "mkldnn_enabled": bool(torch.backends.mkldnn.enabled),
     })
     return flags
+
+
+def device_switches() -> dict[str, str]:
+    """The device runtime's switches beside the fp32 ones (runtime_flags) that decide what runs where: torch_npu's
+    CPU fallback (placement.NPU_FALLBACK_ENV), jit-compile mode and internal formats, and the visible-devices variables
+    (which card `npu:0` is). Never imports torch_npu, never initialises a card."""
+    import sys
+
+    from huggy_exp.placement import NPU_FALLBACK_ENV, VISIBLE_ENV
+
+    out = {"npu_fallback_cpu_disable": os.environ.get(NPU_FALLBACK_ENV, "unset")}
+    npu = getattr(sys.modules.get("torch"), "npu", None)
+    jit_off = getattr(npu, "is_jit_compile_false", None)
+    started = jit_off is not None and bool(getattr(npu, "is_initialized", lambda: False)())
+    out["npu_jit_compile"] = str(not jit_off()).lower() if started else NOT_PRESENT
+    get = getattr(getattr(sys.modules.get("torch_npu"), "_C", None), "_npu_getOption", None)
+    value = get("ALLOW_INTERNAL_FORMAT") if get is not None else None
+    out["npu_allow_internal_format"] = NOT_PRESENT if get is None else value.decode() if value else "unset"
+    out.update({f"visible_{kind}": os.environ.get(name, "unset") for kind, name in VISIBLE_ENV.items()})
+    return out
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:

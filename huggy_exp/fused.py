@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from huggy_exp.errors import Unsupported
+from huggy_exp.errors import Unsupported, first_line
 from huggy_exp.mlagents import ACTION_CLAMP, NORMALIZER_CLAMP
 
 SOURCE = Path(__file__).with_name("kernels") / "fused_mlp.cpp"
@@ -72,7 +72,7 @@ class FusedMLP:
         try:
             self.kernel = CppPythonBindingsCodeCache.load_pybinding(argtypes, source(dims, self.act, norm.enabled, not policy.tanh_squash))
         except Exception as exc:  # the compiler's own message is long: its first line names the cause
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = first_line(exc)
             raise Unsupported(f"backend fused: the kernel did not build ({first[:300]})") from None
 
     def __call__(self, obs: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from huggy_exp import timing
+from huggy_exp import terminal, timing
 from huggy_exp.config import SCENARIOS as CHOICES
 from huggy_exp.errors import UserError
 
@@ -168,8 +168,12 @@ class System:
         worker = Worker(self) if server else None
         sut = lg.ConstructSUT(worker.issue if worker else self.issue, lambda: None)
         qsl = lg.ConstructQSL(self.count, self.count, lambda _: None, lambda _: None)
+        # Ctrl-C or SIGTERM raised inside a callback LoadGen's thread makes would unwind its C++ while the worker still
+        # answers (a crash, no result.json): the signal is noted, the rest answered empty, and raised once LoadGen ends
+        cut = lambda: setattr(self, "error", self.error or KeyboardInterrupt())  # noqa: E731
         try:
-            lg.StartTestWithLogSettings(sut, qsl, settings, log_settings)
+            with terminal.deferred(on_signal=cut):
+                lg.StartTestWithLogSettings(sut, qsl, settings, log_settings)
         finally:
             if worker:
                 worker.stop()

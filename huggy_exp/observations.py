@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 
 from huggy_exp.config import MAX_OBS_BYTES, OBS_SOURCES
-from huggy_exp.errors import UserError
+from huggy_exp.errors import UserError, first_line
 from huggy_exp.mlagents import ACTION_MASKS, Normalizer, PolicyWeights, obs_name
+from huggy_exp.safety import check_npz
 
 EXTREME = 1.0e4
 
@@ -101,7 +102,7 @@ def _npy_header(fh, p: Path) -> tuple[tuple[int, ...], np.dtype]:
         else:
             raise ValueError(f"unsupported .npy format version {version}")
     except (ValueError, OSError, EOFError, SyntaxError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise UserError(f"observation file {p} is not a .npy array (save it with numpy.save): {first[:200]}") from None
     return tuple(int(d) for d in shape), np.dtype(dtype)
 
@@ -197,6 +198,7 @@ def _read_npz(p: Path) -> dict[str, np.ndarray]:
         raise UserError(f"observation file {p} is not an .npz archive (save it with numpy.savez): {exc}") from None
     if total > MAX_OBS_BYTES:
         raise UserError(f"observation file {p} holds {total / 2**30:,.1f} GiB of arrays, over the {MAX_OBS_BYTES / 2**30:g} GiB limit")
+    check_npz(p, "observation file", MAX_OBS_BYTES, MAX_OBS_BYTES)  # what the headers declare and the members inflate to
     try:
         with np.load(p, allow_pickle=False) as npz:
             return {name: npz[name] for name in npz.files}

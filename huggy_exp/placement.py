@@ -10,14 +10,18 @@ from dataclasses import dataclass
 
 import torch
 
-from huggy_exp.config import BACKENDS, PRECISION_MODES
-from huggy_exp.errors import Unsupported, UserError
+from huggy_exp.config import BACKENDS, DEVICE_KINDS, PRECISION_MODES
+from huggy_exp.errors import Unsupported, UserError, first_line
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64}  # by name, each
-_DEVICE_RE = re.compile(r"^(cpu|cuda|npu|mps)(?::(\d+))?$")
+_DEVICE_RE = re.compile(rf"^({'|'.join(DEVICE_KINDS)})(?::(\d+))?$")
 # set by the Ray launcher's worker to the point's device kind: Ray made exactly the card it assigned visible
 # (CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES), so `npu:1` runs on that card, index 0 in this process
 ASSIGNED_CARD_ENV = "HUGGY_EXP_ASSIGNED_CARD"
+VISIBLE_ENV = {"cuda": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}  # the runtime numbers these from 0
+# torch_npu: 1 makes an op without an NPU kernel an error instead of a silent run on the CPU (one warning). It is read
+# once, at the first fallback, so it is set before the first NPU op; a value of your own (0) is kept and recorded.
+NPU_FALLBACK_ENV = "TORCH_NPU_FALLBACK_CPU_DISABLE"
 
 
 @dataclass(frozen=True)
@@ -78,10 +82,23 @@ def device_module(device: torch.device):
     return torch.get_device_module(device)
 
 
+def use_device(device: torch.device) -> None:
+    """Make `device` the calling thread's current card. CUDA's and torch_npu's current device is per thread: a thread
+    that never set it runs on card 0 (torch_npu: error 107002 "context is empty", or a stray context on card 0), and a
+    graph capture records the current card's stream. Called before the first op, before any capture, and by every
+    thread that runs the policy. Nothing to do on the CPU and MPS."""
+    if device.type in ("cuda", "npu") and device.index is not None:
+        mod = device_module(device)
+        if mod.current_device() != device.index:
+            mod.set_device(device.index)
+
+
 def resolve_device(name: str) -> torch.device:
     kind, index = check_device(name)
     if kind == "cpu":
         return torch.device("cpu")
+    if kind == "npu":
+        os.environ.setdefault(NPU_FALLBACK_ENV, "1")
     _import_backend(kind)
     if kind == "mps":
         if not torch.backends.mps.is_available():
@@ -91,21 +108,39 @@ def resolve_device(name: str) -> torch.device:
     if mod is None or not mod.is_available():
         raise Unsupported(f"device {name}: no {kind.upper()} device is available on this machine (torch {torch.__version__})")
     count = mod.device_count()
-    index = 0 if index is None or os.environ.get(ASSIGNED_CARD_ENV) == kind else index
+    index = card_index(kind, index)
     if index >= count:
         raise Unsupported(f"device {name}: only {count} {kind} device(s) present")
     return torch.device(kind, index)
+
+
+def card_index(kind: str, index: int | None) -> int:
+    """The index in this process of the card that `kind:index` names. Under Ray (ASSIGNED_CARD_ENV) and under SLURM with
+    one visible card (CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES of one entry), the point's card is that one
+    card, index 0, whatever index the sweep wrote (a label: result.json records the visible-devices variable);
+    elsewhere the index as the runtime numbers the visible cards. Ray's RAY_EXPERIMENTAL_NOSET_* variables leave every
+    card visible, so the assigned one cannot be found: refused."""
+    variable = VISIBLE_ENV[kind]
+    noset = f"RAY_EXPERIMENTAL_NOSET_{variable}"
+    if os.environ.get(noset):
+        raise UserError(f"{noset} is set: Ray then leaves {variable} alone and the card it assigned cannot be told "
+                        f"from the others; unset it")
+    visible = [v for v in os.environ.get(variable, "").split(",") if v.strip()]
+    if index is None or os.environ.get(ASSIGNED_CARD_ENV) == kind or len(visible) == 1 and os.environ.get("SLURM_JOB_ID"):
+        return 0
+    return index
 
 
 def resolve(device: str, dtype: str) -> Target:
     """Check both names, then that a small matmul in that dtype runs on that device."""
     torch_dtype = check_dtype(dtype)
     torch_device = resolve_device(device)
+    use_device(torch_device)  # before the first op on the card (the probe)
     try:
         probe = torch.ones(4, 4, device=torch_device, dtype=torch_dtype)
         (probe @ probe).sum().item()
     except (RuntimeError, TypeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise Unsupported(f"dtype {dtype} is not supported on {device}: {first}") from None
     return Target(torch_device, torch_dtype, str(device), dtype)
 
@@ -129,9 +164,12 @@ def set_precision(device: str, dtype: str, mode: str) -> dict[str, str]:
                           "(tf32 is CUDA's, hf32 Ascend's)")
     if mode != "ieee" and dtype != "fp32":
         raise Unsupported(f"precision_mode={mode} changes fp32 math only; dtype={dtype} computes in {dtype} (use ieee)")
+    asked = {}
     for op in TORCH_OPS:  # CPU references stay IEEE fp32 (oneDNN may otherwise run fp32 in bf16 or tf32)
-        getattr(torch.backends.mkldnn, op).fp32_precision = "ieee"
-    asked = {f"cpu_{op}": "ieee" for op in TORCH_OPS}
+        holder = getattr(torch.backends.mkldnn, op, None)
+        if holder is not None and hasattr(holder, "fp32_precision"):  # absent before torch 2.4: nothing to set
+            _switch(holder, "ieee", mode)
+            asked[f"cpu_{op}"] = "ieee"
     if kind == "cuda":
         _set_cuda(mode)
         asked.update({"cuda_matmul": mode, "cudnn_conv": mode, "cudnn_rnn": mode})
@@ -149,9 +187,17 @@ def _set_cuda(mode: str) -> None:
     """torch's per-op TF32 switches (torch >= 2.9): cuBLAS matmul, cuDNN convolution, cuDNN RNN (tf32 by default)."""
     if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):
         raise Unsupported(f"precision_mode={mode}: torch {torch.__version__} has no per-op fp32_precision switches (torch >= 2.9)")
-    torch.backends.cuda.matmul.fp32_precision = mode
-    torch.backends.cudnn.conv.fp32_precision = mode
-    torch.backends.cudnn.rnn.fp32_precision = mode
+    for holder in (torch.backends.cuda.matmul, torch.backends.cudnn.conv, torch.backends.cudnn.rnn):
+        _switch(holder, mode, mode)
+
+
+def _switch(holder, value: str, mode: str) -> None:
+    """Set one per-op fp32_precision switch; a torch whose switch refuses the value skips the point, saying so."""
+    try:
+        holder.fp32_precision = value
+    except (RuntimeError, ValueError, AssertionError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise Unsupported(f"precision_mode={mode}: torch {torch.__version__} refused fp32_precision={value!r} ({first})") from None
 
 
 def _set_npu(mode: str) -> dict[str, str]:
@@ -214,21 +260,21 @@ def memory_stats(device: torch.device) -> dict[str, float]:
 
 
 def reset_peak_memory(device: torch.device) -> None:
-    """Start a fresh allocator peak where the device module keeps one (the CPU's RSS peak cannot be reset)."""
-    fn = getattr(device_module(device), "reset_peak_memory_stats", None) if device.type != "cpu" else None
+    """Start a fresh allocator peak on a card (cuda, npu); the CPU's and MPS's figure is the process's, not resettable."""
+    fn = getattr(device_module(device), "reset_peak_memory_stats", None) if device.type in ("cuda", "npu") else None
     if fn is not None:
         fn(device)
 
 
-def peak_memory_mb(device: torch.device) -> float:
-    """Peak allocator memory on an accelerator (device module); on the CPU the process's peak RSS."""
-    if device.type != "cpu":
-        fn = getattr(device_module(device), "max_memory_allocated", None)
-        if fn is not None:
-            return float(fn(device)) / 2**20
+def peak_memory(device: torch.device) -> tuple[float, str]:
+    """(peak MB, what was read): a card's allocator peak since reset_peak_memory (cuda, npu); elsewhere the process's
+    peak RSS since it started (on MPS too: torch.mps keeps no peak, and process memory is not the GPU's)."""
+    fn = getattr(device_module(device), "max_memory_allocated", None) if device.type in ("cuda", "npu") else None
+    if fn is not None:
+        return float(fn(device)) / 2**20, f"{device} allocator (max_memory_allocated since its reset)"
     import resource
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "process peak RSS since start (not device memory)"
 
 
 def inventory() -> dict[str, object]:

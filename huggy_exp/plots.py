@@ -6,10 +6,19 @@ from pathlib import Path
 
 import numpy as np
 
+from huggy_exp.safety import atomic_write
+
 
 def _pyplot():
     import logging
+    import os
+    import tempfile
 
+    if "MPLCONFIGDIR" not in os.environ:  # a read-only HOME: matplotlib would warn in two lines, then use a temporary folder
+        try:
+            (Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "matplotlib").mkdir(parents=True, exist_ok=True)
+        except OSError:
+            os.environ["MPLCONFIGDIR"] = tempfile.mkdtemp(prefix="huggy_exp-matplotlib-")
     import matplotlib
 
     logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)  # "findfont: ... Falling back" warnings: noise
@@ -177,6 +186,8 @@ def distributions(path: Path, samples: dict[str, np.ndarray], xlabel: str, title
 
 def _save(plt, fig, path: Path) -> str:
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    try:
+        atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=90, format=path.suffix.lstrip(".") or "png"))
+    finally:
+        plt.close(fig)
     return path.name

@@ -222,6 +222,8 @@ class Policy(nn.Module):
                 if buffer is not None:
                     kind = stat_dtype if name in exempt else dtype if buffer.is_floating_point() else buffer.dtype
                     module._buffers[name] = buffer.to(device=device, dtype=kind)
+        if self.memory is not None:  # cuDNN wants the LSTM's weights in one buffer, or it repacks them on every call
+            self.memory.lstm.flatten_parameters()
         self._cache_parameters()
         return self
 

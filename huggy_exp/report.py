@@ -12,7 +12,8 @@ import math
 from pathlib import Path
 
 from huggy_exp.headline import COSINE, ERROR, judged_limits
-from huggy_exp.results import atomic_write_text
+from huggy_exp.results import atomic_write_text, expectation
+from huggy_exp.verify import FINGERPRINT
 
 REPORT = "report.html"
 STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1180px;color:#1f2328;padding:0 16px}
@@ -20,7 +21,8 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bott
 table{border-collapse:collapse;margin:6px 0;font-variant-numeric:tabular-nums}
 th,td{border:1px solid #d0d7de;padding:3px 8px;text-align:left;vertical-align:top}th{background:#f6f8fa}
 td.num{text-align:right;font-family:ui-monospace,monospace}.passed{color:#1a7f37;font-weight:600}
-.failed,.error{color:#cf222e;font-weight:600}.skipped{color:#9a6700;font-weight:600}
+.failed,.error,.missed{color:#cf222e;font-weight:600}.skipped{color:#9a6700;font-weight:600}
+.met{color:#1a7f37;font-weight:600}
 .noisy{background:#fff8c5;color:#7d4e00;font-weight:600;padding:0 4px;border-radius:3px}
 .tally{font-size:16px;margin:8px 0}.rec{background:#ddf4ff;border:1px solid #54aeff;border-radius:6px;padding:8px 12px}
 img{max-width:100%;border:1px solid #d0d7de;margin:6px 0;display:block}code{font-family:ui-monospace,monospace}
@@ -78,6 +80,15 @@ def verdict(status: str) -> tuple[str, str]:
     return ("html", f'<span class="{escape(status)}">{escape(status.upper())}</span>')
 
 
+def outcome(row: dict) -> tuple[str, str]:
+    """A point's verdict; for a case with an expected verdict, whether it was met, in words and colour (green when met,
+    an expected failure included: it is the answer the case asked for; red when not)."""
+    if row.get("expect") is None:
+        return verdict(row["status"])
+    met = bool(row.get("expectation_met"))
+    return ("html", f'<span class="{"met" if met else "missed"}">{escape(row["status"].upper() + expectation(row))}</span>')
+
+
 def page(title: str, sections: list[str]) -> str:
     return (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{escape(title)}</title>"
             f"<style>{STYLE}</style></head><body>\n" + "\n".join(sections) + "\n</body></html>\n")
@@ -97,42 +108,46 @@ def verdict_rows(rows: list[dict]) -> list[list]:
         m = r.get("metrics") or {}
         p50 = m.get("p50_us")
         p50_cell = ("html", f"{_e(p50)} <span class=noisy>noisy</span>") if p50 is not None and r.get("noisy") else p50
-        out.append([r["job"], r["run_name"], verdict(r["status"]), m.get(ERROR), (r.get("limits") or {}).get("max_abs"),
-                    m.get(COSINE), p50_cell, (r.get("fingerprint") or r.get("actions_sha256") or "")[:12], r.get("note", "") if r["status"] != "passed" else ""])
+        note = r.get("note", "") if r["status"] != "passed" or not r.get("verified", True) else ""  # record, replay: their answer
+        out.append([r["job"], r["run_name"], outcome(r), m.get(ERROR), (r.get("limits") or {}).get("max_abs"),
+                    m.get(COSINE), p50_cell, (r.get(FINGERPRINT) or "")[:12], note])
     return out
 
 
 VERDICT_HEAD = ["job", "run", "verdict", "max abs error vs fp64", "limit", "cosine (worst row)", "p50 µs (own batch)",
-                "fingerprint", "note"]
+                FINGERPRINT, "note"]
 
 
 def recommendation_section(comparison: dict) -> str:
+    """Per device and batch size the pick and every (dtype, backend) timed there, with its verdict and latency."""
     recs = comparison.get("recommended") or {}
     if not recs:
-        return ("<h2>Recommendation</h2><p class=muted>No precision verdicts in this sweep, so no dtype is recommended "
-                "(a recommendation needs <code>mode=precision</code> points).</p>")
+        return ("<h2>Recommendation</h2><p class=muted>No dtype is recommended: no point of this sweep was judged by "
+                "its dtype's limits against CPU fp64 (record and replay points are judged against their bundle); what "
+                "the points found is in their notes and the comparison below.</p>")
     parts = ["<h2>Recommendation</h2>"]
-    for device, rec in recs.items():
+    for where, rec in recs.items():
         noisy = ' <span class=noisy>noisy p50: re-measure before relying on it</span>' if rec.get("noisy") else ""
-        parts.append(f"<div class=rec><b>{escape(device)}: {escape(str(rec.get('dtype') or 'none'))}</b> "
-                     f"&mdash; {escape(rec.get('why', ''))}{noisy}</div>")
-        figures = rec.get("p50_by_dtype") or {}
-        rows = [[d, "passed", figures.get(d)] for d in rec.get("passing") or []]
-        rows += [[d, "failed", None] for d in rec.get("failing") or []]
-        parts.append(table(["dtype (precision mode)", "precision verdict", "p50 µs used"], rows, {2}))
+        pick = " ".join(str(x) for x in (rec.get("dtype"), rec.get("backend")) if x) or "no pick"
+        parts.append(f"<div class=rec><b>{escape(where)}: {escape(pick)}</b> &mdash; {escape(rec.get('why', ''))}{noisy}</div>")
+        rows = [[o["dtype"], o["backend"], outcome({"status": "failed", "expect": "failed", "expectation_met": True})
+                 if o["verdict"] == "expected failure" else verdict(o["verdict"]), o["p50_us"], o.get("obs_per_s"), o["job"]]
+                for o in rec.get("options") or []]
+        if rows:
+            parts.append(table(["dtype (precision mode)", "backend", "verdict", "p50 µs", "obs/s", "job"], rows, {3, 4}))
     return "\n".join(parts)
 
 
 def comparison_section(rows: list[dict], comparison: dict) -> str:
     compared = [[r["job"], r["run_name"], r.get("vs_cpu_fp32_max_abs"), r.get("vs_cpu_fp32_discrete_agreement"),
-                 (r.get("actions_sha256") or "")[:12]] for r in rows
+                 (r.get(FINGERPRINT) or "")[:12]] for r in rows
                 if "vs_cpu_fp32_max_abs" in r or "vs_cpu_fp32_discrete_agreement" in r]
     parts = ["<h2>Against the reference point (CPU fp32, same inputs)</h2>"]
     if compared:
-        parts.append(table(["job", "run", "max |Δaction| vs cpu fp32", "discrete actions equal", "fingerprint"], compared, {2, 3}))
+        parts.append(table(["job", "run", "max |Δaction| vs cpu fp32", "discrete actions equal", FINGERPRINT], compared, {2, 3}))
     else:
         parts.append("<p class=muted>No point of this sweep has a CPU fp32 point on the same inputs to compare with.</p>")
-    lines = [line for line in comparison.get("lines", []) if line.startswith("agreement")]
+    lines = [line for line in comparison.get("lines", []) if line.startswith(("agreement", "device agreement", "dual benchmark", "record into", "replay:"))]
     if lines:
         parts.append("<ul>" + "".join(f"<li><code>{escape(x)}</code></li>" for x in lines) + "</ul>")
     return "\n".join(parts)

@@ -70,6 +70,14 @@ def held_result(folder, sweep: bool = False) -> str | None:
     return f"{shown}, tracking {state}" + (": not in MLflow yet" if state in ("pending", "logging") else "")
 
 
+def expectation(record: dict) -> str:
+    """` (expected FAILED: met)` / ` (expected PASSED: NOT met)` of a case's point ('' without `expect`): the words
+    every place that shows a verdict puts beside it (the job's last line, the sweep's lines, the report)."""
+    if record.get("expect") is None:
+        return ""
+    return f" (expected {str(record['expect']).upper()}: " + ("met)" if record.get("expectation_met") else "NOT met)")
+
+
 def first_nonfinite(array) -> tuple[int, tuple[int, ...]] | None:
     """(count, index of the first) NaN/inf values of a float array; None when all are finite or it is not float."""
     a = np.asarray(array)
@@ -96,12 +104,13 @@ def jsonable(value):
     return value
 
 
-def write_table(path: Path, rows: list[dict]) -> None:
-    columns = list(dict.fromkeys(k for row in rows for k in row))
+def write_table(path: Path, rows: list[dict], columns: list[str] | None = None) -> None:
+    """Rows as a .csv (atomically); `columns` picks and orders them (default: every key of every row)."""
+    columns = columns or list(dict.fromkeys(k for row in rows for k in row))
 
     def write(tmp: str) -> None:
         with open(tmp, "w", newline="") as fh:
-            writer = csv.DictWriter(fh, columns)
+            writer = csv.DictWriter(fh, columns, extrasaction="ignore")
             writer.writeheader()
             writer.writerows(jsonable(rows))
 

@@ -14,6 +14,7 @@ Every other shape (several inputs, discrete branches, memory) runs through Polic
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -23,7 +24,7 @@ import torch
 
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.mlagents import ACTION_MASKS, ONNX_INPUT, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name
-from huggy_exp.placement import Target, check_backend, device_module, resolve, synchronize
+from huggy_exp.placement import Target, check_backend, device_module, resolve, synchronize, use_device
 from huggy_exp.policy import Policy, cpu_noise, cpu_uniform
 
 if TYPE_CHECKING:
@@ -35,6 +36,9 @@ DISCRETE = "deterministic_discrete_actions"
 DISCRETE_SAMPLED = "discrete_actions"
 OBS = ONNX_INPUT
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "npu": "CANNExecutionProvider"}
+# torch.compile's backend per device kind: inductor on the CPU and CUDA; on Ascend torch_npu's own dynamo backend
+# "npu" (torchair): inductor there needs triton-ascend and only warns when it is missing
+COMPILE_BACKENDS = {"cpu": "inductor", "cuda": "inductor", "mps": "inductor", "npu": "npu"}
 
 Feeds = Mapping[str, np.ndarray] | np.ndarray
 _F32 = np.dtype(np.float32)
@@ -108,19 +112,22 @@ class TorchRunner:
         if backend != "eager" and not weights.huggy_shaped:
             raise UserError(f"backend {backend} runs Huggy's shape only (one input, continuous actions, no memory); "
                             f"this policy has {weights.describe_shape()}: use backend eager or onnxruntime")
+        use_device(target.device)
         self.policy = Policy(weights).place(target.device, target.dtype)
         self.name = f"torch-{backend}-{target.device_name}-{target.dtype_name}"
         self._forward: Callable = self.policy
         self._sample: Callable = self.policy.sample
         if backend == "compile":
-            self._forward, self._sample = _compiled(self.policy.forward), _compiled(self.policy.sample)
+            compiler = _compiler(target.kind)
+            self._forward, self._sample = _compiled(self.policy.forward, compiler), _compiled(self.policy.sample, compiler)
         elif backend == "fused":
             from huggy_exp.fused import FusedMLP
 
             self._forward = FusedMLP(self.policy)  # deterministic actions; sampled ones run eager
         elif backend == "graphs":
             graphs = _graph_api(target.device)
-            self._forward, self._sample = GraphReplay(self.policy.forward, graphs), GraphReplay(self.policy.sample, graphs)
+            self._forward = GraphReplay(self.policy.forward, graphs, target.device)
+            self._sample = GraphReplay(self.policy.sample, graphs, target.device)
 
     @property
     def fixed_shape(self) -> bool:
@@ -189,6 +196,7 @@ class TorchRunner:
 
     def infer(self, feeds: Feeds) -> dict[str, np.ndarray]:
         """Deterministic outputs of every head (and `recurrent_out`) for the feeds."""
+        use_device(self.target.device)  # whichever thread calls (LoadGen's server worker, its issue thread)
         if not self.policy.huggy_shaped:  # several inputs, discrete branches, memory: every head through Policy.act
             with torch.inference_mode():
                 return self._run(feeds)
@@ -203,6 +211,7 @@ class TorchRunner:
     def trace(self, feeds: Feeds) -> dict[str, np.ndarray]:
         """Every intermediate plus every deterministic output (and recurrent_out), for per-layer attribution. Huggy's
         shape: the intermediates of the policy's one forward path (eager), with the actions of infer(), the timed path."""
+        use_device(self.target.device)
         if not self.policy.huggy_shaped:
             return self._collect([self.policy.trace(obs, masks, memory) for _, obs, masks, memory in self._feed_chunks(feeds)])
         obs = self._obs(feeds)
@@ -215,6 +224,7 @@ class TorchRunner:
     @torch.inference_mode()
     def sample(self, feeds: Feeds, seed: int) -> dict[str, np.ndarray]:
         """Sampled actions; the noise is one CPU draw for all rows, so chunking and device do not change it."""
+        use_device(self.target.device)
         if not self.policy.huggy_shaped:
             return self._run(feeds, sample_noise(self.policy, feed_rows(feeds), seed))
         obs = self._obs(feeds)
@@ -225,6 +235,7 @@ class TorchRunner:
     @torch.inference_mode()
     def distributions(self, feeds: Feeds) -> dict[str, np.ndarray]:
         """What the sampled outputs draw from (Policy.distributions): mu, log_sigma, masked_logits, recurrent_out."""
+        use_device(self.target.device)
         return self._collect([self.policy.distributions(obs, masks, memory) for _, obs, masks, memory in self._feed_chunks(feeds)])
 
 
@@ -300,21 +311,43 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
     return (t.double() if t.dtype == torch.float64 else t.float()).numpy()
 
 
-def _compiled(fn: Callable) -> Callable:
-    """torch.compile with inductor freezing (weights folded as constants). `options={"freezing": True}` is ignored on
-    the CPU in torch 2.13, so the inductor config is set (process-wide: it only affects compiled graphs)."""
-    import os
-    import shutil
+def _compiler(kind: str) -> str:
+    """The dynamo backend for the device kind (COMPILE_BACKENDS), checked to be there, with dynamo reset: one runner's
+    compilations never count against the next one's (each new policy's frozen weights are new guards, and past
+    dynamo's recompile_limit it would run eager)."""
+    import torch._dynamo
 
-    compilers = [c for c in (os.environ.get("CXX"), "g++", "c++", "clang++") if c and shutil.which(c)]
-    if not compilers:
-        raise Unsupported("backend compile: inductor needs a C++ compiler and none is on PATH (g++, c++, clang++, $CXX)")
-    try:
-        import torch._inductor.config as inductor_config
-    except ImportError as exc:
-        raise Unsupported(f"backend compile: torch inductor is unavailable ({exc})") from None
-    inductor_config.freezing = True
-    return torch.compile(fn, dynamic=False)
+    name = COMPILE_BACKENDS[kind]
+    if name == "inductor" and kind == "cpu":
+        import shutil
+
+        if not [c for c in (os.environ.get("CXX"), "g++", "c++", "clang++") if c and shutil.which(c)]:
+            raise Unsupported("backend compile: inductor needs a C++ compiler and none is on PATH (g++, c++, clang++, $CXX)")
+    if name not in torch._dynamo.list_backends(exclude_tags=()):
+        raise Unsupported(f"backend compile on {kind}: torch.compile backend {name!r} is not registered here (registered: "
+                          f"{', '.join(torch._dynamo.list_backends())}){'; torch_npu registers it' if name == 'npu' else ''}")
+    if getattr(torch._dynamo.lookup_backend(name), "__name__", "") == "_eager_npu_backend":
+        raise Unsupported("backend compile on npu: torch_npu was built without torchair, so its 'npu' dynamo backend runs "
+                          "eager (it would time eager as compile)")
+    torch._dynamo.reset()
+    return name
+
+
+def _compiled(fn: Callable, backend: str) -> Callable:
+    """torch.compile of one graph (fullgraph: a graph break is an error, not a silent eager piece), past dynamo's
+    recompile_limit an error too (never a silent eager fallback timed as `compile`). Inductor freezes the weights as
+    constants: `options={"freezing": True}` is ignored on the CPU in torch 2.13, so the inductor config is set
+    (process-wide: it only affects compiled graphs)."""
+    import torch._dynamo
+
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    if backend == "inductor":
+        try:
+            import torch._inductor.config as inductor_config
+        except ImportError as exc:
+            raise Unsupported(f"backend compile: torch inductor is unavailable ({exc})") from None
+        inductor_config.freezing = True
+    return torch.compile(fn, backend=backend, dynamic=False, fullgraph=True)
 
 
 def _graph_api(device: torch.device):
@@ -329,15 +362,19 @@ def _graph_api(device: torch.device):
 
 
 class GraphReplay:
-    """Capture `fn` once per input shape on static buffers, then replay: copy inputs in, replay, clone outputs."""
+    """Capture `fn` once per input shape on static buffers, then replay: copy inputs in, replay, clone outputs.
 
-    def __init__(self, fn: Callable, graphs):
-        self.fn, (self.mod, self.cls) = fn, graphs
+    The capture runs on a side stream of the current card, so the runner's card is made current first: a capture
+    while another card is current records none of this card's work, and its replays return stale outputs."""
+
+    def __init__(self, fn: Callable, graphs, device: torch.device):
+        self.fn, (self.mod, self.cls), self.device = fn, graphs, device
         self.captured: dict[tuple, tuple] = {}
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         key = tuple((tuple(t.shape), t.dtype) for t in inputs)
         if key not in self.captured:
+            use_device(self.device)
             static = [t.clone() for t in inputs]
             side = self.mod.Stream()
             side.wait_stream(self.mod.current_stream())
@@ -377,8 +414,10 @@ class OnnxRunner:
             ort.set_seed(int(seed))  # RandomNormalLike draws become repeatable run to run (not equal to torch's)
 
         available = ort.get_available_providers()
-        if provider not in available:
-            raise UserError(f"onnxruntime provider {provider!r} is not available; available: {', '.join(available)}")
+        if provider not in ort.get_all_providers():
+            raise UserError(f"unknown onnxruntime provider {provider!r}; this onnxruntime has: {', '.join(available)}")
+        if provider not in available:  # an onnxruntime build without it (the CPU wheel on a GPU host): not here
+            raise Unsupported(f"onnxruntime provider {provider!r} is not in this onnxruntime build; it has: {', '.join(available)}")
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads

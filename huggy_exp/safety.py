@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
+import platform
 import re
 import resource
 import stat
 import tempfile
+import time
 import zipfile
 import zlib
 from collections.abc import Callable, Iterable
@@ -23,6 +26,8 @@ from huggy_exp.errors import UserError
 MIN_FREE_BYTES = 64 << 20  # a job dir's disk must have this much free before a job starts (config, arrays, plots, run.log)
 MAX_CHECKPOINT_BYTES = 256 << 20  # a .pt's storages, inflated: ~19x the genuine Huggy .pt (13.5 MB with its optimizer)
 MAX_ONNX_BYTES = 256 << 20  # an .onnx plus its external data: ~110x the genuine Huggy .onnx (2.3 MB)
+FULL_BYTES = 1 << 20  # a write that fails without an errno while less than this is free ran out of disk
+MAX_SWEEP_POINTS = 10_000  # points one -m may launch: each is validated first and runs as a job (a day at 10 s each)
 MEMORY_SHARE = 0.8  # a job may plan to take this share of the memory available when it starts
 MAX_JSON_BYTES = 64 << 20  # a foreign JSON file (a result.json sync reads, a bundle's manifest): ~300x a sweep point's
 MAX_JSON_DEPTH = 64  # nesting of a foreign JSON file (results nest 5 deep); Python's parser recurses per level
@@ -55,10 +60,37 @@ def is_disk_full(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in DISK_ERRNOS
 
 
+def _short_write(exc: BaseException, folder: Path) -> bool:
+    """A writer that lost the errno (numpy's `N requested and M written`, torch's `file write failed`) on a disk that
+    has no room left: the same full disk."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return False
+    if re.search(r"\d+ requested and \d+ written", str(exc)):
+        return True
+    try:
+        return free_bytes(folder) < FULL_BYTES
+    except OSError:
+        return False
+
+
+def mount_point(path: str | Path) -> Path:
+    """The mount point of the filesystem holding `path` (or its nearest existing parent): the disk a message names."""
+    p = Path(path).expanduser().absolute()
+    p = next((q for q in (p, *p.parents) if q.exists()), Path("/"))
+    dev = p.stat().st_dev
+    while p.parent != p and p.parent.stat().st_dev == dev:
+        p = p.parent
+    return p
+
+
 def disk_full_message(exc: OSError, path: str | Path | None = None) -> str:
-    """One line: what could not be written, and how much is free there."""
-    where = Path(path or exc.filename or ".")
-    return f"no space left writing {where} ({exc.strerror or exc}): {size(free_bytes(where))} free on its disk"
+    """One line: what could not be written, how much is free on its disk and which disk that is."""
+    target = path or exc.filename
+    if target is None:
+        return f"no space left on a disk ({exc.strerror or exc})"
+    where = Path(target).expanduser().absolute()
+    return (f"no space left writing {where} ({exc.strerror or exc}): {size(free_bytes(where))} free on its disk "
+            f"({mount_point(where)})")
 
 
 def check_free(path: str | Path, key: str, need: int = MIN_FREE_BYTES) -> None:
@@ -69,21 +101,82 @@ def check_free(path: str | Path, key: str, need: int = MIN_FREE_BYTES) -> None:
                         "free some space or choose another folder")
 
 
+# --- job and sweep folders
+
+CLAIM = ".huggy_exp-claim"  # created exclusively in a job or sweep folder before anything else is written there
+
+
+def folder_in_use(folder: str | Path) -> str | None:
+    """Why `folder` cannot be a new job's or sweep's (another job claimed it, or it holds files: the user's, an earlier
+    job's); None when it is absent or empty."""
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        return None
+    names = sorted(p.name for p in folder.iterdir())
+    if CLAIM in names:
+        try:
+            who = (folder / CLAIM).read_text(errors="replace").strip()[:200]
+        except OSError:
+            who = "unreadable claim"
+        return f"is already claimed by another run ({who or 'no owner recorded'})"
+    if not names:
+        return None
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return f"holds files that are not this job's ({shown})"
+
+
+REFUSED = "refused, so that nothing in it is replaced: choose a new or empty folder (the default is a fresh one per run)"
+
+
+def check_unused(path: str | Path, key: str) -> Path:
+    """The absolute folder `path`, once it is known to be absent or empty (one line naming what is in it otherwise)."""
+    folder = Path(path).expanduser().absolute()
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"{key}={path} is a file, not a folder; {REFUSED}")
+    why = folder_in_use(folder)
+    if why:
+        raise UserError(f"{key}={path} {why}; {REFUSED}")
+    return folder
+
+
+def claim_folder(path: str | Path, key: str) -> Path:
+    """Make `path` this process's job or sweep folder before anything is written into it: it must be absent or empty,
+    and it is claimed by creating CLAIM exclusively, so that of two processes given one folder exactly one goes on and
+    the other is refused in one line, nothing of the first touched. Returns the absolute folder."""
+    folder = check_unused(path, key)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / CLAIM, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        raise UserError(f"{key}={path} {folder_in_use(folder) or 'was claimed by another job first'}; {REFUSED}") from None
+    except OSError as exc:
+        if is_disk_full(exc):
+            raise UserError(f"{key}={path}: {disk_full_message(exc, folder / CLAIM)}") from None
+        raise UserError(f"{key}={path}: cannot create it ({exc.strerror or exc})") from None
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"pid {os.getpid()} on {platform.node()} since {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n")
+    return folder
+
+
 # --- files
 
 
 def claim_output(path: str | Path, overwrite: bool, protected: Iterable[str | Path | None], key: str) -> Path:
     """The output file `path`, once it is known not to replace anything unasked: an existing file is refused unless
-    `overwrite`, and the model's own files (`protected`: files, or folders whose files are all protected) always."""
+    `overwrite`; a file the tool owns or reads (`protected`: files, or folders whose files are all protected) and
+    anything that is not a regular file (a device, a FIFO, a socket) always."""
     out = Path(path).expanduser()
     target = out.resolve()
     for p in filter(None, protected):
         q = Path(p).expanduser().resolve()
         if target == q or (q.is_dir() and target.is_relative_to(q) and target.exists()):
-            raise UserError(f"{key}={path} is the model's own file ({q}); refused even with mode.overwrite=true: "
-                            "write the output elsewhere")
+            raise UserError(f"{key}={path} is the model's own file or one this tool owns ({q}: the model's, the job's, "
+                            "the tracking store's, the cache's); refused even with mode.overwrite=true: write it elsewhere")
     if out.is_dir():
         raise UserError(f"{key}={path} is a folder; give a file name")
+    if target.exists() and not target.is_file():
+        raise UserError(f"{key}={path} is not a regular file (a device, a FIFO or a socket); refused even with "
+                        "mode.overwrite=true: give a file name")
     if (out.exists() or out.is_symlink()) and not overwrite:
         raise UserError(f"{key}={path} already exists; refused to replace it: choose another path, or set "
                         "mode.overwrite=true")
@@ -92,19 +185,23 @@ def claim_output(path: str | Path, overwrite: bool, protected: Iterable[str | Pa
 
 def atomic_write(path: Path, write: Callable[[str], object], overwrite: bool = True) -> None:
     """`write(tmp)` into a temporary file beside `path`, flushed to disk, then moved over it in one step: a reader, a
-    crash or a full disk leaves the old file or the new one, never a part. `overwrite=False` never replaces a file."""
+    crash or a full disk leaves the old file or the new one, never a part. `overwrite=False` never replaces a file.
+    A full disk is an OSError(ENOSPC) naming `path`, whatever the writer raised (numpy and torch lose the errno)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
+    tmp = None
     try:
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+            os.close(fd)
             write(tmp)
             with open(tmp, "rb+") as fh:
                 os.fsync(fh.fileno())
-        except OSError as exc:
+        except (OSError, RuntimeError) as exc:
             if is_disk_full(exc):  # the file the user knows, not the temporary one
                 raise OSError(exc.errno, exc.strerror, str(path)) from None
+            if _short_write(exc, path.parent):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from None
             raise
         if overwrite:
             os.replace(tmp, path)
@@ -114,7 +211,7 @@ def atomic_write(path: Path, write: Callable[[str], object], overwrite: bool = T
             except FileExistsError:
                 raise UserError(f"{path} already exists; refused to replace it") from None
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
 
 
@@ -159,8 +256,17 @@ def require_memory(need: int, what: str, keys: str) -> None:
     """Refuse, before allocating, what would not fit in MEMORY_SHARE of the memory available (one line, the user's keys)."""
     free, why = available_memory()
     if need > MEMORY_SHARE * free:
-        raise UserError(f"{keys}: {what} would take about {size(need)}, but only {size(free)} is {why}; "
-                        f"lower {_names(keys)}")
+        advice = "pass a file of fewer rows" if keys.startswith("obs.path=") else f"lower {_names(keys)}"
+        raise UserError(f"{keys}: {what} would take about {size(need)}, but only {size(free)} is {why}; {advice}")
+
+
+def check_sweep_size(counts: dict[str, int]) -> None:
+    """A sweep's points (the product of its swept values), counted before any is listed or composed."""
+    points = math.prod(counts.values())
+    if points > MAX_SWEEP_POINTS:
+        sizes = " × ".join(f"{what} ({n:,} values)" for what, n in counts.items())
+        raise UserError(f"-m {sizes}: {points:,} points, over the {MAX_SWEEP_POINTS:,} one sweep may launch (each is "
+                        "validated first, then runs as a job); sweep fewer values, or split the sweep")
 
 
 def _names(keys: str) -> str:
@@ -220,14 +326,34 @@ def job_allocations(mode: str, cfg: dict, weights) -> list[tuple[int, str, str]]
                    io=4 * (width_in + width_out))
     out = [(int(cfg["batch_size"]) * row.forward, "a forward call of batch_size rows", f"batch_size={cfg['batch_size']}")]
     obs = cfg.get("obs") or {}
+    obs_row = row.feed + row.forward  # the feeds run through the runners and the fp64 reference in one call (run_feeds)
     if obs.get("source") != "file":
         _obs_cap(int(obs["rows"]), w.obs_dim, f"obs.rows={obs['rows']}")
-        out.append((int(obs["rows"]) * row.feed, "the observations and their outputs", f"obs.rows={obs['rows']}"))
+        out.append((int(obs["rows"]) * obs_row, "the observations and their outputs", f"obs.rows={obs['rows']}"))
+    elif obs.get("path") and (rows := file_rows(obs["path"], w.obs_dim)) * w.obs_dim * 4 <= MAX_OBS_BYTES:  # else its reader refuses it at the cap
+        out.append((rows * obs_row, f"the {rows:,} observation rows of the file and their outputs", f"obs.path={obs['path']}"))
     for need, what, keys, drawn in schema.allocations(cfg, row):
         if drawn:
             _obs_cap(drawn, w.obs_dim, keys)  # drawn by the observation source, whose cap would name obs.rows
         out.append((need, what, keys))
     return out
+
+
+def file_rows(path: str | Path, width: int) -> int:
+    """The observation rows a .npy (its header's leading dims) or an .npz (its arrays' inflated bytes over a float32 row
+    of `width`) holds, read without loading it; 0 when it cannot be told (its reader then says why)."""
+    try:
+        p = Path(path).expanduser()
+        if p.suffix == ".npz":
+            with zipfile.ZipFile(p) as zf:
+                return sum(i.file_size for i in zf.infolist()) // max(4 * width, 1)
+        with open(p, "rb") as fh:
+            version = np.lib.format.read_magic(fh)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, _ = read(fh)
+        return math.prod(shape[:-1]) if len(shape) > 1 else 1
+    except (OSError, ValueError, SyntaxError, zipfile.BadZipFile, EOFError):
+        return 0
 
 
 def _obs_cap(rows: int, obs_dim: int, keys: str) -> None:
@@ -281,14 +407,19 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes included (unrolled: linear and fast)
 
 
 def json_depth(data: bytes) -> int:
     """How deep the arrays and objects of a JSON text nest (strings skipped), counted without recursion."""
     bare = np.frombuffer(_STRINGS.sub(b'""', data), np.uint8)
-    steps = (bare == ord("[")).astype(np.int64) + (bare == ord("{")) - (bare == ord("]")) - (bare == ord("}"))
-    return int(np.cumsum(steps).max(initial=0))
+    depth = deepest = 0
+    for start in range(0, len(bare), 1 << 20):  # 1 MiB at a time: a 64 MiB file costs megabytes, not gigabytes
+        chunk = bare[start:start + (1 << 20)]
+        steps = (chunk == ord("[")).astype(np.int32) + (chunk == ord("{")) - (chunk == ord("]")) - (chunk == ord("}"))
+        running = np.cumsum(steps) + depth
+        deepest, depth = max(deepest, int(running.max())), int(running[-1])
+    return deepest
 
 
 def read_json(path: str | Path, what: str, cap: int | None = None, depth: int | None = None):
@@ -306,26 +437,52 @@ def read_json(path: str | Path, what: str, cap: int | None = None, depth: int | 
         raise UserError(f"{what} {path} is not valid JSON ({' '.join(str(exc).split())[:120]})") from None
 
 
+def _npy_bytes(fh) -> tuple[int, tuple, np.dtype]:
+    """(declared bytes, shape, dtype) from an open .npy's header, nothing of its data read."""
+    version = np.lib.format.read_magic(fh)
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, _, dtype = read(fh)
+    return int(np.prod(shape, dtype=object)) * dtype.itemsize, shape, dtype
+
+
+def _declared(need: int, shape, dtype, name: str, held: int, what: str, cap: int) -> None:
+    if need > cap:
+        raise UserError(f"{what} {name} declares {size(need)} ({list(shape)} {dtype}), over the {size(cap)} limit for "
+                        "one array (docs/reliability.md): not loaded")
+    if need > held:
+        raise UserError(f"{what} {name} declares {size(need)} ({list(shape)} {dtype}) but holds {size(held)}: not loaded")
+
+
+def check_npy(path: str | Path, what: str, cap: int | None = None) -> None:
+    """A foreign .npy is loaded only if its header declares at most `cap` bytes, and no more than the file holds (a
+    lying header would make numpy allocate what it declares)."""
+    try:
+        with open(path, "rb") as fh:
+            need, shape, dtype = _npy_bytes(fh)
+            held = os.fstat(fh.fileno()).st_size - fh.tell()
+    except (OSError, ValueError, EOFError):
+        return  # not a .npy: its reader reports it
+    _declared(need, shape, dtype, str(path), held, what, cap or MAX_ARRAY_BYTES)
+
+
 def check_npz(path: str | Path, what: str, array_cap: int | None = None, total_cap: int | None = None) -> None:
-    """A foreign .npz whose arrays would inflate past the caps is refused before any is loaded: each member's declared
-    shape x item size (read from its .npy header: a 1.5 TiB array is declared in 128 bytes), then the bytes the
-    compressed members really inflate to (check_zip)."""
+    """A foreign .npz whose arrays would inflate past the caps, or past the memory available, is refused before any is
+    loaded: each member's declared shape x item size (read from its .npy header: a 1.5 TiB array is declared in 128
+    bytes), then the bytes the compressed members really inflate to (check_zip)."""
     array_cap, total_cap, total = array_cap or MAX_ARRAY_BYTES, total_cap or MAX_NPZ_BYTES, 0
     try:
         with zipfile.ZipFile(path) as zf:
             for entry in zf.infolist():
                 with zf.open(entry) as fh:
-                    version = np.lib.format.read_magic(fh)
-                    shape, _, dtype = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                                       else np.lib.format.read_array_header_2_0)(fh)
-                need = int(np.prod(shape, dtype=object)) * dtype.itemsize
-                if need > array_cap:
-                    raise UserError(f"{what} {path}: {entry.filename} declares {size(need)} ({list(shape)} {dtype}), over "
-                                    f"the {size(array_cap)} limit for one array (docs/reliability.md): not loaded")
+                    need, shape, dtype = _npy_bytes(fh)
+                _declared(need, shape, dtype, f"{path}: {entry.filename}", entry.file_size, what, array_cap)
                 total += need
     except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, NotImplementedError, RuntimeError):
         pass  # not an .npz of plain arrays: its reader reports it (not a zip, truncated, pickled objects)
     if total > total_cap:
         raise UserError(f"{what} {path}: its arrays declare {size(total)} together, over the {size(total_cap)} limit "
                         "(docs/reliability.md): not loaded")
+    free, why = available_memory()
+    if total > MEMORY_SHARE * free:
+        raise UserError(f"{what} {path}: its arrays declare {size(total)}, but only {size(free)} is {why}: not loaded")
     check_zip(Path(path), total_cap, what)

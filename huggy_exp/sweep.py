@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import re
@@ -14,12 +13,15 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from huggy_exp import report, tracking
+from huggy_exp import report, terminal, tracking
 from huggy_exp.config import numerics_label
 from huggy_exp.preflight import JOBS_ENV
 from huggy_exp.headline import judged_limits, ladder, noisy
-from huggy_exp.compare import compare, draw, errors_vs_fp64
-from huggy_exp.results import EXIT_CODES, EXIT_INTERRUPTED, EXIT_PENDING, atomic_write_text, jsonable, write_table
+from huggy_exp.compare import compare, draw, errors_vs_fp64, verified
+from huggy_exp.safety import disk_full_message, is_disk_full
+from huggy_exp.results import (EXIT_CODES, EXIT_INTERRUPTED, EXIT_PENDING, atomic_write_text, expectation, jsonable,
+                               write_table)
+from huggy_exp.verify import FINGERPRINT
 
 ORDER = ("passed", "failed", "skipped", "error")
 
@@ -51,16 +53,26 @@ class SweepCallback(Callback):
         sys.exit(self.finish("FINISHED"))
 
     def finish(self, status: str) -> int:
-        """Write the summaries, close the parent run, print the tally; returns the sweep's exit code."""
+        """Write the summaries, close the parent run, print the tally; returns the sweep's exit code.
+
+        Hydra turns a callback's exception into a warning and exit 0: a summary that cannot be written (a full disk) is
+        one line and exit 2 here, and the parent run is ended FAILED all the same (every point's result.json stays)."""
         assert self.sweep_dir is not None
-        summary = summarize(self.sweep_dir, since=self.started)
-        info = tracking.read_sweep(self.sweep_dir) or {}
-        summary["title"] = tracking.sweep_name(info.get("argv", sys.argv[1:]), info.get("started") or self.started)
-        files = write_summary(self.sweep_dir, summary, self.plots)
+        try:
+            summary = summarize(self.sweep_dir, since=self.started)
+            info = tracking.read_sweep(self.sweep_dir) or {}
+            summary["title"] = tracking.sweep_name(info.get("argv", sys.argv[1:]), info.get("started") or self.started)
+            files = write_summary(self.sweep_dir, summary, self.plots)
+        except Exception as exc:
+            reason = disk_full_message(exc) if is_disk_full(exc) else f"{type(exc).__name__}: {exc}"
+            tracking.end_sweep(self.settings, self.sweep_dir, {}, [], "FAILED")
+            print(f"error: the sweep's summary was not written: {reason}; each point's result.json under "
+                  f"{self.sweep_dir} is kept", file=sys.stderr)
+            return EXIT_INTERRUPTED if status == "KILLED" else EXIT_CODES["error"]
         url = tracking.end_sweep(self.settings, self.sweep_dir, summary, files, status)
         print(f"\nsweep summary ({len(summary['rows'])} jobs) in {self.sweep_dir}:")
         for row in summary["rows"]:
-            print("  " + row["line"])
+            print("  " + painted(row))
         lines = summary["comparison"]["lines"]
         picks = [line for line in lines if line.startswith("recommended")]
         if len(picks) < len(lines):
@@ -69,7 +81,7 @@ class SweepCallback(Callback):
                 if line not in picks:
                     print("  " + line)
         print(f"  {summary['line']}")
-        for line in picks or ["recommended: none (no point of this sweep has a verdict and a latency)"]:
+        for line in picks:  # none in a sweep without verdicts vs fp64 (record, replay): their lines say what they found
             print("  " + line)
         info = tracking.read_sweep(self.sweep_dir) or {}
         if url:
@@ -96,14 +108,16 @@ class SweepCallback(Callback):
 ACTIVE: list[SweepCallback | None] = [None]  # the running sweep, for run.py's Ctrl-C handler (one per process)
 
 
-def interrupted() -> int:
-    """Ctrl-C mid-sweep: summaries of what finished, the parent run KILLED; the exit code to use."""
+def interrupted(exc: BaseException) -> int:
+    """A sweep ended by a signal (Ctrl-C, SIGTERM, a closed pipe): summaries of what finished, the parent run KILLED;
+    the exit code to use (128 + the signal)."""
     callback = ACTIVE[0]
     if callback is None or callback.sweep_dir is None:
-        return EXIT_INTERRUPTED
+        return terminal.exit_code(exc)
     ACTIVE[0] = None
-    print("\ninterrupted (Ctrl-C): the jobs that finished are summarised below", file=sys.stderr)
-    return callback.finish("KILLED")
+    print(f"\ninterrupted ({terminal.describe(exc)}): the jobs that finished are summarised below", file=sys.stderr)
+    code = callback.finish("KILLED")
+    return terminal.exit_code(exc) if code == EXIT_INTERRUPTED else code
 
 
 def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
@@ -115,15 +129,16 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
         r = json.loads(path.read_text())
         note = r.get("reason") or r.get("headline") or ""
         track = (r.get("tracking") or {}).get("status", "off")
-        missed = " (expected " + str(r.get("expect")).upper() + ")" if r.get("expectation_met") is False else ""
-        figures = point_figures(r)
+        is_verified = verified(r)  # record, replay, ...: their own headline is their answer
+        figures = point_figures(r) if is_verified else ""
         placed = r.get("host") or {}  # a launcher's placement (Ray): the host and node that ran the point
         shown = r.get("reason") if figures else note  # a verified point's figures say what its headline says
-        line = (f"{path.parent.name:>3} {r['run_name']:<32} {r['status'].upper():<7}{missed}" + figures
+        line = (f"{path.parent.name:>3} {r['run_name']:<32} {r['status'].upper() + expectation(r):<7}" + figures
                 + (f" {shown}" if shown else "") + (" [not in MLflow yet]" if track == "pending" else "")
                 + (f" [on {placed.get('hostname')} {placed.get('ray_node_ip', '')}]".replace(" ]", "]") if placed else ""))
         obs = (r.get("params") or {}).get("obs") or {}
-        rows.append({"job": path.parent.name, "run_name": r["run_name"], "mode": r["mode"], "device": r["device"],
+        rows.append({"job": path.parent.name, "run_name": r["run_name"], "mode": r["mode"], "verified": is_verified,
+                     "device": r["device"], "port": port_details(r),
                      "dtype": r["dtype"], "precision_mode": r.get("precision_mode", "ieee"),
                      "numerics": numerics_label(r["dtype"], r.get("precision_mode")), "batch_size": r["batch_size"], "case": r.get("case"), "status": r["status"],
                      "note": note, "tracking": track, "expect": r.get("expect"),
@@ -131,13 +146,14 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
                      "seed": r.get("seed"), "obs": obs_label(obs), "model_sha256": (r.get("model") or {}).get("sha256"),
                      "weights_sha256": (r.get("model") or {}).get("weights_sha256"),
                      "model_name": _model_name(r.get("model") or {}),
-                     "latency_points": latency_points(r), "throughput_points": latency_points(r, "obs_per_s"), "metrics": r.get("headline_metrics") or {}, "shared_machine": r.get("shared_machine", False),
+                     "latency_points": latency_points(r), "throughput_points": latency_points(r, "obs_per_s"),
+                     "noisy_points": latency_points(r, "noisy"), "metrics": r.get("headline_metrics") or {}, "shared_machine": r.get("shared_machine", False),
                      "noisy": noisy(r), "run_id": (r.get("tracking") or {}).get("run_id"), "limits": judged_limits(r),
                      "latency": r.get("latency") or {}, "max_abs_limit": _limit(r.get("metrics") or {}),
-                     "fingerprint": (r.get("tags") or {}).get("fingerprint/sha256"),
+                     "fingerprint": (r.get("tags") or {}).get(FINGERPRINT),
                      "knobs": (r.get("params") or {}).get("mode") or {}, "vs_fp64": errors_vs_fp64(r.get("metrics") or {}),
                      "host": (r.get("host") or {}).get("hostname") or (r.get("environment") or {}).get("host"),
-                     "node": (r.get("host") or {}).get("ray_node_ip")})
+                     "node": (r.get("host") or {}).get("ray_node_ip"), "card": _card(r.get("host") or {})})
     tally = {s: sum(r["status"] == s for r in rows) for s in ORDER}
     tally["pending"] = sum(r["tracking"] == "pending" for r in rows)
     tally["expected"] = sum(r["expect"] is not None for r in rows)
@@ -149,8 +165,36 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
     return {"rows": rows, "tally": tally, "line": line, "comparison": compare(rows)}
 
 
+def port_details(record: dict) -> dict:
+    """A record or replay point's own answer, for the sweep's port lines (compare.port_lines): its bundle, point, and
+    the replay's verdict words (dual benchmark, latency change)."""
+    details, tags = {**record, **(record.get("details") or {})}, record.get("tags") or {}
+    if not details.get("bundle"):  # only record and replay name the bundle they wrote or read
+        return {}
+    found = {"bundle": details.get("bundle"), "point": details.get("point"), "recorded_point": details.get("recorded_point"),
+             "dual_benchmark": tags.get("dual_benchmark"), "latency_change": tags.get("latency_change")}
+    return {k: v for k, v in found.items() if v is not None}
+
+
+def painted(row: dict) -> str:
+    """A row's line, its verdict coloured on a terminal: green passed or an expected outcome met (an expected failure
+    too), red failed, an error or an expectation not met, yellow skipped."""
+    if not sys.stdout.isatty():
+        return row["line"]
+    key = ("passed" if row.get("expectation_met") else "failed") if row.get("expect") is not None else row["status"]
+    word = row["status"].upper()
+    return row["line"].replace(f" {word}", f" \033[{COLOURS.get(key, '0')}m{word}\033[0m", 1)
+
+
+COLOURS = {"passed": "32", "failed": "31", "error": "31", "skipped": "33"}  # ANSI: green, red, red, yellow
+def _card(host: dict) -> str | None:
+    """`a2/npu:3`: the host and the card a launcher says a point ran on (None when no launcher placed it on one)."""
+    card = host.get("card")
+    return f"{host.get('hostname')}/{card}" if card and card != "none" else None
+
+
 def point_figures(record: dict) -> str:
-    """` max_abs 5.9e-07/1e-05 cos 1.000000 p50 52 µs fp 68a9080ce4d8` of a verified point (empty for other modes)."""
+    """` max_abs 5.9e-07/1e-05 cos 1.000000 p50 52 µs fingerprint 68a9080ce4d8` of a point (empty for other modes)."""
     head, metrics = record.get("headline_metrics") or {}, record.get("metrics") or {}
     parts = []
     if "max_abs_vs_fp64" in head:
@@ -162,9 +206,9 @@ def point_figures(record: dict) -> str:
         parts.append(f"agree {head['agreement_vs_fp64']:.2%}")
     if "p50_us" in head:
         parts.append(f"p50 {head['p50_us']:,.0f} µs" + ("(noisy)" if (record.get("latency") or {}).get("noisy") else ""))
-    fp = (record.get("tags") or {}).get("fingerprint/sha256")
+    fp = (record.get("tags") or {}).get(FINGERPRINT)
     if fp:
-        parts.append(f"fp {fp[:12]}")
+        parts.append(f"{FINGERPRINT} {fp[:12]}")
     return (" " + " ".join(parts)) if parts else ""
 
 
@@ -204,16 +248,13 @@ def obs_label(obs: dict) -> str:
 
 def write_summary(sweep_dir: Path, summary: dict, plot: bool) -> list[Path]:
     """summary.json, summary.csv and summary.md in the sweep dir; the comparison table and (with `plot`) plots beside them."""
-    columns = ["job", "run_name", "mode", "device", "dtype", "precision_mode", "batch_size", "case", "host", "node", "obs", "seed", "status", "expect",
-               "tracking", "vs_cpu_fp32_max_abs", "vs_cpu_fp32_discrete_agreement", "actions_sha256", "note"]
+    columns = ["job", "run_name", "mode", "device", "dtype", "precision_mode", "batch_size", "case", "host", "node", "obs", "seed",
+               "status", "expect", "tracking", "vs_cpu_fp32_max_abs", "vs_cpu_fp32_discrete_agreement", FINGERPRINT, "note"]
     metric_names = list(dict.fromkeys(k for r in summary["rows"] for k in r["metrics"]))
     flat = [{**r, **{f"m.{k}": v for k, v in r["metrics"].items()}} for r in summary["rows"]]
     paths = [sweep_dir / "summary.json", sweep_dir / "summary.csv", sweep_dir / "summary.md"]
     atomic_write_text(paths[0], json.dumps(jsonable(summary), indent=2) + "\n")
-    with open(paths[1], "w", newline="") as fh:
-        writer = csv.DictWriter(fh, columns + [f"m.{k}" for k in metric_names], extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(flat)
+    write_table(paths[1], flat, columns + [f"m.{k}" for k in metric_names])
     md = [f"# {report.escape(summary.get('title') or 'Sweep ' + sweep_dir.name)}", "", report.escape(summary["line"]), ""]
     advice = tracking.recommendation(summary["comparison"])
     if advice:

@@ -139,6 +139,18 @@ def _sqlite_path(uri: str) -> Path | None:
     return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
 
 
+def local_store(uri: str | None) -> Path | None:
+    """The database file of a SQLite store (absolute), None for a server."""
+    db = _sqlite_path(store_uri(uri))
+    return db.expanduser().absolute() if db else None
+
+
+def local_paths(uri: str | None) -> list[Path]:
+    """The folder a SQLite store lives in (the database, its lock and the artifacts beside it): the tool's own files."""
+    db = local_store(uri)
+    return [db.parent] if db else []
+
+
 def artifact_root(uri: str) -> str | None:
     """Artifacts live beside a SQLite store (mlruns/ by default); a server chooses its own."""
     db = _sqlite_path(uri)
@@ -158,13 +170,13 @@ def check_uri(uri: str) -> None:
         if db is None or str(db) in ("", ".") or ":memory:" in uri or "mode=memory" in uri:
             raise StoreDown(f"tracking.uri={shown!r} is an in-memory SQLite store: every run would vanish when the job "
                             "ends; give a file, sqlite:///<folder>/mlflow.db")
-        if "?" in uri or "#" in uri:
-            raise StoreDown(f"tracking.uri={shown!r}: a SQLite store takes no query ({shown[shown.find('?'):] or '#'}): "
+        if "?" in uri:
+            raise StoreDown(f"tracking.uri={shown!r}: a SQLite store takes no query ({shown[shown.find('?'):]}): "
                             "MLflow would create a file of that name; give sqlite:///<folder>/mlflow.db")
 
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
-MLFLOW_TABLES = {"alembic_version", "experiments", "runs"}  # a SQLite file with tables but not these is not a store
+MLFLOW_TABLES = {"alembic_version", "experiments", "runs"}  # a SQLite file with a schema but none of these is no store
 
 
 def probe(uri: str) -> None:
@@ -191,8 +203,11 @@ def probe(uri: str) -> None:
                 # read-write, never creating: a process killed mid-transaction leaves a hot journal that only a
                 # writable connection rolls back (a read-only one reads "attempt to write a readonly database")
                 with contextlib.closing(sqlite3.connect(db.absolute().as_uri() + "?mode=rw", uri=True, timeout=PROBE_TIMEOUT_S)) as con:
-                    tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-                if tables and not MLFLOW_TABLES <= tables:  # another application's database: MLflow would add its tables
+                    schema = con.execute("SELECT type, name FROM sqlite_master").fetchall()
+                tables = {name for kind, name in schema if kind == "table"}
+                if schema and not MLFLOW_TABLES & tables:  # another application's database: MLflow would add its tables
+                    # (any one of MLflow's tables: a store another process is migrating right now has some of them)
+                    tables = tables or {name for _, name in schema}
                     raise StoreDown(f"MLflow store {db} is another application's SQLite database (tables "
                                     f"{', '.join(sorted(tables)[:4])}{', ...' if len(tables) > 4 else ''}), not an MLflow "
                                     "store: give tracking.uri=sqlite:///<folder>/mlflow.db")
@@ -893,20 +908,22 @@ def ensure_parent(store: Store, info: dict) -> str:
 
 
 def recommendation(comparison: dict) -> str:
-    """The sweep's recommendation in one line: `cpu: fp32 (p50 6,210 µs; passing fp32, fp16, bf16)`, per device."""
+    """The sweep's recommendation in one line, per device and batch size (compare.recommend):
+    `cpu at batch 64: bf16 eager (p50 562 µs; passing fp32, bf16)`, or `cpu at batch 64: no pick (why)`."""
     parts = []
-    for device, rec in (comparison.get("recommended") or {}).items():
+    for where, rec in (comparison.get("recommended") or {}).items():
         if rec.get("dtype"):
             figure = f"p50 {rec['p50_us']:,.0f} µs" + (" NOISY: re-measure before relying on it" if rec.get("noisy") else "")
-            parts.append(f"{device}: {rec['dtype']} ({figure}; passing {', '.join(rec.get('passing') or []) or 'none'})")
+            pick = rec["dtype"] + (f" {rec['backend']}" if rec.get("backend") else "")
+            parts.append(f"{where}: {pick} ({figure}; passing {', '.join(rec.get('passing') or [rec['dtype']])})")
         else:
-            parts.append(f"{device}: none ({rec.get('why', 'no passing dtype')})")
+            parts.append(f"{where}: no pick ({rec.get('why', 'no passing dtype')})")
     return "; ".join(parts)
 
 
 def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path], status: str = "FINISHED") -> dict | None:
     """Close the parent run with the sweep's tally, recommendation, comparison and files (the HTML report among
-    them), tag each point with its output fingerprint, and save the UI view of the sweep's runs.
+    them), and save the UI view of the sweep's runs (each point logged its own `fingerprint` tag).
 
     Returns the UI addresses {"parent": ..., "runs": ...} (full URLs for servers, else the part after the UI's
     address), or None if not logged.
@@ -931,10 +948,6 @@ def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path],
                 tags += [RunTag("recommendation", advice[:MAX_TAG_CHARS]), RunTag("verdict", f"recommends {advice}"[:MAX_TAG_CHARS])]
             store.client.log_batch(run_id, metrics=[Metric(f"jobs_{k}", float(v), stamp, 0) for k, v in tally.items()],
                                    tags=tags)
-            for row in summary.get("rows", []):  # the output fingerprint is known once the sweep compared its points
-                fingerprint = row.get("fingerprint") or row.get("actions_sha256")  # the engine's, as the sweep's lines
-                if row.get("run_id") and fingerprint:
-                    store.client.set_tag(row["run_id"], "fingerprint", fingerprint[:12])
             if comparison.get("table"):
                 store.client.log_table(run_id, data=_columns(comparison["table"]), artifact_file="comparison_table.json")
             for path in files:

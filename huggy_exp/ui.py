@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from huggy_exp.errors import UserError
+from huggy_exp.tracking import redact
 
 HOST = "127.0.0.1"  # loopback only: the UI has no authentication
 
@@ -105,7 +106,7 @@ def serve(uri: str, runs_path: str | None, port: int, wait_s: float, out=say) ->
     chosen = free_port(port)
     with stop_signals_interrupt(), tempfile.TemporaryDirectory(prefix="huggy-ui-") as tmp:
         log = Path(tmp) / "mlflow-ui.log"
-        out(f"starting mlflow ui on http://{HOST}:{chosen}/ (store {uri}, 1 worker) ...")
+        out(f"starting mlflow ui on http://{HOST}:{chosen}/ (store {redact(uri)}, 1 worker) ...")
         try:
             server = start(uri, chosen, log, wait_s)
         except KeyboardInterrupt:  # stopped while it was starting: start() stops what it began

@@ -124,7 +124,7 @@ class Comparison:
 
     @property
     def failures(self) -> list[str]:
-        return [f"{o.output.name}: {f}" for o in self.outputs.values() for f in o.failures]
+        return [f"{stem}: {f}" for stem, o in self.outputs.items() for f in o.failures]  # named as the PASS line names them
 
     def metrics(self, reference: str) -> dict[str, float]:
         return {f"{stem}/vs_{reference}/{k}": v for stem, o in self.outputs.items() for k, v in o.metrics.items()}
@@ -486,8 +486,27 @@ def digest(arrays) -> str:
     return hashlib.sha256(b"".join(np.ascontiguousarray(a).tobytes() for a in arrays)).hexdigest()
 
 
+FINGERPRINT = "fingerprint"  # the one name of the exact hash, wherever it is shown (docs/verification.md#fingerprints)
+QUANTIZED = "quantized_fingerprint"  # the hash of the rounded outputs: its own name, never under the first
+
+
 def fingerprint(arrays: dict[str, np.ndarray], decimals: int = DECIMALS) -> dict[str, str]:
-    """The exact SHA-256 of the output bytes (float32 floats, int64 discrete) and the quantized one, over every output
-    in order, as `fingerprint` computes them."""
+    """`fingerprint`: the SHA-256 of every output's bytes in order (float32 floats, int64 discrete), and
+    `quantized_fingerprint`: the same over the outputs rounded to `decimals` places (as integers)."""
     exact = [np.asarray(a, np.int64 if np.asarray(a).dtype.kind in "iub" else np.float32) for a in arrays.values()]
-    return {"sha256": digest(exact), "quantized": digest([quantize(a, decimals) for a in exact])}
+    return {FINGERPRINT: digest(exact), QUANTIZED: digest([quantize(a, decimals) for a in exact])}
+
+
+def fingerprints(arrays: dict[str, np.ndarray], decimals: int = DECIMALS) -> dict[str, str]:
+    """The point's `fingerprint` and `quantized_fingerprint` over every output, and with several outputs each one's
+    own (`<stem>_fingerprint`, `<stem>_quantized_fingerprint`): the tags, result.json's and a bundle's, one dict."""
+    out = fingerprint(arrays, decimals)
+    if len(arrays) > 1:
+        for stem, a in arrays.items():
+            out.update({f"{stem}_{k}": v for k, v in fingerprint({stem: a}, decimals).items()})
+    return out
+
+
+def is_fingerprint(key: str) -> bool:
+    """Whether a tag or field holds a fingerprint (either kind, of all outputs or of one)."""
+    return key == FINGERPRINT or key.endswith(("_" + FINGERPRINT, QUANTIZED))

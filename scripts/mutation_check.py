@@ -58,8 +58,8 @@ MUTATIONS = (
          "        return\n        for name, array in self.arrays.items():\n"),
     ), ("tests/test_trust.py::test_nan_inf_in_any_output_array_fails_with_count_and_place",)),
     Mutation("nan-mismatch", "comparison metrics stop counting NaN that differ between actual and expected", (
-        ("huggy_exp/numerics.py", "nan_mismatch = int(np.sum(np.isnan(a) != np.isnan(e)))", "nan_mismatch = 0"),
-    ), ("tests/test_numerics.py",)),
+        ("huggy_exp/verify.py", '"nan_mismatch": float(np.sum(np.isnan(a) != np.isnan(e))),', '"nan_mismatch": 0.0,'),
+    ), ("tests/test_shapes_modes_prec.py",)),
     Mutation("margin-dropped", "discrete margin rule dropped: every flip is excused, whatever the margin", (
         ("huggy_exp/verify.py", "near = m <= allowed", "near = np.ones_like(flips)"),
     ), ("tests/test_shapes_modes_prec.py::test_a_flip_fails_only_where_the_fp64_margin_exceeds_the_bound",
@@ -99,6 +99,83 @@ MUTATIONS = (
     Mutation("precision-unchecked", "a precision switch that did not take is reported as the mode asked", (
         ("huggy_exp/placement.py", "    if wrong:\n", "    if False:\n"),
     ), ("tests/test_precision_mode.py::test_a_switch_that_does_not_take_is_skipped_naming_what_it_read",)),
+    # issue 24's predicted first-run failures (#n: its row), each undone
+    Mutation("compile-unreset", "#2: dynamo not reset per runner (a sweep's later policies hit recompile_limit)", (
+        ("huggy_exp/runners.py", "    torch._dynamo.reset()\n    return name", "    return name"),
+    ), ("tests/test_first_run_failures.py::test_failure_2_compile_resets_dynamo_per_runner_so_each_new_policy_compiles",)),
+    Mutation("compile-eager-fallback", "#2: past recompile_limit dynamo runs eager, timed as compile", (
+        ("huggy_exp/runners.py", "fail_on_recompile_limit_hit = True", "fail_on_recompile_limit_hit = False"),
+    ), ("tests/test_first_run_failures.py::test_failure_2_past_the_recompile_limit_compile_is_an_error_not_eager",)),
+    Mutation("backend-error-ends-point", "#3: a backend that fails to compile or capture raises out of the point", (
+        ("huggy_exp/tasks/benchmark.py", "                if name == \"eager\":\n                    raise\n",
+         "                raise\n"),
+    ), ("tests/test_first_run_failures.py::test_failure_3_a_backend_that_fails_to_compile_fails_alone_and_the_others_run",)),
+    Mutation("compile-inductor-on-npu", "#3: compile on the NPU through inductor, not torch_npu's backend", (
+        ("huggy_exp/runners.py", '"mps": "inductor", "npu": "npu"}', '"mps": "inductor", "npu": "inductor"}'),
+    ), ("tests/test_first_run_failures.py::test_failure_3_the_compile_backend_follows_the_device_kind",
+        "tests/test_emulated_npu.py::test_failure_3_compile_on_the_npu_asks_for_torch_npus_backend_and_skips_alone")),
+    Mutation("lstm-unflattened", "#5: the LSTM's weights are not flattened once placed (cuDNN repacks every call)", (
+        ("huggy_exp/policy.py", "            self.memory.lstm.flatten_parameters()", "            pass"),
+    ), ("tests/test_first_run_failures.py::test_failure_5_the_lstm_weights_are_flattened_once_placed",)),
+    Mutation("set-device-dropped", "#7/#10: nothing makes the point's card current (graphs capture on card 0)", (
+        ("huggy_exp/placement.py", "    if device.type in (\"cuda\", \"npu\") and device.index is not None:\n        mod =",
+         "    if False:\n        mod ="),
+    ), ("tests/test_emulated_npu.py::test_failure_7_graphs_on_the_second_card_replay_fresh_outputs",
+        "tests/test_emulated_npu.py::test_failure_10_a_thread_that_never_set_the_card_runs_the_policy_on_it")),
+    Mutation("set-device-main-thread-only", "#10: a thread other than the one that built the runner never sets its card", (
+        ("huggy_exp/runners.py", "        use_device(self.target.device)  # whichever thread calls", "        pass"),
+    ), ("tests/test_emulated_npu.py::test_failure_10_a_thread_that_never_set_the_card_runs_the_policy_on_it",)),
+    Mutation("provider-missing-is-error", "#8: an onnxruntime build without the device's provider ends the job (exit 2)", (
+        ("huggy_exp/runners.py", "            raise Unsupported(f\"onnxruntime provider {provider!r} is not in this",
+         "            raise UserError(f\"onnxruntime provider {provider!r} is not in this"),
+    ), ("tests/test_first_run_failures.py::test_failure_8_a_provider_missing_from_this_onnxruntime_is_skipped_naming_those_found",
+        "tests/test_emulated_npu.py::test_failure_8_onnxruntime_without_cann_is_skipped_naming_the_providers_found")),
+    Mutation("npu-fallback-allowed", "#9: torch_npu's silent CPU fallback left on", (
+        ("huggy_exp/placement.py", "        os.environ.setdefault(NPU_FALLBACK_ENV, \"1\")", "        pass"),
+    ), ("tests/test_first_run_failures.py::test_failure_9_the_npu_cpu_fallback_switch_is_set_before_the_first_npu_op",
+        "tests/test_emulated_npu.py::test_failure_9_the_npu_cpu_fallback_switch_is_set_and_recorded")),
+    Mutation("peak-memory-shared", "#11: one allocator peak for every backend, and batch never resets it", (
+        ("huggy_exp/tasks/benchmark.py", "    if device.type in (\"cuda\", \"npu\") and isinstance(runner, TorchRunner):",
+         "    if False:"),
+        ("huggy_exp/tasks/batch.py", "        reset_peak_memory(target.device)  # this job's peak", "        pass  # this job's peak"),
+    ), ("tests/test_emulated_npu.py::test_failure_11_peak_memory_is_per_backend_and_batch_reads_its_own",)),
+    Mutation("slurm-card-skipped", "#12: under SLURM, `cuda:1` with one visible card is skipped", (
+        ("huggy_exp/placement.py", " or len(visible) == 1 and os.environ.get(\"SLURM_JOB_ID\")", ""),
+    ), ("tests/test_first_run_failures.py::test_failure_12_under_slurm_one_visible_card_is_the_points_card",)),
+    Mutation("ray-noset-accepted", "#12: Ray's RAY_EXPERIMENTAL_NOSET_* accepted (the assigned card cannot be found)", (
+        ("huggy_exp/placement.py", "    if os.environ.get(noset):", "    if False:"),
+    ), ("tests/test_first_run_failures.py::test_failure_12_rays_noset_variables_are_refused_in_one_line",)),
+    Mutation("switches-unrecorded", "#13: result.json without the device runtime's switches", (
+        ("huggy_exp/app.py", "        \"switches\": environment.device_switches(),", ""),
+    ), ("tests/test_first_run_failures.py::test_failure_13_every_device_switch_is_in_result_json",
+        "tests/test_emulated_npu.py::test_failure_13_the_npu_switches_are_in_result_json")),
+    Mutation("cards-disagreement-ignored", "two cards of one kind that differ bit for bit no longer fail the sweep", (
+        ("huggy_exp/compare.py", "    return \"; \".join(found) or None", "    return None"),
+    ), ("tests/test_emulated_npu.py::test_a_sweep_on_two_cards_names_the_card_that_differs_by_one_ulp_and_says_emulated",
+        "tests/test_emulated_npu.py::test_cards_of_one_kind_must_agree_and_the_odd_one_is_named")),
+    Mutation("fingerprint-second-hash", "the sweep's summaries show the quantized hash under the name `fingerprint`", (
+        ("huggy_exp/sweep.py", '"fingerprint": (r.get("tags") or {}).get(FINGERPRINT),',
+         '"fingerprint": (r.get("tags") or {}).get("quantized_fingerprint"),'),
+    ), ("tests/test_answers.py::test_one_sweep_shows_one_fingerprint_per_point_everywhere",)),
+    Mutation("recommend-across-batches", "a sweep's pick compares latencies measured at different batch sizes", (
+        ("huggy_exp/compare.py", '_pick(device, batch, [t for t in here if t["batch"] == batch])', "_pick(device, batch, here)"),
+    ), ("tests/test_answers.py::test_every_recommendation_is_the_fastest_passing_point_at_its_batch_backend_and_device",)),
+    Mutation("ray-worker-reused", "accelerator points under Ray lose max_calls=1: a reused worker runs the next point", (
+        ("hydra_plugins/huggy_ray_launcher/_core.py", "return {True: ray.remote(max_calls=1)(_run_point)",
+         "return {True: ray.remote(_run_point)"),
+    ), ("tests/test_ray.py::test_accelerator_points_under_ray_run_one_per_worker_process",
+        "tests/test_ray.py::test_each_accelerator_point_runs_in_a_worker_of_its_own_and_records_its_card")),
+    Mutation("one-card-as-two", "the dual-card agreement compares device strings, not the cards the points ran on", (
+        ("huggy_exp/compare.py", 'if len({_card(c) for c in cards}) > 1 and', 'if len({c["device"] for c in cards}) > 1 and'),
+    ), ("tests/test_ray.py::test_two_cards_that_ran_on_one_card_are_not_a_two_card_check",)),
+    Mutation("cpu-first", "the accelerator check's sweeps list cpu before the device (its jobs run first, issue 24 #1)", (
+        ("scripts/accelerator_check.py", 'devices = device if device == "cpu" else f"{device},cpu"',
+         'devices = device if device == "cpu" else f"cpu,{device}"'),
+    ), ("tests/test_accelerator_check.py::test_device_points_run_before_the_cpu_jobs_in_every_step",)),
+    Mutation("fixtures-silent", "a missing fixture folder skips the genuine policies silently (issue 24 #4)", (
+        ("scripts/accelerator_check.py", "    if not folder.is_dir():\n        raise SystemExit(",
+         "    if not folder.is_dir():\n        return []\n        raise SystemExit("),
+    ), ("tests/test_accelerator_check.py::test_a_missing_fixture_folder_is_an_error_unless_a_flag_says_to_skip_it",)),
 )
 
 

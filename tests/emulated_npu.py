@@ -50,7 +50,7 @@ class _State(threading.local):
     """Per thread, as torch_npu's: the current card, the current stream per card, the capture in progress."""
 
     def __init__(self):
-        self.device = 0
+        self.device: int | None = None  # set_device not called in this thread: card 0 is current, no other card usable
         self.streams: dict[int, Stream] = {}
         self.capture: NPUGraph | None = None
 
@@ -62,15 +62,25 @@ _live: dict[tuple[int, int], int] = {}  # (card, storage pointer) -> live wrappe
 _lock = threading.Lock()
 
 
+def _on(card: int) -> int:
+    """An op on `card` from a thread that never called set_device is refused unless it is card 0. torch_npu's current
+    device is per thread: such a thread has no context (error 107002, "context is empty") or makes a stray one on
+    card 0; the emulator refuses, so a missing set_device shows on the first op."""
+    if _thread.device is None and card != 0:
+        raise RuntimeError(f"npu:{card}: an op from a thread that never called torch.npu.set_device (emulated 107002, "
+                           f"context is empty: call torch.npu.set_device({card}) in this thread first)")
+    return card
+
+
 def _card(device) -> int:
     """The card index of a device argument (None: the current card)."""
     if device is None:
-        return _thread.device
+        return current_device()
     if isinstance(device, int):
         index = device
     else:
         device = torch.device(device)
-        index = device.index if device.index is not None else _thread.device
+        index = device.index if device.index is not None else current_device()
     if not 0 <= index < CARDS:
         raise RuntimeError(f"npu:{index}: invalid device ordinal (this emulator has {CARDS} cards)")
     return index
@@ -154,10 +164,10 @@ def _dispatch(func, args, kwargs):
     if func in TRANSFERS:
         return _transfer(func, args, kwargs)
     if func is aten._thnn_fused_lstm_cell.default:  # device-only (CUDA/NPU) decomposition of nn.LSTM
-        cards = _cards_of(args, kwargs)
-        return tree_map(lambda v: _wrap(v, min(cards)), _lstm_cell(*tree_map(_unwrap, args)))
+        card = _on(min(_cards_of(args, kwargs)))
+        return tree_map(lambda v: _wrap(v, card), _lstm_cell(*tree_map(_unwrap, args)))
     cards = _cards_of(args, kwargs)
-    card = min(cards) if cards else _card(kwargs.get("device"))
+    card = _on(min(cards) if cards else _card(kwargs.get("device")))
     cpu_args, cpu_kwargs = tree_map(_unwrap, args), {k: _unwrap(v) for k, v in kwargs.items()}
     if "device" in cpu_kwargs:
         cpu_kwargs["device"] = torch.device("cpu")
@@ -200,13 +210,15 @@ def _transfer(func, args, kwargs):
         cpu_kwargs = {**kwargs, "device": torch.device("cpu")}
         value = aten._to_copy.default(_unwrap(src), **cpu_kwargs)
         if to.type == "cpu":
+            _on(src.card)
             _refuse_host_copy_in_capture(src)
             return value
-        card = _card(to)
+        card = _on(_card(to))
         out = NpuTensor(value, card)
         _record_if_captured(card, func, args, kwargs, out)
         return out
     dst = args[0]
+    _on(dst.card if isinstance(dst, NpuTensor) else src.card)
     if not isinstance(dst, NpuTensor):
         _refuse_host_copy_in_capture(src)
     _unwrap(dst).copy_(_unwrap(src), *args[2:])
@@ -258,7 +270,7 @@ def _perturbation(card: int) -> float:
 
 def _fallback(op, *args, **kwargs):
     """Factory calls with device='npu:N' (no NPU tensor among the arguments): computed on the CPU, placed on the card."""
-    card = _card(kwargs.get("device"))
+    card = _on(_card(kwargs.get("device")))
     cpu_kwargs = {**kwargs, "device": torch.device("cpu")}
     out = op(*args, **cpu_kwargs)
     return tree_map(lambda v: _wrap(v, card), out)
@@ -375,13 +387,20 @@ class NPUGraph:
     def capture_begin(self, pool=None, capture_error_mode: str = "global") -> None:
         if _thread.capture is not None:
             raise RuntimeError("an NPU graph capture is already in progress in this thread")
-        self.card, self.stream = _thread.device, current_stream()
+        self.card, self.stream = current_device(), current_stream()
         if self.stream is _default_streams[self.card]:
             raise RuntimeError("NPU graphs must be captured on a non-default stream")
         self.ops, _thread.capture = [], self
 
     def capture_end(self) -> None:
+        """End the capture. A card runs nothing while capturing: what the captured ops returned holds no value (NaN
+        here) until replay() computes it."""
         _thread.capture, self.recorded = None, True
+        for func, _, _, out in self.ops:
+            if not func._schema.is_mutable:
+                for wrapper in torch.utils._pytree.tree_leaves(out):
+                    if isinstance(wrapper, NpuTensor) and wrapper.is_floating_point():
+                        wrapper.value = torch.full_like(wrapper.value, float("nan"))
 
     def record(self, func, args, kwargs, out) -> None:
         self.ops.append((func, args, kwargs, out))
@@ -434,7 +453,7 @@ def device_count() -> int:
 
 
 def current_device() -> int:
-    return _thread.device
+    return 0 if _thread.device is None else _thread.device
 
 
 def set_device(device) -> None:
@@ -476,6 +495,11 @@ def manual_seed_all(seed: int) -> None:
     pass
 
 
+def is_jit_compile_false() -> bool:
+    """torch_npu's default on 910B-class cards: operators run as prebuilt binaries, not compiled at first call."""
+    return True
+
+
 def _is_in_bad_fork() -> bool:
     return False
 
@@ -484,8 +508,8 @@ def device_module() -> types.ModuleType:
     mod = types.ModuleType("torch.npu", __doc__)
     for name in ("is_available", "is_initialized", "device_count", "current_device", "set_device", "synchronize",
                  "get_device_name", "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
-                 "reset_peak_memory_stats", "memory_stats", "manual_seed_all", "_is_in_bad_fork", "Stream", "Event",
-                 "current_stream", "default_stream", "stream", "NPUGraph", "graph", "matmul", "conv"):
+                 "reset_peak_memory_stats", "memory_stats", "manual_seed_all", "_is_in_bad_fork", "is_jit_compile_false",
+                 "Stream", "Event", "current_stream", "default_stream", "stream", "NPUGraph", "graph", "matmul", "conv"):
         setattr(mod, name, globals()[name])
     mod.EMULATED = True  # the marker huggy_exp.environment reads
     return mod

@@ -18,22 +18,38 @@ def refused(fn) -> str:
     return ""
 
 
-def graph_replay(capture_card: int, data_card: int) -> dict:
-    """Capture y = x @ w + 1 on `data_card` while `capture_card` is current; replay with new x: fresh or stale?"""
-    npu.set_device(capture_card)
-    x = torch.ones(2, 3).to(f"npu:{data_card}")
-    w = torch.full((3, 2), 2.0).to(f"npu:{data_card}")
+def graph_replay(card: int) -> dict:
+    """Capture y = x @ w + 1 on `card` (its current card), replay with a new x: the replay computes on the new values."""
+    npu.set_device(card)
+    x = torch.ones(2, 3).to(f"npu:{card}")
+    w = torch.full((3, 2), 2.0).to(f"npu:{card}")
     g = npu.NPUGraph()
     with npu.graph(g):
         y = x @ w + 1
+    unreplayed = y.cpu().tolist()[0][0]  # a capture runs nothing: its outputs hold no value until replay
     x.copy_(torch.full((2, 3), 3.0))
     g.replay()
     npu.set_device(0)
     return {"card": g.card, "default_stream": g.stream is npu.default_stream(g.card), "ops": len(g.ops),
-            "replayed": y.cpu().tolist()[0][0]}
+            "unreplayed_is_nan": unreplayed != unreplayed, "replayed": y.cpu().tolist()[0][0]}
+
+
+def capture_on_the_wrong_card() -> dict:
+    """A capture while card 0 is current, of y = x + 1 on card 1 (graphs on npu:1 without set_device): the op runs at
+    once on card 1, the graph records nothing, and a replay leaves y stale."""
+    npu.set_device(1)
+    x = torch.ones(2, 3).to("npu:1")
+    npu.set_device(0)
+    g = npu.NPUGraph()
+    with npu.graph(g):
+        y = x + 1
+    x.copy_(torch.full((2, 3), 3.0))
+    g.replay()
+    return {"card": g.card, "ops": len(g.ops), "replayed": y.cpu().tolist()[0][0]}
 
 
 def memory() -> dict:
+    npu.set_device(1)
     npu.reset_peak_memory_stats(1)
     before = npu.memory_allocated(1)
     t = torch.zeros(256, 1024, device="npu:1")  # 1 MiB
@@ -42,28 +58,40 @@ def memory() -> dict:
     del t
     held = npu.memory_allocated(1) - before  # the view keeps the storage
     del view
+    npu.set_device(0)
     return {"peak": peak, "held_by_view": held, "after": npu.memory_allocated(1) - before,
             "card0_peak_unchanged": npu.max_memory_allocated(0) < 2**20}
 
 
 def threads() -> dict:
+    """The current card is per thread: a new thread starts on card 0 and must call set_device to use card 1."""
     npu.set_device(1)
-    seen = []
-    worker = threading.Thread(target=lambda: seen.append(npu.current_device()))
-    worker.start()
-    worker.join()
+    seen, errors = [], []
+
+    def worker(set_first: bool) -> None:
+        seen.append(npu.current_device())
+        if set_first:
+            npu.set_device(1)
+        errors.append(refused(lambda: torch.ones(2, device="npu:1").sum().item()))
+
+    for set_first in (False, True):
+        t = threading.Thread(target=worker, args=(set_first,))
+        t.start()
+        t.join()
     here = npu.current_device()
     npu.set_device(0)
-    return {"main": here, "new_thread": seen[0]}
+    return {"main": here, "new_thread": seen, "without_set_device": errors[0], "with_set_device": errors[1]}
 
 
 def hf32() -> dict:
+    npu.set_device(1)
     a = torch.tensor([[1.0 + 2.0**-11, 1.0 + 2.0**-9]]).to("npu:1")
     b = torch.ones(2, 1).to("npu:1")
     exact = (a @ b).cpu().item()
     npu.matmul.allow_hf32 = True
     rounded = (a @ b).cpu().item()
     npu.matmul.allow_hf32 = False
+    npu.set_device(0)
     return {"exact": exact, "hf32": rounded}
 
 
@@ -73,13 +101,20 @@ def lstm() -> float:
     cell = torch.nn.LSTM(5, 4, batch_first=True)
     x = torch.randn(3, 2, 5)
     want = cell(x)[0]
+    npu.set_device(1)
     got = cell.to("npu:1")(x.to("npu:1"))[0].cpu()
+    npu.set_device(0)
     return float((got - want).abs().max())
 
 
 def perturbed() -> list[float]:
     a, b = torch.randn(8, 8), torch.randn(8, 8)
-    return [float(((a.to(f"npu:{i}") @ b.to(f"npu:{i}")).cpu() / (a @ b) - 1).abs().max()) for i in (0, 1)]
+    out = []
+    for i in (0, 1):
+        npu.set_device(i)
+        out.append(float(((a.to(f"npu:{i}") @ b.to(f"npu:{i}")).cpu() / (a @ b) - 1).abs().max()))
+    npu.set_device(0)
+    return out
 
 
 def events() -> float:
@@ -94,10 +129,11 @@ def events() -> float:
 print(json.dumps({
     "count": npu.device_count(), "name": npu.get_device_name(1), "emulated": npu.EMULATED,
     "fp64": refused(lambda: torch.ones(2, device="npu:0", dtype=torch.float64)),
-    "two_cards": refused(lambda: torch.ones(2, device="npu:0") + torch.ones(2, device="npu:1")),
+    "no_context": refused(lambda: torch.ones(2, device="npu:1")),  # before this thread's first set_device
+    "two_cards": (npu.set_device(0), refused(lambda: torch.ones(2, device="npu:0") + torch.ones(2, device="npu:1")))[1],
     "host_and_card": refused(lambda: torch.ones(2, device="npu:0") + torch.ones(2)),
     "scalar_ok": (torch.ones(2, device="npu:0") * torch.tensor(2.0)).cpu().tolist(),
-    "graph_same_card": graph_replay(1, 1), "graph_other_card": graph_replay(0, 1),
+    "graph": graph_replay(1), "graph_wrong_card": capture_on_the_wrong_card(),
     "memory": memory(), "threads": threads(), "hf32": hf32(), "lstm_max_abs": lstm(), "perturbed": perturbed(),
     "event_ms": events(),
 }))

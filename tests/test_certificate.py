@@ -97,7 +97,7 @@ def test_record_writes_every_dtype_into_one_bundle_with_its_manifest(default_bun
     assert {"torch", "onnxruntime", "numpy", "torch_npu", "cann", "cuda", "cuda_driver", "npu_driver"} <= set(env["versions"])
     assert {"fp32_precision_cuda_matmul", "fp32_precision_cudnn_rnn", "fp32_precision_npu_matmul_allow_hf32",
             "fp32_precision_npu_cube_math_type", "deterministic_algorithms"} <= set(env["runtime"])
-    assert set(point["fingerprints"]["actions"]) == {"sha256", "quantized", "decimals"}
+    assert set(point["fingerprints"]) == {"fingerprint", "quantized_fingerprint"} and point["decimals"] == 3
     on_disk = {p.relative_to(default_bundle).as_posix() for p in default_bundle.rglob("*") if p.is_file()} - {"manifest.json", ".lock"}
     assert on_disk == set(manifest["files"])
     assert all(bundle.sha256_of(default_bundle / n) == f["sha256"] for n, f in manifest["files"].items())
@@ -164,7 +164,7 @@ def test_a_copied_bundle_replays_bitwise_identical_and_passes_in_every_dtype(def
         assert r["metrics"]["agreement/bitwise_share"] == 1.0 and r["metrics"]["agreement/ulp_max"] == 0.0
         assert r["recorded_point"] == f"cpu/{dtype}/eager/b8" and r["tags"]["dual_benchmark"] == "pass"
         assert r["metrics"]["dual/actions/rmse_ratio"] == 1.0 and r["metrics"]["env/changed_fields"] == 0
-        assert r["fingerprints"]["actions"]["sha256"] == r["recorded_fingerprints"]["actions"]["sha256"]
+        assert r["tags"]["fingerprint"] == r["recorded_fingerprints"]["fingerprint"]
         assert (job.workdir / "report.md").is_file() and "bitwise identical" in r["headline"]
 
 
@@ -369,7 +369,7 @@ def _version(b: Path) -> str:
     manifest = json.loads((b / "manifest.json").read_text())
     manifest["format_version"] = 99
     (b / "manifest.json").write_text(json.dumps(manifest))
-    return "format version 99 is not one this huggy_exp reads (reads 1)"
+    return "format version 99 is not one this huggy_exp reads (reads 2)"
 
 
 def _not_json(b: Path) -> str:
@@ -444,7 +444,7 @@ def test_diff_of_two_sweeps_lists_changed_and_one_sided_points(small, tmp_path):
     assert r["metrics"]["diff/only_baseline"] == 1 and r["metrics"]["diff/only_candidate"] == 1
     points = {p["point"]: p for p in r["points"]}
     bf16 = next(p for k, p in points.items() if "bf16" in k)
-    assert bf16["changed"] and bf16["accuracy_changed"] > 0 and bf16["fingerprints_changed"] == 1
+    assert bf16["changed"] and bf16["accuracy_changed"] > 0 and bf16["fingerprints_changed"] == 2
     assert "bitwise_share" not in bf16 and any("not applicable, the inputs differ" in c for c in bf16["changes"])  # other inputs
     assert next(p for k, p in points.items() if "fp16" in k)["side"] == "baseline only"
     assert next(p for k, p in points.items() if "fp64" in k)["side"] == "candidate only"

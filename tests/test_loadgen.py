@@ -274,39 +274,6 @@ def test_loadgens_files_reach_mlflow_one_folder_per_scenario(small, tmp_path):
     assert "config.yaml" in {a.path for a in client.list_artifacts(run_id)} or not (tmp_path / "job" / ".hydra").exists()
 
 
-# --- the accelerator script: its CPU dry run, so that it cannot rot
-
-
-@pytest.mark.slow
-def test_the_accelerator_checks_cpu_dry_run_passes(tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    from conftest import REPO, subprocess_env
-
-    env = {**subprocess_env(tmp_path / "cache"), "PYTHON": sys.executable, "STEP_LIMIT_S": "300"}
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "accelerator_check.sh"), "cpu", str(tmp_path / "out"), "--quick"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    report = (tmp_path / "out" / "SUMMARY.md").read_text()
-    assert proc.returncode == 0, proc.stdout + proc.stderr + report
-    for step in ("points", "precision", "fingerprint", "stats", "benchmark"):
-        assert f"## {step}: exit 0" in report and (tmp_path / "out" / step / "summary.md").is_file(), report
-    results = [json.loads(p.read_text()) for p in (tmp_path / "out" / "benchmark").rglob("result.json")]
-    assert results and all(r["status"] == "passed" for r in results)
-    assert all("loadgen/server/valid" in r["metrics"] and "control_loop/miss_rate" in r["metrics"] for r in results)
-    assert os.access(REPO / "scripts" / "accelerator_check.sh", os.X_OK)
-
-
-def test_the_accelerator_script_refuses_an_unknown_device_in_one_line(tmp_path):
-    import subprocess
-
-    from conftest import REPO
-
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "accelerator_check.sh"), "tpu", str(tmp_path)], capture_output=True,
-                          text=True, timeout=30)
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "unknown DEVICE 'tpu'" in proc.stderr
-
 
 class _NearTie:
     """An eager reference of one discrete branch of 3 whose first row is a near-tie (logits 2.0 and 2.0 + 1e-6)."""

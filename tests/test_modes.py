@@ -293,7 +293,7 @@ def test_onnx_compare_tampered_graph_fails(tmp_path):
     run = run_mode(tmp_path / "job", "onnx-compare", f"model.checkpoint={HUGGY_PT}", f"model.onnx={bad}", "mode.samples=64")
     assert run.record["status"] == "failed"
     assert run.record["details"]["onnx"] == str(bad)
-    assert "deterministic_continuous_actions: max_abs" in run.record["reason"]
+    assert "actions: max_abs" in run.record["reason"] and "continuous_actions" not in run.record["reason"]
     assert run.metrics["actions/vs_onnxruntime/max_abs"] > 1e-2
 
 
@@ -390,7 +390,7 @@ def _fingerprint(small, workdir, *overrides):
 
 def test_fingerprint_is_identical_for_the_same_config(small, tmp_path):
     a, b = _fingerprint(small, tmp_path / "a"), _fingerprint(small, tmp_path / "b")
-    for key in ("fingerprint_sha256", "fingerprint_quantized"):
+    for key in ("fingerprint", "quantized_fingerprint"):
         for run in (a, b):
             value = run.record["details"][key]
             assert isinstance(value, str) and len(value) == 64 and set(value) <= HEX64
@@ -402,15 +402,15 @@ def test_fingerprint_is_the_sha256_of_the_action_bytes(small, tmp_path):
     run = _fingerprint(small, tmp_path)
     actions = np.load(tmp_path / "actions.npy")
     assert actions.dtype == np.float32 and actions.shape == (48, 3)
-    assert run.record["details"]["fingerprint_sha256"] == hashlib.sha256(actions.tobytes()).hexdigest()
+    assert run.record["details"]["fingerprint"] == hashlib.sha256(actions.tobytes()).hexdigest()
     q = np.rint(actions.astype(np.float64) * 1000).astype(np.int64)
-    assert run.record["details"]["fingerprint_quantized"] == hashlib.sha256(q.tobytes()).hexdigest()
+    assert run.record["details"]["quantized_fingerprint"] == hashlib.sha256(q.tobytes()).hexdigest()
 
 
 def test_fingerprint_changes_with_the_seed(small, tmp_path):
     a, b = _fingerprint(small, tmp_path / "a"), _fingerprint(small, tmp_path / "b", "seed=1")
-    assert a.record["details"]["fingerprint_sha256"] != b.record["details"]["fingerprint_sha256"]
-    assert a.record["details"]["fingerprint_quantized"] != b.record["details"]["fingerprint_quantized"]
+    assert a.record["details"]["fingerprint"] != b.record["details"]["fingerprint"]
+    assert a.record["details"]["quantized_fingerprint"] != b.record["details"]["quantized_fingerprint"]
 
 
 def test_fingerprint_fp32_cpu_equals_the_cpu_fp32_fingerprint(small, tmp_path):
@@ -420,7 +420,7 @@ def test_fingerprint_fp32_cpu_equals_the_cpu_fp32_fingerprint(small, tmp_path):
     assert m["matches_cpu_fp32"] == 1.0 and m["quantized_matches_cpu_fp32"] == 1.0
     assert m["first_divergence_step"] == -1 and m["first_divergence_dim"] == -1
     assert m["max_abs_vs_cpu_fp32"] == 0.0
-    assert run.record["details"]["fingerprint_sha256"] == run.record["details"]["cpu_fp32_sha256"]
+    assert run.record["details"]["fingerprint"] == run.record["details"]["cpu_fp32_fingerprint"]
     assert run.record["details"]["first_divergence"] is None
 
 
@@ -431,8 +431,8 @@ def test_fingerprint_bf16_reports_where_it_diverges_but_does_not_fail(small, tmp
     assert bf16.record["status"] == "passed", bf16.record["reason"]  # require_match is [fp32] by default
     assert m["matches_cpu_fp32"] == 0.0 and m["quantized_matches_cpu_fp32"] == 0.0
     assert bf16.record["details"]["first_quantized_divergence"] is not None
-    assert bf16.record["details"]["fingerprint_sha256"] != bf16.record["details"]["cpu_fp32_sha256"]
-    assert bf16.record["details"]["cpu_fp32_sha256"] == fp32.record["details"]["fingerprint_sha256"]
+    assert bf16.record["details"]["fingerprint"] != bf16.record["details"]["cpu_fp32_fingerprint"]
+    assert bf16.record["details"]["cpu_fp32_fingerprint"] == fp32.record["details"]["fingerprint"]
     # the reported first divergence is the first differing element of the two action sequences
     a, b = np.load(tmp_path / "bf16" / "actions.npy"), np.load(tmp_path / "fp32" / "actions.npy")
     step, dim = map(int, np.argwhere(a != b)[0])
@@ -454,9 +454,9 @@ def test_fingerprint_closed_loop(small, tmp_path):
     assert closed.record["details"]["loop"] == "closed"
     assert closed.metrics["steps"] == 48 and closed.metrics["matches_cpu_fp32"] == 1.0
     assert np.load(tmp_path / "closed" / "actions.npy").shape == (48, 2, 3)
-    assert closed.record["details"]["fingerprint_sha256"] != open_.record["details"]["fingerprint_sha256"]
+    assert closed.record["details"]["fingerprint"] != open_.record["details"]["fingerprint"]
     again = _fingerprint(small, tmp_path / "again", "mode.loop=closed", "mode.envs=2")
-    assert again.record["details"]["fingerprint_sha256"] == closed.record["details"]["fingerprint_sha256"]
+    assert again.record["details"]["fingerprint"] == closed.record["details"]["fingerprint"]
 
 
 def test_quantize_maps_signed_zeros_to_the_same_ints():

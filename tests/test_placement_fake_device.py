@@ -55,7 +55,8 @@ def fake_run(weights, dtype: torch.dtype, feeds: dict[str, np.ndarray], monkeypa
     """The runner on fake cuda:0: built, placed, infer and sample run; outputs stay fake tensors (nothing to copy back)."""
     weights = folded(weights)
     monkeypatch.setattr(runners, "_numpy", lambda t: t)
-    monkeypatch.setattr(runners, "synchronize", lambda device: None)  # no CUDA runtime to wait for
+    monkeypatch.setattr(runners, "synchronize", lambda device: None)  # no CUDA runtime to wait for ...
+    monkeypatch.setattr(runners, "use_device", lambda device: None)  # ... or to make current
     target = Target(DEVICE, dtype, "cuda:0", {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype, "fp32"))
     with FakeTensorMode(allow_non_fake_inputs=True), RandomDraws() as draws:
         runner = runners.TorchRunner(weights, target, batch_size=0)

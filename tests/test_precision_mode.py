@@ -139,15 +139,15 @@ def test_an_unknown_mode_is_refused_naming_the_choices():
 def row(job: str, device: str, dtype: str, mode: str, status: str, p50: float) -> dict:
     return {"job": job, "mode": "precision", "device": device, "dtype": dtype, "precision_mode": mode, "status": status,
             "batch_size": 64, "knobs": {}, "obs": "random/64/x1.0", "seed": 0, "model_sha256": "m", "dir": "/nonexistent",
-            "metrics": {"p50_us": p50}, "latency": {}, "model_name": "m"}
+            "metrics": {"p50_us": p50}, "latency": {}, "model_name": "m", "latency_points": [["eager", 64, p50]]}
 
 
 def test_the_comparison_weighs_fp32_and_fp32_tf32_as_two_choices_of_one_device():
     rows = [row("0", "cuda:0", "fp32", "ieee", "passed", 50.0), row("1", "cuda:0", "fp32", "tf32", "failed", 20.0),
             row("2", "cuda:0", "bf16", "ieee", "passed", 30.0)]
-    pick = compare(rows)["recommended"]["cuda:0"]
+    pick = compare(rows)["recommended"]["cuda:0 at batch 64"]
     assert pick["dtype"] == "bf16" and pick["failing"] == ["fp32-tf32"] and pick["passing"] == ["fp32", "bf16"]
-    assert any("cuda:0: bf16" in line and "failing: fp32-tf32" in line for line in compare(rows)["lines"])
+    assert any("cuda:0 at batch 64: bf16" in line and "failing: fp32-tf32" in line for line in compare(rows)["lines"])
     assert [r["precision_mode"] for r in compare(rows)["table"]] == ["ieee", "tf32", "ieee"]
 
 
@@ -188,3 +188,15 @@ def test_hf32_on_the_emulated_npu_rounds_its_matmuls_and_the_sweep_names_it(tmp_
     assert ieee["tags"]["fp32_precision/npu_conv_allow_hf32"] == "false"
     assert 1e-4 < hf32["headline_metrics"]["max_abs_vs_fp64"] < 1e-2  # 10 mantissa bits: ~5e-4 relative per input
     assert "npu:0 fp32-hf32 b64" in done.stdout and "failing: fp32-hf32" in done.stdout
+
+
+def test_a_torch_whose_switch_refuses_the_value_skips_the_point_saying_so(monkeypatch):
+    class Older:  # a torch whose per-op switch knows other names ("default" in 2.4-2.8)
+        fp32_precision = "default"
+
+        def __setattr__(self, name, value):
+            raise RuntimeError(f"Invalid precision {value}")
+
+    monkeypatch.setattr(torch.backends.cudnn, "rnn", Older())
+    with pytest.raises(Unsupported, match="refused fp32_precision='tf32' \\(Invalid precision tf32\\)"):
+        placement.set_precision("cuda:0", "fp32", "tf32")

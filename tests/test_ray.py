@@ -185,6 +185,33 @@ def test_on_a_ray_worker_the_card_ray_assigned_is_the_points_device(monkeypatch)
         placement.resolve_device("cuda:3")
 
 
+@pytest.mark.skipif(not HAS_RAY, reason="the [ray] extra is not installed")
+def test_accelerator_points_under_ray_run_one_per_worker_process():
+    """Issue 24, failure 6: `ray.remote(f).options(num_gpus=1 | resources={"NPU": 1})` loses Ray's max_calls=1 (Ray
+    sets it only for functions decorated with num_gpus, and `.options()` cannot set it), so a reused worker timed a
+    later point on its first card. An accelerator point's function exits its worker after one call; a cpu point's may
+    stay."""
+    from hydra_plugins.huggy_ray_launcher import _core
+
+    remote = _core.remote_functions()
+    assert remote[True]._max_calls == 1 and remote[False]._max_calls == 0
+
+
+def test_two_cards_that_ran_on_one_card_are_not_a_two_card_check():
+    """Under Ray `npu:0` and `npu:1` name no card (Ray picks one): the record says which card each ran on, and two
+    points on one card are never reported as two cards agreeing, nor one card disagreeing with itself."""
+    point = lambda job, device, cls, card: {"job": job, "device": device, "class": cls, "batch_size": 64, "card": card}  # noqa: E731
+    same = [point(0, "npu:0", 0, "a2/npu:0"), point(1, "npu:1", 0, "a2/npu:0")]
+    assert compare.one_card(same) == "npu:0 (job 0), npu:1 (job 1) all ran on a2/npu:0"
+    assert compare.cards_disagree([point(0, "npu:0", 0, "a2/npu:0"), point(1, "npu:1", 1, "a2/npu:0")]) is None
+    two = [point(0, "npu:0", 0, "a2/npu:0"), point(1, "npu:1", 1, "a2/npu:1")]
+    assert compare.one_card(two) is None and compare.cards_disagree(two) == "npu:1 (job 1) differs bit for bit from npu:0 (job 0)"
+    lines = compare.comparison_lines([], [{"mode": "fingerprint", "dtype": "fp32", "obs": "random/64/x1.0", "seed": 0,
+                                           "identical": True, "points": same, "one_card": compare.one_card(same)}], {})
+    assert lines == ["agreement fingerprint fp32 random/64/x1.0 seed 0: npu:0(job 0), npu:1(job 1): bit-identical; "
+                     "NOT a two-card check: npu:0 (job 0), npu:1 (job 1) all ran on a2/npu:0"]
+
+
 def _row(job: str, device: str, dtype: str, host: str, vs_fp64: dict, status: str = "passed") -> dict:
     return {"job": job, "device": device, "dtype": dtype, "host": host, "status": status, "mode": "precision",
             "knobs": {}, "obs": "random/64/x1.0", "seed": 0, "model_sha256": "m", "batch_size": 64, "vs_fp64": vs_fp64}
@@ -337,6 +364,20 @@ def test_a_sweep_across_the_cluster_places_skips_and_tracks_every_point(ray_clus
     summary = json.loads((sweep / "summary.json").read_text())
     assert len(summary["rows"]) == 6 and all(r["host"] for r in summary["rows"])
     assert "2/6 passed, 0 failed, 4 skipped, 0 error" in out
+
+
+@pytest.mark.slow
+def test_each_accelerator_point_runs_in_a_worker_of_its_own_and_records_its_card(ray_cluster, tmp_path):
+    """Four NPU points on the NPU node (one CPU: they run one after another): four worker processes, each point's
+    record naming the card Ray gave it (skipped there: no torch_npu, after the worker started)."""
+    sweep = tmp_path / "sweep"
+    proc = _sweep(["device=npu:0,npu:1", "dtype=fp32,bf16", "mode=info", "tracking=none", f"hydra.sweep.dir={sweep}"],
+                  ray_cluster)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-4000:]
+    hosts = [json.loads(p.read_text())["host"] for p in sorted(sweep.glob("*/result.json"))]
+    assert len(hosts) == 4 and len({h["pid"] for h in hosts}) == 4, hosts
+    assert all(h["card"] in ("npu:0", "npu:1") and h["ray_node_id"] == ray_cluster["npu_node"] for h in hosts)
 
 
 @pytest.mark.slow

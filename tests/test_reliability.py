@@ -21,8 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from conftest import (CONF, PYTHON, REPO, free_port, save_mlagents_checkpoint, start_server, stop_server,
+from conftest import (CONF, PYTHON, REPO, free_port, start_server, stop_server,
                       subprocess_env)
 from test_trust import _runs, _spawn, _wait_for, cli
 
@@ -764,3 +763,378 @@ def test_a_password_protected_server_is_probed_and_logged_with_the_uris_credenti
         assert check.returncode == 0 and password not in check.stdout, check.stderr[-2000:]
     finally:
         stop_server(server)
+
+
+# --- issue 27, classes 1-6: folders claimed, the user's files never written into, the tool's own files never replaced,
+# a full disk anywhere in one line, and every ending signal keeps the result and ends the run
+
+
+def test_a_job_folder_is_claimed_once_and_the_second_claimant_is_refused(tmp_path):
+    for key, folder in (("hydra.run.dir", tmp_path / "fresh" / "job"), ("hydra.sweep.dir", tmp_path / "empty")):
+        folder.parent.mkdir(exist_ok=True)
+        assert safety.claim_folder(folder, key) == folder
+        with pytest.raises(UserError, match=rf"{key}=.* is already claimed by another run \(pid {os.getpid()} on "):
+            safety.claim_folder(folder, key)
+        assert [p.name for p in folder.iterdir()] == [safety.CLAIM]
+    claimed = tmp_path / "fresh" / "job"
+    for args in (["mode=info"], ["-m", "mode=info", "seed=0,1", f"hydra.sweep.dir={claimed}"]):
+        got = cli([*args, "tracking=none"], claimed if args[0] != "-m" else None)
+        assert got.code == 2 and "is already claimed by another run" in one_line(got, str(claimed))
+    assert [p.name for p in claimed.iterdir()] == [safety.CLAIM]  # the loser wrote nothing
+
+
+@pytest.mark.parametrize("key, users", [
+    ("hydra.run.dir", {"obs.npy": b"reference"}),
+    ("hydra.run.dir", {".env": b"TOKEN=x"}),  # a hidden file is the user's too
+    ("hydra.sweep.dir", {"notes/today.md": b"# mine"}),
+    ("mode.out", {"obs.npy": b"reference"}),
+    ("mode.out", {"points/mine.txt": b"not a bundle's"}),
+])
+def test_an_output_folder_holding_the_users_files_is_refused_and_left_as_it_was(tmp_path, key, users):
+    folder = tmp_path / "mine"
+    for name, data in users.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+    if key == "mode.out" and "points/mine.txt" in users:
+        (folder / "manifest.json").write_text("{}")  # looks like a bundle, holds the user's file
+        users = {**users, "manifest.json": b"{}"}
+    args = {"hydra.run.dir": ["mode=info"], "hydra.sweep.dir": ["-m", "mode=info", "seed=0,1"],
+            "mode.out": ["mode=record", "obs.rows=4", "mode.latency.budget_s=0.01", "mode.latency.warmup_s=0"]}[key]
+    got = cli([*args, "tracking=none", f"{key}={folder}"], tmp_path / "job" if key == "mode.out" else None)
+    assert got.code == 2 and "refused" in one_line(got, f"{key}={folder}")
+    assert {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()} == users
+
+
+def test_mode_out_set_to_an_existing_file_is_one_line(tmp_path):
+    out = tmp_path / "bundle.npz"
+    out.write_bytes(b"mine")
+    got = cli(["mode=record", "obs.rows=4", "tracking=none", f"mode.out={out}"], tmp_path / "job")
+    assert got.code == 2 and "is a file, not a folder" in one_line(got, f"mode.out={out}")
+    assert out.read_bytes() == b"mine"
+
+
+def _owned_targets(tmp_path: Path, results_folder: Path, huggy_exp_cache: Path) -> dict[str, tuple[list[str], Path]]:
+    """(arguments, a file the tool reads or owns) for export-onnx's mode.path, each spelt differently."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(results_folder, run)
+    (run / "run_logs").rename(run / "logs-elsewhere")  # not recognised as a results folder by its run_logs
+    (run / "configuration.yaml").unlink()
+    ckpt = sorted((run / "Huggy").glob("Huggy-*.pt"))[0]
+    store = tmp_path / "store" / "mlflow.db"
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    return {
+        "final onnx beside the checkpoint's folder": ([f"model.checkpoint={ckpt}"], run / "Huggy" / ".." / "Huggy.onnx"),
+        "embedded default's Huggy.onnx": ([], huggy_exp_cache / "default-v2" / "Huggy.onnx"),
+        "another checkpoint's .onnx in a results folder": ([f"model.results_dir={results_folder}"],
+                                                           sorted(results_folder.glob("Huggy/Huggy-*.onnx"))[-1]),
+        "the job's tracking store": ([f"tracking.uri=sqlite:///{store}"], store),
+        "a device node": ([], Path("/dev/null")),
+        "a FIFO": ([], fifo),
+    }
+
+
+def test_export_with_overwrite_never_replaces_a_file_the_tool_owns_or_reads(tmp_path, results_folder, huggy_exp_cache):
+    store_job = cli(["mode=info", f"tracking.uri=sqlite:///{tmp_path / 'store' / 'mlflow.db'}"], tmp_path / "first")
+    assert store_job.code == 0, store_job.err[-2000:]
+    targets = _owned_targets(tmp_path, results_folder, huggy_exp_cache)
+    for i, (what, (args, target)) in enumerate(targets.items()):
+        before = os.stat(target)
+        data = target.read_bytes() if target.is_file() else None
+        got = cli(["mode=export-onnx", *args, "tracking=none" if "tracking" not in " ".join(args) else "obs.rows=4",
+                   f"mode.path={target}", "mode.overwrite=true"], tmp_path / f"job{i}")
+        assert got.code == 2, (what, got.err[-2000:])
+        assert "refused even with mode.overwrite=true" in one_line(got, f"mode.path={target}"), what
+        after = os.stat(target)
+        assert (after.st_ino, after.st_mode) == (before.st_ino, before.st_mode), what
+        if what != "the job's tracking store":  # the store took the refused job's run: same file, more rows
+            assert data is None or target.read_bytes() == data, what
+
+
+def test_a_write_that_loses_its_errno_on_a_full_disk_is_a_full_disk(tmp_path, monkeypatch):
+    target = tmp_path / "out" / "actions.npy"
+
+    def numpy_short_write(tmp):  # what ndarray.tofile raises on a full disk: no errno
+        raise OSError("8388608 requested and 0 written")
+
+    with pytest.raises(OSError) as exc:
+        safety.atomic_write(target, numpy_short_write)
+    assert safety.is_disk_full(exc.value) and exc.value.filename == str(target)
+    monkeypatch.setattr(safety, "free_bytes", lambda path: 0)
+
+    def torch_failed(tmp):
+        raise RuntimeError("[enforce fail at inline_container.cc:595] . PytorchStreamWriter failed writing file data/0")
+
+    with pytest.raises(OSError) as exc:
+        safety.atomic_write(tmp_path / "model.pt", torch_failed)
+    assert safety.is_disk_full(exc.value) and not list(tmp_path.rglob(".model.pt.*"))
+    message = safety.disk_full_message(exc.value)
+    assert str(tmp_path / "model.pt") in message and f"({safety.mount_point(tmp_path)})" in message
+    assert "writing ." not in safety.disk_full_message(OSError(28, "No space left on device"))
+
+
+def test_a_full_disk_while_writing_arrays_keeps_the_result_as_an_error(tmp_path, monkeypatch):
+    from huggy_exp import results
+
+    def full(tmp, array):
+        raise OSError("8388608 requested and 0 written")
+
+    monkeypatch.setattr(results, "_save_npy", full)
+    got = cli(["obs.rows=4", "tracking=none"], tmp_path / "job")
+    assert got.code == 2 and "Traceback" not in got.out + got.err, got.err[-2000:]
+    assert got.record["status"] == "error" and got.record["reason"].startswith(f"no space left writing {tmp_path / 'job'}/")
+    assert got.record["reason"].endswith(f"({safety.mount_point(tmp_path)})") and got.record["arrays"] == {}
+
+
+def test_a_sweep_whose_summary_cannot_be_written_is_one_line_and_ends_its_parent(tmp_path, monkeypatch):
+    import errno
+
+    from huggy_exp import sweep as sweep_module
+
+    def full(sweep_dir, summary, plot):
+        raise OSError(errno.ENOSPC, "No space left on device", str(sweep_dir / "summary.csv"))
+
+    monkeypatch.setattr(sweep_module, "write_summary", full)
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    got = cli(["-m", "mode=info", "seed=0,1", f"tracking.uri={uri}", f"hydra.sweep.dir={tmp_path / 'sweep'}"], None)
+    assert got.code == 2 and "summary was not written: no space left writing" in one_line(got, "summary.csv")
+    runs = _runs(uri)
+    assert len(runs) == 3 and "RUNNING" not in {r.info.status for r in runs}
+    assert [r.info.status for r in runs if r.data.tags.get("huggy.parent") == "true"] == ["FAILED"]
+    assert len(list((tmp_path / "sweep").glob("*/result.json"))) == 2
+
+
+def test_an_interrupted_records_leftovers_are_cleared_by_the_next_record(tmp_path):
+    from huggy_exp import bundle
+
+    out = tmp_path / "bundle"
+    record = ["mode=record", "obs.rows=4", "mode.latency.budget_s=0.01", "mode.latency.warmup_s=0", "tracking=none",
+              f"mode.out={out}"]
+    out.mkdir()
+    (out / bundle.LOCK).touch()  # a first record killed after its first file: no manifest yet
+    (out / "points" / "cpu-fp16-eager-b64").mkdir(parents=True)
+    (out / "points" / "cpu-fp16-eager-b64" / "outputs.npz").write_bytes(b"half")
+    (out / ".inputs.npz.x1y2z3").write_bytes(b"tmp")
+    assert cli(record, tmp_path / "a").code == 0
+    bundle.read(out)
+    (out / "points" / "cpu-bf16-eager-b64").mkdir()  # a later record interrupted before its manifest
+    (out / "points" / "cpu-bf16-eager-b64" / "latency.npz").write_bytes(b"orphan")
+    (out / ".manifest.json.abc_12").write_bytes(b"{")
+    got = cli([*record, "batch_size=8"], tmp_path / "b")
+    assert got.code == 0, got.err[-2000:]
+    assert sorted(bundle.read(out).points) == ["cpu/fp32/eager/b64", "cpu/fp32/eager/b8"]
+
+
+def test_a_signal_inside_a_deferred_section_is_raised_once_it_is_over():
+    import signal
+
+    from huggy_exp import terminal
+
+    done, cut = [], []
+    with pytest.raises(terminal.Interrupted) as exc:
+        with terminal.deferred(on_signal=lambda: cut.append(True)):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            done.append("the files and their manifest")
+    assert done and cut and terminal.exit_code(exc.value) == 143
+    assert signal.getsignal(signal.SIGTERM) is not None and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_output_survives_a_closed_pipe_and_an_ascii_terminal(monkeypatch):
+    import io
+    import signal
+
+    from huggy_exp import terminal
+
+    ascii_out = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    monkeypatch.setattr("sys.stdout", ascii_out)
+    terminal.guard_output()
+    import sys
+
+    print("[info] cpu fp32 batch 64 · model: médor")
+    sys.stdout.flush()
+    assert ascii_out.buffer.getvalue() == b"[info] cpu fp32 batch 64 \\xb7 model: m\\xe9dor\n"
+    read, write = os.pipe()
+    os.close(read)
+    closed = terminal.Output(open(write, "w"))
+    monkeypatch.setattr(terminal, "PIPE_CLOSED", __import__("threading").Event())
+    closed.write("x" * 100_000)
+    closed.flush()
+    with pytest.raises(terminal.Interrupted) as exc:
+        terminal.check_pipe()
+    assert exc.value.signum == signal.SIGPIPE and terminal.exit_code(exc.value) == 141
+
+
+@pytest.mark.slow
+def test_two_processes_in_one_fresh_folder_one_runs_the_other_is_refused(tmp_path, huggy_exp_cache):
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    for args, folder in ((["mode=info"], "hydra.run.dir"), (["-m", "mode=info", "seed=5,6"], "hydra.sweep.dir")):
+        target = tmp_path / folder / "shared"
+        procs = [_spawn([*args, f"seed={10 + i}" if args[0] != "-m" else f"obs.rows={4 + i}", f"tracking.uri={uri}",
+                         f"{folder}={target}"], tmp_path, huggy_exp_cache) for i in range(2)]
+        outs = [p.communicate(timeout=300) for p in procs]
+        codes = sorted(p.returncode for p in procs)
+        assert codes == [0, 2], [o[1][-1500:] for o in outs]
+        loser = outs[[p.returncode for p in procs].index(2)]
+        assert "is already claimed by another run" in loser[1] and "Traceback" not in loser[1]
+    runs = _runs(uri)
+    assert "RUNNING" not in {r.info.status for r in runs}
+    assert len([r for r in runs if r.data.tags.get("huggy.parent") == "true"]) == 1 and len(runs) == 1 + 1 + 2
+
+
+@pytest.mark.slow
+def test_a_closed_pipe_and_sigterm_end_a_sweep_with_its_results_kept_and_its_parent_ended(tmp_path, huggy_exp_cache):
+    import signal
+
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    piped = subprocess.run(f"{shlex.quote(PYTHON)} {shlex.quote(str(REPO / 'run.py'))} -m mode=info seed=0,1,2 "
+                           f"tracking.uri={uri} hydra.sweep.dir={tmp_path / 'piped'} | head -2", shell=True, cwd=tmp_path,
+                           env={**subprocess_env(huggy_exp_cache), "PYTHONIOENCODING": "ascii"}, capture_output=True,
+                           text=True, timeout=300)
+    assert "Traceback" not in piped.stderr and "its output pipe closed" in piped.stderr, piped.stderr[-2000:]
+    assert len(list((tmp_path / "piped").glob("*/result.json"))) >= 1
+    sweep = tmp_path / "termed"
+    proc = _spawn(["-m", "mode=batch", "seed=0,1,2,3,4,5", "obs.rows=64", "mode.budget_s=1.0", f"tracking.uri={uri}",
+                   f"hydra.sweep.dir={sweep}"], tmp_path, huggy_exp_cache)
+    _wait_for(lambda: (sweep / "0" / "result.json").is_file(), proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and "Traceback" not in err and "interrupted (SIGTERM)" in err, err[-3000:]
+    assert (sweep / "summary.json").is_file()
+    assert tracking.sync({"uri": uri}, [tmp_path])["pending"] == 0
+    runs = _runs(uri)
+    assert "RUNNING" not in {r.info.status for r in runs}
+    assert sorted(r.info.status for r in runs if r.data.tags.get("huggy.parent") == "true") == ["KILLED", "KILLED"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_loadgens_server_scenario_ends_130_with_the_result_kept(tmp_path, huggy_exp_cache):
+    import signal
+
+    job = tmp_path / "job"
+    proc = _spawn(["mode=benchmark", "tracking=none", "mode.scenarios=[server]", "mode.min_duration_ms=4000",
+                   "mode.search_steps=0", "mode.budget_s=0.05", "mode.rounds=1", "obs.rows=8", f"hydra.run.dir={job}"],
+                  tmp_path, huggy_exp_cache)
+    _wait_for(lambda: (job / "loadgen" / "server").is_dir(), proc)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    record = json.loads((job / "result.json").read_text())
+    assert record["status"] == "error" and record["interrupted"] and "interrupted (Ctrl-C)" in record["reason"]
+
+
+# --- issue 27, class 15: every size a user drives is estimated before it is allocated
+
+
+@pytest.fixture
+def sixteen_gib(monkeypatch):
+    monkeypatch.setattr(safety, "available_memory", lambda: (16 << 30, "left under a test limit"))
+
+
+def _header_only_npy(path: Path, shape: tuple[int, ...]) -> Path:
+    """A .npy whose header declares `shape` (float32) and holds no data: only its header may be read."""
+    with open(path, "wb") as fh:
+        np.lib.format.write_array_header_1_0(fh, {"descr": "<f4", "fortran_order": False, "shape": shape})
+    return path
+
+
+@pytest.mark.parametrize("args, keys", [
+    (["mode=benchmark", "mode.scenarios=[control_loop]", "mode.rate_hz=100000", "mode.duration_s=3600"],
+     "mode.rate_hz=100000.0 × mode.duration_s=3600.0: the control loop's record of 360,000,000 ticks"),
+    (["mode=benchmark", "mode.scenarios=[single_stream,server]", "mode.target_qps=10000000", "mode.min_duration_ms=3600000"],
+     "mode.target_qps=10000000.0 × mode.min_duration_ms=3600000: LoadGen's server schedule"),
+    (["mode=benchmark", "mode.scenarios=[server]", "mode.target_qps=1000000", "mode.budget_s=3600"],
+     "mode.target_qps=1000000.0 × mode.budget_s=3600.0"),  # min_duration_ms null: LoadGen runs budget_s
+    (["mode=precision", "obs=file", "obs.path={npy}"], "the 4,500,000 observation rows of the file"),
+    (["mode=action", "obs=file", "obs.path={npy3}"], "the 3,000,000 observation rows of the file"),  # [T, N, d]
+])
+def test_sizes_a_user_drives_are_estimated_before_allocation(tmp_path, sixteen_gib, args, keys):
+    npy = _header_only_npy(tmp_path / "rows.npy", (4_500_000, 59))
+    npy3 = _header_only_npy(tmp_path / "seq.npy", (3, 1_000_000, 59))
+    got = cli([a.format(npy=npy, npy3=npy3) for a in args] + ["tracking=none"], tmp_path / "job")
+    line = one_line(got, keys)
+    assert got.code == 2 and "but only 16.0 GiB is left under a test limit" in line, line
+    assert got.record["status"] == "error"
+
+
+def test_a_sweep_is_counted_before_any_point_is_listed_or_composed(tmp_path):
+    from huggy_exp import preflight
+
+    preflight.setup()
+    started = time.monotonic()
+    for sweep, points in ((["seed=range(0,1000000)"], "1,000,000 points"),
+                          (["seed=range(0,200)", "obs.rows=range(1,101)"], "20,000 points"),
+                          (["obs.scale=range(0.0,1000.0,0.01)"], "100,000 points")):
+        with pytest.raises(UserError, match=f"{points}, over the 10,000 one sweep may launch"):
+            preflight.check(["-m", "mode=info", *sweep], CONF)
+    assert time.monotonic() - started < 30  # counted, not listed: Hydra's 0.2 s per composed point would be hours
+    got = cli(["-m", "seed=range(0,1000000)", "mode=info", "tracking=none", f"hydra.sweep.dir={tmp_path / 's'}"], None)
+    assert got.code == 2 and "(1,000,000 values)" in one_line(got, "seed=range(0,1000000)")
+    assert not (tmp_path / "s").exists()
+
+
+def test_every_value_of_a_long_sweep_is_still_validated(tmp_path):
+    from huggy_exp import preflight
+
+    preflight.setup()
+    keep: list = []
+    assert preflight.check(["-m", "mode=info", "seed=range(0,300)", "obs.rows=1,2"], CONF, keep=keep) == 600
+    assert len(keep) == 1  # the first point's config (run.py claims its sweep dir); not 302 configs in memory
+    for bad, fragment in (("obs.rows=1,2,-3", "obs.rows=-3 is out of range"), ("obs.rows=4,x", "obs.rows=x"),
+                          ("seed=range(4611686018427387900,4611686018427387910)", "out of range")):
+        with pytest.raises(UserError, match=re.escape(fragment)):
+            preflight.check(["-m", "mode=info", "seed=range(0,300)", bad], CONF)
+
+
+# --- issue 27, class 17: one clear line, never a traceback
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["mode=precision", "verify.specialize={gpu_fp16: {max_abs: 0.02}}"], "unknown key verify.specialize.gpu_fp16"),
+    (["mode=precision", "verify.specialize={npu_fp8: {max_abs: 0.02}}"], "unknown key verify.specialize.npu_fp8"),
+    (["mode=precision", "verify.specialize={npu_fp16: {max_abss: 0.02}}"], "unknown key verify.specialize.npu_fp16.max_abss"),
+    (["mode=precision", "verify.specialize={cpu_fp32: {max_abs: .nan}}"], "verify.specialize.cpu_fp32.max_abs='.nan' must be a finite number"),
+    (["mode=precision", "verify.specialize={cpu_fp32: {max_abs: nan}}"], "verify.specialize.cpu_fp32.max_abs=nan must be a finite number"),
+    (["mode=precision", "mode.layer_specialize={cuda_bf16: {rel_rmse: -inf}}"], "mode.layer_specialize.cuda_bf16.rel_rmse=-inf"),
+    (["mode=onnx-compare", "mode.specialize={tpu_fp16: {atol: 0.1}}"], "unknown key mode.specialize.tpu_fp16"),
+    (["~dtype"], "missing key dtype"),
+    (["~seed"], "missing key seed"),
+    (["~obs.rows"], "obs.rows cannot be removed"),
+    (["-m", "--cfg", "job", "mode=info", "seed=1,2"], "-m and --cfg cannot be used together"),
+    (["--info", "--cfg", "job"], "--cfg and --info cannot be used together"),
+    (["-m", "hydra/launcher=nonexistent", "mode=info", "seed=1,2"], "unknown hydra/launcher 'nonexistent'; valid: basic, joblib"),
+    (["mode=ui", "tracking.uri=sqlite:///{tmp}/typo/mlflow.db"], "no store at"),
+])
+def test_bad_values_of_the_new_surface_get_one_line(tmp_path, args, fragment):
+    got = cli([a.replace("{tmp}", str(tmp_path)) for a in args] + ["tracking=none"] * ("tracking" not in " ".join(args)),
+              tmp_path / "job")
+    assert got.code == 2, got.err[-2000:]
+    assert [ln for ln in (got.out + got.err).splitlines() if ln.strip()] == [one_line(got, fragment)]
+    assert not (tmp_path / "job").exists() and not list(tmp_path.glob("*.json"))
+
+
+def test_an_onnx_is_read_and_written_as_protobuf_whatever_its_name(tmp_path, default_model):
+    from huggy_exp.mlagents import load_onnx, write_onnx
+
+    odd = tmp_path / "policy.json"  # onnx would pick its JSON reader and writer by this suffix
+    write_onnx(default_model.weights, odd)
+    assert odd.read_bytes()[:1] != b"{" and load_onnx(odd).weights.obs_dim == default_model.weights.obs_dim
+    got = cli(["mode=export-onnx", f"mode.path={tmp_path / 'out.json'}", "tracking=none", "obs.rows=4"], tmp_path / "job")
+    assert got.code == 0 and "Traceback" not in got.err, got.err[-2000:]
+    assert load_onnx(tmp_path / "out.json").weights.obs_dim == default_model.weights.obs_dim
+
+
+def test_a_new_store_is_announced_and_a_read_only_home_is_one_line(tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path / 'typo' / 'mlflow.db'}"
+    got = cli(["mode=info", f"tracking.uri={uri}"], tmp_path / "a")
+    assert got.code == 0 and "names no store yet: a new one is created at" in one_line(got, "(its folder")
+    again = cli(["mode=info", f"tracking.uri={uri}"], tmp_path / "b")
+    assert again.code == 0 and "no store yet" not in again.err
+    cache = tmp_path / "file-not-folder"
+    cache.write_text("")
+    monkeypatch.setenv("HUGGY_EXP_CACHE", str(cache / "cache"))  # as a read-only HOME: the cache cannot be made
+    got = cli(["mode=action", "tracking=none"], tmp_path / "c")
+    assert got.code == 2 and "set HUGGY_EXP_CACHE to a writable folder" in one_line(got, "cannot be written")

@@ -15,13 +15,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_certificate import copy_bundle, record, replay, rewrite_npz, run_job, small_bundle  # noqa: F401 (fixture)
-
+import test_certificate
+from test_certificate import copy_bundle, record, replay, rewrite_npz, run_job
 from test_reliability import one_line
 from test_trust import _runs, cli
 
 from huggy_exp import bundle, tracking, verify
 from huggy_exp.errors import UserError
+
+small_bundle = test_certificate.small_bundle  # the fixture: the small policy recorded in fp32
 
 
 def rehash(root: Path, name: str) -> None:
@@ -390,7 +392,7 @@ def test_a_checkpoint_replaced_mid_sweep_is_named_and_never_recommended_across(s
     assert "job 0 ran weights" in rec["why"] and "job 1 ran weights" in rec["why"]
     assert any("no recommendation across different weights" in ln for ln in summary["comparison"]["lines"])
     rows = [{**r, "weights_sha256": first["model"]["weights_sha256"]} for r in summary["rows"]]  # variant: one model
-    assert compare.recommend(rows)["cpu"].get("mixed_weights") is None
+    assert all(rec.get("mixed_weights") is None for rec in compare.recommend(rows).values())
 
 
 # --- 18. one escaping function for every human-readable output
@@ -471,3 +473,59 @@ def test_the_logging_helper_of_a_killed_job_ends_quietly_and_records_the_outcome
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 0 and "Traceback" not in err and "BrokenPipe" not in err, err
     assert json.loads((job / "result.json").read_text())["tracking"]["status"] == "logged"
+
+
+def test_a_foreign_npy_that_declares_more_than_it_holds_is_refused_unread(small, tmp_path):
+    """Variant: mode=diff reads a job dir's actions.npy, whose header claims 4 GiB in a file of 200 bytes."""
+    for side in ("base", "cand"):
+        job = run_job(tmp_path / side / "0", "precision", small.model, "dtype=fp32", "obs.rows=8")
+        assert job.record["status"] == "passed", job.record["reason"]
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (1 << 30,)})
+    (tmp_path / "cand" / "0" / "actions.npy").write_bytes(b"\x93NUMPY\x01\x00" + header.getvalue()[8:] + b"\0" * 64)
+    r = run_job(tmp_path / "diff", "diff", f"mode.baseline={tmp_path / 'base'}", f"mode.candidate={tmp_path / 'cand'}").record
+    assert r["status"] == "error" and "actions.npy declares 4.0 GiB" in r["reason"] and "\n" not in r["reason"], r["reason"]
+
+
+def test_a_nan_latency_is_never_within_tolerance(small_bundle, small, tmp_path):
+    from huggy_exp import certify
+
+    change = certify.latency_change(np.array([1e-3, np.nan, 1e-3]), np.array([1e-3, 1e-3]))
+    assert change["verdict"] == "not measured" and "not finite" in change["why"]
+    b = poison(copy_bundle(small_bundle, tmp_path / "b"), "points/cpu-fp32-eager-b64/latency.npz")
+    r = replay(tmp_path / "job", b, small.model).record
+    assert r["status"] == "error" and "samples that are not finite seconds" in r["reason"], r["reason"]
+
+
+def test_an_observation_npz_whose_member_declares_terabytes_is_refused_unread(tmp_path):
+    """Variant on another reader: an obs.path .npz of 200 bytes whose obs_0.npy declares 1.5 TiB (numpy would allocate
+    what the header declares before it finds the data missing)."""
+    import zipfile
+
+    from huggy_exp.observations import _read_npz
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (6, 68_719_476_736)})
+    with zipfile.ZipFile(tmp_path / "obs.npz", "w") as zf:
+        zf.writestr("obs_0.npy", header.getvalue() + b"\0" * 64)
+    with pytest.raises(UserError, match=r"obs_0.npy declares 1,536.0 GiB"):
+        _read_npz(tmp_path / "obs.npz")
+
+
+def test_an_mlagents_status_file_that_is_a_fifo_is_one_line_not_a_hang(tmp_path):
+    import signal
+
+    from huggy_exp.mlagents.results import read_training_status
+
+    def hung(*_):
+        raise TimeoutError("the reader opened the FIFO and waits for a writer")
+
+    os.mkfifo(tmp_path / "training_status.json")
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(10)
+    try:
+        with pytest.raises(UserError, match="is not a regular file .a FIFO."):
+            read_training_status(tmp_path / "training_status.json")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

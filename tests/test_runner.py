@@ -143,7 +143,7 @@ def test_sample_same_seed_gives_identical_actions_file(tmp_path):
     c = run_job(tmp_path / "c", "sample", "seed=4", "obs.rows=16")
     assert a.record["status"] == "passed"
     assert (a.workdir / "actions.npy").read_bytes() == (b.workdir / "actions.npy").read_bytes()
-    assert a.record["details"]["actions_sha256"] == b.record["details"]["actions_sha256"] != c.record["details"]["actions_sha256"]
+    assert a.record["tags"]["fingerprint"] == b.record["tags"]["fingerprint"] != c.record["tags"]["fingerprint"]
 
 
 def test_batch_reports_invariance_and_common_fields(tmp_path):
@@ -201,7 +201,7 @@ def test_tracking_creates_an_mlflow_run_with_params_metrics_tags_and_result_arti
     tags = run.data.tags
     assert tags["mode"] == "action" and tags["status"] == "passed" and tags["synthetic"] == "true"
     assert tags["model.sha256"] == job.record["model"]["sha256"]
-    assert tags["actions_sha256"] == job.record["details"]["actions_sha256"]
+    assert tags["fingerprint"] == job.record["tags"]["fingerprint"] and len(tags["fingerprint"]) == 64
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"result.json", "actions.npy", "obs.npy"} <= artifacts
     local = client.download_artifacts(run.info.run_id, "result.json", str(tmp_path))

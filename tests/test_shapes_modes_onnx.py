@@ -136,12 +136,12 @@ def set_initializer(name, change):
 
 
 @pytest.mark.parametrize("name, edit, expect", [
-    ("branches", misplace_masks, "deterministic_discrete_actions"),
+    ("branches", misplace_masks, "discrete_actions: "),  # outputs named by stem, as the PASS line names them
     ("memory_discrete", misplace_masks, "draws of a masked action"),
     ("branches", temper_sampler, "do not follow the masked softmax"),
-    ("hybrid", set_initializer("action_model._continuous_distribution.mu.bias", lambda a: a + np.float32(0.05)), "deterministic_continuous_actions"),
+    ("hybrid", set_initializer("action_model._continuous_distribution.mu.bias", lambda a: a + np.float32(0.05)), "actions: max_abs"),
     ("multi_input", set_initializer("action_model._continuous_distribution.mu.bias", lambda a: a * np.float32(np.nan)), "NaN"),
-    ("memory_hybrid_sac", set_initializer("lstm_B", lambda a: a + np.float32(0.01)), "recurrent_out"),
+    ("memory_hybrid_sac", set_initializer("lstm_B", lambda a: a + np.float32(0.01)), "memories: max_abs"),
 ])
 def test_onnx_compare_fails_on_a_broken_graph(name, edit, expect, shaped_files, tmp_path):
     bad = edited(shaped_files[name][1], tmp_path / "bad.onnx", edit)
@@ -162,7 +162,7 @@ def test_export_onnx_fails_when_the_source_graph_differs(shaped_files, tmp_path)
     bad = edited(shaped_files["branches"][1], tmp_path / "bad.onnx", misplace_masks)
     job = run_job(tmp_path / "job", "export-onnx", f"model.checkpoint={shaped_files['branches'][0]}", f"model.onnx={bad}", "obs.rows=30")
     assert job.record["status"] == "failed"
-    assert "exported vs source .onnx: deterministic_discrete_actions" in job.record["reason"]
+    assert "exported vs source .onnx: discrete_actions: " in job.record["reason"]
     assert job.record["metrics"]["discrete_actions/vs_torch/agreement"] == 1.0  # the export itself is right
 
 
@@ -237,7 +237,7 @@ def test_pyramids_graph_with_misplaced_masks_fails(tmp_path):
     job = run_job(tmp_path / "job", "onnx-compare", f"model.checkpoint={PYRAMIDS_PT}", f"model.onnx={bad}", "obs=file",
                   f"obs.path={tmp_path / 'obs.npz'}")
     assert job.record["status"] == "failed"
-    assert "deterministic_discrete_actions" in job.record["reason"] and "draws of a masked action" in job.record["reason"]
+    assert "discrete_actions: " in job.record["reason"] and "draws of a masked action" in job.record["reason"]
 
 
 def test_a_graph_without_an_output_the_policy_has_is_a_one_line_error(shaped_files, tmp_path):

@@ -154,7 +154,7 @@ def test_a_flip_fails_only_where_the_fp64_margin_exceeds_the_bound(case, shaped_
     assert m["discrete_actions/vs_fp64/flip_margin_max"] == pytest.approx(margin, rel=1e-6)
     if case == "large":
         assert m["discrete_actions/vs_fp64/flips_beyond_margin"] == 1
-        assert job.record["status"] == "failed" and "deterministic_discrete_actions: 1 of 96 actions differ" in job.record["reason"]
+        assert job.record["status"] == "failed" and "vs cpu fp64: discrete_actions: 1 of 96 actions differ" in job.record["reason"]
     else:
         assert m["discrete_actions/vs_fp64/flips_beyond_margin"] == 0
         assert job.record["status"] == "passed", job.record["reason"]
@@ -171,7 +171,7 @@ def test_a_nan_memory_the_reference_does_not_have_fails(shaped_files, tmp_path, 
     monkeypatch.setattr(precision_module, "build", lambda ctx: NanMemory(ctx.weights, ctx.target(), ctx.batch_size))
     job = run_job(tmp_path, "precision", f"model.checkpoint={shaped_files['memory_hybrid_sac'][0]}", "obs.rows=6")
     assert job.record["status"] == "failed"
-    assert "recurrent_out: 1 NaN/Inf values" in job.record["reason"] and job.record["metrics"]["memories/vs_fp64/nan_mismatch"] == 1
+    assert "memories: 1 NaN/Inf values" in job.record["reason"] and job.record["metrics"]["memories/vs_fp64/nan_mismatch"] == 1
 
 
 def test_discrete_agreement_counts_flips_against_the_bound():
@@ -218,10 +218,10 @@ def test_fingerprint_hashes_every_output_and_matches_cpu_fp32(name, shaped_files
     arrays = {n: np.load(tmp_path / f"{n}.npy") for n in names}
     assert arrays["discrete_actions"].dtype == np.int64 and arrays["discrete_actions"].shape == (12, 3, len(spec.branches))
     for n in names:
-        assert r["tags"][f"{n}.fingerprint_sha256"] == hashlib.sha256(arrays[n].tobytes()).hexdigest()
+        assert r["tags"][f"{n}_fingerprint"] == hashlib.sha256(arrays[n].tobytes()).hexdigest()
         assert r["metrics"][f"{n}/matches_cpu_fp32"] == 1.0
-    assert r["details"]["fingerprint_sha256"] == hashlib.sha256(b"".join(arrays[n].tobytes() for n in names)).hexdigest() == r["details"]["cpu_fp32_sha256"]
-    assert r["tags"]["fingerprint/sha256"] == r["details"]["fingerprint_sha256"]  # every point's fingerprint is the mode's
+    assert r["details"]["fingerprint"] == hashlib.sha256(b"".join(arrays[n].tobytes() for n in names)).hexdigest() == r["details"]["cpu_fp32_fingerprint"]
+    assert r["tags"]["fingerprint"] == r["details"]["fingerprint"]  # every point's fingerprint is the mode's
 
 
 def test_fingerprint_carries_the_memory_through_the_sequence(shaped_actors, shaped_files, tmp_path):
@@ -246,7 +246,7 @@ def test_fingerprint_on_onnxruntime_carries_the_memory_and_matches_torch_quantiz
     assert onnx.record["status"] == "passed", onnx.record["reason"]
     assert onnx.record["metrics"]["quantized_matches_cpu_fp32"] == 1.0 and onnx.record["metrics"]["max_abs_vs_cpu_fp32"] < ATOL
     np.testing.assert_allclose(np.load(tmp_path / "onnx" / "memories.npy"), np.load(tmp_path / "torch" / "memories.npy"), atol=ATOL, rtol=0)
-    assert torch_.record["details"]["fingerprint_quantized"] == onnx.record["details"]["fingerprint_quantized"]
+    assert torch_.record["details"]["quantized_fingerprint"] == onnx.record["details"]["quantized_fingerprint"]
 
 
 # --- stats

@@ -35,13 +35,13 @@ def assert_every_point_answers(summary: dict, outputs: set[str]) -> None:
                     assert {f"{stem}/vs_{ref}/max_abs", f"{stem}/vs_{ref}/cosine", f"{stem}/vs_{ref}/cosine_min_row",
                             f"{stem}/vs_{ref}/max_abs_limit", f"{stem}/vs_{ref}/required_rtol", f"{stem}/vs_{ref}/ulp_max"} <= set(m)
         assert {"latency/p50_us", "latency/p99_us", "latency/obs_per_s", "latency/noisy"} <= set(m) and record["latency"]["p50_us"] > 0
-        assert len(record["tags"]["fingerprint/sha256"]) == 64 and len(record["tags"]["fingerprint/quantized"]) == 64
+        assert len(record["tags"]["fingerprint"]) == 64 and len(record["tags"]["quantized_fingerprint"]) == 64
         assert record["headline"].startswith(("PASS vs cpu fp64", "FAIL vs cpu fp64")) and "limit" in record["headline"]
-        assert " p50 " in row["line"] and f" fp {record['tags']['fingerprint/sha256'][:12]}" in row["line"]
+        assert " p50 " in row["line"] and f" fingerprint {record['tags']['fingerprint'][:12]}" in row["line"]
         assert " max_abs " in row["line"] or " agree " in row["line"]
     (rec,) = summary["comparison"]["recommended"].values()
     assert rec["dtype"] in DTYPES and rec["p50_us"] > 0 and "fastest passing" in rec["why"]
-    assert any(line.startswith("recommended on cpu: ") for line in summary["comparison"]["lines"])
+    assert any(line.startswith("recommended on cpu at batch 8: ") for line in summary["comparison"]["lines"])
 
 
 def test_the_embedded_default(default_model, tmp_path):

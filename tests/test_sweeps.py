@@ -16,6 +16,7 @@ from conftest import (CONF, PYTHON, REPO, compose_config, free_port, run_job, st
 from huggy_exp import compare, config, preflight
 from huggy_exp.errors import UserError
 from huggy_exp.headline import headline_metrics, settings
+from huggy_exp.verify import fingerprint
 
 CASES = sorted(p.stem for p in (CONF / "case").glob("*.yaml"))
 # one or more per mode, the expected failures, accelerator points (skipped here), a fixture case, a repeat pair
@@ -86,7 +87,8 @@ def _point(root: Path, job: str, device: str, dtype: str, actions: np.ndarray | 
         np.save(d / "actions.npy", actions.astype(np.float32))
     return {"job": job, "dir": str(d), "mode": mode, "device": device, "dtype": dtype, "batch_size": batch,
             "status": status, "obs": "random/8/x1.0", "seed": 0, "model_sha256": "m", "knobs": {},
-            "metrics": {} if p50 is None else {"p50_us": p50}}
+            "metrics": {} if p50 is None else {"p50_us": p50}, "latency_points": [] if p50 is None else [["eager", batch, p50]],
+            "fingerprint": None if actions is None else fingerprint({"actions": actions})["fingerprint"]}
 
 
 def test_comparison_measures_each_point_against_cpu_fp32_and_groups_identical_devices(tmp_path):
@@ -113,7 +115,7 @@ def test_recommended_dtype_is_the_fastest_that_passes(tmp_path):
     a = np.zeros((4, 21))
     rows = [_point(tmp_path, "0", "cuda", "fp32", a, p50=40.0), _point(tmp_path, "1", "cuda", "bf16", a, p50=9.0),
             _point(tmp_path, "2", "cuda", "fp16", a, status="failed", p50=7.0)]
-    rec = compare.compare(rows)["recommended"]["cuda"]
+    rec = compare.compare(rows)["recommended"]["cuda at batch 64"]
     assert rec["dtype"] == "bf16" and rec["p50_us"] == 9.0 and rec["failing"] == ["fp16"]
 
 
@@ -127,6 +129,7 @@ def test_discrete_and_memory_outputs_are_compared_and_fingerprinted(tmp_path):
                                   (np.where(picks == 3, 2, picks), memory)]):
         np.save(Path(row["dir"]) / "discrete_actions.npy", p)
         np.save(Path(row["dir"]) / "memories.npy", m)
+        row["fingerprint"] = fingerprint({"discrete_actions": p, "memories": m})["fingerprint"]
     out = compare.compare(rows)
     assert rows[3]["vs_cpu_fp32_discrete_agreement"] == pytest.approx(7 / 8)
     assert rows[1]["vs_cpu_fp32_discrete_agreement"] == 1.0 and "vs_cpu_fp32_max_abs" not in rows[1]
@@ -142,8 +145,8 @@ def test_recommendation_is_per_model_when_a_sweep_has_several(tmp_path):
     for row, (sha, name) in zip(rows, [("m1", "Huggy.pt")] * 2 + [("m2", "Pyramids.pt")] * 2):
         row.update(model_sha256=sha, model_name=name)
     rec = compare.compare(rows)["recommended"]
-    assert rec["cpu with Huggy.pt"]["dtype"] == "bf16" and rec["cpu with Pyramids.pt"]["dtype"] == "fp32"
-    assert rec["cpu with Pyramids.pt"]["failing"] == ["bf16"]
+    assert rec["cpu at batch 64 with Huggy.pt"]["dtype"] == "bf16" and rec["cpu at batch 64 with Pyramids.pt"]["dtype"] == "fp32"
+    assert rec["cpu at batch 64 with Pyramids.pt"]["failing"] == ["bf16"]
 
 
 def test_comparison_plots_cover_error_latency_and_agreement(tmp_path):

@@ -139,7 +139,7 @@ def test_a_sweep_report_is_one_file_with_everything_embedded(tmp_path):
     summary = _summary(tmp_path)
     summary["rows"] = [{"job": "0", "run_name": "precision-cpu-fp32-b64", "status": "passed", "noisy": True,
                         "metrics": {"max_abs_vs_fp64": 5.78e-7, "cosine_vs_fp64": 0.999968, "p50_us": 1350.0},
-                        "limits": {"max_abs": 1e-5}, "actions_sha256": "acbec772540e99", "note": ""},
+                        "limits": {"max_abs": 1e-5}, "fingerprint": "acbec772540e99", "note": ""},
                        {"job": "1", "run_name": "precision-npu:0-fp32-b64", "status": "skipped", "metrics": {},
                         "note": "npu needs torch_npu"}]
     path = report.write_sweep_report(tmp_path, summary["title"], summary, [png], {"torch": "2.13.0+cpu"})

@@ -33,7 +33,7 @@ def test_an_error_over_atol_fails_naming_the_output_value_and_limit():
     b = a.copy()
     b[2, 1] += 3e-5
     c = compare({ACT: b}, {ACT: a}, FP32)
-    assert not c.passed and c.failures == ["deterministic_continuous_actions: max_abs 3e-05 > atol 1e-05 (1 elements)"]
+    assert not c.passed and c.failures == ["actions: max_abs 3e-05 > atol 1e-05 (1 elements)"]
     assert c.get("actions", "required_atol") == pytest.approx(3e-5, rel=1e-3)
     assert c.get("actions", "worst_row") == 2.0
     loose = Rules(Limits(atol=c.get("actions", "required_atol") * 1.0001), "fp32")
@@ -165,7 +165,7 @@ def test_fingerprint_exact_and_quantized():
     b = a.copy()
     b[0, 0] = np.nextafter(b[0, 0], np.float32(2))
     fa, fb = fingerprint({"actions": a}), fingerprint({"actions": b})
-    assert fa["sha256"] != fb["sha256"] and fa["quantized"] == fb["quantized"] and len(fa["sha256"]) == 64
+    assert fa["fingerprint"] != fb["fingerprint"] and fa["quantized_fingerprint"] == fb["quantized_fingerprint"] and len(fa["fingerprint"]) == 64
 
 
 def test_the_engine_is_pure_numpy():

@@ -20,7 +20,7 @@ from huggy_exp.mlagents.onnx_read import check_onnx_pairing, load_onnx, onnx_inp
 from huggy_exp.mlagents.onnx_write import interface, write_onnx
 from huggy_exp.mlagents.results import (
     configuration_mismatches, latest_checkpoint, list_checkpoints, model_configuration, read_configuration, read_training_status, results_model,
-    run_folder,
+    model_files, run_folder,
 )
 from huggy_exp.mlagents.weights import (
     ACTION_CLAMP, ACTION_MASKS, BODY_PREFIX, BRANCH_PREFIX, CONTINUOUS_OUTPUTS, DISCRETE_OUTPUTS, LOG_SIGMA, LOG_SIGMA_RANGE,

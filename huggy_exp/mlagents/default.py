@@ -10,7 +10,8 @@ import numpy as np
 
 from huggy_exp.mlagents.checkpoint import load_checkpoint, save_checkpoint
 from huggy_exp.mlagents.onnx_write import write_onnx
-from huggy_exp.safety import atomic_write
+from huggy_exp.errors import UserError
+from huggy_exp.safety import atomic_write, is_disk_full
 from huggy_exp.mlagents.weights import LoadedModel, Normalizer, PolicyWeights
 
 DEFAULT_NAME = "Huggy"
@@ -49,6 +50,15 @@ def default_results_dir() -> Path:
     status, config = root / "run_logs" / "training_status.json", root / "configuration.yaml"
     if all(p.is_file() for p in (pt, onnx_file, root / f"{DEFAULT_NAME}.onnx", status, config)):
         return root
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(root / ".writable", os.O_WRONLY | os.O_CREAT, 0o644))  # a read-only HOME fails here, in one line
+        os.unlink(root / ".writable")
+    except OSError as exc:
+        if is_disk_full(exc):
+            raise
+        raise UserError(f"the embedded default's cache {root} cannot be written ({exc.strerror or exc}); set "
+                        "HUGGY_EXP_CACHE to a writable folder, or pass a model (model.checkpoint=...)") from None
     w = default_weights()
     save_checkpoint(w, pt, DEFAULT_STEP)
     write_onnx(w, onnx_file)

@@ -32,7 +32,7 @@ def read_onnx(path: Path):
 
     check_file_size(path, MAX_ONNX_BYTES, "onnx file")
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        model = onnx.load(str(path), format="protobuf", load_external_data=False)  # never a format the suffix picks
     except Exception as exc:
         raise UserError(f"onnx file {path} could not be parsed (truncated or not ONNX?): {type(exc).__name__}") from None
     check_external_sizes(model, path)

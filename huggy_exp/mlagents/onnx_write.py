@@ -75,7 +75,7 @@ def write_onnx(w: PolicyWeights, path: Path) -> None:
     model = helper.make_model(graph, producer_name="huggy_exp", opset_imports=[helper.make_opsetid("", 9)])
     model.ir_version = 4
     onnx.checker.check_model(model)
-    atomic_write(path, lambda tmp: onnx.save(model, tmp))
+    atomic_write(path, lambda tmp: onnx.save(model, tmp, format="protobuf"))
 
 
 def interface(w: PolicyWeights) -> dict[str, list[tuple[str, str, list]]]:

@@ -10,6 +10,7 @@ import numpy as np
 
 from huggy_exp.errors import UserError
 from huggy_exp.mlagents.weights import PolicyWeights, sha256_file
+from huggy_exp.safety import MAX_JSON_BYTES, read_capped
 
 
 def step_from_name(path: Path) -> int | None:
@@ -58,7 +59,7 @@ def list_checkpoints(results_dir: str | Path) -> list[dict]:
 def _parse_text(path: Path, parse, kind: str, error: type, utf8_hint: str = ""):
     """`parse` of a UTF-8 text file; unreadable, not UTF-8 or not valid `kind` is one line naming the file."""
     try:
-        return parse(path.read_bytes().decode("utf-8"))
+        return parse(read_capped(path, MAX_JSON_BYTES, "ML-Agents file").decode("utf-8"))  # a FIFO or a 2 GB file: one line
     except UnicodeDecodeError as exc:
         raise UserError(f"{path} is not UTF-8 text (bad byte at offset {exc.start}){utf8_hint}") from None
     except (error, RecursionError) as exc:
@@ -207,6 +208,15 @@ def run_folder(model_file: Path) -> Path:
         if (folder / "run_logs").is_dir() or (folder / "configuration.yaml").is_file():
             return folder
     return model_file.parent
+
+
+def model_files(model_file: str | Path) -> list[Path]:
+    """What belongs with a model file and is read beside it: its results folder (when it sits in one), the behaviour's
+    final <Behavior>.onnx beside the checkpoint's folder, and the checkpoint's own .onnx. No output replaces these."""
+    path = Path(model_file).expanduser().absolute()
+    folder = run_folder(path)
+    return [*([folder] if folder != path.parent else []), path.parent.parent / f"{path.parent.name}.onnx",
+            path.with_suffix(".onnx")]
 
 
 def model_configuration(model_file: Path) -> tuple[str, dict | None]:

@@ -61,11 +61,14 @@ def latency(runner: Runner, ctx: Context, feeds: np.ndarray | Mapping[str, np.nd
 
 
 def verify_point(ctx: Context, result: Result, runner: Runner, feeds: Mapping[str, np.ndarray],
-                 got: Mapping[str, np.ndarray] | None = None, seed: int | None = None) -> Comparison:
+                 got: Mapping[str, np.ndarray] | None = None, seed: int | None = None,
+                 decimals: int | None = None) -> Comparison:
     """The point's outputs against CPU fp64 (judged by the dtype's limits) and CPU fp32 (reported) on the same feeds,
-    and its fingerprint; metrics `<stem>/vs_fp64/<metric>`, tags `fingerprint/...`; returns the fp64 comparison.
+    and its fingerprint; metrics `<stem>/vs_fp64/<metric>`, tags `fingerprint`, `quantized_fingerprint`; returns the
+    fp64 comparison.
 
-    `got`: the runner's outputs on `feeds` by ML-Agents name (run here when None); `seed`: they are sampled ones."""
+    `got`: the runner's outputs on `feeds` by ML-Agents name (run here when None); `seed`: they are sampled ones;
+    `decimals`: the quantized fingerprint's rounding (None: verify.decimals)."""
     got = dict(run_feeds(runner, feeds, seed) if got is None else got)
     got.update(_distributions(runner, feeds))
     rules = ctx.rules()
@@ -80,14 +83,15 @@ def verify_point(ctx: Context, result: Result, runner: Runner, feeds: Mapping[st
     declared = outputs_of(got)
     deterministic = any(o.sampled is not None for o in declared)  # a sampled twin declares no twin of its own
     arrays = {o.stem: got[o.name] for o in declared if not deterministic or o.sampled is not None or o.rule == "memory"}
-    fingerprint_tags(result, arrays, ctx.verify.decimals)
+    fingerprint_tags(result, arrays, ctx.verify.decimals if decimals is None else decimals)
     result.headline = point_line(vs["fp64"], result, ctx)
     result.summary.insert(0, result.headline)
     return vs["fp64"]
 
 
 def verify_rollout(ctx: Context, result: Result, runner: Runner, feeds: Mapping[str, np.ndarray],
-                   outputs: Mapping[str, np.ndarray], seed: int | None = None, flat_seed: bool = True) -> Comparison:
+                   outputs: Mapping[str, np.ndarray], seed: int | None = None, flat_seed: bool = True,
+                   decimals: int | None = None) -> Comparison:
     """`verify_point` for a rollout: its outputs [T, envs, *] by file stem against the references on the inputs it saw
     ([T, envs, d] by ML-Agents name). Without memory the T x envs rows run as one batch (sampled: one draw with `seed`,
     as an open loop draws; `flat_seed=False`: step t draws with seed + t, as a closed loop does), else step by step."""
@@ -100,7 +104,7 @@ def verify_rollout(ctx: Context, result: Result, runner: Runner, feeds: Mapping[
         lead = feeds["obs_0"].shape[:2]
         feeds = {k: v.reshape(-1, *v.shape[2:]) for k, v in feeds.items()}
         got = {k: v.reshape(int(np.prod(lead)), *v.shape[2:]) for k, v in got.items()}
-    return verify_point(ctx, result, runner, feeds, got, seed)
+    return verify_point(ctx, result, runner, feeds, got, seed, decimals)
 
 
 def _distributions(runner: Runner, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -113,14 +117,9 @@ def _distributions(runner: Runner, feeds: Mapping[str, np.ndarray]) -> dict[str,
 
 
 def fingerprint_tags(result: Result, arrays: Mapping[str, np.ndarray], decimals: int) -> dict[str, str]:
-    """Tags `fingerprint/sha256` and `fingerprint/quantized` over every output in order (each output's own too, when
-    there are several), as `fingerprint` computes them."""
-    fp = verify.fingerprint(arrays, decimals)
-    tags = {"fingerprint/sha256": fp["sha256"], "fingerprint/quantized": fp["quantized"]}
-    if len(arrays) > 1:
-        for stem, a in arrays.items():
-            one = verify.fingerprint({stem: a}, decimals)
-            tags.update({f"fingerprint/{stem}/sha256": one["sha256"], f"fingerprint/{stem}/quantized": one["quantized"]})
+    """Tags `fingerprint` and `quantized_fingerprint` over every output in order (each output's own too, when there
+    are several): verify.fingerprints, the one definition every mode, summary, report and bundle shows."""
+    tags = verify.fingerprints(dict(arrays), decimals)
     result.tags.update(tags)
     return tags
 
@@ -142,4 +141,4 @@ def point_line(vs64: Comparison, result: Result, ctx: Context) -> str:
     line = f"{verdict} vs cpu fp64 ({ctx.dtype} limits): " + "; ".join(parts)
     if result.latency:
         line += f"; p50 {result.latency['p50_us']:,.0f} µs" + (" (noisy)" if result.latency.get("noisy") else "")
-    return line + f"; fingerprint {result.tags.get('fingerprint/sha256', '')[:12]}"
+    return line + f"; fingerprint {result.tags.get(verify.FINGERPRINT, '')[:12]}"

@@ -6,7 +6,7 @@ import numpy as np
 
 from huggy_exp.context import Context
 from huggy_exp.mlagents import RECURRENT_OUT
-from huggy_exp.placement import memory_stats
+from huggy_exp.placement import memory_stats, peak_memory, reset_peak_memory
 from huggy_exp.results import Result
 from huggy_exp import timing
 from huggy_exp.runners import ACTIONS, DISCRETE, build, run_feeds
@@ -26,6 +26,7 @@ class BatchTask:
 
     def run(self, ctx: Context) -> Result:
         target, feeds = ctx.target(), ctx.feeds
+        reset_peak_memory(target.device)  # this job's peak, not an earlier job's in the same process
         # --- build runners (whole chunks and one row at a time), run the feeds
         batched, single = build(ctx), build(ctx, batch_size=1)
         out_batched, out_single = run_feeds(batched, feeds), run_feeds(single, feeds)
@@ -52,6 +53,7 @@ class BatchTask:
             headline += f", {flips} discrete action{'s' * (flips != 1)} differ"
         result.summary = _summary(metrics, rows, ctx.batch_size, tol, ctx.dtype, DISCRETE in out_batched)
         result.details["invariance"] = headline
+        result.details["peak_mem_source"] = peak_memory(target.device)[1]
         latency(batched, ctx, feeds, result)
         verify_point(ctx, result, batched, feeds, out_batched)
         result.headline += f"; {headline}"

@@ -11,12 +11,12 @@ import numpy as np
 
 from huggy_exp import control_loop, loadgen, plots, timing
 from huggy_exp.context import Context
-from huggy_exp.errors import Unsupported, UserError
+from huggy_exp.errors import Unsupported, UserError, first_line
 from huggy_exp.mlagents import ACTION_MASKS, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name
 from huggy_exp.numerics import REL_FLOOR
-from huggy_exp.placement import peak_memory_mb, reset_peak_memory, synchronize
+from huggy_exp.placement import peak_memory, reset_peak_memory, synchronize
 from huggy_exp.results import Result
-from huggy_exp.runners import ACTIONS, build
+from huggy_exp.runners import ACTIONS, TorchRunner, build
 from huggy_exp.tasks import SLOW_FP16, batch_of, is_sequence, verify_point
 from huggy_exp.tasks import scenarios as extra
 from huggy_exp.tasks.compare import compare_outputs
@@ -70,23 +70,24 @@ class BenchmarkTask:
         points, capped, slow = self.fp16_cap(ctx, target, result)
         feeds, timed_as = self.feeds(ctx, points)
         chunk = min(max(points), self.chunk_rows)
-        reset_peak_memory(target.device)
         timed_backends = self.sut(ctx)
         with timing.threads(ctx.threads) as threads:
             backends, runners = self.build_gated(ctx, timed_backends, feeds, points, chunk, result)
             timed = [b for b in timed_backends if b in runners]
-            timings = self.time_backends(runners, timed, feeds, points, threads, slow)
+            timings = self.time_backends(runners, timed, feeds, points, threads, slow, backends)
             self.scenarios_on(ctx, runners, timings, feeds, points, result)
         # --- metrics, series, table
         result.tables["benchmark"] = self.tabulate(result, w, backends, timings, timed_backends, points, capped)
-        result.metrics["peak_mem_mb"] = peak_memory_mb(target.device)
+        peak, source = peak_memory(target.device)
+        per_backend = [info["peak_mem_mb"] for info in backends.values() if "peak_mem_mb" in info]
+        result.metrics["peak_mem_mb"] = max(per_backend) if per_backend else peak
         result.metrics["threads"] = float(threads)
         if not w.huggy_shaped:
             result.summary.append(f"policy: {w.describe_shape()}; {timed_as}")
             result.details.update({"shape": w.describe_shape(), "feeds": timed_as})
         result.details.update({"points": points, "scenarios": self.scenarios, "chunk_rows": chunk, "threads": threads,
                                "backends": backends,
-                               "peak_mem_source": "device allocator" if target.device.type != "cpu" else "process RSS"})
+                               "peak_mem_source": source + (", per backend" if per_backend else "")})
         if not timed:
             result.status = "skipped" if result.status == "passed" else result.status
             result.reason = result.reason or "; ".join(f"{n}: {backends[n]['reason']}" for n in timed_backends)
@@ -120,9 +121,17 @@ class BenchmarkTask:
             info = backends[name] = {"status": "passed", "reason": "",
                                      "dtype": "fp32" if name == "onnxruntime" else ctx.dtype}  # the .onnx graph is fp32
             try:
+                reset_peak_memory(ctx.target().device)  # each backend's peak alone: its build, capture, first calls
                 runner, gate = self.first_calls(ctx, name, info, feeds, points, chunk, expected, margins)
+                _note_peak(info, runner)
             except (Unsupported, UserError) as exc:
                 info.update(status="skipped", reason=str(exc))
+                continue
+            except Exception as exc:  # a backend that fails to build, compile or capture: that backend fails, not the point
+                if name == "eager":
+                    raise
+                info.update(status="failed", reason=f"{type(exc).__name__}: {first_line(exc)}")
+                result.fail(f"backend {name}: {info['reason']}")
                 continue
             if gate.failures:
                 info.update(status="failed", reason=gate.reason(ctx.dtype))
@@ -156,8 +165,9 @@ class BenchmarkTask:
         return runner, gate
 
     def time_backends(self, runners: dict, timed: list[str], feeds: dict, points: list[int], threads: int,
-             slow: bool) -> dict[tuple[str, int], timing.Timing]:
-        """Rounds x points x backends, the backend order rotated each round (timing.py's measurement policy)."""
+                      slow: bool, backends: dict[str, dict]) -> dict[tuple[str, int], timing.Timing]:
+        """Rounds x points x backends, the backend order rotated each round (timing.py's measurement policy); each
+        block's allocator peak is the backend's own (reset before it)."""
         timings = {(n, b): timing.Timing(rows=b, threads=threads) for n in timed for b in points}
         cap = self.fp16_cpu_samples if slow else 10_000
         for r in range(self.rounds):
@@ -166,9 +176,11 @@ class BenchmarkTask:
                 for name in order:
                     time.sleep(self.settle_s)  # let thread pools stop spinning between blocks
                     fn = lambda runner=runners[name], f=feeds[b]: runner.infer(f)  # noqa: E731
+                    reset_peak_memory(runners[name].target.device)
                     t = timing.measure(fn, runners[name].target.device, b, self.budget_s / self.rounds,
                                        self.warmup_s if r == 0 else self.warmup_s / 5, max_samples=cap,
                                        min_warmup=1 if slow else 2)
+                    _note_peak(backends[name], runners[name])
                     timings[(name, b)].extend(t)
         return timings
 
@@ -178,7 +190,7 @@ class BenchmarkTask:
         rows = []
         for name in timed_backends:
             info = backends[name]
-            for key in ("cold_start_ms", "load_s", "max_abs_vs_eager", *(() if w.huggy_shaped else GATE_METRICS)):
+            for key in ("cold_start_ms", "load_s", "max_abs_vs_eager", "peak_mem_mb", *(() if w.huggy_shaped else GATE_METRICS)):
                 if key in info:
                     result.metrics[f"{name}/{key}"] = float(info[key])
             for b in points + capped:
@@ -305,9 +317,17 @@ class Gate:
         return out
 
     def reason(self, dtype: str) -> str:
-        if self.huggy and list(self.failures) == [ACTIONS] and "max_abs" in self.failures[ACTIONS]:
+        if self.huggy and list(self.failures) == ["actions"] and "max_abs" in self.failures["actions"]:
             return f"actions differ from eager by {self.worst[ACTIONS]:.3g} > {self.tol:g} ({dtype}): not timed"
         return f"{'; '.join(self.failures.values())} (vs eager, {dtype}): not timed"
+
+
+def _note_peak(info: dict, runner) -> None:
+    """A torch backend's allocator peak (MB): the largest of its blocks'; only a card's allocator, whose peak resets
+    (onnxruntime's memory is not torch's allocator's)."""
+    device = runner.target.device
+    if device.type in ("cuda", "npu") and isinstance(runner, TorchRunner):
+        info["peak_mem_mb"] = max(info.get("peak_mem_mb", 0.0), peak_memory(device)[0])
 
 
 def _curve(result: Result, name: str) -> dict[str, list]:

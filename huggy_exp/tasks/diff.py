@@ -18,7 +18,8 @@ from huggy_exp.context import Context
 from huggy_exp.errors import UserError
 from huggy_exp.report import escape
 from huggy_exp.results import Result
-from huggy_exp.verify import nonfinite_failures
+from huggy_exp.safety import atomic_write_text, read_json
+from huggy_exp.verify import is_fingerprint, nonfinite_failures
 
 ACCURACY_MARKS = ("vs_fp64", "vs_fp32", "vs_cpu", "vs_torch", "deterministic", "agreement")
 
@@ -56,10 +57,9 @@ def load_side(path: str | None, which: str) -> dict[str, Point]:
         raise UserError(f"mode.{which}={path}: neither a bundle (manifest.json) nor a sweep or job dir (no result.json under it)")
     points: dict[str, Point] = {}
     for path_ in records:
-        try:
-            record = json.loads(path_.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise UserError(f"mode.{which}: {path_} is not readable JSON ({exc})") from None
+        record = read_json(path_, f"mode.{which}:")  # a foreign file: under the caps, or one line naming it
+        if not isinstance(record, dict):
+            raise UserError(f"mode.{which}: {path_} is a JSON {type(record).__name__}, not a job's result")
         if record.get("mode") == "diff":
             continue
         record = {**(record.get("details") or {}), **record}  # a task's details, wherever result.json keeps them
@@ -75,7 +75,7 @@ def load_side(path: str | None, which: str) -> dict[str, Point]:
 def bundle_point(b: bundle.Bundle, key: str) -> Point:
     p = b.points[key]
     accuracy = {f"{name}/vs_fp64/{k}": v for name, m in b.comparison(key).get("outputs", {}).items() for k, v in m.items()}
-    return Point(key, f"bundle {b.root}", None, accuracy, {n: f["sha256"] for n, f in p.get("fingerprints", {}).items()},
+    return Point(key, f"bundle {b.root}", None, accuracy, dict(p.get("fingerprints", {})),
                  b.latency(key), p.get("latency", {}).get("p50_us"), p.get("environment", {}), b.manifest["model"].get("sha256"),
                  b.outputs(key), b.reference(), b.manifest["observations"].get("inputs_sha256"))
 
@@ -93,7 +93,7 @@ def job_point(record: dict, workdir: Path) -> Point:
     metrics = record.get("metrics") or {}
     accuracy = {k: v for k, v in metrics.items() if any(mark in k for mark in ACCURACY_MARKS)}
     prints = {k: v for k, v in {**(record.get("tags") or {}), **record}.items()
-              if isinstance(v, str) and (k.endswith("sha256") or k.startswith("fingerprint")) and k != "job_id"}
+              if isinstance(v, str) and (k.endswith("sha256") or is_fingerprint(k)) and k != "job_id"}
     p50 = next((metrics[k] for k in ("latency.p50_us", "latency/p50_us", "p50_us") if isinstance(metrics.get(k), (int, float))), None)
     outputs = load_outputs({"status": record.get("status"), "dir": str(workdir)})
     inputs = json.dumps({"obs": params.get("obs"), "seed": record.get("seed")}, sort_keys=True)
@@ -175,7 +175,7 @@ def _latency(base: Point, cand: Point, alpha: float, row: dict) -> None:
     """The samples' test where both sides carry them, else the p50 ratio against TEST05's tolerance."""
     if base.latency_s is not None and cand.latency_s is not None:
         lat = latency_change(base.latency_s, cand.latency_s, alpha)
-    elif base.p50_us and cand.p50_us:
+    elif all(isinstance(v, (int, float)) and np.isfinite(v) and v > 0 for v in (base.p50_us, cand.p50_us)):
         ratio, tol = cand.p50_us / base.p50_us, test05_tolerance(base.p50_us * 1e-6)
         lat = {"median_ratio": ratio, "tolerance": tol, "test": "p50 ratio only: a sweep's result.json has no samples, no test",
                "verdict": "within tolerance" if abs(ratio - 1) <= tol else ("slower (untested)" if ratio > 1 else "faster (untested)")}
@@ -236,7 +236,7 @@ class DiffTask:
         md = [f"# Diff: {escape(self.baseline)} -> {escape(self.candidate)}", "", headline, "", "| point | side | what changed |",
               "| --- | --- | --- |"]
         md += [f"| {escape(r['point'])} | {r['side']} | {escape('; '.join(r['changes'])) or 'nothing'} |" for r in rows]
-        (ctx.workdir / "report.md").write_text("\n".join(md) + "\n")
+        atomic_write_text(ctx.workdir / "report.md", "\n".join(md) + "\n")
         result.files.append("report.md")
         result.details.update({"headline": headline, "baseline": self.baseline, "candidate": self.candidate, "points": rows})
         return result

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from huggy_exp import mlagents
 from huggy_exp.context import Context
 from huggy_exp.errors import UserError
 from huggy_exp.mlagents import PolicyWeights, interface
@@ -116,7 +117,8 @@ class ExportOnnxTask:
         import onnx
 
         w = ctx.weights
-        own = (ctx.model.path, ctx.model.onnx_path, ctx.model_spec.checkpoint, ctx.model_spec.onnx, ctx.model_spec.results_dir)
+        own = (ctx.model.path, ctx.model.onnx_path, ctx.model_spec.checkpoint, ctx.model_spec.onnx, ctx.model_spec.results_dir,
+               *mlagents.model_files(ctx.model.path), *ctx.owned)
         out = (claim_output(self.path, self.overwrite, own, "mode.path") if self.path
                else ctx.workdir / f"{Path(ctx.model.path).stem.split('-')[0]}.onnx")
         tmpdir = tempfile.TemporaryDirectory(prefix="huggy_exp-export-")
@@ -136,10 +138,10 @@ class ExportOnnxTask:
                                   dynamic_axes=dynamic, opset_version=self.opset, dynamo=False)
         except Exception as exc:
             raise UserError(f"torch.onnx.export failed at opset {self.opset}: {str(exc).splitlines()[0]}") from None
-        model = _name_outputs(onnx.load(str(traced)), output_names)
+        model = _name_outputs(onnx.load(str(traced), format="protobuf"), output_names)
         tmpdir.cleanup()
         onnx.checker.check_model(model, full_check=True)
-        atomic_write(out, lambda tmp: onnx.save(model, tmp), overwrite=self.overwrite)
+        atomic_write(out, lambda tmp: onnx.save(model, tmp, format="protobuf"), overwrite=self.overwrite)
         return out, _interface(model)
 
     def judge_interface(self, found: dict, w: PolicyWeights, result: Result) -> None:

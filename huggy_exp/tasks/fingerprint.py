@@ -14,7 +14,8 @@ from huggy_exp.errors import UserError
 from huggy_exp.results import Result
 from huggy_exp.runners import Runner, build, reference
 from huggy_exp.tasks import first_step, latency, verify_rollout
-from huggy_exp.verify import digest, quantize
+from huggy_exp import verify
+from huggy_exp.verify import quantize
 
 
 
@@ -66,26 +67,26 @@ class FingerprintTask:
         qref = {n: quantize(ref[n], self.decimals) for n in names}
         exact = {n: first_divergence(mine[n], ref[n]) for n in names}
         quant = {n: first_divergence(qmine[n], qref[n]) for n in names}
-        fp = {"fingerprint_sha256": digest([mine[n] for n in names]),
-              "fingerprint_quantized": digest([qmine[n] for n in names]),
-              "cpu_fp32_sha256": digest([ref[n] for n in names]),
-              "cpu_fp32_quantized": digest([qref[n] for n in names])}
+        fp = verify.fingerprint(mine, self.decimals)  # the point's tags are verify_rollout's: the same hashes
+        fp.update({f"cpu_fp32_{k}": v for k, v in verify.fingerprint(ref, self.decimals).items()})
         steps = len(mine[names[0]])
         first_exact, first_quant = _first(exact), _first(quant)
         result = Result(arrays={n: (a.reshape(len(a), -1) if self.envs == 1 and a.shape[1] == 1 else a) for n, a in mine.items()})
         result.metrics = {"steps": float(steps),
                           **_divergence_metrics(mine, ref, names, exact, quant, first_exact[1] if first_exact else None)}
         if len(names) > 1:  # each output on its own too
-            _each_output(result, fp, mine, ref, qmine, exact, quant)
-        result.tags.update(fp)
+            _each_output(result, mine, ref, exact, quant)
+        result.tags.update({k: v for k, v in fp.items() if k.startswith("cpu_fp32_")})
         where, qwhere = _where(first_exact, first_quant, names)
-        headline = f"sha256 {fp['fingerprint_sha256'][:16]}.. quantized({self.decimals}) {fp['fingerprint_quantized'][:16]}..: {where}; {qwhere}"
+        headline = (f"fingerprint {fp[verify.FINGERPRINT][:12]}, quantized_fingerprint({self.decimals}) "
+                    f"{fp[verify.QUANTIZED][:12]}: {where}; {qwhere}")
         as_dict = lambda d: None if d is None else dict(zip(("step", "dim", "abs"), d[1]), **({"output": d[0]} if len(names) > 1 else {}))  # noqa: E731
         result.details.update({**fp, "loop": self.loop, "actions": self.kind, "decimals": self.decimals,
                                "outputs": names, "first_divergence": as_dict(first_exact), "first_quantized_divergence": as_dict(first_quant)})
         envs = mine[names[0]].shape[1]
         latency(runner, ctx, ctx.feeds, result)
-        verify_rollout(ctx, result, runner, seen, mine, ctx.seed if self.kind == "sampled" else None, self.loop == "open")
+        verify_rollout(ctx, result, runner, seen, mine, ctx.seed if self.kind == "sampled" else None, self.loop == "open",
+                       self.decimals)
         result.headline += f"; {headline}"
         result.summary[1:1] = [f"{self.loop}-loop, {self.kind} {'actions' if names == ['actions'] else 'outputs (' + ', '.join(names) + ')'}, {steps} steps x {envs} env(s) on {ctx.device} {ctx.dtype}"
                           + (", memory carried from zeros" if "memories" in names else ""), headline]
@@ -94,12 +95,10 @@ class FingerprintTask:
         return result
 
 
-def _each_output(result: Result, fp: dict, mine: dict, ref: dict, qmine: dict, exact: dict, quant: dict) -> None:
-    """Each output's divergence metrics and fingerprints on its own, beside those of all outputs together."""
+def _each_output(result: Result, mine: dict, ref: dict, exact: dict, quant: dict) -> None:
+    """Each output's divergence metrics on its own, beside those of all outputs together (its fingerprints are tags)."""
     for n in mine:
         result.metrics.update({f"{n}/{k}": v for k, v in _divergence_metrics(mine, ref, [n], exact, quant, exact[n]).items()})
-        fp[f"{n}.fingerprint_sha256"] = digest([mine[n]])
-        fp[f"{n}.fingerprint_quantized"] = digest([qmine[n]])
 
 
 def _where(first_exact, first_quant, names: list[str]) -> tuple[str, str]:

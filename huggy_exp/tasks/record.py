@@ -15,7 +15,7 @@ from huggy_exp.context import Context
 from huggy_exp.results import Result, first_nonfinite
 from huggy_exp.runners import Runner, build, reference, run_feeds
 from huggy_exp.tasks import SLOW_FP16, batch_of
-from huggy_exp.verify import digest, quantize
+from huggy_exp.verify import fingerprints
 
 
 def time_calls(runner: Runner, ctx: Context, feeds: dict[str, np.ndarray], settings: dict) -> timing.Timing:
@@ -25,12 +25,6 @@ def time_calls(runner: Runner, ctx: Context, feeds: dict[str, np.ndarray], setti
         return timing.measure(lambda: runner.infer(batch), runner.target.device, ctx.batch_size,
                               budget_s=float(settings["budget_s"]), warmup_s=float(settings["warmup_s"]),
                               max_samples=int(settings["max_samples"]), min_samples=5)
-
-
-def fingerprints(outputs: dict[str, np.ndarray], decimals: int) -> dict[str, dict[str, str]]:
-    """Per output: sha256 of the exact bytes and of the values rounded to `decimals` (as mode=fingerprint hashes them)."""
-    return {name: {"sha256": digest([a]), "quantized": digest([quantize(a, decimals)]), "decimals": decimals}
-            for name, a in outputs.items()}
 
 
 def model_entry(ctx: Context) -> dict:
@@ -48,6 +42,8 @@ class RecordTask:
 
     def __init__(self, out: str | None, latency: dict, decimals: int):
         self.out, self.latency, self.decimals = out, dict(latency), int(decimals)
+        if out:
+            bundle.check_out(Path(out))  # before any inference: a folder of the user's files is refused now
 
     def run(self, ctx: Context) -> Result:
         root = Path(self.out).expanduser() if self.out else ctx.workdir / "bundle"
@@ -66,19 +62,20 @@ class RecordTask:
         # --- into the bundle
         key = bundle.point_key(ctx.device, ctx.dtype, ctx.backend, ctx.batch_size)
         prints = fingerprints(outputs, self.decimals)
-        manifest, replaced = self.into_bundle(ctx, root, key, runner, feeds, fp64, outputs, comparison, prints, timed)
+        manifest, replaced = self.into_bundle(ctx, root, key, runner, feeds, fp64, outputs, comparison, prints,
+                                              self.decimals, timed)
         # --- the job's own result
         stats = timed.stats()
-        result = Result(arrays=dict(outputs))
+        result = Result(arrays=dict(outputs), tags=dict(prints))
         for name, m in comparison.items():
             result.metrics.update({f"{name}/vs_fp64/{k}": v for k, v in m.items()})
         result.metrics.update({f"latency/{k}": float(stats[k]) for k in ("p50_us", "p90_us", "p99_us", "samples", "noisy")})
         result.metrics["bundle/points"] = float(len(manifest["points"]))
         result.latency = {k: float(stats[k]) for k in ("p50_us", "p99_us", "obs_per_s", "noisy", "samples", "threads")}
-        result.tags.update({f"{name}_sha256": p["sha256"] for name, p in prints.items()})
         errs = ", ".join(f"{n} max_abs {m['max_abs']:.2e}" if "max_abs" in m else f"{n} {m['mismatch_share']:.2%} differ"
                          for n, m in comparison.items())
-        headline = f"recorded {key} into {root} ({len(manifest['points'])} point(s)); vs fp64: {errs}"
+        headline = (f"recorded {key} into {root} ({len(manifest['points'])} point(s)); vs fp64: {errs}; "
+                    f"p50 {stats['p50_us']:,.0f} µs; fingerprint {prints['fingerprint'][:12]}")
         result.summary = [headline, f"latency: {len(timed.samples)} samples, p50 {stats['p50_us']:,.1f} µs, p99 {stats['p99_us']:,.1f} µs "
                                     f"at {timed.threads} thread(s)" + (" (noisy)" if stats["noisy"] else "")]
         if replaced:
@@ -86,21 +83,23 @@ class RecordTask:
         if ctx.dtype == "fp16" and runner.target.device.type == "cpu":
             result.summary.append(SLOW_FP16)
         result.headline = headline
-        result.details.update({"headline": headline, "bundle": str(root.resolve()), "point": key, "fingerprints": prints})
+        result.details.update({"headline": headline, "bundle": str(root.resolve()), "point": key})
         return result
 
     @staticmethod
     def into_bundle(ctx: Context, root: Path, key: str, runner, feeds: dict, fp64: dict, outputs: dict, comparison: dict,
-                    prints: dict, timed) -> tuple[dict, bool]:
-        """The point (where it ran, its fingerprints, outputs and latency) and the inputs it ran on, recorded into the
-        bundle at `root`: (the manifest, whether an earlier recording of the point was replaced)."""
+                    prints: dict, decimals: int, timed) -> tuple[dict, bool]:
+        """The point (where it ran, its fingerprints with the quantized one's `decimals`, outputs and latency) and the
+        inputs it ran on, recorded into the bundle at `root`: (the manifest, whether an earlier recording of the point
+        was replaced)."""
         observations = {"source": ctx.obs.source, "rows": ctx.obs.rows, "scale": ctx.obs.scale, "path": ctx.obs.path,
                         "seed": ctx.seed, "inputs_sha256": bundle.arrays_sha256(feeds),
                         "inputs": {k: list(v.shape) for k, v in feeds.items()}}
         stats = timed.stats()
         point = {"device": ctx.device, "dtype": ctx.dtype, "backend": ctx.backend, "batch": ctx.batch_size,
                  "threads": timed.threads, "runner": runner.name, "environment": environment.capture(),
-                 "fingerprints": prints, "outputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in outputs.items()},
+                 "fingerprints": prints, "decimals": decimals,
+                 "outputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in outputs.items()},
                  "latency": {k: stats[k] for k in ("p50_us", "p90_us", "p99_us", "mean_us", "iqr_us", "samples", "noisy")}}
         return bundle.record_point(root, model_entry(ctx), observations, feeds, fp64, key, point, outputs,
                                    np.asarray(timed.samples), {"against": "cpu fp64 eager", "outputs": comparison})

@@ -16,9 +16,10 @@ from huggy_exp.context import Context
 from huggy_exp.errors import UserError
 from huggy_exp.report import escape
 from huggy_exp.results import Result
+from huggy_exp.safety import atomic_write_text
 from huggy_exp.runners import build, reference, run_feeds
-from huggy_exp.tasks.record import fingerprints, time_calls
-from huggy_exp.verify import finite_limits, nonfinite_failures, within
+from huggy_exp.tasks.record import time_calls
+from huggy_exp.verify import fingerprints, finite_limits, nonfinite_failures, within
 from huggy_exp.verify import limit as verify_limit
 
 
@@ -59,11 +60,12 @@ class ReplayTask:
         report.env = env_rows
         # --- what the job says
         prints = fingerprints(here, self.decimals)
-        result.tags.update({f"{name}_sha256": p["sha256"] for name, p in prints.items()})
+        result.tags.update(prints)
+        report.fingerprint = prints["fingerprint"]
         result.summary = [report.headline(), *report.lines]
         result.headline = result.summary[0]
         result.details.update({"headline": result.summary[0], "bundle": str(b.root.resolve()), "point": key,
-                               "recorded_point": match, "reference_point": ref_key, "fingerprints": prints,
+                               "recorded_point": match, "reference_point": ref_key,
                                "recorded_fingerprints": b.points[match]["fingerprints"] if match else None,
                                "threads": timed.threads, "environment_diff": env_rows, "notes": report.lines})
         result.files += report.write(ctx.workdir, timed.samples, ctx.plots)
@@ -191,6 +193,7 @@ class Report:
         self.latency: dict | None = None
         self.recorded_latency = None
         self.env: list[dict] = []
+        self.fingerprint = ""
 
     def headline(self) -> str:
         parts = [f"replay {self.key}"]
@@ -205,7 +208,7 @@ class Report:
         if self.latency and "median_ratio" in self.latency:
             parts.append(f"latency {self.latency['verdict']} ({self.latency['median_ratio']:.2f}x median, p = {self.latency['p_value']:.2g})")
         parts.append(f"{len(self.env)} environment field(s) differ")
-        return "; ".join(parts)
+        return "; ".join(parts) + (f"; fingerprint {self.fingerprint[:12]}" if self.fingerprint else "")
 
     def write(self, workdir: Path, samples, plot: bool) -> list[str]:
         """replay.md, and with `plot` the latency CDF (recorded against here)."""
@@ -233,7 +236,7 @@ class Report:
                    f"**{lat['verdict']}** ({lat['test']})"] + (["", "![latency](latency_cdf.png)"] if cdf else [])
         md += ["", "## Environment diff", ""]
         md += _table(self.env, ["field", "recorded", "here"]) if self.env else ["none: same host stack"]
-        (workdir / "report.md").write_text("\n".join(md) + "\n")
+        atomic_write_text(workdir / "report.md", "\n".join(md) + "\n")
         return ["report.md", *files]
 
 

@@ -152,7 +152,7 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
         info = {**info, "dir": str(sweep_dir)}
     print(f"ray: {len(job_overrides)} point(s) on {len(nodes)} node(s): "
           + "; ".join(cluster.describe(n) for n in nodes), flush=True)
-    remote = ray.remote(_run_point)
+    remote = remote_functions()
     slots: list[tuple[DictConfig, dict, Any]] = []
     for offset, overrides in enumerate(job_overrides):
         idx = initial_job_idx + offset
@@ -169,7 +169,7 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
         if skip:
             slots.append((sweep_config, {**point, "preset": ["skipped", skip]}, None))
             continue
-        ref = remote.options(**options).remote(launcher.hydra_context, sweep_config, launcher.task_function,
+        ref = remote[device.split(":", 1)[0] in cluster.ACCELERATOR].options(**options).remote(launcher.hydra_context, sweep_config, launcher.task_function,
                                                Singleton.get_state(), info, point,
                                                int(launcher.settings["return_files_mb"] * 2**20))
         slots.append((sweep_config, point, ref))
@@ -186,6 +186,14 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
                 ray.cancel(ref, force=True)
         raise
     return returns
+
+
+def remote_functions() -> dict[bool, Any]:
+    """The point's Ray function, by whether it holds an accelerator. An accelerator point runs alone in its worker
+    process (`max_calls=1`: the worker exits after it), so no later point inherits its card, its allocator or its
+    compiled graphs. Ray gives that default only to functions decorated with num_gpus (never to NPUs), and `.options()`
+    cannot set it: it is set here, at decoration."""
+    return {True: ray.remote(max_calls=1)(_run_point), False: ray.remote(_run_point)}
 
 
 def _job_dir(sweep_config: DictConfig) -> Path:
@@ -262,15 +270,18 @@ def _write_files(job_dir: Path, files: dict[str, bytes]) -> None:
 
 
 def host_facts(device: str) -> dict:
-    """Where a point runs: hostname, Ray node, the cards Ray gave it, the device's name, driver and CANN versions."""
+    """Where a point runs: hostname, Ray node, its worker process, the cards Ray gave it (`card`: the one it ran on, as
+    the node numbers its cards, whatever index the point's device string said), the device's name, driver and CANN."""
     from huggy_exp import environment, placement
 
     kind = device.split(":", 1)[0]
     ctx = ray.get_runtime_context()
     cards = {k: v for k, v in ctx.get_accelerator_ids().items() if v}
     versions = environment.versions()
+    held = cards.get(cluster.ACCELERATOR.get(kind, ""), [])
     return {"hostname": platform.node(), "ray_node_id": ctx.get_node_id(), "ray_node_ip": ray.util.get_node_ip_address(),
-            "cards": json.dumps(cards, sort_keys=True) if cards else "none",
+            "pid": os.getpid(), "cards": json.dumps(cards, sort_keys=True) if cards else "none",
+            "card": f"{kind}:{held[0]}" if len(held) == 1 else "none",  # the card this point ran on, as its node numbers it
             "device_name": environment.cpu()["model"] if kind == "cpu" else placement.device_name(kind),
             "cuda_driver": versions["cuda_driver"], "npu_driver": versions["npu_driver"], "cann": versions["cann"]}
 

@@ -1,0 +1,320 @@
+"""Everything that needs a GPU or NPU, in one call: device points first, each step within a budget computed from its
+configured minimum durations and printed before it starts; one tarball and a first-failure SUMMARY.md.
+
+    python scripts/accelerator_check.py DEVICE OUTDIR [--tar FILE] [--fixtures DIR | --no-fixtures] [--quick]
+
+DEVICE: cuda | cuda:N | npu | npu:N (cpu: a dry run of every step on the CPU alone). Each step is one Hydra sweep
+(`run.py -m ... tracking=none`) into OUTDIR/<step>/, its log OUTDIR/<step>.log:
+  points, precision, fingerprint, stats   DEVICE then cpu (Hydra runs the values in order) x fp32, fp16, bf16
+  benchmark          DEVICE: backend=eager,compile,graphs (each timed beside eager and onnxruntime), the batch ladder,
+                     LoadGen's four scenarios and the control loop on that backend
+  fixtures-precision, fixtures-benchmark   the genuine policies (ONNX) from the fixture folder, on DEVICE
+  benchmark-cpu      the CPU's eager figures for comparison, last, in what is left of the total budget
+The fixture folder (default .fx/, filled by ../shared/device/prepare.sh) must hold huggy, huggy_lstm and pyramids:
+a missing one is an error (exit 2) unless --no-fixtures. --tar FILE packs OUTDIR into FILE and copies SUMMARY.md beside
+it. --python "CMD" runs run.py with another interpreter command (the CI rehearsal: "python tests/emulated_npu.py").
+Exit: 0 when every step ran and every device point met its verdict or failed as its CPU twin did (a dtype's limit the
+policy misses everywhere: listed apart), else the first failing step's exit status.
+How to run it on the lent GPU: docs/hardware/cuda.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHAPES = ("huggy", "huggy_lstm", "pyramids")  # what prepare.sh copies into .fx/
+START_S = 20.0  # a sweep's start-up: python, torch, Hydra's composition, the first model and references
+POINT_S = 5.0  # each point's own work beyond its timed minimum: references, result.json, summaries
+CALL_S = 0.04  # each sequential policy call of a rollout (fingerprint, stats: mode.steps of them per point)
+COMPILE_S = 15.0  # each shape a compiled backend builds (torch.compile with freezing; graph capture is less)
+SLACK = 1.5  # budget = SLACK x the estimate: a loaded host, a slow first kernel load
+TOTAL_S = 400.0  # the whole run (the device call allows about 420 s)
+SCENARIOS = "[single_stream,multi_stream,offline,server,control_loop]"
+FULL = {"dtypes": "fp32,fp16,bf16", "ladder": [1, 8, 64, 512, 4096, 65536],
+        "bench": {"rounds": 2, "budget_s": 0.4, "warmup_s": 0.2, "settle_s": 0.05, "min_duration_ms": 1000,
+                  "search_steps": 5, "search_ms": 400, "duration_s": 2.0, "loop_search_s": 0.5, "rate_hz": 1000}}
+QUICK = {"dtypes": "fp32,bf16", "ladder": [1, 64],
+         "bench": {"rounds": 1, "budget_s": 0.05, "warmup_s": 0.01, "settle_s": 0.0, "min_duration_ms": 50,
+                   "min_query_count": 64, "qsl_samples": 64, "check_samples": 16, "search_steps": 2, "search_ms": 50,
+                   "duration_s": 0.2, "loop_search_s": 0.1, "rate_hz": 100, "latency_bound_ms": 1000}}
+
+
+@dataclass
+class Step:
+    name: str
+    args: list[str]
+    jobs: int
+    timed_s: float = 0.0  # the configured minimum timed seconds of all its jobs
+    compiled: int = 0  # shapes a compiled backend builds
+    why: str = ""  # how timed_s was computed
+    budget_s: float = 0.0
+    rc: int | None = None
+    took_s: float = 0.0
+    rows: list[dict] = field(default_factory=list)
+
+    def plan(self) -> None:
+        """Budget from the configured minimum durations: start-up, each point's own work, its timed minimum and compiles."""
+        self.budget_s = round(SLACK * (START_S + self.jobs * POINT_S + self.timed_s + self.compiled * COMPILE_S))
+
+    def shown(self) -> str:
+        parts = [f"{START_S:g} s start", f"{self.jobs} point(s) x {POINT_S:g} s"]
+        if self.timed_s:
+            parts.append(f"{self.timed_s:.1f} s timed ({self.why})")
+        if self.compiled:
+            parts.append(f"{self.compiled} compiled shape(s) x {COMPILE_S:g} s")
+        return f"{self.name}: budget {self.budget_s:.0f} s = {SLACK:g} x ({' + '.join(parts)})"
+
+
+def benchmark_minimum(bench: dict, backends: int, batches: int, scenarios: str) -> tuple[float, str]:
+    """The seconds one benchmark job times at least, from its knobs: every (backend, batch) point, each LoadGen run,
+    the server search, the control loop and its search."""
+    per_point = bench["warmup_s"] + bench["budget_s"] + bench["rounds"] * bench["settle_s"]
+    timing = backends * batches * per_point
+    run_s = bench["min_duration_ms"] / 1000
+    names = scenarios.strip("[]").split(",")
+    loadgen = run_s * sum(n in ("single_stream", "multi_stream", "offline", "server") for n in names)
+    loadgen += bench["search_steps"] * bench["search_ms"] / 1000 if "server" in names else 0.0
+    loop = bench["duration_s"] + bench["search_steps"] * bench["loop_search_s"] if "control_loop" in names else 0.0
+    why = (f"{backends} backend(s) x {batches} batch(es) x {per_point:.2f} s + LoadGen {loadgen:.1f} s"
+           + (f" + control loop {loop:.1f} s" if loop else ""))
+    return timing + loadgen + loop, why
+
+
+def _mode_knobs(mode: str) -> dict:
+    """conf/mode/<mode>.yaml's values (the defaults a step does not override)."""
+    import yaml
+
+    return yaml.safe_load((REPO / "conf" / "mode" / f"{mode}.yaml").read_text())
+
+
+def fixtures(folder: Path | None) -> list[Path]:
+    """The genuine policies' ONNX files, one per shape; an absent folder or shape is an error (SystemExit 2)."""
+    if folder is None:
+        return []
+    if not folder.is_dir():
+        raise SystemExit(f"error: no fixture folder {folder}: run `bash ../shared/device/prepare.sh` from the project "
+                         "root first (it fills .fx/), or pass --no-fixtures to run without the genuine policies")
+    found = []
+    for shape in SHAPES:
+        onnx = sorted((folder / shape).glob("*.onnx"))
+        if not onnx:
+            raise SystemExit(f"error: {folder / shape} has no .onnx: the fixture folder is incomplete (expected "
+                             f"{', '.join(SHAPES)}); rerun prepare.sh or pass --no-fixtures")
+        found.append(onnx[0].resolve())
+    return found
+
+
+def plan(device: str, quick: bool, onnx: list[Path]) -> list[Step]:
+    """Every step, device points first; the CPU's benchmark last."""
+    cfg = QUICK if quick else FULL
+    dtypes, ladder, bench = cfg["dtypes"], cfg["ladder"], cfg["bench"]
+    devices = device if device == "cpu" else f"{device},cpu"  # Hydra runs a sweep's values in the order given
+    per = len(devices.split(",")) * len(dtypes.split(","))
+    steps_knobs = ["obs.rows=16", "mode.steps=8"] if quick else []
+    knobs = [f"mode.{k}={v}" for k, v in bench.items()] + (["obs.rows=16"] if quick else [])
+    backends = "eager" if quick or device == "cpu" else "eager,compile,graphs"
+    steps = [Step("points", [f"device={devices}", f"dtype={dtypes}", "obs.rows=64"], per),
+             Step("precision", ["mode=precision", f"device={devices}", f"dtype={dtypes}", "obs.rows=64"], per)]
+
+    def rollout(mode: str) -> Step:  # mode.steps sequential calls a point
+        calls = 8 if quick else int(_mode_knobs(mode)["steps"])
+        return Step(mode, [f"mode={mode}", f"device={devices}", f"dtype={dtypes}", *steps_knobs], per,
+                    per * calls * CALL_S, why=f"{per} point(s) x {calls} calls x {CALL_S:g} s")
+
+    steps += [rollout("fingerprint"), rollout("stats")]
+    timed = [benchmark_minimum(bench, len({"eager", "onnxruntime", b}), len(ladder), SCENARIOS) for b in backends.split(",")]
+    bench_step = Step("benchmark", ["mode=benchmark", f"device={device}", f"backend={backends}",
+                                    "mode.backends=[eager,onnxruntime]", f"mode.batch_sizes=[{','.join(map(str, ladder))}]",
+                                    "batch_size=64", f"mode.scenarios={SCENARIOS}", *knobs], len(timed),
+                      sum(t for t, _ in timed), len(ladder) * ("compile" in backends), "; ".join(w for _, w in timed))
+    steps.append(bench_step)
+    if onnx:
+        models = ",".join(str(p) for p in onnx)
+        steps.append(Step("fixtures-precision", ["mode=precision", f"device={device}", f"dtype={dtypes}",
+                                                 f"model.onnx={models}", "obs.rows=64"], len(onnx) * len(dtypes.split(","))))
+        fx = "[single_stream,offline,control_loop]"
+        timed, why = benchmark_minimum(bench, 2, 2, fx)
+        steps.append(Step("fixtures-benchmark", ["mode=benchmark", f"device={device}", f"model.onnx={models}",
+                                                 "mode.batch_sizes=[1,64]", f"mode.scenarios={fx}", *knobs],
+                          len(onnx), timed * len(onnx), 0, f"per job: {why}"))
+    if device != "cpu":
+        timed, why = benchmark_minimum(bench, 2, len(ladder), SCENARIOS)
+        steps.append(Step("benchmark-cpu", ["mode=benchmark", "device=cpu", "backend=eager", "mode.backends=[eager,onnxruntime]",
+                                            f"mode.batch_sizes=[{','.join(map(str, ladder))}]", "batch_size=64",
+                                            f"mode.scenarios={SCENARIOS}", *knobs], 1, timed, 0, why))
+    for step in steps:
+        step.plan()
+    return steps
+
+
+def run_step(step: Step, python: list[str], out: Path, budget_s: float) -> None:
+    """One sweep within `budget_s` (killed past it: exit 124), its rows read from its summary.json."""
+    cmd = [*python, "run.py", "-m", "tracking=none", *step.args, f"hydra.sweep.dir={out / step.name}"]
+    started = time.monotonic()
+    with open(out / f"{step.name}.log", "w") as log:
+        log.write(" ".join(shlex.quote(c) for c in cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            step.rc = proc.wait(timeout=max(budget_s, 1))
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            step.rc = 124
+    step.took_s = time.monotonic() - started
+    step.rows = rows(out / step.name)
+
+
+def rows(folder: Path) -> list[dict]:
+    """The sweep's rows from its summary.json; a sweep stopped at its budget has none: each finished point's
+    result.json then, so that what ran before the cut is still reported."""
+    summary = folder / "summary.json"
+    if summary.is_file():
+        return json.loads(summary.read_text())["rows"]
+    found = []
+    for path in sorted(folder.glob("*/result.json"), key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0):
+        r = json.loads(path.read_text())
+        note = r.get("reason") or r.get("headline") or ""
+        found.append({"job": path.parent.name, "run_name": r["run_name"], "status": r["status"], "note": note,
+                      "mode": r["mode"], "device": r["device"], "dtype": r["dtype"],
+                      "precision_mode": r.get("precision_mode", "ieee"),
+                      "line": f"{path.parent.name:>3} {r['run_name']:<32} {r['status'].upper():<7} {note}"})
+    return found
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    import os
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=10)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+        except ProcessLookupError:
+            return
+
+
+def failures(step: Step) -> list[str]:
+    """What went wrong on the device in a step, first first: its device points that failed or erred where the CPU's
+    twin (same mode, dtype, precision mode) did not, or the step itself (its budget ran out, it crashed)."""
+    bad = [f"job {r['job']} {r['run_name']} {r['status'].upper()}: {r.get('note') or ''}".rstrip(": ")
+           for r in step.rows if r["status"] in ("failed", "error") and not _cpu_too(r, step.rows)]
+    if step.rc == 124:
+        bad.append(f"stopped at its budget of {step.budget_s:.0f} s")
+    elif step.rc and not step.rows:
+        bad.append(f"exit {step.rc} with no summary: see {step.name}.log")
+    return bad
+
+
+def _cpu_too(row: dict, rows: list[dict]) -> bool:
+    """A point whose CPU twin failed as well: the policy's verdict under that dtype, not the device's (reported apart)."""
+    twin = [r for r in rows if r["device"] == "cpu" and r["mode"] == row["mode"] and r["dtype"] == row["dtype"]
+            and r.get("precision_mode") == row.get("precision_mode")]
+    return bool(twin) and all(r["status"] == row["status"] for r in twin)
+
+
+def shared(step: Step) -> list[str]:
+    """Points that failed on the device and on the CPU alike (a dtype's limit the policy misses everywhere)."""
+    return [f"job {r['job']} {r['run_name']} {r['status'].upper()} on the cpu too: {r.get('note') or ''}".rstrip(": ")
+            for r in step.rows if r["status"] in ("failed", "error") and r["device"] != "cpu" and _cpu_too(r, step.rows)]
+
+
+def summary(device: str, steps: list[Step], out: Path, quick: bool, started: float) -> str:
+    """SUMMARY.md: the first failure on top, then each step's budget, time, tally and points."""
+    ran = [s for s in steps if s.rc is not None]
+    first = next(((s, f) for s in ran for f in failures(s)[:1]), None)
+    alike = sum(len(shared(s)) for s in ran)
+    verdict = (f"**FAILED**: step `{first[0].name}`: {first[1]}" if first else
+               f"**passed**: {len(ran)} step(s), every device point met its verdict or fails on the cpu alike"
+               + (f" ({alike} point(s): listed under their step)" if alike else ""))
+    torch_line = _torch_version()
+    lines = [f"# accelerator check: {device} ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
+             f"{verdict}", "", f"{torch_line}; {time.monotonic() - started:.0f} s in all{', --quick' if quick else ''}",
+             "", "| step | budget s | took s | exit | passed | failed | skipped | error |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for s in steps:
+        tally = {k: sum(r["status"] == k for r in s.rows) for k in ("passed", "failed", "skipped", "error")}
+        took = f"{s.took_s:.0f}" if s.rc is not None else "not run"
+        lines.append(f"| {s.name} | {s.budget_s:.0f} | {took} | {s.rc if s.rc is not None else ''} | "
+                     + " | ".join(str(tally[k]) for k in ("passed", "failed", "skipped", "error")) + " |")
+    for s in ran:
+        lines += ["", f"## {s.name}", "", f"`{s.shown()}`", "", "`python run.py -m tracking=none " + " ".join(s.args) + "`", ""]
+        lines += [f"- FIRST: {f}" if i == 0 else f"- {f}" for i, f in enumerate(failures(s))]
+        lines += [f"- {f} (the policy's, not the device's)" for f in shared(s)]
+        lines += [f"    {r['line']}" for r in s.rows]
+        if not s.rows:
+            tail = (out / f"{s.name}.log").read_text(errors="replace").splitlines()[-8:]
+            lines += ["", "log tail:", "", *(f"    {t}" for t in tail)]
+    return "\n".join(lines) + "\n"
+
+
+def _torch_version() -> str:
+    try:
+        import torch
+
+        return f"torch {torch.__version__}"
+    except ImportError:
+        return "torch not importable here"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("device")
+    parser.add_argument("outdir", type=Path)
+    parser.add_argument("--tar", type=Path, help="pack OUTDIR into this .tgz and put SUMMARY.md beside it")
+    parser.add_argument("--fixtures", type=Path, default=REPO / ".fx", help="the fixture folder (default .fx/)")
+    parser.add_argument("--no-fixtures", action="store_true", help="run without the genuine policies")
+    parser.add_argument("--quick", action="store_true", help="two batch sizes, fp32 and bf16, millisecond runs")
+    parser.add_argument("--python", default=sys.executable, help="the command that runs run.py (default: this Python)")
+    parser.add_argument("--total-s", type=float, default=TOTAL_S, help=f"the whole run's budget (default {TOTAL_S:g})")
+    args = parser.parse_args(argv)
+    if not re.fullmatch(r"cpu|(cuda|npu)(:\d+)?", args.device):
+        print(f"error: unknown DEVICE {args.device!r}; valid: cpu, cuda, cuda:N, npu, npu:N", file=sys.stderr)
+        return 2
+    try:
+        onnx = [] if args.no_fixtures else fixtures(args.fixtures)
+    except SystemExit as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    out = args.outdir.absolute()
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    steps = plan(args.device, args.quick, onnx)
+    planned = sum(s.budget_s for s in steps)
+    print(f"plan: {len(steps)} steps, {planned:.0f} s of budgets within {args.total_s:.0f} s"
+          + ("" if planned <= args.total_s else " (over: the last steps get what is left)"), flush=True)
+    for step in steps:
+        left = args.total_s - (time.monotonic() - started)
+        budget = min(step.budget_s, left)
+        if budget < START_S:
+            print(f"{step.name}: not run ({left:.0f} s left of {args.total_s:.0f} s)", flush=True)
+            continue
+        print(step.shown() + ("" if budget == step.budget_s else f"; {budget:.0f} s left for it"), flush=True)
+        run_step(step, shlex.split(args.python), out, budget)
+        print(f"{step.name}: exit {step.rc} in {step.took_s:.0f} s", flush=True)
+    text = summary(args.device, steps, out, args.quick, started)
+    (out / "SUMMARY.md").write_text(text)
+    if args.tar:
+        args.tar.parent.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(args.tar, "w:gz") as tar:
+            tar.add(out, arcname=out.name)
+        shutil.copy(out / "SUMMARY.md", args.tar.parent / "SUMMARY.md")
+    print(text.splitlines()[2])
+    print(f"summary: {out / 'SUMMARY.md'}" + (f"; everything: {args.tar}" if args.tar else ""))
+    return next((s.rc or 1 for s in steps if s.rc is not None and failures(s)), 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,101 @@
+"""Run under tests/emulated_npu.py: huggy_exp's device paths on the emulated npu:1, as one JSON line
+(test_emulated_npu.py judges it). argv[1]: a scratch folder for the benchmark job."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from conftest import run_job
+from huggy_exp import mlagents, runners
+from huggy_exp.context import Context
+from huggy_exp.errors import Unsupported
+from huggy_exp.placement import resolve
+
+ACTIONS = runners.ACTIONS
+SHORT = ("mode.budget_s=0.05", "mode.rounds=1", "mode.warmup_s=0.01", "mode.settle_s=0", "mode.min_duration_ms=50",
+         "mode.min_query_count=64", "mode.qsl_samples=64", "mode.check_samples=16", "mode.search_steps=2",
+         "mode.search_ms=50", "mode.duration_s=0.2", "mode.loop_search_s=0.1", "mode.rate_hz=100", "obs.rows=8",
+         "batch_size=4", "mode.latency_bound_ms=1000")
+
+
+def graphs_against_eager() -> list[float]:
+    """Graphs on npu:1 against eager on new inputs each call (a capture on the wrong card replays stale outputs)."""
+    w = mlagents.load_default().weights
+    target = resolve("npu:1", "fp32")
+    graphs, eager = (runners.TorchRunner(w, target, batch_size=8, backend=b) for b in ("graphs", "eager"))
+    rng = np.random.default_rng(0)
+    gaps = []
+    for _ in range(3):
+        obs = rng.standard_normal((8, w.obs_dim)).astype(np.float32)
+        gaps.append(float(np.abs(graphs.infer(obs)[ACTIONS] - eager.infer(obs)[ACTIONS]).max()))
+    return gaps
+
+
+def from_a_new_thread() -> str:
+    """The policy on npu:1 called from a thread that never set a device (LoadGen's worker, its issue thread)."""
+    w = mlagents.load_default().weights
+    runner = runners.TorchRunner(w, resolve("npu:1", "fp32"), backend="eager")
+    obs = np.zeros((2, w.obs_dim), np.float32)
+    want, got = runner.infer(obs)[ACTIONS], []
+
+    def call() -> None:
+        try:
+            got.append("equal" if np.array_equal(runner.infer(obs)[ACTIONS], want) else "different")
+        except RuntimeError as exc:
+            got.append(str(exc).splitlines()[0])
+
+    worker = threading.Thread(target=call)
+    worker.start()
+    worker.join()
+    return got[0]
+
+
+def refusal(fn) -> str:
+    try:
+        fn()
+    except Unsupported as exc:
+        return str(exc)
+    return ""
+
+
+def batch_after_a_big_tensor(scratch: Path) -> dict:
+    """A batch job's peak after 64 MiB were allocated and freed on its card earlier in the process: its own peak only."""
+    import torch
+
+    big = torch.zeros(16, 2**20, device="npu:1")
+    del big
+    r = run_job(scratch / "batch", "batch", "device=npu:1", "obs.rows=8", "batch_size=4", "mode.budget_s=0.05").record
+    return {"status": r["status"], "peak_mb": r["metrics"]["device/max_memory_allocated_bytes"] / 2**20,
+            "source": r["details"]["peak_mem_source"]}
+
+
+def main(scratch: Path) -> dict:
+    w = mlagents.load_default().weights
+    ctx = Context(device="npu:1", workdir=scratch)
+    job = run_job(scratch / "benchmark", "benchmark", "device=npu:1", "backend=graphs", *SHORT,
+                  "mode.backends=[eager,compile,graphs,onnxruntime]", "mode.scenarios=[single_stream,server,offline]")
+    r = job.record
+    return {
+        "batch": batch_after_a_big_tensor(scratch),
+        "graphs_vs_eager": graphs_against_eager(),
+        "new_thread": from_a_new_thread(),
+        "compile": refusal(lambda: runners.TorchRunner(w, resolve("npu:1", "fp32"), backend="compile")),
+        "onnxruntime": refusal(lambda: runners.build(ctx, "onnxruntime")),
+        "fallback_switch": os.environ.get("TORCH_NPU_FALLBACK_CPU_DISABLE"),
+        "benchmark": {"status": r["status"], "reason": r.get("reason", ""), "emulated": r["emulated"],
+                      "backends": {k: v["status"] for k, v in r["details"]["backends"].items()},
+                      "server_valid": r["metrics"].get("loadgen/server/valid"),
+                      "server_vs_eager": r["metrics"].get("loadgen/server/actions/vs_eager/max_abs"),
+                      "peaks": {k: v for k, v in r["metrics"].items() if k.endswith("peak_mem_mb")},
+                      "peak_source": r["details"]["peak_mem_source"], "switches": r["switches"]},
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(Path(sys.argv[1]))))
