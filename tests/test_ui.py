@@ -96,8 +96,10 @@ def test_a_parent_is_named_after_what_was_swept():
 
 
 def _summary(tmp_path: Path) -> dict:
-    rec = {"cpu": {"dtype": "fp32", "p50_us": 1350.0, "noisy": True, "passing": ["fp32", "bf16"], "failing": [],
-                   "p50_by_dtype": {"fp32": 1350.0, "bf16": 2900.0}, "why": "fastest passing"}}
+    options = [{"dtype": d, "backend": "eager", "verdict": "passed", "p50_us": p50, "obs_per_s": 64e6 / p50, "noisy": True,
+                "job": job, "mode": "precision"} for d, p50, job in (("fp32", 1350.0, "0"), ("bf16", 2900.0, "2"))]
+    rec = {"cpu": {"dtype": "fp32", "backend": "eager", "batch_size": 64, "p50_us": 1350.0, "noisy": True,
+                   "passing": ["fp32", "bf16"], "failing": [], "options": options, "why": "fastest passing"}}
     return {"rows": [], "tally": {"passed": 2, "failed": 0, "skipped": 1, "error": 0}, "title": "sweep dtype=fp32,bf16",
             "line": "2/3 passed, 0 failed, 1 skipped, 0 error", "comparison": {"recommended": rec, "lines": [], "table": []}}
 
@@ -118,7 +120,7 @@ def test_a_parent_carries_the_swept_keys_one_sweep_id_and_one_recommendation_tag
     tags = parent.data.tags
     assert tags["sweep_id"] == "abc123" and not [k for k in tags if "sweep_id" in k and k != "sweep_id"]
     assert not [k for k in tags if " " in k] and not [k for k in tags if k.startswith("recommended")]
-    assert tags["recommendation"].startswith("cpu: fp32 (p50 1,350 µs NOISY")
+    assert tags["recommendation"].startswith("cpu: fp32 eager (p50 1,350 µs NOISY")
     assert "2/3 passed" in tags["mlflow.note.content"] and "Recommended" in tags["mlflow.note.content"]
     assert ui_urls["runs"].endswith("viewStateShareKey=abc123")
     md = Path(client.download_artifacts(parent.info.run_id, "summary.md", str(tmp_path / "dl"))).read_text()
@@ -131,7 +133,7 @@ def test_a_parent_carries_the_swept_keys_one_sweep_id_and_one_recommendation_tag
 # --- the HTML reports
 
 
-@pytest.mark.slow  # as on main, where it fails since the recommendation's rewrite (its '2,900' is gone)
+@pytest.mark.slow
 def test_a_sweep_report_is_one_file_with_everything_embedded(tmp_path):
     from huggy_exp import plots
 
