@@ -90,8 +90,20 @@ def check_pipe() -> None:
         raise Interrupted(signal.SIGPIPE)
 
 
-def _raise(signum: int, frame) -> None:
+def interrupt(signum: int, frame) -> None:
+    """A handler that ends what runs as Ctrl-C does (an Interrupted is a KeyboardInterrupt)."""
     raise Interrupted(signum)
+
+
+@contextmanager
+def handling(signals, handler):
+    """`handler` for each of `signals` while inside, the previous handlers back after (main thread only: the caller's)."""
+    previous = {s: signal.signal(s, handler) for s in signals}
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
 
 
 @contextmanager
@@ -99,14 +111,12 @@ def guarded():
     """For the whole command: guarded output, and SIGTERM raised as an interruption (SIGINT already is)."""
     saved = sys.stdout, sys.stderr
     main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _raise) if main else None
-    guard_output()
-    try:
-        yield
-    finally:
-        sys.stdout, sys.stderr = saved
-        if main:
-            signal.signal(signal.SIGTERM, previous)
+    with handling((signal.SIGTERM,) if main else (), interrupt):
+        guard_output()
+        try:
+            yield
+        finally:
+            sys.stdout, sys.stderr = saved
 
 
 @contextmanager
@@ -124,11 +134,7 @@ def deferred(on_signal=None):
             on_signal()
         caught.append(signum)
 
-    previous = {s: signal.signal(s, note) for s in ENDING}
-    try:
+    with handling(ENDING, note):
         yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
     if caught:
         raise Interrupted(caught[0])

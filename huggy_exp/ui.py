@@ -7,7 +7,6 @@ SIGHUP (its terminal closed) stops the server and everything it started.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -19,6 +18,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from huggy_exp import terminal
 from huggy_exp.errors import UserError
 from huggy_exp.tracking import redact
 
@@ -81,21 +81,6 @@ def stop(server: subprocess.Popen) -> None:
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # stop the server as Ctrl-C (SIGINT) does
 
 
-@contextlib.contextmanager
-def stop_signals_interrupt():
-    """SIGTERM and SIGHUP raise KeyboardInterrupt while inside (so `kill <pid>` stops the server's whole group, as
-    Ctrl-C does); the previous handlers come back after."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, interrupt) for sig in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 def say(line: str) -> None:
     print(line, flush=True)  # a pipe (a test, `| tee`) sees each line as the server reaches it
 
@@ -104,7 +89,7 @@ def serve(uri: str, runs_path: str | None, port: int, wait_s: float, out=say) ->
     """Start the UI on `uri`, print its address and the latest sweep's runs (`runs_path`, after the `/`), wait for
     Ctrl-C (or SIGTERM, SIGHUP), stop it; 0 on a clean stop."""
     chosen = free_port(port)
-    with stop_signals_interrupt(), tempfile.TemporaryDirectory(prefix="huggy-ui-") as tmp:
+    with terminal.handling(STOP_SIGNALS, terminal.interrupt), tempfile.TemporaryDirectory(prefix="huggy-ui-") as tmp:
         log = Path(tmp) / "mlflow-ui.log"
         out(f"starting mlflow ui on http://{HOST}:{chosen}/ (store {redact(uri)}, 1 worker) ...")
         try:
