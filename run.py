@@ -85,7 +85,8 @@ def _cli(argv: list[str], mlflow_helper: bool) -> None:
     composed: list[DictConfig] = []
     try:
         try:
-            jobs = preflight.check(argv, CONF, keep=composed)
+            jobs = preflight.check(argv, CONF, keep=composed)  # may add tracking.uri='<masked>' (a file's secret)
+            sys.argv[1:] = argv
             os.environ[preflight.JOBS_ENV] = str(jobs)  # the sweep's size, for its progress lines (sweep.json)
             if {"-m", "--multirun"} & set(argv) and composed and composed[0].hydra.runtime.choices.get("hydra/launcher") == "ray":
                 ray_preflight(composed)

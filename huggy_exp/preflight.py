@@ -177,6 +177,8 @@ def check(argv: list[str], conf_dir, keep: list | None = None) -> int:
 
     Returns how many jobs Hydra will launch (the product of the swept values; 1 without -m). `keep`, when given,
     receives each composed config (Hydra node included) so that a single run need not be composed again (run_once).
+    A store URI whose secret came from a config file is masked in each config, and `argv` gains `tracking.uri=<masked>`
+    for Hydra's own composition of a sweep, so `.hydra/` and multirun.yaml never hold it.
     """
     parser = get_args_parser()
 
@@ -202,6 +204,7 @@ def check(argv: list[str], conf_dir, keep: list | None = None) -> int:
         raise UserError(f"{sweeps[0][0].split('=')[0]} has several values: add -m to sweep over them")
     jobs = [plain + [value] for values in sweeps for value in values] if sweeps else [plain]
     first: dict[str, DictConfig] = {}
+    hidden: set[str] = set()
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3", job_name="run"):  # as @hydra.main names run.py's job
         for i, overrides in enumerate(jobs):
             cfg, shared = _composed(overrides, args.config_name or "config", extra, dirs, first)
@@ -215,9 +218,27 @@ def check(argv: list[str], conf_dir, keep: list | None = None) -> int:
                 validate(with_cfg, mode)
             except UserError as exc:
                 raise UserError(_in_case(str(exc), overrides, dirs)) from None
+            hidden |= _hide_file_secret(cfg)
             if keep is not None and (i == 0 or cfg.hydra.runtime.choices.get("hydra/launcher") == "ray"):
                 keep.append(copy.deepcopy(cfg) if shared else cfg)  # Ray places every point; others need the first
+    if len(hidden) > 1:
+        raise UserError(f"tracking.uri: this sweep's points name {len(hidden)} stores whose URIs hold a secret "
+                        f"({', '.join(sorted(hidden))}); run one sweep per store")
+    if hidden and not any(re.match(r"\+{0,2}tracking\.uri=", a) for a in argv):
+        argv.append(f"tracking.uri='{hidden.pop()}'")  # Hydra composes the sweep's jobs again: they get the masked URI
     return math.prod(len(values) for values in sweeps)
+
+
+def _hide_file_secret(cfg: DictConfig) -> set[str]:
+    """A store URI with a secret that came from a config file (`tracking=prod`, a case file), masked in the composed
+    config before Hydra writes `.hydra/` (its secret kept aside as for the command line's: tracking.hide_secrets).
+    Returns {the masked URI}, or nothing when there was no secret."""
+    uri = cfg.tracking.get("uri")
+    if not uri or (shown := hide_secrets(str(uri))) == uri:
+        return set()
+    with open_dict(cfg.tracking):
+        cfg.tracking.uri = shown
+    return {shown}
 
 
 def _composed(overrides: list[str], name: str, extra: list[str], dirs: list,

@@ -225,6 +225,44 @@ def test_a_store_secret_never_reaches_hydras_files_or_the_result(uri, secret, tm
     assert tracking.store_uri(tracking.redact(uri)) == uri  # MLflow's client still gets the whole URI
 
 
+@pytest.mark.parametrize("sweep", [False, True], ids=["run", "sweep"])
+def test_a_store_secret_in_a_config_file_never_reaches_hydras_files(sweep, tmp_path, monkeypatch):
+    """The URI comes from the user's own tracking file (`--config-dir mine tracking=prod`), not the command line:
+    masked before Hydra writes .hydra/ (and a sweep's multirun.yaml), and MLflow's client still gets the whole URI."""
+    from conftest import free_port
+
+    monkeypatch.delenv(tracking.SECRETS_ENV, raising=False)
+    uri = f"postgresql://carol:file-hunter4@127.0.0.1:{free_port()}/mlflow?sslpassword=ssl-hunter5"
+    (tmp_path / "mine" / "tracking").mkdir(parents=True)
+    (tmp_path / "mine" / "tracking" / "prod.yaml").write_text(f"enabled: true\nuri: '{uri}'\nexperiment: e\n"
+                                                              "http_retries: 0\nhttp_timeout_s: 1\nui_port: 5000\n")
+    args = ["--config-dir", str(tmp_path / "mine"), "mode=info", "tracking=prod"]
+    if sweep:
+        got = cli(["-m", *args, "seed=1,2", f"hydra.sweep.dir={tmp_path / 'job'}"], None)
+    else:
+        got = cli(args, tmp_path / "job")
+    assert got.code in (0, 3), got.err[-2000:]
+    files = [p for p in (tmp_path / "job").rglob("*") if p.is_file()]
+    assert any(p.name == "config.yaml" for p in files) and (not sweep or (tmp_path / "job" / "multirun.yaml").is_file())
+    written = "".join(p.read_text(errors="replace") for p in files)
+    assert "hunter" not in written + got.out + got.err, [ln for ln in written.splitlines() if "hunter" in ln]
+    assert "carol:***@" in written
+    assert tracking.store_uri(tracking.redact(uri)) == uri
+
+
+def test_ray_points_carry_the_stores_kept_aside_secret_to_workers_on_other_hosts(monkeypatch):
+    pytest.importorskip("ray")
+    from hydra_plugins.huggy_ray_launcher import _core
+
+    monkeypatch.delenv(tracking.SECRETS_ENV, raising=False)
+    shown = tracking.hide_secrets("postgresql://dan:ray-hunter6@10.0.0.9/mlflow")
+    nodes = [{"NodeID": "a", "Alive": True, "NodeManagerAddress": "10.0.0.1", "Resources": {"CPU": 8.0}}]
+    options, _ = _core.point_options({"cpus_per_point": 1, "ray": {"remote": {"runtime_env": {"env_vars": {"A": "1"}}}}},
+                                     "cpu", "info", nodes)
+    env = options["runtime_env"]["env_vars"]
+    assert env["A"] == "1" and json.loads(env[tracking.SECRETS_ENV])[shown].endswith(":ray-hunter6@10.0.0.9/mlflow")
+
+
 def test_secret_query_values_are_redacted_wherever_they_sit():
     text = "store http://h:5000/api?x=1&access_token=abc&sig=zz#f and s3://b/k?X-Amz-Signature=deadbeef&y=2"
     shown = tracking.redact(text)

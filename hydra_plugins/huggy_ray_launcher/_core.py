@@ -31,7 +31,7 @@ from huggy_exp.errors import UserError
 
 log = logging.getLogger(__name__)
 WORKER_FILE = "ray_worker.json"  # in a point's job folder: which node and process ran it (written when it starts)
-CREDENTIAL_ENV = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
+CREDENTIAL_ENV = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN", tracking.SECRETS_ENV)
 
 
 def launcher_settings(cfg: DictConfig) -> dict:
