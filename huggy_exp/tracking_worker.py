@@ -85,4 +85,10 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    # the run is committed and the answer sent: MLflow's and SQLAlchemy's teardown at exit (~0.9 s of CPU, measured
+    # between the answer and the exit) is nobody's wait, and the job's communicate() waits for our exit
+    os._exit(code)
