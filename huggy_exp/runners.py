@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -24,7 +25,7 @@ import torch
 
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.mlagents import ACTION_MASKS, ONNX_INPUT, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name
-from huggy_exp.placement import Target, check_backend, device_module, resolve, synchronize, use_device
+from huggy_exp.placement import QUANTIZED, Target, check_backend, device_module, quantize, resolve, synchronize, use_device
 from huggy_exp.policy import Policy, cpu_noise, cpu_uniform
 
 if TYPE_CHECKING:
@@ -112,8 +113,10 @@ class TorchRunner:
         if backend != "eager" and not weights.huggy_shaped:
             raise UserError(f"backend {backend} runs Huggy's shape only (one input, continuous actions, no memory); "
                             f"this policy has {weights.describe_shape()}: use backend eager or onnxruntime")
+        if target.dtype_name in QUANTIZED and backend != "eager":
+            raise Unsupported(f"dtype {target.dtype_name} (torchao int8) runs backend eager only; backend {backend} does not apply")
         use_device(target.device)
-        self.policy = Policy(weights).place(target.device, target.dtype)
+        self.policy = Policy(weights).place(target.device, target.dtype, partial(quantize, dtype=target.dtype_name))
         self.name = f"torch-{backend}-{target.device_name}-{target.dtype_name}"
         self._forward: Callable = self.policy
         self._sample: Callable = self.policy.sample

@@ -133,12 +133,18 @@ def point_line(vs64: Comparison, result: Result, ctx: Context) -> str:
             text = f"{stem} max_abs {m.get('max_abs', float('nan')):.2g} (limit {m.get('max_abs_limit', float('nan')):.2g})"
             if oc.output.rule == "continuous":
                 text += f", cosine {m.get('cosine_min_row', float('nan')):.6f} (limit {m.get('cosine_min_row_limit', -1):g})"
-            parts.append(text)
+            parts.append(text + _policy_units(m))
         elif oc.output.rule == "discrete":
             parts.append(f"{stem} agreement {m.get('agreement', float('nan')):.2%} "
-                         f"({int(m.get('flips_beyond_margin', 0))} flips beyond margin {m.get('margin_limit', 0):g})")
+                         f"({int(m.get('flips_beyond_margin', 0))} flips beyond margin {m.get('margin_limit', 0):g})" + _policy_units(m))
     verdict = "PASS" if vs64.passed else "FAIL"
     line = f"{verdict} vs cpu fp64 ({ctx.dtype} limits): " + "; ".join(parts)
     if result.latency:
         line += f"; p50 {result.latency['p50_us']:,.0f} µs" + (" (noisy)" if result.latency.get("noisy") else "")
     return line + f"; fingerprint {result.tags.get(verify.FINGERPRINT, '')[:12]}"
+
+
+def _policy_units(m: dict) -> str:
+    """`, KL 2e-03 (limit 0.01), |Δμ|/σ 0.04 (limit 0.1)`: what the engine judged in the policy's units, if anything."""
+    names = (("kl_max", "KL"), ("mean_shift_sigma_max", "|Δμ|/σ"))
+    return "".join(f", {what} {m[k]:.2g} (limit {m[k + '_limit']:g})" for k, what in names if k + "_limit" in m)
