@@ -24,8 +24,10 @@ import numpy as np
 import torch
 
 from huggy_exp.errors import Unsupported, UserError
-from huggy_exp.mlagents import ACTION_MASKS, ONNX_INPUT, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name
-from huggy_exp.placement import QUANTIZED, Target, check_backend, device_module, quantize, resolve, synchronize, use_device
+from huggy_exp.mlagents import ACTION_MASKS, ONNX_INPUT, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name, with_distributions
+from huggy_exp.placement import (
+    QUANTIZED, Target, check_backend, device_module, quantize, quantize_onnx, resolve, synchronize, use_device,
+)
 from huggy_exp.policy import Policy, cpu_noise, cpu_uniform
 
 if TYPE_CHECKING:
@@ -438,7 +440,7 @@ class OnnxRunner:
         self.outputs = [o.name for o in self.session.get_outputs()]
         self._batched = {i for i, o in enumerate(self.session.get_outputs()) if o.shape and not isinstance(o.shape[0], int)}
         self.batch_size = batch_size
-        self.name = f"onnxruntime-{provider}"
+        self.name = f"onnxruntime-{provider}" + (f"-{target.dtype_name}" if target and target.dtype_name != "fp32" else "")
 
     def sample(self, feeds: Feeds, seed: int) -> dict[str, np.ndarray]:
         raise self._torch_only("sampled actions take the seeded CPU noise, which")
@@ -495,14 +497,19 @@ def build(ctx: Context, backend: str | None = None, *, device: str | None = None
     batch = ctx.batch_size if batch_size is None else batch_size
     if backend == "onnxruntime":
         target = ctx.target(device, dtype)
-        if target.dtype_name != "fp32":
+        if target.dtype_name not in ("fp32", *QUANTIZED):
             raise Unsupported(f"backend onnxruntime runs the float32 .onnx graph; dtype {target.dtype_name} does not apply")
         provider = provider or PROVIDERS.get(target.kind)
         if provider is None:
             raise Unsupported(f"backend onnxruntime: no execution provider for device {target.device_name}")
         index = target.device.index if target.kind != "cpu" else None
-        return OnnxRunner(onnx or ctx.onnx_path(), provider, ctx.threads if threads is None else threads, ctx.seed, batch, index,
-                          target)
+        path = onnx or ctx.onnx_path()
+        if target.dtype_name in QUANTIZED:  # onnxruntime's own int8: its dynamic quantization of the same graph
+            import onnx
+
+            path = quantize_onnx(with_distributions(onnx.load(path)), target.dtype_name,
+                                 ctx.workdir / f"{Path(path).stem}.{target.dtype_name}.onnx")
+        return OnnxRunner(path, provider, ctx.threads if threads is None else threads, ctx.seed, batch, index, target)
     return TorchRunner(ctx.weights, ctx.target(device, dtype), batch, backend)
 
 
