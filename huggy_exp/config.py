@@ -18,7 +18,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from huggy_exp.errors import UserError
 
 DEVICE_KINDS = ("cpu", "cuda", "npu", "mps")  # what `device` names before `:<index>`; `specialize` entries are <kind>_<dtype>
-DTYPE_NAMES = ("fp32", "fp16", "bf16", "fp64", "int8", "int8w")  # int8: dynamic, int8w: weight-only (placement.QUANTIZED)
+# narrowest first, as a sweep's comparison lists them; int8: dynamic, int8w: weight-only (placement.QUANTIZED)
+DTYPE_NAMES = ("int8", "int8w", "bf16", "fp16", "fp32", "fp64")
 BACKENDS = ("eager", "compile", "fused", "graphs", "onnxruntime")
 PRECISION_MODES = ("ieee", "tf32", "hf32")  # fp32 math: IEEE fp32, TF32 (CUDA), HF32 (Ascend): placement.set_precision
 

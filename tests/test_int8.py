@@ -44,6 +44,9 @@ def test_the_engine_judges_kl_and_mean_shift_and_a_discrete_branchs_kl():
     assert c.failures == ["actions: |Δμ|/σ 0.4 > 0.3 (policy units)"]
     c = compare(actual, expected, Rules(Limits(atol=1.0, kl_max=0.05, mean_shift_max=0.5), "int8"))
     assert c.failures == ["actions: KL 0.08 > 0.05 (policy units)"]
+    both = {**actual, "continuous_actions": mu_a / 3}, {**expected, "continuous_actions": mu_e / 3}
+    c = compare(*both, Rules(Limits(atol=1.0, kl_max=1.0, mean_shift_max=0.3), "int8"))
+    assert c.failures == ["actions: |Δμ|/σ 0.4 > 0.3 (policy units)"]  # one distribution behind both: judged once
     logits_e = np.array([[2.0, 0.0, 0.0]])
     discrete = {DISCRETE_ACTIONS.name: np.array([[0]])}
     c = compare({**discrete, "masked_logits": np.array([[0.5, 0.0, 0.0]])}, {**discrete, "masked_logits": logits_e},
@@ -60,13 +63,17 @@ def test_a_policy_unit_limit_left_out_is_an_error_not_a_pass(tmp_path):
 
 
 @pytest.mark.parametrize("device", ["cuda", "cuda:1", "npu", "mps"])
-def test_int8_on_a_device_other_than_the_cpu_is_skipped_naming_why(device, small, tmp_path):
+def test_int8_on_a_device_other_than_the_cpu_is_skipped_naming_why(device):
     with pytest.raises(Unsupported, match=f"dtype int8 .*runs on the CPU here, not on {device}"):
         placement.resolve(device, "int8")
-    job = run_job(tmp_path, "action", small.model, f"device={device}", "dtype=int8w", "obs.rows=4")
-    assert job.record["status"] == "skipped", job.record
-    if device != "npu":  # npu: the missing torch_npu is found first (placement.set_precision), also a skip saying so
-        assert "dtype int8w" in job.record["reason"] and "CPU" in job.record["reason"]
+
+
+def test_an_int8_job_on_another_device_is_a_skipped_point_with_the_reason(small, tmp_path):
+    # mps: a job on cuda would set CUDA's process-wide precision switches first (test_precision_mode restores them)
+    job = run_job(tmp_path, "action", small.model, "device=mps", "dtype=int8w", "obs.rows=4")
+    assert job.record["status"] == "skipped"
+    assert job.record["reason"] == "dtype int8w (torchao int8) runs on the CPU here, not on mps: its kernels there are " \
+                                   "not verified (use device=cpu)"
 
 
 @pytest.mark.parametrize("backend", ["compile", "fused"])
@@ -94,4 +101,59 @@ def test_the_genuine_pyramids_int8_point_judges_each_branch_in_kl(tmp_path):
     job = run_job(tmp_path, "action", f"model.checkpoint={PYRAMIDS_PT}", "dtype=int8", "obs.rows=16")
     m = job.record["metrics"]
     assert job.record["status"] == "passed", job.record["reason"]
-    assert 0 < m["discrete_actions/vs_fp64/kl_max"] <= m["discrete_actions/vs_fp64/kl_max_limit"]
+    for side in ("", "onnxruntime_int8/"):  # torch's int8 and onnxruntime's, each branch's KL against its limit
+        assert 0 < m[f"{side}discrete_actions/vs_fp64/kl_max"] <= m[f"{side}discrete_actions/vs_fp64/kl_max_limit"]
+
+
+def test_an_int8_point_shows_onnxruntimes_int8_beside_it_judged_in_policy_units(small, tmp_path):
+    job = run_job(tmp_path, "action", small.model, "dtype=int8", "obs.rows=16")
+    m, peer = job.record["metrics"], "onnxruntime_int8/actions/vs_fp64"
+    for key in ("kl_max", "mean_shift_sigma_max", "max_abs"):
+        assert 0 < m[f"{peer}/{key}"] <= m[f"{peer}/{key}_limit"] == m[f"actions/vs_fp64/{key}_limit"], key
+    assert m[f"{peer}/{key}"] != m[f"actions/vs_fp64/{key}"]  # its own quantization, not torch's
+    assert m["onnxruntime_int8/passed"] == 1.0 and m["onnxruntime_int8/latency/p50_us"] > 0
+    assert "; onnxruntime int8 PASS vs cpu fp64: actions max_abs" in job.result.headline
+    assert job.record["details"]["onnxruntime_int8"]["graph"] == "onnxruntime-CPUExecutionProvider-int8"
+
+
+def test_an_int8_point_without_an_onnx_names_why_it_has_no_onnxruntime_peer(huggy_pt, tmp_path):
+    job = run_job(tmp_path, "action", f"model.checkpoint={huggy_pt}", "dtype=int8", "obs.rows=8")
+    assert job.record["status"] in ("passed", "failed")  # the torch int8 point is judged all the same
+    assert job.record["details"]["onnxruntime_int8"] == {"status": "skipped", "reason": "no .onnx beside the model "
+                                                          "(model.onnx=<file.onnx>)"}
+    assert "onnxruntime int8 skipped: no .onnx" in job.result.headline
+
+
+def test_backend_onnxruntime_at_int8_runs_onnxruntimes_quantized_graph_and_int8w_is_skipped(small, tmp_path):
+    import onnx
+
+    job = run_job(tmp_path / "q", "action", small.model, "dtype=int8", "backend=onnxruntime", "obs.rows=16")
+    graph = onnx.load(tmp_path / "q" / "Small-100.int8.onnx").graph
+    assert "MatMulInteger" in {n.op_type for n in graph.node} and {"mu", "log_sigma"} <= {o.name for o in graph.output}
+    assert job.record["status"] == "passed" and "actions/vs_fp64/mean_shift_sigma_max_limit" in job.record["metrics"]
+    assert "onnxruntime_int8/passed" not in job.record["metrics"]  # the point is the peer: nothing beside it
+    job = run_job(tmp_path / "w", "action", small.model, "dtype=int8w", "backend=onnxruntime", "obs.rows=4")
+    assert job.record["status"] == "skipped" and "dtype int8w has no onnxruntime counterpart" in job.record["reason"]
+
+
+def test_the_distributions_a_graph_exposes_are_the_policys_own(small, tmp_path):
+    import onnx
+
+    from huggy_exp.mlagents import with_distributions
+    from huggy_exp.runners import OnnxRunner
+
+    onnx.save(with_distributions(onnx.load(small.onnx)), tmp_path / "d.onnx")
+    obs = np.random.default_rng(0).normal(size=(6, small.weights.obs_dim)).astype(np.float32)
+    out = OnnxRunner(tmp_path / "d.onnx", batch_size=4).infer({"obs_0": obs})
+    want = Policy(small.weights).place(torch.device("cpu"), torch.float32).distributions([torch.from_numpy(obs)])
+    for name in ("mu", "log_sigma"):
+        assert out[name].shape == (6, 3) and np.allclose(out[name], want[name].numpy(), atol=1e-5), name
+
+
+def test_a_benchmark_at_int8_gates_and_times_onnxruntimes_int8_and_skips_what_cannot_run_int8(small, tmp_path):
+    short = ("mode.budget_s=0.05", "mode.rounds=1", "mode.warmup_s=0.01", "mode.settle_s=0", "obs.rows=8", "batch_size=4",
+             "mode.scenarios=[offline]", "mode.backends=[eager,fused,onnxruntime]")
+    job = run_job(tmp_path, "benchmark", small.model, "dtype=int8", *short)
+    backends = job.record["details"]["backends"]
+    assert backends["onnxruntime"]["dtype"] == "int8" and backends["onnxruntime"]["status"] == "passed", backends
+    assert backends["fused"]["status"] == "skipped" and "int8" in backends["fused"]["reason"]
