@@ -23,14 +23,11 @@ VERDICT_KNOBS = ("thresholds", "layer_thresholds", "specialize", "relative", "re
                  "decimals", "provider", "opset")  # mode knobs that judge or time the actions, not shape them
 
 
-BATCH_INPUTS = ("benchmark",)  # modes that verify (and fingerprint) the job's batch of rows, not every observation row
-
-
 def inputs_key(row: dict) -> tuple:
     """Points are comparable when the mode and its action-shaping knobs, the observations, seed and model agree (and,
     where the mode verifies only the job's batch of rows, the batch size)."""
     knobs = {k: v for k, v in (row.get("knobs") or {}).items() if k not in VERDICT_KNOBS and k != "_target_"}
-    obs = f"{row['obs']}/b{row['batch_size']}" if row["mode"] in BATCH_INPUTS else row["obs"]
+    obs = f"{row['obs']}/b{row['batch_size']}" if modes()[row["mode"]].per_batch else row["obs"]
     return row["mode"], json.dumps(knobs, sort_keys=True, default=str), obs, row["seed"], row["model_sha256"]
 
 

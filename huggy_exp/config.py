@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
-from typing import Any, ClassVar, Dict, List, NamedTuple, Optional, get_type_hints
+from typing import Any, ClassVar, Dict, List, NamedTuple, Optional, Tuple, get_type_hints
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -125,6 +125,8 @@ class ModeConf:
     timed: ClassVar[bool] = True  # reports latency: a timed CPU point holds its Ray node alone; beside other jobs, tagged
     verified: ClassVar[bool] = True  # judged against CPU fp64: its points choose a sweep's recommended dtype
     headline: ClassVar[Dict[str, str]] = {}  # short name -> the detailed metric it copies (`a | b`: the first found)
+    per_batch: ClassVar[bool] = False  # verifies (and fingerprints) the job's batch of rows, not every observation row
+    not_logged: ClassVar[Tuple[str, ...]] = ()  # headline names MLflow does not get as `answer/<name>`
 
     @classmethod
     def is_task(cls) -> bool:
@@ -217,6 +219,9 @@ class BatchMode(ModeConf):
 @dataclass
 class BenchmarkMode(ModeConf):
     name: ClassVar[str] = "benchmark"
+    per_batch: ClassVar[bool] = True
+    not_logged: ClassVar[Tuple[str, ...]] = ("p50_us", "p99_us", "ort_p50_us", "eager_vs_ort", "obs_per_s", "server_qps",
+                                             "miss_rate", "loop_hz_max")  # logged per backend at the job's batch instead
     # at the job's own batch size ({batch}; a ladder without it: its largest): eager's and onnxruntime's p50 and
     # `eager_vs_ort` = eager p50 / onnxruntime p50 (> 1: torch is slower); throughput at the largest batch timed;
     # the LoadGen server's highest QPS under its p99 bound, and the control loop's miss rate and highest rate

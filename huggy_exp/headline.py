@@ -80,9 +80,6 @@ MAX_LOGGED = 20
 # last): `answer/` sorts before every other section logged here (tests/test_ui.py checks the order)
 ANSWER = "answer/"
 ANSWER_ORDER = ("passed", ERROR, COSINE, "agreement_vs_fp64", "p50_us", "p99_us", "obs_per_s", "max_abs_vs_fp32")
-# benchmark: the ladder's figures logged only at the job's own batch, the best backend's in `answer/`
-NOT_LOGGED = {"benchmark": ("p50_us", "p99_us", "ort_p50_us", "eager_vs_ort", "obs_per_s", "server_qps", "miss_rate",
-                            "loop_hz_max")}
 OUTPUT_STATS = ("max_abs", "cosine_min_row", "agreement")  # per output vs fp64, each with its `_limit`
 BACKEND_STATS = ("p50_us", "obs_per_s")  # benchmark: per backend at the job's batch, as `<backend>/<stat>`
 LOADGEN_LATENCY = {"single_stream": "p90_us", "multi_stream": "p99_us", "server": "p99_us", "offline": "samples_per_s"}
@@ -98,7 +95,7 @@ def logged_metrics(record: dict) -> dict[str, float]:
     full precision, is in result.json and the run's metrics.csv."""
     mode, metrics = record["mode"], record.get("metrics") or {}
     head = headline_metrics(mode, metrics, record["status"], record.get("batch_size"))
-    skip = NOT_LOGGED.get(mode, ())
+    skip = modes()[mode].not_logged if mode in modes() else ()
     names = [*(n for n in ANSWER_ORDER if n not in skip), *(n for n in head if n not in ANSWER_ORDER and n not in skip)]
     out = {ANSWER + n: head[n] for n in names if n in head}
     batch, _ = timed_batch(metrics, record.get("batch_size"))

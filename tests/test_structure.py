@@ -167,4 +167,20 @@ def test_a_mode_declares_itself_once_no_module_keeps_a_table_of_mode_names():
             found = {s for s in strings if s in names}
             if len(found) >= 2 and 2 * len(found) > len(strings):  # mostly mode names (not a table that has a "batch")
                 tables.append(f"{path.relative_to(REPO)}:{node.lineno} {sorted(found)}")
+        for node in ast.parse(path.read_text()).body:  # a module constant of one mode's name is a trait table too
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+            items = value.keys if isinstance(value, ast.Dict) else getattr(value, "elts", None) or []
+            strings = [n.value for n in items if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+            if strings and set(strings) <= names:
+                tables.append(f"{path.relative_to(REPO)}:{node.lineno} {strings}")
     assert not tables, tables
+
+
+def test_no_module_probes_a_runner_for_what_the_runner_protocol_declares():
+    """Callers read what runners.Runner declares (target, memory_size, sample, trace, distributions...): a hasattr or
+    getattr on a runner is a backend that silently does less (a runner without a target timed unsynchronised)."""
+    probes = [f"{path.relative_to(REPO)}:{node.lineno}" for path in [*_modules(), *EDGES]
+              for node in ast.walk(ast.parse(path.read_text()))
+              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("hasattr", "getattr")
+              and node.args and "runner" in ast.unparse(node.args[0]).lower()]
+    assert not probes, probes
