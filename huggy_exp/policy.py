@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from huggy_exp.errors import UserError
 from huggy_exp.mlagents import ACTION_CLAMP, LOG_SIGMA_RANGE, MASK_PENALTY, NORMALIZER_CLAMP, Lstm, Normalizer, PolicyWeights
 
 DISCRETE_SEED_OFFSET = 1_000_003  # the discrete draws' CPU stream: seed + this, apart from the Gaussian stream of `seed`
@@ -183,7 +184,9 @@ class Policy(nn.Module):
         super().__init__()
         self.obs_sizes, self.obs_dim, self.act_dim = weights.obs_sizes, weights.obs_dim, weights.act_dim
         self.branch_sizes, self.memory_size = weights.branch_sizes, weights.memory
-        self.tanh_squash, self.huggy_shaped = weights.tanh_squash, weights.huggy_shaped
+        self.tanh_squash, self.shape = weights.tanh_squash, weights.describe_shape()
+        # Huggy's shape (one input, continuous actions, no memory) runs forward()'s lean path, whoever asks
+        self._huggy_shaped = len(weights.inputs) == 1 and weights.mu is not None and not weights.branches and weights.lstm is None
         self.normalizers = nn.ModuleList(Normalization(i.normalizer) for i in weights.inputs)
         self.has_normalizer = any(n.enabled for n in self.normalizers)
         body: list[nn.Module] = []
@@ -227,6 +230,13 @@ class Policy(nn.Module):
         self._cache_parameters()
         return self
 
+    def check_single(self, what: str) -> None:
+        """`what` runs forward() and sample(), the single-tensor path: refused (one line naming the shape) for a policy
+        with several inputs, discrete branches or memory."""
+        if not self._huggy_shaped:
+            raise UserError(f"{what} runs Huggy's shape only (one input, continuous actions, no memory); this policy has "
+                            f"{self.shape}: use backend eager or onnxruntime")
+
     @property
     def compute_dtype(self) -> torch.dtype:
         return self.body[0].weight.dtype
@@ -263,7 +273,13 @@ class Policy(nn.Module):
     def act(self, obs: list[torch.Tensor], masks: torch.Tensor | None = None, memory: torch.Tensor | None = None,
             noise: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """ML-Agents' outputs by ONNX name: deterministic actions of every head (sampled ones when `noise` is given,
-        keyed by head output name: a Gaussian z for continuous, uniforms for discrete) and `recurrent_out`."""
+        keyed by head output name: a Gaussian z for continuous, uniforms for discrete) and `recurrent_out`. Huggy's
+        shape runs forward() and sample(), its lean path."""
+        if self._huggy_shaped:
+            head = self.continuous
+            if noise is None:
+                return {head.deterministic_name: self._run(obs[0])}
+            return {head.sampled_name: self.sample(obs[0], noise[head.sampled_name])}
         x, memory_out = self.encode(obs, memory)
         out = {}
         for head in self.heads:
@@ -309,14 +325,14 @@ class Policy(nn.Module):
         """Every intermediate, for per-layer attribution.
 
         Huggy's shape: the same code as forward() (one path, recording on the way, so what is verified is what runs):
-        normalized_obs, hidden_0.., mu, log_sigma, actions. Every other shape, through encode() and the heads as act()
+        normalized_obs, hidden_0.., mu, log_sigma, the deterministic actions. Every other shape, through encode() and the heads as act()
         runs them: normalized_obs (normalized_obs_<i> for several inputs), hidden_0.., lstm (the LSTM output the heads
         read), mu and log_sigma (continuous), logits (every branch's raw logits side by side), with the deterministic
         outputs of every head and recurrent_out from the same values.
         """
         out: dict[str, torch.Tensor] = {}
-        if self.huggy_shaped:
-            out["actions"] = self._run(obs if isinstance(obs, torch.Tensor) else obs[0], out)
+        if self._huggy_shaped:
+            out[self.continuous.deterministic_name] = self._run(obs if isinstance(obs, torch.Tensor) else obs[0], out)
             return out
         x, memory_out = self.encode([obs] if isinstance(obs, torch.Tensor) else obs, memory, record=out)
         if self.continuous is not None:

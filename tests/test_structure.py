@@ -184,3 +184,17 @@ def test_no_module_probes_a_runner_for_what_the_runner_protocol_declares():
               if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("hasattr", "getattr")
               and node.args and "runner" in ast.unparse(node.args[0]).lower()]
     assert not probes, probes
+
+
+def test_one_path_for_every_shape_only_the_policy_knows_huggys_shape():
+    """Huggy's lean path (one input, continuous actions, no memory) is the policy's own: no runner, kernel, task or
+    format module forks on the shape, and feeds are always a dict (no bare-array union, one chunker)."""
+    forks = [f"{p.relative_to(REPO)}:{n}" for p in [*_modules(), *EDGES] if p.name != "policy.py"
+             for n, line in enumerate(p.read_text().splitlines(), 1) if "huggy_shaped" in line]
+    assert not forks, forks
+    runners = ast.parse((PACKAGE / "runners.py").read_text())
+    feeds = next(n for n in runners.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "Feeds")
+    assert "ndarray" not in ast.unparse(feeds.value).replace("Mapping[str, np.ndarray]", ""), ast.unparse(feeds.value)
+    torch_runner = next(n for n in runners.body if isinstance(n, ast.ClassDef) and n.name == "TorchRunner")
+    chunkers = [n.name for n in torch_runner.body if isinstance(n, ast.FunctionDef) and "chunk" in n.name]
+    assert chunkers == ["_chunks"], chunkers
