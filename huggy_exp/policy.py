@@ -10,6 +10,7 @@ from torch import nn
 
 from huggy_exp.errors import UserError
 from huggy_exp.mlagents import ACTION_CLAMP, LOG_SIGMA_RANGE, MASK_PENALTY, NORMALIZER_CLAMP, Lstm, Normalizer, PolicyWeights
+from huggy_exp.verify import CONTINUOUS_ACTIONS, DISCRETE_ACTIONS, MEMORY
 
 DISCRETE_SEED_OFFSET = 1_000_003  # the discrete draws' CPU stream: seed + this, apart from the Gaussian stream of `seed`
 
@@ -59,7 +60,7 @@ class Normalization(nn.Module):
 class ContinuousActions(nn.Module):
     """PPO's Gaussian head: deterministic clamp(mu, -3, 3) / 3, sampled clamp(mu + exp(log_sigma) * z, -3, 3) / 3."""
 
-    deterministic_name, sampled_name = "deterministic_continuous_actions", "continuous_actions"
+    deterministic_name, sampled_name = CONTINUOUS_ACTIONS.name, CONTINUOUS_ACTIONS.sampled
     stats = ("log_sigma_const",)
 
     def __init__(self, mu: tuple[np.ndarray, np.ndarray], log_sigma: np.ndarray | tuple[np.ndarray, np.ndarray]):
@@ -112,7 +113,7 @@ class DiscreteActions(nn.Module):
     """One Linear per branch; logits masked as ML-Agents masks them (logits * mask - 1e8 * (1 - mask)) in fp32, softmax;
     deterministic = argmax of the softmax per branch, sampled = a categorical draw from given uniforms. int64 [N, branches]."""
 
-    deterministic_name, sampled_name = "deterministic_discrete_actions", "discrete_actions"
+    deterministic_name, sampled_name = DISCRETE_ACTIONS.name, DISCRETE_ACTIONS.sampled
 
     def __init__(self, branches: tuple[tuple[np.ndarray, np.ndarray], ...]):
         super().__init__()
@@ -289,7 +290,7 @@ class Policy(nn.Module):
             else:
                 out[head.sampled_name] = head.sample(*args, noise[head.sampled_name])
         if memory_out is not None:
-            out["recurrent_out"] = _cast(memory_out, self.stat_dtype)
+            out[MEMORY.name] = _cast(memory_out, self.stat_dtype)
         return out
 
     def distributions(self, obs: list[torch.Tensor], masks: torch.Tensor | None = None,
@@ -304,7 +305,7 @@ class Policy(nn.Module):
         if self.discrete is not None:
             out["masked_logits"] = torch.cat(self.discrete.masked_logits(x, masks), dim=1)
         if memory_out is not None:
-            out["recurrent_out"] = _cast(memory_out, self.stat_dtype)
+            out[MEMORY.name] = _cast(memory_out, self.stat_dtype)
         return out
 
     def _hidden(self, x: torch.Tensor, record: dict | None = None, row: bool = False) -> torch.Tensor:
@@ -344,7 +345,7 @@ class Policy(nn.Module):
             out["logits"] = torch.cat(logits, dim=1)
             out[self.discrete.deterministic_name] = self.discrete(x, masks, logits)
         if memory_out is not None:
-            out["recurrent_out"] = _cast(memory_out, self.stat_dtype)
+            out[MEMORY.name] = _cast(memory_out, self.stat_dtype)
         return out
 
     def _mu(self, obs: torch.Tensor, record: dict[str, torch.Tensor] | None = None):

@@ -26,14 +26,13 @@ from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.mlagents import ACTION_MASKS, ONNX_INPUT, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name
 from huggy_exp.placement import Target, check_backend, device_module, resolve, synchronize, use_device
 from huggy_exp.policy import Policy, cpu_noise, cpu_uniform
+from huggy_exp.verify import CONTINUOUS_ACTIONS, DISCRETE_ACTIONS
 
 if TYPE_CHECKING:
     from huggy_exp.context import Context
 
-ACTIONS = "deterministic_continuous_actions"
-SAMPLED = "continuous_actions"
-DISCRETE = "deterministic_discrete_actions"
-DISCRETE_SAMPLED = "discrete_actions"
+ACTIONS, SAMPLED = CONTINUOUS_ACTIONS.name, CONTINUOUS_ACTIONS.sampled  # ML-Agents' output names (verify.DECLARED)
+DISCRETE, DISCRETE_SAMPLED = DISCRETE_ACTIONS.name, DISCRETE_ACTIONS.sampled
 OBS = ONNX_INPUT
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "npu": "CANNExecutionProvider"}
 # torch.compile's backend per device kind: inductor on the CPU and CUDA; on Ascend torch_npu's own dynamo backend

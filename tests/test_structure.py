@@ -198,3 +198,15 @@ def test_one_path_for_every_shape_only_the_policy_knows_huggys_shape():
     torch_runner = next(n for n in runners.body if isinstance(n, ast.ClassDef) and n.name == "TorchRunner")
     chunkers = [n.name for n in torch_runner.body if isinstance(n, ast.FunctionDef) and "chunk" in n.name]
     assert chunkers == ["_chunks"], chunkers
+
+
+def test_an_output_declares_itself_once_in_verify_declared():
+    """ML-Agents' output names live in verify.DECLARED (and the format package, mlagents/, that reads and writes
+    them): a module that spells one again keeps a second output table that a new output forgets."""
+    from huggy_exp.verify import DECLARED
+
+    names = {o.name for o in DECLARED}  # "discrete_actions" is also a file stem and a metric prefix: not counted
+    spelled = [f"{p.relative_to(REPO)}:{n.lineno} {n.value}" for p in [*_modules(), *EDGES]
+               if p.name != "verify.py" and "mlagents" not in p.parts
+               for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.Constant) and n.value in names]
+    assert not spelled, spelled
