@@ -180,7 +180,18 @@ def set_precision(device: str, dtype: str, mode: str) -> dict[str, str]:
     wrong = {k: found.get(k) for k, v in asked.items() if found.get(k) != v}
     if wrong:
         raise Unsupported(f"precision_mode={mode}: the switches read back {wrong}, not {({k: asked[k] for k in wrong})}")
+    if kind == "cuda":  # what this point's onnxruntime CUDA sessions are given (onnxruntime_options)
+        found["onnxruntime_cuda_use_tf32"] = onnxruntime_options("CUDAExecutionProvider", None, mode)["use_tf32"]
     return found
+
+
+def onnxruntime_options(provider: str, index: int | None, mode: str) -> dict[str, str]:
+    """An onnxruntime execution provider's options for a point: its card and, for CUDA's provider, TF32 as
+    precision_mode says (onnxruntime's CUDA provider runs fp32 convolutions and matmuls in TF32 unless use_tf32=0)."""
+    options = {} if index is None else {"device_id": str(index)}
+    if provider == "CUDAExecutionProvider":
+        options["use_tf32"] = "1" if mode == "tf32" else "0"
+    return options
 
 
 def _set_cuda(mode: str) -> None:

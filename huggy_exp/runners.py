@@ -24,7 +24,7 @@ import torch
 
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.mlagents import ACTION_MASKS, ONNX_INPUT, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name
-from huggy_exp.placement import Target, check_backend, device_module, resolve, synchronize, use_device
+from huggy_exp.placement import Target, check_backend, device_module, onnxruntime_options, resolve, synchronize, use_device
 from huggy_exp.policy import Policy, cpu_noise, cpu_uniform
 from huggy_exp.verify import CONTINUOUS_ACTIONS, DISCRETE_ACTIONS
 
@@ -370,7 +370,7 @@ class OnnxRunner:
     fixed_shape = False
 
     def __init__(self, path: Path, provider: str = "CPUExecutionProvider", threads: int = 0, seed: int | None = None,
-                 batch_size: int = 0, device_id: int | None = None, target: Target | None = None):
+                 batch_size: int = 0, provider_options: dict[str, str] | None = None, target: Target | None = None):
         import onnxruntime as ort
 
         self.target = target or resolve("cpu", "fp32")  # the provider's device: the graph's own dtype, fp32 I/O
@@ -386,7 +386,7 @@ class OnnxRunner:
         if threads:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
-        providers = [(provider, {"device_id": device_id})] if device_id is not None else [provider]
+        providers = [(provider, provider_options)] if provider_options else [provider]  # placement.onnxruntime_options
         try:
             self.session = ort.InferenceSession(str(path), options, providers=providers)
         except Exception as exc:
@@ -460,9 +460,9 @@ def build(ctx: Context, backend: str | None = None, *, device: str | None = None
         provider = provider or PROVIDERS.get(target.kind)
         if provider is None:
             raise Unsupported(f"backend onnxruntime: no execution provider for device {target.device_name}")
-        index = target.device.index if target.kind != "cpu" else None
-        return OnnxRunner(onnx or ctx.onnx_path(), provider, ctx.threads if threads is None else threads, ctx.seed, batch, index,
-                          target)
+        options = onnxruntime_options(provider, target.device.index if target.kind != "cpu" else None, ctx.precision_mode)
+        return OnnxRunner(onnx or ctx.onnx_path(), provider, ctx.threads if threads is None else threads, ctx.seed, batch,
+                          options, target)
     return TorchRunner(ctx.weights, ctx.target(device, dtype), batch, backend)
 
 

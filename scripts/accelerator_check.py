@@ -5,11 +5,13 @@ configured minimum durations and printed before it starts; one tarball and a fir
 
 DEVICE: cuda | cuda:N | npu | npu:N (cpu: a dry run of every step on the CPU alone). Each step is one Hydra sweep
 (`run.py -m ... tracking=none`) into OUTDIR/<step>/, its log OUTDIR/<step>.log:
-  points, precision, fingerprint, stats   DEVICE then cpu (Hydra runs the values in order) x fp32, fp16, bf16
-  benchmark          DEVICE: backend=eager,compile,graphs (each timed beside eager and onnxruntime), the batch ladder,
-                     LoadGen's four scenarios and the control loop on that backend
+  modes              action, precision, fingerprint, stats: DEVICE then cpu (Hydra runs the values in order) x fp32,
+                     fp16, bf16, one sweep (one process)
+  benchmark          DEVICE, one job: eager, compile, graphs and onnxruntime timed together over the batch ladder;
+                     LoadGen's four scenarios and the control loop on graphs
+  loadgen            DEVICE: the scenarios and the control loop on compile
   fixtures-precision, fixtures-benchmark   the genuine policies (ONNX) from the fixture folder, on DEVICE
-  benchmark-cpu      the CPU's eager figures for comparison, last, in what is left of the total budget
+  benchmark-cpu      the CPU's figures for comparison (ladder, single_stream, offline), last, in what is left
 The fixture folder (default .fx/, filled by ../shared/device/prepare.sh) must hold huggy, huggy_lstm and pyramids:
 a missing one is an error (exit 2) unless --no-fixtures. --tar FILE packs OUTDIR into FILE and copies SUMMARY.md beside
 it. --python "CMD" runs run.py with another interpreter command (the CI rehearsal: "python tests/emulated_npu.py").
@@ -22,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import resource
 import shlex
 import shutil
 import subprocess
@@ -34,13 +38,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SHAPES = ("huggy", "huggy_lstm", "pyramids")  # what prepare.sh copies into .fx/
-START_S = 20.0  # a sweep's start-up: python, torch, Hydra's composition, the first model and references
-POINT_S = 5.0  # each point's own work beyond its timed minimum: references, result.json, summaries
-CALL_S = 0.04  # each sequential policy call of a rollout (fingerprint, stats: mode.steps of them per point)
-COMPILE_S = 15.0  # each shape a compiled backend builds (torch.compile with freezing; graph capture is less)
+# A step's budget is SLACK x its estimate; the constants were measured on the emulated npu (2 shared cores, 2026-12-02:
+# docs/measurements/2026-12-02-accelerator-check.md), where a policy call costs more than on a card
+START_S = 8.0  # a sweep's own cost: python, torch, Hydra's composition, the sweep's summary and plots
+POINT_S = 2.5  # each point's work beyond its timed minimum: model, references, verdict, result.json, plots
+CALL_S = 0.003  # each sequential policy call (rollouts of fingerprint and stats: the device's and the CPU reference's)
+ROW_S = 3e-5  # each row of a call on the CPU or the emulated card (eager fp32, one thread: 35k rows/s); a card is faster
+COMPILE_S = 10.0  # each shape a compiled backend builds (torch.compile with freezing; graph capture is less)
 SLACK = 1.5  # budget = SLACK x the estimate: a loaded host, a slow first kernel load
 TOTAL_S = 400.0  # the whole run (the device call allows about 420 s)
+PROBE_TICKS = 50  # huggy_exp.control_loop.MIN_PROBE_TICKS: a control-loop search probe runs at least this many ticks
+MULTI_STREAM_QUERIES = 662  # huggy_exp.loadgen.MULTI_STREAM_MIN_QUERIES
 SCENARIOS = "[single_stream,multi_stream,offline,server,control_loop]"
+MODES = "action,precision,fingerprint,stats"  # the verdict modes, one sweep: every point of them in one process
 FULL = {"dtypes": "fp32,fp16,bf16", "ladder": [1, 8, 64, 512, 4096, 65536],
         "bench": {"rounds": 2, "budget_s": 0.4, "warmup_s": 0.2, "settle_s": 0.05, "min_duration_ms": 1000,
                   "search_steps": 5, "search_ms": 400, "duration_s": 2.0, "loop_search_s": 0.5, "rate_hz": 1000}}
@@ -61,6 +71,8 @@ class Step:
     budget_s: float = 0.0
     rc: int | None = None
     took_s: float = 0.0
+    cpu_s: float = 0.0  # CPU seconds its processes used (user + system)
+    load: str = ""  # the host's 1-minute load average before and after it
     rows: list[dict] = field(default_factory=list)
 
     def plan(self) -> None:
@@ -76,19 +88,41 @@ class Step:
         return f"{self.name}: budget {self.budget_s:.0f} s = {SLACK:g} x ({' + '.join(parts)})"
 
 
-def benchmark_minimum(bench: dict, backends: int, batches: int, scenarios: str) -> tuple[float, str]:
-    """The seconds one benchmark job times at least, from its knobs: every (backend, batch) point, each LoadGen run,
-    the server search, the control loop and its search."""
-    per_point = bench["warmup_s"] + bench["budget_s"] + bench["rounds"] * bench["settle_s"]
-    timing = backends * batches * per_point
-    run_s = bench["min_duration_ms"] / 1000
+def search_s(start: float, steps: int, probe_s: float, least: int) -> float:
+    """The longest a rate search can take: every probe misses, so the rate halves from `start`; each probe lasts
+    `probe_s` or the `least` queries (ticks) it needs at its rate, whichever is longer."""
+    return sum(max(probe_s, least / (start / 2**i)) for i in range(int(steps)))
+
+
+def benchmark_minimum(bench: dict, backends: int, batches: list[int], scenarios: str) -> tuple[float, str]:
+    """The seconds one benchmark job times at least, from its knobs (conf/mode/benchmark.yaml's, overridden by
+    `bench`): every (backend, batch) point (its warm-up, budget and settles, or its fewest calls of `rows` rows), each
+    LoadGen run, the server search, the control loop and its search (timing.py, loadgen.py, control_loop.py)."""
+    k = {**_mode_knobs("benchmark"), **bench}
+    per_point = k["warmup_s"] + k["budget_s"] + k["rounds"] * k["settle_s"]
+    # a batch too big to fit its budget still makes, per round, 2 warm-up calls and 1 timed (timing.measure)
+    timing = backends * sum(max(per_point, k["rounds"] * 3 * rows * ROW_S) for rows in batches)
+    run_s = k["min_duration_ms"] / 1000
     names = scenarios.strip("[]").split(",")
-    loadgen = run_s * sum(n in ("single_stream", "multi_stream", "offline", "server") for n in names)
-    loadgen += bench["search_steps"] * bench["search_ms"] / 1000 if "server" in names else 0.0
-    loop = bench["duration_s"] + bench["search_steps"] * bench["loop_search_s"] if "control_loop" in names else 0.0
-    why = (f"{backends} backend(s) x {batches} batch(es) x {per_point:.2f} s + LoadGen {loadgen:.1f} s"
+    loadgen = run_s * sum(n in ("single_stream", "offline") for n in names)
+    if "multi_stream" in names:  # at least its early-stopping minimum of queries, one policy call each
+        loadgen += max(run_s, MULTI_STREAM_QUERIES * CALL_S)
+    if "server" in names:
+        loadgen += max(run_s, k["min_query_count"] / k["target_qps"])
+        loadgen += search_s(k["target_qps"], k["search_steps"], k["search_ms"] / 1000, k["min_query_count"])
+    loop = (k["duration_s"] + search_s(k["rate_hz"], k["search_steps"], k["loop_search_s"], PROBE_TICKS)
+            if "control_loop" in names else 0.0)
+    why = (f"{backends} backend(s) x {len(batches)} batch(es) at >= {per_point:.2f} s + LoadGen {loadgen:.1f} s"
            + (f" + control loop {loop:.1f} s" if loop else ""))
     return timing + loadgen + loop, why
+
+
+def compiled_shapes(batches: list[int], scenarios: str) -> int:
+    """The chunk shapes a compiled backend builds, once each: every batch up to mode.chunk_rows rows (a bigger one runs
+    in chunks of that many), batch 1 for single_stream and server, multi_stream's samples per query."""
+    k, names = _mode_knobs("benchmark"), set(scenarios.strip("[]").split(","))
+    shapes = {min(b, k["chunk_rows"]) for b in batches} | ({1} if {"single_stream", "server"} & names else set())
+    return len(shapes | ({k["samples_per_query"]} if "multi_stream" in names else set()))
 
 
 def _mode_knobs(mode: str) -> dict:
@@ -116,43 +150,49 @@ def fixtures(folder: Path | None) -> list[Path]:
 
 
 def plan(device: str, quick: bool, onnx: list[Path]) -> list[Step]:
-    """Every step, device points first; the CPU's benchmark last."""
+    """Every step, device points first; the CPU's benchmark last.
+
+    `modes`: the verdict modes on the device then the CPU, every dtype, in one sweep (one process: torch, the model
+    and the CPU references are loaded once). `benchmark`: one job times every backend over the ladder (eager, compile,
+    graphs, onnxruntime: their ratios from one run) and runs LoadGen and the control loop on graphs; `loadgen` runs
+    them on compile (its own job: compiled at batch 64 and 1 only). Eager is timed once, beside the others."""
     cfg = QUICK if quick else FULL
     dtypes, ladder, bench = cfg["dtypes"], cfg["ladder"], cfg["bench"]
     devices = device if device == "cpu" else f"{device},cpu"  # Hydra runs a sweep's values in the order given
     per = len(devices.split(",")) * len(dtypes.split(","))
-    steps_knobs = ["obs.rows=16", "mode.steps=8"] if quick else []
     knobs = [f"mode.{k}={v}" for k, v in bench.items()] + (["obs.rows=16"] if quick else [])
-    backends = "eager" if quick or device == "cpu" else "eager,compile,graphs"
-    steps = [Step("points", [f"device={devices}", f"dtype={dtypes}", "obs.rows=64"], per),
-             Step("precision", ["mode=precision", f"device={devices}", f"dtype={dtypes}", "obs.rows=64"], per)]
-
-    def rollout(mode: str) -> Step:  # mode.steps sequential calls a point
-        calls = 8 if quick else int(_mode_knobs(mode)["steps"])
-        return Step(mode, [f"mode={mode}", f"device={devices}", f"dtype={dtypes}", *steps_knobs], per,
-                    per * calls * CALL_S, why=f"{per} point(s) x {calls} calls x {CALL_S:g} s")
-
-    steps += [rollout("fingerprint"), rollout("stats")]
-    timed = [benchmark_minimum(bench, len({"eager", "onnxruntime", b}), len(ladder), SCENARIOS) for b in backends.split(",")]
-    bench_step = Step("benchmark", ["mode=benchmark", f"device={device}", f"backend={backends}",
-                                    "mode.backends=[eager,onnxruntime]", f"mode.batch_sizes=[{','.join(map(str, ladder))}]",
-                                    "batch_size=64", f"mode.scenarios={SCENARIOS}", *knobs], len(timed),
-                      sum(t for t, _ in timed), len(ladder) * ("compile" in backends), "; ".join(w for _, w in timed))
-    steps.append(bench_step)
+    calls = 2 * sum(8 if quick else int(_mode_knobs(m)["steps"]) for m in ("fingerprint", "stats"))  # device + reference
+    modes = Step("modes", [f"mode={MODES}", f"device={devices}", f"dtype={dtypes}",
+                           *(["obs.rows=16", "mode.steps=8"] if quick else [])],
+                 per * len(MODES.split(",")), per * calls * CALL_S, why=f"{per} x {calls} rollout calls x {CALL_S:g} s")
+    steps = [modes]
+    ladder_arg = f"mode.batch_sizes=[{','.join(map(str, ladder))}]"
+    on_card = not quick and device != "cpu"
+    timed = ["eager", "compile", "graphs", "onnxruntime"] if on_card else ["eager", "onnxruntime"]
+    t, why = benchmark_minimum(bench, len(timed), ladder, SCENARIOS)
+    steps.append(Step("benchmark", ["mode=benchmark", f"device={device}", f"backend={'graphs' if on_card else 'eager'}",
+                                    f"mode.backends=[{','.join(timed)}]", ladder_arg, "batch_size=64",
+                                    f"mode.scenarios={SCENARIOS}", *knobs], 1, t,
+                      compiled_shapes(ladder, SCENARIOS) * on_card, why))
+    if on_card:
+        t, why = benchmark_minimum(bench, 2, [1, 64], SCENARIOS)  # eager and compile at batch 1 and 64
+        steps.append(Step("loadgen", ["mode=benchmark", f"device={device}", "backend=compile", "mode.backends=[eager]",
+                                      "mode.batch_sizes=[64]", "batch_size=64", f"mode.scenarios={SCENARIOS}", *knobs],
+                          1, t, compiled_shapes([64], SCENARIOS), why))
     if onnx:
         models = ",".join(str(p) for p in onnx)
         steps.append(Step("fixtures-precision", ["mode=precision", f"device={device}", f"dtype={dtypes}",
-                                                 f"model.onnx={models}", "obs.rows=64"], len(onnx) * len(dtypes.split(","))))
+                                                 f"model.onnx={models}"], len(onnx) * len(dtypes.split(","))))
         fx = "[single_stream,offline,control_loop]"
-        timed, why = benchmark_minimum(bench, 2, 2, fx)
+        t, why = benchmark_minimum(bench, 2, [1, 64], fx)
         steps.append(Step("fixtures-benchmark", ["mode=benchmark", f"device={device}", f"model.onnx={models}",
                                                  "mode.batch_sizes=[1,64]", f"mode.scenarios={fx}", *knobs],
-                          len(onnx), timed * len(onnx), 0, f"per job: {why}"))
-    if device != "cpu":
-        timed, why = benchmark_minimum(bench, 2, len(ladder), SCENARIOS)
+                          len(onnx), t * len(onnx), 0, f"per job: {why}"))
+    if device != "cpu":  # the same host's CPU beside the card: its ladder, single-stream latency and offline throughput
+        cpu = "[single_stream,offline]"
+        t, why = benchmark_minimum(bench, 2, ladder, cpu)
         steps.append(Step("benchmark-cpu", ["mode=benchmark", "device=cpu", "backend=eager", "mode.backends=[eager,onnxruntime]",
-                                            f"mode.batch_sizes=[{','.join(map(str, ladder))}]", "batch_size=64",
-                                            f"mode.scenarios={SCENARIOS}", *knobs], 1, timed, 0, why))
+                                            ladder_arg, "batch_size=64", f"mode.scenarios={cpu}", *knobs], 1, t, 0, why))
     for step in steps:
         step.plan()
     return steps
@@ -161,7 +201,7 @@ def plan(device: str, quick: bool, onnx: list[Path]) -> list[Step]:
 def run_step(step: Step, python: list[str], out: Path, budget_s: float) -> None:
     """One sweep within `budget_s` (killed past it: exit 124), its rows read from its summary.json."""
     cmd = [*python, "run.py", "-m", "tracking=none", *step.args, f"hydra.sweep.dir={out / step.name}"]
-    started = time.monotonic()
+    started, cpu, load = time.monotonic(), _children_cpu_s(), os.getloadavg()[0]
     with open(out / f"{step.name}.log", "w") as log:
         log.write(" ".join(shlex.quote(c) for c in cmd) + "\n")
         log.flush()
@@ -171,8 +211,15 @@ def run_step(step: Step, python: list[str], out: Path, budget_s: float) -> None:
         except subprocess.TimeoutExpired:
             _kill(proc)
             step.rc = 124
-    step.took_s = time.monotonic() - started
+    step.took_s, step.cpu_s = time.monotonic() - started, _children_cpu_s() - cpu
+    step.load = f"{load:.1f}-{os.getloadavg()[0]:.1f}"
     step.rows = rows(out / step.name)
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds (user + system) of this process's finished children: a step's sweep and its workers."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 def rows(folder: Path) -> list[dict]:
@@ -193,7 +240,6 @@ def rows(folder: Path) -> list[dict]:
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    import os
     import signal
 
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -243,10 +289,11 @@ def summary(device: str, steps: list[Step], out: Path, quick: bool, started: flo
     torch_line = _torch_version()
     lines = [f"# accelerator check: {device} ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
              f"{verdict}", "", f"{torch_line}; {time.monotonic() - started:.0f} s in all{', --quick' if quick else ''}",
-             "", "| step | budget s | took s | exit | passed | failed | skipped | error |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "", "| step | budget s | took s | cpu s | load | exit | passed | failed | skipped | error |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in steps:
         tally = {k: sum(r["status"] == k for r in s.rows) for k in ("passed", "failed", "skipped", "error")}
-        took = f"{s.took_s:.0f}" if s.rc is not None else "not run"
+        took = f"{s.took_s:.0f} | {s.cpu_s:.0f} | {s.load}" if s.rc is not None else "not run | | "
         lines.append(f"| {s.name} | {s.budget_s:.0f} | {took} | {s.rc if s.rc is not None else ''} | "
                      + " | ".join(str(tally[k]) for k in ("passed", "failed", "skipped", "error")) + " |")
     for s in ran:
@@ -292,9 +339,9 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     steps = plan(args.device, args.quick, onnx)
-    planned = sum(s.budget_s for s in steps)
-    print(f"plan: {len(steps)} steps, {planned:.0f} s of budgets within {args.total_s:.0f} s"
-          + ("" if planned <= args.total_s else " (over: the last steps get what is left)"), flush=True)
+    expected = sum(s.budget_s for s in steps) / SLACK
+    print(f"plan: {len(steps)} steps, {expected:.0f} s expected (each step's budget: {SLACK:g} x its own) within "
+          f"{args.total_s:.0f} s" + ("" if expected <= args.total_s else " (over: the last steps get what is left)"), flush=True)
     for step in steps:
         left = args.total_s - (time.monotonic() - started)
         budget = min(step.budget_s, left)
@@ -303,7 +350,7 @@ def main(argv: list[str]) -> int:
             continue
         print(step.shown() + ("" if budget == step.budget_s else f"; {budget:.0f} s left for it"), flush=True)
         run_step(step, shlex.split(args.python), out, budget)
-        print(f"{step.name}: exit {step.rc} in {step.took_s:.0f} s", flush=True)
+        print(f"{step.name}: exit {step.rc} in {step.took_s:.0f} s ({step.cpu_s:.0f} s cpu, load {step.load})", flush=True)
     text = summary(args.device, steps, out, args.quick, started)
     (out / "SUMMARY.md").write_text(text)
     if args.tar:

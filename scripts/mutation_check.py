@@ -93,6 +93,9 @@ MUTATIONS = (
     Mutation("rnn-tf32", "precision_mode=ieee leaves CUDA's switches alone (cuDNN RNNs and convolutions stay TF32)", (
         ("huggy_exp/placement.py", '    if kind == "cuda":\n        _set_cuda(mode)', '    if kind == "cuda" and mode != "ieee":\n        _set_cuda(mode)'),
     ), ("tests/test_precision_mode.py::test_an_fp32_cuda_point_runs_cudnn_rnns_in_ieee_although_torch_defaults_them_to_tf32",)),
+    Mutation("ort-tf32", "onnxruntime's CUDA provider keeps its TF32 default whatever precision_mode says", (
+        ("huggy_exp/placement.py", 'options["use_tf32"] = "1" if mode == "tf32" else "0"', 'options["use_tf32"] = "1"'),
+    ), ("tests/test_precision_mode.py::test_onnxruntime_cuda_runs_fp32_in_tf32_only_when_precision_mode_says_so",)),
     Mutation("conv-hf32", "precision_mode=ieee leaves torch_npu's conv HF32 (on by default) alone", (
         ("huggy_exp/placement.py", "    npu.conv.allow_hf32 = hf32\n", ""),
     ), ("tests/test_precision_mode.py::test_hf32_sets_ascends_switches_and_cube_math_type_and_ieee_turns_conv_hf32_off",)),

@@ -18,6 +18,7 @@ from huggy_exp.errors import Unsupported
 from huggy_exp.placement import resolve
 
 ACTIONS = runners.ACTIONS
+PERTURB = "HUGGY_EXP_EMULATED_NPU_PERTURB"
 SHORT = ("mode.budget_s=0.05", "mode.rounds=1", "mode.warmup_s=0.01", "mode.settle_s=0", "mode.min_duration_ms=50",
          "mode.min_query_count=64", "mode.qsl_samples=64", "mode.check_samples=16", "mode.search_steps=2",
          "mode.search_ms=50", "mode.duration_s=0.2", "mode.loop_search_s=0.1", "mode.rate_hz=100", "obs.rows=8",
@@ -75,11 +76,38 @@ def batch_after_a_big_tensor(scratch: Path) -> dict:
             "source": r["details"]["peak_mem_source"]}
 
 
+def modes_on_the_card(scratch: Path) -> dict:
+    """fingerprint, onnx-compare and stats on npu:1 (each against its CPU references, as a card's point is), and
+    record on both cards then replay with card 1 perturbed (tests/emulated_npu.py's switch, read at every op)."""
+    small = ("obs.rows=8", "batch_size=4", "plots=false")
+    found = {}
+    for mode, knobs in (("fingerprint", ("mode.steps=16",)), ("onnx-compare", ("mode.sample_rows=4", "mode.samples=64")),
+                        ("stats", ("mode.steps=16", "mode.envs=4"))):
+        r = run_job(scratch / mode, mode, "device=npu:1", *small, *knobs).record
+        found[mode] = {"status": r["status"], "reason": r.get("reason", ""), "emulated": r["emulated"],
+                       "tags": {k: v for k, v in r["tags"].items() if "fingerprint" in k},
+                       "metrics": {k: v for k, v in r["metrics"].items() if "/" not in k}}
+    bundle = scratch / "bundle"
+    for card in ("npu:0", "npu:1"):
+        r = run_job(scratch / f"record-{card}", "record", f"device={card}", *small, f"mode.out={bundle}").record
+        found[f"record {card}"] = {"status": r["status"], "emulated": r["emulated"]}
+    os.environ[PERTURB] = "1"  # card 1's matmuls now off by about one ulp: inside every limit, not bitwise equal
+    try:
+        for card in ("npu:0", "npu:1"):
+            r = run_job(scratch / f"replay-{card}", "replay", f"device={card}", *small, f"mode.bundle={bundle}").record
+            found[f"replay {card}"] = {"status": r["status"], "reason": r.get("reason", ""), "emulated": r["emulated"],
+                                       "bitwise_share": r["metrics"].get("agreement/bitwise_share"),
+                                       "max_abs": r["metrics"].get("actions/vs_recorded/max_abs")}
+    finally:
+        del os.environ[PERTURB]
+    return found
+
+
 def main(scratch: Path) -> dict:
     w = mlagents.load_default().weights
     ctx = Context(device="npu:1", workdir=scratch)
     job = run_job(scratch / "benchmark", "benchmark", "device=npu:1", "backend=graphs", *SHORT,
-                  "mode.backends=[eager,compile,graphs,onnxruntime]", "mode.scenarios=[single_stream,server,offline]")
+                  "mode.backends=[eager,compile,graphs,onnxruntime]", "mode.scenarios=[single_stream,server,offline,control_loop]")
     r = job.record
     return {
         "batch": batch_after_a_big_tensor(scratch),
@@ -88,10 +116,12 @@ def main(scratch: Path) -> dict:
         "compile": refusal(lambda: runners.TorchRunner(w, resolve("npu:1", "fp32"), backend="compile")),
         "onnxruntime": refusal(lambda: runners.build(ctx, "onnxruntime")),
         "fallback_switch": os.environ.get("TORCH_NPU_FALLBACK_CPU_DISABLE"),
+        "modes": modes_on_the_card(scratch),
         "benchmark": {"status": r["status"], "reason": r.get("reason", ""), "emulated": r["emulated"],
                       "backends": {k: v["status"] for k, v in r["details"]["backends"].items()},
                       "server_valid": r["metrics"].get("loadgen/server/valid"),
                       "server_vs_eager": r["metrics"].get("loadgen/server/actions/vs_eager/max_abs"),
+                      "loop": {k.removeprefix("control_loop/"): v for k, v in r["metrics"].items() if k.startswith("control_loop/")},
                       "peaks": {k: v for k, v in r["metrics"].items() if k.endswith("peak_mem_mb")},
                       "peak_source": r["details"]["peak_mem_source"], "switches": r["switches"]},
     }

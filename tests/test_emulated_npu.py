@@ -168,3 +168,47 @@ def test_cards_of_one_kind_must_agree_and_the_odd_one_is_named():
     assert two == "npu:1 (job 1) differs bit for bit from npu:0 (job 0)"  # a tie: the first point's bytes stand
     witnessed = cards_disagree([point(0, "cpu", 0), point(1, "npu:0", 1), point(2, "npu:1", 0)])
     assert witnessed == "npu:0 (job 1) differs bit for bit from npu:1 (job 2)"  # the CPU sides with npu:1
+
+
+# --- the other modes on the card (tests/emulated_npu_runs.py: npu:1, small settings, each job's result.json)
+
+
+def test_fingerprint_on_the_card_gives_the_cpus_bytes_and_says_emulated(runs):
+    fp = runs["modes"]["fingerprint"]
+    assert (fp["status"], fp["emulated"]) == ("passed", True)
+    assert fp["tags"]["fingerprint"] == fp["tags"]["cpu_fp32_fingerprint"]  # 16 steps, exact bytes equal CPU fp32's
+    assert fp["metrics"]["matches_cpu_fp32"] == 1.0 and fp["metrics"]["first_divergence_step"] == -1.0
+    assert 0.0 < fp["metrics"]["max_abs_vs_fp64"] < 1e-5
+
+
+def test_onnx_compare_on_the_card_holds_torch_on_the_card_to_onnxruntime(runs):
+    oc = runs["modes"]["onnx-compare"]
+    assert (oc["status"], oc["emulated"]) == ("passed", True), oc["reason"]
+    assert 0.0 < oc["metrics"]["max_abs_vs_ort"] <= 1e-5  # two engines: close, not the same bytes
+    assert oc["metrics"]["max_abs_vs_fp32"] == 0.0  # the card's torch outputs are the CPU fp32's
+
+
+def test_stats_on_the_card_rolls_out_without_drift_from_the_cpu(runs):
+    st = runs["modes"]["stats"]
+    assert (st["status"], st["emulated"]) == ("passed", True), st["reason"]
+    assert (st["metrics"]["steps"], st["metrics"]["envs"]) == (16.0, 4.0)
+    assert st["metrics"]["drift_max"] == 0.0 and st["metrics"]["drift_first_step"] == -1.0  # closed loop, bit for bit
+    assert st["metrics"]["action_std"] > 0.0
+
+
+def test_replay_against_a_recording_fails_on_the_perturbed_card_only(runs):
+    """Both cards recorded unperturbed, then card 1 perturbed by about one ulp: its replay fails by the bitwise rule of
+    an unchanged point (the difference is inside fp32's tolerance), card 0's replay passes bit for bit."""
+    modes = runs["modes"]
+    assert modes["record npu:0"] == modes["record npu:1"] == {"status": "passed", "emulated": True}
+    same, moved = modes["replay npu:0"], modes["replay npu:1"]
+    assert (same["status"], same["bitwise_share"], same["max_abs"], same["emulated"]) == ("passed", 1.0, 0.0, True)
+    assert moved["status"] == "failed" and moved["emulated"] is True
+    assert moved["reason"].startswith("actions is not bitwise identical to the recording npu:1/fp32/eager/b4")
+    assert moved["bitwise_share"] < 0.5 and 0.0 < moved["max_abs"] < 1e-5
+
+
+def test_the_control_loop_runs_on_the_card(runs):
+    loop = runs["benchmark"]["loop"]  # on npu:1's graphs backend: 0.2 s at 100 Hz, 4 agents a tick, then the search
+    assert (loop["ticks"], loop["rate_hz"], loop["agents"]) == (20.0, 100.0, 4.0)
+    assert loop["compute_p50_us"] > 0 and loop["p50_us"] >= loop["compute_p50_us"] and "max_rate_hz" in loop

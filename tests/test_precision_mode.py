@@ -200,3 +200,37 @@ def test_a_torch_whose_switch_refuses_the_value_skips_the_point_saying_so(monkey
     monkeypatch.setattr(torch.backends.cudnn, "rnn", Older())
     with pytest.raises(Unsupported, match="refused fp32_precision='tf32' \\(Invalid precision tf32\\)"):
         placement.set_precision("cuda:0", "fp32", "tf32")
+
+
+def test_onnxruntime_cuda_runs_fp32_in_tf32_only_when_precision_mode_says_so(monkeypatch, tmp_path):
+    """onnxruntime's CUDA provider runs fp32 matmuls and convolutions in TF32 unless told `use_tf32=0`: an `ieee` point
+    tells it, a `tf32` point asks for it, the point records what its sessions are given, and build() hands it over."""
+    import onnxruntime as ort
+
+    from huggy_exp import runners
+    from huggy_exp.context import Context
+    from huggy_exp.errors import UserError
+
+    assert placement.onnxruntime_options("CUDAExecutionProvider", 1, "ieee") == {"device_id": "1", "use_tf32": "0"}
+    assert placement.onnxruntime_options("CUDAExecutionProvider", None, "tf32") == {"use_tf32": "1"}
+    assert placement.onnxruntime_options("CANNExecutionProvider", 0, "ieee") == {"device_id": "0"}
+    assert placement.onnxruntime_options("CPUExecutionProvider", None, "ieee") == {}
+    assert placement.set_precision("cuda:0", "fp32", "ieee")["onnxruntime_cuda_use_tf32"] == "0"
+    assert placement.set_precision("cuda:0", "fp32", "tf32")["onnxruntime_cuda_use_tf32"] == "1"
+    assert "onnxruntime_cuda_use_tf32" not in placement.set_precision("cpu", "fp32", "ieee")
+
+    given = []
+
+    def session(path, options, providers):  # no CUDA here: what the session is asked for, then a refusal
+        given.append(providers)
+        raise RuntimeError("no CUDA on this host")
+
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(ort, "InferenceSession", session)
+    card = placement.Target(torch.device("cuda:1"), torch.float32, "cuda:1", "fp32")
+    monkeypatch.setattr(Context, "target", lambda self, device=None, dtype=None: card)
+    monkeypatch.setattr(Context, "onnx_path", lambda self: tmp_path / "policy.onnx")
+    for mode, tf32 in (("ieee", "0"), ("tf32", "1")):
+        with pytest.raises(UserError, match="no CUDA on this host"):
+            runners.build(Context(device="cuda:1", precision_mode=mode, workdir=tmp_path), "onnxruntime")
+        assert given.pop() == [("CUDAExecutionProvider", {"device_id": "1", "use_tf32": tf32})]
