@@ -97,7 +97,7 @@ def compare(rows: list[dict]) -> dict:
             "table": comparison_table(rows), "device_agreement": replays["table"], "dual_benchmark": dual}
 
 
-DUAL_STEMS = ("actions", "discrete_actions", "memories")  # outputs a point records `<stem>/vs_fp64/<metric>` for
+DUAL_STEMS = tuple(o.stem for o in DECLARED)  # outputs a point records `<stem>/vs_fp64/<metric>` for
 
 
 def dual_benchmarks(rows: list[dict]) -> list[dict]:

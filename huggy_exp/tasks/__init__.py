@@ -35,14 +35,12 @@ def first_step(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: v[0] for k, v in feeds.items()} if is_sequence(feeds) else dict(feeds)
 
 
-def batch_of(feeds: np.ndarray | Mapping[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
-    """Feeds of exactly `rows` rows: every input (a bare array is obs_0) cycled or cut; of a [T, N, d] sequence, step 0."""
-    if isinstance(feeds, np.ndarray):
-        return {OBS: np.ascontiguousarray(np.resize(feeds, (rows, feeds.shape[1])), np.float32)}
+def batch_of(feeds: Mapping[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    """Feeds of exactly `rows` rows: every input cycled or cut; of a [T, N, d] sequence, step 0."""
     return {k: np.ascontiguousarray(np.resize(v, (rows, *v.shape[1:])), np.float32) for k, v in first_step(feeds).items()}
 
 
-def latency(runner: Runner, ctx: Context, feeds: np.ndarray | Mapping[str, np.ndarray], result: Result) -> None:
+def latency(runner: Runner, ctx: Context, feeds: Mapping[str, np.ndarray], result: Result) -> None:
     """The point's latency at the job's batch size (bounded: <= 0.1 s): result.latency and `latency/<stat>` metrics.
 
     Every input of the policy (obs_0.. and masks) at that batch size; a sequence is timed as its first step."""
