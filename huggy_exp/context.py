@@ -133,11 +133,6 @@ class Context:
         """How an output of this job is compared with a reference: the dtype's limits, its ULPs, the branch sizes."""
         return Rules(self.limits(dtype), dtype or self.dtype, self.verify.rel_floor, branch_sizes=self.weights.branch_sizes)
 
-    @cached_property
-    def observations(self) -> np.ndarray:
-        """float32 [N, obs_dim] for the single input of a Huggy-shaped policy (see `feeds` for every shape)."""
-        return self.make_observations(self.obs.rows)
-
     def make_observations(self, rows: int) -> np.ndarray:
         """The configured source with another row count (a file gives what it holds)."""
         w = self.weights

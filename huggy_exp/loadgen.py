@@ -30,6 +30,7 @@ import numpy as np
 from huggy_exp import terminal, timing
 from huggy_exp.config import SCENARIOS as CHOICES
 from huggy_exp.errors import UserError
+from huggy_exp.verify import DECLARED
 
 SCENARIOS = tuple(s for s in CHOICES if s != "control_loop")  # the control loop is LoadGen-free (control_loop.py)
 LG_NAMES = {"single_stream": "SingleStream", "multi_stream": "MultiStream", "offline": "Offline", "server": "Server"}
@@ -379,7 +380,7 @@ def _server_search(one: Callable[..., dict[str, float]], out: Outcome, settings:
 
 
 SEARCH_KEYS = ("constraints_met", "valid", "p99_us", "samples_per_s", "scheduled_qps", "queries")
-CHECKED = ("deterministic_continuous_actions", "deterministic_discrete_actions", "recurrent_out")
+CHECKED = tuple(o.name for o in DECLARED)
 
 
 def _line(scenario: str, m: dict[str, float], settings: Settings) -> str:

@@ -4,11 +4,15 @@ action heads (continuous PPO, tanh-squashed SAC, discrete branches; a hybrid pol
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from torch import nn
 
+from huggy_exp.errors import UserError
 from huggy_exp.mlagents import ACTION_CLAMP, LOG_SIGMA_RANGE, MASK_PENALTY, NORMALIZER_CLAMP, Lstm, Normalizer, PolicyWeights
+from huggy_exp.verify import CONTINUOUS_ACTIONS, DISCRETE_ACTIONS, MEMORY
 
 DISCRETE_SEED_OFFSET = 1_000_003  # the discrete draws' CPU stream: seed + this, apart from the Gaussian stream of `seed`
 
@@ -58,7 +62,7 @@ class Normalization(nn.Module):
 class ContinuousActions(nn.Module):
     """PPO's Gaussian head: deterministic clamp(mu, -3, 3) / 3, sampled clamp(mu + exp(log_sigma) * z, -3, 3) / 3."""
 
-    deterministic_name, sampled_name = "deterministic_continuous_actions", "continuous_actions"
+    deterministic_name, sampled_name = CONTINUOUS_ACTIONS.name, CONTINUOUS_ACTIONS.sampled
     stats = ("log_sigma_const",)
 
     def __init__(self, mu: tuple[np.ndarray, np.ndarray], log_sigma: np.ndarray | tuple[np.ndarray, np.ndarray]):
@@ -111,7 +115,7 @@ class DiscreteActions(nn.Module):
     """One Linear per branch; logits masked as ML-Agents masks them (logits * mask - 1e8 * (1 - mask)) in fp32, softmax;
     deterministic = argmax of the softmax per branch, sampled = a categorical draw from given uniforms. int64 [N, branches]."""
 
-    deterministic_name, sampled_name = "deterministic_discrete_actions", "discrete_actions"
+    deterministic_name, sampled_name = DISCRETE_ACTIONS.name, DISCRETE_ACTIONS.sampled
 
     def __init__(self, branches: tuple[tuple[np.ndarray, np.ndarray], ...]):
         super().__init__()
@@ -183,7 +187,9 @@ class Policy(nn.Module):
         super().__init__()
         self.obs_sizes, self.obs_dim, self.act_dim = weights.obs_sizes, weights.obs_dim, weights.act_dim
         self.branch_sizes, self.memory_size = weights.branch_sizes, weights.memory
-        self.tanh_squash, self.huggy_shaped = weights.tanh_squash, weights.huggy_shaped
+        self.tanh_squash, self.shape = weights.tanh_squash, weights.describe_shape()
+        # Huggy's shape (one input, continuous actions, no memory) runs forward()'s lean path, whoever asks
+        self._huggy_shaped = len(weights.inputs) == 1 and weights.mu is not None and not weights.branches and weights.lstm is None
         self.normalizers = nn.ModuleList(Normalization(i.normalizer) for i in weights.inputs)
         self.has_normalizer = any(n.enabled for n in self.normalizers)
         body: list[nn.Module] = []
@@ -202,11 +208,14 @@ class Policy(nn.Module):
         self.eval()
 
     def _cache_parameters(self) -> None:
-        mu = (self.continuous.mu,) if self.continuous is not None else ()
-        self._gemv = tuple((m.weight, m.bias) for m in (*self._linears, *mu))
+        """The plain weights of the one-row addmv path (_mu); none for quantized ones, which run through their Linear."""
+        layers = (*self._linears, *((self.continuous.mu,) if self.continuous is not None else ()))
+        plain = all(type(m.weight) is nn.Parameter for m in layers)
+        self._gemv = tuple((m.weight, m.bias) for m in layers) if plain else ()
 
-    def place(self, device: torch.device, dtype: torch.dtype) -> "Policy":
-        """Move to the device; the layers take `dtype`, the statistics stay fp32 (fp64 only for an fp64 run).
+    def place(self, device: torch.device, dtype: torch.dtype, quantize: Callable[[nn.Module], None] | None = None) -> "Policy":
+        """Move to the device; the layers take `dtype`, the statistics stay fp32 (fp64 only for an fp64 run); then
+        `quantize` (placement.quantize) replaces the Linear weights in place.
 
         Each tensor is converted once, straight from its float32 original (fp16 would round the statistics), and set as
         a new Parameter/buffer: no tensor is swapped in place, so FakeTensorMode can place the policy on a device that
@@ -224,8 +233,17 @@ class Policy(nn.Module):
                     module._buffers[name] = buffer.to(device=device, dtype=kind)
         if self.memory is not None:  # cuDNN wants the LSTM's weights in one buffer, or it repacks them on every call
             self.memory.lstm.flatten_parameters()
+        if quantize is not None:
+            quantize(self)
         self._cache_parameters()
         return self
+
+    def check_single(self, what: str) -> None:
+        """`what` runs forward() and sample(), the single-tensor path: refused (one line naming the shape) for a policy
+        with several inputs, discrete branches or memory."""
+        if not self._huggy_shaped:
+            raise UserError(f"{what} runs Huggy's shape only (one input, continuous actions, no memory); this policy has "
+                            f"{self.shape}: use backend eager or onnxruntime")
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -263,7 +281,13 @@ class Policy(nn.Module):
     def act(self, obs: list[torch.Tensor], masks: torch.Tensor | None = None, memory: torch.Tensor | None = None,
             noise: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """ML-Agents' outputs by ONNX name: deterministic actions of every head (sampled ones when `noise` is given,
-        keyed by head output name: a Gaussian z for continuous, uniforms for discrete) and `recurrent_out`."""
+        keyed by head output name: a Gaussian z for continuous, uniforms for discrete) and `recurrent_out`. Huggy's
+        shape runs forward() and sample(), its lean path."""
+        if self._huggy_shaped:
+            head = self.continuous
+            if noise is None:
+                return {head.deterministic_name: self._run(obs[0])}
+            return {head.sampled_name: self.sample(obs[0], noise[head.sampled_name])}
         x, memory_out = self.encode(obs, memory)
         out = {}
         for head in self.heads:
@@ -273,7 +297,7 @@ class Policy(nn.Module):
             else:
                 out[head.sampled_name] = head.sample(*args, noise[head.sampled_name])
         if memory_out is not None:
-            out["recurrent_out"] = _cast(memory_out, self.stat_dtype)
+            out[MEMORY.name] = _cast(memory_out, self.stat_dtype)
         return out
 
     def distributions(self, obs: list[torch.Tensor], masks: torch.Tensor | None = None,
@@ -288,7 +312,7 @@ class Policy(nn.Module):
         if self.discrete is not None:
             out["masked_logits"] = torch.cat(self.discrete.masked_logits(x, masks), dim=1)
         if memory_out is not None:
-            out["recurrent_out"] = _cast(memory_out, self.stat_dtype)
+            out[MEMORY.name] = _cast(memory_out, self.stat_dtype)
         return out
 
     def _hidden(self, x: torch.Tensor, record: dict | None = None, row: bool = False) -> torch.Tensor:
@@ -309,14 +333,14 @@ class Policy(nn.Module):
         """Every intermediate, for per-layer attribution.
 
         Huggy's shape: the same code as forward() (one path, recording on the way, so what is verified is what runs):
-        normalized_obs, hidden_0.., mu, log_sigma, actions. Every other shape, through encode() and the heads as act()
+        normalized_obs, hidden_0.., mu, log_sigma, the deterministic actions. Every other shape, through encode() and the heads as act()
         runs them: normalized_obs (normalized_obs_<i> for several inputs), hidden_0.., lstm (the LSTM output the heads
         read), mu and log_sigma (continuous), logits (every branch's raw logits side by side), with the deterministic
         outputs of every head and recurrent_out from the same values.
         """
         out: dict[str, torch.Tensor] = {}
-        if self.huggy_shaped:
-            out["actions"] = self._run(obs if isinstance(obs, torch.Tensor) else obs[0], out)
+        if self._huggy_shaped:
+            out[self.continuous.deterministic_name] = self._run(obs if isinstance(obs, torch.Tensor) else obs[0], out)
             return out
         x, memory_out = self.encode([obs] if isinstance(obs, torch.Tensor) else obs, memory, record=out)
         if self.continuous is not None:
@@ -328,7 +352,7 @@ class Policy(nn.Module):
             out["logits"] = torch.cat(logits, dim=1)
             out[self.discrete.deterministic_name] = self.discrete(x, masks, logits)
         if memory_out is not None:
-            out["recurrent_out"] = _cast(memory_out, self.stat_dtype)
+            out[MEMORY.name] = _cast(memory_out, self.stat_dtype)
         return out
 
     def _mu(self, obs: torch.Tensor, record: dict[str, torch.Tensor] | None = None):
@@ -336,7 +360,7 @@ class Policy(nn.Module):
         no memory; Policy.act runs every shape): (last hidden, mu, keep), intermediates into `record`. One row on the
         CPU runs as a vector through addmv (MKL's gemv): addmm's one-row path is ~2x slower there; `keep` gives a
         vector back its row dimension."""
-        row = obs.dim() == 2 and obs.shape[0] == 1 and obs.device.type == "cpu"
+        row = obs.dim() == 2 and obs.shape[0] == 1 and obs.device.type == "cpu" and bool(self._gemv)
         keep = (lambda t: t.unsqueeze(0)) if row else (lambda t: t)  # noqa: E731
         x = self.normalize(obs[0] if row else obs)
         if record is not None:

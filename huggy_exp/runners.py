@@ -1,21 +1,22 @@
 """Every backend behind one contract (Polygraphy's): infer(feeds) -> {output name: ndarray}. References are runners.
 
-Feeds are keyed by ML-Agents' ONNX input names: `obs_0` ... `obs_<k>` (float32 [N, d_i]), `action_masks` (float32
-[N, sum of branch sizes], 1 = allowed; all allowed when absent), `recurrent_in` (float32 [N, 1, memory]; zeros when
-absent). A bare array is `obs_0`. Outputs carry ML-Agents' output names. `Recurrent` carries the memory between steps.
+Feeds are a dict keyed by ML-Agents' ONNX input names: `obs_0` ... `obs_<k>` (float32 [N, d_i]), `action_masks`
+(float32 [N, sum of branch sizes], 1 = allowed; all allowed when absent), `recurrent_in` (float32 [N, 1, memory]; zeros
+when absent). Outputs carry ML-Agents' output names. `Recurrent` carries the memory between steps.
 
 `build()` is the one factory: backend `eager` (the policy in inference mode), `compile` (torch.compile with
 inductor freezing), `fused` (the whole forward as one C++ kernel on the CPU: huggy_exp/fused.py), `graphs` (CUDA /
 NPU graph replay through the device module) or `onnxruntime` (the ML-Agents .onnx on the provider that matches the
-device). For Huggy's shape the torch runners share one forward path
-(Policy._run): trace() records the intermediates of that path, and its actions come from infer(), the timed call.
-Every other shape (several inputs, discrete branches, memory) runs through Policy.act (eager) or on onnxruntime.
+device). Every torch runner runs every shape through Policy.act (Policy keeps its own lean path for the shapes it
+can); compile, graphs and fused run Policy's single-tensor forward, which Policy.check_single refuses for other shapes.
+trace() records the intermediates, with the outputs of infer(), the timed call.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -23,24 +24,26 @@ import numpy as np
 import torch
 
 from huggy_exp.errors import Unsupported, UserError
-from huggy_exp.mlagents import ACTION_MASKS, ONNX_INPUT, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name
-from huggy_exp.placement import Target, check_backend, device_module, onnxruntime_options, resolve, synchronize, use_device
+from huggy_exp.mlagents import ACTION_MASKS, ONNX_INPUT, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name, with_distributions
+from huggy_exp.placement import (
+    QUANTIZED, Target, check_backend, device_module, onnxruntime_options, quantize, quantize_onnx, resolve, synchronize,
+    use_device,
+)
 from huggy_exp.policy import Policy, cpu_noise, cpu_uniform
+from huggy_exp.verify import CONTINUOUS_ACTIONS, DISCRETE_ACTIONS
 
 if TYPE_CHECKING:
     from huggy_exp.context import Context
 
-ACTIONS = "deterministic_continuous_actions"
-SAMPLED = "continuous_actions"
-DISCRETE = "deterministic_discrete_actions"
-DISCRETE_SAMPLED = "discrete_actions"
+ACTIONS, SAMPLED = CONTINUOUS_ACTIONS.name, CONTINUOUS_ACTIONS.sampled  # ML-Agents' output names (verify.DECLARED)
+DISCRETE, DISCRETE_SAMPLED = DISCRETE_ACTIONS.name, DISCRETE_ACTIONS.sampled
 OBS = ONNX_INPUT
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "npu": "CANNExecutionProvider"}
 # torch.compile's backend per device kind: inductor on the CPU and CUDA; on Ascend torch_npu's own dynamo backend
 # "npu" (torchair): inductor there needs triton-ascend and only warns when it is missing
 COMPILE_BACKENDS = {"cpu": "inductor", "cuda": "inductor", "mps": "inductor", "npu": "npu"}
 
-Feeds = Mapping[str, np.ndarray] | np.ndarray
+Feeds = Mapping[str, np.ndarray]
 _F32 = np.dtype(np.float32)
 
 
@@ -62,21 +65,6 @@ class Runner(Protocol):
     def distributions(self, feeds: Feeds) -> dict[str, np.ndarray]: ...
 
 
-def obs_of(feeds: Feeds) -> np.ndarray:
-    """The observation array of a feed dict (or a bare array)."""
-    if type(feeds) is not np.ndarray:
-        try:
-            feeds = feeds[OBS]
-        except KeyError:
-            raise UserError(f"feeds {sorted(feeds)} lack {OBS!r}") from None
-    return feeds if type(feeds) is np.ndarray else np.asarray(feeds)
-
-
-def feeds_of(feeds: Feeds) -> dict[str, np.ndarray]:
-    """A feed dict; a bare array is the single observation input `obs_0`."""
-    return {obs_name(0): feeds} if isinstance(feeds, np.ndarray) else dict(feeds)
-
-
 def fit_inputs(feeds: dict[str, np.ndarray], sizes: tuple[int, ...]) -> dict[str, np.ndarray]:
     """Check the observation feeds against the policy's input widths.
 
@@ -96,10 +84,6 @@ def fit_inputs(feeds: dict[str, np.ndarray], sizes: tuple[int, ...]) -> dict[str
     return feeds
 
 
-def feed_rows(feeds: Feeds) -> int:
-    return len(feeds_of(feeds)[obs_name(0)])
-
-
 class TorchRunner:
     """The rebuilt policy on one (device, dtype), fed in chunks of `batch_size` rows, run by one torch backend."""
 
@@ -109,12 +93,15 @@ class TorchRunner:
         self.backend = check_backend(backend)
         if backend == "onnxruntime":
             raise UserError("TorchRunner runs torch backends; build onnxruntime with runners.build()")
-        if backend != "eager" and not weights.huggy_shaped:
-            raise UserError(f"backend {backend} runs Huggy's shape only (one input, continuous actions, no memory); "
-                            f"this policy has {weights.describe_shape()}: use backend eager or onnxruntime")
+        if target.dtype_name in QUANTIZED and backend != "eager":
+            raise Unsupported(f"dtype {target.dtype_name} (torchao int8) runs backend eager only; backend {backend} does not apply")
         use_device(target.device)
-        self.policy = Policy(weights).place(target.device, target.dtype)
+        self.policy = Policy(weights).place(target.device, target.dtype, partial(quantize, dtype=target.dtype_name))
         self.name = f"torch-{backend}-{target.device_name}-{target.dtype_name}"
+        self._act: Callable = self.policy.act
+        if backend == "eager":
+            return
+        self.policy.check_single(f"backend {backend}")
         self._forward: Callable = self.policy
         self._sample: Callable = self.policy.sample
         if backend == "compile":
@@ -128,115 +115,98 @@ class TorchRunner:
             graphs = _graph_api(target.device)
             self._forward = GraphReplay(self.policy.forward, graphs, target.device)
             self._sample = GraphReplay(self.policy.sample, graphs, target.device)
+        self._act = self._single
+
+    def _single(self, obs: list[torch.Tensor], masks: None, memory: None, noise: dict | None = None) -> dict[str, torch.Tensor]:
+        """Policy.act's outputs from the backend's single-tensor forward (one input, continuous actions, no memory)."""
+        if noise is None:
+            return {ACTIONS: self._forward(obs[0])}
+        return {SAMPLED: self._sample(obs[0], noise[SAMPLED].to(self.target.device))}
 
     @property
     def fixed_shape(self) -> bool:
         """Compiled code and captured graphs run one chunk shape: the last chunk is padded to it."""
         return self.backend in ("compile", "graphs")
 
-    def _chunks(self, *arrays: np.ndarray | torch.Tensor, pad: bool | None = None):
-        """(start, rows, tensors on the device) per chunk of `batch_size` rows; arrays (inputs) or CPU tensors (noise)."""
-        pad = self.fixed_shape if pad is None else pad
+    def _fit(self, feeds: Feeds) -> list[np.ndarray | None]:
+        """obs_0 .. obs_<k>, action_masks and recurrent_in (None where absent or not the policy's) checked against the
+        policy's inputs: one line naming what does not fit. A one-input policy fed obs_0 [N, d] alone: kept lean."""
+        p = self.policy
+        obs = feeds.get(OBS) if len(feeds) == 1 and len(p.obs_sizes) == 1 else None
+        if obs is not None and obs.ndim == 2 and obs.shape[1] == p.obs_dim:
+            return [obs, None, None]
+        feeds = fit_inputs(feeds, p.obs_sizes)
+        arrays = [feeds[obs_name(i)] for i in range(len(p.obs_sizes))]
+        arrays += [feeds.get(ACTION_MASKS) if p.discrete is not None else None, feeds.get(RECURRENT_IN) if p.memory is not None else None]
         rows = len(arrays[0])
-        step = min(self.batch_size, rows) if self.batch_size and self.batch_size > 0 else rows
-        for start in range(0, rows, max(step, 1)):
-            parts = [torch.from_numpy(np.ascontiguousarray(a[start : start + step])) if isinstance(a, np.ndarray)
-                     else a.narrow(0, start, min(step, rows - start)) for a in arrays]
-            n = len(parts[0])
-            if pad and n < step:
-                parts = [torch.cat([p, p[-1:].expand(step - n, *p.shape[1:])]) for p in parts]
-            yield start, n, [p.to(self.target.device) for p in parts]
-
-    def _feed_chunks(self, feeds: Feeds):
-        """(start, obs list, masks, memory) per chunk of `batch_size` rows, as tensors on the device."""
-        feeds = fit_inputs(feeds_of(feeds), self.policy.obs_sizes)
-        arrays = [feeds[obs_name(i)] for i in range(len(self.policy.obs_sizes))]
-        rows = len(arrays[0])
-        masks = feeds.get(ACTION_MASKS) if self.policy.discrete is not None else None
-        memory = feeds.get(RECURRENT_IN) if self.policy.memory is not None else None
-        expected = {obs_name(i): (rows, size) for i, size in enumerate(self.policy.obs_sizes)}
-        if masks is not None:
-            expected[ACTION_MASKS] = (rows, sum(self.policy.branch_sizes))
-        if memory is not None:
-            expected[RECURRENT_IN] = (rows, 1, self.policy.memory_size)
-        wrong = [f"{name} {list(np.shape(feeds[name]))} (expected {list(shape)})" for name, shape in expected.items()
-                 if np.shape(feeds[name]) != shape]
+        expected = [(rows, size) for size in p.obs_sizes] + [(rows, sum(p.branch_sizes)), (rows, 1, p.memory_size)]
+        names = [*(obs_name(i) for i in range(len(p.obs_sizes))), ACTION_MASKS, RECURRENT_IN]
+        wrong = [f"{name} {list(np.shape(a))} (expected {list(shape)})" for name, a, shape in zip(names, arrays, expected)
+                 if a is not None and np.shape(a) != shape]
         if wrong:
             raise UserError(f"feeds do not fit this policy: {'; '.join(wrong)}")
-        step = self.batch_size if self.batch_size and self.batch_size > 0 else rows
-        to = lambda a, s: None if a is None else torch.from_numpy(np.ascontiguousarray(a[s : s + step], np.float32)).to(self.target.device)  # noqa: E731
+        return arrays
+
+    def _chunks(self, feeds: Feeds, noise: dict[str, torch.Tensor] | None = None, pad: bool | None = None) -> list:
+        """(obs list, masks, memory, noise) per chunk of `batch_size` rows: the inputs as float32 tensors on the device,
+        the noise as CPU tensors; a fixed-shape backend's last chunk padded to the chunk size."""
+        arrays = self._fit(feeds)
+        names = list(noise or ())
+        arrays += [noise[k] for k in names]
+        rows, inputs = len(arrays[0]), len(arrays) - len(names)
+        step = self.batch_size if 0 < self.batch_size < rows else rows
+        pad = (self.fixed_shape if pad is None else pad) and rows % step
+        chunks = []
         for start in range(0, rows, max(step, 1)):
-            yield start, [to(a, start) for a in arrays], to(masks, start), to(memory, start)
+            n = min(step, rows - start)
+            parts = [a if a is None else a.narrow(0, start, n) if isinstance(a, torch.Tensor)
+                     else torch.from_numpy(np.ascontiguousarray(a[start : start + step] if step < rows else a, np.float32))
+                     for a in arrays]
+            if pad and n < step:
+                parts = [p if p is None else torch.cat([p, p[-1:].expand(step - n, *p.shape[1:])]) for p in parts]
+            if self.target.kind != "cpu":
+                parts[:inputs] = [p if p is None else p.to(self.target.device) for p in parts[:inputs]]
+            chunks.append((parts[: inputs - 2], parts[inputs - 2], parts[inputs - 1], dict(zip(names, parts[inputs:])) if names else None))
+        return chunks
+
+    def _collect(self, parts: list[dict[str, torch.Tensor]], rows: int | None = None) -> dict[str, np.ndarray]:
+        """The chunks' outputs as one array each (`rows` of them: a padded last chunk cut), once the device is done."""
+        synchronize(self.target.device)
+        if len(parts) == 1 and rows is None:
+            return {k: _numpy(v) for k, v in parts[0].items()}
+        return {k: np.concatenate([_numpy(p[k]) for p in parts])[:rows] for k in parts[0]}
 
     def _run(self, feeds: Feeds, noise: dict[str, torch.Tensor] | None = None) -> dict[str, np.ndarray]:
-        parts = []
-        for start, obs, masks, memory in self._feed_chunks(feeds):
-            chunk = None if noise is None else {k: v[start : start + len(obs[0])] for k, v in noise.items()}
-            parts.append(self.policy.act(obs, masks, memory, chunk))
-        return self._collect(parts)
-
-    def _collect(self, parts: list[dict[str, torch.Tensor]]) -> dict[str, np.ndarray]:
-        synchronize(self.target.device)
-        if len(parts) == 1:
-            return {k: _numpy(v) for k, v in parts[0].items()}
-        return {k: np.concatenate([_numpy(p[k]) for p in parts]) for k in parts[0]}
+        use_device(self.target.device)  # whichever thread calls (LoadGen's server worker, its issue thread)
+        with torch.inference_mode():
+            parts = [self._act(*chunk) for chunk in self._chunks(feeds, noise)]
+        return self._collect(parts, len(feeds[OBS]) if self.fixed_shape and len(parts) > 1 else None)
 
     @property
     def memory_size(self) -> int:
         return self.policy.memory_size
 
-    def _obs(self, feeds: Feeds) -> np.ndarray:
-        """The one input of a Huggy-shaped policy: a bare array or {obs_0} of the right width as it is (kept lean for
-        timing); anything else checked by fit_inputs (obs_0 ... obs_<k> concatenated, one-line errors)."""
-        if type(feeds) is np.ndarray or len(feeds) == 1 and OBS in feeds:
-            obs = obs_of(feeds)
-            if obs.ndim == 2 and obs.shape[1] == self.policy.obs_dim:
-                return obs
-        return fit_inputs(feeds_of(feeds), self.policy.obs_sizes)[OBS]
-
     def infer(self, feeds: Feeds) -> dict[str, np.ndarray]:
         """Deterministic outputs of every head (and `recurrent_out`) for the feeds."""
-        use_device(self.target.device)  # whichever thread calls (LoadGen's server worker, its issue thread)
-        if not self.policy.huggy_shaped:  # several inputs, discrete branches, memory: every head through Policy.act
-            with torch.inference_mode():
-                return self._run(feeds)
-        obs = self._obs(feeds)
-        with torch.inference_mode():
-            if self.batch_size <= 0 or len(obs) <= self.batch_size and not self.fixed_shape:  # one chunk, kept lean
-                x = torch.from_numpy(np.ascontiguousarray(obs))
-                return {ACTIONS: _numpy(self._forward(x if self.target.kind == "cpu" else x.to(self.target.device)))}
-            return self._collect([{ACTIONS: self._forward(x).narrow(0, 0, n)} for _, n, (x,) in self._chunks(obs)])
+        return self._run(feeds)
+
+    def sample(self, feeds: Feeds, seed: int) -> dict[str, np.ndarray]:
+        """Sampled actions; the noise is one CPU draw for all rows, so chunking and device do not change it."""
+        return self._run(feeds, sample_noise(self.policy, len(feeds[obs_name(0)]), seed))
 
     @torch.inference_mode()
     def trace(self, feeds: Feeds) -> dict[str, np.ndarray]:
-        """Every intermediate plus every deterministic output (and recurrent_out), for per-layer attribution. Huggy's
-        shape: the intermediates of the policy's one forward path (eager), with the actions of infer(), the timed path."""
+        """Every intermediate (Policy.trace, eager) for per-layer attribution, with the outputs of infer(): what is
+        verified is what runs."""
         use_device(self.target.device)
-        if not self.policy.huggy_shaped:
-            return self._collect([self.policy.trace(obs, masks, memory) for _, obs, masks, memory in self._feed_chunks(feeds)])
-        obs = self._obs(feeds)
-        parts = [self.policy.trace(x) for _, _, (x,) in self._chunks(obs, pad=False)]
-        out = self._collect(parts)
-        out.pop("actions")
-        out[ACTIONS] = self.infer(obs)[ACTIONS]
-        return out
-
-    @torch.inference_mode()
-    def sample(self, feeds: Feeds, seed: int) -> dict[str, np.ndarray]:
-        """Sampled actions; the noise is one CPU draw for all rows, so chunking and device do not change it."""
-        use_device(self.target.device)
-        if not self.policy.huggy_shaped:
-            return self._run(feeds, sample_noise(self.policy, feed_rows(feeds), seed))
-        obs = self._obs(feeds)
-        noise = cpu_noise(len(obs), self.policy.act_dim, seed)
-        parts = [{SAMPLED: self._sample(x, z).narrow(0, 0, n)} for _, n, (x, z) in self._chunks(obs, noise)]
-        return self._collect(parts)
+        out = self._collect([self.policy.trace(obs, masks, memory) for obs, masks, memory, _ in self._chunks(feeds, pad=False)])
+        return {**out, **self.infer(feeds)}
 
     @torch.inference_mode()
     def distributions(self, feeds: Feeds) -> dict[str, np.ndarray]:
         """What the sampled outputs draw from (Policy.distributions): mu, log_sigma, masked_logits, recurrent_out."""
         use_device(self.target.device)
-        return self._collect([self.policy.distributions(obs, masks, memory) for _, obs, masks, memory in self._feed_chunks(feeds)])
+        return self._collect([self.policy.distributions(obs, masks, memory) for obs, masks, memory, _ in self._chunks(feeds, pad=False)])
 
 
 def sample_noise(policy: Policy, rows: int, seed: int) -> dict[str, torch.Tensor]:
@@ -263,7 +233,7 @@ class Recurrent:
         self.memory = None
 
     def step(self, feeds: Feeds) -> dict[str, np.ndarray]:
-        feeds = feeds_of(feeds)
+        feeds = dict(feeds)
         if self.memory_size:
             rows = len(feeds[obs_name(0)])
             if self.memory is None or len(self.memory) != rows:
@@ -435,7 +405,7 @@ class OnnxRunner:
         self.outputs = [o.name for o in self.session.get_outputs()]
         self._batched = {i for i, o in enumerate(self.session.get_outputs()) if o.shape and not isinstance(o.shape[0], int)}
         self.batch_size = batch_size
-        self.name = f"onnxruntime-{provider}"
+        self.name = f"onnxruntime-{provider}" + (f"-{target.dtype_name}" if target and target.dtype_name != "fp32" else "")
 
     def sample(self, feeds: Feeds, seed: int) -> dict[str, np.ndarray]:
         raise self._torch_only("sampled actions take the seeded CPU noise, which")
@@ -453,8 +423,8 @@ class OnnxRunner:
 
     def infer(self, feeds: Feeds) -> dict[str, np.ndarray]:
         """The graph's outputs; absent action_masks are all ones, an absent recurrent_in is zeros (ML-Agents' defaults)."""
-        if len(self.inputs) == 1:  # Huggy's graph: obs_0 alone
-            obs = obs_of(feeds)
+        obs = feeds.get(OBS) if len(self.inputs) == 1 else None
+        if obs is not None:  # a graph of one input (obs_0): kept lean for timing
             if obs.dtype is not _F32 and obs.dtype != _F32 or not obs.flags.c_contiguous:
                 obs = np.ascontiguousarray(obs, np.float32)
             given = {self.input: obs}
@@ -470,7 +440,6 @@ class OnnxRunner:
 
     def _given(self, feeds: Feeds) -> dict[str, np.ndarray]:
         """Every graph input from the feeds, float32 and contiguous; masks and memory filled in when absent."""
-        feeds = {self.input: feeds} if isinstance(feeds, np.ndarray) else feeds_of(feeds)
         rows = len(next(iter(feeds.values())))
         given = {}
         for name, shape in self.inputs.items():
@@ -492,14 +461,19 @@ def build(ctx: Context, backend: str | None = None, *, device: str | None = None
     batch = ctx.batch_size if batch_size is None else batch_size
     if backend == "onnxruntime":
         target = ctx.target(device, dtype)
-        if target.dtype_name != "fp32":
+        if target.dtype_name not in ("fp32", *QUANTIZED):
             raise Unsupported(f"backend onnxruntime runs the float32 .onnx graph; dtype {target.dtype_name} does not apply")
         provider = provider or PROVIDERS.get(target.kind)
         if provider is None:
             raise Unsupported(f"backend onnxruntime: no execution provider for device {target.device_name}")
         options = onnxruntime_options(provider, target.device.index if target.kind != "cpu" else None, ctx.precision_mode)
-        return OnnxRunner(onnx or ctx.onnx_path(), provider, ctx.threads if threads is None else threads, ctx.seed, batch,
-                          options, target)
+        path = onnx or ctx.onnx_path()
+        if target.dtype_name in QUANTIZED:  # onnxruntime's own int8: its dynamic quantization of the same graph
+            import onnx
+
+            path = quantize_onnx(with_distributions(onnx.load(path)), target.dtype_name,
+                                 ctx.workdir / f"{Path(path).stem}.{target.dtype_name}.onnx")
+        return OnnxRunner(path, provider, ctx.threads if threads is None else threads, ctx.seed, batch, options, target)
     return TorchRunner(ctx.weights, ctx.target(device, dtype), batch, backend)
 
 

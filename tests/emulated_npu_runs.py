@@ -34,7 +34,7 @@ def graphs_against_eager() -> list[float]:
     gaps = []
     for _ in range(3):
         obs = rng.standard_normal((8, w.obs_dim)).astype(np.float32)
-        gaps.append(float(np.abs(graphs.infer(obs)[ACTIONS] - eager.infer(obs)[ACTIONS]).max()))
+        gaps.append(float(np.abs(graphs.infer({runners.OBS: obs})[ACTIONS] - eager.infer({runners.OBS: obs})[ACTIONS]).max()))
     return gaps
 
 
@@ -43,11 +43,11 @@ def from_a_new_thread() -> str:
     w = mlagents.load_default().weights
     runner = runners.TorchRunner(w, resolve("npu:1", "fp32"), backend="eager")
     obs = np.zeros((2, w.obs_dim), np.float32)
-    want, got = runner.infer(obs)[ACTIONS], []
+    want, got = runner.infer({runners.OBS: obs})[ACTIONS], []
 
     def call() -> None:
         try:
-            got.append("equal" if np.array_equal(runner.infer(obs)[ACTIONS], want) else "different")
+            got.append("equal" if np.array_equal(runner.infer({runners.OBS: obs})[ACTIONS], want) else "different")
         except RuntimeError as exc:
             got.append(str(exc).splitlines()[0])
 

@@ -68,7 +68,7 @@ def test_trace_and_infer_are_one_forward_path(small):
     np.testing.assert_array_equal(traced[ACTIONS], runner.infer({OBS: obs})[ACTIONS])
     x = torch.from_numpy(obs)
     with torch.inference_mode():
-        np.testing.assert_array_equal(runner.policy.trace(x)["actions"].numpy(), runner.policy(x).numpy())
+        np.testing.assert_array_equal(runner.policy.trace(x)[ACTIONS].numpy(), runner.policy(x).numpy())
     assert {"normalized_obs", "hidden_0", "hidden_1", "mu", "log_sigma"} <= set(traced)
 
 

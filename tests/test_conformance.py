@@ -8,7 +8,7 @@ from conftest import HUGGY_ONNX, HUGGY_PT, REFERENCE, assert_same_weights, mlage
 
 from huggy_exp import mlagents
 from huggy_exp.placement import resolve
-from huggy_exp.runners import ACTIONS, OnnxRunner, TorchRunner
+from huggy_exp.runners import ACTIONS, OBS, OnnxRunner, TorchRunner
 
 pytestmark = needs_shared
 
@@ -60,7 +60,7 @@ CROSS_CPU_ATOL = 3e-6
 def test_fp32_cpu_actions_match_mlagents_stored_reference(source, huggy_pt_model, huggy_onnx_model, reference_obs,
                                                          reference_actions):
     model = huggy_pt_model if source == "pt" else huggy_onnx_model
-    actions = TorchRunner(model.weights, resolve("cpu", "fp32"), batch_size=64).infer(reference_obs)[ACTIONS]
+    actions = TorchRunner(model.weights, resolve("cpu", "fp32"), batch_size=64).infer({OBS: reference_obs})[ACTIONS]
     assert actions.shape == reference_actions.shape == (64, 21)
     np.testing.assert_allclose(actions, reference_actions, atol=CROSS_CPU_ATOL, rtol=0)
 
@@ -69,10 +69,10 @@ def test_fp32_cpu_actions_are_bit_identical_to_mlagents_ops_on_this_machine(hugg
     import torch
 
     state = torch.load(HUGGY_PT, map_location="cpu", weights_only=True)["Policy"]
-    got = TorchRunner(huggy_pt_model.weights, resolve("cpu", "fp32"), batch_size=64).infer(reference_obs)[ACTIONS]
+    got = TorchRunner(huggy_pt_model.weights, resolve("cpu", "fp32"), batch_size=64).infer({OBS: reference_obs})[ACTIONS]
     np.testing.assert_array_equal(got, mlagents_forward(state, reference_obs))
     single = np.concatenate([mlagents_forward(state, reference_obs[i:i + 1]) for i in range(len(reference_obs))])
-    got1 = TorchRunner(huggy_pt_model.weights, resolve("cpu", "fp32"), batch_size=1).infer(reference_obs)[ACTIONS]
+    got1 = TorchRunner(huggy_pt_model.weights, resolve("cpu", "fp32"), batch_size=1).infer({OBS: reference_obs})[ACTIONS]
     np.testing.assert_array_equal(got1, single)
 
 
@@ -107,7 +107,7 @@ def test_normalized_observations_match_mlagents(huggy_pt_model, reference_obs):
 def test_low_precision_actions_are_finite_on_reference_obs_including_1e4_rows(dtype, atol, huggy_pt_model, reference_obs,
                                                                               reference_actions):
     assert np.abs(reference_obs[1:4]).max() == 1e4  # the extreme rows are part of the input
-    actions = TorchRunner(huggy_pt_model.weights, resolve("cpu", dtype), batch_size=64).infer(reference_obs)[ACTIONS]
+    actions = TorchRunner(huggy_pt_model.weights, resolve("cpu", dtype), batch_size=64).infer({OBS: reference_obs})[ACTIONS]
     assert np.isfinite(actions).all()
     assert not np.isnan(actions).any()
     np.testing.assert_allclose(actions, reference_actions, atol=atol, rtol=0)
@@ -115,7 +115,7 @@ def test_low_precision_actions_are_finite_on_reference_obs_including_1e4_rows(dt
 
 def test_package_onnx_runner_matches_mlagents_onnxruntime_outputs(reference_obs):
     expected = np.load(REFERENCE / "onnxruntime_outputs.npz")
-    got = OnnxRunner(HUGGY_ONNX).infer(reference_obs)
+    got = OnnxRunner(HUGGY_ONNX).infer({OBS: reference_obs})
     np.testing.assert_array_equal(got[ACTIONS], expected[ACTIONS])
     for name in ("version_number", "memory_size", "continuous_action_output_shape"):
         np.testing.assert_array_equal(got[name], expected[name])

@@ -119,15 +119,15 @@ def test_sac_policy_with_conditional_sigma_loads_and_acts_like_mlagents(huggy_ac
     assert w.conditional_sigma and w.tanh_squash
     obs = huggy_actor.in_distribution_obs(16, seed=9)
     runner = TorchRunner(w, resolve("cpu", "fp64"))
-    np.testing.assert_allclose(runner.infer(obs)[ACTIONS], huggy_actor.mu(obs), atol=1e-9)
-    sampled = runner.sample(obs, seed=0)[SAMPLED]
+    np.testing.assert_allclose(runner.infer({"obs_0": obs})[ACTIONS], huggy_actor.mu(obs), atol=1e-9)
+    sampled = runner.sample({"obs_0": obs}, seed=0)[SAMPLED]
     assert np.abs(sampled).max() < 1.0 and not np.allclose(sampled, np.tanh(huggy_actor.mu(obs)))
 
     mlagents.write_onnx(w, tmp_path / "sac.onnx")
     back = mlagents.load_onnx(tmp_path / "sac.onnx").weights
     assert back.conditional_sigma and back.tanh_squash
     np.testing.assert_array_equal(back.log_sigma[0], sig_w)
-    ort = OnnxRunner(tmp_path / "sac.onnx").infer(obs)
+    ort = OnnxRunner(tmp_path / "sac.onnx").infer({"obs_0": obs})
     np.testing.assert_allclose(ort[ACTIONS], huggy_actor.mu(obs), atol=1e-5)
 
 

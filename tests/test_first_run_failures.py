@@ -46,9 +46,9 @@ def test_failure_2_compile_resets_dynamo_per_runner_so_each_new_policy_compiles(
         weights = replace(small.weights, mu=(small.weights.mu[0] * scale, small.weights.mu[1]))
         runner = runners.TorchRunner(weights, resolve("cpu", "fp32"), batch_size=4, backend="compile")
         before = compiled_graphs()
-        got = runner.infer(obs)[runners.ACTIONS]
+        got = runner.infer({runners.OBS: obs})[runners.ACTIONS]
         assert compiled_graphs() > before, "ran without compiling: dynamo fell back to eager"
-        np.testing.assert_array_equal(got, runners.TorchRunner(weights, resolve("cpu", "fp32")).infer(obs)[runners.ACTIONS])
+        np.testing.assert_array_equal(got, runners.TorchRunner(weights, resolve("cpu", "fp32")).infer({runners.OBS: obs})[runners.ACTIONS])
 
 
 def test_failure_2_past_the_recompile_limit_compile_is_an_error_not_eager(small, cheap_compile):

@@ -26,7 +26,7 @@ from conftest import (
 from huggy_exp import mlagents
 from huggy_exp.errors import UserError
 from huggy_exp.placement import resolve
-from huggy_exp.runners import ACTIONS, OnnxRunner, TorchRunner
+from huggy_exp.runners import ACTIONS, OBS, OnnxRunner, TorchRunner
 
 # --- .pt loader
 
@@ -294,9 +294,9 @@ def test_embedded_default_onnx_passes_checker_and_runs_in_onnxruntime(default_mo
     onnx.checker.check_model(model, full_check=True)
     obs = np.random.default_rng(0).standard_normal((32, 59)).astype(np.float32) * 10
     ort = OnnxRunner(default_model.onnx_path)
-    first, second = ort.infer(obs)[ACTIONS], ort.infer(obs)[ACTIONS]
+    first, second = ort.infer({OBS: obs})[ACTIONS], ort.infer({OBS: obs})[ACTIONS]
     np.testing.assert_array_equal(first, second)
-    torch_actions = TorchRunner(default_model.weights, resolve("cpu", "fp32")).infer(obs)[ACTIONS]
+    torch_actions = TorchRunner(default_model.weights, resolve("cpu", "fp32")).infer({OBS: obs})[ACTIONS]
     np.testing.assert_allclose(first, torch_actions, atol=1e-5, rtol=0)
     assert np.abs(first).max() > 0.1  # not a degenerate all-zero policy
 

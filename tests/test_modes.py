@@ -25,7 +25,7 @@ from huggy_exp import config, mlagents
 from huggy_exp.context import Context, ModelSpec, ObsSpec, VerifySpec
 from huggy_exp.dynamics import Dynamics
 from huggy_exp.placement import resolve
-from huggy_exp.runners import ACTIONS, TorchRunner
+from huggy_exp.runners import ACTIONS, OBS, TorchRunner
 from huggy_exp.tasks.fingerprint import first_divergence, quantize
 from huggy_exp.tasks.precision import PrecisionTask
 
@@ -225,7 +225,7 @@ def test_precision_task_run_directly_on_a_context(small, tmp_path):
     assert result.metrics["relative/ratio"] == 1.0
     assert result.arrays["actions"].shape == (24, 3)
     # chunking (batch_size 8) changes nothing on the CPU: the bf16 actions equal an unchunked run's
-    whole = TorchRunner(small.weights, resolve("cpu", "bf16"), 0).infer(ctx.observations)[ACTIONS]
+    whole = TorchRunner(small.weights, resolve("cpu", "bf16"), 0).infer(ctx.feeds)[ACTIONS]
     np.testing.assert_array_equal(result.arrays["actions"], whole.astype(np.float32))
 
 
@@ -545,7 +545,7 @@ def test_stats_replay_of_a_trajectory(small, tmp_path):
     run = run_mode(tmp_path / "job", "stats", small.model, "mode.source=replay", f"mode.trajectory={path}")
     assert run.record["status"] == "passed", run.record["reason"]
     assert run.metrics["steps"] == 20 and run.metrics["envs"] == 1
-    expected = TorchRunner(small.weights, resolve("cpu", "fp32")).infer(trajectory)[ACTIONS]
+    expected = TorchRunner(small.weights, resolve("cpu", "fp32")).infer({OBS: trajectory})[ACTIONS]
     np.testing.assert_array_equal(np.load(tmp_path / "job" / "actions.npy")[:, 0, :], expected.astype(np.float32))
 
 
@@ -566,7 +566,7 @@ def test_stats_drift_fail_zero_fails_bf16(small, tmp_path):
 def test_dynamics_rollout_is_deterministic(small):
     w = small.weights
     start = np.random.default_rng(1).standard_normal((3, w.obs_dim)).astype(np.float32) * w.normalizer.std + w.normalizer.running_mean
-    policy = lambda obs: TorchRunner(w, resolve("cpu", "fp32")).infer(obs)[ACTIONS].astype(np.float32)  # noqa: E731
+    policy = lambda obs: TorchRunner(w, resolve("cpu", "fp32")).infer({OBS: obs})[ACTIONS].astype(np.float32)  # noqa: E731
     o1, a1 = Dynamics(seed=4).rollout(policy, start, 25, w.normalizer, w.act_dim)
     o2, a2 = Dynamics(seed=4).rollout(policy, start, 25, w.normalizer, w.act_dim)
     assert o1.shape == (25, 3, 8) and a1.shape == (25, 3, 3) and o1.dtype == np.float32

@@ -15,12 +15,12 @@ from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.observations import EXTREME, make_observations
 from huggy_exp.placement import DTYPES, resolve
 from huggy_exp.policy import Policy, cpu_noise
-from huggy_exp.runners import ACTIONS, SAMPLED, TorchRunner
+from huggy_exp.runners import ACTIONS, OBS, SAMPLED, TorchRunner
 
 # --- placement
 
 
-@pytest.mark.parametrize("dtype", ["fp8", "float32", "int8", ""])
+@pytest.mark.parametrize("dtype", ["fp8", "float32", "int4", ""])
 def test_unknown_dtype_is_a_user_error_listing_valid_dtypes(dtype):
     with pytest.raises(UserError) as err:
         resolve("cpu", dtype)
@@ -135,7 +135,7 @@ def test_fp16_normalizer_stays_finite(huggy_actor):
 def test_fp64_policy_matches_numpy_reference_to_1e12(name, actors):
     actor = actors[name]
     obs = np.concatenate([actor.in_distribution_obs(24, seed=1), actor.in_distribution_obs(8, seed=2) * 3])
-    got = TorchRunner(actor.policy_weights(), resolve("cpu", "fp64"), batch_size=10).infer(obs)[ACTIONS]
+    got = TorchRunner(actor.policy_weights(), resolve("cpu", "fp64"), batch_size=10).infer({OBS: obs})[ACTIONS]
     assert got.dtype == np.float64
     np.testing.assert_allclose(got, actor.actions(obs), atol=1e-12, rtol=0)
     assert np.abs(got).max() > 0.1
@@ -145,7 +145,7 @@ def test_fp64_policy_matches_numpy_reference_to_1e12(name, actors):
 def test_fp32_policy_matches_numpy_reference_to_1e6(name, actors):
     actor = actors[name]
     obs = actor.in_distribution_obs(32, seed=3)
-    got = TorchRunner(actor.policy_weights(), resolve("cpu", "fp32"), batch_size=7).infer(obs)[ACTIONS]
+    got = TorchRunner(actor.policy_weights(), resolve("cpu", "fp32"), batch_size=7).infer({OBS: obs})[ACTIONS]
     np.testing.assert_allclose(got, actor.actions(obs), atol=1e-6, rtol=0)
 
 
@@ -153,13 +153,13 @@ def test_deterministic_action_is_clamped_mu_over_three(huggy_actor):
     obs = huggy_actor.in_distribution_obs(64, seed=4) * 5  # far out: some mu beyond +-3
     mu = huggy_actor.mu(obs)
     assert (np.abs(mu) > 3).any()
-    got = TorchRunner(huggy_actor.policy_weights(), resolve("cpu", "fp64")).infer(obs)[ACTIONS]
+    got = TorchRunner(huggy_actor.policy_weights(), resolve("cpu", "fp64")).infer({OBS: obs})[ACTIONS]
     assert np.abs(got).max() == 1.0
     np.testing.assert_allclose(got, np.clip(mu, -3, 3) / 3, atol=1e-12)
 
 
 def _sampled(actor, obs, seed, batch_size=64, dtype="fp32"):
-    return TorchRunner(actor.policy_weights(), resolve("cpu", dtype), batch_size).sample(obs, seed)[SAMPLED]
+    return TorchRunner(actor.policy_weights(), resolve("cpu", dtype), batch_size).sample({OBS: obs}, seed)[SAMPLED]
 
 
 def test_sampled_actions_same_seed_identical_bytes(huggy_actor):
@@ -284,6 +284,6 @@ def test_policy_without_normalizer_passes_observations_through():
 
 def test_embedded_default_fp16_actions_are_finite(default_model):
     obs = make_observations("extreme", 59, 8, seed=0)
-    actions = TorchRunner(default_model.weights, resolve("cpu", "fp16")).infer(obs)[ACTIONS]
+    actions = TorchRunner(default_model.weights, resolve("cpu", "fp16")).infer({OBS: obs})[ACTIONS]
     assert np.isfinite(actions).all()
     assert isinstance(default_model, mlagents.LoadedModel)

@@ -128,8 +128,8 @@ def _defined(path: Path) -> set[str]:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            names.update(t.id for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
-                         if isinstance(t, ast.Name))
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in (t.elts if isinstance(t, ast.Tuple) else [t]) if isinstance(n, ast.Name))
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names.update((a.asname or a.name).split(".")[0] for a in node.names)
     return names
@@ -184,3 +184,29 @@ def test_no_module_probes_a_runner_for_what_the_runner_protocol_declares():
               if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("hasattr", "getattr")
               and node.args and "runner" in ast.unparse(node.args[0]).lower()]
     assert not probes, probes
+
+
+def test_one_path_for_every_shape_only_the_policy_knows_huggys_shape():
+    """Huggy's lean path (one input, continuous actions, no memory) is the policy's own: no runner, kernel, task or
+    format module forks on the shape, and feeds are always a dict (no bare-array union, one chunker)."""
+    forks = [f"{p.relative_to(REPO)}:{n}" for p in [*_modules(), *EDGES] if p.name != "policy.py"
+             for n, line in enumerate(p.read_text().splitlines(), 1) if "huggy_shaped" in line]
+    assert not forks, forks
+    runners = ast.parse((PACKAGE / "runners.py").read_text())
+    feeds = next(n for n in runners.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "Feeds")
+    assert "ndarray" not in ast.unparse(feeds.value).replace("Mapping[str, np.ndarray]", ""), ast.unparse(feeds.value)
+    torch_runner = next(n for n in runners.body if isinstance(n, ast.ClassDef) and n.name == "TorchRunner")
+    chunkers = [n.name for n in torch_runner.body if isinstance(n, ast.FunctionDef) and "chunk" in n.name]
+    assert chunkers == ["_chunks"], chunkers
+
+
+def test_an_output_declares_itself_once_in_verify_declared():
+    """ML-Agents' output names live in verify.DECLARED (and the format package, mlagents/, that reads and writes
+    them): a module that spells one again keeps a second output table that a new output forgets."""
+    from huggy_exp.verify import DECLARED
+
+    names = {o.name for o in DECLARED}  # "discrete_actions" is also a file stem and a metric prefix: not counted
+    spelled = [f"{p.relative_to(REPO)}:{n.lineno} {n.value}" for p in [*_modules(), *EDGES]
+               if p.name != "verify.py" and "mlagents" not in p.parts
+               for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.Constant) and n.value in names]
+    assert not spelled, spelled

@@ -259,7 +259,7 @@ def test_fp32_cpu_actions_are_bit_identical_to_mlagents_ops_on_our_own_fixture(h
     obs[:2] = 1e4  # the clamp at +-5 too
     state = huggy_actor.state_dict()
     path = huggy_actor.save(tmp_path / "Huggy" / "Huggy-5.pt", 5)
-    got = TorchRunner(load_checkpoint(path).weights, resolve("cpu", "fp32"), batch_size).infer(obs)[ACTIONS]
+    got = TorchRunner(load_checkpoint(path).weights, resolve("cpu", "fp32"), batch_size).infer({"obs_0": obs})[ACTIONS]
     expected = np.concatenate([mlagents_forward(state, obs[i:i + batch_size]) for i in range(0, len(obs), batch_size)])
     np.testing.assert_array_equal(got, expected)  # not allclose: F.silu for x*sigmoid(x) is 8e-7 off and must fail
 

@@ -174,11 +174,6 @@ class PolicyWeights:
     def conditional_sigma(self) -> bool:
         return isinstance(self.log_sigma, tuple)
 
-    @property
-    def huggy_shaped(self) -> bool:
-        """One observation input, continuous actions only, no memory: the shape every mode handles."""
-        return len(self.inputs) == 1 and not self.branches and self.lstm is None and self.mu is not None
-
     def describe_shape(self) -> str:
         """'4 inputs [56, 56, 56, 4], discrete branches [5], memory 128' and the like."""
         parts = [f"{len(self.inputs)} input{'s' if len(self.inputs) > 1 else ''} {list(self.obs_sizes)}"]

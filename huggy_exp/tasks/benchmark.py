@@ -14,7 +14,7 @@ from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported, UserError, first_line
 from huggy_exp.mlagents import ACTION_MASKS, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name
 from huggy_exp.numerics import REL_FLOOR
-from huggy_exp.placement import peak_memory, reset_peak_memory, synchronize
+from huggy_exp.placement import QUANTIZED, peak_memory, reset_peak_memory, synchronize
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, TorchRunner, build
 from huggy_exp.tasks import SLOW_FP16, batch_of, is_sequence, verify_point
@@ -77,14 +77,13 @@ class BenchmarkTask:
             timings = self.time_backends(runners, timed, feeds, points, threads, slow, backends)
             self.scenarios_on(ctx, runners, timings, feeds, points, result)
         # --- metrics, series, table
-        result.tables["benchmark"] = self.tabulate(result, w, backends, timings, timed_backends, points, capped)
+        result.tables["benchmark"] = self.tabulate(result, backends, timings, timed_backends, points, capped)
         peak, source = peak_memory(target.device)
         per_backend = [info["peak_mem_mb"] for info in backends.values() if "peak_mem_mb" in info]
         result.metrics["peak_mem_mb"] = max(per_backend) if per_backend else peak
         result.metrics["threads"] = float(threads)
-        if not w.huggy_shaped:
-            result.summary.append(f"policy: {w.describe_shape()}; {timed_as}")
-            result.details.update({"shape": w.describe_shape(), "feeds": timed_as})
+        result.summary.append(f"policy: {w.describe_shape()}; {timed_as}")
+        result.details.update({"shape": w.describe_shape(), "feeds": timed_as})
         result.details.update({"points": points, "scenarios": self.scenarios, "chunk_rows": chunk, "threads": threads,
                                "backends": backends,
                                "peak_mem_source": source + (", per backend" if per_backend else "")})
@@ -119,7 +118,8 @@ class BenchmarkTask:
         runners, expected, margins = {}, {}, {}
         for name in dict.fromkeys(["eager", *timed_backends]):
             info = backends[name] = {"status": "passed", "reason": "",
-                                     "dtype": "fp32" if name == "onnxruntime" else ctx.dtype}  # the .onnx graph is fp32
+                                     "dtype": "fp32" if name == "onnxruntime" and ctx.dtype not in QUANTIZED else ctx.dtype}
+            # the .onnx graph is fp32, or onnxruntime's own int8 of it (runners.build)
             try:
                 reset_peak_memory(ctx.target().device)  # each backend's peak alone: its build, capture, first calls
                 runner, gate = self.first_calls(ctx, name, info, feeds, points, chunk, expected, margins)
@@ -184,13 +184,13 @@ class BenchmarkTask:
                     timings[(name, b)].extend(t)
         return timings
 
-    def tabulate(self, result: Result, w: PolicyWeights, backends: dict, timings: dict, timed_backends: list[str],
+    def tabulate(self, result: Result, backends: dict, timings: dict, timed_backends: list[str],
                  points: list[int], capped: list[int]) -> list[dict]:
         """Per backend its gate's metrics and per batch point its latency stats (metrics, series); the table's rows."""
         rows = []
         for name in timed_backends:
             info = backends[name]
-            for key in ("cold_start_ms", "load_s", "max_abs_vs_eager", "peak_mem_mb", *(() if w.huggy_shaped else GATE_METRICS)):
+            for key in ("cold_start_ms", "load_s", "max_abs_vs_eager", "peak_mem_mb", *GATE_METRICS):
                 if key in info:
                     result.metrics[f"{name}/{key}"] = float(info[key])
             for b in points + capped:
@@ -244,11 +244,7 @@ class BenchmarkTask:
 
     def feeds(self, ctx: Context, points: list[int]) -> tuple[dict[int, dict[str, np.ndarray]], str]:
         """Per batch point, every input of the policy at that many rows, and what is timed (in words)."""
-        w = ctx.weights
-        if w.huggy_shaped:
-            obs = ctx.observations
-            return {b: batch_of(obs, b) for b in points}, "obs_0"
-        base = ctx.feeds
+        w, base = ctx.weights, ctx.feeds
         sequence = is_sequence(base)
         feeds = {b: step_feeds(w, base, b) for b in points}
         said = [f"every input per batch point ({', '.join(obs_name(i) for i in range(len(w.inputs)))}"]
@@ -285,7 +281,7 @@ class Gate:
     """
 
     def __init__(self, w: PolicyWeights, tol: float):
-        self.huggy, self.continuous, self.branches, self.memory = w.huggy_shaped, w.mu is not None, bool(w.branches), bool(w.memory)
+        self.continuous, self.branches, self.memory = w.mu is not None, bool(w.branches), bool(w.memory)
         self.branch_sizes = w.branch_sizes
         self.tol, self.failures = tol, {}
         self.worst = {ACTIONS: 0.0, RECURRENT_OUT: 0.0, "max_abs_limit": 0.0}
@@ -312,13 +308,9 @@ class Gate:
         if self.memory:
             out["recurrent_out_max_abs_vs_eager"] = self.worst[RECURRENT_OUT]
             said.append(f"recurrent_out max |Δ| {self.worst[RECURRENT_OUT]:.2e} (tolerance {self.worst['max_abs_limit']:.2g})")
-        if not self.huggy:  # Huggy's result.json keeps its keys
-            out["vs_eager"] = ", ".join(said)
-        return out
+        return {**out, "vs_eager": ", ".join(said)}
 
     def reason(self, dtype: str) -> str:
-        if self.huggy and list(self.failures) == ["actions"] and "max_abs" in self.failures["actions"]:
-            return f"actions differ from eager by {self.worst[ACTIONS]:.3g} > {self.tol:g} ({dtype}): not timed"
         return f"{'; '.join(self.failures.values())} (vs eager, {dtype}): not timed"
 
 
@@ -360,7 +352,7 @@ def _summary(result: Result, backends: dict, points: list[int], order: list[str]
             lines.append(f"{n}: {info['status'].upper()}: {info['reason']}")
         else:
             noisy = [f"b{b}" for b in points if m.get(f"{n}/b{b}/noisy")]
-            gate = info.get("vs_eager") or f"max |Δ| vs eager {info['max_abs_vs_eager']:.2e}"  # Huggy: actions only
+            gate = info["vs_eager"]
             lines.append(f"{n} ({info['dtype']}): load {info['load_s']:.3f} s, first call {info['cold_start_ms']:,.1f} ms, "
                          f"{gate}" + (f", noisy at {', '.join(noisy)}" if noisy else ""))
     lines.append(f"peak memory {m['peak_mem_mb']:,.0f} MB ({result.details['peak_mem_source']})")

@@ -7,12 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from huggy_exp.context import Context
-from huggy_exp.mlagents import ACTION_MASKS, RECURRENT_OUT, PolicyWeights, obs_name
-from huggy_exp.verify import Limits, Rules, compare, outputs_of
+from huggy_exp.mlagents import ACTION_MASKS, PolicyWeights, obs_name
 from huggy_exp.observations import random_masks
-from huggy_exp.runners import ACTIONS, DISCRETE
-
-COMPARED = (ACTIONS, DISCRETE, RECURRENT_OUT)  # the deterministic outputs, element-wise
+from huggy_exp.verify import DECLARED, Limits, Rules, compare
 
 
 def feeds_with_masks(ctx: Context, masks: str) -> dict[str, np.ndarray]:
@@ -57,7 +54,7 @@ def compare_outputs(actual: dict[str, np.ndarray], expected: dict[str, np.ndarra
     metrics under the engine's names, `<stem>/vs_<reference>/<metric>` (stems actions, discrete_actions, memories): continuous
     actions within `atol`, recurrent_out within atol * max(1, max |memory|), discrete actions equal but where the
     reference's masked-logit margin <= atol * max(1, |best|) (`masked_logits`: the reference's)."""
-    wanted = tuple(o for o in outputs_of(COMPARED) if o.name in expected)
+    wanted = tuple(o for o in DECLARED if o.name in expected)
     extra = {"masked_logits": masked_logits} if masked_logits is not None else {}
     c = compare(actual, {**expected, **extra}, Rules(Limits(atol=atol, margin=atol), rel_floor=rel_floor, outputs=wanted,
                                                       branch_sizes=tuple(branch_sizes)))

@@ -21,11 +21,11 @@ from huggy_exp.numerics import allowed_branches
 from huggy_exp.policy import Policy
 from huggy_exp.results import Result, first_nonfinite
 from huggy_exp.safety import atomic_write, claim_output
-from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, RECURRENT_OUT, build, over_steps, reference, run_feeds
+from huggy_exp.runners import DISCRETE_SAMPLED, build, over_steps, reference, run_feeds
 from huggy_exp.tasks import is_sequence
 from huggy_exp.tasks.compare import check_constants, compare_outputs, expected_constants, feeds_with_masks
+from huggy_exp.verify import DECLARED
 
-COMPARED = (ACTIONS, DISCRETE, RECURRENT_OUT)  # metrics <output>/vs_torch/<metric> and <output>/vs_source/<metric>
 
 
 class MLAgentsExport(nn.Module):
@@ -103,9 +103,9 @@ class ExportOnnxTask:
             headline += f" (the graph is float32 from the CPU; device={ctx.device} dtype={ctx.dtype} do not apply)"
         result.details.update({"exported": str(out), "source_onnx": str(source) if source else None, "interface": found,
                                "constants": constants, "sequence": sequence, "headline": headline})
-        for name, key in ((ACTIONS, "exported_actions"), (DISCRETE, "exported_discrete_actions"), (RECURRENT_OUT, "exported_memories")):
-            if name in exported:
-                result.arrays[key] = np.asarray(exported[name])
+        for out in DECLARED:
+            if out.name in exported:
+                result.arrays[f"exported_{out.stem}"] = np.asarray(exported[out.name])
         result.tables["outputs"] = rows
         result.summary = [headline, f"interface: inputs {found['inputs']}, outputs {found['outputs']}",
                           f"onnx.checker: clean; written to {out}"]
@@ -163,7 +163,7 @@ class ExportOnnxTask:
         s_metrics, s_failures, _ = check_constants(exported, {k: np.asarray(theirs[k][0] if sequence else theirs[k])
                                                                for k in consts if k in theirs}, sequence,
                                                    "source", "exported")
-        compared = [k for k in (*COMPARED, *consts) if k in theirs and k in exported]
+        compared = [k for k in (*(o.name for o in DECLARED), *consts) if k in theirs and k in exported]
         identical = bool(compared) and all(np.array_equal(exported[k], theirs[k]) for k in compared)
         result.metrics.update({**m_src, **s_metrics, "graph/vs_source/bit_identical": float(identical)})
         for reason in f_src + s_failures:
@@ -174,7 +174,7 @@ class ExportOnnxTask:
     def _sampled(self, exported: dict, feeds: dict, w: PolicyWeights, result: Result) -> None:
         """The exported sampled outputs: present with the deterministic ones' shapes and dtypes; no masked action drawn."""
         failures = []
-        for sampled, det in (("continuous_actions", ACTIONS), (DISCRETE_SAMPLED, "deterministic_discrete_actions")):
+        for sampled, det in ((o.sampled, o.name) for o in DECLARED if o.sampled):
             if det in exported and (sampled not in exported or np.shape(exported[sampled]) != np.shape(exported[det])
                                     or np.asarray(exported[sampled]).dtype != np.asarray(exported[det]).dtype):
                 failures.append(f"{sampled} is not shaped and typed like {det}")

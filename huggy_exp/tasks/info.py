@@ -31,8 +31,6 @@ class InfoTask:
             "devices: " + ", ".join(f"{k}={v}" for k, v in devices.items()),
             *(f"{k}: {v['path']} ({v['bytes']:,} bytes, sha256 {v['sha256'][:16]}...)" for k, v in files.items()),
         ]
-        if not w.huggy_shaped:
-            summary.append(f"modes for this shape: {shape['modes']}")
         if config:
             summary.append("configuration.yaml: " + ("; ".join(mismatches) if mismatches else
                                                       f"{behavior} {config['trainer_type']} settings agree with the weights"))
@@ -65,12 +63,10 @@ def _dimensions(model, w) -> dict:
 
 
 def _shape(w) -> dict:
-    """The policy's inputs, heads and memory, and which modes run it."""
+    """The policy's inputs, heads and memory."""
     return {"inputs": [{"name": f"obs_{i}", "size": o.size, "normalized": o.normalizer is not None} for i, o in enumerate(w.inputs)],
             "continuous_actions": w.act_dim, "branch_sizes": list(w.branch_sizes), "memory_size": w.memory,
-            "lstm_hidden": w.lstm.hidden_size if w.lstm else 0, "description": w.describe_shape(),
-            "modes": "every mode" if w.huggy_shaped else ("every mode, on backend eager or onnxruntime "
-                                                            "(compile and graphs run Huggy's shape only)")}
+            "lstm_hidden": w.lstm.hidden_size if w.lstm else 0, "description": w.describe_shape()}
 
 
 def _metrics(dims: dict, n, normalizer: dict | None) -> dict[str, float]:
@@ -85,9 +81,8 @@ def _metrics(dims: dict, n, normalizer: dict | None) -> dict[str, float]:
 
 
 def _policy_line(model, w) -> str:
-    return ((f"policy: {w.obs_dim} obs -> {w.num_layers}x{w.hidden_units} Swish -> {w.act_dim} actions, "
-             if w.huggy_shaped else f"policy: {w.describe_shape()}; {w.num_layers}x{w.hidden_units} Swish; ")
-            + f"{w.parameter_count:,} parameters (+{w.log_sigma_count} log_sigma), step {model.step}")
+    return (f"policy: {w.describe_shape()}; {w.num_layers}x{w.hidden_units} Swish; "
+            f"{w.parameter_count:,} parameters (+{w.log_sigma_count} log_sigma), step {model.step}")
 
 
 def _normalizer_line(n, normalizer: dict | None, per_input: dict) -> str:

@@ -15,6 +15,7 @@ from huggy_exp.results import Result, first_nonfinite
 from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, build, over_steps, reference, run_feeds
 from huggy_exp.tasks import is_sequence, latency, verify_point
 from huggy_exp.tasks.compare import check_constants, compare_outputs, expected_constants, feeds_with_masks
+from huggy_exp.verify import DECLARED
 
 VERSUS = "onnxruntime"  # metrics <output>/vs_onnxruntime/<metric>, as the engine names them
 
@@ -138,9 +139,9 @@ def _deterministic_lines(m: dict, mine: dict, atol: float, constants: dict) -> l
 
 def _keep_outputs(ctx: Context, result: Result, mine: dict, theirs: dict, ort_name: str) -> None:
     """Both sides' deterministic outputs as arrays, and a histogram of their differences."""
-    for name, key in ((ACTIONS, "actions"), (DISCRETE, "discrete_actions"), (RECURRENT_OUT, "memories")):
-        if name in mine and name in theirs:
-            result.arrays.update({f"torch_{key}": mine[name], f"onnx_{key}": np.asarray(theirs[name])})
+    for out in DECLARED:
+        if out.name in mine and out.name in theirs:
+            result.arrays.update({f"torch_{out.stem}": mine[out.name], f"onnx_{out.stem}": np.asarray(theirs[out.name])})
     diffs = {f"{name}: torch {ctx.dtype} - onnxruntime": mine[name] - theirs[name] for name in (ACTIONS, RECURRENT_OUT)
              if name in mine and np.shape(theirs.get(name)) == np.shape(mine[name])}
     if diffs and ctx.plots:

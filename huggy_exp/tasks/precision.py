@@ -16,7 +16,7 @@ from huggy_exp.runners import ACTIONS, DISCRETE, build, reference, run_feeds
 from huggy_exp.tasks import is_sequence, latency, verify_point
 from huggy_exp.verify import elementwise
 from huggy_exp.verify import limit as verify_limit
-from huggy_exp.verify import outputs_of, within
+from huggy_exp.verify import DECLARED, outputs_of, within
 
 LAYER_ORDER = ("lstm", RECURRENT_OUT, "mu", "logits")  # after normalized_obs* and hidden_*
 
@@ -96,7 +96,7 @@ class PrecisionTask:
         """The outputs (actions.npy, discrete_actions.npy, memories.npy) and, with `plots`, the plots."""
         if ctx.plots:
             self._plot(ctx, got, want, result)
-        for out in outputs_of((ACTIONS, DISCRETE, RECURRENT_OUT)):
+        for out in DECLARED:
             if out.name in got:
                 result.arrays[out.stem] = out.stored(got[out.name])
 
