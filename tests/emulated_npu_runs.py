@@ -69,7 +69,7 @@ def compiled_against_eager() -> list[float]:
     gaps = []
     for _ in range(3):
         obs = rng.standard_normal((8, w.obs_dim)).astype(np.float32)
-        gaps.append(float(np.abs(compiled.infer(obs)[ACTIONS] - eager.infer(obs)[ACTIONS]).max()))
+        gaps.append(float(np.abs(compiled.infer({runners.OBS: obs})[ACTIONS] - eager.infer({runners.OBS: obs})[ACTIONS]).max()))
     return [*gaps, int(counters["stats"]["unique_graphs"]) - before]
 
 
