@@ -13,12 +13,11 @@ from pathlib import Path
 import numpy as np
 
 from huggy_exp import plots
-from huggy_exp.config import modes, numerics_label
+from huggy_exp.config import DTYPE_NAMES, modes, numerics_label
 from huggy_exp.headline import ERROR
 from huggy_exp.safety import check_npy
 from huggy_exp.verify import DECLARED, FINGERPRINT
 
-NARROW_FIRST = ("bf16", "fp16", "fp32", "fp64")
 VERDICT_KNOBS = ("thresholds", "layer_thresholds", "specialize", "relative", "rel_floor", "tolerance", "atol",
                  "require_match", "drift_threshold", "drift_fail", "saturation", "confidence", "budget_s", "path",
                  "decimals", "provider", "opset")  # mode knobs that judge or time the actions, not shape them
@@ -239,9 +238,9 @@ def _pick(device: str, batch: int, here: list[dict]) -> dict:
 
 
 def _narrow_first(numerics: str) -> tuple[int, str]:
-    """bf16 before fp16 before fp32 before fp64; within a dtype, ieee before tf32/hf32."""
+    """Narrowest first (config.DTYPE_NAMES: int8 ... fp64); within a dtype, ieee before tf32/hf32."""
     dtype, _, mode = numerics.partition("-")
-    return NARROW_FIRST.index(dtype), mode
+    return DTYPE_NAMES.index(dtype), mode
 
 
 def _model(row: dict) -> str:
@@ -428,7 +427,7 @@ def draw(sweep_dir: Path, rows: list[dict], result: dict) -> list[Path]:
             if isinstance((r.get("limits") or {}).get("max_abs"), (int, float)):
                 limits[r["dtype"]] = max(limits.get(r["dtype"], 0.0), r["limits"]["max_abs"])
     if errors:
-        files.append(sweep_dir / plots.categories(sweep_dir / "error_vs_dtype.png", errors, NARROW_FIRST[::-1],
+        files.append(sweep_dir / plots.categories(sweep_dir / "error_vs_dtype.png", errors, DTYPE_NAMES[::-1],
                                                   f"max |Δaction| {versus}", f"worst action error per dtype {versus}, "
                                                   "per device (red: the dtype's limit)", limits))
     curves: dict[str, dict[str, list]] = {}

@@ -18,7 +18,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from huggy_exp.errors import UserError
 
 DEVICE_KINDS = ("cpu", "cuda", "npu", "mps")  # what `device` names before `:<index>`; `specialize` entries are <kind>_<dtype>
-DTYPE_NAMES = ("fp32", "fp16", "bf16", "fp64")
+# narrowest first, as a sweep's comparison lists them; int8: dynamic, int8w: weight-only (placement.QUANTIZED)
+DTYPE_NAMES = ("int8", "int8w", "bf16", "fp16", "fp32", "fp64")
 BACKENDS = ("eager", "compile", "fused", "graphs", "onnxruntime")
 PRECISION_MODES = ("ieee", "tf32", "hf32")  # fp32 math: IEEE fp32, TF32 (CUDA), HF32 (Ascend): placement.set_precision
 
@@ -176,6 +177,8 @@ class Threshold:
     cosine_min: float = rule(lo=-1, hi=1)
     margin: float = rule(lo=0)  # discrete: a flip fails where fp64's top-1 minus top-2 masked logit exceeds margin x max(1, |best|)
     rtol: float = rule(lo=0)
+    kl_max: float = rule(lo=0)  # policy units: the worst row's KL(point || fp64) of the action distribution, nats
+    mean_shift_max: float = rule(lo=0)  # policy units: the worst |Δμ| / σ (σ: the policy's own std, fp64's)
 
 
 Thresholds = per_dtype("Thresholds", Threshold)

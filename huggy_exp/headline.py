@@ -14,6 +14,10 @@ ANY_MODE = {
     "cosine_vs_fp64": "actions/vs_fp64/cosine_min_row | sampled_actions/vs_fp64/cosine_min_row | memories/vs_fp64/cosine_min_row",
     "agreement_vs_fp64": "discrete_actions/vs_fp64/agreement | sampled_discrete_actions/vs_fp64/agreement",
     "max_abs_vs_fp32": "actions/vs_fp32/max_abs | sampled_actions/vs_fp32/max_abs | memories/vs_fp32/max_abs",
+    "kl_vs_fp64": "actions/vs_fp64/kl_max | discrete_actions/vs_fp64/kl_max",  # in the policy's units
+    "shift_vs_fp64": "actions/vs_fp64/mean_shift_sigma_max",  # |Δμ| / σ
+    "ort_int8_kl": "onnxruntime_int8/actions/vs_fp64/kl_max | onnxruntime_int8/discrete_actions/vs_fp64/kl_max",
+    "ort_int8_p50_us": "onnxruntime_int8/latency/p50_us",  # an int8 point's peer, onnxruntime's own int8
     "p50_us": "latency/p50_us",
     "p99_us": "latency/p99_us",
     "obs_per_s": "latency/obs_per_s",

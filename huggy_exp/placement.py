@@ -7,13 +7,19 @@ import importlib.util
 import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from huggy_exp.config import BACKENDS, DEVICE_KINDS, PRECISION_MODES
 from huggy_exp.errors import Unsupported, UserError, first_line
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64}  # by name, each
+# by name, what the layers compute in; the int8 dtypes are float32 between Linear layers that torchao quantizes (QUANTIZED)
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64,
+          "int8": torch.float32, "int8w": torch.float32}
+# torchao's config per int8 dtype (docs/verification.md#int8): int8 quantizes the activations per call and the weights
+# per channel (W8A8, int8 GEMMs); int8w only the weights (dequantized into the float32 GEMM). The CPU only, eager only.
+QUANTIZED = {"int8": "Int8DynamicActivationInt8WeightConfig", "int8w": "Int8WeightOnlyConfig"}
 _DEVICE_RE = re.compile(rf"^({'|'.join(DEVICE_KINDS)})(?::(\d+))?$")
 # set by the Ray launcher's worker to the point's device kind: Ray made exactly the card it assigned visible
 # (CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES), so `npu:1` runs on that card, index 0 in this process
@@ -134,6 +140,9 @@ def card_index(kind: str, index: int | None) -> int:
 def resolve(device: str, dtype: str) -> Target:
     """Check both names, then that a small matmul in that dtype runs on that device."""
     torch_dtype = check_dtype(dtype)
+    if dtype in QUANTIZED and check_device(device)[0] != "cpu":
+        raise Unsupported(f"dtype {dtype} (torchao int8) runs on the CPU here, not on {device}: its kernels there are "
+                          "not verified (use device=cpu)")
     torch_device = resolve_device(device)
     use_device(torch_device)  # before the first op on the card (the probe)
     try:
@@ -143,6 +152,46 @@ def resolve(device: str, dtype: str) -> Target:
         first = first_line(exc)
         raise Unsupported(f"dtype {dtype} is not supported on {device}: {first}") from None
     return Target(torch_device, torch_dtype, str(device), dtype)
+
+
+def quantize_onnx(model, dtype: str, out: Path) -> Path:
+    """onnxruntime's own dynamic quantization of an fp32 .onnx (a path or ModelProto) for dtype int8 (int8 weights, uint8
+    activations quantized per call: MatMulInteger), written to `out`; int8w has no onnxruntime counterpart (Unsupported).
+    onnxruntime logs advice (pre-processing, the opset it raised to 11) that the verification makes moot: kept quiet."""
+    if dtype != "int8":
+        raise Unsupported(f"backend onnxruntime: dtype {dtype} has no onnxruntime counterpart (its dynamic quantization "
+                          "quantizes the activations too: that is dtype int8)")
+    import logging
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    logging.disable(logging.WARNING)
+    try:
+        quantize_dynamic(model, out, weight_type=QuantType.QInt8)
+    finally:
+        logging.disable(logging.NOTSET)
+    return out
+
+
+def quantize(module: torch.nn.Module, dtype: str) -> None:
+    """Quantize every nn.Linear of `module` in place with torchao for an int8 dtype (QUANTIZED; others: nothing to do).
+    torchao logs at import that its CUDA extensions do not load on a CPU torch: kept out of the user's output."""
+    if dtype not in QUANTIZED:
+        return
+    import logging
+
+    quiet = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [log.level for log in quiet]
+    for log in quiet:
+        log.setLevel(logging.ERROR)
+    try:
+        import torchao.quantization as ao
+    except ImportError as exc:
+        raise Unsupported(f"dtype {dtype} needs torchao ({exc}); pip install torchao") from None
+    finally:
+        for log, level in zip(quiet, levels):
+            log.setLevel(level)
+    ao.quantize_(module, getattr(ao, QUANTIZED[dtype])())
 
 
 # --- fp32 math: the precision_mode axis (docs/hardware/)

@@ -4,6 +4,8 @@ action heads (continuous PPO, tanh-squashed SAC, discrete branches; a hybrid pol
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from torch import nn
@@ -206,11 +208,14 @@ class Policy(nn.Module):
         self.eval()
 
     def _cache_parameters(self) -> None:
-        mu = (self.continuous.mu,) if self.continuous is not None else ()
-        self._gemv = tuple((m.weight, m.bias) for m in (*self._linears, *mu))
+        """The plain weights of the one-row addmv path (_mu); none for quantized ones, which run through their Linear."""
+        layers = (*self._linears, *((self.continuous.mu,) if self.continuous is not None else ()))
+        plain = all(type(m.weight) is nn.Parameter for m in layers)
+        self._gemv = tuple((m.weight, m.bias) for m in layers) if plain else ()
 
-    def place(self, device: torch.device, dtype: torch.dtype) -> "Policy":
-        """Move to the device; the layers take `dtype`, the statistics stay fp32 (fp64 only for an fp64 run).
+    def place(self, device: torch.device, dtype: torch.dtype, quantize: Callable[[nn.Module], None] | None = None) -> "Policy":
+        """Move to the device; the layers take `dtype`, the statistics stay fp32 (fp64 only for an fp64 run); then
+        `quantize` (placement.quantize) replaces the Linear weights in place.
 
         Each tensor is converted once, straight from its float32 original (fp16 would round the statistics), and set as
         a new Parameter/buffer: no tensor is swapped in place, so FakeTensorMode can place the policy on a device that
@@ -228,6 +233,8 @@ class Policy(nn.Module):
                     module._buffers[name] = buffer.to(device=device, dtype=kind)
         if self.memory is not None:  # cuDNN wants the LSTM's weights in one buffer, or it repacks them on every call
             self.memory.lstm.flatten_parameters()
+        if quantize is not None:
+            quantize(self)
         self._cache_parameters()
         return self
 
@@ -352,7 +359,7 @@ class Policy(nn.Module):
         no memory; Policy.act runs every shape): (last hidden, mu, keep), intermediates into `record`. One row on the
         CPU runs as a vector through addmv (MKL's gemv): addmm's one-row path is ~2x slower there; `keep` gives a
         vector back its row dimension."""
-        row = obs.dim() == 2 and obs.shape[0] == 1 and obs.device.type == "cpu"
+        row = obs.dim() == 2 and obs.shape[0] == 1 and obs.device.type == "cpu" and bool(self._gemv)
         keep = (lambda t: t.unsqueeze(0)) if row else (lambda t: t)  # noqa: E731
         x = self.normalize(obs[0] if row else obs)
         if record is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -23,8 +24,11 @@ import numpy as np
 import torch
 
 from huggy_exp.errors import Unsupported, UserError
-from huggy_exp.mlagents import ACTION_MASKS, ONNX_INPUT, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name
-from huggy_exp.placement import Target, check_backend, device_module, onnxruntime_options, resolve, synchronize, use_device
+from huggy_exp.mlagents import ACTION_MASKS, ONNX_INPUT, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name, with_distributions
+from huggy_exp.placement import (
+    QUANTIZED, Target, check_backend, device_module, onnxruntime_options, quantize, quantize_onnx, resolve, synchronize,
+    use_device,
+)
 from huggy_exp.policy import Policy, cpu_noise, cpu_uniform
 from huggy_exp.verify import CONTINUOUS_ACTIONS, DISCRETE_ACTIONS
 
@@ -88,8 +92,10 @@ class TorchRunner:
         self.backend = check_backend(backend)
         if backend == "onnxruntime":
             raise UserError("TorchRunner runs torch backends; build onnxruntime with runners.build()")
+        if target.dtype_name in QUANTIZED and backend != "eager":
+            raise Unsupported(f"dtype {target.dtype_name} (torchao int8) runs backend eager only; backend {backend} does not apply")
         use_device(target.device)
-        self.policy = Policy(weights).place(target.device, target.dtype)
+        self.policy = Policy(weights).place(target.device, target.dtype, partial(quantize, dtype=target.dtype_name))
         self.name = f"torch-{backend}-{target.device_name}-{target.dtype_name}"
         self._act: Callable = self.policy.act
         if backend == "eager":
@@ -405,7 +411,7 @@ class OnnxRunner:
         self.outputs = [o.name for o in self.session.get_outputs()]
         self._batched = {i for i, o in enumerate(self.session.get_outputs()) if o.shape and not isinstance(o.shape[0], int)}
         self.batch_size = batch_size
-        self.name = f"onnxruntime-{provider}"
+        self.name = f"onnxruntime-{provider}" + (f"-{target.dtype_name}" if target and target.dtype_name != "fp32" else "")
 
     def sample(self, feeds: Feeds, seed: int) -> dict[str, np.ndarray]:
         raise self._torch_only("sampled actions take the seeded CPU noise, which")
@@ -461,14 +467,19 @@ def build(ctx: Context, backend: str | None = None, *, device: str | None = None
     batch = ctx.batch_size if batch_size is None else batch_size
     if backend == "onnxruntime":
         target = ctx.target(device, dtype)
-        if target.dtype_name != "fp32":
+        if target.dtype_name not in ("fp32", *QUANTIZED):
             raise Unsupported(f"backend onnxruntime runs the float32 .onnx graph; dtype {target.dtype_name} does not apply")
         provider = provider or PROVIDERS.get(target.kind)
         if provider is None:
             raise Unsupported(f"backend onnxruntime: no execution provider for device {target.device_name}")
         options = onnxruntime_options(provider, target.device.index if target.kind != "cpu" else None, ctx.precision_mode)
-        return OnnxRunner(onnx or ctx.onnx_path(), provider, ctx.threads if threads is None else threads, ctx.seed, batch,
-                          options, target)
+        path = onnx or ctx.onnx_path()
+        if target.dtype_name in QUANTIZED:  # onnxruntime's own int8: its dynamic quantization of the same graph
+            import onnx
+
+            path = quantize_onnx(with_distributions(onnx.load(path)), target.dtype_name,
+                                 ctx.workdir / f"{Path(path).stem}.{target.dtype_name}.onnx")
+        return OnnxRunner(path, provider, ctx.threads if threads is None else threads, ctx.seed, batch, options, target)
     return TorchRunner(ctx.weights, ctx.target(device, dtype), batch, backend)
 
 

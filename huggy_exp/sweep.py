@@ -204,11 +204,15 @@ def point_figures(record: dict) -> str:
         parts.append(f"cos {head['cosine_vs_fp64']:.6f}")
     if "agreement_vs_fp64" in head:
         parts.append(f"agree {head['agreement_vs_fp64']:.2%}")
+    parts += [f"{name} {head[key]:.2g}" for key, name in (("kl_vs_fp64", "KL"), ("shift_vs_fp64", "|Δμ|/σ")) if key in head]
     if "p50_us" in head:
         parts.append(f"p50 {head['p50_us']:,.0f} µs" + ("(noisy)" if (record.get("latency") or {}).get("noisy") else ""))
     fp = (record.get("tags") or {}).get(FINGERPRINT)
     if fp:
         parts.append(f"{FINGERPRINT} {fp[:12]}")
+    if "ort_int8_kl" in head:
+        verdict = "PASSED" if (record.get("metrics") or {}).get("onnxruntime_int8/passed") else "FAILED"
+        parts.append(f"| onnxruntime int8 {verdict} KL {head['ort_int8_kl']:.2g} p50 {head['ort_int8_p50_us']:,.0f} µs")
     return (" " + " ".join(parts)) if parts else ""
 
 

@@ -27,8 +27,10 @@ from huggy_exp.errors import UserError
 
 REL_FLOOR = 1e-3  # relative errors divide by max(|expected|, REL_FLOOR): actions are O(1), zeros must not explode
 # msprobe's ULP standard: a share of elements above this many ULPs of the compared dtype is reported
-ULP_STANDARD = {"fp16": 1.0, "bf16": 1.0, "fp32": 32.0, "fp64": 32.0}
-_ULP_FORMAT = {"fp16": (10, -14), "bf16": (7, -126), "fp32": (23, -126), "fp64": (52, -1022)}  # mantissa bits, min exponent
+# int8, int8w: 7 bits and a sign per value, scaled per channel: counted as bf16's 8 significant bits
+ULP_STANDARD = {"fp16": 1.0, "bf16": 1.0, "fp32": 32.0, "fp64": 32.0, "int8": 1.0, "int8w": 1.0}
+_ULP_FORMAT = {"fp16": (10, -14), "bf16": (7, -126), "fp32": (23, -126), "fp64": (52, -1022), "int8": (7, -126),
+               "int8w": (7, -126)}  # mantissa bits, min exponent
 DECIMALS = 3  # the quantized fingerprint rounds float outputs to this many decimals
 
 
@@ -73,18 +75,22 @@ def constant(name: str) -> Output:
 
 @dataclass(frozen=True)
 class Limits:
-    """One dtype's limits: atol/rtol element-wise, the worst row's cosine, and the discrete margin factor."""
+    """One dtype's limits: atol/rtol element-wise, the worst row's cosine, the discrete margin factor, and in the
+    policy's units the worst KL and |Δμ|/σ (judged where both sides give their distributions)."""
 
     atol: float = np.inf
     rtol: float = 0.0
     cosine_min: float = -1.0
     margin: float = 0.0
+    kl_max: float = np.inf
+    mean_shift_max: float = np.inf
 
     @classmethod
     def of(cls, table: dict) -> "Limits":
-        """From a validated `verify.limits` entry {max_abs, cosine_min, margin, rtol}: max_abs is the atol."""
+        """From a validated `verify.limits` entry {max_abs, cosine_min, margin, rtol, kl_max, mean_shift_max}."""
         table = finite_limits(table, "verify.limits")
-        return cls(atol=table["max_abs"], rtol=table["rtol"], cosine_min=table["cosine_min"], margin=table["margin"])
+        return cls(atol=table["max_abs"], rtol=table["rtol"], cosine_min=table["cosine_min"], margin=table["margin"],
+                   kl_max=table["kl_max"], mean_shift_max=table["mean_shift_max"])
 
 
 @dataclass(frozen=True)
@@ -175,6 +181,17 @@ def _continuous(oc: OutputComparison, got: np.ndarray, ref: np.ndarray, actual: 
         oc.failures.append(f"worst-row cosine {oc.metrics['cosine_min_row']:.6f} < {lim.cosine_min:g}")
     if oc.output.stem in ("actions", "sampled_actions") and all(k in d for d in (actual, expected) for k in ("mu", "log_sigma")):
         oc.metrics.update(gaussian_divergence(actual["mu"], actual["log_sigma"], expected["mu"], expected["log_sigma"]))
+        if oc.output.sampled is not None or CONTINUOUS_ACTIONS.name not in actual:  # one distribution: judged once
+            _policy_units(oc, lim, bad)
+
+
+def _policy_units(oc: OutputComparison, lim: Limits, bad: int) -> None:
+    """The divergence in the policy's own units against its limits: KL, and |Δμ|/σ for a Gaussian head."""
+    checks = (("kl_max", lim.kl_max, "KL"), ("mean_shift_sigma_max", lim.mean_shift_max, "|Δμ|/σ"))
+    for metric, bound, what in (c for c in checks if c[0] in oc.metrics):
+        oc.metrics[f"{metric}_limit"] = bound
+        if not bad and not oc.metrics[metric] <= bound:  # a NaN divergence never passes
+            oc.failures.append(f"{what} {oc.metrics[metric]:.3g} > {bound:g} (policy units)")
 
 
 def _memory(oc: OutputComparison, got: np.ndarray, ref: np.ndarray, actual: dict, expected: dict, rules: Rules) -> None:
@@ -197,6 +214,8 @@ def _discrete(oc: OutputComparison, got: np.ndarray, ref: np.ndarray, actual: di
     oc.metrics.update(d)
     if sizes is not None and "masked_logits" in actual and "masked_logits" in expected:
         oc.metrics.update(softmax_divergence(actual["masked_logits"], expected["masked_logits"], sizes))
+        if judge:
+            _policy_units(oc, rules.limits, 0)
     if judge and d["flips_beyond_margin"]:
         oc.failures.append(f"{int(d['flips_beyond_margin'])} of {int(d['decisions'])} actions differ where the reference's "
                            f"best masked logit leads by more than {rules.limits.margin:g} x max(1, |best|) "

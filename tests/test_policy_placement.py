@@ -20,7 +20,7 @@ from huggy_exp.runners import ACTIONS, OBS, SAMPLED, TorchRunner
 # --- placement
 
 
-@pytest.mark.parametrize("dtype", ["fp8", "float32", "int8", ""])
+@pytest.mark.parametrize("dtype", ["fp8", "float32", "int4", ""])
 def test_unknown_dtype_is_a_user_error_listing_valid_dtypes(dtype):
     with pytest.raises(UserError) as err:
         resolve("cpu", dtype)

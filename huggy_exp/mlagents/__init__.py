@@ -15,6 +15,7 @@ from huggy_exp.mlagents.checkpoint import load_checkpoint, save_checkpoint, stat
 from huggy_exp.mlagents.default import (
     DEFAULT_NAME, DEFAULT_SEED, DEFAULT_STEP, DEFAULT_VERSION, cache_dir, default_results_dir, default_weights, load_default,
 )
+from huggy_exp.mlagents.heads import with_distributions
 from huggy_exp.mlagents.hub import fetch_hub
 from huggy_exp.mlagents.onnx_read import check_onnx_pairing, load_onnx, onnx_input_sizes, read_onnx, weights_from_onnx
 from huggy_exp.mlagents.onnx_write import interface, write_onnx

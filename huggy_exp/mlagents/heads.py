@@ -151,6 +151,28 @@ class DiscreteHead:
 HEADS = (ContinuousHead, DiscreteHead)  # ML-Agents' output order
 
 
+def with_distributions(model):
+    """The graph (an onnx ModelProto, changed in place) with what its actions come from as outputs too, named as
+    Policy.distributions names them: `mu` (what the deterministic action clamps or passes on), `log_sigma` (what Exp
+    takes), `masked_logits` (every branch's Softmax input, side by side); so a runner of the graph is judged in the
+    policy's units (KL, |Δμ|/σ) like a torch one."""
+    from onnx import TensorProto, helper
+
+    g = Graph(model, "graph")
+    found, t = {}, "deterministic_continuous_actions"
+    while t in g.producer and g.producer[t].op_type in ("Div", "Clip", "Identity"):
+        t = g.producer[t].input[0]
+    exps = [n.input[0] for n in g.nodes if n.op_type == "Exp"]
+    if t != "deterministic_continuous_actions" and exps:
+        found.update(mu=[t], log_sigma=exps[:1])
+    found["masked_logits"] = [n.input[0] for n in g.nodes if n.op_type == "Softmax"]
+    for name, parts in ((k, v) for k, v in found.items() if v):
+        joined = {"op_type": "Concat", "axis": 1} if len(parts) > 1 else {"op_type": "Identity"}
+        model.graph.node.append(helper.make_node(inputs=parts, outputs=[name], **joined))
+        model.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", None]))
+    return model
+
+
 def read_heads(g: Graph, cursor: str, masks: str | None) -> dict:
     """The heads on the features: Gemms whose logits are masked are discrete branches, a Gemm feeding Clip -> Exp is SAC's
     log_sigma, the one left is mu. PolicyWeights fields: mu, log_sigma, tanh_squash, branches."""

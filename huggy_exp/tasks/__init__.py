@@ -11,7 +11,7 @@ from huggy_exp import timing
 from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported
 from huggy_exp.results import Result
-from huggy_exp.runners import OBS, Runner, over_steps, reference, run_feeds
+from huggy_exp.runners import OBS, Runner, build, over_steps, reference, run_feeds
 from huggy_exp import verify
 from huggy_exp.verify import DECLARED, Comparison, outputs_of
 
@@ -70,11 +70,12 @@ def verify_point(ctx: Context, result: Result, runner: Runner, feeds: Mapping[st
     got = dict(run_feeds(runner, feeds, seed) if got is None else got)
     got.update(_distributions(runner, feeds))
     rules = ctx.rules()
-    vs = {}
+    vs, want = {}, {}
     for ref_dtype in ("fp64", "fp32"):
         ref = reference(ctx, ref_dtype)
-        want = {**run_feeds(ref, feeds), **(run_feeds(ref, feeds, seed) if seed is not None else {}), **_distributions(ref, feeds)}
-        vs[ref_dtype] = verify.compare(got, want, rules)
+        want[ref_dtype] = {**run_feeds(ref, feeds), **(run_feeds(ref, feeds, seed) if seed is not None else {}),
+                           **_distributions(ref, feeds)}
+        vs[ref_dtype] = verify.compare(got, want[ref_dtype], rules)
         result.metrics.update(vs[ref_dtype].metrics(ref_dtype))
     for reason in vs["fp64"].failures:
         result.fail(f"vs cpu fp64: {reason}")
@@ -83,8 +84,37 @@ def verify_point(ctx: Context, result: Result, runner: Runner, feeds: Mapping[st
     arrays = {o.stem: got[o.name] for o in declared if not deterministic or o.sampled is not None or o.rule == "memory"}
     fingerprint_tags(result, arrays, ctx.verify.decimals if decimals is None else decimals)
     result.headline = point_line(vs["fp64"], result, ctx)
+    if ctx.dtype == "int8" and ctx.backend != "onnxruntime" and seed is None:
+        result.headline += "; " + onnxruntime_peer(ctx, result, feeds, want["fp64"], rules)
     result.summary.insert(0, result.headline)
     return vs["fp64"]
+
+
+PEER = "onnxruntime_int8"  # the int8 point's peer: onnxruntime's dynamic quantization of the same .onnx
+
+
+def onnxruntime_peer(ctx: Context, result: Result, feeds: Mapping[str, np.ndarray], fp64: dict, rules: verify.Rules) -> str:
+    """onnxruntime's own int8 beside the torch int8 point, on the same feeds, compared with the same fp64 reference
+    under the same limits: metrics `onnxruntime_int8/<stem>/vs_fp64/...` and its latency, reported (the point's verdict
+    is torch's); without a .onnx, or where it cannot run, the reason. Returns its part of the headline."""
+    if ctx.model.onnx_path is None:
+        why = "no .onnx beside the model (model.onnx=<file.onnx>)"
+    else:
+        try:
+            peer = build(ctx, "onnxruntime")
+        except Unsupported as exc:
+            why = str(exc)
+        else:
+            side = Result()
+            vs = verify.compare(run_feeds(peer, feeds), fp64, rules)
+            latency(peer, ctx, feeds, side)
+            result.metrics.update({f"{PEER}/{k}": v for k, v in {**vs.metrics("fp64"), **side.metrics}.items()})
+            result.metrics[f"{PEER}/passed"] = float(vs.passed)
+            line = point_line(vs, side, ctx).split("; fingerprint")[0].replace("vs cpu fp64 (int8 limits)", "vs cpu fp64")
+            result.details[PEER] = {"status": "passed" if vs.passed else "failed", "failures": vs.failures, "graph": peer.name}
+            return f"onnxruntime int8 {line}"
+    result.details[PEER] = {"status": "skipped", "reason": why}
+    return f"onnxruntime int8 skipped: {why}"
 
 
 def verify_rollout(ctx: Context, result: Result, runner: Runner, feeds: Mapping[str, np.ndarray],
@@ -131,12 +161,18 @@ def point_line(vs64: Comparison, result: Result, ctx: Context) -> str:
             text = f"{stem} max_abs {m.get('max_abs', float('nan')):.2g} (limit {m.get('max_abs_limit', float('nan')):.2g})"
             if oc.output.rule == "continuous":
                 text += f", cosine {m.get('cosine_min_row', float('nan')):.6f} (limit {m.get('cosine_min_row_limit', -1):g})"
-            parts.append(text)
+            parts.append(text + _policy_units(m))
         elif oc.output.rule == "discrete":
             parts.append(f"{stem} agreement {m.get('agreement', float('nan')):.2%} "
-                         f"({int(m.get('flips_beyond_margin', 0))} flips beyond margin {m.get('margin_limit', 0):g})")
+                         f"({int(m.get('flips_beyond_margin', 0))} flips beyond margin {m.get('margin_limit', 0):g})" + _policy_units(m))
     verdict = "PASS" if vs64.passed else "FAIL"
     line = f"{verdict} vs cpu fp64 ({ctx.dtype} limits): " + "; ".join(parts)
     if result.latency:
         line += f"; p50 {result.latency['p50_us']:,.0f} µs" + (" (noisy)" if result.latency.get("noisy") else "")
     return line + f"; fingerprint {result.tags.get(verify.FINGERPRINT, '')[:12]}"
+
+
+def _policy_units(m: dict) -> str:
+    """`, KL 2e-03 (limit 0.01), |Δμ|/σ 0.04 (limit 0.1)`: what the engine judged in the policy's units, if anything."""
+    names = (("kl_max", "KL"), ("mean_shift_sigma_max", "|Δμ|/σ"))
+    return "".join(f", {what} {m[k]:.2g} (limit {m[k + '_limit']:g})" for k, what in names if k + "_limit" in m)

@@ -13,7 +13,7 @@ from huggy_exp import control_loop, loadgen, plots, timing
 from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported, UserError, first_line
 from huggy_exp.mlagents import ACTION_MASKS, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name
-from huggy_exp.placement import peak_memory, reset_peak_memory, synchronize
+from huggy_exp.placement import QUANTIZED, peak_memory, reset_peak_memory, synchronize
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, TorchRunner, build
 from huggy_exp.tasks import SLOW_FP16, batch_of, is_sequence, verify_point
@@ -117,7 +117,8 @@ class BenchmarkTask:
         runners, expected, margins = {}, {}, {}
         for name in dict.fromkeys(["eager", *timed_backends]):
             info = backends[name] = {"status": "passed", "reason": "",
-                                     "dtype": "fp32" if name == "onnxruntime" else ctx.dtype}  # the .onnx graph is fp32
+                                     "dtype": "fp32" if name == "onnxruntime" and ctx.dtype not in QUANTIZED else ctx.dtype}
+            # the .onnx graph is fp32, or onnxruntime's own int8 of it (runners.build)
             try:
                 reset_peak_memory(ctx.target().device)  # each backend's peak alone: its build, capture, first calls
                 runner, gate = self.first_calls(ctx, name, info, feeds, points, chunk, expected, margins)
