@@ -156,42 +156,37 @@ def resolve(device: str, dtype: str) -> Target:
 
 def quantize_onnx(model, dtype: str, out: Path) -> Path:
     """onnxruntime's own dynamic quantization of an fp32 .onnx (a path or ModelProto) for dtype int8 (int8 weights, uint8
-    activations quantized per call: MatMulInteger), written to `out`; int8w has no onnxruntime counterpart (Unsupported).
-    onnxruntime logs advice (pre-processing, the opset it raised to 11) that the verification makes moot: kept quiet."""
+    activations quantized per call: MatMulInteger), written to `out`; int8w has no onnxruntime counterpart (Unsupported)."""
     if dtype != "int8":
         raise Unsupported(f"backend onnxruntime: dtype {dtype} has no onnxruntime counterpart (its dynamic quantization "
                           "quantizes the activations too: that is dtype int8)")
-    import logging
-
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    logging.disable(logging.WARNING)
-    try:
-        quantize_dynamic(model, out, weight_type=QuantType.QInt8)
-    finally:
-        logging.disable(logging.NOTSET)
+    _quietly(lambda: quantize_dynamic(model, out, weight_type=QuantType.QInt8))
     return out
 
 
 def quantize(module: torch.nn.Module, dtype: str) -> None:
-    """Quantize every nn.Linear of `module` in place with torchao for an int8 dtype (QUANTIZED; others: nothing to do).
-    torchao logs at import that its CUDA extensions do not load on a CPU torch: kept out of the user's output."""
+    """Quantize every nn.Linear of `module` in place with torchao for an int8 dtype (QUANTIZED; others: nothing to do)."""
     if dtype not in QUANTIZED:
         return
-    import logging
-
-    quiet = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
-    levels = [log.level for log in quiet]
-    for log in quiet:
-        log.setLevel(logging.ERROR)
     try:
-        import torchao.quantization as ao
+        ao = _quietly(lambda: importlib.import_module("torchao.quantization"))
     except ImportError as exc:
         raise Unsupported(f"dtype {dtype} needs torchao ({exc}); pip install torchao") from None
-    finally:
-        for log, level in zip(quiet, levels):
-            log.setLevel(level)
     ao.quantize_(module, getattr(ao, QUANTIZED[dtype])())
+
+
+def _quietly(call):
+    """`call()` with log records up to WARNING dropped: torchao's import logs that its CUDA extensions do not load on a
+    CPU torch, onnxruntime's quantizer advice (pre-processing, the opset it raised to 11) that verification makes moot."""
+    import logging
+
+    logging.disable(logging.WARNING)
+    try:
+        return call()
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 # --- fp32 math: the precision_mode axis (docs/hardware/)
