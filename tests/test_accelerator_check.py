@@ -68,6 +68,9 @@ def test_each_step_has_its_own_budget_from_the_configured_minimum_durations():
         check.START_S + check.POINT_S + timed.timed_s + 5 * check.COMPILE_S))
     assert steps["loadgen"].compiled == 3  # batch 64, 1 (single_stream, server) and 8 (multi_stream's samples per query)
     assert "timed" in timed.shown() and f"budget {timed.budget_s:.0f} s" in timed.shown()
+    from huggy_exp import control_loop, loadgen  # the floors the script copies (it imports no torch itself)
+
+    assert (check.PROBE_TICKS, check.MULTI_STREAM_QUERIES) == (control_loop.MIN_PROBE_TICKS, loadgen.MULTI_STREAM_MIN_QUERIES)
 
 
 def test_the_planned_steps_fit_the_device_call_and_time_each_backend_once(tmp_path):
