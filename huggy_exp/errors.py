@@ -10,6 +10,7 @@ class Unsupported(Exception):
 
 
 def first_line(exc: BaseException) -> str:
-    """An exception's first line (its type's name when it has no message): what a one-line reason quotes."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    """An exception's first line (its type's name when it has no message): what a one-line reason quotes. A first line
+    that only announces what follows (dynamo's `backend='npu' raised:`, then the compiler's own error) takes the next."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()] or [type(exc).__name__]
+    return f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]

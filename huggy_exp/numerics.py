@@ -5,9 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from huggy_exp.errors import UserError
-from huggy_exp.verify import cosine, discrete_agreement, discrete_margins, finite_limits, margins  # noqa: F401 (the engine's, re-exported)
-
-REL_FLOOR = 1e-3  # relative errors divide by max(|expected|, REL_FLOOR): actions are O(1), zeros must not explode
+from huggy_exp.verify import finite_limits
 
 
 def _same_size(actual: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -16,15 +14,6 @@ def _same_size(actual: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np
     if a.size != e.size:
         raise UserError(f"cannot compare arrays of shapes {list(a.shape)} and {list(e.shape)} element-wise")
     return a, e
-
-
-def masked_logits(logits: np.ndarray, masks: np.ndarray | None, penalty: float) -> np.ndarray:
-    """ML-Agents' masking in float64: logits * mask - penalty * (1 - mask); all allowed without masks."""
-    z = np.asarray(logits, np.float64)
-    if masks is None:
-        return z
-    m = np.asarray(masks, np.float64)
-    return z * m - penalty * (1.0 - m)
 
 
 def action_stats(actions: np.ndarray, saturation: float = 0.999) -> dict[str, float]:

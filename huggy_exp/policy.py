@@ -284,10 +284,9 @@ class Policy(nn.Module):
         keyed by head output name: a Gaussian z for continuous, uniforms for discrete) and `recurrent_out`. Huggy's
         shape runs forward() and sample(), its lean path."""
         if self._huggy_shaped:
-            head = self.continuous
             if noise is None:
-                return {head.deterministic_name: self._run(obs[0])}
-            return {head.sampled_name: self.sample(obs[0], noise[head.sampled_name])}
+                return {CONTINUOUS_ACTIONS.name: self._run(obs[0])}
+            return {CONTINUOUS_ACTIONS.sampled: self.sample(obs[0], noise[CONTINUOUS_ACTIONS.sampled])}
         x, memory_out = self.encode(obs, memory)
         out = {}
         for head in self.heads:

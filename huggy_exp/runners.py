@@ -88,8 +88,7 @@ class TorchRunner:
     """The rebuilt policy on one (device, dtype), fed in chunks of `batch_size` rows, run by one torch backend."""
 
     def __init__(self, weights: PolicyWeights, target: Target, batch_size: int = 0, backend: str = "eager"):
-        self.target = target
-        self.batch_size = batch_size
+        self.target, self.batch_size, self._on_cpu = target, batch_size, target.kind == "cpu"
         self.backend = check_backend(backend)
         if backend == "onnxruntime":
             raise UserError("TorchRunner runs torch backends; build onnxruntime with runners.build()")
@@ -151,35 +150,42 @@ class TorchRunner:
         """(obs list, masks, memory, noise) per chunk of `batch_size` rows: the inputs as float32 tensors on the device,
         the noise as CPU tensors; a fixed-shape backend's last chunk padded to the chunk size."""
         arrays = self._fit(feeds)
+        rows = len(arrays[0])
+        step = self.batch_size if 0 < self.batch_size < rows else rows
+        if step == rows and noise is None:  # one chunk: kept lean for timing
+            parts = [a if a is None else self._to(torch.from_numpy(np.ascontiguousarray(a, np.float32))) for a in arrays]
+            return [(parts[:-2], parts[-2], parts[-1], None)]
         names = list(noise or ())
         arrays += [noise[k] for k in names]
-        rows, inputs = len(arrays[0]), len(arrays) - len(names)
-        step = self.batch_size if 0 < self.batch_size < rows else rows
+        inputs = len(arrays) - len(names)
         pad = (self.fixed_shape if pad is None else pad) and rows % step
         chunks = []
         for start in range(0, rows, max(step, 1)):
             n = min(step, rows - start)
             parts = [a if a is None else a.narrow(0, start, n) if isinstance(a, torch.Tensor)
-                     else torch.from_numpy(np.ascontiguousarray(a[start : start + step] if step < rows else a, np.float32))
-                     for a in arrays]
+                     else torch.from_numpy(np.ascontiguousarray(a[start : start + step], np.float32)) for a in arrays]
             if pad and n < step:
                 parts = [p if p is None else torch.cat([p, p[-1:].expand(step - n, *p.shape[1:])]) for p in parts]
-            if self.target.kind != "cpu":
-                parts[:inputs] = [p if p is None else p.to(self.target.device) for p in parts[:inputs]]
+            parts[:inputs] = [p if p is None else self._to(p) for p in parts[:inputs]]
             chunks.append((parts[: inputs - 2], parts[inputs - 2], parts[inputs - 1], dict(zip(names, parts[inputs:])) if names else None))
         return chunks
 
+    def _to(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self._on_cpu else t.to(self.target.device)
+
     def _collect(self, parts: list[dict[str, torch.Tensor]], rows: int | None = None) -> dict[str, np.ndarray]:
         """The chunks' outputs as one array each (`rows` of them: a padded last chunk cut), once the device is done."""
-        synchronize(self.target.device)
+        if not self._on_cpu:
+            synchronize(self.target.device)
         if len(parts) == 1 and rows is None:
             return {k: _numpy(v) for k, v in parts[0].items()}
         return {k: np.concatenate([_numpy(p[k]) for p in parts])[:rows] for k in parts[0]}
 
     def _run(self, feeds: Feeds, noise: dict[str, torch.Tensor] | None = None) -> dict[str, np.ndarray]:
         use_device(self.target.device)  # whichever thread calls (LoadGen's server worker, its issue thread)
+        chunks = self._chunks(feeds, noise)
         with torch.inference_mode():
-            parts = [self._act(*chunk) for chunk in self._chunks(feeds, noise)]
+            parts = [self._act(*chunk) for chunk in chunks]
         return self._collect(parts, len(feeds[OBS]) if self.fixed_shape and len(parts) > 1 else None)
 
     @property

@@ -116,7 +116,13 @@ MUTATIONS = (
     Mutation("compile-inductor-on-npu", "#3: compile on the NPU through inductor, not torch_npu's backend", (
         ("huggy_exp/runners.py", '"mps": "inductor", "npu": "npu"}', '"mps": "inductor", "npu": "inductor"}'),
     ), ("tests/test_first_run_failures.py::test_failure_3_the_compile_backend_follows_the_device_kind",
-        "tests/test_emulated_npu.py::test_failure_3_compile_on_the_npu_asks_for_torch_npus_backend_and_skips_alone")),
+        "tests/test_emulated_npu.py::test_failure_3_compile_on_the_npu_runs_torch_npus_dynamo_backend_on_the_card")),
+    Mutation("torchair-stand-in-timed", "#3: torch_npu's eager stand-in for a missing torchair is timed as compile", (
+        ("huggy_exp/runners.py", '== "_eager_npu_backend":', '== "no such backend":'),
+    ), ("tests/test_emulated_npu.py::test_failure_3_a_compile_backend_that_fails_on_the_card_fails_alone_with_its_first_line",)),
+    Mutation("compiler-error-unnamed", "#3: a failed compile's reason is dynamo's announcement, not the compiler's error", (
+        ("huggy_exp/errors.py", 'if lines[0].endswith(":") and len(lines) > 1', "if False"),
+    ), ("tests/test_first_run_failures.py::test_failure_3_a_compilers_reason_names_its_error_not_dynamos_announcement",)),
     Mutation("lstm-unflattened", "#5: the LSTM's weights are not flattened once placed (cuDNN repacks every call)", (
         ("huggy_exp/policy.py", "            self.memory.lstm.flatten_parameters()", "            pass"),
     ), ("tests/test_first_run_failures.py::test_failure_5_the_lstm_weights_are_flattened_once_placed",)),

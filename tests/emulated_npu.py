@@ -8,6 +8,8 @@ the surface huggy_exp calls, torch_npu's names: is_available, device_count, set_
 synchronize, Event, Stream / stream / current_stream, memory statistics, NPUGraph / graph (a capture records the
 ops it sees on its own card, on its device and stream, and replays them on the current values), get_device_name,
 matmul.allow_hf32 / conv.allow_hf32 (HF32: fp32 matmul inputs rounded to 10 mantissa bits, as the cube unit does).
+Like torch_npu it registers the dynamo backend `npu` (torch.compile's backend on this device kind): the wrapper is
+traceable (`__tensor_flatten__`), and the backend runs AOTAutograd's graph of the card's ops with dynamo's aot_eager.
 
 The rename happens once per process and cannot be undone, so it runs in a child process only:
 
@@ -32,6 +34,7 @@ import types
 import weakref
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 from torch.utils._pytree import tree_map
 
 CARDS = 2
@@ -111,13 +114,27 @@ class NpuTensor(torch.Tensor):
     def __repr__(self):
         return f"NpuTensor(npu:{self.card}, {self.value!r})"
 
+    # traceable by torch.compile (dynamo and AOTAutograd see through the wrapper to its CPU values, as to a card's
+    # tensor): the wrapper is its values and its card
+    def __tensor_flatten__(self):
+        return ["value"], self.card
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict, card: int, outer_size, outer_stride) -> "NpuTensor":
+        return NpuTensor(inner["value"], card)
+
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         return _dispatch(func, args, kwargs or {})
 
 
 def _track(t: NpuTensor) -> None:
-    """Count the storage's bytes on its card once, while any wrapper of it lives."""
+    """Count the storage's bytes on its card once, while any wrapper of it lives (the count is kept on the values the
+    wrapper was made with: a module's `to()` swaps a traceable wrapper, which must carry no weak reference itself).
+    A compile's fake values hold no memory."""
+    if is_fake(t.value):
+        return
+    t.made_with = t.value  # a graph replay gives the wrapper new values: the count stays with the first until it goes
     storage = t.value.untyped_storage()
     key = (t.card, storage.data_ptr())
     with _lock:
@@ -125,7 +142,7 @@ def _track(t: NpuTensor) -> None:
             _allocated[t.card] += storage.nbytes()
             _peak[t.card] = max(_peak[t.card], _allocated[t.card])
         _live[key] = _live.get(key, 0) + 1
-    weakref.finalize(t, _release, key, storage.nbytes())
+    weakref.finalize(t.value, _release, key, storage.nbytes())
 
 
 def _release(key: tuple[int, int], nbytes: int) -> None:
@@ -533,7 +550,27 @@ def install() -> types.ModuleType:
     lib.fallback(_fallback, "PrivateUse1")
     _LIBRARY.append(lib)  # the registration lives as long as the library object
     _default_streams.extend(Stream(card) for card in range(CARDS))
+    register_backends()
     return mod
+
+
+def _emulated_npu_backend(gm, example_inputs):
+    """The dynamo backend `npu`: torch_npu's is torchair's graph compiler; here the graph AOTAutograd traces through
+    the card's ops, run by dynamo's `aot_eager` on the emulated card (no kernel generation, but every compile path of
+    the caller: tracing, guards, recompiles, fullgraph, the compiled call on the card)."""
+    from torch._dynamo import lookup_backend
+
+    return lookup_backend("aot_eager")(gm, example_inputs)
+
+
+def register_backends(backend=_emulated_npu_backend) -> None:
+    """Register the dynamo backend `npu` as torch_npu does at import (torch_npu/dynamo/__init__.py, _register_backends:
+    an earlier `npu` is replaced; without torchair torch_npu registers its eager stand-in `_eager_npu_backend`)."""
+    from torch._dynamo.backends import registry
+
+    for table in (registry._BACKENDS, getattr(registry, "_COMPILER_FNS", {})):  # torch 2.13 keeps the functions apart
+        table.pop("npu", None)
+    registry.register_backend(backend, "npu")
 
 
 def main(argv: list[str]) -> None:

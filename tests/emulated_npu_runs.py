@@ -57,6 +57,46 @@ def from_a_new_thread() -> str:
     return got[0]
 
 
+def compiled_against_eager() -> list[float]:
+    """compile on npu:1 (torch.compile with the device kind's dynamo backend, `npu`, fullgraph) against eager on new
+    inputs each call, and the dynamo graphs it built."""
+    from torch._dynamo.utils import counters
+
+    before = int(counters["stats"]["unique_graphs"])
+    w = mlagents.load_default().weights
+    compiled, eager = (runners.TorchRunner(w, resolve("npu:1", "fp32"), batch_size=8, backend=b) for b in ("compile", "eager"))
+    rng = np.random.default_rng(1)
+    gaps = []
+    for _ in range(3):
+        obs = rng.standard_normal((8, w.obs_dim)).astype(np.float32)
+        gaps.append(float(np.abs(compiled.infer({runners.OBS: obs})[ACTIONS] - eager.infer({runners.OBS: obs})[ACTIONS]).max()))
+    return [*gaps, int(counters["stats"]["unique_graphs"]) - before]
+
+
+def compile_backends_that_fail(scratch: Path) -> dict:
+    """torch_npu without torchair (its eager stand-in registered as `npu`: compile refused, never timed as eager), and
+    an `npu` backend that fails to build: that backend fails alone with its first line, the others are timed."""
+    from emulated_npu import register_backends
+
+    def _eager_npu_backend(gm, *args, **kwargs):  # torch_npu/dynamo/__init__.py's stand-in, by name
+        return gm
+
+    def broken(gm, example_inputs):
+        raise RuntimeError("graph capture failed on the card\nsecond line of the compiler's text")
+
+    w = mlagents.load_default().weights
+    try:
+        register_backends(_eager_npu_backend)
+        stand_in = refusal(lambda: runners.TorchRunner(w, resolve("npu:1", "fp32"), backend="compile"))
+        register_backends(broken)
+        r = run_job(scratch / "compile-broken", "benchmark", "device=npu:1", *SHORT, "mode.backends=[eager,compile,graphs]",
+                    "mode.scenarios=[offline]").record
+    finally:
+        register_backends()
+    return {"stand_in": stand_in, "status": r["status"], "reason": r.get("reason", ""),
+            "backends": {k: (v["status"], v["reason"]) for k, v in r["details"]["backends"].items()}}
+
+
 def refusal(fn) -> str:
     try:
         fn()
@@ -104,7 +144,6 @@ def modes_on_the_card(scratch: Path) -> dict:
 
 
 def main(scratch: Path) -> dict:
-    w = mlagents.load_default().weights
     ctx = Context(device="npu:1", workdir=scratch)
     job = run_job(scratch / "benchmark", "benchmark", "device=npu:1", "backend=graphs", *SHORT,
                   "mode.backends=[eager,compile,graphs,onnxruntime]", "mode.scenarios=[single_stream,server,offline,control_loop]")
@@ -113,7 +152,8 @@ def main(scratch: Path) -> dict:
         "batch": batch_after_a_big_tensor(scratch),
         "graphs_vs_eager": graphs_against_eager(),
         "new_thread": from_a_new_thread(),
-        "compile": refusal(lambda: runners.TorchRunner(w, resolve("npu:1", "fp32"), backend="compile")),
+        "compile": compiled_against_eager(),
+        "compile_fails": compile_backends_that_fail(scratch),
         "onnxruntime": refusal(lambda: runners.build(ctx, "onnxruntime")),
         "fallback_switch": os.environ.get("TORCH_NPU_FALLBACK_CPU_DISABLE"),
         "modes": modes_on_the_card(scratch),

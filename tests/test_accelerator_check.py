@@ -178,8 +178,10 @@ def test_the_rehearsal_on_the_emulated_npu_with_full_settings_fits_in_420_s(tmp_
             assert "-npu-bf16-" in line, line
     bench = json.loads((out / "benchmark" / "0" / "result.json").read_text())
     assert {k: v["status"] for k, v in bench["details"]["backends"].items()} == {
-        "eager": "passed", "compile": "skipped", "graphs": "passed", "onnxruntime": "skipped"}
+        "eager": "passed", "compile": "passed", "graphs": "passed", "onnxruntime": "skipped"}
     assert bench["metrics"]["loadgen/server/valid"] in (0.0, 1.0) and "control_loop/ticks" in bench["metrics"]
+    compiled = json.loads((out / "loadgen" / "0" / "result.json").read_text())  # the scenarios on compile
+    assert compiled["details"]["backends"]["compile"]["status"] == "passed" and "control_loop/ticks" in compiled["metrics"]
     with tarfile.open(box / "acc.tgz") as tar:
         names = tar.getnames()
     assert "acc/SUMMARY.md" in names and "acc/fixtures-precision/summary.json" in names

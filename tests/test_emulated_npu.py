@@ -66,10 +66,23 @@ def test_failure_10_a_thread_that_never_set_the_card_runs_the_policy_on_it(runs)
     assert bench["status"] == "passed" and bench["server_valid"] in (0.0, 1.0) and bench["server_vs_eager"] <= 1e-5
 
 
-def test_failure_3_compile_on_the_npu_asks_for_torch_npus_backend_and_skips_alone(runs):
-    assert "torch.compile backend 'npu' is not registered here" in runs["compile"]
-    assert runs["benchmark"]["backends"] == {"eager": "passed", "compile": "skipped", "graphs": "passed",
+def test_failure_3_compile_on_the_npu_runs_torch_npus_dynamo_backend_on_the_card(runs):
+    """The emulator registers the dynamo backend `npu` as torch_npu does; compile on npu:1 builds through it (fullgraph)
+    and gives eager's bytes on new inputs, and the benchmark times it beside eager and graphs."""
+    *gaps, graphs = runs["compile"]
+    assert gaps == [0.0, 0.0, 0.0] and graphs >= 1
+    assert runs["benchmark"]["backends"] == {"eager": "passed", "compile": "passed", "graphs": "passed",
                                              "onnxruntime": "skipped"}
+
+
+def test_failure_3_a_compile_backend_that_fails_on_the_card_fails_alone_with_its_first_line(runs):
+    """torch_npu without torchair registers an eager stand-in as `npu`: refused (never timed as compile). An `npu`
+    backend that raises while building: compile fails with the compiler's own first line, eager and graphs are timed."""
+    fails = runs["compile_fails"]
+    assert fails["stand_in"].startswith("backend compile on npu: torch_npu was built without torchair")
+    assert fails["status"] == "failed" and fails["backends"] == {
+        "eager": ["passed", ""], "graphs": ["passed", ""],
+        "compile": ["failed", "BackendCompilerFailed: backend='npu' raised: RuntimeError: graph capture failed on the card"]}
 
 
 def test_failure_8_onnxruntime_without_cann_is_skipped_naming_the_providers_found(runs):
@@ -83,7 +96,7 @@ def test_failure_9_the_npu_cpu_fallback_switch_is_set_and_recorded(runs):
 
 def test_failure_11_peak_memory_is_per_backend_and_batch_reads_its_own(runs):
     bench = runs["benchmark"]
-    assert set(bench["peaks"]) == {"peak_mem_mb", "eager/peak_mem_mb", "graphs/peak_mem_mb"}
+    assert set(bench["peaks"]) == {"peak_mem_mb", "eager/peak_mem_mb", "compile/peak_mem_mb", "graphs/peak_mem_mb"}
     assert bench["peak_source"] == "npu:1 allocator (max_memory_allocated since its reset), per backend"
     assert runs["batch"]["status"] == "passed" and runs["batch"]["peak_mb"] < 64  # not the 64 MiB freed before it
     assert runs["batch"]["source"].startswith("npu:1 allocator")

@@ -62,6 +62,15 @@ def test_failure_2_past_the_recompile_limit_compile_is_an_error_not_eager(small,
 # --- 3: a backend that fails to build or capture ends the whole point
 
 
+def test_failure_3_a_compilers_reason_names_its_error_not_dynamos_announcement():
+    from huggy_exp.errors import first_line
+
+    wrapped = RuntimeError("backend='npu' raised:\nRuntimeError: graph capture failed\n\nmore of the compiler's text")
+    assert first_line(wrapped) == "backend='npu' raised: RuntimeError: graph capture failed"
+    assert first_line(RuntimeError("one line: with a colon\nsecond")) == "one line: with a colon"
+    assert first_line(RuntimeError()) == "RuntimeError"
+
+
 def test_failure_3_a_backend_that_fails_to_compile_fails_alone_and_the_others_run(small, tmp_path, monkeypatch):
     def broken(fn, backend):
         def call(*args):

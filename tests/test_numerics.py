@@ -13,10 +13,8 @@ import numpy as np
 import pytest
 
 from huggy_exp.numerics import (
-    REL_FLOOR,
     action_stats,
     clipped_normal_moments,
-    cosine,
     error_ratio,
     limits_for,
     ratio_verdict,
@@ -24,6 +22,7 @@ from huggy_exp.numerics import (
     sampling_check,
 )
 from huggy_exp.errors import UserError
+from huggy_exp.verify import REL_FLOOR, cosine
 from huggy_exp.verify import elementwise as compare  # the one element-wise engine
 
 # --- compare()

@@ -11,12 +11,17 @@ import numpy as np
 import pytest
 from conftest import HUGGY_LSTM, HUGGY_LSTM_PT, PYRAMIDS, PYRAMIDS_PT, SHAPES, needs_shared, run_job
 
-from huggy_exp.numerics import masked_logits
 from huggy_exp.verify import discrete_agreement, discrete_margins, margins
 from huggy_exp.runners import ACTIONS, DISCRETE, RECURRENT_OUT, TorchRunner
 from huggy_exp.tasks import precision as precision_module
 
 NAMES = list(SHAPES)
+
+
+def masked_logits(logits: np.ndarray, masks: np.ndarray | None, penalty: float) -> np.ndarray:
+    """ML-Agents' masking in float64: logits * mask - penalty * (1 - mask); all allowed without masks."""
+    z = np.asarray(logits, np.float64)
+    return z if masks is None else z * np.asarray(masks, np.float64) - penalty * (1.0 - np.asarray(masks, np.float64))
 ATOL = 1e-5  # fp32 against the float64 reference, small networks
 MARGIN = 1e-4  # discrete actions are compared where the best masked logit leads the second by more than fp32 noise
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
 
 import numpy as np
 
@@ -17,12 +16,6 @@ from huggy_exp.verify import DECLARED, Comparison, outputs_of
 
 LATENCY_KEYS = ("p50_us", "p99_us", "mean_us", "obs_per_s")
 SLOW_FP16 = "fp16 on a CPU without fp16 matmul kernels is far slower than fp32 (emulated): its timing is capped and bounded"
-
-
-class Task(Protocol):
-    name: str
-
-    def run(self, ctx: Context) -> Result: ...
 
 
 def is_sequence(feeds: Mapping[str, np.ndarray]) -> bool:

@@ -13,14 +13,13 @@ from huggy_exp import control_loop, loadgen, plots, timing
 from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported, UserError, first_line
 from huggy_exp.mlagents import ACTION_MASKS, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name
-from huggy_exp.numerics import REL_FLOOR
 from huggy_exp.placement import QUANTIZED, peak_memory, reset_peak_memory, synchronize
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, TorchRunner, build
 from huggy_exp.tasks import SLOW_FP16, batch_of, is_sequence, verify_point
 from huggy_exp.tasks import scenarios as extra
 from huggy_exp.tasks.compare import compare_outputs
-from huggy_exp.verify import finite_limits, limit
+from huggy_exp.verify import REL_FLOOR, finite_limits, limit
 
 POINT_STATS = ("p50_us", "p90_us", "p95_us", "p99_us", "mean_us", "min_us", "max_us", "iqr_us", "obs_per_s", "noisy", "samples")
 SERIES_STATS = ("p50_us", "p99_us", "obs_per_s")

@@ -17,11 +17,11 @@ from huggy_exp.config import SCENARIOS
 from huggy_exp.context import Context
 from huggy_exp.dynamics import Dynamics
 from huggy_exp.mlagents import ACTION_MASKS, PolicyWeights
-from huggy_exp.numerics import REL_FLOOR
 from huggy_exp.results import Result
 from huggy_exp.runners import Runner
 from huggy_exp.tasks import first_step
 from huggy_exp.tasks.compare import compare_outputs
+from huggy_exp.verify import REL_FLOOR
 
 LOADGEN = loadgen.SCENARIOS
 CONTROL_LOOP = "control_loop"
