@@ -185,6 +185,13 @@ MUTATIONS = (
         ("scripts/accelerator_check.py", "    if not folder.is_dir():\n        raise SystemExit(",
          "    if not folder.is_dir():\n        return []\n        raise SystemExit("),
     ), ("tests/test_accelerator_check.py::test_a_missing_fixture_folder_is_an_error_unless_a_flag_says_to_skip_it",)),
+    Mutation("int8-float-row", "the one-row path caches the weights before torchao quantizes them: int8 runs fp32 there", (
+        ("huggy_exp/policy.py", "        if quantize is not None:\n            quantize(self)\n        self._cache_parameters()",
+         "        self._cache_parameters()\n        if quantize is not None:\n            quantize(self)"),
+    ), ("tests/test_int8.py",)),
+    Mutation("policy-units-unjudged", "KL and |Δμ|/σ reported beside their limits but never failed", (
+        ("huggy_exp/verify.py", "        if not bad and not oc.metrics[metric] <= bound:", "        if False:"),
+    ), ("tests/test_int8.py",)),
 )
 
 

@@ -157,3 +157,17 @@ def test_a_benchmark_at_int8_gates_and_times_onnxruntimes_int8_and_skips_what_ca
     backends = job.record["details"]["backends"]
     assert backends["onnxruntime"]["dtype"] == "int8" and backends["onnxruntime"]["status"] == "passed", backends
     assert backends["fused"]["status"] == "skipped" and "int8" in backends["fused"]["reason"]
+
+
+def test_a_sweep_with_a_failing_int8_point_shows_policy_units_and_onnxruntimes_int8_on_its_line(small, tmp_path):
+    from huggy_exp.sweep import summarize
+
+    for i, dtype in enumerate(("fp32", "int8")):  # int8 held to |Δμ|/σ <= 1e-6: it fails, and so does its peer
+        run_job(tmp_path / str(i), "action", small.model, f"dtype={dtype}", "obs.rows=8", "batch_size=8",
+                "verify.limits.int8.mean_shift_max=1e-6")
+    summary = summarize(tmp_path)
+    fp32, int8 = (row["line"] for row in summary["rows"])
+    assert " KL " in fp32 and " |Δμ|/σ " in fp32 and "onnxruntime" not in fp32
+    assert "FAILED" in int8 and " |Δμ|/σ " in int8 and "| onnxruntime int8 FAILED KL " in int8 and " µs" in int8
+    (rec,) = summary["comparison"]["recommended"].values()
+    assert rec["failing"] == ["int8"] and rec["dtype"] == "fp32"
