@@ -33,13 +33,27 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from huggy_exp import timing  # noqa: E402
-from huggy_exp.context import Context, ModelSpec  # noqa: E402
+from huggy_exp.context import Context  # noqa: E402
 from huggy_exp.runners import ACTIONS, OBS, build  # noqa: E402
 from huggy_exp.tasks.benchmark import BenchmarkTask  # noqa: E402
 
 HUGGY = REPO.parent / "shared" / "fixtures" / "mlagents" / "huggy" / "Huggy" / "Huggy-2000049.pt"
 TORCH_BACKENDS = ("eager", "compile", "fused")
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def context(model: str | None, dtype: str, workdir: Path) -> Context:
+    """A job's context as run.py builds it from conf/ (its limits included: a dtype without one cannot be judged), at
+    one thread."""
+    from hydra import compose, initialize_config_dir
+
+    from huggy_exp.app import build_context
+    from huggy_exp.preflight import setup
+
+    setup()
+    overrides = [f"dtype={dtype}", "threads=1", "tracking=none"] + ([f"model.checkpoint={model}"] if model else [])
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return build_context(compose(config_name="config", overrides=overrides), workdir)
 
 
 def cpu_flags() -> set[str]:
@@ -385,7 +399,7 @@ def _arguments() -> argparse.Namespace:
 def main() -> None:
     a = _arguments()
     started = time.time()
-    ctx = Context(model_spec=ModelSpec(checkpoint=a.model), workdir=Path(tempfile.mkdtemp()), threads=1)
+    ctx = context(a.model, "fp32", Path(tempfile.mkdtemp()))
     flop = flops_per_obs(ctx)
     flags = cpu_flags()
     header = (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} · {cpu_name()} · {os.cpu_count()} cores "
@@ -412,7 +426,7 @@ def measure_backends(ctx: Context, a: argparse.Namespace) -> dict:
     knobs = benchmark_knobs(rounds=3, budget_s=a.budget, warmup_s=0.5, settle_s=0.05, batch_sizes=[a.rows],
                             scenarios=["single_stream", "offline"])
     fp32 = BenchmarkTask(**{**knobs, "backends": [*TORCH_BACKENDS, "onnxruntime"]}).run(ctx)
-    bf16_ctx = Context(model_spec=ctx.model_spec, dtype="bf16", workdir=ctx.workdir, threads=1)
+    bf16_ctx = context(ctx.model_spec.checkpoint, "bf16", ctx.workdir)
     bf16 = BenchmarkTask(**{**knobs, "backends": ["eager", "compile"], "scenarios": ["offline"]}).run(bf16_ctx)
     for r in (fp32, bf16):
         print("\n".join("  " + line for line in r.summary), flush=True)

@@ -258,3 +258,19 @@ def test_a_runner_without_a_device_is_an_error_not_an_unsynchronised_timing(smal
     bare = SimpleNamespace(name="bare", infer=eager.infer, memory_size=0)  # no target: where would timing synchronise?
     with pytest.raises(AttributeError, match="target"):
         latency(bare, ctx, ctx.feeds, Result())
+
+
+def test_bench_py_judges_with_the_limits_run_py_uses(tmp_path):
+    """benchmarks/bench.py builds its contexts from conf/ as run.py does: since limits fail closed, a Context of bare
+    defaults has none and bench.py stopped at its first verification (`verify.limits.fp32 is missing`)."""
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("bench_under_test", REPO / "benchmarks" / "bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for dtype in ("fp32", "bf16"):
+        ctx = bench.context(None, dtype, tmp_path)
+        assert (ctx.dtype, ctx.threads) == (dtype, 1)
+        assert ctx.rules().limits == ctx.limits() and ctx.verify.limits[dtype]["max_abs"] > 0
