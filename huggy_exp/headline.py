@@ -79,6 +79,7 @@ MAX_LOGGED = 20
 # MLflow's run page draws one chart section per name prefix (up to the last `/`), sorted by name (unprefixed names
 # last): `answer/` sorts before every other section logged here (tests/test_ui.py checks the order)
 ANSWER = "answer/"
+BEST = "best/"  # a benchmark's fastest backend at the job's batch (`best_p50_us` -> `best/p50_us`), tagged `best_backend`
 ANSWER_ORDER = ("passed", ERROR, COSINE, "agreement_vs_fp64", "p50_us", "p99_us", "obs_per_s", "max_abs_vs_fp32")
 OUTPUT_STATS = ("max_abs", "cosine_min_row", "agreement")  # per output vs fp64, each with its `_limit`
 BACKEND_STATS = ("p50_us", "obs_per_s")  # benchmark: per backend at the job's batch, as `<backend>/<stat>`
@@ -88,7 +89,7 @@ CONTROL_LOOP = ("control_loop/miss_rate", "control_loop/miss_rate_upper")  # the
 
 def logged_metrics(record: dict) -> dict[str, float]:
     """The few metrics MLflow gets for a job, under names every dtype and batch share (a compare view lines them up):
-    the headline as `answer/<name>` (result.json's headline_metrics); benchmark: each backend's p50 and obs/s at the
+    the headline (result.json's headline_metrics) under `logged_name`; benchmark: each backend's p50 and obs/s at the
     job's batch, the control loop's miss rate and its bound, LoadGen's VALID and headline latency per scenario; per
     output its error vs fp64 with the limit it was judged by (`vs_fp64/<output>/<stat>`, `..._limit`). Values are
     `readable` (MLflow's table prints every digit it is given). The first MAX_LOGGED in that order; every metric, at
@@ -97,7 +98,7 @@ def logged_metrics(record: dict) -> dict[str, float]:
     head = headline_metrics(mode, metrics, record["status"], record.get("batch_size"))
     skip = modes()[mode].not_logged if mode in modes() else ()
     names = [*(n for n in ANSWER_ORDER if n not in skip), *(n for n in head if n not in ANSWER_ORDER and n not in skip)]
-    out = {ANSWER + n: head[n] for n in names if n in head}
+    out = {logged_name(n): head[n] for n in names if n in head}
     batch, _ = timed_batch(metrics, record.get("batch_size"))
     for backend, b, _ in ladder(metrics, "p50_us"):
         if b == batch:
@@ -114,6 +115,13 @@ def logged_metrics(record: dict) -> dict[str, float]:
                 if _finite(value) and f"{stem}/vs_fp64/{stat}_limit" in metrics:  # judged outputs only
                     out[f"vs_fp64/{stem}/{stat}{suffix}"] = float(value) if suffix else readable(stat, float(value))
     return dict(list(out.items())[:MAX_LOGGED])
+
+
+def logged_name(name: str) -> str:
+    """A headline's MLflow key, short enough for the runs table's first screen: `answer/<name>` with its errors vs
+    fp64 named as their `limit/` params are (`answer/max_abs` for `max_abs_vs_fp64`, `answer/cosine`); the fastest
+    backend's `best_<stat>` as `best/<stat>` (its own section, after the answer's)."""
+    return BEST + name[len("best_"):] if name.startswith("best_") else ANSWER + name.removesuffix("_vs_fp64")
 
 
 def chart_section(key: str) -> str:
