@@ -79,7 +79,6 @@ MAX_LOGGED = 20
 # MLflow's run page draws one chart section per name prefix (up to the last `/`), sorted by name (unprefixed names
 # last): `answer/` sorts before every other section logged here (tests/test_ui.py checks the order)
 ANSWER = "answer/"
-BEST = "best/"  # a benchmark's fastest backend at the job's batch (`best_p50_us` -> `best/p50_us`), tagged `best_backend`
 ANSWER_ORDER = ("passed", ERROR, COSINE, "agreement_vs_fp64", "p50_us", "p99_us", "obs_per_s", "max_abs_vs_fp32")
 OUTPUT_STATS = ("max_abs", "cosine_min_row", "agreement")  # per output vs fp64, each with its `_limit`
 BACKEND_STATS = ("p50_us", "obs_per_s")  # benchmark: per backend at the job's batch, as `<backend>/<stat>`
@@ -118,15 +117,9 @@ def logged_metrics(record: dict) -> dict[str, float]:
 
 
 def logged_name(name: str) -> str:
-    """A headline's MLflow key, short enough for the runs table's first screen: `answer/<name>` with its errors vs
-    fp64 named as their `limit/` params are (`answer/max_abs` for `max_abs_vs_fp64`, `answer/cosine`); the fastest
-    backend's `best_<stat>` as `best/<stat>` (its own section, after the answer's)."""
-    return BEST + name[len("best_"):] if name.startswith("best_") else ANSWER + name.removesuffix("_vs_fp64")
-
-
-def chart_section(key: str) -> str:
-    """The chart section MLflow's run page puts a metric in: its name up to the last `/` ("" for none)."""
-    return key.rsplit("/", 1)[0] if "/" in key else ""
+    """A headline's MLflow key, short for the runs table's first screen: `answer/<name>`, an error vs fp64 named as its
+    `limit/` param (`answer/max_abs` for `max_abs_vs_fp64`); the fastest backend's `best_<stat>` as `best/<stat>`."""
+    return "best/" + name[len("best_"):] if name.startswith("best_") else ANSWER + name.removesuffix("_vs_fp64")
 
 
 def judged_limits(record: dict) -> dict:

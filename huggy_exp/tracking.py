@@ -32,7 +32,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from huggy_exp.errors import UserError
-from huggy_exp.headline import (ANSWER, ANSWER_ORDER, BEST, COSINE, ERROR, PER_DTYPE, fastest_backend, judged_limits,
+from huggy_exp.headline import (ANSWER, ANSWER_ORDER, COSINE, ERROR, PER_DTYPE, fastest_backend, judged_limits,
                                 logged_metrics, logged_name, noisy, settings, timed_batch)
 from huggy_exp.report import escape
 from huggy_exp.config import VERDICTS
@@ -420,22 +420,10 @@ FIRST_COLUMNS = tuple(c if "`" in c else f"metrics.`{logged_name(c)}`" for c in 
 # px: the verdict's, then every other column as wide as its header needs (HEADER_PX), so that the verdict and the
 # next five fit in the 623 px MLflow leaves beside its own name column at 1600 px with its Assistant panel open; the
 # batch size's, alone under MLflow's "Parameters" group header, as wide as that needs
-WIDTHS = {"verdict": 112, "reason": 440, "created": 44, BATCH_PARAM: 96}
+WIDTHS = {"verdict": 112, "reason": 440, "created": 44, BATCH_PARAM: 96}  # by header
 HEADER_PX = (7.0, 12)  # px per character of a header (MLflow's 600 12px font: at most 6.9) and its left padding
 NAME_COLUMN = "attributes.`Run Name`"
 NAME_PX = (182, 7.0, 30)  # MLflow's own name column width; px per character of a name and for its colour dot
-
-
-def name_width(names: list[str]) -> int:
-    """The name column's width: MLflow's own, or wider when the longest name needs it."""
-    base, per_char, dot = NAME_PX
-    return max(base, round(per_char * max(map(len, names), default=0) + dot))
-
-
-def column_width(column: str) -> int:
-    """A column's width in the runs table: its own in WIDTHS (by header), else as wide as its header needs."""
-    kind = column.split("`")[1]
-    return WIDTHS[kind] if kind in WIDTHS else round(HEADER_PX[0] * len(kind) + HEADER_PX[1])
 
 
 def run_url(uri: str, experiment_id: str, run_id: str | None = None, view: str | None = None) -> str:
@@ -473,9 +461,9 @@ def sweep_view(sweep_id: str, present: set[str], batches: int = 1, names: list[s
     longest point's name (`names`) needs, so a benchmark's batch size at its end is not cut."""
     columns = view_columns(present, batches)
     shown = columns[:columns.index("tags.`reason`") + 1]
-    widths = {c: column_width(c) for c in shown}
+    widths = {c: WIDTHS.get(h := c.split("`")[1], round(HEADER_PX[0] * len(h) + HEADER_PX[1])) for c in shown}
     widths["runDateAndNestInfo"] = WIDTHS["created"]  # "Created" is pinned beside the name: its icon is enough
-    widths[NAME_COLUMN] = name_width(names)
+    widths[NAME_COLUMN] = max(NAME_PX[0], round(NAME_PX[1] * max(map(len, names), default=0) + NAME_PX[2]))
     return json.dumps({"selectedColumns": columns, "searchFilter": f"tags.sweep_id = '{sweep_id}'",
                        "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True,
                        "columnOrder": [NAME_COLUMN, "runDateAndNestInfo", *columns], "columnWidths": widths})
@@ -1036,7 +1024,7 @@ def sweep_runs(settings: dict, sweep_id: str | None = None) -> dict:
                           "status": c.data.tags.get("status", ""), "run_status": c.info.status,
                           "reason": c.data.tags.get("reason", ""), "params": dict(c.data.params),
                           "tags": dict(c.data.tags),
-                          "headline": [k for k in c.data.metrics if k.startswith((ANSWER, BEST))]} for c in children]}
+                          "headline": [k for k in c.data.metrics if k.startswith((ANSWER, "best/"))]} for c in children]}
 
 
 def latest_sweep_url(settings: dict) -> str | None:

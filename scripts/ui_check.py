@@ -57,13 +57,9 @@ window.__textSeen = t => {  // is some element whose own text contains t on scre
   for (let n = walk.nextNode(); n; n = walk.nextNode()) if (n.nodeValue.includes(t) && __seen(n.parentElement)) return true;
   return false;
 };
-window.__cut = el => {  // a text of it laid out past its right edge (shown with an ellipsis, or clipped); its
-  const walk = document.createTreeWalker(el, NodeFilter.SHOW_TEXT), box = el.getBoundingClientRect();  // other boxes
-  for (let n = walk.nextNode(); n; n = walk.nextNode()) {  // (a header's resize handle) may stick out
-    const range = document.createRange(); range.selectNode(n);
-    const text = range.getBoundingClientRect();
-    if (text.width > 0 && text.right > box.right + 1) return true;
-  }
+window.__cut = el => {  // a text of it laid out past its right edge (an ellipsis, or clipped), not its other boxes (a resize handle)
+  const walk = document.createTreeWalker(el, NodeFilter.SHOW_TEXT), right = el.getBoundingClientRect().right + 1, range = document.createRange();
+  for (let n = walk.nextNode(); n; n = walk.nextNode()) { range.selectNode(n); const r = range.getBoundingClientRect(); if (r.width > 0 && r.right > right) return true; }
   return false;
 };
 window.__seen = (el, clip) => {
@@ -142,14 +138,10 @@ class Check:
 
 def first_screen(sweep: dict) -> list[tuple[str, str]]:
     """(column id, what it is) that must be in view on the runs page: verdict first, then the headline columns."""
-    metric = {n: f"metrics.`{headline.logged_name(n)}`" for n in ("best_p50_us", "best_obs_per_s", headline.ERROR,
-                                                                   headline.COSINE, "p50_us")}
-    wanted = {"tags.`verdict`": "the verdict", f"params.`{tracking.BATCH_PARAM}`": "the batch size",
-              metric["best_p50_us"]: "the fastest backend's p50", "tags.`best_backend`": "the fastest backend",
-              metric["best_obs_per_s"]: "the fastest backend's obs/s", "metrics.`eager/p50_us`": "eager's p50",
-              metric[headline.ERROR]: "error vs fp64", f"params.`{tracking.LIMIT_PARAM}`": "its limit",
-              metric[headline.COSINE]: "cosine", metric["p50_us"]: "p50 at the job's batch",
-              tracking.FINGERPRINT_COLUMN: "fingerprint prefix"}
+    wanted = {"tags.`verdict`": "the verdict", f"params.`{tracking.BATCH_PARAM}`": "the batch size", **dict(zip(
+        tracking.FIRST_COLUMNS, ("the fastest backend's p50", "the fastest backend", "the fastest backend's obs/s",
+                                 "eager's p50", "error vs fp64", "its limit", "cosine", "p50 at the job's batch",
+                                 "fingerprint prefix")))}
     first = sweep["columns"][:sweep["columns"].index("tags.`reason`")]
     return [(c, wanted[c]) for c in first if c in wanted][:6]
 
