@@ -161,38 +161,36 @@ def plan(device: str, quick: bool, onnx: list[Path]) -> list[Step]:
     devices = device if device == "cpu" else f"{device},cpu"  # Hydra runs a sweep's values in the order given
     per = len(devices.split(",")) * len(dtypes.split(","))
     knobs = [f"mode.{k}={v}" for k, v in bench.items()] + (["obs.rows=16"] if quick else [])
-    calls = 2 * sum(8 if quick else int(_mode_knobs(m)["steps"]) for m in ("fingerprint", "stats"))  # device + reference
-    modes = Step("modes", [f"mode={MODES}", f"device={devices}", f"dtype={dtypes}",
-                           *(["obs.rows=16", "mode.steps=8"] if quick else [])],
+    calls = 2 * sum(int(_mode_knobs(m)["steps"]) for m in ("fingerprint", "stats"))  # the device's and the reference's
+    modes = Step("modes", [f"mode={MODES}", f"device={devices}", f"dtype={dtypes}", *(["obs.rows=16"] if quick else [])],
                  per * len(MODES.split(",")), per * calls * CALL_S, why=f"{per} x {calls} rollout calls x {CALL_S:g} s")
-    steps = [modes]
-    ladder_arg = f"mode.batch_sizes=[{','.join(map(str, ladder))}]"
+
+    def benchmark(name: str, where: str, backend: str, timed: list[str], batches: list[int], scenarios: str,
+                  models: list[Path] = ()) -> Step:
+        """A benchmark sweep: `timed` and `backend` over `batches` (and 1 for single_stream and server), the scenarios
+        on `backend`; one job a model."""
+        names, jobs = set(scenarios.strip("[]").split(",")), max(len(models), 1)
+        points = sorted({*batches, *([1] if {"single_stream", "server"} & names else [])})
+        t, why = benchmark_minimum(bench, len({*timed, backend}), points, scenarios)
+        args = ["mode=benchmark", f"device={where}", f"backend={backend}", f"mode.backends=[{','.join(timed)}]",
+                f"mode.batch_sizes=[{','.join(map(str, batches))}]", "batch_size=64", f"mode.scenarios={scenarios}",
+                *([f"model.onnx={','.join(map(str, models))}"] if models else []), *knobs]
+        compiled = compiled_shapes(batches, scenarios) if "compile" in (backend, *timed) else 0
+        return Step(name, args, jobs, t * jobs, compiled, why if jobs == 1 else f"per job: {why}")
+
     on_card = not quick and device != "cpu"
-    timed = ["eager", "compile", "graphs", "onnxruntime"] if on_card else ["eager", "onnxruntime"]
-    t, why = benchmark_minimum(bench, len(timed), ladder, SCENARIOS)
-    steps.append(Step("benchmark", ["mode=benchmark", f"device={device}", f"backend={'graphs' if on_card else 'eager'}",
-                                    f"mode.backends=[{','.join(timed)}]", ladder_arg, "batch_size=64",
-                                    f"mode.scenarios={SCENARIOS}", *knobs], 1, t,
-                      compiled_shapes(ladder, SCENARIOS) * on_card, why))
+    steps = [modes, benchmark("benchmark", device, "graphs" if on_card else "eager",
+                              ["eager", "compile", "graphs", "onnxruntime"] if on_card else ["eager", "onnxruntime"],
+                              ladder, SCENARIOS)]
     if on_card:
-        t, why = benchmark_minimum(bench, 2, [1, 64], SCENARIOS)  # eager and compile at batch 1 and 64
-        steps.append(Step("loadgen", ["mode=benchmark", f"device={device}", "backend=compile", "mode.backends=[eager]",
-                                      "mode.batch_sizes=[64]", "batch_size=64", f"mode.scenarios={SCENARIOS}", *knobs],
-                          1, t, compiled_shapes([64], SCENARIOS), why))
+        steps.append(benchmark("loadgen", device, "compile", ["eager"], [64], SCENARIOS))
     if onnx:
-        models = ",".join(str(p) for p in onnx)
         steps.append(Step("fixtures-precision", ["mode=precision", f"device={device}", f"dtype={dtypes}",
-                                                 f"model.onnx={models}"], len(onnx) * len(dtypes.split(","))))
-        fx = "[single_stream,offline,control_loop]"
-        t, why = benchmark_minimum(bench, 2, [1, 64], fx)
-        steps.append(Step("fixtures-benchmark", ["mode=benchmark", f"device={device}", f"model.onnx={models}",
-                                                 "mode.batch_sizes=[1,64]", f"mode.scenarios={fx}", *knobs],
-                          len(onnx), t * len(onnx), 0, f"per job: {why}"))
+                                                 f"model.onnx={','.join(map(str, onnx))}"], len(onnx) * len(dtypes.split(","))))
+        steps.append(benchmark("fixtures-benchmark", device, "eager", ["eager", "onnxruntime"], [1, 64],
+                               "[single_stream,offline,control_loop]", onnx))
     if device != "cpu":  # the same host's CPU beside the card: its ladder, single-stream latency and offline throughput
-        cpu = "[single_stream,offline]"
-        t, why = benchmark_minimum(bench, 2, ladder, cpu)
-        steps.append(Step("benchmark-cpu", ["mode=benchmark", "device=cpu", "backend=eager", "mode.backends=[eager,onnxruntime]",
-                                            ladder_arg, "batch_size=64", f"mode.scenarios={cpu}", *knobs], 1, t, 0, why))
+        steps.append(benchmark("benchmark-cpu", "cpu", "eager", ["eager", "onnxruntime"], ladder, "[single_stream,offline]"))
     for step in steps:
         step.plan()
     return steps

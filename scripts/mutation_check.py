@@ -172,7 +172,7 @@ MUTATIONS = (
     Mutation("ray-worker-reused", "accelerator points under Ray lose max_calls=1: a reused worker runs the next point", (
         ("hydra_plugins/huggy_ray_launcher/_core.py", "return {True: ray.remote(max_calls=1)(_run_point)",
          "return {True: ray.remote(_run_point)"),
-    ), ("tests/test_ray.py::test_accelerator_points_under_ray_run_one_per_worker_process",
+    ), ("tests/test_ray.py::test_failure_6_accelerator_points_under_ray_run_one_per_worker_process",
         "tests/test_ray.py::test_each_accelerator_point_runs_in_a_worker_of_its_own_and_records_its_card")),
     Mutation("one-card-as-two", "the dual-card agreement compares device strings, not the cards the points ran on", (
         ("huggy_exp/compare.py", 'if len({_card(c) for c in cards}) > 1 and', 'if len({c["device"] for c in cards}) > 1 and'),
@@ -180,11 +180,11 @@ MUTATIONS = (
     Mutation("cpu-first", "the accelerator check's sweeps list cpu before the device (its jobs run first, issue 24 #1)", (
         ("scripts/accelerator_check.py", 'devices = device if device == "cpu" else f"{device},cpu"',
          'devices = device if device == "cpu" else f"cpu,{device}"'),
-    ), ("tests/test_accelerator_check.py::test_device_points_run_before_the_cpu_jobs_in_every_step",)),
+    ), ("tests/test_accelerator_check.py::test_failure_1_device_points_run_before_the_cpu_jobs_in_every_step",)),
     Mutation("fixtures-silent", "a missing fixture folder skips the genuine policies silently (issue 24 #4)", (
         ("scripts/accelerator_check.py", "    if not folder.is_dir():\n        raise SystemExit(",
          "    if not folder.is_dir():\n        return []\n        raise SystemExit("),
-    ), ("tests/test_accelerator_check.py::test_a_missing_fixture_folder_is_an_error_unless_a_flag_says_to_skip_it",)),
+    ), ("tests/test_accelerator_check.py::test_failure_4_a_missing_fixture_folder_is_an_error_unless_a_flag_says_to_skip_it",)),
     Mutation("int8-float-row", "the one-row path caches the weights before torchao quantizes them: int8 runs fp32 there", (
         ("huggy_exp/policy.py", "        if quantize is not None:\n            quantize(self)\n        self._cache_parameters()",
          "        self._cache_parameters()\n        if quantize is not None:\n            quantize(self)"),

@@ -40,7 +40,7 @@ def device_values(step) -> list[str]:
     return next(a.split("=", 1)[1].split(",") for a in step.args if a.startswith("device="))
 
 
-def test_device_points_run_before_the_cpu_jobs_in_every_step():
+def test_failure_1_device_points_run_before_the_cpu_jobs_in_every_step():
     steps = check.plan("cuda:0", quick=False, onnx=[])
     for step in steps[:-1]:
         assert device_values(step)[0] == "cuda:0", step.args  # Hydra runs a sweep's values in the order given
@@ -68,6 +68,9 @@ def test_each_step_has_its_own_budget_from_the_configured_minimum_durations():
         check.START_S + check.POINT_S + timed.timed_s + 5 * check.COMPILE_S))
     assert steps["loadgen"].compiled == 3  # batch 64, 1 (single_stream, server) and 8 (multi_stream's samples per query)
     assert "timed" in timed.shown() and f"budget {timed.budget_s:.0f} s" in timed.shown()
+    from huggy_exp import control_loop, loadgen  # the floors the script copies (it imports no torch itself)
+
+    assert (check.PROBE_TICKS, check.MULTI_STREAM_QUERIES) == (control_loop.MIN_PROBE_TICKS, loadgen.MULTI_STREAM_MIN_QUERIES)
 
 
 def test_the_planned_steps_fit_the_device_call_and_time_each_backend_once(tmp_path):
@@ -104,7 +107,7 @@ def test_the_fixture_shapes_come_from_the_fixture_folder(tmp_path):
     assert steps["fixtures-benchmark"].jobs == 3 and device_values(steps["fixtures-precision"]) == ["npu:0"]
 
 
-def test_a_missing_fixture_folder_is_an_error_unless_a_flag_says_to_skip_it(tmp_path):
+def test_failure_4_a_missing_fixture_folder_is_an_error_unless_a_flag_says_to_skip_it(tmp_path):
     done = subprocess.run([sys.executable, str(SCRIPT), "cuda", str(tmp_path / "out"), "--fixtures", str(tmp_path / "none")],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "no fixture folder" in done.stderr and "prepare.sh" in done.stderr

@@ -186,7 +186,7 @@ def test_on_a_ray_worker_the_card_ray_assigned_is_the_points_device(monkeypatch)
 
 
 @pytest.mark.skipif(not HAS_RAY, reason="the [ray] extra is not installed")
-def test_accelerator_points_under_ray_run_one_per_worker_process():
+def test_failure_6_accelerator_points_under_ray_run_one_per_worker_process():
     """Issue 24, failure 6: `ray.remote(f).options(num_gpus=1 | resources={"NPU": 1})` loses Ray's max_calls=1 (Ray
     sets it only for functions decorated with num_gpus, and `.options()` cannot set it), so a reused worker timed a
     later point on its first card. An accelerator point's function exits its worker after one call; a cpu point's may
