@@ -88,7 +88,7 @@ CONTROL_LOOP = ("control_loop/miss_rate", "control_loop/miss_rate_upper")  # the
 
 def logged_metrics(record: dict) -> dict[str, float]:
     """The few metrics MLflow gets for a job, under names every dtype and batch share (a compare view lines them up):
-    the headline as `answer/<name>` (result.json's headline_metrics); benchmark: each backend's p50 and obs/s at the
+    the headline (result.json's headline_metrics) under `logged_name`; benchmark: each backend's p50 and obs/s at the
     job's batch, the control loop's miss rate and its bound, LoadGen's VALID and headline latency per scenario; per
     output its error vs fp64 with the limit it was judged by (`vs_fp64/<output>/<stat>`, `..._limit`). Values are
     `readable` (MLflow's table prints every digit it is given). The first MAX_LOGGED in that order; every metric, at
@@ -97,7 +97,7 @@ def logged_metrics(record: dict) -> dict[str, float]:
     head = headline_metrics(mode, metrics, record["status"], record.get("batch_size"))
     skip = modes()[mode].not_logged if mode in modes() else ()
     names = [*(n for n in ANSWER_ORDER if n not in skip), *(n for n in head if n not in ANSWER_ORDER and n not in skip)]
-    out = {ANSWER + n: head[n] for n in names if n in head}
+    out = {logged_name(n): head[n] for n in names if n in head}
     batch, _ = timed_batch(metrics, record.get("batch_size"))
     for backend, b, _ in ladder(metrics, "p50_us"):
         if b == batch:
@@ -116,9 +116,10 @@ def logged_metrics(record: dict) -> dict[str, float]:
     return dict(list(out.items())[:MAX_LOGGED])
 
 
-def chart_section(key: str) -> str:
-    """The chart section MLflow's run page puts a metric in: its name up to the last `/` ("" for none)."""
-    return key.rsplit("/", 1)[0] if "/" in key else ""
+def logged_name(name: str) -> str:
+    """A headline's MLflow key, short for the runs table's first screen: `answer/<name>`, an error vs fp64 named as its
+    `limit/` param (`answer/max_abs` for `max_abs_vs_fp64`); the fastest backend's `best_<stat>` as `best/<stat>`."""
+    return "best/" + name[len("best_"):] if name.startswith("best_") else ANSWER + name.removesuffix("_vs_fp64")
 
 
 def judged_limits(record: dict) -> dict:

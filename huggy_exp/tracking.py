@@ -33,7 +33,7 @@ from urllib.parse import unquote, urlparse
 
 from huggy_exp.errors import UserError
 from huggy_exp.headline import (ANSWER, ANSWER_ORDER, COSINE, ERROR, PER_DTYPE, fastest_backend, judged_limits,
-                                logged_metrics, noisy, settings, timed_batch)
+                                logged_metrics, logged_name, noisy, settings, timed_batch)
 from huggy_exp.report import escape
 from huggy_exp.config import VERDICTS
 from huggy_exp.results import update_result
@@ -414,25 +414,16 @@ FINGERPRINT_COLUMN = "tags.`fingerprint`"
 # the runs table's first screen, after the run name and the verdict (and the batch size where the sweep's points
 # differ in it), those the sweep's runs have: a benchmark's fastest backend at the job's batch (p50, which, obs/s) and
 # eager's p50; the error vs fp64 with its limit, the cosine, the p50 and the fingerprint prefix; then the rest
-FIRST_COLUMNS = (f"metrics.`{ANSWER}best_p50_us`", "tags.`best_backend`", f"metrics.`{ANSWER}best_obs_per_s`",
-                 "metrics.`eager/p50_us`", f"metrics.`{ANSWER}{ERROR}`", f"params.`{LIMIT_PARAM}`",
-                 f"metrics.`{ANSWER}{COSINE}`", f"metrics.`{ANSWER}p50_us`", FINGERPRINT_COLUMN)
-# px: the verdict and the next five fit in the 630 px MLflow leaves beside the name at 1600 px with its Assistant
-# panel open
-WIDTHS = {"verdict": 160, "metric": 84, "limit": 92, "fingerprint": 104, "reason": 440, "created": 44, "batch": 64,
-          "backend": 92}
+FIRST_COLUMNS = tuple(c if "`" in c else f"metrics.`{logged_name(c)}`" for c in (
+    "best_p50_us", "tags.`best_backend`", "best_obs_per_s", "metrics.`eager/p50_us`", ERROR, f"params.`{LIMIT_PARAM}`",
+    COSINE, "p50_us", FINGERPRINT_COLUMN))
+# px: the verdict's, then every other column as wide as its header needs (HEADER_PX), so that the verdict and the
+# next five fit in the 623 px MLflow leaves beside its own name column at 1600 px with its Assistant panel open; the
+# batch size's, alone under MLflow's "Parameters" group header, as wide as that needs
+WIDTHS = {"verdict": 112, "reason": 440, "created": 44, BATCH_PARAM: 96}  # by header
+HEADER_PX = (7.0, 12)  # px per character of a header (MLflow's 600 12px font: at most 6.9) and its left padding
 NAME_COLUMN = "attributes.`Run Name`"
 NAME_PX = (182, 7.0, 30)  # MLflow's own name column width; px per character of a name and for its colour dot
-
-
-def name_width(names: list[str]) -> int:
-    """The name column's width: MLflow's own, or wider when the longest name needs it."""
-    base, per_char, dot = NAME_PX
-    return max(base, round(per_char * max(map(len, names), default=0) + dot))
-
-
-KIND = {"tags.`verdict`": "verdict", FINGERPRINT_COLUMN: "fingerprint", "tags.`reason`": "reason",
-        f"params.`{LIMIT_PARAM}`": "limit", f"params.`{BATCH_PARAM}`": "batch", "tags.`best_backend`": "backend"}
 
 
 def run_url(uri: str, experiment_id: str, run_id: str | None = None, view: str | None = None) -> str:
@@ -446,7 +437,7 @@ def view_columns(present: set[str], batches: int = 1) -> list[str]:
     """The runs table's columns in display order (MLflow column ids) for a sweep whose runs have the columns `present`
     (`metrics.<key>`, `params.<key>`, `tags.<key>`: `present_columns`) over `batches` distinct batch sizes."""
     first = [c for c in FIRST_COLUMNS if c in present or c == FINGERPRINT_COLUMN]
-    answer = [f"metrics.`{ANSWER}{n}`" for n in ANSWER_ORDER if n != "passed"]  # the verdict says passed in words
+    answer = [f"metrics.`{logged_name(n)}`" for n in ANSWER_ORDER if n != "passed"]  # the verdict says passed in words
     rest = sorted((c for c in present if c.startswith(f"metrics.`{ANSWER}") and c not in first
                    and c != f"metrics.`{ANSWER}passed`"), key=lambda c: (c not in answer, answer.index(c) if c in answer else 0, c))
     batch = [f"params.`{BATCH_PARAM}`"] if batches > 1 else []
@@ -470,9 +461,9 @@ def sweep_view(sweep_id: str, present: set[str], batches: int = 1, names: list[s
     longest point's name (`names`) needs, so a benchmark's batch size at its end is not cut."""
     columns = view_columns(present, batches)
     shown = columns[:columns.index("tags.`reason`") + 1]
-    widths = {c: WIDTHS[KIND.get(c, "metric")] for c in shown}
+    widths = {c: WIDTHS.get(h := c.split("`")[1], round(HEADER_PX[0] * len(h) + HEADER_PX[1])) for c in shown}
     widths["runDateAndNestInfo"] = WIDTHS["created"]  # "Created" is pinned beside the name: its icon is enough
-    widths[NAME_COLUMN] = name_width(names)
+    widths[NAME_COLUMN] = max(NAME_PX[0], round(NAME_PX[1] * max(map(len, names), default=0) + NAME_PX[2]))
     return json.dumps({"selectedColumns": columns, "searchFilter": f"tags.sweep_id = '{sweep_id}'",
                        "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True,
                        "columnOrder": [NAME_COLUMN, "runDateAndNestInfo", *columns], "columnWidths": widths})
@@ -681,7 +672,7 @@ def run_tags(record: dict, parent: str | None) -> dict[str, str]:
     }
     metrics = record.get("metrics") or {}
     fastest = fastest_backend(metrics, timed_batch(metrics, record.get("batch_size"))[0])
-    if fastest:  # a benchmark: the backend of `answer/best_p50_us`
+    if fastest:  # a benchmark: the backend of `best/p50_us`
         tags["best_backend"] = fastest
     user = ((record.get("params") or {}).get("tracking") or {}).get("user")
     if user:
@@ -1033,7 +1024,7 @@ def sweep_runs(settings: dict, sweep_id: str | None = None) -> dict:
                           "status": c.data.tags.get("status", ""), "run_status": c.info.status,
                           "reason": c.data.tags.get("reason", ""), "params": dict(c.data.params),
                           "tags": dict(c.data.tags),
-                          "headline": [k for k in c.data.metrics if k.startswith(ANSWER)]} for c in children]}
+                          "headline": [k for k in c.data.metrics if k.startswith((ANSWER, "best/"))]} for c in children]}
 
 
 def latest_sweep_url(settings: dict) -> str | None:
