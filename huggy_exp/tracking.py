@@ -961,16 +961,29 @@ def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path],
 
 
 SWEEPS_LISTED = 3
+DESCRIPTION_CHARS = 105  # the text MLflow's collapsed description box shows on its one line at 1600 px
 
 
 def sweep_list(store: Store) -> str:
-    """The experiment's description: its last few finished sweeps, newest first, each a link to its runs (one line,
-    and no "latest": MLflow shows it above every view of the experiment, another sweep's included)."""
+    """The experiment's description: its last few finished sweeps, newest first, each a link to its runs (no "latest":
+    MLflow shows it above every view of the experiment, another sweep's included)."""
     parents = store.client.search_runs([store.experiment_id], max_results=SWEEPS_LISTED, order_by=["attributes.start_time DESC"],
                                        filter_string=f"tags.`{PARENT_TAG}` = 'true' and attributes.status != 'RUNNING'")
-    links = [f"[{escape(p.info.run_name)}]({run_url(store.uri, store.experiment_id, view=p.data.tags.get('sweep_id'))})"
-             for p in parents if p.data.tags.get("sweep_id")]
-    return "Sweeps, newest first: " + " · ".join(links)
+    return one_line("Sweeps, newest first: ", [(p.info.run_name, run_url(store.uri, store.experiment_id, view=p.data.tags["sweep_id"]))
+                                                for p in parents if p.data.tags.get("sweep_id")])
+
+
+def one_line(head: str, links: list[tuple[str, str]], chars: int = DESCRIPTION_CHARS) -> str:
+    """`head` and as many markdown links (text, url) as fit one line of `chars` visible characters, the first always
+    (its text cut with "…" where it alone is longer): a second line would show cut in half in MLflow's collapsed box."""
+    room, shown = chars - len(head), []
+    for text, url in links:
+        if shown and len(text) + 3 > room:
+            break
+        text = text if len(text) <= room else text[:max(room - 1, 8)] + "…"
+        shown.append(f"[{escape(text)}]({url})")
+        room -= len(text) + 3
+    return head + " · ".join(shown)
 
 
 def ui_base(uri: str, ui_port: int = 5000) -> str:

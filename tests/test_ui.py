@@ -109,6 +109,24 @@ def _summary(tmp_path: Path) -> dict:
             "line": "2/3 passed, 0 failed, 1 skipped, 0 error", "comparison": {"recommended": rec, "lines": [], "table": []}}
 
 
+def test_the_experiment_description_lists_only_the_sweeps_that_fit_its_one_line():
+    """Three sweep names of 62 characters wrapped MLflow's collapsed description box, whose second line showed cut in
+    half above the grid: as many as fit one line, the newest always (cut with "…" if it alone is too long)."""
+    import re
+
+    def visible(text):
+        return re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
+
+    long = [(f"sweep mode=precision dtype=fp32,fp16,bf16 device=cpu,npu:{i} · 12-02 01:5{i}", f"#/x{i}") for i in range(3)]
+    text = tracking.one_line("Sweeps, newest first: ", long)
+    assert visible(text) == "Sweeps, newest first: " + long[0][0] and "#/x0" in text and "#/x1" not in text
+    short = [(f"sweep seed=1,2 · 0{i}:00", f"#/s{i}") for i in range(3)]
+    assert visible(tracking.one_line("Sweeps, newest first: ", short)).count("sweep seed") == 3
+    huge = [("sweep " + "dtype=fp32,fp16,bf16,int8,int8w " * 5, "#/h")]
+    shown = visible(tracking.one_line("Sweeps, newest first: ", huge))
+    assert len(shown) <= tracking.DESCRIPTION_CHARS and shown.endswith("…") and "#/h" in tracking.one_line("", huge)
+
+
 @pytest.mark.slow
 def test_a_parent_carries_the_swept_keys_one_sweep_id_and_one_recommendation_tag(tmp_path):
     import mlflow
