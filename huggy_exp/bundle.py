@@ -173,11 +173,15 @@ def check_out(root: Path) -> None:
     """`mode.out` may be a new or empty folder, or a bundle (its manifest or lock there) holding only a bundle's files;
     anything else (the user's files, a file in place of the folder) is refused in one line, before anything is written."""
     root = Path(root).expanduser()
-    if not (root / MANIFEST).is_file() and not (root / LOCK).is_file():
-        check_unused(root, "mode.out")
+    if not root.is_dir():
+        check_unused(root, "mode.out")  # absent, or a file in place of the folder (one line)
         return
-    names = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if not p.is_dir())
-    foreign = [n for n in names if n != LOCK and not _is_own(n)]
+    # listed before the manifest and lock are looked for: a writer beside this one (another point of the sweep) may
+    # create the lock between the two, and a folder holding only a bundle's lock is a bundle being started, not in use
+    names = sorted(p.relative_to(root).as_posix() + ("/" if p.is_dir() else "") for p in root.rglob("*"))
+    foreign = [n for n in names if n != LOCK and not _is_own(n) and not re.fullmatch(r"points/([^/]+/)?", n)]
+    if foreign and not (root / MANIFEST).is_file() and not (root / LOCK).is_file():
+        check_unused(root, "mode.out")
     if foreign:
         raise UserError(f"mode.out={root} holds files that are not a bundle's ({', '.join(foreign[:3])}); refused, so that "
                         "nothing in it is replaced: record into a new or empty folder, or into a bundle")

@@ -108,6 +108,24 @@ def test_record_writes_every_dtype_into_one_bundle_with_its_manifest(default_bun
     assert b.comparison("cpu/bf16/eager/b8")["outputs"]["actions"]["max_abs"] > b.comparison("cpu/fp32/eager/b8")["outputs"]["actions"]["max_abs"]
 
 
+def test_a_bundle_whose_lock_another_writer_just_took_is_not_a_folder_in_use(tmp_path, monkeypatch):
+    """The race behind a CI failure of the test below (7 of 8 points): a writer found neither manifest nor lock, then
+    another writer took the lock, and the folder check refused `.lock` as a file that was not this job's."""
+    real = bundle.check_unused
+
+    def lock_taken_meanwhile(path, key):
+        (Path(path) / bundle.LOCK).touch()
+        return real(path, key)
+
+    monkeypatch.setattr(bundle, "check_unused", lock_taken_meanwhile)
+    bundle.check_out(tmp_path)  # an empty folder: a bundle's first point
+    (tmp_path / "points" / "cpu-fp32").mkdir(parents=True)
+    bundle.check_out(tmp_path)  # a bundle's own folders
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(bundle.UserError, match="mine"):
+        bundle.check_out(tmp_path)  # the user's folder is theirs, even empty
+
+
 def test_concurrent_recordings_merge_into_one_manifest(tmp_path):
     """Eight writers at once (separate lock descriptors, as separate processes have): every point kept, every file listed."""
     inputs = {"obs_0": np.ones((4, 3), np.float32)}
