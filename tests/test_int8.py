@@ -95,6 +95,17 @@ def test_one_cpu_row_runs_through_the_quantized_layers_not_the_float_gemv_path(d
         assert torch.allclose(rows, q(x), atol=1e-2)
 
 
+def test_a_discrete_int8_point_judges_each_branch_in_kl_for_torch_and_onnxruntime(shaped_files, tmp_path):
+    """The suite's own three-branch policy (no ../shared needed): the path the genuine Pyramids test below takes,
+    torch's int8 and onnxruntime's each judged per branch in KL against its limit."""
+    pt, _ = shaped_files["branches"]
+    job = run_job(tmp_path, "action", f"model.checkpoint={pt}", "dtype=int8", "obs.rows=16")
+    m = job.record["metrics"]
+    assert job.record["status"] == "passed", job.record["reason"]
+    for side in ("", "onnxruntime_int8/"):  # measured 1.1e-4 and 1.8e-4 against 0.01
+        assert 0 < m[f"{side}discrete_actions/vs_fp64/kl_max"] <= m[f"{side}discrete_actions/vs_fp64/kl_max_limit"] == 0.01
+
+
 def test_the_genuine_pyramids_int8_point_judges_each_branch_in_kl(tmp_path):
     if not PYRAMIDS_PT.is_file():
         pytest.skip(f"genuine fixture absent: {PYRAMIDS_PT}")
