@@ -210,3 +210,17 @@ def test_an_output_declares_itself_once_in_verify_declared():
                if p.name != "verify.py" and "mlagents" not in p.parts
                for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.Constant) and n.value in names]
     assert not spelled, spelled
+
+
+def test_every_mutation_of_the_mutation_check_still_applies_to_this_tree():
+    """scripts/mutation_check.py proves the suite catches known bugs by editing the code as it is spelled; a
+    restructuring that respells a line must move its mutation along, or the check reports 'not applied' and proves
+    nothing."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mutation_check", REPO / "scripts" / "mutation_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    stale = [f"{m.name}: {rel}" for m in module.MUTATIONS for rel, old, _ in m.edits
+             if not (REPO / rel).is_file() or old not in (REPO / rel).read_text()]
+    assert module.MUTATIONS and not stale
