@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from huggy_exp.numerics import error_ratio
+from huggy_exp.errors import UserError
+from huggy_exp.numerics import error_ratio, ratio_verdict
 from huggy_exp.verify import DECLARED, elementwise
 
 DUAL_RULES = {"rmse": (1.0, 2.0), "max_rel": (1.0, 10.0)}  # metric: (pass up to, warn up to); msprobe's thresholds
@@ -41,8 +42,6 @@ def errors(actual: np.ndarray, expected: np.ndarray, dtype: str = "fp32") -> dic
     if is_discrete(actual) or is_discrete(expected):
         a, e = np.asarray(actual), np.asarray(expected)
         if a.shape != e.shape:
-            from huggy_exp.errors import UserError
-
             raise UserError(f"cannot compare discrete actions of shapes {list(a.shape)} and {list(e.shape)}")
         return {"mismatch_share": float(np.mean(a != e)) if a.size else 0.0, "mismatches": float(np.sum(a != e))}
     return elementwise(actual, expected, dtype=dtype)
@@ -76,10 +75,7 @@ def bitwise(actual: np.ndarray, expected: np.ndarray) -> dict[str, float]:
 
 
 def rule_verdict(ratio: float, metric: str) -> str:
-    ok, warn = DUAL_RULES[metric]
-    if not np.isfinite(ratio) or ratio > warn:
-        return "fail"
-    return "pass" if ratio <= ok else "warn"
+    return ratio_verdict(ratio, *DUAL_RULES[metric])
 
 
 def worst(verdicts) -> str:
@@ -108,10 +104,9 @@ def dual_rows(name: str, mine: dict[str, float], theirs: dict[str, float]) -> li
     for metric, rule in metrics:
         if metric not in mine or metric not in theirs:
             continue
-        ratio = error_ratio(mine[metric], theirs[metric])
-        ok, warn = DUAL_RULES[rule]
+        ratio, (ok, warn) = error_ratio(mine[metric], theirs[metric]), DUAL_RULES[rule]
         rows.append({"output": name, "metric": metric, "error": mine[metric], "reference_error": theirs[metric],
-                     "ratio": ratio, "verdict": rule_verdict(ratio, rule), "pass_up_to": ok, "warn_up_to": warn})
+                     "ratio": ratio, "verdict": ratio_verdict(ratio, ok, warn), "pass_up_to": ok, "warn_up_to": warn})
     return rows
 
 
@@ -140,10 +135,8 @@ def latency_change(recorded_s, here_s, alpha: float = 0.01, tolerance: float | N
     low, high = (float(x) for x in np.percentile(boot_h / boot_r, [2.5, 97.5]))
     ratio = med_h / med_r if med_r > 0 else float("inf")
     outside = ratio > 1 + tol or ratio < 1 - tol
-    if outside and p < alpha:
-        verdict = "slower" if ratio > 1 else "faster"
-    else:
-        verdict = "not significant" if outside else "within tolerance"
+    significant = ("slower" if ratio > 1 else "faster") if p < alpha else "not significant"
+    verdict = significant if outside else "within tolerance"
     return {"verdict": verdict, "median_ratio": ratio, "p90_ratio": float(np.percentile(h, 90) / np.percentile(r, 90)),
             "ci95_low": low, "ci95_high": high, "p_value": p, "alpha": alpha, "tolerance": tol,
             "recorded_median_us": med_r * 1e6, "here_median_us": med_h * 1e6, "recorded_samples": len(r), "here_samples": len(h),

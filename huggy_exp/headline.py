@@ -4,6 +4,8 @@ derived from its detailed metrics, and the params that matter; the full detail s
 from __future__ import annotations
 
 import math
+import re
+from itertools import product
 
 from huggy_exp.config import modes
 
@@ -107,12 +109,11 @@ def logged_metrics(record: dict) -> dict[str, float]:
     for scenario, latency in LOADGEN_LATENCY.items():
         out.update({k: readable(k, metrics[k]) for k in (f"loadgen/{scenario}/valid", f"loadgen/{scenario}/{latency}")
                     if _finite(metrics.get(k))})
-    for stem in dict.fromkeys(k.split("/vs_fp64/")[0] for k in metrics if "/vs_fp64/" in k and k.count("/") == 2):
-        for stat in OUTPUT_STATS:
-            for suffix in ("", "_limit"):
-                value = metrics.get(f"{stem}/vs_fp64/{stat}{suffix}")
-                if _finite(value) and f"{stem}/vs_fp64/{stat}_limit" in metrics:  # judged outputs only
-                    out[f"vs_fp64/{stem}/{stat}{suffix}"] = float(value) if suffix else readable(stat, float(value))
+    stems = dict.fromkeys(k.split("/vs_fp64/")[0] for k in metrics if "/vs_fp64/" in k and k.count("/") == 2)
+    for stem, stat, suffix in product(stems, OUTPUT_STATS, ("", "_limit")):
+        value = metrics.get(f"{stem}/vs_fp64/{stat}{suffix}")
+        if _finite(value) and f"{stem}/vs_fp64/{stat}_limit" in metrics:  # judged outputs only
+            out[f"vs_fp64/{stem}/{stat}{suffix}"] = float(value) if suffix else readable(stat, float(value))
     return dict(list(out.items())[:MAX_LOGGED])
 
 
@@ -136,12 +137,8 @@ def judged_limits(record: dict) -> dict:
 
 def ladder(metrics: dict[str, float], stat: str) -> list[tuple[str, int, float]]:
     """(backend, batch, value) of a benchmark's per-point metrics `<backend>/b<batch>/<stat>`."""
-    points = []
-    for key, value in metrics.items():
-        parts = key.split("/")
-        if len(parts) == 3 and parts[2] == stat and parts[1][:1] == "b" and parts[1][1:].isdigit():
-            points.append((parts[0], int(parts[1][1:]), float(value)))
-    return points
+    found = ((re.fullmatch(r"([^/]+)/b(\d+)/" + re.escape(stat), key), value) for key, value in metrics.items())
+    return [(m[1], int(m[2]), float(value)) for m, value in found if m]
 
 
 def noisy(record: dict) -> bool:

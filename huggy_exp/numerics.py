@@ -5,15 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from huggy_exp.errors import UserError
-from huggy_exp.verify import finite_limits
-
-
-def _same_size(actual: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Both as float64; arrays of different sizes cannot be compared element-wise (a UserError naming both shapes)."""
-    a, e = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    if a.size != e.size:
-        raise UserError(f"cannot compare arrays of shapes {list(a.shape)} and {list(e.shape)} element-wise")
-    return a, e
+from huggy_exp.verify import as_rows, finite_limits, log_softmax
 
 
 def action_stats(actions: np.ndarray, saturation: float = 0.999) -> dict[str, float]:
@@ -58,10 +50,9 @@ def limits_for(table: dict, dtype: str, device: str, specialize: dict | None, wh
 
 def rel_rmse(actual: np.ndarray, expected: np.ndarray) -> float:
     """RMSE divided by the RMS of the expected values: comparable across layers of different scale."""
-    a, e = _same_size(actual, expected)
+    a, e = as_rows(actual, expected)
     if a.size == 0:
         return float("nan")
-    a, e = a.ravel(), e.ravel()
     scale = float(np.sqrt(np.mean(e**2)))
     err = float(np.sqrt(np.mean((a - e) ** 2)))
     return err / scale if scale > 0 else err
@@ -81,21 +72,13 @@ def ratio_verdict(ratio: float, warn: float = 1.0, fail: float = 2.0) -> str:
     return "pass" if ratio <= warn else "warn"
 
 
-def _phi(x: np.ndarray) -> np.ndarray:
-    return np.exp(-0.5 * x**2) / np.sqrt(2 * np.pi)
-
-
-def _cdf(x: np.ndarray) -> np.ndarray:
-    from math import erf
-
-    return 0.5 * (1.0 + np.vectorize(erf)(np.asarray(x, np.float64) / np.sqrt(2.0)))
-
-
 def clipped_normal_moments(mu: np.ndarray, sigma: np.ndarray, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
     """Exact mean and variance of clip(X, lo, hi) for X ~ N(mu, sigma^2), element-wise."""
+    from scipy.stats import norm
+
     mu, sigma = np.asarray(mu, np.float64), np.asarray(sigma, np.float64)
     a, b = (lo - mu) / sigma, (hi - mu) / sigma
-    pa, pb, fa, fb = _cdf(a), _cdf(b), _phi(a), _phi(b)
+    pa, pb, fa, fb = norm.cdf(a), norm.cdf(b), norm.pdf(a), norm.pdf(b)
     inside = pb - pa
     m1 = lo * pa + hi * (1 - pb) + mu * inside + sigma * (fa - fb)
     m2 = (lo**2 * pa + hi**2 * (1 - pb) + (mu**2 + sigma**2) * inside
@@ -111,23 +94,24 @@ def sampling_check(samples: np.ndarray, mu: np.ndarray, sigma: np.ndarray, lo: f
     the two-sided Bonferroni-corrected critical value at `confidence`. Spread: on cells clipped with probability
     < 1e-3, standardized residuals (x - mu) / sigma must have a standard deviation within z * sqrt(1 / 2n) of 1.
     """
-    from statistics import NormalDist
+    from scipy.stats import norm
 
     x = np.asarray(samples, np.float64)
     reps = x.shape[0]
-    lo_, hi_ = (-np.inf, np.inf) if lo is None else (lo, hi)
-    mean, var = clipped_normal_moments(mu, sigma, lo_, hi_) if lo is not None else (np.asarray(mu, np.float64), np.asarray(sigma, np.float64) ** 2)
+    if lo is None:  # the plain normal: no cell is ever clipped
+        lo, hi, mean, var = -np.inf, np.inf, np.asarray(mu, np.float64), np.asarray(sigma, np.float64) ** 2
+    else:
+        mean, var = clipped_normal_moments(mu, sigma, lo, hi)
     se = np.sqrt(var / reps) + 1e-6  # + float32 resolution: fully clipped cells have var 0 and mean exactly at the bound
     z = (x.mean(axis=0) - mean) / se
     cells = z.size
     alpha = 1.0 - confidence
-    z_crit = NormalDist().inv_cdf(1 - alpha / (2 * cells))
-    clip_prob = (_cdf((lo_ - mu) / sigma) + 1 - _cdf((hi_ - mu) / sigma)) if lo is not None else np.zeros_like(z)
-    free = clip_prob < 1e-3
+    z_crit = norm.ppf(1 - alpha / (2 * cells))
+    free = np.broadcast_to(norm.cdf((lo - mu) / sigma) + norm.sf((hi - mu) / sigma) < 1e-3, z.shape)  # rarely clipped
     resid = ((x - mu) / sigma)[:, free]
     n = resid.size
     spread = float(resid.std()) if n > 1 else float("nan")
-    spread_tol = NormalDist().inv_cdf(1 - alpha / 2) * np.sqrt(1.0 / (2 * n)) if n > 1 else float("nan")
+    spread_tol = norm.ppf(1 - alpha / 2) * np.sqrt(1.0 / (2 * n)) if n > 1 else float("nan")
     return {
         "mean_z_max": float(np.max(np.abs(z))),
         "mean_z_rms": float(np.sqrt(np.mean(z**2))),
@@ -142,12 +126,6 @@ def sampling_check(samples: np.ndarray, mu: np.ndarray, sigma: np.ndarray, lo: f
 
 
 # --- discrete actions: sampled draws against the masked softmax
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    z = np.asarray(logits, np.float64)
-    e = np.exp(z - z.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
 
 
 def _chi2_pvalue(counts: np.ndarray, expected: np.ndarray) -> float:
@@ -195,7 +173,7 @@ def categorical_check(draws: np.ndarray, masked_logits: np.ndarray, branch_sizes
     live = allowed_branches(masks, branch_sizes) if masks is not None else None
     pvalues, masked, out_of_range, freq_max, start = [], 0, 0, 0.0, 0
     for b, size in enumerate(branch_sizes):
-        p = softmax(np.asarray(masked_logits)[:, start:start + size])
+        p = np.exp(log_softmax(np.asarray(masked_logits)[:, start:start + size]))
         picks = d[..., b]
         bad = (picks < 0) | (picks >= size)
         out_of_range += int(bad.sum())

@@ -127,23 +127,12 @@ def write_result(workdir: Path, record: dict, result: Result) -> Path:
         atomic_write(workdir / f"{name}.npy", lambda tmp, a=array: _save_npy(tmp, a))
     for name, rows in result.tables.items():
         write_table(workdir / f"{name}.csv", rows)
-    record = {
-        **record,
-        "status": result.status,
-        "reason": result.reason,
-        "headline": result.headline,
-        "latency": result.latency,
-        "metrics": result.metrics,
-        "series": {name: [list(p) for p in points] for name, points in result.series.items()},
-        "tags": result.tags,
-        "arrays": {name: f"{name}.npy" for name in result.arrays},
-        "tables": {name: f"{name}.csv" for name in result.tables},
-        "files": result.files,
-        "details": result.details,
-    }
-    path = workdir / "result.json"
-    atomic_write_text(path, json.dumps(jsonable(record), indent=2, sort_keys=False) + "\n")
-    return path
+    record = {**record, **{k: getattr(result, k) for k in ("status", "reason", "headline", "latency", "metrics")},
+              "series": {name: [list(p) for p in points] for name, points in result.series.items()},
+              "tags": result.tags, "arrays": {name: f"{name}.npy" for name in result.arrays},
+              "tables": {name: f"{name}.csv" for name in result.tables}, "files": result.files,
+              "details": result.details}
+    return _write_json(workdir / "result.json", record)
 
 
 def _save_npy(tmp: str, array) -> None:
@@ -157,5 +146,9 @@ def read_result(workdir: Path) -> dict:
 
 def update_result(workdir: Path, **fields) -> None:
     """Rewrite result.json with some top-level keys replaced (atomically: a reader sees the old or the new file)."""
-    record = {**read_result(workdir), **fields}
-    atomic_write_text(Path(workdir) / "result.json", json.dumps(jsonable(record), indent=2) + "\n")
+    _write_json(Path(workdir) / "result.json", {**read_result(workdir), **fields})
+
+
+def _write_json(path: Path, record: dict) -> Path:
+    atomic_write_text(path, json.dumps(jsonable(record), indent=2) + "\n")
+    return path

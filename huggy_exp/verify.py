@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -42,7 +43,6 @@ class Output:
     sampled: str | None
     stem: str
     rule: str
-    sampled_stem: str | None = None
 
     def stored(self, value: np.ndarray, float_dtype=np.float32) -> np.ndarray:
         """The array as its file (`<stem>.npy`) holds it: discrete actions int64, floats `float_dtype`, the memory
@@ -55,15 +55,12 @@ class Output:
 
     def twin(self) -> "Output | None":
         """The sampled output, compared like this one (a sampled discrete action has no margin: reported only)."""
-        if self.sampled is None or self.sampled == self.name:
-            return None
-        return Output(self.sampled, None, self.sampled_stem or f"sampled_{self.stem}",
-                      "sampled_discrete" if self.rule == "discrete" else self.rule)
+        rule = "sampled_discrete" if self.rule == "discrete" else self.rule
+        return None if self.sampled is None else Output(self.sampled, None, f"sampled_{self.stem}", rule)
 
 
-CONTINUOUS_ACTIONS = Output("deterministic_continuous_actions", "continuous_actions", "actions", "continuous", "sampled_actions")
-DISCRETE_ACTIONS = Output("deterministic_discrete_actions", "discrete_actions", "discrete_actions", "discrete",
-                          "sampled_discrete_actions")
+CONTINUOUS_ACTIONS = Output("deterministic_continuous_actions", "continuous_actions", "actions", "continuous")
+DISCRETE_ACTIONS = Output("deterministic_discrete_actions", "discrete_actions", "discrete_actions", "discrete")
 MEMORY = Output("recurrent_out", None, "memories", "memory")
 DECLARED = (CONTINUOUS_ACTIONS, DISCRETE_ACTIONS, MEMORY)  # ML-Agents' output order
 
@@ -136,16 +133,12 @@ class Comparison:
         return {f"{stem}/vs_{reference}/{k}": v for stem, o in self.outputs.items() for k, v in o.metrics.items()}
 
     def get(self, stem: str, metric: str, default: float = float("nan")) -> float:
-        o = self.outputs.get(stem)
-        return o.metrics.get(metric, default) if o is not None else default
+        return self.outputs[stem].metrics.get(metric, default) if stem in self.outputs else default
 
 
 def outputs_of(names) -> tuple[Output, ...]:
     """The declared outputs (deterministic ones and their sampled twins) whose ML-Agents names are in `names`."""
-    found = []
-    for out in DECLARED:
-        found += [o for o in (out, out.twin()) if o is not None and o.name in names]
-    return tuple(found)
+    return tuple(o for out in DECLARED for o in (out, out.twin()) if o is not None and o.name in names)
 
 
 def compare(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], rules: Rules = Rules()) -> Comparison:
@@ -168,10 +161,10 @@ def compare(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], rule
 
 
 def _continuous(oc: OutputComparison, got: np.ndarray, ref: np.ndarray, actual: dict, expected: dict, rules: Rules) -> None:
-    lim = rules.limits
-    oc.metrics.update(elementwise(got, ref, rules.rel_floor, rules.dtype))
-    bad = _nonfinite(oc, got) + _nonfinite_reference(oc, ref)
-    over = _over_tolerance(got, ref, lim.atol, lim.rtol)
+    lim, bad = rules.limits, _measure(oc, got, ref, rules)
+    a, e = got.astype(np.float64), ref.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        over = int(np.sum(~(np.abs(a - e) <= lim.atol + lim.rtol * np.abs(e))))
     oc.metrics.update({"max_abs_limit": lim.atol, "rtol_limit": lim.rtol, "cosine_min_row_limit": lim.cosine_min,
                        "over_tolerance": float(over)})
     if not bad and over:
@@ -195,8 +188,7 @@ def _policy_units(oc: OutputComparison, lim: Limits, bad: int) -> None:
 
 
 def _memory(oc: OutputComparison, got: np.ndarray, ref: np.ndarray, actual: dict, expected: dict, rules: Rules) -> None:
-    oc.metrics.update(elementwise(got, ref, rules.rel_floor, rules.dtype))
-    bad = _nonfinite(oc, got) + _nonfinite_reference(oc, ref)
+    bad = _measure(oc, got, ref, rules)
     tol = rules.limits.atol * max(1.0, float(np.nanmax(np.abs(np.asarray(ref, np.float64)), initial=0.0)))
     oc.metrics["max_abs_limit"] = tol
     if not bad and not oc.metrics["max_abs"] <= tol:
@@ -222,11 +214,6 @@ def _discrete(oc: OutputComparison, got: np.ndarray, ref: np.ndarray, actual: di
                            f"(largest flipped margin {d['flip_margin_max']:.3g})")
 
 
-def _sampled_discrete(oc, got, ref, actual, expected, rules) -> None:
-    """A sampled discrete action: an inverse-CDF draw can cross a boundary the rounding moved; reported, not judged."""
-    _discrete(oc, got, ref, actual, expected, rules, judge=False)
-
-
 def _constant(oc: OutputComparison, got: np.ndarray, ref: np.ndarray, actual: dict, expected: dict, rules: Rules) -> None:
     same = got.shape == ref.shape and np.array_equal(got, ref)
     oc.metrics["equal"] = float(same)
@@ -234,34 +221,22 @@ def _constant(oc: OutputComparison, got: np.ndarray, ref: np.ndarray, actual: di
         oc.failures.append(f"{got.tolist()} != {ref.tolist()}")
 
 
-_RULE = {"continuous": _continuous, "memory": _memory, "discrete": _discrete, "sampled_discrete": _sampled_discrete,
-         "constant": _constant}
+# a sampled discrete action: an inverse-CDF draw can cross a boundary the rounding moved; reported, not judged
+_RULE = {"continuous": _continuous, "memory": _memory, "discrete": _discrete,
+         "sampled_discrete": partial(_discrete, judge=False), "constant": _constant}
 
 
-def _nonfinite(oc: OutputComparison, got: np.ndarray) -> int:
-    """NaN/inf in an actual output: always a failure (counted, with the first place)."""
-    a = np.asarray(got)
-    bad = ~np.isfinite(a) if a.dtype.kind in "fc" else np.zeros(a.shape, bool)
-    oc.metrics["nonfinite"] = float(bad.sum())
-    if bad.any():
-        oc.failures.append(f"{int(bad.sum())} NaN/Inf values (first at {[int(i) for i in np.argwhere(bad)[0]]})")
-    return int(bad.sum())
-
-
-def _nonfinite_reference(oc: OutputComparison, ref: np.ndarray) -> int:
-    """NaN/inf in the reference: nothing can be held to it, so the output fails (a NaN reference is no pass)."""
-    count = nonfinite_count(ref)
-    oc.metrics["nonfinite_reference"] = float(count)
+def _measure(oc: OutputComparison, got: np.ndarray, ref: np.ndarray, rules: Rules) -> int:
+    """The element-wise metrics of a float output; NaN/inf in it (counted, with the first place) or in its reference
+    (nothing can be held to it) is always a failure: how many there are."""
+    oc.metrics.update(elementwise(got, ref, rules.rel_floor, rules.dtype))
+    count, ref_count = nonfinite_count(got), nonfinite_count(ref)
+    oc.metrics.update({"nonfinite": float(count), "nonfinite_reference": float(ref_count)})
     if count:
-        oc.failures.append(f"the reference holds {count} NaN/Inf values: nothing can be held to it")
-    return count
-
-
-def _over_tolerance(got: np.ndarray, ref: np.ndarray, atol: float, rtol: float) -> int:
-    a, e = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    with np.errstate(invalid="ignore", over="ignore"):
-        ok = np.abs(a - e) <= atol + rtol * np.abs(e)
-    return int(np.sum(~ok))
+        oc.failures.append(f"{count} NaN/Inf values (first at {np.argwhere(~np.isfinite(got))[0].tolist()})")
+    if ref_count:
+        oc.failures.append(f"the reference holds {ref_count} NaN/Inf values: nothing can be held to it")
+    return count + ref_count
 
 
 # --- nothing that is not finite passes
@@ -320,7 +295,7 @@ def limit(table: dict, key: str, where: str) -> float:
 def elementwise(actual: np.ndarray, expected: np.ndarray, rel_floor: float = REL_FLOOR, dtype: str = "fp32") -> dict[str, float]:
     """max_abs, mean_abs, rmse, guarded max_rel, cosine (overall, worst row), the required atol/rtol (Polygraphy),
     the error in ULPs of `dtype` (max, and the share above msprobe's standard), and NaN/inf mismatches."""
-    a, e = _rows(actual, expected)
+    a, e = as_rows(actual, expected)
     both = np.isfinite(a) & np.isfinite(e)
     nonfinite = int(a.size - both.sum())
     with np.errstate(invalid="ignore", over="ignore"):
@@ -357,7 +332,7 @@ def elementwise(actual: np.ndarray, expected: np.ndarray, rel_floor: float = REL
 POISONED_ERRORS = ("max_abs", "mean_abs", "rmse", "max_rel", "required_atol", "required_rtol", "ulp_max")
 
 
-def _rows(actual: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def as_rows(actual: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Both as float64 [rows, values per row] (the last axis is a row's values; one row for a vector)."""
     a, e = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
     if a.size != e.size:
@@ -421,23 +396,13 @@ def softmax_divergence(masked_a: np.ndarray, masked_e: np.ndarray, sizes: tuple[
     return {"kl_max": float(np.max(kl, initial=0.0)), "kl_mean": float(kl.mean()) if kl.size else 0.0}
 
 
-def margins(logits: np.ndarray, sizes: tuple[int, ...]) -> np.ndarray:
-    """Per branch, the best minus the second-best logit: [..., sum(sizes)] -> [..., branches] (inf for a branch of 1)."""
-    z = np.asarray(logits, np.float64)
-    out, start = [], 0
-    for size in sizes:
-        top = np.sort(z[..., start:start + size], axis=-1)
-        out.append(top[..., -1] - top[..., -2] if size > 1 else np.full(top.shape[:-1], np.inf))
-        start += size
-    return np.stack(out, axis=-1)
-
-
 def discrete_margins(masked_logits: np.ndarray, sizes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """Per branch, the best minus the second-best masked logit and |best masked logit| ([..., branches])."""
+    """Per branch, the best minus the second-best masked logit (inf for a branch of 1) and |best masked logit|:
+    [..., sum(sizes)] -> two [..., branches]."""
     z = np.asarray(masked_logits, np.float64)
-    bounds = np.cumsum(sizes)[:-1]
-    best = np.stack([np.abs(part.max(axis=-1)) for part in np.split(z, bounds, axis=-1)], axis=-1)
-    return margins(z, sizes), best
+    tops = [np.sort(part, axis=-1) for part in np.split(z, np.cumsum(sizes)[:-1], axis=-1)]
+    gaps = [t[..., -1] - t[..., -2] if t.shape[-1] > 1 else np.full(t.shape[:-1], np.inf) for t in tops]
+    return np.stack(gaps, axis=-1), np.stack([np.abs(t[..., -1]) for t in tops], axis=-1)
 
 
 FLIP_BANDS = (1.0, 10.0)  # flip rate by margin: within the bound, up to 10x it, beyond
@@ -457,8 +422,7 @@ def discrete_agreement(actual: np.ndarray, expected: np.ndarray, margin: np.ndar
     flips = a != e
     allowed = bound * np.asarray(scale, np.float64)
     near = m <= allowed  # NaN is never near: a NaN margin never excuses a flip
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = np.where(allowed > 0, m / np.where(allowed > 0, allowed, 1.0), np.where(m > 0, np.inf, 0.0))
+    ratio = np.divide(m, allowed, out=np.where(m > 0, np.inf, 0.0), where=allowed > 0)  # a margin over a bound of 0: inf
     bands = {"within": ratio <= FLIP_BANDS[0], "to_10x": (ratio > FLIP_BANDS[0]) & (ratio <= FLIP_BANDS[1]),
              "beyond_10x": ~(ratio <= FLIP_BANDS[1])}
     out = {
