@@ -79,8 +79,7 @@ def rule_verdict(ratio: float, metric: str) -> str:
 
 
 def worst(verdicts) -> str:
-    found = [v for v in verdicts if v in VERDICT_ORDER]
-    return max(found, key=VERDICT_ORDER.index) if found else "pass"
+    return max((v for v in verdicts if v in VERDICT_ORDER), key=VERDICT_ORDER.index, default="pass")
 
 
 def dual_benchmark(here: dict[str, np.ndarray], reference_device: dict[str, np.ndarray],
@@ -157,9 +156,8 @@ def bootstrap_medians(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 def same_dtype_point(points: dict[str, dict], device: str, dtype: str, backend: str, batch: int) -> str | None:
     """The recorded point a replay is held to: the same dtype, preferring the same key, then the same backend and
     batch, then the same device, then the same batch; None when the bundle has no point of that dtype."""
-    same = [k for k, p in points.items() if p["dtype"] == dtype]
-    if not same:
-        return None
-    rank = lambda k: (points[k]["backend"] != backend or points[k]["device"] != device or points[k]["batch"] != batch,  # noqa: E731
-                      points[k]["backend"] != backend, points[k]["batch"] != batch, points[k]["device"] != device, k)
-    return min(same, key=rank)
+    def rank(k: str) -> tuple:
+        other = points[k]["backend"] != backend, points[k]["batch"] != batch, points[k]["device"] != device
+        return any(other), *other, k
+
+    return min((k for k, p in points.items() if p["dtype"] == dtype), key=rank, default=None)

@@ -101,14 +101,10 @@ def logged_metrics(record: dict) -> dict[str, float]:
     names = [*(n for n in ANSWER_ORDER if n not in skip), *(n for n in head if n not in ANSWER_ORDER and n not in skip)]
     out = {logged_name(n): head[n] for n in names if n in head}
     batch, _ = timed_batch(metrics, record.get("batch_size"))
-    for backend, b, _ in ladder(metrics, "p50_us"):
-        if b == batch:
-            out.update({f"{backend}/{s}": readable(s, metrics[f"{backend}/b{b}/{s}"]) for s in BACKEND_STATS
-                        if _finite(metrics.get(f"{backend}/b{b}/{s}"))})
-    out.update({k: readable(k, metrics[k]) for k in CONTROL_LOOP if _finite(metrics.get(k))})
-    for scenario, latency in LOADGEN_LATENCY.items():
-        out.update({k: readable(k, metrics[k]) for k in (f"loadgen/{scenario}/valid", f"loadgen/{scenario}/{latency}")
-                    if _finite(metrics.get(k))})
+    keys = [(f"{backend}/{s}", f"{backend}/b{b}/{s}") for backend, b, _ in ladder(metrics, "p50_us") if b == batch
+            for s in BACKEND_STATS] + [(k, k) for k in CONTROL_LOOP]
+    keys += [(k, k) for s, latency in LOADGEN_LATENCY.items() for k in (f"loadgen/{s}/valid", f"loadgen/{s}/{latency}")]
+    out.update({name: readable(key, metrics[key]) for name, key in keys if _finite(metrics.get(key))})
     stems = dict.fromkeys(k.split("/vs_fp64/")[0] for k in metrics if "/vs_fp64/" in k and k.count("/") == 2)
     for stem, stat, suffix in product(stems, OUTPUT_STATS, ("", "_limit")):
         value = metrics.get(f"{stem}/vs_fp64/{stat}{suffix}")

@@ -8,17 +8,14 @@ from huggy_exp.errors import UserError
 from huggy_exp.verify import as_rows, finite_limits, log_softmax
 
 
+ACTION_STATS = {"action_mean": np.mean, "action_std": np.std, "action_min": np.min, "action_max": np.max}
+
+
 def action_stats(actions: np.ndarray, saturation: float = 0.999) -> dict[str, float]:
+    """Mean, spread, range and the share of saturated values of some actions (NaN for none)."""
+    stats = {**ACTION_STATS, "saturated_share": lambda a: np.mean(np.abs(a) >= saturation)}
     a = np.asarray(actions, np.float64)
-    if a.size == 0:
-        return dict.fromkeys(("action_mean", "action_std", "action_min", "action_max", "saturated_share"), float("nan"))
-    return {
-        "action_mean": float(a.mean()),
-        "action_std": float(a.std()),
-        "action_min": float(a.min()),
-        "action_max": float(a.max()),
-        "saturated_share": float(np.mean(np.abs(a) >= saturation)),
-    }
+    return {name: float(stat(a)) if a.size else float("nan") for name, stat in stats.items()}
 
 
 def discrete_histogram(actions: np.ndarray, sizes: tuple[int, ...] | None = None) -> tuple[dict[str, float], list[dict]]:
@@ -26,13 +23,11 @@ def discrete_histogram(actions: np.ndarray, sizes: tuple[int, ...] | None = None
     `discrete.branch_<b>.action_<k>_share` and table rows (branch, action, count, share); every action of a branch of
     known size is listed, else up to the largest one taken."""
     flat = np.asarray(actions).reshape(-1, np.shape(actions)[-1])
-    metrics, table = {}, []
+    table = []
     for b in range(flat.shape[1]):
-        size = sizes[b] if sizes else int(flat[:, b].max(initial=0)) + 1
-        counts = np.bincount(flat[:, b], minlength=size)
+        counts = np.bincount(flat[:, b], minlength=sizes[b] if sizes else int(flat[:, b].max(initial=0)) + 1)
         table += [{"branch": b, "action": k, "count": int(c), "share": float(c / len(flat))} for k, c in enumerate(counts)]
-        metrics.update({f"discrete.branch_{b}.action_{k}_share": float(c / len(flat)) for k, c in enumerate(counts)})
-    return metrics, table
+    return {f"discrete.branch_{t['branch']}.action_{t['action']}_share": t["share"] for t in table}, table
 
 
 def limits_for(table: dict, dtype: str, device: str, specialize: dict | None, where: str) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from dataclasses import dataclass, field
@@ -47,8 +48,7 @@ class Result:
         Inputs are refused before they run (observations, weights), so a non-finite output is the job's own.
         """
         for name, array in self.arrays.items():
-            where = first_nonfinite(array)
-            if where is not None:
+            if (where := first_nonfinite(array)) is not None:
                 count, index = where
                 self.fail(f"{name}: {count} NaN/inf value{'s' * (count > 1)} (first at {list(index)})")
 
@@ -56,10 +56,7 @@ class Result:
 def held_result(folder, sweep: bool = False) -> str | None:
     """`result.json, tracking pending` if `folder` (a sweep: any job folder under it) already holds a job's result."""
     folder = Path(folder)
-    if sweep:
-        found = next(iter(sorted(folder.glob("**/result.json"))), None) if folder.is_dir() else None
-    else:
-        found = folder / "result.json"
+    found = min(folder.glob("**/result.json"), default=None) if sweep else folder / "result.json"
     if found is None or not found.is_file():
         return None
     try:
@@ -97,24 +94,16 @@ def jsonable(value):
         return [jsonable(v) for v in value]
     if isinstance(value, np.generic):
         value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, Path):
-        return str(value)
-    return value
+    return str(value) if isinstance(value, Path) or isinstance(value, float) and not math.isfinite(value) else value
 
 
 def write_table(path: Path, rows: list[dict], columns: list[str] | None = None) -> None:
     """Rows as a .csv (atomically); `columns` picks and orders them (default: every key of every row)."""
-    columns = columns or list(dict.fromkeys(k for row in rows for k in row))
-
-    def write(tmp: str) -> None:
-        with open(tmp, "w", newline="") as fh:
-            writer = csv.DictWriter(fh, columns, extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(jsonable(rows))
-
-    atomic_write(path, write)
+    text = io.StringIO()
+    writer = csv.DictWriter(text, columns or list(dict.fromkeys(k for row in rows for k in row)), extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(jsonable(rows))
+    atomic_write_text(path, text.getvalue())
 
 
 def write_result(workdir: Path, record: dict, result: Result) -> Path:

@@ -110,10 +110,6 @@ class OutputComparison:
     metrics: dict[str, float] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
 
-    @property
-    def passed(self) -> bool:
-        return not self.failures
-
 
 @dataclass
 class Comparison:
@@ -123,7 +119,7 @@ class Comparison:
 
     @property
     def passed(self) -> bool:
-        return all(o.passed for o in self.outputs.values())
+        return not any(o.failures for o in self.outputs.values())
 
     @property
     def failures(self) -> list[str]:
@@ -297,13 +293,12 @@ def elementwise(actual: np.ndarray, expected: np.ndarray, rel_floor: float = REL
     the error in ULPs of `dtype` (max, and the share above msprobe's standard), and NaN/inf mismatches."""
     a, e = as_rows(actual, expected)
     both = np.isfinite(a) & np.isfinite(e)
-    nonfinite = int(a.size - both.sum())
-    with np.errstate(invalid="ignore", over="ignore"):
-        diff = np.where(both, np.abs(a - e), 0.0)
-    rel = diff / np.maximum(np.abs(np.where(both, e, 0.0)), rel_floor)
-    n = max(int(both.sum()), 1)
     af, ef = np.where(both, a, 0.0), np.where(both, e, 0.0)
-    ulps = diff / ulp(np.where(both, e, 0.0), dtype)
+    with np.errstate(over="ignore"):
+        diff = np.abs(af - ef)
+    rel = diff / np.maximum(np.abs(ef), rel_floor)
+    ulps = diff / ulp(ef, dtype)
+    n = max(int(both.sum()), 1)
     row_cos = [cosine(x, y) for x, y in zip(af, ef)]
     out = {
         "max_abs": float(diff.max(initial=0.0)),
@@ -323,7 +318,7 @@ def elementwise(actual: np.ndarray, expected: np.ndarray, rel_floor: float = REL
         "nonfinite_actual": float(np.sum(~np.isfinite(a))),
         "nonfinite_expected": float(np.sum(~np.isfinite(e))),
     }
-    if nonfinite:  # a NaN/inf on either side is no agreement: the errors are infinite, the cosines undefined
+    if not both.all():  # a NaN/inf on either side is no agreement: the errors are infinite, the cosines undefined
         out.update({k: np.inf for k in POISONED_ERRORS})
         out.update({"cosine": np.nan, "cosine_min_row": np.nan})
     return out
@@ -374,9 +369,12 @@ def gaussian_divergence(mu_a, log_sigma_a, mu_e, log_sigma_e) -> dict[str, float
         kl = (le - la) + (np.exp(2 * la) + (ma - me) ** 2) / (2 * np.exp(2 * le)) - 0.5
         shift = np.abs(ma - me) / np.exp(le)
     kl_rows = kl.reshape(-1, kl.shape[-1]).sum(axis=-1) if kl.size else np.zeros(0)
-    return {"kl_max": float(np.max(kl_rows, initial=0.0)), "kl_mean": float(kl_rows.mean()) if kl_rows.size else 0.0,
-            "mean_shift_sigma_max": float(np.max(shift, initial=0.0)),
-            "mean_shift_sigma_mean": float(shift.mean()) if shift.size else 0.0}
+    return {**_max_mean("kl", kl_rows), **_max_mean("mean_shift_sigma", shift)}
+
+
+def _max_mean(name: str, values: np.ndarray) -> dict[str, float]:
+    return {f"{name}_max": float(np.max(values, initial=0.0)),
+            f"{name}_mean": float(values.mean()) if values.size else 0.0}
 
 
 def log_softmax(z: np.ndarray) -> np.ndarray:
@@ -387,13 +385,9 @@ def log_softmax(z: np.ndarray) -> np.ndarray:
 
 def softmax_divergence(masked_a: np.ndarray, masked_e: np.ndarray, sizes: tuple[int, ...]) -> dict[str, float]:
     """KL(softmax(masked logits of the device) || the reference's) per (row, branch): max and mean."""
-    bounds = np.cumsum(sizes)[:-1]
-    kls = []
-    for za, ze in zip(np.split(np.asarray(masked_a, np.float64), bounds, axis=-1), np.split(np.asarray(masked_e, np.float64), bounds, axis=-1)):
-        la, le = log_softmax(za), log_softmax(ze)
-        kls.append(np.sum(np.exp(la) * (la - le), axis=-1))
-    kl = np.stack(kls, axis=-1) if kls else np.zeros(0)
-    return {"kl_max": float(np.max(kl, initial=0.0)), "kl_mean": float(kl.mean()) if kl.size else 0.0}
+    branches = [[log_softmax(z) for z in np.split(np.asarray(m, np.float64), np.cumsum(sizes)[:-1], axis=-1)]
+                for m in (masked_a, masked_e)]
+    return _max_mean("kl", np.array([np.sum(np.exp(la) * (la - le), axis=-1) for la, le in zip(*branches)]))
 
 
 def discrete_margins(masked_logits: np.ndarray, sizes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -422,7 +416,7 @@ def discrete_agreement(actual: np.ndarray, expected: np.ndarray, margin: np.ndar
     flips = a != e
     allowed = bound * np.asarray(scale, np.float64)
     near = m <= allowed  # NaN is never near: a NaN margin never excuses a flip
-    ratio = np.divide(m, allowed, out=np.where(m > 0, np.inf, 0.0), where=allowed > 0)  # a margin over a bound of 0: inf
+    ratio = np.divide(m, allowed, out=np.where(m > 0, np.inf, 0.0), where=allowed > 0)  # over a bound of 0: inf
     bands = {"within": ratio <= FLIP_BANDS[0], "to_10x": (ratio > FLIP_BANDS[0]) & (ratio <= FLIP_BANDS[1]),
              "beyond_10x": ~(ratio <= FLIP_BANDS[1])}
     out = {
