@@ -113,7 +113,7 @@ def test05_tolerance(reference_median_s: float) -> float:
     return TEST05_SHORT_TOLERANCE if reference_median_s <= TEST05_SHORT_S else TEST05_TOLERANCE
 
 
-def latency_change(recorded_s, here_s, alpha: float = 0.01, tolerance: float | None = None, seed: int = 0) -> dict:
+def latency_change(recorded_s, here_s, alpha: float = 0.01, seed: int = 0) -> dict:
     """Median and p90 ratios (here / recorded), Mann-Whitney U p-value, bootstrap 95% CI of the median ratio, and a
     verdict: `slower`/`faster` when the change is significant (p < alpha) and beyond TEST05's tolerance, `within
     tolerance` when the median ratio is inside it, else `not significant`."""
@@ -127,7 +127,7 @@ def latency_change(recorded_s, here_s, alpha: float = 0.01, tolerance: float | N
         return {"verdict": "not measured", "why": f"{bad[0]} recorded and {bad[1]} measured samples are not finite "
                                                   "non-negative seconds"}
     med_r, med_h = float(np.median(r)), float(np.median(h))
-    tol = test05_tolerance(med_r) if tolerance is None else float(tolerance)
+    tol = test05_tolerance(med_r)
     p = float(mannwhitneyu(h, r, alternative="two-sided").pvalue)
     rng = np.random.default_rng(seed)
     boot_r, boot_h = bootstrap_medians(r, rng), bootstrap_medians(h, rng)

@@ -89,12 +89,9 @@ CONTROL_LOOP = ("control_loop/miss_rate", "control_loop/miss_rate_upper")  # the
 
 
 def logged_metrics(record: dict) -> dict[str, float]:
-    """The few metrics MLflow gets for a job, under names every dtype and batch share (a compare view lines them up):
-    the headline (result.json's headline_metrics) under `logged_name`; benchmark: each backend's p50 and obs/s at the
-    job's batch, the control loop's miss rate and its bound, LoadGen's VALID and headline latency per scenario; per
-    output its error vs fp64 with the limit it was judged by (`vs_fp64/<output>/<stat>`, `..._limit`). Values are
-    `readable` (MLflow's table prints every digit it is given). The first MAX_LOGGED in that order; every metric, at
-    full precision, is in result.json and the run's metrics.csv."""
+    """The first MAX_LOGGED metrics MLflow gets for a job, `readable` (its table prints every digit), under names every
+    dtype and batch share so that a compare view lines them up: the headline, each backend's p50 and obs/s at the job's
+    batch, the control loop's and LoadGen's figures, each judged output's error vs fp64 beside its limit."""
     mode, metrics = record["mode"], record.get("metrics") or {}
     head = headline_metrics(mode, metrics, record["status"], record.get("batch_size"))
     skip = modes()[mode].not_logged if mode in modes() else ()

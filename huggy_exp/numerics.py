@@ -130,19 +130,16 @@ def _chi2_pvalue(counts: np.ndarray, expected: np.ndarray) -> float:
     if counts[expected <= 0].sum() > 0:
         return 0.0
     keep = expected >= 5
-    obs, exp = list(counts[keep].astype(np.float64)), list(expected[keep])
+    o, e = counts[keep].astype(np.float64), expected[keep].astype(np.float64)
     rest_o, rest_e = float(counts[~keep].sum()), float(expected[~keep].sum())
-    if rest_e > 0:
-        if rest_e >= 5 or not exp:
-            obs.append(rest_o)
-            exp.append(rest_e)
-        else:  # too small to stand alone: pooled with the smallest bin
-            i = int(np.argmin(exp))
-            obs[i] += rest_o
-            exp[i] += rest_e
-    if len(exp) < 2:
+    if rest_e >= 5 or rest_e > 0 and not e.size:  # the small bins pooled into one
+        o, e = np.append(o, rest_o), np.append(e, rest_e)
+    elif rest_e > 0:  # too small to stand alone: pooled with the smallest bin
+        i = np.argmin(e)
+        o[i] += rest_o
+        e[i] += rest_e
+    if len(e) < 2:
         return 1.0
-    o, e = np.asarray(obs), np.asarray(exp)
     return float(chi2.sf(np.sum((o - e) ** 2 / e), len(e) - 1))
 
 

@@ -47,10 +47,8 @@ MARKUP = str.maketrans({"|": "&#124;", "[": "&#91;", "]": "&#93;", "`": "&#96;",
 
 
 def escape(value) -> str:
-    """Text a user wrote (a run or case name, a path, a bundle's environment field, a reason) as it may sit in any
-    human-readable output: HTML (report.html), markdown (summary.md, report.md, an MLflow description) and a markdown
-    table cell. `<`, `>`, `&` and quotes become HTML entities, as do markdown's `|`, `[`, `]` and backtick (a link or a
-    cell border); a line break becomes a space. Markdown renders the entities as the characters, never as markup."""
+    """Text a user wrote (a name, a path, a reason) safe in HTML, markdown and a markdown table cell alike: HTML's and
+    markdown's special characters as entities (rendered as the characters, never as markup), a line break a space."""
     return html.escape(str(value), quote=True).translate(MARKUP)
 
 

@@ -107,10 +107,7 @@ def write_table(path: Path, rows: list[dict], columns: list[str] | None = None) 
 
 
 def write_result(workdir: Path, record: dict, result: Result) -> Path:
-    """Arrays as <name>.npy, tables as <name>.csv, then result.json last and atomically (it marks completion).
-
-    A task's free-form `details` sit under the one key `details`.
-    """
+    """Arrays as <name>.npy, tables as <name>.csv, then result.json last and atomically (it marks completion)."""
     workdir.mkdir(parents=True, exist_ok=True)
     for name, array in result.arrays.items():
         atomic_write(workdir / f"{name}.npy", lambda tmp, a=array: _save_npy(tmp, a))
