@@ -64,17 +64,6 @@ def parse_key(key: str) -> dict:
     return {"device": parts[0], "dtype": parts[1], "backend": parts[2], "batch": int(parts[3][1:])}
 
 
-# --- hashing
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def sha256_of(path: Path) -> str:
-    return sha256_file(Path(path))
-
-
 def arrays_sha256(arrays: dict[str, np.ndarray]) -> str:
     """One digest of named arrays (names, dtypes, shapes and bytes, in name order)."""
     digest = hashlib.sha256()
@@ -120,11 +109,6 @@ def locked(root: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def new_manifest(model: dict, observations: dict) -> dict:
-    return {"format": FORMAT, "format_version": VERSION, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "model": model, "observations": observations, "points": {}, "files": {}}
-
-
 def record_point(root: Path, model: dict, observations: dict, inputs: dict[str, np.ndarray],
                  reference: dict[str, np.ndarray], key: str, point: dict, outputs: dict[str, np.ndarray],
                  latency_s: np.ndarray, comparison: dict) -> tuple[dict, bool]:
@@ -147,14 +131,15 @@ def record_point(root: Path, model: dict, observations: dict, inputs: dict[str, 
             manifest = read(root, check_model=None).manifest
             _same_subject(root, manifest, model, observations, inputs)
         else:
-            manifest = new_manifest(model, observations)
+            manifest = {"format": FORMAT, "format_version": VERSION, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                        "model": model, "observations": observations, "points": {}, "files": {}}
             files[INPUTS] = npz_bytes(inputs)
             files[REFERENCE] = npz_bytes(reference)
         replaced = key in manifest["points"]
         with terminal.deferred():  # the files and the manifest that lists them: Ctrl-C waits for both
             for name, data in files.items():
                 _atomic_bytes(root / name, data)
-                manifest["files"][name] = {"sha256": sha256_bytes(data), "bytes": len(data)}
+                manifest["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
             manifest["points"][key] = {**point, "dir": f"points/{slug(key)}", "recorded": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
             _atomic_bytes(root / MANIFEST, json_bytes(manifest))
     return manifest, replaced
@@ -223,21 +208,18 @@ class Bundle:
     def points(self) -> dict[str, dict]:
         return self.manifest["points"]
 
-    def arrays(self, name: str) -> dict[str, np.ndarray]:
-        return load_npz(self.root, name)
-
     def inputs(self) -> dict[str, np.ndarray]:
-        return self.arrays(INPUTS)
+        return load_npz(self.root, INPUTS)
 
     def reference(self) -> dict[str, np.ndarray]:
-        return self.arrays(REFERENCE)
+        return load_npz(self.root, REFERENCE)
 
     def outputs(self, key: str) -> dict[str, np.ndarray]:
-        return self.arrays(f"{self.points[key]['dir']}/outputs.npz")
+        return load_npz(self.root, f"{self.points[key]['dir']}/outputs.npz")
 
     def latency(self, key: str) -> np.ndarray:
         name = f"{self.points[key]['dir']}/latency.npz"
-        seconds = self.arrays(name).get("seconds")
+        seconds = load_npz(self.root, name).get("seconds")
         if seconds is None or seconds.ndim != 1 or len(seconds) > MAX_LATENCY_SAMPLES:
             shown = "no `seconds` array" if seconds is None else f"{list(seconds.shape)} samples"
             raise UserError(f"bundle {self.root}: {name} holds {shown}; a point records one row of at most "
@@ -285,7 +267,7 @@ def read(root: Path | str, check_model: str | None = None, allow_other_model: bo
         if size != entry.get("bytes"):
             state = "truncated" if size < int(entry.get("bytes") or 0) else "changed size"
             raise UserError(f"{where}: {name} is {state} ({size} bytes, {MANIFEST} says {entry.get('bytes')})")
-        digest = sha256_of(target)
+        digest = sha256_file(target)
         if digest != entry.get("sha256"):
             raise UserError(f"{where}: {name} was modified (sha256 {digest[:16]}.., {MANIFEST} says {str(entry.get('sha256'))[:16]}..)")
     for path in sorted(p for p in root.rglob("*") if p.is_file() or p.is_symlink()):

@@ -76,16 +76,11 @@ class SweepCallback(Callback):
         lines = summary["comparison"]["lines"]
         picks = [line for line in lines if line.startswith("recommended")]
         if len(picks) < len(lines):
-            print("comparison:")
-            for line in lines:
-                if line not in picks:
-                    print("  " + line)
-        print(f"  {summary['line']}")
-        for line in picks:  # none in a sweep without verdicts vs fp64 (record, replay): their lines say what they found
-            print("  " + line)
-        info = tracking.read_sweep(self.sweep_dir) or {}
+            print("comparison:\n" + "\n".join("  " + line for line in lines if line not in picks))
+        # picks: none in a sweep without verdicts vs fp64 (record, replay): their lines say what they found
+        print("\n".join("  " + line for line in [summary["line"], *picks]))
         if url:
-            uri = info.get("tracking", {}).get("uri", "")
+            uri = (tracking.read_sweep(self.sweep_dir) or {}).get("tracking", {}).get("uri", "")
             if url["runs"].startswith("http"):
                 print(f"  runs:       {url['runs']}\n  parent run: {url['parent']}")
             else:
