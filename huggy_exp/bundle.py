@@ -17,14 +17,12 @@ point files, then merge the manifest under an exclusive lock (`.lock`, the one f
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import io
 import json
 import re
 import time
 import zipfile
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +32,8 @@ from huggy_exp.errors import UserError
 from huggy_exp.mlagents import sha256_file
 from huggy_exp import terminal
 from huggy_exp.mlagents.weights import weights_sha256  # noqa: F401 (the bundle's model identity)
-from huggy_exp.safety import MAX_LATENCY_SAMPLES, atomic_write, check_npz, check_unused, read_json
+from huggy_exp.results import jsonable
+from huggy_exp.safety import MAX_LATENCY_SAMPLES, atomic_write, check_npz, check_unused, flock, read_json
 
 FORMAT = "huggy_exp-port-bundle"
 VERSION = 2  # 2: a point's `fingerprints` are verify.fingerprints' (1: per output {sha256, quantized}; re-record)
@@ -92,21 +91,7 @@ def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
 
 
 def json_bytes(value) -> bytes:
-    from huggy_exp.results import jsonable
-
     return (json.dumps(jsonable(value), indent=2) + "\n").encode()
-
-
-@contextmanager
-def locked(root: Path):
-    """An exclusive lock on the bundle folder (fcntl, released when the process dies): one manifest merge at a time."""
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / LOCK, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def record_point(root: Path, model: dict, observations: dict, inputs: dict[str, np.ndarray],
@@ -124,12 +109,13 @@ def record_point(root: Path, model: dict, observations: dict, inputs: dict[str, 
         f"points/{slug(key)}/comparison.json": json_bytes(comparison),
     }
     check_out(root)
-    with locked(root):
+    root.mkdir(parents=True, exist_ok=True)
+    with flock(root / LOCK, create=True):  # one manifest merge at a time
         for orphan in leftovers(root):  # an interrupted or killed record's files, never listed: the bundle would refuse them
             orphan.unlink()
         if (root / MANIFEST).exists():
             manifest = read(root, check_model=None).manifest
-            _same_subject(root, manifest, model, observations, inputs)
+            _same_subject(root, manifest, model, observations)
         else:
             manifest = {"format": FORMAT, "format_version": VERSION, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                         "model": model, "observations": observations, "points": {}, "files": {}}
@@ -182,7 +168,7 @@ def leftovers(root: Path) -> list[Path]:
             and _is_own(n := p.relative_to(root).as_posix()) and n not in listed]
 
 
-def _same_subject(root: Path, manifest: dict, model: dict, observations: dict, inputs: dict[str, np.ndarray]) -> None:
+def _same_subject(root: Path, manifest: dict, model: dict, observations: dict) -> None:
     theirs = manifest["model"]["sha256"]
     if theirs != model["sha256"]:
         raise UserError(f"mode.out={root} holds a bundle of another model (weights sha256 {theirs[:16]}.., this job's "

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import fcntl
 import functools
 import json
 import math
@@ -29,13 +28,14 @@ from datetime import datetime
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from huggy_exp.environment import flatten
 from huggy_exp.errors import UserError
 from huggy_exp.headline import (ANSWER, ANSWER_ORDER, COSINE, ERROR, PER_DTYPE, fastest_backend, judged_limits,
                                 logged_metrics, logged_name, noisy, settings, timed_batch)
 from huggy_exp.report import escape
 from huggy_exp.config import VERDICTS
 from huggy_exp.results import update_result, write_table
-from huggy_exp.safety import (MAX_JSON_BYTES, atomic_write, atomic_write_text, disk_full_message, free_bytes,
+from huggy_exp.safety import (MAX_JSON_BYTES, atomic_write, atomic_write_text, disk_full_message, flock, free_bytes,
                               is_disk_full, read_capped, read_json, size)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,9 +87,7 @@ def hide_secrets(uri: str) -> str:
     clean = use_credentials(uri)
     shown = redact(clean)
     if shown != clean:
-        secrets = _secrets()
-        secrets[shown] = clean
-        os.environ[SECRETS_ENV] = json.dumps(secrets)
+        os.environ[SECRETS_ENV] = json.dumps({**_secrets(), shown: clean})
     return shown
 
 
@@ -215,18 +213,6 @@ def _lock_path(db: Path) -> Path:
     return db.with_name(db.name + ".lock")
 
 
-@contextlib.contextmanager
-def flock(path: Path, create: bool = False):
-    """An exclusive flock, across processes, on a folder itself (no lock file: a full disk or a read-only job dir still
-    locks) or on a lock file, `create`d if need be; closing releases it."""
-    fd = os.open(path, os.O_RDONLY | (os.O_CREAT if create else os.O_DIRECTORY), 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 def store_lock(uri: str):
     """One writer at a time on a SQLite store, across processes; no-op for servers (they serialise themselves)."""
     db = _sqlite_path(uri)
@@ -237,10 +223,8 @@ def store_lock(uri: str):
 
 
 def http_limits(settings: dict) -> None:
-    """Bound MLflow's HTTP retries: its defaults wait about 4 minutes on a server that is down.
-
-    Variables already set in the environment win; the config supplies the rest.
-    """
+    """Bound MLflow's HTTP retries (its defaults wait about 4 minutes on a server that is down); variables already set
+    in the environment win."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(int(settings.get("http_retries", 2))))
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(int(settings.get("http_timeout_s", 10))))
@@ -301,12 +285,9 @@ def _explain(uri: str, exc: BaseException) -> str:
 
 
 def _seed_sqlite(uri: str) -> None:
-    """A SQLite store that does not exist yet becomes a copy of an empty store at this MLflow's schema head, built by
-    MLflow itself once per MLflow version in the cache dir (call under store_lock).
-
-    The template holds no experiment: opening a copy, MLflow creates its Default experiment with the copy's own
-    artifact root, as it does for a database it migrated. When the cache dir is not writable MLflow migrates the store.
-    """
+    """A SQLite store that does not exist yet becomes a copy of an empty one at this MLflow's schema head, which MLflow
+    builds once per version in the cache dir (not writable: MLflow migrates the store). It holds no experiment: MLflow
+    creates Default in the copy with its own artifact root, as in a database it migrated. Call under store_lock."""
     db = _sqlite_path(uri)
     if db is None or db.exists():
         return
@@ -324,10 +305,7 @@ def _seed_sqlite(uri: str) -> None:
             mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp}").search_experiments()
             _forget_stores()  # close the engine before the file is edited and moved
             with contextlib.closing(sqlite3.connect(tmp)) as con:
-                with con:
-                    con.execute("DELETE FROM experiment_tags")
-                    con.execute("DELETE FROM experiments")
-                con.execute("VACUUM")
+                con.executescript("DELETE FROM experiment_tags; DELETE FROM experiments; VACUUM;")
 
         atomic_write(template, build)  # two first runs at once each build one, and either is complete
     atomic_write(db, lambda tmp: shutil.copyfile(template, tmp))
@@ -380,10 +358,6 @@ class Store:
         """The sweeps' parent runs, newest first."""
         return self.runs(f"tags.`{PARENT_TAG}` = 'true'" + also, n, order_by=["attributes.start_time DESC"])
 
-    def url(self, run_id: str) -> str:
-        """The run's page in the MLflow UI (full URL for a server store; for SQLite the part after the UI's address)."""
-        return run_url(self.uri, self.experiment_id, run_id)
-
 
 UI_VIEW = "workflowType=machine_learning"  # MLflow 3 UI: without it an experiment opens on its GenAI (traces) pages
 SHARED_VIEW = "mlflow.sharedViewState."  # experiment tag the UI reads for `?viewStateShareKey=<key>` (its Share button)
@@ -427,9 +401,12 @@ def view_columns(present: set[str], batches: int = 1) -> list[str]:
             *(f"params.`{p}`" for p in VIEW_PARAMS if f"params.`{p}`" not in batch), "tags.`case`"]
 
 
-def present_columns(runs) -> set[str]:
-    """The MLflow column ids of what `runs` (MLflow Run objects) logged: their metrics, params and tags."""
-    return {f"{kind}.`{k}`" for run in runs for kind in ("metrics", "params", "tags") for k in getattr(run.data, kind)}
+def present_columns(runs) -> tuple[set[str], int]:
+    """The MLflow column ids of what `runs` (MLflow Run objects) logged (metrics, params, tags), and how many distinct
+    batch sizes they ran: `view_columns`' arguments."""
+    kinds = ("metrics", "params", "tags")
+    return ({f"{kind}.`{k}`" for run in runs for kind in kinds for k in getattr(run.data, kind)},
+            len({run.data.params.get(BATCH_PARAM) for run in runs}))
 
 
 def sweep_view(sweep_id: str, present: set[str], batches: int = 1, names: list[str] = ()) -> str:
@@ -452,11 +429,8 @@ def sweep_view(sweep_id: str, present: set[str], batches: int = 1, names: list[s
 
 def log_job(settings: dict, workdir: Path, retry_down: bool = False, foreign: bool = False) -> dict:
     """Copy the job's result.json (+ artifacts) into MLflow; returns the tracking outcome recorded in result.json.
-
-    In a sweep whose store was already found down, the job goes straight to pending unless `retry_down` (sync).
-    `foreign` (sync): the result.json was not written by this process; it is read with the sync reader and only files
-    inside the job's folder are uploaded.
-    """
+    `retry_down` (sync): try a store this sweep already found down (else the job goes straight to pending). `foreign`
+    (sync): a result.json this process did not write, read with the sync reader; only files inside its folder go up."""
     if not settings.get("enabled", True):
         return {"status": "off"}
     with flock(workdir):  # one logger per job at a time (a job and a sync, two syncs), on any store
@@ -492,7 +466,8 @@ def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None, fore
     logged = _logged(store, run_id, record, parent)
     try:
         flat = {"mode": record["mode"], **flatten(settings(record.get("params", {}), record["dtype"])), **limit_params(record)}
-        params = [Param(k, v) for k, v in flat.items() if not _per_dtype(k, record["dtype"])]
+        params = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in flat.items()  # unset (None) settings: table noise
+                  if v is not None and not _per_dtype(k, record["dtype"])]
         metrics = [Metric(k, v, ended, 0) for k, v in logged_metrics(record).items()]
         for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch (and 1000 metrics)
             store.client.log_batch(run_id, metrics=metrics if i == 0 else [], params=params[i:i + 100])
@@ -516,7 +491,7 @@ def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None, fore
 METRICS_TABLE = "metrics.csv"  # every metric of the job (and each series point), beside the few MLflow charts
 
 
-def _stage_artifacts(record: dict, workdir: Path, stage: Path, foreign: bool = False) -> None:
+def _stage_artifacts(record: dict, workdir: Path, stage: Path, foreign: bool) -> None:
     """The run's artifacts in `stage` as the run shows them, as symbolic links to the checked files (the upload copies
     what they point at): result.json as logged (`record`), metrics.csv, a config file holding a URI password redacted,
     a file in a job-dir folder in that folder (loadgen/<scenario>/mlperf_log_summary.txt), Hydra's .hydra/config.yaml
@@ -527,8 +502,6 @@ def _stage_artifacts(record: dict, workdir: Path, stage: Path, foreign: bool = F
                 + [{"name": k, "step": step, "value": v} for k, points in series.items() for step, v in points],
                 ["name", "step", "value"])
     for path in artifacts(record, workdir, inside_only=foreign):
-        if path.name == "result.json":
-            continue
         folder = path.parent.relative_to(workdir) if path.is_relative_to(workdir) else Path(".")
         target = stage / (folder if str(folder) != "." and not folder.parts[0].startswith(".") else Path(".")) / path.name
         if target.exists():
@@ -592,30 +565,25 @@ def _parent_id(store: Store, sweep: dict | None) -> str | None:
         return sweep["parent_run_id"]
     with flock(Path(sweep["dir"])):  # two syncs of a sweep that started while the store was down: one parent
         sweep = read_sweep(Path(sweep["dir"])) or sweep
-        if _in_store(store, sweep.get("parent_run_id")):
-            return sweep["parent_run_id"]
-        sweep = {**sweep, **_parent(store, sweep)}  # a parent after the fact, in this store
-        write_sweep(Path(sweep["dir"]), sweep)
-    store.client.set_terminated(sweep["parent_run_id"], "FINISHED")
+        if not _in_store(store, sweep.get("parent_run_id")):
+            sweep = {**sweep, **_parent(store, sweep)}  # a parent after the fact, in this store
+            write_sweep(Path(sweep["dir"]), sweep)
+            store.client.set_terminated(sweep["parent_run_id"], "FINISHED")
     return sweep["parent_run_id"]
 
 
 def _in_store(store: Store, run_id: str | None) -> bool:
     """Whether `run_id` is a run of this store's experiment (a parent id from sweep.json may be another store's)."""
-    if not run_id:
-        return False
     from mlflow.exceptions import MlflowException
 
     try:
-        return store.client.get_run(run_id).info.experiment_id == store.experiment_id
+        return bool(run_id) and store.client.get_run(run_id).info.experiment_id == store.experiment_id
     except MlflowException:
         return False
 
 
 def run_tags(record: dict, parent: str | None) -> dict[str, str]:
-    model = record.get("model") or {}
-    sweep = record.get("sweep") or {}
-    env = record.get("environment") or {}
+    model, sweep, env = (record.get(k) or {} for k in ("model", "sweep", "environment"))
     tags = {
         "mode": record["mode"], "device": record["device"], "dtype": record["dtype"], "status": record["status"],
         "verdict": verdict(record),  # status, for filters; verdict, for reading: the runs table's first column
@@ -677,28 +645,16 @@ def verdict(record: dict) -> str:
 
 
 def artifacts(record: dict, workdir: Path, inside_only: bool = True) -> list[Path]:
-    """The job's files to upload: result.json, report.html, its arrays, tables and files, Hydra's config.yaml; regular
-    files only. `inside_only` (always for sync): only files inside the job's own folder, symlinks resolved, so a
+    """The job's files to upload beside its result.json: report.html, its arrays, tables and files, Hydra's config.yaml;
+    regular files only. `inside_only` (always for sync): only files inside the job's own folder, symlinks resolved, so a
     result.json naming `/etc/passwd`, `../x` or a link out of the folder uploads nothing of it. The job itself
     (`inside_only=False`) also uploads a file it wrote elsewhere (export-onnx's mode.path)."""
-    names = ["result.json", "report.html", *(record.get("arrays") or {}).values(), *(record.get("tables") or {}).values(),
+    names = ["report.html", *(record.get("arrays") or {}).values(), *(record.get("tables") or {}).values(),
              *(record.get("files") or [])]
     paths = [p if p.is_absolute() else workdir / p for p in map(Path, filter(lambda n: isinstance(n, str), names))]
     home = workdir.resolve()
     return [p for p in dict.fromkeys([*paths, workdir / ".hydra" / "config.yaml"])
             if p.is_file() and (not inside_only or p.resolve().is_relative_to(home))]
-
-
-def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
-    """Nested params as dotted keys; unset (None) settings are left out: they are noise in the runs table."""
-    flat: dict[str, str] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten(value, name + "."))
-        elif value is not None:
-            flat[name] = str(value)[:MAX_PARAM_CHARS]
-    return flat
 
 
 def owner() -> str:
@@ -820,8 +776,9 @@ def _parent(store: Store, info: dict) -> dict:
         params = [Param(k, redact(v)[:MAX_PARAM_CHARS]) for k, v in sweep_overrides(argv).items()]
         if params:
             store.client.log_batch(run_id, params=params)
+    url = run_url(store.uri, store.experiment_id, run_id)
     return {"parent_run_id": run_id, "tracking": {"status": "logged", "uri": redact(store.uri),
-                                                   "experiment_id": store.experiment_id, "url": store.url(run_id)}}
+                                                   "experiment_id": store.experiment_id, "url": url}}
 
 
 def recommendation(comparison: dict) -> str:
@@ -839,12 +796,9 @@ def recommendation(comparison: dict) -> str:
 
 
 def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path], status: str = "FINISHED") -> dict | None:
-    """Close the parent run with the sweep's tally, recommendation, comparison and files (the HTML report among
-    them), and save the UI view of the sweep's runs (each point logged its own `fingerprint` tag).
-
-    Returns the UI addresses {"parent": ..., "runs": ...} (full URLs for servers, else the part after the UI's
-    address), or None if not logged.
-    """
+    """Close the parent run with the sweep's tally, recommendation, comparison and files (the HTML report among them)
+    and save the UI view of the sweep's runs; returns its UI addresses {"parent": ..., "runs": ...} (full URLs for a
+    server, else the part after the UI's address), or None if not logged."""
     info = read_sweep(sweep_dir)
     if not info or not info.get("parent_run_id") or info.get("tracking", {}).get("status") == "down":
         return None
@@ -872,11 +826,10 @@ def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path],
                     store.client.log_artifact(run_id, str(path))
             store.client.set_terminated(run_id, status)
             children = store.children(run_id)
-            batches = len({c.data.params.get(BATCH_PARAM) for c in children})
-            store.client.set_experiment_tag(store.experiment_id, SHARED_VIEW + info["id"],
-                                            sweep_view(info["id"], present_columns(children), batches,
-                                                       [c.info.run_name for c in children]))
-            info["ui"] = {"parent": store.url(run_id), "runs": run_url(store.uri, store.experiment_id, view=info["id"])}
+            view = sweep_view(info["id"], *present_columns(children), [c.info.run_name for c in children])
+            store.client.set_experiment_tag(store.experiment_id, SHARED_VIEW + info["id"], view)
+            info["ui"] = {"parent": run_url(store.uri, store.experiment_id, run_id),
+                          "runs": run_url(store.uri, store.experiment_id, view=info["id"])}
             store.client.set_experiment_tag(store.experiment_id, "mlflow.note.content", sweep_list(store))
             write_sweep(sweep_dir, info)
             return info["ui"]
@@ -935,22 +888,19 @@ def sweep_runs(settings: dict, sweep_id: str | None = None) -> dict:
     parents = store.sweeps(1, also=f" and tags.sweep_id = '{sweep_id}'" if sweep_id else "")
     if not parents:
         raise StoreDown(f"no sweep {sweep_id or ''} in {redact(store.uri)} (experiment {store.experiment!r})".replace("  ", " "))
-    parent = parents[0]
-    sid = parent.data.tags["sweep_id"]
-    children = store.children(parent.info.run_id)
-    folder = parent.data.tags.get(SWEEP_DIR_TAG)
-    note = parent.data.tags.get("mlflow.note.content", "")
-    return {"sweep_id": sid, "experiment_id": store.experiment_id, "experiment": store.experiment, "uri": redact(store.uri),
-            "runs": run_url(store.uri, store.experiment_id, view=sid),
+    parent, tags = parents[0].info, parents[0].data.tags
+    children, folder = store.children(parent.run_id), tags.get(SWEEP_DIR_TAG)
+    return {"sweep_id": tags["sweep_id"], "experiment_id": store.experiment_id, "experiment": store.experiment,
+            "uri": redact(store.uri),
+            "runs": run_url(store.uri, store.experiment_id, view=tags["sweep_id"]),
             "report": str(Path(folder) / "report.html") if folder else None,
-            "columns": view_columns(present_columns(children), len({c.data.params.get(BATCH_PARAM) for c in children})),
-            "parent": {"id": parent.info.run_id, "name": parent.info.run_name, "tally": note.split("\n")[0].split(" · ")[0],
-                       "recommendation": parent.data.tags.get("recommendation", ""),
-                       "artifacts": [a.path for a in store.client.list_artifacts(parent.info.run_id)]},
+            "columns": view_columns(*present_columns(children)),
+            "parent": {"id": parent.run_id, "name": parent.run_name, "recommendation": tags.get("recommendation", ""),
+                       "tally": tags.get("mlflow.note.content", "").split("\n")[0].split(" · ")[0],
+                       "artifacts": [a.path for a in store.client.list_artifacts(parent.run_id)]},
             "children": [{"id": c.info.run_id, "name": c.info.run_name, "metrics": dict(c.data.metrics),
-                          "status": c.data.tags.get("status", ""), "run_status": c.info.status,
-                          "reason": c.data.tags.get("reason", ""), "params": dict(c.data.params),
-                          "tags": dict(c.data.tags),
+                          "status": c.data.tags.get("status", ""), "reason": c.data.tags.get("reason", ""),
+                          "params": dict(c.data.params),
                           "headline": [k for k in c.data.metrics if k.startswith((ANSWER, "best/"))]} for c in children]}
 
 
@@ -958,13 +908,9 @@ def latest_sweep_url(settings: dict) -> str | None:
     """The runs view of the store's latest finished sweep (the part after the UI's address for SQLite, a full URL
     for a server); None when the store has no sweep yet."""
     store = Store.open(settings)
-    parents = store.sweeps(20)
-    views = set((store.client.get_experiment(store.experiment_id).tags or {}))
-    for parent in parents:
-        sweep_id = parent.data.tags.get("sweep_id")
-        if SHARED_VIEW + str(sweep_id) in views:
-            return run_url(store.uri, store.experiment_id, view=sweep_id)
-    return None
+    views = store.client.get_experiment(store.experiment_id).tags or {}
+    ids = [parent.data.tags.get("sweep_id") for parent in store.sweeps(20)]
+    return next((run_url(store.uri, store.experiment_id, view=i) for i in ids if SHARED_VIEW + str(i) in views), None)
 
 
 # --- sync: every pending result.json, exactly once
@@ -1040,16 +986,14 @@ def sync(settings: dict, roots: list[Path], say=print) -> dict[str, int]:
         if outcome["status"] != "logged" and outcome.get("reason") != said:  # the store down: said once, not per file
             said = outcome.get("reason")
             say(f"sync: {path} stays pending: {said}")
-    try:
+    with contextlib.suppress(StoreDown):  # the pending count says the store is down
         store = Store.open({**settings, "enabled": True})
         with store_lock(store.uri):
             counts["closed"] = close_orphans(store, say)
-    except StoreDown:
-        pass  # the pending count says the store is down
     return counts
 
 
-def close_orphans(store: Store, say=print) -> int:
+def close_orphans(store: Store, say) -> int:
     """End every RUNNING run of the experiment whose owner process is gone: a job's partial copy FAILED (and deleted),
     a sweep's parent FINISHED when all its jobs are in, else KILLED, each with `huggy.end_reason`."""
     from mlflow.entities import ViewType
