@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import csv
 import functools
 import json
 import math
@@ -34,7 +35,7 @@ from huggy_exp.headline import (ANSWER, ANSWER_ORDER, COSINE, ERROR, PER_DTYPE, 
                                 logged_metrics, logged_name, noisy, settings, timed_batch)
 from huggy_exp.report import escape
 from huggy_exp.config import VERDICTS
-from huggy_exp.results import update_result, write_table
+from huggy_exp.results import update_result
 from huggy_exp.safety import (MAX_JSON_BYTES, atomic_write, atomic_write_text, disk_full_message, flock, free_bytes,
                               is_disk_full, read_capped, read_json, size)
 
@@ -497,10 +498,11 @@ def _stage_artifacts(record: dict, workdir: Path, stage: Path, foreign: bool) ->
     a file in a job-dir folder in that folder (loadgen/<scenario>/mlperf_log_summary.txt), Hydra's .hydra/config.yaml
     and files outside the job dir at the top. `foreign`: only files inside the job's folder (`artifacts`)."""
     (stage / "result.json").write_text(json.dumps(record, indent=2))
-    metrics, series = record.get("metrics") or {}, record.get("series") or {}  # a series point has its step (batch size)
-    write_table(stage / METRICS_TABLE, [{"name": k, "step": "", "value": v} for k, v in metrics.items()]
-                + [{"name": k, "step": step, "value": v} for k, points in series.items() for step, v in points],
-                ["name", "step", "value"])
+    metrics, series = record.get("metrics") or {}, record.get("series") or {}
+    rows = [("name", "step", "value"), *((k, "", v) for k, v in metrics.items()),  # a series point has its step
+            *((k, step, v) for k, points in series.items() for step, v in points)]  # (e.g. the batch size)
+    with open(stage / METRICS_TABLE, "w", newline="") as fh:
+        csv.writer(fh, lineterminator="\n").writerows(rows)
     for path in artifacts(record, workdir, inside_only=foreign):
         folder = path.parent.relative_to(workdir) if path.is_relative_to(workdir) else Path(".")
         target = stage / (folder if str(folder) != "." and not folder.parts[0].startswith(".") else Path(".")) / path.name
