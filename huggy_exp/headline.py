@@ -142,12 +142,10 @@ def noisy(record: dict) -> bool:
 
 def _lookup(metrics: dict[str, float], name: str):
     """A metric by name, `a | b` (the first present), or `a / b` of two metrics (None where either is missing or b is 0)."""
-    if " | " in name:
-        return next((metrics[n] for n in name.split(" | ") if n in metrics), None)
-    if " / " not in name:
-        return metrics.get(name)
-    a, b = (metrics.get(n) for n in name.split(" / "))
-    return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
+    if " / " in name:
+        a, b = (metrics.get(n) for n in name.split(" / "))
+        return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
+    return next((metrics[n] for n in name.split(" | ") if n in metrics), None)
 
 
 def settings(params: dict, dtype: str) -> dict:

@@ -160,22 +160,21 @@ def categorical_check(draws: np.ndarray, masked_logits: np.ndarray, branch_sizes
     (`masked_draws`, `out_of_range`) and is always a failure; a branch with every action masked is drawn uniformly
     (ML-Agents), so its draws are checked against the uniform softmax, not counted as masked.
     """
-    d = np.asarray(draws)
+    d, bounds = np.asarray(draws), np.cumsum(branch_sizes)[:-1]
     reps = d.shape[0]
-    live = allowed_branches(masks, branch_sizes) if masks is not None else None
-    pvalues, masked, out_of_range, freq_max, start = [], 0, 0, 0.0, 0
-    for b, size in enumerate(branch_sizes):
-        p = np.exp(log_softmax(np.asarray(masked_logits)[:, start:start + size]))
-        picks = d[..., b]
+    logits = np.split(np.asarray(masked_logits, np.float64), bounds, axis=-1)
+    allowed = np.split(np.asarray(masks), bounds, axis=-1) if masks is not None else [None] * len(branch_sizes)
+    pvalues, masked, out_of_range, freq_max = [], 0, 0, 0.0
+    for b, (size, z, mask) in enumerate(zip(branch_sizes, logits, allowed)):
+        p, picks = np.exp(log_softmax(z)), d[..., b]
         bad = (picks < 0) | (picks >= size)
         out_of_range += int(bad.sum())
         for r in range(p.shape[0]):
             counts = np.bincount(picks[:, r][~bad[:, r]].astype(np.int64), minlength=size)
-            if masks is not None and live[r, b]:
-                masked += int(counts[np.asarray(masks)[r, start:start + size] == 0].sum())
+            if mask is not None and mask[r].any():  # a branch with no action allowed is drawn uniformly
+                masked += int(counts[mask[r] == 0].sum())
             freq_max = max(freq_max, float(np.max(np.abs(counts / reps - p[r]))))
             pvalues.append(_chi2_pvalue(counts, reps * p[r]))
-        start += size
     cells = len(pvalues)
     return {
         "p_min": float(min(pvalues, default=1.0)),

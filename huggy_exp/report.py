@@ -145,11 +145,10 @@ def comparison_section(rows: list[dict], comparison: dict) -> str:
     compared = [[r["job"], r["run_name"], r.get("vs_cpu_fp32_max_abs"), r.get("vs_cpu_fp32_discrete_agreement"),
                  (r.get(FINGERPRINT) or "")[:12]] for r in rows
                 if "vs_cpu_fp32_max_abs" in r or "vs_cpu_fp32_discrete_agreement" in r]
-    parts = ["<h2>Against the reference point (CPU fp32, same inputs)</h2>"]
-    if compared:
-        parts.append(table(["job", "run", "max |Δaction| vs cpu fp32", "discrete actions equal", FINGERPRINT], compared, {2, 3}))
-    else:
-        parts.append("<p class=muted>No point of this sweep has a CPU fp32 point on the same inputs to compare with.</p>")
+    head = ["job", "run", "max |Δaction| vs cpu fp32", "discrete actions equal", FINGERPRINT]
+    none = "<p class=muted>No point of this sweep has a CPU fp32 point on the same inputs to compare with.</p>"
+    parts = ["<h2>Against the reference point (CPU fp32, same inputs)</h2>",
+             table(head, compared, {2, 3}) if compared else none]
     lines = [line for line in comparison.get("lines", []) if line.startswith(("agreement", "device agreement", "dual benchmark", "record into", "replay:"))]
     if lines:
         parts.append("<ul>" + "".join(f"<li><code>{escape(x)}</code></li>" for x in lines) + "</ul>")

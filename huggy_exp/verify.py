@@ -350,10 +350,8 @@ def cosine(x: np.ndarray, y: np.ndarray) -> float:
     if x.size != y.size:
         raise UserError(f"cannot compare vectors of {x.size} and {y.size} values")
     nx, ny = float(np.linalg.norm(x)), float(np.linalg.norm(y))
-    if nx == 0.0 and ny == 0.0:
-        return 1.0
     if nx == 0.0 or ny == 0.0:
-        return 0.0
+        return float(nx == ny)  # both zero: identical
     return float(np.dot(x, y) / (nx * ny))
 
 
@@ -458,11 +456,6 @@ def quantize(values: np.ndarray, decimals: int = DECIMALS) -> np.ndarray:
     return out
 
 
-def digest(arrays) -> str:
-    """SHA-256 of the arrays' bytes, in order."""
-    return hashlib.sha256(b"".join(np.ascontiguousarray(a).tobytes() for a in arrays)).hexdigest()
-
-
 FINGERPRINT = "fingerprint"  # the one name of the exact hash, wherever it is shown (docs/verification.md#fingerprints)
 QUANTIZED = "quantized_fingerprint"  # the hash of the rounded outputs: its own name, never under the first
 
@@ -471,7 +464,8 @@ def fingerprint(arrays: dict[str, np.ndarray], decimals: int = DECIMALS) -> dict
     """`fingerprint`: the SHA-256 of every output's bytes in order (float32 floats, int64 discrete), and
     `quantized_fingerprint`: the same over the outputs rounded to `decimals` places (as integers)."""
     exact = [np.asarray(a, np.int64 if np.asarray(a).dtype.kind in "iub" else np.float32) for a in arrays.values()]
-    return {FINGERPRINT: digest(exact), QUANTIZED: digest([quantize(a, decimals) for a in exact])}
+    return {name: hashlib.sha256(b"".join(np.ascontiguousarray(a).tobytes() for a in parts)).hexdigest()
+            for name, parts in ((FINGERPRINT, exact), (QUANTIZED, [quantize(a, decimals) for a in exact]))}
 
 
 def fingerprints(arrays: dict[str, np.ndarray], decimals: int = DECIMALS) -> dict[str, str]:
