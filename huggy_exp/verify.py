@@ -248,10 +248,7 @@ def nonfinite_failures(arrays: dict, what: str) -> list[str]:
 
 def within(value, limit) -> bool:
     """value <= limit, both finite numbers: a NaN error, a NaN limit or an infinite one never passes."""
-    try:
-        v, lim = float(value), float(limit)
-    except (TypeError, ValueError):
-        return False
+    v, lim = _number(value), _number(limit)
     return math.isfinite(v) and math.isfinite(lim) and v <= lim
 
 
@@ -260,18 +257,18 @@ def finite_limits(table: dict, where: str) -> dict[str, float]:
     a NaN limit would switch its check off)."""
     out = {}
     for key, value in (table or {}).items():
-        number = None if isinstance(value, bool) else _number(value)
-        if number is None or not math.isfinite(number):
+        out[key] = math.nan if isinstance(value, bool) else _number(value)
+        if not math.isfinite(out[key]):
             raise UserError(f"{where}.{key}={value!r}: a limit must be a finite number (NaN or inf would pass every value)")
-        out[key] = number
     return out
 
 
-def _number(value) -> float | None:
+def _number(value) -> float:
+    """`value` as a float; NaN where it is none (NaN fails every check)."""
     try:
         return float(value)
     except (TypeError, ValueError):
-        return None
+        return math.nan
 
 
 # --- element-wise metrics
