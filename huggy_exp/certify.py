@@ -27,8 +27,7 @@ VERDICT_ORDER = ("pass", "warn", "fail")
 
 
 def named_outputs(out: dict[str, np.ndarray], float_dtype=np.float32) -> dict[str, np.ndarray]:
-    """A runner's deterministic outputs by file name (actions, discrete_actions, memories [.., m]); floats in
-    `float_dtype` (the fp64 reference keeps float64), discrete actions int64."""
+    """A runner's deterministic outputs by file stem as their files hold them (floats `float_dtype`: fp64 keeps its)."""
     return {o.stem: o.stored(out[o.name], float_dtype) for o in DECLARED if o.name in out}
 
 
@@ -37,8 +36,7 @@ def is_discrete(a: np.ndarray) -> bool:
 
 
 def errors(actual: np.ndarray, expected: np.ndarray, dtype: str = "fp32") -> dict[str, float]:
-    """One output against another: the verification engine's element-wise metrics for floats (ULPs of `dtype`); for
-    discrete actions, the share that differs."""
+    """The engine's element-wise metrics of one float output against another (ULPs of `dtype`); discrete: mismatches."""
     if is_discrete(actual) or is_discrete(expected):
         a, e = np.asarray(actual), np.asarray(expected)
         if a.shape != e.shape:

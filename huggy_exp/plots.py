@@ -88,8 +88,8 @@ def categories(path: Path, series: dict[str, dict[str, float]], order: tuple[str
 
 
 def versus_batch(path: Path, curves: dict[str, dict[str, list]], title: str) -> str:
-    """Latency per call (`p50_us`, and `p99_us` dashed where given) and throughput (`obs_per_s`) against batch size,
-    side by side, one line per label; batch sizes in numeric order on a log2 axis labelled with the sizes themselves."""
+    """Latency per call (`p50_us`, `p99_us` dashed where given) and throughput (`obs_per_s`) against batch size (log2
+    axis labelled with the sizes themselves), side by side, one line per label."""
     fig, (lat, thr) = _figure((12, 4.4), 2)
     sizes = sorted({b for c in curves.values() for pts in c.values() for b, _ in pts})
     for label, c in curves.items():

@@ -89,8 +89,7 @@ class Limits:
 
 @dataclass(frozen=True)
 class Rules:
-    """How to compare: the limits, the dtype whose ULPs count, the relative-error floor, and the outputs to compare
-    (None: every declared output both sides have)."""
+    """How to compare: limits, the dtype whose ULPs count, relative-error floor, outputs (None: all both sides have)."""
 
     limits: Limits = Limits()
     dtype: str = "fp32"
@@ -220,8 +219,7 @@ _RULE = {"continuous": _continuous, "memory": _memory, "discrete": _discrete,
 
 
 def _measure(oc: OutputComparison, got: np.ndarray, ref: np.ndarray, rules: Rules) -> int:
-    """The element-wise metrics of a float output; NaN/inf in it (counted, with the first place) or in its reference
-    (nothing can be held to it) is always a failure: how many there are."""
+    """The element-wise metrics of a float output; any NaN/inf in it or its reference fails it: how many there are."""
     oc.metrics.update(elementwise(got, ref, rules.rel_floor, rules.dtype))
     count, ref_count = nonfinite_count(got), nonfinite_count(ref)
     oc.metrics.update({"nonfinite": float(count), "nonfinite_reference": float(ref_count)})
@@ -375,8 +373,7 @@ def softmax_divergence(masked_a: np.ndarray, masked_e: np.ndarray, sizes: tuple[
 
 
 def discrete_margins(masked_logits: np.ndarray, sizes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """Per branch, the best minus the second-best masked logit (inf for a branch of 1) and |best masked logit|:
-    [..., sum(sizes)] -> two [..., branches]."""
+    """Per branch [..., branches]: the best minus the second-best masked logit (inf for one action), |best logit|."""
     z = np.asarray(masked_logits, np.float64)
     tops = [np.sort(part, axis=-1) for part in np.split(z, np.cumsum(sizes)[:-1], axis=-1)]
     gaps = [t[..., -1] - t[..., -2] if t.shape[-1] > 1 else np.full(t.shape[:-1], np.inf) for t in tops]
