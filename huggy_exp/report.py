@@ -20,9 +20,8 @@ STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #d0d7de;padding-bottom:4px}
 table{border-collapse:collapse;margin:6px 0;font-variant-numeric:tabular-nums}
 th,td{border:1px solid #d0d7de;padding:3px 8px;text-align:left;vertical-align:top}th{background:#f6f8fa}
-td.num{text-align:right;font-family:ui-monospace,monospace}.passed{color:#1a7f37;font-weight:600}
+td.num{text-align:right;font-family:ui-monospace,monospace}.passed,.met{color:#1a7f37;font-weight:600}
 .failed,.error,.missed{color:#cf222e;font-weight:600}.skipped{color:#9a6700;font-weight:600}
-.met{color:#1a7f37;font-weight:600}
 .noisy{background:#fff8c5;color:#7d4e00;font-weight:600;padding:0 4px;border-radius:3px}
 .tally{font-size:16px;margin:8px 0}.rec{background:#ddf4ff;border:1px solid #54aeff;border-radius:6px;padding:8px 12px}
 img{max-width:100%;border:1px solid #d0d7de;margin:6px 0;display:block}code{font-family:ui-monospace,monospace}
