@@ -61,7 +61,6 @@ class ContinuousActions(nn.Module):
 
     def __init__(self, mu: tuple[np.ndarray, np.ndarray], log_sigma: np.ndarray | tuple[np.ndarray, np.ndarray]):
         super().__init__()
-        self.size = int(mu[0].shape[0])
         self.mu = _linear(*mu)
         if isinstance(log_sigma, tuple):
             self.log_sigma = _linear(*log_sigma)
@@ -306,12 +305,11 @@ class Policy(nn.Module):
     def _hidden(self, x: torch.Tensor, record: dict | None = None, row: bool = False) -> torch.Tensor:
         """[Linear, Swish] x N in the compute dtype: the one trunk every output (deterministic, sampled, traced, every
         shape) comes from; the hidden layers into `record`. `row`: one CPU row as a vector (forward's fast path)."""
-        keep = (lambda t: t.unsqueeze(0)) if row else (lambda t: t)  # noqa: E731
         for i, layer in enumerate(self._linears):
             x = torch.addmv(self._gemv[i][1], self._gemv[i][0], x) if row else layer(x)
             x = torch.sigmoid(x).mul_(x)  # Swish, as ML-Agents spells it (bit for bit); in place: one buffer less
             if record is not None:
-                record[f"hidden_{i}"] = keep(x)
+                record[f"hidden_{i}"] = x.unsqueeze(0) if row else x
         return x
 
     # --- the continuous single-input path (Huggy's shape): the same trunk, kept lean for timing

@@ -85,18 +85,16 @@ class TorchRunner:
         if backend == "eager":
             return
         self.policy.check_single(f"backend {backend}")
-        self._forward: Callable = self.policy
-        self._sample: Callable = self.policy.sample
+        self._act, self._sample = self._single, self.policy.sample
         if backend == "compile":
             compiler = _compiler(target.kind)
             self._forward, self._sample = _compiled(self.policy.forward, compiler), _compiled(self.policy.sample, compiler)
         elif backend == "fused":
             self._forward = FusedMLP(self.policy)  # deterministic actions; sampled ones run eager
-        elif backend == "graphs":
+        else:  # graphs
             graphs = _graph_api(target.device)
             self._forward = GraphReplay(self.policy.forward, graphs, target.device)
             self._sample = GraphReplay(self.policy.sample, graphs, target.device)
-        self._act = self._single
 
     def _single(self, obs: list[torch.Tensor], masks: None, memory: None, noise: dict | None = None) -> dict[str, torch.Tensor]:
         """Policy.act's outputs from the backend's single-tensor forward (one input, continuous actions, no memory)."""
