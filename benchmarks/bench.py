@@ -106,7 +106,7 @@ def gemms_only_obs_s(ctx: Context, rows: int, seconds: float = 1.5) -> float:
 # --- batch 1: every way torch was tried, against onnxruntime, in one interleaved loop
 
 
-def _chain(mean, std, linears: list[Callable], act: Callable = lambda x: x * torch.sigmoid(x)) -> Callable:
+def _chain(mean, std, linears: list[Callable], act: Callable) -> Callable:
     """Huggy's forward on a tensor with its linears (mu last) spelled by the caller: normalize, act(linear) per hidden
     layer, mu squashed."""
 
@@ -133,10 +133,10 @@ def _mkl_linear(w, b) -> Callable:
     return lambda x: torch.ops.mkl._mkl_linear(x, packed, w, b, 1)
 
 
-def _by_hand(mean, std, layers, chain) -> dict[str, Callable]:
+def _by_hand(mean, std, layers, module) -> dict[str, Callable]:
     """Huggy's forward written out by hand (`layers`: each linear's weight and bias, mu last): nn.Linear calls, out=
     buffers, oneDNN and MKL packed weights, numpy."""
-    out: dict[str, Callable] = {"eager addmm (nn.Linear chain)": _on_numpy(chain)}
+    out: dict[str, Callable] = {"eager addmm (nn.Linear chain)": _on_numpy(module)}
     width = max(w.shape[0] for w, _ in layers)
     n0, h, s, mu = torch.empty(mean.shape), torch.empty(2, width), torch.empty(width), torch.empty(layers[-1][1].shape)
 
@@ -172,35 +172,28 @@ def _by_hand(mean, std, layers, chain) -> dict[str, Callable]:
 
 def attempts(ctx: Context, everything: bool) -> dict[str, Callable[[np.ndarray], np.ndarray] | str]:
     """name -> f(obs [1, d] float32) -> actions [1, act], each Huggy's forward spelled another way (or why it cannot run)."""
-    policy = build(ctx, "eager", batch_size=1).policy
-    mean, std, layers = policy.normalizers[0].running_mean, policy.normalizers[0].std, policy._gemv
     runners = {name: build(ctx, name, batch_size=1, threads=1) for name in ("onnxruntime", "eager", "fused")}
+    policy = runners["eager"].policy
+    mean, std, layers = policy.normalizers[0].running_mean, policy.normalizers[0].std, policy._gemv
     backend = lambda name: lambda o: runners[name].infer({OBS: o})[ACTIONS]  # noqa: E731
-    chain = _chain(mean, std, [partial(F.linear, weight=w, bias=b) for w, b in layers])
-    out = {ORT: backend("onnxruntime"), EAGER: backend("eager"), **_by_hand(mean, std, layers, chain)}
     example = torch.from_numpy(ctx.make_observations(1))
     with torch.inference_mode(False), torch.no_grad():
-        traced = torch.jit.freeze(torch.jit.trace(_Wrap(chain), example).eval())
-        optimized = torch.jit.optimize_for_inference(torch.jit.freeze(torch.jit.trace(_Wrap(chain), example).eval()))
+        module = _Forward(mean, std, layers).eval().requires_grad_(False)
+        traced = torch.jit.freeze(torch.jit.trace(module, example).eval())
+        optimized = torch.jit.optimize_for_inference(torch.jit.freeze(torch.jit.trace(module, example).eval()))
+    out = {ORT: backend("onnxruntime"), EAGER: backend("eager"), **_by_hand(mean, std, layers, module)}
     out["torch.jit.trace + freeze"] = _on_numpy(traced)
     out["jit.trace + freeze + optimize_for_inference"] = _on_numpy(optimized)
-    out["torch.jit.script + freeze, NNC fuser on (SiLU fused)"] = _scripted(mean, std, layers, example)
+    out["torch.jit.script + freeze, NNC fuser on (SiLU fused)"] = _scripted(module, example)
     if everything:
-        out.update(_slow_attempts(chain, example))
+        out.update(_slow_attempts(module, example))
     out["fused backend: one C++ kernel (inductor toolchain)"] = backend("fused")
     return out
 
 
-class _Wrap(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
+class _Forward(torch.nn.Module):
+    """Huggy's forward as nn.Linear modules: what torch.jit.trace, torch.jit.script and torch.export take."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fn(x)
-
-
-class _Scriptable(torch.nn.Module):
     def __init__(self, mean, std, layers):
         super().__init__()
         self.register_buffer("mean", mean.clone())
@@ -221,13 +214,13 @@ class _Scriptable(torch.nn.Module):
         return torch.clamp(x, -3.0, 3.0) / 3.0
 
 
-def _scripted(mean, std, layers, example) -> Callable | str:
+def _scripted(module: _Forward, example) -> Callable | str:
     """TorchScript with the CPU fuser (NNC) allowed: it fuses the elementwise ops around each linear."""
     before = torch._C._jit_can_fuse_on_cpu()
     torch._C._jit_override_can_fuse_on_cpu(True)
     try:
         with torch.inference_mode(False), torch.no_grad():
-            scripted = torch.jit.freeze(torch.jit.script(_Scriptable(mean, std, layers).eval()))
+            scripted = torch.jit.freeze(torch.jit.script(module))
             for _ in range(3):  # the profiling executor specializes, then fuses
                 scripted(example)
     except RuntimeError as exc:  # the CPU fuser generates code through LLVM, which CPU wheels may leave out
@@ -250,7 +243,7 @@ def _tried(make: Callable[[], Callable]) -> Callable | str:
         return f"not available: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
 
 
-def _slow_attempts(chain, example) -> dict[str, Callable | str]:
+def _slow_attempts(module: _Forward, example) -> dict[str, Callable | str]:
     """Minutes of compilation: inductor's C++ GEMM template (max-autotune) and AOTInductor (no Python wrapper)."""
     import torch._inductor.config as inductor_config
 
@@ -259,14 +252,14 @@ def _slow_attempts(chain, example) -> dict[str, Callable | str]:
     def template():
         with inductor_config.patch(max_autotune=True, max_autotune_gemm_backends="CPP"):
             torch._dynamo.reset()
-            templ = torch.compile(_Wrap(chain).eval(), dynamic=False)
+            templ = torch.compile(module, dynamic=False)
             with torch.no_grad():
                 templ(example)
         return _on_numpy(templ)
 
     def aoti():
         with torch.no_grad():
-            exported = torch.export.export(_Wrap(chain).eval(), (example,))
+            exported = torch.export.export(module, (example,))
             path = torch._inductor.aoti_compile_and_package(exported, package_path=tempfile.mktemp(suffix=".pt2"))
         return _on_numpy(torch._inductor.aoti_load_package(path))
 
