@@ -268,26 +268,20 @@ def check(mutation: Mutation, rev: str | None, slow: bool, timeout: float) -> di
         problem = apply(repo, mutation)
         if problem:
             return {"name": mutation.name, "verdict": "not applied", "by": problem, "seconds": 0.0}
-        runs = []
         hints = present(repo, mutation.hints)
-        if hints:
-            runs.append(("default", ["-m", "not slow", "-n", "0", *hints]))  # a few tests: no workers to start
-        runs.append(("default", []))
-        if slow:
-            runs.append(("slow only", ["-m", "slow", "-n", "0"]))  # serial, as .ci/run runs it
-        total = 0.0
-        for verdict, args in runs:
+        runs = [("default", ["-m", "not slow", "-n", "0", *hints])] if hints else []  # a few tests: no workers to start
+        runs += [("default", [])] + ([("slow only", ["-m", "slow", "-n", "0"])] if slow else [])  # serial, as .ci/run
+        total, verdict, by = 0.0, "MISSED", ""
+        for run, args in runs:
             rc, out, seconds = pytest(repo, args, timeout)
             total += seconds
-            if rc in (0, 5):  # passed, or nothing collected
-                continue
             if rc == 124:  # a run cut short proves nothing either way
-                return {"name": mutation.name, "verdict": f"unknown ({verdict} run timed out)", "by": "", "seconds": total}
-            if rc == 1:
-                return {"name": mutation.name, "verdict": verdict, "by": first_failure(out), "seconds": total}
-            return {"name": mutation.name, "verdict": f"{verdict} (pytest exit {rc})", "by": first_failure(out),
-                    "seconds": total}
-        return {"name": mutation.name, "verdict": "MISSED", "by": "", "seconds": total}
+                verdict, by = f"unknown ({run} run timed out)", ""
+            elif rc not in (0, 5):  # caught (0: passed, 5: nothing collected)
+                verdict, by = run if rc == 1 else f"{run} (pytest exit {rc})", first_failure(out)
+            if verdict != "MISSED":
+                break
+        return {"name": mutation.name, "verdict": verdict, "by": by, "seconds": total}
 
 
 def main(argv: list[str] | None = None) -> int:
