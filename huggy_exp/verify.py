@@ -5,14 +5,9 @@ its arrays are written under and the rule that compares it. `compare` takes two 
 (and, when both sides have them, the distributions `mu`, `log_sigma`, `masked_logits` behind the outputs) and returns,
 per output, the metrics, the limits beside them and the checks that failed. Nothing here knows a task or a mode.
 
-Rules (docs/verification.md):
-- continuous (actions): element-wise |a - e| <= atol + rtol * |e|, and the worst row's cosine >= cosine_min;
-- memory (recurrent_out): |a - e| <= atol * max(1, max |e|) (an LSTM cell state grows: |memory| reaches 8.8);
-- discrete: exactly equal, a flip excused only where the reference's best masked logit leads the second by at most
-  margin * max(1, |best masked logit|) (the one margin rule);
-- constant: exactly equal (shape and values);
-- NaN or inf in an actual output always fails, whatever the rule; so does one in the reference it is held to, and a
-  limit that is not a finite number is an error (`within`, `finite_limits`): nothing that is not finite passes.
+The rules (continuous, memory, discrete with its one margin rule, constant) are docs/verification.md's. NaN or inf in
+an output or in the reference it is held to always fails, and a limit that is not a finite number is an error
+(`within`, `finite_limits`): nothing that is not finite passes.
 """
 
 from __future__ import annotations
@@ -106,6 +101,10 @@ class OutputComparison:
     metrics: dict[str, float] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
 
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
 
 @dataclass
 class Comparison:
@@ -115,7 +114,7 @@ class Comparison:
 
     @property
     def passed(self) -> bool:
-        return not any(o.failures for o in self.outputs.values())
+        return all(o.passed for o in self.outputs.values())
 
     @property
     def failures(self) -> list[str]:
