@@ -106,7 +106,7 @@ def dual_benchmarks(rows: list[dict]) -> list[dict]:
             outputs = [o for stem in DUAL_STEMS if stem in npu["vs_fp64"] and stem in gpu["vs_fp64"]
                        for o in certify.dual_rows(stem, npu["vs_fp64"][stem], gpu["vs_fp64"][stem])]
             if outputs:
-                sides = {side: {k: r.get(k) for k in ("job", "device", "host")} 
+                sides = {side: {k: r.get(k) for k in ("job", "device", "host")}
                          for side, r in (("npu", npu), ("cuda", gpu))}
                 found.append({"dtype": npu["dtype"], "mode": npu["mode"], **sides, "rows": outputs,
                               "verdict": certify.worst(o["verdict"] for o in outputs)})
