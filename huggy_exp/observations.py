@@ -10,7 +10,7 @@ import numpy as np
 from huggy_exp.config import MAX_OBS_BYTES, OBS_SOURCES
 from huggy_exp.errors import UserError, first_line
 from huggy_exp.mlagents import ACTION_MASKS, Normalizer, PolicyWeights, obs_name
-from huggy_exp.safety import check_npz
+from huggy_exp.safety import check_npz, npy_header
 
 EXTREME = 1.0e4
 
@@ -66,7 +66,10 @@ def load_observations(path: str | None, obs_dim: int, sequence: bool = False) ->
     if not p.is_file():
         raise UserError(f"observation file not found: {p}")
     with open(p, "rb") as fh:
-        shape, dtype = _npy_header(fh, p)
+        try:
+            shape, dtype = npy_header(fh)
+        except (ValueError, OSError, EOFError, SyntaxError) as exc:
+            raise UserError(f"observation file {p} is not a .npy array (save it with numpy.save): {first_line(exc)[:200]}") from None
         if dtype.hasobject or dtype.kind not in "fiu":
             raise UserError(f"observation file {p} must hold a numeric array (float32 [N, {obs_dim}]), found dtype {dtype}")
         count = int(np.prod(shape, dtype=object))
@@ -87,24 +90,6 @@ def load_observations(path: str | None, obs_dim: int, sequence: bool = False) ->
         return _check_feed(obs, obs_dim, f"observation file {p}")
     with np.errstate(over="ignore"):
         return check_observations(obs.astype(np.float32), obs_dim, str(p))
-
-
-def _npy_header(fh, p: Path) -> tuple[tuple[int, ...], np.dtype]:
-    """(shape, dtype) from a .npy header, read with numpy's own header parser; nothing else is read."""
-    from numpy.lib import format as npy
-
-    try:
-        version = npy.read_magic(fh)
-        if version == (1, 0):
-            shape, _, dtype = npy.read_array_header_1_0(fh)
-        elif version == (2, 0):
-            shape, _, dtype = npy.read_array_header_2_0(fh)
-        else:
-            raise ValueError(f"unsupported .npy format version {version}")
-    except (ValueError, OSError, EOFError, SyntaxError) as exc:
-        first = first_line(exc)
-        raise UserError(f"observation file {p} is not a .npy array (save it with numpy.save): {first[:200]}") from None
-    return tuple(int(d) for d in shape), np.dtype(dtype)
 
 
 def check_observations(obs: np.ndarray, obs_dim: int, origin: str = "observations") -> np.ndarray:

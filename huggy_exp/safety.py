@@ -348,9 +348,7 @@ def file_rows(path: str | Path, width: int) -> int:
             with zipfile.ZipFile(p) as zf:
                 return sum(i.file_size for i in zf.infolist()) // max(4 * width, 1)
         with open(p, "rb") as fh:
-            version = np.lib.format.read_magic(fh)
-            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            shape, _, _ = read(fh)
+            shape, _ = npy_header(fh)
         return math.prod(shape[:-1]) if len(shape) > 1 else 1
     except (OSError, ValueError, SyntaxError, zipfile.BadZipFile, EOFError):
         return 0
@@ -437,20 +435,26 @@ def read_json(path: str | Path, what: str, cap: int | None = None, depth: int | 
         raise UserError(f"{what} {path} is not valid JSON ({' '.join(str(exc).split())[:120]})") from None
 
 
-def _npy_bytes(fh) -> tuple[int, tuple, np.dtype]:
-    """(declared bytes, shape, dtype) from an open .npy's header, nothing of its data read."""
+def npy_header(fh) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) from an open .npy's header, read with numpy's own parser; nothing of its data is read."""
     version = np.lib.format.read_magic(fh)
     read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
     shape, _, dtype = read(fh)
-    return int(np.prod(shape, dtype=object)) * dtype.itemsize, shape, dtype
+    return tuple(int(d) for d in shape), np.dtype(dtype)
 
 
-def _declared(need: int, shape, dtype, name: str, held: int, what: str, cap: int) -> None:
+def _declared(fh, name: str, what: str, cap: int, held: int | None = None) -> int:
+    """The bytes an open .npy's header declares, refused over `cap` or over what the file holds (`held`: the bytes of
+    its zip member; else the file's bytes after the header)."""
+    shape, dtype = npy_header(fh)
+    need = math.prod(shape) * dtype.itemsize
+    held = os.fstat(fh.fileno()).st_size - fh.tell() if held is None else held
     if need > cap:
         raise UserError(f"{what} {name} declares {size(need)} ({list(shape)} {dtype}), over the {size(cap)} limit for "
                         "one array (docs/reliability.md): not loaded")
     if need > held:
         raise UserError(f"{what} {name} declares {size(need)} ({list(shape)} {dtype}) but holds {size(held)}: not loaded")
+    return need
 
 
 def check_npy(path: str | Path, what: str, cap: int | None = None) -> None:
@@ -458,11 +462,9 @@ def check_npy(path: str | Path, what: str, cap: int | None = None) -> None:
     lying header would make numpy allocate what it declares)."""
     try:
         with open(path, "rb") as fh:
-            need, shape, dtype = _npy_bytes(fh)
-            held = os.fstat(fh.fileno()).st_size - fh.tell()
+            _declared(fh, str(path), what, cap or MAX_ARRAY_BYTES)
     except (OSError, ValueError, EOFError):
         return  # not a .npy: its reader reports it
-    _declared(need, shape, dtype, str(path), held, what, cap or MAX_ARRAY_BYTES)
 
 
 def check_npz(path: str | Path, what: str, array_cap: int | None = None, total_cap: int | None = None) -> None:
@@ -474,9 +476,7 @@ def check_npz(path: str | Path, what: str, array_cap: int | None = None, total_c
         with zipfile.ZipFile(path) as zf:
             for entry in zf.infolist():
                 with zf.open(entry) as fh:
-                    need, shape, dtype = _npy_bytes(fh)
-                _declared(need, shape, dtype, f"{path}: {entry.filename}", entry.file_size, what, array_cap)
-                total += need
+                    total += _declared(fh, f"{path}: {entry.filename}", what, array_cap, entry.file_size)
     except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, NotImplementedError, RuntimeError):
         pass  # not an .npz of plain arrays: its reader reports it (not a zip, truncated, pickled objects)
     if total > total_cap:

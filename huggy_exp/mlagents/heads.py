@@ -18,11 +18,17 @@ from huggy_exp.mlagents.weights import (
 
 
 class ContinuousHead:
-    outputs = CONTINUOUS_OUTPUTS
+    outputs = CONTINUOUS_OUTPUTS  # actions, their shape (a copy of the size vector), deterministic actions
+    size_vector, dtype = "continuous_act_size_vector", "float"
 
     @staticmethod
     def present(w: PolicyWeights) -> bool:
         return w.mu is not None
+
+    @staticmethod
+    def sizes(w: PolicyWeights) -> tuple[list, int]:
+        """(the size vector, the actions' width)."""
+        return [float(w.act_dim)], w.act_dim
 
     @staticmethod
     def is_log_sigma(g: Graph, gemm) -> bool:
@@ -51,10 +57,6 @@ class ContinuousHead:
         return {"mu": linear(g, gemm), "log_sigma": log_sigma, "tanh_squash": not (det is not None and det.op_type == "Div")}
 
     @staticmethod
-    def constants(b, w: PolicyWeights) -> None:
-        b.const("continuous_act_size_vector", [float(w.act_dim)])
-
-    @staticmethod
     def write_onnx(b, w: PolicyWeights, x: str) -> None:
         """mu, log_sigma, RandomNormalLike samples, clamp / 3 (PPO) or tanh and raw mu (SAC)."""
         from onnx import TensorProto
@@ -74,22 +76,18 @@ class ContinuousHead:
             b.node("Div", [b.node("Clip", [mu], min=-ACTION_CLAMP, max=ACTION_CLAMP), b.scalar(ACTION_CLAMP)],
                    "deterministic_continuous_actions")
 
-    @staticmethod
-    def shape_output(b) -> None:
-        b.node("Identity", ["continuous_act_size_vector"], "continuous_action_output_shape")
-
-    @staticmethod
-    def output_infos(w: PolicyWeights) -> list[tuple[str, str, list]]:
-        return [("continuous_actions", "float", ["batch", w.act_dim]), ("continuous_action_output_shape", "float", [1]),
-                ("deterministic_continuous_actions", "float", ["batch", w.act_dim])]
-
 
 class DiscreteHead:
     outputs = DISCRETE_OUTPUTS
+    size_vector, dtype = "discrete_act_size_vector", "int64"
 
     @staticmethod
     def present(w: PolicyWeights) -> bool:
         return bool(w.branches)
+
+    @staticmethod
+    def sizes(w: PolicyWeights) -> tuple[list, int]:
+        return [[float(s) for s in w.branch_sizes]], len(w.branches)
 
     @staticmethod
     def mask_start(g: Graph, gemm, masks: str | None) -> int | None:
@@ -116,10 +114,6 @@ class DiscreteHead:
         return {"branches": weights}
 
     @staticmethod
-    def constants(b, w: PolicyWeights) -> None:
-        b.const("discrete_act_size_vector", [[float(s) for s in w.branch_sizes]])
-
-    @staticmethod
     def write_onnx(b, w: PolicyWeights, x: str) -> None:
         """Per branch: mask slice, logits * mask - 1e8 * (1 - mask), Softmax; Multinomial(Log(p)) and ArgMax(p), concatenated."""
         from onnx import TensorProto
@@ -136,16 +130,6 @@ class DiscreteHead:
             start += weight.shape[0]
         b.node("Concat", sampled, "discrete_actions", axis=1)
         b.node("Concat", deterministic, "deterministic_discrete_actions", axis=1)
-
-    @staticmethod
-    def shape_output(b) -> None:
-        b.node("Identity", ["discrete_act_size_vector"], "discrete_action_output_shape")
-
-    @staticmethod
-    def output_infos(w: PolicyWeights) -> list[tuple[str, str, list]]:
-        n = len(w.branches)
-        return [("discrete_actions", "int64", ["batch", n]), ("discrete_action_output_shape", "float", [1, n]),
-                ("deterministic_discrete_actions", "int64", ["batch", n])]
 
 
 HEADS = (ContinuousHead, DiscreteHead)  # ML-Agents' output order

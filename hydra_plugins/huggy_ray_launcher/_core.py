@@ -214,7 +214,10 @@ def _collect(launcher: Any, sweep_config: DictConfig, point: dict, ref: Any) -> 
         held = _read_json(job_dir / "result.json")
         if held and held.get("job_id") == point["job_id"]:  # shared storage: the worker's own record is here; sync logs it
             print(f"ray: point {sweep_config.hydra.job.num}: its worker{where} {what} after writing its result", flush=True)
-            return _returned(sweep_config, held.get("status", "error"))
+            ret = JobReturn(overrides=list(sweep_config.hydra.overrides.task), cfg=sweep_config, hydra_cfg=None,
+                            working_dir=str(job_dir), task_name=str(sweep_config.hydra.job.name), status=JobStatus.COMPLETED)
+            ret.return_value = held.get("status", "error")
+            return ret
         reason = f"the Ray worker running this point{where} {what} ({type(exc).__name__}: {first}); rerun the point"
         pending = ("its Ray worker died mid-point: `python run.py mode=sync` logs this record, replacing any partial "
                    "copy the worker left")
@@ -223,14 +226,6 @@ def _collect(launcher: Any, sweep_config: DictConfig, point: dict, ref: Any) -> 
     held = _read_json(job_dir / "result.json")
     if not (held and held.get("job_id") == point["job_id"]):  # no shared storage: the worker's copy comes here
         _write_files(job_dir, files)
-    return ret
-
-
-def _returned(sweep_config: DictConfig, status: str) -> JobReturn:
-    ret = JobReturn(overrides=list(sweep_config.hydra.overrides.task), cfg=sweep_config, hydra_cfg=None,
-                    working_dir=str(_job_dir(sweep_config)), task_name=str(sweep_config.hydra.job.name),
-                    status=JobStatus.COMPLETED)
-    ret.return_value = status
     return ret
 
 
