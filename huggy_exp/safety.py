@@ -310,14 +310,13 @@ def check_file_size(path: Path, cap: int, what: str) -> None:
 
 # --- the memory a job's own values drive, estimated before the task allocates it
 
-def job_allocations(mode: str, cfg: dict, weights) -> list[tuple[int, str, str]]:
+def job_allocations(mode: str, cfg: dict, w) -> list[tuple[int, str, str]]:
     """(bytes, what, the user's keys) of each allocation a job's values size: rows x bytes per row x the copies the modes
     hold (feeds, device and reference outputs, float64 draws and comparisons), and what the mode's own knobs allocate
     (its schema's `allocations`). Rough on purpose: it is there to refuse what cannot fit, not to pack memory tightly."""
     schema = modes()[mode]
     if not schema.runs_policy:
         return []
-    w = weights
     lstm = w.lstm.weight_ih.shape[0] if w.lstm is not None else 0
     width_in = w.obs_dim + sum(w.branch_sizes) + 2 * w.memory  # obs, masks, recurrent_in
     width_out = w.act_dim * 3 + 2 * len(w.branch_sizes) + 2 * w.memory  # actions, mu, sampled; discrete; recurrent_out
@@ -420,15 +419,14 @@ def json_depth(data: bytes) -> int:
     return deepest
 
 
-def read_json(path: str | Path, what: str, cap: int | None = None, depth: int | None = None):
-    """A foreign JSON file, parsed only once it is known to be a regular file under `cap` bytes, nested at most `depth`
-    deep (Python's parser recurses once per level: a deep file would stop the reader with a RecursionError). Every
-    refusal is a UserError of one line naming the file."""
-    cap, depth = cap or MAX_JSON_BYTES, depth or MAX_JSON_DEPTH
-    data = read_capped(path, cap, what)
+def read_json(path: str | Path, what: str):
+    """A foreign JSON file, parsed only once it is known to be a regular file under MAX_JSON_BYTES, nested at most
+    MAX_JSON_DEPTH deep (Python's parser recurses once per level: a deep file would stop the reader with a
+    RecursionError). Every refusal is a UserError of one line naming the file."""
+    data = read_capped(path, MAX_JSON_BYTES, what)
     found = json_depth(data)
-    if found > depth:
-        raise UserError(f"{what} {path} nests {found:,} levels deep, over the limit of {depth}: not read")
+    if found > MAX_JSON_DEPTH:
+        raise UserError(f"{what} {path} nests {found:,} levels deep, over the limit of {MAX_JSON_DEPTH}: not read")
     try:
         return json.loads(data)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
@@ -457,12 +455,12 @@ def _declared(fh, name: str, what: str, cap: int, held: int | None = None) -> in
     return need
 
 
-def check_npy(path: str | Path, what: str, cap: int | None = None) -> None:
-    """A foreign .npy is loaded only if its header declares at most `cap` bytes, and no more than the file holds (a
+def check_npy(path: str | Path, what: str) -> None:
+    """A foreign .npy is loaded only if its header declares at most MAX_ARRAY_BYTES, and no more than the file holds (a
     lying header would make numpy allocate what it declares)."""
     try:
         with open(path, "rb") as fh:
-            _declared(fh, str(path), what, cap or MAX_ARRAY_BYTES)
+            _declared(fh, str(path), what, MAX_ARRAY_BYTES)
     except (OSError, ValueError, EOFError):
         return  # not a .npy: its reader reports it
 
