@@ -33,7 +33,6 @@ from huggy_exp.errors import UserError
 from huggy_exp.verify import DECLARED
 
 SCENARIOS = tuple(s for s in CHOICES if s != "control_loop")  # the control loop is LoadGen-free (control_loop.py)
-LG_NAMES = {"single_stream": "SingleStream", "multi_stream": "MultiStream", "offline": "Offline", "server": "Server"}
 INSTALL = "pip install mlcommons-loadgen==6.0.17"
 LOGS = ("mlperf_log_summary.txt", "mlperf_log_detail.txt")
 MULTI_STREAM_MIN_QUERIES = 662  # LoadGen's early stopping cannot conclude on fewer MultiStream queries (mlperf.conf)
@@ -76,7 +75,7 @@ class Settings:
 
     def test_settings(self, lg, scenario: str, accuracy: bool, expected_latency_s: float, expected_qps: float):
         s = lg.TestSettings()
-        s.scenario = getattr(lg.TestScenario, LG_NAMES[scenario])
+        s.scenario = getattr(lg.TestScenario, scenario.title().replace("_", ""))  # single_stream -> SingleStream
         s.mode = lg.TestMode.AccuracyOnly if accuracy else lg.TestMode.PerformanceOnly
         s.min_duration_ms = int(self.min_duration_ms)
         s.max_duration_ms = int(max(self.max_duration_ms, self.min_duration_ms))
@@ -109,12 +108,8 @@ class Layout:
             [np.asarray(outputs[n], np.float64).reshape(rows, -1) for n, _, _ in self.parts], axis=1))
 
     def unpack(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        out, start = {}, 0
-        for name, shape, dtype in self.parts:
-            size = int(np.prod(shape))
-            out[name] = rows[:, start : start + size].reshape(len(rows), *shape).astype(dtype)
-            start += size
-        return out
+        columns = np.split(rows, np.cumsum([int(np.prod(shape)) for _, shape, _ in self.parts])[:-1], axis=1)
+        return {n: c.reshape(len(rows), *shape).astype(dtype) for (n, shape, dtype), c in zip(self.parts, columns)}
 
 
 class System:

@@ -380,7 +380,9 @@ def read_capped(path: str | Path, cap: int, what: str) -> bytes:
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
-            raise UserError(f"{what} {path} is not a regular file ({_kind(st.st_mode)}): not read")
+            kind = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+                    stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a folder"}.get(stat.S_IFMT(st.st_mode), "not a regular file")
+            raise UserError(f"{what} {path} is not a regular file ({kind}): not read")
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise UserError(f"{what} {path} does not exist") from None
@@ -394,14 +396,6 @@ def read_capped(path: str | Path, cap: int, what: str) -> bytes:
     if len(data) > cap:
         raise UserError(f"{what} {path} is over the {size(cap)} limit for it (docs/reliability.md): not read")
     return data
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 _STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes included (unrolled: linear and fast)

@@ -41,10 +41,8 @@ def load_checkpoint(path: str | Path, onnx: str | Path | None = None) -> LoadedM
         text = str(exc).strip()
         first = re.split(r"(?<=\.) ", text.splitlines()[0])[0] if text else type(exc).__name__
         if "Weights only load failed" in text or "weights_only" in text:
-            raise UserError(
-                f"checkpoint {path} holds pickled objects other than tensors; refused to unpickle it "
-                "(torch.load weights_only=True)"
-            ) from None
+            raise UserError(f"checkpoint {path} holds pickled objects other than tensors; refused to unpickle it "
+                            "(torch.load weights_only=True)") from None
         raise UserError(f"checkpoint {path} is a {kind} but not a readable torch checkpoint (truncated or corrupt?): {first}") from None
     origin = f"checkpoint {path}"
     state, step = _policy_state(blob, origin)
@@ -253,10 +251,9 @@ def _normalizer(arrays: dict, origin: str, known: set[str], index: int) -> Norma
         if len(present) != len(NORMALIZER_FIELDS):
             raise UserError(f"{origin}: missing keys {[prefix + f for f in NORMALIZER_FIELDS if f not in present]}")
         known.update(prefix + f for f in NORMALIZER_FIELDS)
+        for f in NORMALIZER_FIELDS:
+            check_finite(arrays[prefix + f], f"Policy key {prefix}{f}", origin)
         mean, var, steps = (arrays[prefix + f] for f in NORMALIZER_FIELDS)
-        check_finite(mean, f"Policy key {prefix}running_mean", origin)
-        check_finite(var, f"Policy key {prefix}running_variance", origin)
-        check_finite(steps, f"Policy key {prefix}normalization_steps", origin)
         if (var <= 0).any():
             first = int(np.argwhere(var.reshape(-1) <= 0)[0][0])
             raise UserError(f"{origin}: Policy key {prefix}running_variance has {int((var <= 0).sum())} values <= 0 "

@@ -22,13 +22,9 @@ class ContinuousHead:
     size_vector, dtype = "continuous_act_size_vector", "float"
 
     @staticmethod
-    def present(w: PolicyWeights) -> bool:
-        return w.mu is not None
-
-    @staticmethod
-    def sizes(w: PolicyWeights) -> tuple[list, int]:
-        """(the size vector, the actions' width)."""
-        return [float(w.act_dim)], w.act_dim
+    def sizes(w: PolicyWeights) -> tuple[list, int] | None:
+        """(the size vector, the actions' width); None when the policy has no such head."""
+        return ([float(w.act_dim)], w.act_dim) if w.mu is not None else None
 
     @staticmethod
     def is_log_sigma(g: Graph, gemm) -> bool:
@@ -82,12 +78,8 @@ class DiscreteHead:
     size_vector, dtype = "discrete_act_size_vector", "int64"
 
     @staticmethod
-    def present(w: PolicyWeights) -> bool:
-        return bool(w.branches)
-
-    @staticmethod
-    def sizes(w: PolicyWeights) -> tuple[list, int]:
-        return [[float(s) for s in w.branch_sizes]], len(w.branches)
+    def sizes(w: PolicyWeights) -> tuple[list, int] | None:
+        return ([[float(s) for s in w.branch_sizes]], len(w.branches)) if w.branches else None
 
     @staticmethod
     def mask_start(g: Graph, gemm, masks: str | None) -> int | None:

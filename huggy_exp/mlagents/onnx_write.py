@@ -49,7 +49,7 @@ def write_onnx(w: PolicyWeights, path: Path) -> None:
     from onnx import TensorProto, helper
 
     g = _Builder()
-    heads = [h for h in HEADS if h.present(w)]
+    heads = [h for h in HEADS if h.sizes(w)]
     g.const("version_number.1", [w.version_number])
     for head in heads:
         g.const(head.size_vector, head.sizes(w)[0])
@@ -82,7 +82,7 @@ def interface(w: PolicyWeights) -> dict[str, list[tuple[str, str, list]]]:
     """ML-Agents' graph inputs and outputs for these weights, in its order, as (name, element type, dims); "batch" is the
     symbolic batch: obs_<i>, action_masks (discrete), recurrent_in (memory); version_number, memory_size, each head's
     three outputs (continuous, then discrete), recurrent_out (memory)."""
-    heads = [h for h in HEADS if h.present(w)]
+    heads = [h for h in HEADS if h.sizes(w)]
     inputs = [(obs_name(i), "float", ["batch", obs.size]) for i, obs in enumerate(w.inputs)]
     outputs = [("version_number", "float", [1]), ("memory_size", "float", [1])]
     for head in heads:
