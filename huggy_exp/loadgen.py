@@ -1,16 +1,8 @@
-"""MLPerf LoadGen drives the benchmark's scenarios: the project's runner is its system under test (SUT) and the
-benchmark's feeds are its query sample library (QSL).
-
-- `single_stream`: one sample per query, the next query when the last one is answered (latency percentiles);
-- `multi_stream`: `samples_per_query` samples per query, answered in one call (per-query latency);
-- `offline`: every sample at once, answered in chunks of the job's batch size (throughput);
-- `server`: Poisson arrivals at `target_qps`; a worker answers what has queued, up to the job's batch size per call
-  (dynamic batching). A search then looks for the highest QPS whose p99 stays under `latency_bound_ms`.
-
-LoadGen writes its own mlperf_log_summary.txt and mlperf_log_detail.txt (and mlperf_log_accuracy.json: the responses
-it logged) per run; VALID/INVALID, the early-stopping estimates and the percentiles come from the detail log's
-`:::MLLOG` records, as LoadGen computed them. Accuracy is checked on what was timed (the spirit of LoadGen's TEST01):
-every performance run logs a sample of its responses, and an AccuracyOnly run logs one response per QSL sample;
+"""MLPerf LoadGen drives the benchmark's scenarios (single_stream, multi_stream, offline, server and the server's QPS
+search; docs/loadgen-and-control-loop.md): the project's runner is its system under test (SUT) and the benchmark's
+feeds are its query sample library (QSL). VALID/INVALID, the early-stopping estimates and the percentiles come from
+LoadGen's own detail log, as LoadGen computed them. Accuracy is checked on what was timed (the spirit of LoadGen's
+TEST01): every performance run logs a sample of its responses, and an AccuracyOnly run one response per QSL sample;
 the caller compares them with the reference.
 """
 

@@ -93,11 +93,11 @@ def disk_full_message(exc: OSError, path: str | Path | None = None) -> str:
             f"({mount_point(where)})")
 
 
-def check_free(path: str | Path, key: str, need: int = MIN_FREE_BYTES) -> None:
+def check_free(path: str | Path, key: str) -> None:
     """Refuse to start a job on a disk that cannot hold its files (Hydra writes .hydra/ before any code of ours runs)."""
     free = free_bytes(path)
-    if free < need:
-        raise UserError(f"{key}={path}: only {size(free)} free on its disk, a job needs at least {size(need)}; "
+    if free < MIN_FREE_BYTES:
+        raise UserError(f"{key}={path}: only {size(free)} free on its disk, a job needs at least {size(MIN_FREE_BYTES)}; "
                         "free some space or choose another folder")
 
 

@@ -68,9 +68,8 @@ class ContinuousHead:
             b.node("Tanh", [noisy], "continuous_actions")
             b.node("Identity", [mu], "deterministic_continuous_actions")
         else:
-            b.node("Div", [b.node("Clip", [noisy], min=-ACTION_CLAMP, max=ACTION_CLAMP), b.scalar(ACTION_CLAMP)], "continuous_actions")
-            b.node("Div", [b.node("Clip", [mu], min=-ACTION_CLAMP, max=ACTION_CLAMP), b.scalar(ACTION_CLAMP)],
-                   "deterministic_continuous_actions")
+            for raw, out in ((noisy, "continuous_actions"), (mu, "deterministic_continuous_actions")):
+                b.node("Div", [b.node("Clip", [raw], min=-ACTION_CLAMP, max=ACTION_CLAMP), b.scalar(ACTION_CLAMP)], out)
 
 
 class DiscreteHead:

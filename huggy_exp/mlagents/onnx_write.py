@@ -68,9 +68,8 @@ def write_onnx(w: PolicyWeights, path: Path) -> None:
         g.node("Identity", [head.size_vector], head.outputs[1])
 
     elem = {"float": TensorProto.FLOAT, "int64": TensorProto.INT64}
-    io = interface(w)
-    inputs = [helper.make_tensor_value_info(name, elem[kind], dims) for name, kind, dims in io["inputs"]]
-    outputs = [helper.make_tensor_value_info(name, elem[kind], dims) for name, kind, dims in io["outputs"]]
+    inputs, outputs = ([helper.make_tensor_value_info(name, elem[kind], dims) for name, kind, dims in side]
+                       for side in interface(w).values())
     graph = helper.make_graph(g.nodes, "huggy_exp policy", inputs, outputs, initializer=g.inits)
     model = helper.make_model(graph, producer_name="huggy_exp", opset_imports=[helper.make_opsetid("", 9)])
     model.ir_version = 4

@@ -161,9 +161,8 @@ def _row(behavior: str, step: int) -> dict:
 
 def latest_checkpoint(results_dir: Path, behavior: str | None = None, step: int | None = None) -> Path:
     """The .pt (else .onnx) of the chosen step, or of the newest one present."""
-    rows = [r for r in list_checkpoints(results_dir) if r["present"] and (behavior is None or r["behavior"] == behavior)]
-    if step is not None:
-        rows = [r for r in rows if r["step"] == step]
+    rows = [r for r in list_checkpoints(results_dir) if r["present"] and (behavior is None or r["behavior"] == behavior)
+            and (step is None or r["step"] == step)]
     if not rows:
         want = f" for behavior {behavior}" if behavior else ""
         want += f" at step {step}" if step is not None else ""
