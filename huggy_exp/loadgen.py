@@ -127,8 +127,7 @@ class System:
             if self.error is None:
                 index = np.fromiter((q.index for q in samples), np.int64, len(samples))
                 rows = self.layout.pack(self.infer({k: v[self.padded(index)] for k, v in self.feeds.items()}))
-                size = rows.strides[0]
-                base = rows.ctypes.data
+                size, base = rows.strides[0], rows.ctypes.data
                 self.lg.QuerySamplesComplete([self.lg.QuerySampleResponse(q.id, base + i * size, size)
                                               for i, q in enumerate(samples)])
                 self.samples += len(samples)

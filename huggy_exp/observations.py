@@ -57,7 +57,8 @@ def load_observations(path: str | None, obs_dim: int, sequence: bool = False) ->
         try:
             shape, dtype = npy_header(fh)
         except (ValueError, OSError, EOFError, SyntaxError) as exc:
-            raise UserError(f"observation file {p} is not a .npy array (save it with numpy.save): {first_line(exc)[:200]}") from None
+            raise UserError(f"observation file {p} is not a .npy array (save it with numpy.save): "
+                            f"{first_line(exc)[:200]}") from None
         if dtype.hasobject or dtype.kind not in "fiu":
             raise UserError(f"observation file {p} must hold a numeric array (float32 [N, {obs_dim}]), found dtype {dtype}")
         count = int(np.prod(shape, dtype=object))

@@ -99,7 +99,8 @@ def check_free(path: str | Path, key: str) -> None:
     """Refuse to start a job on a disk that cannot hold its files (Hydra writes .hydra/ before any code of ours runs)."""
     free = free_bytes(path)
     if free < MIN_FREE_BYTES:
-        raise UserError(f"{key}={path}: only {size(free)} free on its disk, a job needs at least {size(MIN_FREE_BYTES)}; "
+        raise UserError(f"{key}={path}: only {size(free)} free on its disk, a job needs at least "
+                        f"{size(MIN_FREE_BYTES)}; "
                         "free some space or choose another folder")
 
 
@@ -394,8 +395,9 @@ def read_capped(path: str | Path, cap: int, what: str) -> bytes:
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
-            kind = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
-                    stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a folder"}.get(stat.S_IFMT(st.st_mode), "not a regular file")
+            kinds = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+                     stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a folder"}
+            kind = kinds.get(stat.S_IFMT(st.st_mode), "not a regular file")
             raise UserError(f"{what} {path} is not a regular file ({kind}): not read")
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:

@@ -148,7 +148,8 @@ def weights_from_state_dict(state: dict, origin: str, input_sizes: tuple[int, ..
     weights = PolicyWeights(
         layers=layers,
         mu=(f32(MU_PREFIX + "weight"), f32(MU_PREFIX + "bias")) if sigma_keys else None,
-        log_sigma=(tuple(map(f32, sigma_keys)) if conditional else f32(LOG_SIGMA).reshape(1, -1)) if sigma_keys else None,
+        log_sigma=(tuple(map(f32, sigma_keys)) if conditional else f32(LOG_SIGMA).reshape(1, -1))
+        if sigma_keys else None,
         normalizer=None,  # the one input's, when there is one (PolicyWeights takes it from `inputs`)
         tanh_squash=conditional,
         version_number=scalar("version_number", 3.0),

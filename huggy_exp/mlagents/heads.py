@@ -88,10 +88,9 @@ class DiscreteHead:
         for mul in (n for n in g.consumers(gemm.output[0]) if n.op_type == "Mul"):
             other = next((i for i in mul.input if i != gemm.output[0]), None)
             sl = source(g, other) if other else None
-            if sl is not None and sl.op_type == "Slice" and sl.input and follow(g, masks) in (sl.input[0], masks):
-                start = slice_start(g, sl)
-                if start is not None:
-                    return start
+            if (sl is not None and sl.op_type == "Slice" and sl.input and follow(g, masks) in (sl.input[0], masks)
+                    and (start := slice_start(g, sl)) is not None):
+                return start
         return None
 
     @staticmethod

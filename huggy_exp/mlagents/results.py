@@ -83,8 +83,7 @@ def read_training_status(path: Path) -> dict[str, dict]:
             raise _bad_status(path, f"{behavior}.checkpoints", info["checkpoints"], "a list of checkpoint entries")
         entries = [_status_entry(path, f"{behavior}.checkpoints[{i}]", ck) for i, ck in enumerate(info["checkpoints"])]
         final = info.get("final_checkpoint")
-        if final is not None:
-            final = _status_entry(path, f"{behavior}.final_checkpoint", final)["steps"]
+        final = None if final is None else _status_entry(path, f"{behavior}.final_checkpoint", final)["steps"]
         out[behavior] = {"checkpoints": entries, "final": final}
     return out
 
@@ -133,8 +132,9 @@ def read_configuration(root: Path) -> dict[str, dict]:
     doc = _parse_text(path, yaml.safe_load, "YAML", yaml.YAMLError) or {}
     behaviors = doc.get("behaviors") or {} if isinstance(doc, dict) else doc
     if not isinstance(behaviors, dict):
+        found = f"{'behaviors: ' if isinstance(doc, dict) else ''}a {type(behaviors).__name__}"
         raise UserError(f"{path}: expected a mapping 'behaviors: {{<Behavior>: {{trainer_type: ..., network_settings: "
-                        f"{{...}}}}}}', found {'behaviors: ' if isinstance(doc, dict) else ''}a {type(behaviors).__name__}")
+                        f"{{...}}}}}}', found {found}")
     out = {}
     for behavior, settings in behaviors.items():
         settings = settings or {}

@@ -305,7 +305,8 @@ def check_shapes(w: PolicyWeights, origin: str) -> None:
 
     def chain(key: str, weight: np.ndarray, bias: np.ndarray, rows: str) -> None:
         if weight.shape[1] != width or bias.shape != (weight.shape[0],):
-            problems.append(f"{key}.weight {list(weight.shape)} / .bias {list(bias.shape)} (expected [{rows}, {width}] and [{rows}])")
+            problems.append(f"{key}.weight {list(weight.shape)} / .bias {list(bias.shape)} "
+                            f"(expected [{rows}, {width}] and [{rows}])")
 
     for i, (weight, bias) in enumerate(w.layers):
         chain(f"{BODY_PREFIX}{2 * i}", weight, bias, "*")

@@ -206,7 +206,8 @@ def _collect(launcher: Any, sweep_config: DictConfig, point: dict, ref: Any) -> 
         if held and held.get("job_id") == point["job_id"]:  # shared storage: the worker's own record is here; sync logs it
             print(f"ray: point {sweep_config.hydra.job.num}: its worker{where} {what} after writing its result", flush=True)
             ret = JobReturn(overrides=list(sweep_config.hydra.overrides.task), cfg=sweep_config, hydra_cfg=None,
-                            working_dir=str(job_dir), task_name=str(sweep_config.hydra.job.name), status=JobStatus.COMPLETED)
+                            working_dir=str(job_dir), task_name=str(sweep_config.hydra.job.name),
+                            status=JobStatus.COMPLETED)
             ret.return_value = held.get("status", "error")
             return ret
         reason = f"the Ray worker running this point{where} {what} ({type(exc).__name__}: {first}); rerun the point"
@@ -220,7 +221,8 @@ def _collect(launcher: Any, sweep_config: DictConfig, point: dict, ref: Any) -> 
     return ret
 
 
-def _run_job(hydra_context: Any, task_function: Any, sweep_config: DictConfig, point: dict, card: str = "") -> JobReturn:
+def _run_job(hydra_context: Any, task_function: Any, sweep_config: DictConfig, point: dict,
+             card: str = "") -> JobReturn:
     """Hydra's job of one point, with the point's record (and the card kind Ray assigned it) in the environment; on a
     worker, or on the head for a point decided there (skipped: no node has its device; error: its worker died), so
     that every point's result.json, run and summary row look alike."""
