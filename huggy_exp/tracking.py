@@ -452,7 +452,7 @@ def log_job(settings: dict, workdir: Path, retry_down: bool = False, foreign: bo
             return {"status": "pending", "reason": reason}
 
 
-def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None, foreign: bool = False) -> dict:
+def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None, foreign: bool) -> dict:
     from mlflow.entities import Metric, Param
 
     for old in store.runs(f"tags.`huggy.job_id` = '{record['job_id']}'", 10):
