@@ -14,6 +14,7 @@ batch-1 / control-loop backend, not a GEMM (large batches belong to eager or com
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -25,11 +26,11 @@ from huggy_exp.mlagents import ACTION_CLAMP, NORMALIZER_CLAMP
 SOURCE = Path(__file__).with_name("kernels") / "fused_mlp.cpp"
 
 
-def _compiler_check() -> None:
-    import os
-
+def need_compiler(backend: str) -> None:
+    """Inductor's C++ toolchain builds `backend` (compile on the CPU, fused): without a compiler it is Unsupported."""
     if not any(c and shutil.which(c) for c in (os.environ.get("CXX"), "g++", "c++", "clang++")):
-        raise Unsupported("backend fused: inductor needs a C++ compiler and none is on PATH (g++, c++, clang++, $CXX)")
+        raise Unsupported(f"backend {backend}: inductor needs a C++ compiler and none is on PATH "
+                          "(g++, c++, clang++, $CXX)")
 
 
 def source(dims: list[int], act: int, normalize: bool, clamp_actions: bool = True) -> str:
@@ -54,7 +55,7 @@ class FusedMLP:
         if policy.compute_dtype != torch.float32 or policy.body[0].weight.device.type != "cpu":
             raise Unsupported(f"backend fused runs fp32 on the CPU; this job is "
                               f"{policy.body[0].weight.device.type} {str(policy.compute_dtype).removeprefix('torch.')}")
-        _compiler_check()
+        need_compiler("fused")
         try:
             from torch._inductor.codecache import CppPythonBindingsCodeCache
         except ImportError as exc:
