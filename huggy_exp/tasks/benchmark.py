@@ -19,7 +19,7 @@ from huggy_exp.runners import ACTIONS, TorchRunner, build
 from huggy_exp.tasks import SLOW_FP16, batch_of, is_sequence, verify_point
 from huggy_exp.tasks import scenarios as extra
 from huggy_exp.tasks.compare import compare_outputs
-from huggy_exp.verify import REL_FLOOR, finite_limits, limit
+from huggy_exp.verify import REL_FLOOR
 
 POINT_STATS = ("p50_us", "p90_us", "p95_us", "p99_us", "mean_us", "min_us", "max_us", "iqr_us", "obs_per_s", "noisy", "samples")
 SERIES_STATS = ("p50_us", "p99_us", "obs_per_s")
@@ -30,7 +30,7 @@ class BenchmarkTask:
     name = "benchmark"
 
     def __init__(self, *, backends: list[str], batch_sizes: list[int] | None, scenarios: list[str], rounds: int,
-                 budget_s: float, warmup_s: float, settle_s: float, chunk_rows: int, tolerance: dict[str, float],
+                 budget_s: float, warmup_s: float, settle_s: float, chunk_rows: int,
                  fp16_cpu_max_rows: int, fp16_cpu_samples: int, qsl_samples: int, min_duration_ms: int | None,
                  max_duration_ms: int, min_query_count: int, samples_per_query: int, check_samples: int,
                  target_qps: float, latency_bound_ms: float, search_steps: int, search_ms: int, rate_hz: float,
@@ -42,7 +42,6 @@ class BenchmarkTask:
         self.batch_sizes = [int(b) for b in (batch_sizes or [])]
         self.rounds, self.chunk_rows = int(rounds), int(chunk_rows)
         self.budget_s, self.warmup_s, self.settle_s = float(budget_s), float(warmup_s), float(settle_s)
-        self.tolerance = finite_limits(tolerance, "mode.tolerance")
         self.fp16_cpu_max_rows, self.fp16_cpu_samples = int(fp16_cpu_max_rows), int(fp16_cpu_samples)
         self.qsl_samples, self.search_steps, self.search_ms = int(qsl_samples), int(search_steps), int(search_ms)
         self.loadgen = loadgen.Settings(
@@ -90,7 +89,7 @@ class BenchmarkTask:
             result.status = "skipped" if result.status == "passed" else result.status
             result.reason = result.reason or "; ".join(f"{n}: {backends[n]['reason']}" for n in timed_backends)
         elif ctx.plots:
-            result.files.append(plots.scaling(ctx.workdir / "benchmark.png", {n: _curve(result, n) for n in timed},
+            result.files.append(plots.versus_batch(ctx.workdir / "benchmark.png", {n: _curve(result, n) for n in timed},
                                               f"{ctx.device} {ctx.dtype}, {threads} thread(s)"))
         result.summary[:0] = _summary(result, backends, points, timed_backends, ctx.batch_size)
         if "eager" in runners:
@@ -148,7 +147,7 @@ class BenchmarkTask:
         runner = build(ctx, name, batch_size=chunk, dtype="fp32" if name == "onnxruntime" else None)
         info["load_s"] = time.perf_counter() - started
         # a backend running another dtype (onnxruntime's fp32 graph in an fp64 job) is held to the looser
-        gate = Gate(w, max(limit(self.tolerance, d, "mode.tolerance") for d in (ctx.dtype, info["dtype"])))
+        gate = Gate(w, ctx.atol(ctx.dtype, info["dtype"]))
         for i, b in enumerate(points):
             started = time.perf_counter()
             got = runner.infer(feeds[b])
@@ -235,7 +234,7 @@ class BenchmarkTask:
         lg = [s for s in wanted if s in extra.LOADGEN]
         if lg:
             qsl = self.feeds(ctx, [self.qsl_samples])[0][self.qsl_samples]
-            tol = max(limit(self.tolerance, d, "mode.tolerance") for d in (ctx.dtype, "fp32" if ctx.backend == "onnxruntime" else ctx.dtype))
+            tol = ctx.atol(ctx.dtype, "fp32" if ctx.backend == "onnxruntime" else ctx.dtype)
             extra.run_loadgen(ctx, runner, runners["eager"], qsl, lg, self.loadgen, tol, point,
                               self.search_steps, self.search_ms, result, points)
         if extra.CONTROL_LOOP in wanted:

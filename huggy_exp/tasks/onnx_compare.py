@@ -10,7 +10,7 @@ import numpy as np
 from huggy_exp import plots
 from huggy_exp.context import Context
 from huggy_exp.mlagents import ACTION_CLAMP, ACTION_MASKS, RECURRENT_IN, RECURRENT_OUT, check_onnx_pairing
-from huggy_exp.numerics import categorical_check, limits_for, sampling_check
+from huggy_exp.numerics import categorical_check, sampling_check
 from huggy_exp.results import Result, first_nonfinite
 from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, build, over_steps, reference, run_feeds
 from huggy_exp.tasks import is_sequence, latency, verify_point
@@ -23,12 +23,9 @@ VERSUS = "onnxruntime"  # metrics <output>/vs_onnxruntime/<metric>, as the engin
 class OnnxCompareTask:
     name = "onnx-compare"
 
-    def __init__(self, provider: str, atol: dict, specialize: dict, sample_rows: int, samples: int, confidence: float,
-                 rel_floor: float, masks: str):
+    def __init__(self, provider: str, sample_rows: int, samples: int, confidence: float, rel_floor: float, masks: str):
         """mode=onnx-compare's keys (values: conf/mode/onnx-compare.yaml; validated by config.OnnxCompareMode)."""
         self.provider = provider
-        self.atol = dict(atol)
-        self.specialize = dict(specialize)
         self.sample_rows, self.samples, self.confidence, self.rel_floor = sample_rows, samples, confidence, rel_floor
         self.masks = masks
 
@@ -46,7 +43,7 @@ class OnnxCompareTask:
         dist = over_steps(reference(ctx, "fp32").distributions, feeds, w.memory)
         result = Result()
         # --- compare: deterministic outputs element-wise (discrete exactly), constants exactly, draws statistically
-        atol = limits_for({k: {"atol": v} for k, v in self.atol.items()}, ctx.dtype, ctx.device, self.specialize, "mode.atol")["atol"]
+        atol = ctx.atol(ctx.dtype, "fp32")  # the .onnx runs fp32: an fp64 policy is held to fp32's limit
         metrics, failures, rows = compare_outputs(mine, theirs, VERSUS, atol, self.rel_floor, dist.get("masked_logits"), w.branch_sizes)
         c_metrics, c_failures, constants = check_constants(theirs, expected_constants(w), sequence)
         result.metrics.update({**metrics, **c_metrics})

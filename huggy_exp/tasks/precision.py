@@ -15,7 +15,6 @@ from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, DISCRETE, build, reference, run_feeds
 from huggy_exp.tasks import is_sequence, latency, verify_point
 from huggy_exp.verify import elementwise
-from huggy_exp.verify import limit as verify_limit
 from huggy_exp.verify import DECLARED, outputs_of, within
 
 LAYER_ORDER = ("lstm", RECURRENT_OUT, "mu", "logits")  # after normalized_obs* and hidden_*
@@ -24,10 +23,8 @@ LAYER_ORDER = ("lstm", RECURRENT_OUT, "mu", "logits")  # after normalized_obs* a
 class PrecisionTask:
     name = "precision"
 
-    def __init__(self, layer_thresholds: dict, relative: dict, layer_specialize: dict):
+    def __init__(self, relative: dict):
         """mode=precision's keys (values: conf/mode/precision.yaml; validated by config.PrecisionMode)."""
-        self.layer_thresholds = layer_thresholds
-        self.layer_specialize = dict(layer_specialize)
         self.relative = relative
 
     def run(self, ctx: Context) -> Result:
@@ -63,8 +60,7 @@ class PrecisionTask:
 
     def _layers(self, ctx: Context, got: dict, want: dict, result: Result) -> dict:
         """rel_rmse and max_abs of every intermediate against fp64; the first one over the dtype's layer threshold fails."""
-        limits = limits_for(self.layer_thresholds, ctx.dtype, ctx.device, self.layer_specialize, "mode.layer_thresholds")
-        limit = verify_limit(limits, "rel_rmse", f"mode.layer_thresholds.{ctx.dtype}")
+        limit = ctx.limits().layer_rel_rmse
         names = [k for k in got if k.startswith(("normalized_obs", "hidden_"))] + [k for k in LAYER_ORDER if k in got]
         rows, first_bad = [], None
         for name in names:

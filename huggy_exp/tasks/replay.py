@@ -19,17 +19,15 @@ from huggy_exp.results import Result
 from huggy_exp.safety import atomic_write_text
 from huggy_exp.runners import build, reference, run_feeds
 from huggy_exp.tasks.record import time_calls
-from huggy_exp.verify import fingerprints, finite_limits, nonfinite_failures, within
-from huggy_exp.verify import limit as verify_limit
+from huggy_exp.verify import fingerprints, nonfinite_failures, within
 
 
 class ReplayTask:
     name = "replay"
 
-    def __init__(self, bundle: str | None, reference_point: str | None, allow_other_model: bool, tolerance: dict,
-                 require_bitwise: bool, latency: dict, alpha: float, fail_on_latency: bool, decimals: int):
+    def __init__(self, bundle: str | None, reference_point: str | None, allow_other_model: bool, require_bitwise: bool, latency: dict, alpha: float, fail_on_latency: bool, decimals: int):
         self.bundle, self.reference_point, self.allow_other_model = bundle, reference_point, bool(allow_other_model)
-        self.tolerance, self.require_bitwise, self.latency = finite_limits(tolerance, "mode.tolerance"), bool(require_bitwise), dict(latency)
+        self.require_bitwise, self.latency = bool(require_bitwise), dict(latency)
         self.alpha, self.fail_on_latency, self.decimals = float(alpha), bool(fail_on_latency), int(decimals)
 
     def run(self, ctx: Context) -> Result:
@@ -52,7 +50,7 @@ class ReplayTask:
         report = Report(key, b, match, ref_key)
         self._finite(result, b, fp64, match, ref_key)
         self._agreement(result, report, b, ctx, here, match, timed.threads, env_rows)
-        self._against_fp64(result, report, here, fp64, host64, ctx.dtype, judge=match is None and ref_key is None)
+        self._against_fp64(result, report, here, fp64, host64, ctx, judge=match is None and ref_key is None)
         self._dual(result, report, b, here, fp64, ref_key)
         self._latency(result, report, b, ctx, timed, match, ref_key)
         result.metrics["env/changed_fields"] = float(len(env_rows))
@@ -103,7 +101,7 @@ class ReplayTask:
                                 "compared against the bundle's fp64 reference only")
             result.details["no_recording"] = True
             return
-        recorded, limit = b.outputs(match), verify_limit(self.tolerance, ctx.dtype, "mode.tolerance")
+        recorded, limit = b.outputs(match), ctx.atol()
         point = b.points[match]
         same_point = match == report.key and int(point.get("threads", 1)) == threads and environment.same_stack(env_rows)
         required = self.require_bitwise or same_point
@@ -127,9 +125,10 @@ class ReplayTask:
         result.tables["agreement"] = rows
         report.agreement, report.bitwise_required = rows, required
 
-    def _against_fp64(self, result: Result, report: "Report", here: dict, fp64: dict, host64: dict, dtype: str, judge: bool) -> None:
+    def _against_fp64(self, result: Result, report: "Report", here: dict, fp64: dict, host64: dict, ctx: Context,
+                      judge: bool) -> None:
         """Every output against the bundle's fp64 reference; this host's fp64 against the bundle's (how far fp64 moved)."""
-        limit = verify_limit(self.tolerance, dtype, "mode.tolerance")
+        dtype, limit = ctx.dtype, ctx.atol()
         for name in here:
             if name not in fp64:
                 continue
