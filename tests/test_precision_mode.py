@@ -54,7 +54,8 @@ def test_tf32_sets_every_cuda_per_op_switch_and_ieee_puts_them_back():
 
 
 def test_an_fp32_cuda_point_runs_cudnn_rnns_in_ieee_although_torch_defaults_them_to_tf32():
-    assert torch.backends.cudnn.rnn.fp32_precision == "tf32"  # torch's default: fp32 LSTMs in TF32 on a GPU
+    # torch's default, fp32 LSTMs in TF32 on a GPU, set again: an earlier test in this process may have moved it
+    torch.backends.cudnn.rnn.fp32_precision = "tf32"
     placement.set_precision("cuda:0", "fp32", "ieee")
     assert torch.backends.cudnn.rnn.fp32_precision == "ieee" and torch.backends.cudnn.conv.fp32_precision == "ieee"
 
