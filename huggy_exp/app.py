@@ -7,21 +7,20 @@ import sys
 import time
 import traceback
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from huggy_exp import environment, mlagents, terminal, tracking
-from huggy_exp.config import numerics_label
-from huggy_exp.context import Context, ModelSpec, ObsSpec, VerifySpec
+from huggy_exp.config import modes, numerics_label
+from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.headline import headline_metrics
 from huggy_exp.preflight import validate
 from huggy_exp.report import write_job_report
 from huggy_exp.results import (EXIT_CODES, EXIT_PENDING, Result, expectation, held_result, read_result, update_result,
                                write_result)
-from huggy_exp.config import modes
 from huggy_exp.safety import check_job_memory, disk_full_message, is_disk_full
 
 JOB_LOG = "huggy_exp.job"  # conf/hydra/job_logging/huggy.yaml sends it to the job's run.log only
@@ -38,23 +37,18 @@ def say(line: str, error: bool = False) -> None:
 
 
 def build_context(cfg: DictConfig, workdir: Path) -> Context:
-    model = OmegaConf.to_container(cfg.model, resolve=True)
-    obs = OmegaConf.to_container(cfg.obs, resolve=True)
-    return Context(
-        device=str(cfg.device),
-        dtype=str(cfg.dtype),
-        precision_mode=str(cfg.precision_mode),
-        batch_size=int(cfg.batch_size),
-        seed=int(cfg.seed),
-        backend=str(cfg.backend),
-        threads=int(cfg.threads),
-        plots=bool(cfg.plots),
-        model_spec=ModelSpec(**{k: model.get(k) for k in ModelSpec.__dataclass_fields__}),
-        obs=ObsSpec(**{k: obs[k] for k in ObsSpec.__dataclass_fields__ if k in obs}),
-        verify=VerifySpec(**OmegaConf.to_container(cfg.verify, resolve=True)) if "verify" in cfg else VerifySpec(),
-        workdir=workdir,
-        owned=(workdir, mlagents.cache_dir(), *tracking.local_paths((cfg.get("tracking") or {}).get("uri"))),
-    )
+    """The job's Context: the composed config as the schema's own objects (config.Config, OmegaConf.to_object)."""
+    conf = OmegaConf.to_object(cfg)
+    settings = {f.name: getattr(conf, f.name) for f in fields(Context) if hasattr(conf, f.name)}
+    return Context(**settings, model_spec=conf.model, workdir=workdir,
+                   owned=(workdir, mlagents.cache_dir(), *tracking.local_paths(conf.tracking.uri)))
+
+
+def make_task(mode: DictConfig):
+    """The mode's task (its `_target_` class), built with the mode's schema object (config.<Name>Mode)."""
+    from hydra.utils import get_class
+
+    return get_class(mode._target_)(OmegaConf.to_object(mode))
 
 
 @dataclass(frozen=True)
@@ -194,11 +188,11 @@ def _run_task(cfg: DictConfig, workdir: Path, mode: str,
         missing = [p for p in cfg.get("needs") or () if not Path(p).expanduser().exists()]
         if missing:
             raise Unsupported(f"needs {missing[0]}, which is not on this host (shared fixtures: set HUGGY_EXP_SHARED)")
-        ctx = build_context(cfg, workdir)
-        switches = ctx.set_precision() if modes()[mode].runs_policy else {}
+        ctx, switches = build_context(cfg, workdir), {}
         if modes()[mode].runs_policy:
+            switches = ctx.set_precision()
             check_job_memory(mode, OmegaConf.to_container(cfg, resolve=True), ctx.weights)
-        result = _instantiate(cfg.mode).run(ctx)
+        result = make_task(cfg.mode).run(ctx)
         result.tags.update({f"fp32_precision/{name}": value for name, value in switches.items()})
         result.check_finite()
     except OSError as exc:
@@ -331,19 +325,6 @@ def ui(cfg: DictConfig) -> int:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-
-
-def _instantiate(mode_cfg: DictConfig):
-    """Hydra wraps errors raised in a task's __init__; a UserError there is still the user's, not a bug."""
-    from hydra.errors import InstantiationException
-    from hydra.utils import instantiate
-
-    try:
-        return instantiate(mode_cfg)
-    except InstantiationException as exc:
-        if isinstance(exc.__cause__, UserError):
-            raise exc.__cause__ from None
-        raise
 
 
 def _model_stub(cfg: DictConfig) -> dict:

@@ -10,10 +10,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from conftest import job_context
 from test_modes import run_mode
 
 from huggy_exp import timing
-from huggy_exp.context import Context, ModelSpec
+from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.runners import ACTIONS, OBS, SAMPLED, TorchRunner, build, check_provider
 from huggy_exp.placement import resolve
@@ -22,7 +23,7 @@ CPU = torch.device("cpu")
 
 
 def small_context(small, tmp_path, **kw) -> Context:
-    return Context(model_spec=ModelSpec(checkpoint=str(small.pt)), workdir=tmp_path, **kw)
+    return job_context(tmp_path, f"model.checkpoint={small.pt}", *(f"{k}={v}" for k, v in kw.items()))
 
 
 # --- timing
@@ -273,4 +274,4 @@ def test_bench_py_judges_with_the_limits_run_py_uses(tmp_path):
     for dtype in ("fp32", "bf16"):
         ctx = bench.context(None, dtype, tmp_path)
         assert (ctx.dtype, ctx.threads) == (dtype, 1)
-        assert ctx.rules().limits == ctx.limits() and ctx.verify.limits[dtype]["max_abs"] > 0
+        assert ctx.rules().limits == ctx.limits() and getattr(ctx.verify.limits, dtype).max_abs > 0

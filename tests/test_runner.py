@@ -44,12 +44,14 @@ def test_core_modes_are_present():
 
 @pytest.mark.parametrize("mode", MODES)
 def test_every_mode_composes_and_instantiates(mode):
-    from hydra.utils import instantiate
+    from huggy_exp.app import make_task
+    from huggy_exp.config import modes
 
     cfg = compose_config([f"mode={mode}", "tracking=none"])
     assert cfg.mode._target_.startswith("huggy_exp.tasks.")
-    task = instantiate(cfg.mode)
+    task = make_task(cfg.mode)
     assert callable(getattr(task, "run", None))
+    assert type(task.mode) is modes()[mode]  # the task holds its mode's schema object, not loose knobs
     assert {"device", "dtype", "batch_size", "seed", "model", "obs", "tracking"} <= set(cfg)
 
 

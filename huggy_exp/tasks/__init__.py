@@ -1,4 +1,4 @@
-"""One small class per mode: __init__(knobs from conf/mode/<name>.yaml) and run(ctx) -> Result."""
+"""One small class per mode: a Task built with its schema object (conf/mode/<name>.yaml's values) and run(ctx) -> Result."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from huggy_exp import timing
+from huggy_exp.config import ModeConf
 from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported
 from huggy_exp.results import Result
@@ -16,6 +17,14 @@ from huggy_exp.verify import DECLARED, Comparison, outputs_of
 
 LATENCY_KEYS = ("p50_us", "p99_us", "mean_us", "obs_per_s")
 SLOW_FP16 = "fp16 on a CPU without fp16 matmul kernels is far slower than fp32 (emulated): its timing is capped and bounded"
+
+
+class Task:
+    """A mode's task, built with its mode's schema object (a config.ModeConf subclass, `mode`: read as config.validate
+    checked it, never re-cast or checked again); run(ctx) -> Result."""
+
+    def __init__(self, mode: ModeConf):
+        self.mode = mode
 
 
 def is_sequence(feeds: Mapping[str, np.ndarray]) -> bool:

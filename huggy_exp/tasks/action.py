@@ -9,13 +9,11 @@ from huggy_exp.mlagents import RECURRENT_OUT
 from huggy_exp.numerics import action_stats, discrete_histogram
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, build, run_feeds
-from huggy_exp.tasks import is_sequence, latency, verify_point
+from huggy_exp.tasks import Task, is_sequence, latency, verify_point
 from huggy_exp.verify import MEMORY
 
 
-class ActionTask:
-    name = "action"
-
+class ActionTask(Task):
     def run(self, ctx: Context) -> Result:
         runner = build(ctx)
         out = run_feeds(runner, ctx.feeds)
@@ -25,9 +23,7 @@ class ActionTask:
         return result
 
 
-class SampleTask:
-    name = "sample"
-
+class SampleTask(Task):
     def run(self, ctx: Context) -> Result:
         runner = build(ctx)
         out = run_feeds(runner, ctx.feeds, ctx.seed)

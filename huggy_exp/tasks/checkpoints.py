@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from huggy_exp.context import Context
+from huggy_exp.context import Context, results_folder
 from huggy_exp.mlagents import list_checkpoints, read_configuration
 from huggy_exp.results import Result
+from huggy_exp.tasks import Task
 
 
-class CheckpointsTask:
-    name = "checkpoints"
-
+class CheckpointsTask(Task):
     def run(self, ctx: Context) -> Result:
-        folder = ctx.model_spec.results_folder()
+        folder = results_folder(ctx.model_spec)
         rows = list_checkpoints(folder)
         config = read_configuration(folder)
         table = []

@@ -9,11 +9,10 @@ from huggy_exp.context import Context
 from huggy_exp.mlagents import configuration_mismatches, model_configuration, sha256_file
 from huggy_exp.placement import cann_version, inventory
 from huggy_exp.results import Result
+from huggy_exp.tasks import Task
 
 
-class InfoTask:
-    name = "info"
-
+class InfoTask(Task):
     def run(self, ctx: Context) -> Result:
         model, w = ctx.model, ctx.weights
         env = {**environment.summary(), "cann": cann_version()}

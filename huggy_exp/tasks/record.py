@@ -11,20 +11,21 @@ import numpy as np
 
 from huggy_exp import bundle, environment, timing
 from huggy_exp.certify import errors, named_outputs
+from huggy_exp.config import LatencySamples, RecordMode
 from huggy_exp.context import Context
 from huggy_exp.results import Result, first_nonfinite
 from huggy_exp.runners import Runner, build, reference, run_feeds
-from huggy_exp.tasks import SLOW_FP16, batch_of
+from huggy_exp.tasks import SLOW_FP16, Task, batch_of
 from huggy_exp.verify import fingerprints
 
 
-def time_calls(runner: Runner, ctx: Context, feeds: dict[str, np.ndarray], settings: dict) -> timing.Timing:
+def time_calls(runner: Runner, ctx: Context, feeds: dict[str, np.ndarray], settings: LatencySamples) -> timing.Timing:
     """Per-call latency of the runner on the job's batch of the feeds (a sequence: its first step), at the job's threads."""
     batch = batch_of(feeds, ctx.batch_size)
     with timing.threads(ctx.threads):
         return timing.measure(lambda: runner.infer(batch), runner.target.device, ctx.batch_size,
-                              budget_s=float(settings["budget_s"]), warmup_s=float(settings["warmup_s"]),
-                              max_samples=int(settings["max_samples"]), min_samples=5)
+                              budget_s=settings.budget_s, warmup_s=settings.warmup_s, max_samples=settings.max_samples,
+                              min_samples=5)
 
 
 def model_entry(ctx: Context) -> dict:
@@ -37,16 +38,14 @@ def model_entry(ctx: Context) -> dict:
                      "parameters": w.parameter_count}}
 
 
-class RecordTask:
-    name = "record"
-
-    def __init__(self, out: str | None, latency: dict, decimals: int):
-        self.out, self.latency, self.decimals = out, dict(latency), int(decimals)
-        if out:
-            bundle.check_out(Path(out))  # before any inference: a folder of the user's files is refused now
+class RecordTask(Task):
+    mode: RecordMode
 
     def run(self, ctx: Context) -> Result:
-        root = Path(self.out).expanduser() if self.out else ctx.workdir / "bundle"
+        m = self.mode
+        if m.out:
+            bundle.check_out(Path(m.out))  # before any inference: a folder of the user's files is refused now
+        root = Path(m.out).expanduser() if m.out else ctx.workdir / "bundle"
         feeds = {k: np.ascontiguousarray(v, np.float32) for k, v in ctx.feeds.items()}
         # --- run the point and the CPU fp64 reference on the same feeds
         runner = build(ctx)
@@ -58,12 +57,12 @@ class RecordTask:
             result = Result(arrays=dict(outputs))
             result.fail(f"not recorded: {', '.join(f'{n} has {c} NaN/inf values (first at {list(i)})' for n, (c, i) in bad.items())}")
             return result
-        timed = time_calls(runner, ctx, feeds, self.latency)
+        timed = time_calls(runner, ctx, feeds, m.latency)
         # --- into the bundle
         key = bundle.point_key(ctx.device, ctx.dtype, ctx.backend, ctx.batch_size)
-        prints = fingerprints(outputs, self.decimals)
+        prints = fingerprints(outputs, m.decimals)
         manifest, replaced = self.into_bundle(ctx, root, key, runner, feeds, fp64, outputs, comparison, prints,
-                                              self.decimals, timed)
+                                              m.decimals, timed)
         # --- the job's own result
         stats = timed.stats()
         result = Result(arrays=dict(outputs), tags=dict(prints))
