@@ -201,7 +201,7 @@ def attempts(ctx: Context, everything: bool) -> dict[str, Callable[[np.ndarray],
             x = x * torch.sigmoid(x)
         return torch.clamp(F.linear(x, mu_w, mu_b), -3, 3) / 3
 
-    example = torch.from_numpy(ctx.make_observations(1))
+    example = torch.from_numpy(ctx.make_feeds(1)[OBS])
     with torch.inference_mode(False), torch.no_grad():
         traced = torch.jit.freeze(torch.jit.trace(_Wrap(_chain), example).eval())
         optimized = torch.jit.optimize_for_inference(torch.jit.freeze(torch.jit.trace(_Wrap(_chain), example).eval()))
@@ -295,7 +295,7 @@ def _slow_attempts(chain, example) -> dict[str, Callable | str]:
 
 def time_attempts(ctx: Context, fns: dict[str, Callable | str], rounds: int, budget_s: float) -> dict[str, dict]:
     """Each checked against eager, then p50s over `rounds` interleaved rounds (order rotated); the median round."""
-    obs = ctx.make_observations(1)
+    obs = ctx.make_feeds(1)[OBS]
     want = fns["eager backend: addmv chain (MKL gemv)"](obs)
     rows = {}
     for name, fn in fns.items():
@@ -432,7 +432,7 @@ def measure_backends(ctx: Context, a: argparse.Namespace) -> dict:
         print("\n".join("  " + line for line in r.summary), flush=True)
     tried = time_attempts(ctx, attempts(ctx, a.all_attempts), a.rounds, a.budget / a.rounds)
     ort = build(ctx, "onnxruntime", batch_size=1, threads=1)  # harness vs a bare loop on one session, interleaved
-    feeds = {OBS: ctx.make_observations(1)}
+    feeds = {OBS: ctx.make_feeds(1)[OBS]}
     harness, bare = [], []
     for _ in range(3):
         harness.append(timing.measure(lambda: ort.infer(feeds), torch.device("cpu"), 1, a.budget / 2, 0.3).stats()["p50_us"])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import sys
 import time
 import traceback
@@ -74,15 +76,9 @@ POINT_ENV = "HUGGY_EXP_POINT"  # JSON of JobInfo's launcher fields (job_id, host
 
 def point_info() -> dict:
     """The launcher's fields of the job this process runs now (empty unless a launcher set POINT_ENV)."""
-    import json
-    import os
-
-    text = os.environ.get(POINT_ENV)
-    if not text:
-        return {}
-    point = json.loads(text)
-    return {"job_id": point.get("job_id"), "host": point.get("host"),
-            "preset": tuple(point["preset"]) if point.get("preset") else None, "pending": point.get("pending")}
+    point = json.loads(os.environ.get(POINT_ENV) or "{}")
+    return point and {"job_id": point.get("job_id"), "host": point.get("host"),
+                      "preset": tuple(point["preset"]) if point.get("preset") else None, "pending": point.get("pending")}
 
 
 def run_name(mode: str, cfg: DictConfig, case: str | None = None) -> str:
@@ -156,19 +152,15 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
 def _write(workdir: Path, record: dict, result: Result) -> Path | None:
     """result.json and the files beside it. A full disk turns the job into an error: result.json is written again
     without the arrays and tables (it is small: the disk may still hold it); None when even that cannot be written."""
-    try:
-        return write_result(workdir, record, result)
-    except OSError as exc:
-        if not is_disk_full(exc):
-            raise
-        result.status, result.reason = "error", disk_full_message(exc)
-        result.arrays, result.tables = {}, {}
-    try:
-        return write_result(workdir, record, result)
-    except OSError as exc:
-        if not is_disk_full(exc):
-            raise
-        return None
+    for _ in range(2):
+        try:
+            return write_result(workdir, record, result)
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            result.status, result.reason = "error", disk_full_message(exc)
+            result.arrays, result.tables = {}, {}
+    return None
 
 
 def _run_task(cfg: DictConfig, workdir: Path, mode: str,
@@ -217,8 +209,7 @@ def _lead_with_headline(result: Result, mode: str, job: JobInfo, batch_size: int
     `result.metrics` so that MLflow lists them first; returns the headline metrics."""
     if result.summary and not result.headline:
         result.headline = result.summary[0]
-    timed = modes()[mode].timed
-    if job.shared_machine and timed and result.headline:
+    if job.shared_machine and modes()[mode].timed and result.headline:
         result.headline += " [timed while other jobs shared the machine]"
     head = headline_metrics(mode, result.metrics, result.status, batch_size)
     result.metrics = {**head, **result.metrics}
@@ -256,13 +247,13 @@ def _job_record(cfg: DictConfig, mode: str, job: JobInfo, result: Result, ctx: C
         "shared_machine": job.shared_machine,
         "expect": cfg.get("expect"),
         "expectation_met": None if cfg.get("expect") is None else result.status == cfg.get("expect"),
-        "tracking": {"status": "pending", "reason": "not logged yet"} if settings.get("enabled", True) else {"status": "off"},
+        "tracking": {"status": "pending", "reason": "not logged yet"} if settings["enabled"] else {"status": "off"},
     }
 
 
 def _track(result: Result, settings: dict, workdir: Path, path: Path, job: JobInfo) -> None:
     """Log the written result to MLflow (or leave it pending), record the outcome in result.json and say where it is."""
-    if job.pending and settings.get("enabled", True):
+    if job.pending and settings["enabled"]:
         outcome = {"status": "pending", "reason": job.pending}
     else:
         outcome = (job.tracker or tracking).log_job(settings, workdir)
@@ -314,15 +305,12 @@ def ui(cfg: DictConfig) -> int:
     uri = tracking.store_uri(settings.get("uri"))
     try:
         latest = tracking.latest_sweep_url(settings)
-    except tracking.StoreDown as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if uri.startswith(("http://", "https://")):
-        print(f"tracking server {tracking.redact(uri)}: its UI is already there" + (f"; latest sweep's runs: {latest}" if latest else ""))
-        return 0
-    try:
-        return mlflow_ui.serve(uri, latest, int(settings.get("ui_port") or 5000), float(cfg.mode.wait_s))
-    except UserError as exc:
+        if uri.startswith(("http://", "https://")):
+            print(f"tracking server {tracking.redact(uri)}: its UI is already there"
+                  + (f"; latest sweep's runs: {latest}" if latest else ""))
+            return 0
+        return mlflow_ui.serve(uri, latest, settings["ui_port"], cfg.mode.wait_s)
+    except (tracking.StoreDown, UserError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

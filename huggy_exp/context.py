@@ -13,7 +13,7 @@ from huggy_exp import mlagents
 from huggy_exp.config import ModelConf, ObsConf, VerifyConf
 from huggy_exp.errors import UserError
 from huggy_exp.numerics import limits_for
-from huggy_exp.observations import make_feeds, make_observations
+from huggy_exp.observations import make_feeds
 from huggy_exp.placement import Target, resolve, set_precision
 from huggy_exp.verify import Limits, Rules
 
@@ -94,16 +94,6 @@ class Context:
     def rules(self, dtype: str | None = None) -> Rules:
         """How an output of this job is compared with a reference: the dtype's limits, its ULPs, the branch sizes."""
         return Rules(self.limits(dtype), dtype or self.dtype, self.verify.rel_floor, branch_sizes=self.weights.branch_sizes)
-
-    def make_observations(self, rows: int) -> np.ndarray:
-        """The configured source with another row count (a file gives what it holds)."""
-        w = self.weights
-        if self.obs.source == "file" and str(self.obs.path or "").endswith(".npz"):
-            obs = self.feeds[mlagents.obs_name(0)]
-            if obs.ndim != 2:
-                raise UserError(f"obs.path={self.obs.path}: obs_0 is a sequence {list(obs.shape)}; this mode takes [N, {w.obs_dim}]")
-            return obs
-        return make_observations(self.obs.source, w.obs_dim, rows, self.seed, self.obs.scale, self.obs.path, w.normalizer)
 
     @cached_property
     def feeds(self) -> dict[str, np.ndarray]:

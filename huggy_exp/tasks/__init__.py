@@ -84,7 +84,7 @@ def verify_point(ctx: Context, result: Result, runner: Runner, feeds: Mapping[st
     declared = outputs_of(got)
     deterministic = any(o.sampled is not None for o in declared)  # a sampled twin declares no twin of its own
     arrays = {o.stem: got[o.name] for o in declared if not deterministic or o.sampled is not None or o.rule == "memory"}
-    fingerprint_tags(result, arrays, ctx.verify.decimals if decimals is None else decimals)
+    result.tags.update(verify.fingerprints(arrays, ctx.verify.decimals if decimals is None else decimals))
     result.headline = point_line(vs["fp64"], result, ctx)
     if ctx.dtype == "int8" and ctx.backend != "onnxruntime" and seed is None:
         result.headline += "; " + onnxruntime_peer(ctx, result, feeds, want["fp64"], rules)
@@ -144,14 +144,6 @@ def _distributions(runner: Runner, feeds: Mapping[str, np.ndarray]) -> dict[str,
     except Unsupported:  # onnxruntime: the graph's outputs only
         return {}
     return {k: v for k, v in out.items() if k in ("mu", "log_sigma", "masked_logits")}
-
-
-def fingerprint_tags(result: Result, arrays: Mapping[str, np.ndarray], decimals: int) -> dict[str, str]:
-    """Tags `fingerprint` and `quantized_fingerprint` over every output in order (each output's own too, when there
-    are several): verify.fingerprints, the one definition every mode, summary, report and bundle shows."""
-    tags = verify.fingerprints(dict(arrays), decimals)
-    result.tags.update(tags)
-    return tags
 
 
 def point_line(vs64: Comparison, result: Result, ctx: Context) -> str:
