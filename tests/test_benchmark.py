@@ -81,7 +81,7 @@ def test_feeds_are_keyed_by_the_onnx_input_name(small):
 
 def test_onnxruntime_matches_eager(small, tmp_path):
     ctx = small_context(small, tmp_path, batch_size=3)
-    obs = ctx.make_observations(10)
+    obs = ctx.make_feeds(10)[OBS]
     want = build(ctx, "eager").infer({OBS: obs})[ACTIONS]
     got = build(ctx, "onnxruntime").infer({OBS: obs})
     np.testing.assert_allclose(got[ACTIONS], want, atol=1e-5, rtol=0)
@@ -91,7 +91,7 @@ def test_onnxruntime_matches_eager(small, tmp_path):
 @pytest.mark.slow
 def test_compile_matches_eager_with_a_padded_last_chunk(small, tmp_path):
     ctx = small_context(small, tmp_path, batch_size=4)
-    obs = ctx.make_observations(6)  # chunks of 4 and 2 -> the 2 is padded to 4
+    obs = ctx.make_feeds(6)[OBS]  # chunks of 4 and 2 -> the 2 is padded to 4
     try:
         runner = build(ctx, "compile")
         got = runner.infer({OBS: obs})

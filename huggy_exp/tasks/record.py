@@ -42,10 +42,9 @@ class RecordTask(Task):
     mode: RecordMode
 
     def run(self, ctx: Context) -> Result:
-        m = self.mode
-        if m.out:
-            bundle.check_out(Path(m.out))  # before any inference: a folder of the user's files is refused now
-        root = Path(m.out).expanduser() if m.out else ctx.workdir / "bundle"
+        if self.mode.out:
+            bundle.check_out(Path(self.mode.out))  # before any inference: a folder of the user's files is refused now
+        root = Path(self.mode.out).expanduser() if self.mode.out else ctx.workdir / "bundle"
         feeds = {k: np.ascontiguousarray(v, np.float32) for k, v in ctx.feeds.items()}
         # --- run the point and the CPU fp64 reference on the same feeds
         runner = build(ctx)
@@ -57,17 +56,16 @@ class RecordTask(Task):
             result = Result(arrays=dict(outputs))
             result.fail(f"not recorded: {', '.join(f'{n} has {c} NaN/inf values (first at {list(i)})' for n, (c, i) in bad.items())}")
             return result
-        timed = time_calls(runner, ctx, feeds, m.latency)
+        timed = time_calls(runner, ctx, feeds, self.mode.latency)
         # --- into the bundle
         key = bundle.point_key(ctx.device, ctx.dtype, ctx.backend, ctx.batch_size)
-        prints = fingerprints(outputs, m.decimals)
+        prints = fingerprints(outputs, self.mode.decimals)
         manifest, replaced = self.into_bundle(ctx, root, key, runner, feeds, fp64, outputs, comparison, prints,
-                                              m.decimals, timed)
+                                              self.mode.decimals, timed)
         # --- the job's own result
         stats = timed.stats()
         result = Result(arrays=dict(outputs), tags=dict(prints))
-        for name, m in comparison.items():
-            result.metrics.update({f"{name}/vs_fp64/{k}": v for k, v in m.items()})
+        result.metrics.update({f"{name}/vs_fp64/{k}": v for name, errs in comparison.items() for k, v in errs.items()})
         result.metrics.update({f"latency/{k}": float(stats[k]) for k in ("p50_us", "p90_us", "p99_us", "samples", "noisy")})
         result.metrics["bundle/points"] = float(len(manifest["points"]))
         result.latency = {k: float(stats[k]) for k in ("p50_us", "p99_us", "obs_per_s", "noisy", "samples", "threads")}
@@ -76,9 +74,8 @@ class RecordTask(Task):
         headline = (f"recorded {key} into {root} ({len(manifest['points'])} point(s)); vs fp64: {errs}; "
                     f"p50 {stats['p50_us']:,.0f} µs; fingerprint {prints['fingerprint'][:12]}")
         result.summary = [headline, f"latency: {len(timed.samples)} samples, p50 {stats['p50_us']:,.1f} µs, p99 {stats['p99_us']:,.1f} µs "
-                                    f"at {timed.threads} thread(s)" + (" (noisy)" if stats["noisy"] else "")]
-        if replaced:
-            result.summary.append(f"replaced the earlier recording of {key}")
+                                    f"at {timed.threads} thread(s)" + (" (noisy)" if stats["noisy"] else ""),
+                          *([f"replaced the earlier recording of {key}"] if replaced else [])]
         if ctx.dtype == "fp16" and runner.target.device.type == "cpu":
             result.summary.append(SLOW_FP16)
         result.headline = headline
