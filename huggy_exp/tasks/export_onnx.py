@@ -18,6 +18,7 @@ from huggy_exp.config import ExportOnnxMode
 from huggy_exp.context import Context
 from huggy_exp.errors import UserError
 from huggy_exp.mlagents import PolicyWeights, interface
+from huggy_exp.mlagents.onnx_graph import value_info
 from huggy_exp.numerics import allowed_branches
 from huggy_exp.policy import Policy
 from huggy_exp.results import Result, first_nonfinite
@@ -212,18 +213,14 @@ def _name_outputs(model, names: list[str]):
     return model
 
 
-def _dims(value_info) -> list:
-    return [d.dim_param or d.dim_value for d in value_info.type.tensor_type.shape.dim]
-
-
 def _interface(model) -> dict:
     from onnx import TensorProto
 
     kind = {TensorProto.FLOAT: "float", TensorProto.INT64: "int64"}
     return {
         "opset": max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
-        "inputs": {i.name: _dims(i) for i in model.graph.input},
-        "outputs": {o.name: _dims(o) for o in model.graph.output},
+        "inputs": dict(map(value_info, model.graph.input)),
+        "outputs": dict(map(value_info, model.graph.output)),
         "types": {v.name: kind.get(v.type.tensor_type.elem_type, str(v.type.tensor_type.elem_type))
                   for v in (*model.graph.input, *model.graph.output)},
     }
