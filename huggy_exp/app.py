@@ -19,6 +19,7 @@ from huggy_exp.config import modes, numerics_label
 from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.headline import headline_metrics
+from huggy_exp.placement import set_precision
 from huggy_exp.preflight import validate
 from huggy_exp.report import write_job_report
 from huggy_exp.results import (EXIT_CODES, EXIT_PENDING, Result, expectation, held_result, read_result, update_result,
@@ -182,7 +183,7 @@ def _run_task(cfg: DictConfig, workdir: Path, mode: str,
             raise Unsupported(f"needs {missing[0]}, which is not on this host (shared fixtures: set HUGGY_EXP_SHARED)")
         ctx, switches = build_context(cfg, workdir), {}
         if modes()[mode].runs_policy:
-            switches = ctx.set_precision()
+            switches = set_precision(ctx.device, ctx.dtype, ctx.precision_mode)  # as they read back (Unsupported: skipped)
             check_job_memory(mode, OmegaConf.to_container(cfg, resolve=True), ctx.weights)
         result = make_task(cfg.mode).run(ctx)
         result.tags.update({f"fp32_precision/{name}": value for name, value in switches.items()})

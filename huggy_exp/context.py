@@ -14,7 +14,7 @@ from huggy_exp.config import ModelConf, ObsConf, VerifyConf
 from huggy_exp.errors import UserError
 from huggy_exp.numerics import limits_for
 from huggy_exp.observations import make_feeds
-from huggy_exp.placement import Target, resolve, set_precision
+from huggy_exp.placement import Target, resolve
 from huggy_exp.verify import Limits, Rules
 
 
@@ -81,10 +81,6 @@ class Context:
     def target(self, device: str | None = None, dtype: str | None = None) -> Target:
         """Raises Unsupported when the device or dtype is not available here."""
         return resolve(device or self.device, dtype or self.dtype)
-
-    def set_precision(self) -> dict[str, str]:
-        """Put the device's fp32 switches in `precision_mode`; every switch as it reads back (Unsupported: skipped)."""
-        return set_precision(self.device, self.dtype, self.precision_mode)
 
     def limits(self, dtype: str | None = None) -> Limits:
         """The dtype's output limits on this device kind (`verify.limits`, `verify.specialize`)."""
