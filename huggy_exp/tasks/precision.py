@@ -8,12 +8,13 @@ from __future__ import annotations
 import numpy as np
 
 from huggy_exp import plots
+from huggy_exp.config import PrecisionMode
 from huggy_exp.context import Context
 from huggy_exp.mlagents import RECURRENT_OUT
 from huggy_exp.numerics import error_ratio, limits_for, ratio_verdict, rel_rmse
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, DISCRETE, build, reference, run_feeds
-from huggy_exp.tasks import is_sequence, latency, verify_point
+from huggy_exp.tasks import Task, is_sequence, latency, verify_point
 from huggy_exp.verify import elementwise
 from huggy_exp.verify import limit as verify_limit
 from huggy_exp.verify import DECLARED, outputs_of, within
@@ -21,14 +22,8 @@ from huggy_exp.verify import DECLARED, outputs_of, within
 LAYER_ORDER = ("lstm", RECURRENT_OUT, "mu", "logits")  # after normalized_obs* and hidden_*
 
 
-class PrecisionTask:
-    name = "precision"
-
-    def __init__(self, layer_thresholds: dict, relative: dict, layer_specialize: dict):
-        """mode=precision's keys (values: conf/mode/precision.yaml; validated by config.PrecisionMode)."""
-        self.layer_thresholds = layer_thresholds
-        self.layer_specialize = dict(layer_specialize)
-        self.relative = relative
+class PrecisionTask(Task):
+    mode: PrecisionMode
 
     def run(self, ctx: Context) -> Result:
         feeds = ctx.feeds
@@ -86,10 +81,10 @@ class PrecisionTask:
         dev_err = float(np.sqrt(np.mean((got[primary] - want[primary]) ** 2)))
         cpu_err = float(np.sqrt(np.mean((cpu_same[primary] - want[primary]) ** 2)))
         ratio = error_ratio(dev_err, cpu_err)
-        verdict = ratio_verdict(ratio, self.relative["warn"], self.relative["fail"])
+        verdict = ratio_verdict(ratio, self.mode.relative.warn, self.mode.relative.fail)
         result.metrics.update({"relative/device_rmse": dev_err, "relative/cpu_rmse": cpu_err, "relative/ratio": ratio})
         if verdict == "fail":
-            result.fail(f"device error is {ratio:.2f}x the CPU's in {ctx.dtype} (fail above {self.relative['fail']:g})")
+            result.fail(f"device error is {ratio:.2f}x the CPU's in {ctx.dtype} (fail above {self.mode.relative.fail:g})")
         return verdict
 
     def _write(self, ctx: Context, got: dict, want: dict, result: Result) -> None:
