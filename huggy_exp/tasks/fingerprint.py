@@ -57,10 +57,8 @@ class FingerprintTask(Task):
         seen, mine = output_sequences(runner, ctx, m)
         _, ref = output_sequences(reference(ctx, "fp32", ctx.batch_size), ctx, m)
         names = list(mine)  # actions, discrete_actions, memories: whichever the policy has, in that order
-        qmine = {n: quantize(mine[n], decimals) for n in names}
-        qref = {n: quantize(ref[n], decimals) for n in names}
         exact = {n: first_divergence(mine[n], ref[n]) for n in names}
-        quant = {n: first_divergence(qmine[n], qref[n]) for n in names}
+        quant = {n: first_divergence(quantize(mine[n], decimals), quantize(ref[n], decimals)) for n in names}
         fp = verify.fingerprint(mine, decimals)  # the point's tags are verify_rollout's: the same hashes
         fp.update({f"cpu_fp32_{k}": v for k, v in verify.fingerprint(ref, decimals).items()})
         steps = len(mine[names[0]])
@@ -68,8 +66,8 @@ class FingerprintTask(Task):
         result = Result(arrays={n: (a.reshape(len(a), -1) if m.envs == 1 and a.shape[1] == 1 else a) for n, a in mine.items()})
         result.metrics = {"steps": float(steps),
                           **_divergence_metrics(mine, ref, names, exact, quant, first_exact[1] if first_exact else None)}
-        if len(names) > 1:  # each output on its own too
-            _each_output(result, mine, ref, exact, quant)
+        for n in names if len(names) > 1 else ():  # each output on its own too
+            result.metrics.update({f"{n}/{k}": v for k, v in _divergence_metrics(mine, ref, [n], exact, quant, exact[n]).items()})
         result.tags.update({k: v for k, v in fp.items() if k.startswith("cpu_fp32_")})
         where, qwhere = _where(first_exact, first_quant, names)
         headline = (f"fingerprint {fp[verify.FINGERPRINT][:12]}, quantized_fingerprint({decimals}) "
@@ -87,12 +85,6 @@ class FingerprintTask(Task):
         if ctx.dtype in m.require_match and first_quant is not None:
             result.fail(f"quantized fingerprint differs from CPU fp32 ({qwhere}, by {first_quant[1][2] / 10**decimals:.3g})")
         return result
-
-
-def _each_output(result: Result, mine: dict, ref: dict, exact: dict, quant: dict) -> None:
-    """Each output's divergence metrics on its own, beside those of all outputs together (its fingerprints are tags)."""
-    for n in mine:
-        result.metrics.update({f"{n}/{k}": v for k, v in _divergence_metrics(mine, ref, [n], exact, quant, exact[n]).items()})
 
 
 def _where(first_exact, first_quant, names: list[str]) -> tuple[str, str]:
