@@ -17,14 +17,12 @@ point files, then merge the manifest under an exclusive lock (`.lock`, the one f
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import io
 import json
 import re
 import time
 import zipfile
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +32,8 @@ from huggy_exp.errors import UserError
 from huggy_exp.mlagents import sha256_file
 from huggy_exp import terminal
 from huggy_exp.mlagents.weights import weights_sha256  # noqa: F401 (the bundle's model identity)
-from huggy_exp.safety import MAX_LATENCY_SAMPLES, atomic_write, check_npz, check_unused, read_json
+from huggy_exp.results import jsonable
+from huggy_exp.safety import MAX_LATENCY_SAMPLES, atomic_write, check_npz, check_unused, flock, read_json
 
 FORMAT = "huggy_exp-port-bundle"
 VERSION = 2  # 2: a point's `fingerprints` are verify.fingerprints' (1: per output {sha256, quantized}; re-record)
@@ -62,17 +61,6 @@ def parse_key(key: str) -> dict:
     if len(parts) != 4 or not parts[3].startswith("b") or not parts[3][1:].isdigit():
         raise UserError(f"point key {key!r} is not device/dtype/backend/b<batch> (e.g. cpu/fp32/eager/b64)")
     return {"device": parts[0], "dtype": parts[1], "backend": parts[2], "batch": int(parts[3][1:])}
-
-
-# --- hashing
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def sha256_of(path: Path) -> str:
-    return sha256_file(Path(path))
 
 
 def arrays_sha256(arrays: dict[str, np.ndarray]) -> str:
@@ -103,26 +91,7 @@ def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
 
 
 def json_bytes(value) -> bytes:
-    from huggy_exp.results import jsonable
-
     return (json.dumps(jsonable(value), indent=2) + "\n").encode()
-
-
-@contextmanager
-def locked(root: Path):
-    """An exclusive lock on the bundle folder (fcntl, released when the process dies): one manifest merge at a time."""
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / LOCK, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def new_manifest(model: dict, observations: dict) -> dict:
-    return {"format": FORMAT, "format_version": VERSION, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "model": model, "observations": observations, "points": {}, "files": {}}
 
 
 def record_point(root: Path, model: dict, observations: dict, inputs: dict[str, np.ndarray],
@@ -140,21 +109,23 @@ def record_point(root: Path, model: dict, observations: dict, inputs: dict[str, 
         f"points/{slug(key)}/comparison.json": json_bytes(comparison),
     }
     check_out(root)
-    with locked(root):
+    root.mkdir(parents=True, exist_ok=True)
+    with flock(root / LOCK, create=True):  # one manifest merge at a time
         for orphan in leftovers(root):  # an interrupted or killed record's files, never listed: the bundle would refuse them
             orphan.unlink()
         if (root / MANIFEST).exists():
             manifest = read(root, check_model=None).manifest
-            _same_subject(root, manifest, model, observations, inputs)
+            _same_subject(root, manifest, model, observations)
         else:
-            manifest = new_manifest(model, observations)
+            manifest = {"format": FORMAT, "format_version": VERSION, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                        "model": model, "observations": observations, "points": {}, "files": {}}
             files[INPUTS] = npz_bytes(inputs)
             files[REFERENCE] = npz_bytes(reference)
         replaced = key in manifest["points"]
         with terminal.deferred():  # the files and the manifest that lists them: Ctrl-C waits for both
             for name, data in files.items():
                 _atomic_bytes(root / name, data)
-                manifest["files"][name] = {"sha256": sha256_bytes(data), "bytes": len(data)}
+                manifest["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
             manifest["points"][key] = {**point, "dir": f"points/{slug(key)}", "recorded": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
             _atomic_bytes(root / MANIFEST, json_bytes(manifest))
     return manifest, replaced
@@ -197,7 +168,7 @@ def leftovers(root: Path) -> list[Path]:
             and _is_own(n := p.relative_to(root).as_posix()) and n not in listed]
 
 
-def _same_subject(root: Path, manifest: dict, model: dict, observations: dict, inputs: dict[str, np.ndarray]) -> None:
+def _same_subject(root: Path, manifest: dict, model: dict, observations: dict) -> None:
     theirs = manifest["model"]["sha256"]
     if theirs != model["sha256"]:
         raise UserError(f"mode.out={root} holds a bundle of another model (weights sha256 {theirs[:16]}.., this job's "
@@ -223,21 +194,18 @@ class Bundle:
     def points(self) -> dict[str, dict]:
         return self.manifest["points"]
 
-    def arrays(self, name: str) -> dict[str, np.ndarray]:
-        return load_npz(self.root, name)
-
     def inputs(self) -> dict[str, np.ndarray]:
-        return self.arrays(INPUTS)
+        return load_npz(self.root, INPUTS)
 
     def reference(self) -> dict[str, np.ndarray]:
-        return self.arrays(REFERENCE)
+        return load_npz(self.root, REFERENCE)
 
     def outputs(self, key: str) -> dict[str, np.ndarray]:
-        return self.arrays(f"{self.points[key]['dir']}/outputs.npz")
+        return load_npz(self.root, f"{self.points[key]['dir']}/outputs.npz")
 
     def latency(self, key: str) -> np.ndarray:
         name = f"{self.points[key]['dir']}/latency.npz"
-        seconds = self.arrays(name).get("seconds")
+        seconds = load_npz(self.root, name).get("seconds")
         if seconds is None or seconds.ndim != 1 or len(seconds) > MAX_LATENCY_SAMPLES:
             shown = "no `seconds` array" if seconds is None else f"{list(seconds.shape)} samples"
             raise UserError(f"bundle {self.root}: {name} holds {shown}; a point records one row of at most "
@@ -285,7 +253,7 @@ def read(root: Path | str, check_model: str | None = None, allow_other_model: bo
         if size != entry.get("bytes"):
             state = "truncated" if size < int(entry.get("bytes") or 0) else "changed size"
             raise UserError(f"{where}: {name} is {state} ({size} bytes, {MANIFEST} says {entry.get('bytes')})")
-        digest = sha256_of(target)
+        digest = sha256_file(target)
         if digest != entry.get("sha256"):
             raise UserError(f"{where}: {name} was modified (sha256 {digest[:16]}.., {MANIFEST} says {str(entry.get('sha256'))[:16]}..)")
     for path in sorted(p for p in root.rglob("*") if p.is_file() or p.is_symlink()):

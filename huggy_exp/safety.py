@@ -4,6 +4,7 @@ taken, archives sized before they are read. docs/reliability.md lists what each 
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import math
 import os
@@ -16,6 +17,7 @@ import time
 import zipfile
 import zlib
 from collections.abc import Callable, Iterable
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -217,6 +219,18 @@ def atomic_write(path: Path, write: Callable[[str], object], overwrite: bool = T
 
 def atomic_write_text(path: Path, text: str, overwrite: bool = True) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(text), overwrite)
+
+
+@contextmanager
+def flock(path: Path, create: bool = False):
+    """An exclusive flock, across processes, on a folder itself (no lock file: a full disk or a read-only job dir still
+    locks) or on a lock file, `create`d if need be; released when the holder ends, even killed."""
+    fd = os.open(path, os.O_RDONLY | (os.O_CREAT if create else os.O_DIRECTORY), 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 # --- memory

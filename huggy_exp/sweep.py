@@ -76,24 +76,19 @@ class SweepCallback(Callback):
         lines = summary["comparison"]["lines"]
         picks = [line for line in lines if line.startswith("recommended")]
         if len(picks) < len(lines):
-            print("comparison:")
-            for line in lines:
-                if line not in picks:
-                    print("  " + line)
-        print(f"  {summary['line']}")
-        for line in picks:  # none in a sweep without verdicts vs fp64 (record, replay): their lines say what they found
-            print("  " + line)
-        info = tracking.read_sweep(self.sweep_dir) or {}
+            print("comparison:\n" + "\n".join("  " + line for line in lines if line not in picks))
+        # picks: none in a sweep without verdicts vs fp64 (record, replay): their lines say what they found
+        print("\n".join("  " + line for line in [summary["line"], *picks]))
         if url:
-            uri = info.get("tracking", {}).get("uri", "")
-            if url["runs"].startswith("http"):
-                print(f"  runs:       {url['runs']}\n  parent run: {url['parent']}")
-            else:
+            base = ""  # a server's URLs are whole; a SQLite store's are paths under mode=ui's address
+            if not url["runs"].startswith("http"):
+                uri = (tracking.read_sweep(self.sweep_dir) or {}).get("tracking", {}).get("uri", "")
                 port = int(self.settings.get("ui_port") or 5000)
                 store = "" if uri == tracking.default_uri() else f" tracking.uri={uri}"
                 print(f"  UI: python run.py mode=ui{store} (or: mlflow ui --backend-store-uri {uri} --host 127.0.0.1 "
-                      f"--port {port} --workers 1), then open\n"
-                      f"  runs:       http://127.0.0.1:{port}/{url['runs']}\n  parent run: http://127.0.0.1:{port}/{url['parent']}")
+                      f"--port {port} --workers 1), then open")
+                base = f"http://127.0.0.1:{port}/"
+            print(f"  runs:       {base}{url['runs']}\n  parent run: {base}{url['parent']}")
         if status == "KILLED":
             return EXIT_INTERRUPTED
         worst = max((EXIT_CODES.get(r["status"], 2) if r["expect"] is None else int(not r["expectation_met"])
@@ -136,24 +131,25 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
         line = (f"{path.parent.name:>3} {r['run_name']:<32} {r['status'].upper() + expectation(r):<7}" + figures
                 + (f" {shown}" if shown else "") + (" [not in MLflow yet]" if track == "pending" else "")
                 + (f" [on {placed.get('hostname')} {placed.get('ray_node_ip', '')}]".replace(" ]", "]") if placed else ""))
-        obs = (r.get("params") or {}).get("obs") or {}
-        rows.append({"job": path.parent.name, "run_name": r["run_name"], "mode": r["mode"], "verified": is_verified,
-                     "device": r["device"], "port": port_details(r),
-                     "dtype": r["dtype"], "precision_mode": r.get("precision_mode", "ieee"),
-                     "numerics": numerics_label(r["dtype"], r.get("precision_mode")), "batch_size": r["batch_size"], "case": r.get("case"), "status": r["status"],
-                     "note": note, "tracking": track, "expect": r.get("expect"),
-                     "expectation_met": r.get("expectation_met"), "line": line, "dir": str(path.parent),
-                     "seed": r.get("seed"), "obs": obs_label(obs), "model_sha256": (r.get("model") or {}).get("sha256"),
-                     "weights_sha256": (r.get("model") or {}).get("weights_sha256"),
-                     "model_name": _model_name(r.get("model") or {}),
-                     "latency_points": latency_points(r), "throughput_points": latency_points(r, "obs_per_s"),
-                     "noisy_points": latency_points(r, "noisy"), "metrics": r.get("headline_metrics") or {}, "shared_machine": r.get("shared_machine", False),
-                     "noisy": noisy(r), "run_id": (r.get("tracking") or {}).get("run_id"), "limits": judged_limits(r),
-                     "latency": r.get("latency") or {}, "max_abs_limit": _limit(r.get("metrics") or {}),
-                     "fingerprint": (r.get("tags") or {}).get(FINGERPRINT),
-                     "knobs": (r.get("params") or {}).get("mode") or {}, "vs_fp64": errors_vs_fp64(r.get("metrics") or {}),
-                     "host": (r.get("host") or {}).get("hostname") or (r.get("environment") or {}).get("host"),
-                     "node": (r.get("host") or {}).get("ray_node_ip"), "card": _card(r.get("host") or {})})
+        params, model, metrics = (r.get(k) or {} for k in ("params", "model", "metrics"))
+        rows.append({
+            "job": path.parent.name, "run_name": r["run_name"], "mode": r["mode"], "verified": is_verified,
+            "device": r["device"], "port": port_details(r), "dtype": r["dtype"],
+            "precision_mode": r.get("precision_mode", "ieee"),
+            "numerics": numerics_label(r["dtype"], r.get("precision_mode")), "batch_size": r["batch_size"],
+            "case": r.get("case"), "status": r["status"], "note": note, "tracking": track, "expect": r.get("expect"),
+            "expectation_met": r.get("expectation_met"), "line": line, "dir": str(path.parent),
+            "seed": r.get("seed"), "obs": obs_label(params.get("obs") or {}), "model_sha256": model.get("sha256"),
+            "weights_sha256": model.get("weights_sha256"), "model_name": _model_name(model),
+            "latency_points": latency_points(r), "throughput_points": latency_points(r, "obs_per_s"),
+            "noisy_points": latency_points(r, "noisy"), "metrics": r.get("headline_metrics") or {},
+            "shared_machine": r.get("shared_machine", False), "noisy": noisy(r),
+            "run_id": (r.get("tracking") or {}).get("run_id"), "limits": judged_limits(r),
+            "latency": r.get("latency") or {}, "max_abs_limit": _limit(metrics),
+            "fingerprint": (r.get("tags") or {}).get(FINGERPRINT), "knobs": params.get("mode") or {},
+            "vs_fp64": errors_vs_fp64(metrics),
+            "host": placed.get("hostname") or (r.get("environment") or {}).get("host"),
+            "node": placed.get("ray_node_ip"), "card": _card(placed)})
     tally = {s: sum(r["status"] == s for r in rows) for s in ORDER}
     tally["pending"] = sum(r["tracking"] == "pending" for r in rows)
     tally["expected"] = sum(r["expect"] is not None for r in rows)
@@ -207,8 +203,7 @@ def point_figures(record: dict) -> str:
     parts += [f"{name} {head[key]:.2g}" for key, name in (("kl_vs_fp64", "KL"), ("shift_vs_fp64", "|Δμ|/σ")) if key in head]
     if "p50_us" in head:
         parts.append(f"p50 {head['p50_us']:,.0f} µs" + ("(noisy)" if (record.get("latency") or {}).get("noisy") else ""))
-    fp = (record.get("tags") or {}).get(FINGERPRINT)
-    if fp:
+    if fp := (record.get("tags") or {}).get(FINGERPRINT):
         parts.append(f"{FINGERPRINT} {fp[:12]}")
     if "ort_int8_kl" in head:
         verdict = "PASSED" if (record.get("metrics") or {}).get("onnxruntime_int8/passed") else "FAILED"

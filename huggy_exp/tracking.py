@@ -12,9 +12,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import csv
-import fcntl
 import functools
-import io
 import json
 import math
 import os
@@ -31,14 +29,15 @@ from datetime import datetime
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from huggy_exp.environment import flatten
 from huggy_exp.errors import UserError
 from huggy_exp.headline import (ANSWER, ANSWER_ORDER, COSINE, ERROR, PER_DTYPE, fastest_backend, judged_limits,
                                 logged_metrics, logged_name, noisy, settings, timed_batch)
 from huggy_exp.report import escape
 from huggy_exp.config import VERDICTS
 from huggy_exp.results import update_result
-from huggy_exp.safety import (MAX_JSON_BYTES, atomic_write, disk_full_message, free_bytes, is_disk_full, read_capped,
-                              read_json, size)
+from huggy_exp.safety import (MAX_JSON_BYTES, atomic_write, atomic_write_text, disk_full_message, flock, free_bytes,
+                              is_disk_full, read_capped, read_json, size)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_EXPERIMENT = "huggy_exp"
@@ -89,9 +88,7 @@ def hide_secrets(uri: str) -> str:
     clean = use_credentials(uri)
     shown = redact(clean)
     if shown != clean:
-        secrets = _secrets()
-        secrets[shown] = clean
-        os.environ[SECRETS_ENV] = json.dumps(secrets)
+        os.environ[SECRETS_ENV] = json.dumps({**_secrets(), shown: clean})
     return shown
 
 
@@ -103,22 +100,15 @@ def _secrets() -> dict:
     return found if isinstance(found, dict) else {}
 
 
-def split_credentials(uri: str) -> tuple[str, str | None, str | None]:
-    """(URI without userinfo, user, password) of an http(s) URI; other schemes (databases) keep theirs."""
+def use_credentials(uri: str) -> str:
+    """A server URI's `user:password@` moved into MLflow's own variables (the URI's win); returns the URI without it.
+    Other schemes (databases) keep theirs."""
     p = urlparse(uri)
     if p.scheme not in ("http", "https") or "@" not in p.netloc:
-        return uri, None, None
-    host = p.netloc.rsplit("@", 1)[1]
-    return p._replace(netloc=host).geturl(), unquote(p.username or ""), unquote(p.password or "")
-
-
-def use_credentials(uri: str) -> str:
-    """A server URI's `user:password@` moved into MLflow's own variables (the URI's win); returns the URI without it."""
-    clean, user, password = split_credentials(uri)
-    if user is not None:
-        os.environ["MLFLOW_TRACKING_USERNAME"] = user
-        os.environ["MLFLOW_TRACKING_PASSWORD"] = password or ""
-    return clean
+        return uri
+    os.environ["MLFLOW_TRACKING_USERNAME"] = unquote(p.username or "")
+    os.environ["MLFLOW_TRACKING_PASSWORD"] = unquote(p.password or "")
+    return p._replace(netloc=p.netloc.rsplit("@", 1)[1]).geturl()
 
 
 def public_settings(settings: dict) -> dict:
@@ -149,12 +139,6 @@ def local_paths(uri: str | None) -> list[Path]:
     """The folder a SQLite store lives in (the database, its lock and the artifacts beside it): the tool's own files."""
     db = local_store(uri)
     return [db.parent] if db else []
-
-
-def artifact_root(uri: str) -> str | None:
-    """Artifacts live beside a SQLite store (mlruns/ by default); a server chooses its own."""
-    db = _sqlite_path(uri)
-    return db.parent.as_uri() if db else None
 
 
 def check_uri(uri: str) -> None:
@@ -190,8 +174,7 @@ def probe(uri: str) -> None:
                 raise StoreDown(f"MLflow store {db} is a {'folder' if db.is_dir() else 'special file'}, not a SQLite "
                                 "database file: give tracking.uri=sqlite:///<folder>/mlflow.db")
             db.parent.mkdir(parents=True, exist_ok=True)
-            with open(_lock_path(db), "a"):
-                pass
+            open(_lock_path(db), "a").close()
             if db.exists() and not os.access(db, os.W_OK):
                 raise PermissionError(f"{db} is read-only")
             if db.exists() and db.stat().st_size:
@@ -218,8 +201,7 @@ def probe(uri: str) -> None:
             raise StoreDown(f"MLflow store {db} is not writable ({exc.strerror or exc})") from None
         return
     if urlparse(uri).scheme in ("http", "https"):
-        clean = split_credentials(uri)[0]
-        request = urllib.request.Request(clean.rstrip("/") + "/health", headers=_auth_headers())
+        request = urllib.request.Request(use_credentials(uri).rstrip("/") + "/health", headers=_auth_headers())
         try:
             with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT_S) as reply:
                 reply.read(64)
@@ -232,27 +214,18 @@ def _lock_path(db: Path) -> Path:
     return db.with_name(db.name + ".lock")
 
 
-@contextlib.contextmanager
 def store_lock(uri: str):
     """One writer at a time on a SQLite store, across processes; no-op for servers (they serialise themselves)."""
     db = _sqlite_path(uri)
     if db is None:
-        yield
-        return
+        return contextlib.nullcontext()
     db.parent.mkdir(parents=True, exist_ok=True)
-    with open(_lock_path(db), "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    return flock(_lock_path(db), create=True)
 
 
 def http_limits(settings: dict) -> None:
-    """Bound MLflow's HTTP retries: its defaults wait about 4 minutes on a server that is down.
-
-    Variables already set in the environment win; the config supplies the rest.
-    """
+    """Bound MLflow's HTTP retries (its defaults wait about 4 minutes on a server that is down); variables already set
+    in the environment win."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(int(settings.get("http_retries", 2))))
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(int(settings.get("http_timeout_s", 10))))
@@ -292,7 +265,12 @@ def _forget_stores() -> None:
 
 
 def _explain(uri: str, exc: BaseException) -> str:
-    """One line; a SQLite store broken by an interrupted migration (or not a database at all) names the fix."""
+    """One line: a StoreDown's own, a full disk's; a SQLite store broken by an interrupted migration (or not a database
+    at all) names the fix."""
+    if isinstance(exc, StoreDown):
+        return str(exc)
+    if is_disk_full(exc):
+        return disk_full_message(exc)
     text = redact(" ".join(str(exc).split()) or type(exc).__name__)
     db = _sqlite_path(uri)
     if db is not None and "database or disk is full" in text:
@@ -307,44 +285,31 @@ def _explain(uri: str, exc: BaseException) -> str:
 # --- a new SQLite store starts as a copy of an empty one MLflow built: its ~50 schema migrations run once per install
 
 
-def _empty_store_template() -> Path | None:
-    """An empty store at this MLflow's schema head, built by MLflow itself once per MLflow version in the cache dir.
-
-    It holds no experiment: opening a copy, MLflow creates its Default experiment with the copy's own artifact root,
-    as it does for a database it migrated. None when the cache dir is not writable (MLflow then migrates the store).
-    """
+def _seed_sqlite(uri: str) -> None:
+    """A SQLite store that does not exist yet becomes a copy of an empty one at this MLflow's schema head, which MLflow
+    builds once per version in the cache dir (not writable: MLflow migrates the store). It holds no experiment: MLflow
+    creates Default in the copy with its own artifact root, as in a database it migrated. Call under store_lock."""
+    db = _sqlite_path(uri)
+    if db is None or db.exists():
+        return
     mlflow = _mlflow()
     from huggy_exp.mlagents.default import cache_dir
 
     template = cache_dir() / f"mlflow-{mlflow.__version__}-empty.db"
-    if template.is_file():
-        return template
-    try:
-        template.parent.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None
+    if not template.is_file():
+        try:
+            template.parent.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return
 
-    def build(tmp: str) -> None:  # MLflow migrates the empty temporary file, then its experiments are dropped
-        mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp}").search_experiments()
-        _forget_stores()  # close the engine before the file is edited and moved
-        with contextlib.closing(sqlite3.connect(tmp)) as con:
-            with con:
-                con.execute("DELETE FROM experiment_tags")
-                con.execute("DELETE FROM experiments")
-            con.execute("VACUUM")
+        def build(tmp: str) -> None:  # MLflow migrates the empty temporary file, then its experiments are dropped
+            mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp}").search_experiments()
+            _forget_stores()  # close the engine before the file is edited and moved
+            with contextlib.closing(sqlite3.connect(tmp)) as con:
+                con.executescript("DELETE FROM experiment_tags; DELETE FROM experiments; VACUUM;")
 
-    atomic_write(template, build)  # two first runs at once each build one, and either is complete
-    return template
-
-
-def _seed_sqlite(uri: str) -> None:
-    """A SQLite store that does not exist yet becomes a copy of the empty template (call under store_lock)."""
-    db = _sqlite_path(uri)
-    if db is None or db.exists():
-        return
-    template = _empty_store_template()
-    if template is not None:
-        atomic_write(db, lambda tmp: shutil.copyfile(template, tmp))
+        atomic_write(template, build)  # two first runs at once each build one, and either is complete
+    atomic_write(db, lambda tmp: shutil.copyfile(template, tmp))
 
 
 class Store:
@@ -352,8 +317,7 @@ class Store:
 
     def __init__(self, uri: str, experiment: str, user: str | None = None):
         self.uri, self.experiment, self.user = uri, experiment, user
-        mlflow = _mlflow()
-        self.client = mlflow.MlflowClient(tracking_uri=uri)
+        self.client = _mlflow().MlflowClient(tracking_uri=uri)
         self.experiment_id = self._ensure_experiment()
 
     @classmethod
@@ -365,8 +329,6 @@ class Store:
             with store_lock(uri):
                 _seed_sqlite(uri)
                 return cls(uri, settings.get("experiment") or DEFAULT_EXPERIMENT, settings.get("user"))
-        except StoreDown:
-            raise
         except Exception as exc:
             _forget_stores()
             raise StoreDown(_explain(uri, exc)) from None
@@ -375,32 +337,27 @@ class Store:
         from mlflow.exceptions import MlflowException
 
         found = self.client.get_experiment_by_name(self.experiment)
-        if found is not None:
-            return found.experiment_id
-        try:
-            return self.client.create_experiment(self.experiment, artifact_location=artifact_root(self.uri))
-        except MlflowException:
-            found = self.client.get_experiment_by_name(self.experiment)
-            if found is None:
-                raise
-            return found.experiment_id
+        if found is None:
+            db = _sqlite_path(self.uri)  # artifacts live beside a SQLite store (mlruns/ by default); a server chooses
+            try:
+                return self.client.create_experiment(self.experiment, artifact_location=db and db.parent.as_uri())
+            except MlflowException:  # another process created it meanwhile, else the error stands
+                found = self.client.get_experiment_by_name(self.experiment)
+                if found is None:
+                    raise
+        return found.experiment_id
 
-    def children(self, parent_id: str) -> list:
-        """The runs of a sweep's parent."""
-        return self.client.search_runs([self.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent_id}'",
-                                       max_results=5000)
+    def runs(self, where: str, n: int = 5000, **kw) -> list:
+        """The experiment's active runs (unless `run_view_type` says otherwise) that match the filter `where`."""
+        return self.client.search_runs([self.experiment_id], filter_string=where, max_results=n, **kw)
 
-    def find(self, key: str, value: str, also: str = ""):
-        """Active runs whose tag `key` is `value` (and `also`, a further filter clause)."""
-        from mlflow.entities import ViewType
+    def children(self, parent_id: str, also: str = "") -> list:
+        """The runs of a sweep's parent (`also`: a further filter clause)."""
+        return self.runs(f"tags.`mlflow.parentRunId` = '{parent_id}'" + also)
 
-        where = f"tags.`{key}` = '{value}'" + (f" and {also}" if also else "")
-        return self.client.search_runs([self.experiment_id], filter_string=where, run_view_type=ViewType.ACTIVE_ONLY,
-                                       max_results=10)
-
-    def url(self, run_id: str) -> str:
-        """The run's page in the MLflow UI (full URL for a server store; for SQLite the part after the UI's address)."""
-        return run_url(self.uri, self.experiment_id, run_id)
+    def sweeps(self, n: int, also: str = "") -> list:
+        """The sweeps' parent runs, newest first."""
+        return self.runs(f"tags.`{PARENT_TAG}` = 'true'" + also, n, order_by=["attributes.start_time DESC"])
 
 
 UI_VIEW = "workflowType=machine_learning"  # MLflow 3 UI: without it an experiment opens on its GenAI (traces) pages
@@ -445,13 +402,12 @@ def view_columns(present: set[str], batches: int = 1) -> list[str]:
             *(f"params.`{p}`" for p in VIEW_PARAMS if f"params.`{p}`" not in batch), "tags.`case`"]
 
 
-def present_columns(runs) -> set[str]:
-    """The MLflow column ids of what `runs` (MLflow Run objects) logged: their metrics, params and tags."""
-    found = set()
-    for run in runs:
-        found |= {f"metrics.`{k}`" for k in run.data.metrics}
-        found |= {f"params.`{k}`" for k in run.data.params} | {f"tags.`{k}`" for k in run.data.tags}
-    return found
+def present_columns(runs) -> tuple[set[str], int]:
+    """The MLflow column ids of what `runs` (MLflow Run objects) logged (metrics, params, tags), and how many distinct
+    batch sizes they ran: `view_columns`' arguments."""
+    kinds = ("metrics", "params", "tags")
+    return ({f"{kind}.`{k}`" for run in runs for kind in kinds for k in getattr(run.data, kind)},
+            len({run.data.params.get(BATCH_PARAM) for run in runs}))
 
 
 def sweep_view(sweep_id: str, present: set[str], batches: int = 1, names: list[str] = ()) -> str:
@@ -474,14 +430,11 @@ def sweep_view(sweep_id: str, present: set[str], batches: int = 1, names: list[s
 
 def log_job(settings: dict, workdir: Path, retry_down: bool = False, foreign: bool = False) -> dict:
     """Copy the job's result.json (+ artifacts) into MLflow; returns the tracking outcome recorded in result.json.
-
-    In a sweep whose store was already found down, the job goes straight to pending unless `retry_down` (sync).
-    `foreign` (sync): the result.json was not written by this process; it is read with the sync reader and only files
-    inside the job's folder are uploaded.
-    """
+    `retry_down` (sync): try a store this sweep already found down (else the job goes straight to pending). `foreign`
+    (sync): a result.json this process did not write, read with the sync reader; only files inside its folder go up."""
     if not settings.get("enabled", True):
         return {"status": "off"}
-    with folder_lock(workdir):  # one logger per job at a time (a job and a sync, two syncs), on any store
+    with flock(workdir):  # one logger per job at a time (a job and a sync, two syncs), on any store
         record = read_record(workdir / "result.json")
         if (record.get("tracking") or {}).get("status") == "logged":  # another process logged it while we waited
             return record["tracking"]
@@ -492,51 +445,39 @@ def log_job(settings: dict, workdir: Path, retry_down: bool = False, foreign: bo
             store = Store.open(settings)
             with store_lock(store.uri):
                 return _log_job(store, record, workdir, sweep, foreign)
-        except StoreDown as exc:
-            if sweep:
-                mark_sweep_down(Path(record["sweep"]["dir"]), str(exc))
-            return {"status": "pending", "reason": str(exc)}
         except Exception as exc:  # tracking is best effort; the job's result is already on disk
-            uri = store_uri(settings.get("uri"))
-            return {"status": "pending", "reason": disk_full_message(exc) if is_disk_full(exc) else _explain(uri, exc)}
-
-
-@contextlib.contextmanager
-def folder_lock(folder: Path):
-    """An exclusive flock on the folder itself (no lock file: a full disk or a read-only job dir still locks)."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
+            reason = _explain(store_uri(settings.get("uri")), exc)
+            if sweep and isinstance(exc, StoreDown):
+                mark_sweep_down(Path(record["sweep"]["dir"]), reason)
+            return {"status": "pending", "reason": reason}
 
 
 def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None, foreign: bool = False) -> dict:
-    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.entities import Metric, Param
 
-    job_id = record["job_id"]
-    for old in store.find("huggy.job_id", job_id):  # exactly once: a complete copy is kept, a partial one replaced
-        if old.data.tags.get("huggy.complete") == "true":
+    for old in store.runs(f"tags.`huggy.job_id` = '{record['job_id']}'", 10):
+        if old.data.tags.get("huggy.complete") == "true":  # exactly once: a complete copy is kept, a partial replaced
             return _logged(store, old.info.run_id, record)
-        end_partial(store, old)
+        _end(store, old, "FAILED", "partial copy: logging stopped before it was complete; replaced by a complete one",
+             delete=True)
     parent = _parent_id(store, sweep)
     started, ended = job_times(record)
-    run = store.client.create_run(store.experiment_id, run_name=record["run_name"], tags=run_tags(record, parent),
-                                  start_time=started)
-    run_id = run.info.run_id
+    run_id = store.client.create_run(store.experiment_id, run_name=record["run_name"], tags=run_tags(record, parent),
+                                     start_time=started).info.run_id
+    logged = _logged(store, run_id, record, parent)
     try:
         flat = {"mode": record["mode"], **flatten(settings(record.get("params", {}), record["dtype"])), **limit_params(record)}
-        params = [Param(k, v) for k, v in flat.items() if not _per_dtype(k, record["dtype"])]
+        params = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in flat.items()  # unset (None) settings: table noise
+                  if v is not None and not _per_dtype(k, record["dtype"])]
         metrics = [Metric(k, v, ended, 0) for k, v in logged_metrics(record).items()]
         for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch (and 1000 metrics)
             store.client.log_batch(run_id, metrics=metrics if i == 0 else [], params=params[i:i + 100])
         # on disk "logging" (sync retries it) until the run is complete; the copy in MLflow says where it lives
-        update_result(workdir, tracking={**_logged(store, run_id, record, parent), "status": "logging"})
+        update_result(workdir, tracking={**logged, "status": "logging"})
         with tempfile.TemporaryDirectory() as tmp:  # every artifact in one upload: one call, not one per file
-            _stage_artifacts({**record, "tracking": _logged(store, run_id, record, parent)}, workdir, Path(tmp), foreign)
+            _stage_artifacts({**record, "tracking": logged}, workdir, Path(tmp), foreign)
             store.client.log_artifacts(run_id, tmp)
-        store.client.log_batch(run_id, tags=[RunTag("huggy.complete", "true")])
+        store.client.set_tag(run_id, "huggy.complete", "true")
         store.client.set_terminated(run_id, run_status(record), end_time=max(ended, started))
     except BaseException as exc:  # end the run first: on a full disk the result.json update below may fail too
         with contextlib.suppress(Exception):
@@ -545,22 +486,24 @@ def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None, fore
             update_result(workdir, tracking={"status": "pending", "reason": f"logging interrupted ({type(exc).__name__}); "
                                              f"partial run {run_id} ended, sync replaces it"})
         raise
-    return _logged(store, run_id, record, parent)
+    return logged
 
 
 METRICS_TABLE = "metrics.csv"  # every metric of the job (and each series point), beside the few MLflow charts
 
 
-def _stage_artifacts(record: dict, workdir: Path, stage: Path, foreign: bool = False) -> None:
+def _stage_artifacts(record: dict, workdir: Path, stage: Path, foreign: bool) -> None:
     """The run's artifacts in `stage` as the run shows them, as symbolic links to the checked files (the upload copies
     what they point at): result.json as logged (`record`), metrics.csv, a config file holding a URI password redacted,
     a file in a job-dir folder in that folder (loadgen/<scenario>/mlperf_log_summary.txt), Hydra's .hydra/config.yaml
     and files outside the job dir at the top. `foreign`: only files inside the job's folder (`artifacts`)."""
     (stage / "result.json").write_text(json.dumps(record, indent=2))
-    (stage / METRICS_TABLE).write_text(metric_table(record))
+    metrics, series = record.get("metrics") or {}, record.get("series") or {}
+    rows = [("name", "step", "value"), *((k, "", v) for k, v in metrics.items()),  # a series point has its step
+            *((k, step, v) for k, points in series.items() for step, v in points)]  # (e.g. the batch size)
+    with open(stage / METRICS_TABLE, "w", newline="") as fh:
+        csv.writer(fh, lineterminator="\n").writerows(rows)
     for path in artifacts(record, workdir, inside_only=foreign):
-        if path.name == "result.json":
-            continue
         folder = path.parent.relative_to(workdir) if path.is_relative_to(workdir) else Path(".")
         target = stage / (folder if str(folder) != "." and not folder.parts[0].startswith(".") else Path(".")) / path.name
         if target.exists():
@@ -570,18 +513,6 @@ def _stage_artifacts(record: dict, workdir: Path, stage: Path, foreign: bool = F
             target.write_text(redact(text))  # Hydra's copy of a config file that holds a URI password
         else:
             target.symlink_to(path.resolve())
-
-
-def metric_table(record: dict) -> str:
-    """Every metric of the job as CSV (`name,step,value`; a series point has its step, e.g. the batch size)."""
-    out = io.StringIO()
-    rows = csv.writer(out, lineterminator="\n")
-    rows.writerow(("name", "step", "value"))
-    metrics, series = record.get("metrics"), record.get("series")
-    rows.writerows((k, "", v) for k, v in (metrics.items() if isinstance(metrics, dict) else ()))
-    rows.writerows((name, *point) for name, points in (series.items() if isinstance(series, dict) else ())
-                   for point in (points if isinstance(points, list) else ()) if isinstance(point, list | tuple) and len(point) == 2)
-    return out.getvalue()
 
 
 def job_times(record: dict) -> tuple[int, int]:
@@ -613,16 +544,16 @@ def _logged(store: Store, run_id: str, record: dict, parent: str | None = None) 
             "parent_run_id": parent or (record.get("sweep") or {}).get("parent_run_id")}
 
 
-def end_partial(store: Store, run) -> None:
-    """A partial copy of a job (a crash mid-copy): ended FAILED with the reason, then deleted (sync logs a whole one)."""
-    from mlflow.entities import RunTag
-
-    run_id = run.info.run_id
+def _end(store: Store, run, status: str, reason: str, delete: bool = False) -> None:
+    """A RUNNING run ended `status` with `huggy.end_reason` (a deleted one is restored for that, MLflow ends only active
+    runs, then deleted again); `delete`: a partial copy, deleted (sync logs a whole one)."""
+    run_id, deleted = run.info.run_id, run.info.lifecycle_stage == "deleted"
     if run.info.status == "RUNNING":
-        store.client.log_batch(run_id, tags=[RunTag("huggy.end_reason", "partial copy: logging stopped before it was "
-                                                                         "complete; replaced by a complete one")])
-        store.client.set_terminated(run_id, "FAILED")
-    if run.info.lifecycle_stage != "deleted":
+        if deleted:
+            store.client.restore_run(run_id)
+        store.client.set_tag(run_id, "huggy.end_reason", reason)
+        store.client.set_terminated(run_id, status)
+    if delete or deleted:
         store.client.delete_run(run_id)
 
 
@@ -634,63 +565,53 @@ def _parent_id(store: Store, sweep: dict | None) -> str | None:
         return None
     if _in_store(store, sweep.get("parent_run_id")):
         return sweep["parent_run_id"]
-    with folder_lock(Path(sweep["dir"])):  # two syncs of a sweep that started while the store was down: one parent
+    with flock(Path(sweep["dir"])):  # two syncs of a sweep that started while the store was down: one parent
         sweep = read_sweep(Path(sweep["dir"])) or sweep
-        if _in_store(store, sweep.get("parent_run_id")):
-            return sweep["parent_run_id"]
-        run_id = ensure_parent(store, {**sweep, "parent_run_id": None})  # a parent after the fact, in this store
-    store.client.set_terminated(run_id, "FINISHED")
-    return run_id
+        if not _in_store(store, sweep.get("parent_run_id")):
+            sweep = {**sweep, **_parent(store, sweep)}  # a parent after the fact, in this store
+            write_sweep(Path(sweep["dir"]), sweep)
+            store.client.set_terminated(sweep["parent_run_id"], "FINISHED")
+    return sweep["parent_run_id"]
 
 
 def _in_store(store: Store, run_id: str | None) -> bool:
     """Whether `run_id` is a run of this store's experiment (a parent id from sweep.json may be another store's)."""
-    if not run_id:
-        return False
     from mlflow.exceptions import MlflowException
 
     try:
-        return store.client.get_run(run_id).info.experiment_id == store.experiment_id
+        return bool(run_id) and store.client.get_run(run_id).info.experiment_id == store.experiment_id
     except MlflowException:
         return False
 
 
 def run_tags(record: dict, parent: str | None) -> dict[str, str]:
-    model = record.get("model") or {}
-    sweep = record.get("sweep") or {}
-    env = record.get("environment") or {}
+    model, sweep, env = (record.get(k) or {} for k in ("model", "sweep", "environment"))
     tags = {
         "mode": record["mode"], "device": record["device"], "dtype": record["dtype"], "status": record["status"],
         "verdict": verdict(record),  # status, for filters; verdict, for reading: the runs table's first column
         "reason": record.get("reason", ""), "synthetic": str(model.get("synthetic")).lower(),
-        "model.sha256": str(model.get("sha256")), "huggy.job_id": record["job_id"],
-        "mlflow.source.name": "run.py", "mlflow.source.type": "LOCAL", "huggy.owner": owner(),
+        "model.sha256": str(model.get("sha256")), "huggy.job_id": record["job_id"], "mlflow.source.type": "LOCAL",
         "mlflow.note.content": escape(record.get("headline") or record.get("reason") or record["status"]),
         **{f"env.{k}": str(env[k]) for k in ENV_TAGS if k in env},
         **{f"host.{k}": str(v) for k, v in (record.get("host") or {}).items()},  # a launcher's placement (Ray)
         **(record.get("tags") or {}),
+        **_source_tags(((record.get("params") or {}).get("tracking") or {}).get("user")),
     }
-    metrics = record.get("metrics") or {}
-    fastest = fastest_backend(metrics, timed_batch(metrics, record.get("batch_size"))[0])
-    if fastest:  # a benchmark: the backend of `best/p50_us`
-        tags["best_backend"] = fastest
-    user = ((record.get("params") or {}).get("tracking") or {}).get("user")
-    if user:
-        tags["mlflow.user"] = user
-    if record.get("case"):
-        tags["case"] = record["case"]
-    if record.get("emulated"):
-        tags["emulated"] = "true"
     if record.get("overrides") is not None:
         tags["overrides"] = " ".join(record["overrides"])
-    commit = git_commit()
-    if commit:
-        tags["mlflow.source.git.commit"] = commit
-    if sweep:
-        tags.update({"sweep_id": sweep["id"], "job_num": str(sweep.get("num"))})
-    if parent:
-        tags["mlflow.parentRunId"] = parent
+    metrics = record.get("metrics") or {}
+    optional = {"best_backend": fastest_backend(metrics, timed_batch(metrics, record.get("batch_size"))[0]),  # benchmark
+                "case": record.get("case"), "emulated": record.get("emulated") and "true", "sweep_id": sweep.get("id"),
+                "job_num": str(sweep.get("num")) if sweep else None, "mlflow.parentRunId": parent}
+    tags.update({k: v for k, v in optional.items() if v})
     return {k: str(v)[:MAX_TAG_CHARS] for k, v in tags.items()}
+
+
+def _source_tags(user: str | None) -> dict[str, str]:
+    """What a job's run and a sweep's parent both say of where they come from: run.py, the process, user and commit."""
+    tags = {"mlflow.source.name": "run.py", "huggy.owner": owner(), "mlflow.user": user,
+            "mlflow.source.git.commit": git_commit()}
+    return {k: v for k, v in tags.items() if v}
 
 
 def limit_params(record: dict) -> dict[str, str]:
@@ -726,28 +647,16 @@ def verdict(record: dict) -> str:
 
 
 def artifacts(record: dict, workdir: Path, inside_only: bool = True) -> list[Path]:
-    """The job's files to upload: result.json, report.html, its arrays, tables and files, Hydra's config.yaml; regular
-    files only. `inside_only` (always for sync): only files inside the job's own folder, symlinks resolved, so a
+    """The job's files to upload beside its result.json: report.html, its arrays, tables and files, Hydra's config.yaml;
+    regular files only. `inside_only` (always for sync): only files inside the job's own folder, symlinks resolved, so a
     result.json naming `/etc/passwd`, `../x` or a link out of the folder uploads nothing of it. The job itself
     (`inside_only=False`) also uploads a file it wrote elsewhere (export-onnx's mode.path)."""
-    names = ["result.json", "report.html", *(record.get("arrays") or {}).values(), *(record.get("tables") or {}).values(),
+    names = ["report.html", *(record.get("arrays") or {}).values(), *(record.get("tables") or {}).values(),
              *(record.get("files") or [])]
     paths = [p if p.is_absolute() else workdir / p for p in map(Path, filter(lambda n: isinstance(n, str), names))]
     home = workdir.resolve()
     return [p for p in dict.fromkeys([*paths, workdir / ".hydra" / "config.yaml"])
             if p.is_file() and (not inside_only or p.resolve().is_relative_to(home))]
-
-
-def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
-    """Nested params as dotted keys; unset (None) settings are left out: they are noise in the runs table."""
-    flat: dict[str, str] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten(value, name + "."))
-        elif value is not None:
-            flat[name] = str(value)[:MAX_PARAM_CHARS]
-    return flat
 
 
 def owner() -> str:
@@ -798,16 +707,13 @@ def git_commit() -> str | None:
 
 
 def read_sweep(sweep_dir: Path) -> dict | None:
-    path = sweep_dir / SWEEP_FILE
     try:
-        return json.loads(path.read_text())
+        return json.loads((sweep_dir / SWEEP_FILE).read_text())
     except (OSError, ValueError):
         return None
 
 
 def write_sweep(sweep_dir: Path, info: dict) -> None:
-    from huggy_exp.results import atomic_write_text
-
     sweep_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(sweep_dir / SWEEP_FILE, json.dumps(info, indent=2) + "\n")
 
@@ -816,8 +722,7 @@ def mark_sweep_down(sweep_dir: Path, reason: str) -> None:
     """The first point that finds the store down says so once; the sweep's later points do not wait again."""
     info = read_sweep(sweep_dir)
     if info is not None and info.get("tracking", {}).get("status") != "down":
-        info["tracking"] = {"status": "down", "reason": reason}
-        write_sweep(sweep_dir, info)
+        write_sweep(sweep_dir, {**info, "tracking": {"status": "down", "reason": reason}})
 
 
 def start_sweep(settings: dict, sweep_dir: Path, sweep_id: str, argv: list[str], jobs: int | None = None) -> dict:
@@ -828,9 +733,7 @@ def start_sweep(settings: dict, sweep_dir: Path, sweep_id: str, argv: list[str],
         try:
             store = Store.open(settings)
             with store_lock(store.uri):
-                info["parent_run_id"] = ensure_parent(store, info)
-        except StoreDown as exc:
-            info["tracking"] = {"status": "down", "reason": str(exc)}
+                info.update(_parent(store, info))
         except Exception as exc:
             info["tracking"] = {"status": "down", "reason": _explain(store_uri(settings.get("uri")), exc)}
     write_sweep(sweep_dir, info)
@@ -842,60 +745,42 @@ SWEEP_FUNCTIONS = ("glob(", "range(", "choice(", "interval(", "tag(", "sort(", "
 
 def sweep_overrides(argv: list[str]) -> dict[str, str]:
     """The command line's `key=value` overrides that describe the sweep (not Hydra's or tracking's plumbing)."""
-    found = {}
-    for arg in argv:
-        key, eq, value = arg.lstrip("+~").partition("=")
-        if eq and not key.startswith(("hydra", "tracking.", "-")):
-            found[key] = value
-    return found
-
-
-def is_swept(value: str) -> bool:
-    return "," in value or value.startswith(SWEEP_FUNCTIONS)
+    pairs = (arg.lstrip("+~").partition("=") for arg in argv)
+    return {key: value for key, eq, value in pairs if eq and not key.startswith(("hydra", "tracking.", "-"))}
 
 
 def sweep_name(argv: list[str], started: float) -> str:
     """`sweep mode=precision dtype=fp32,fp16,bf16 · 12-01 07:45`: what was swept (and the mode), and when."""
     overrides = sweep_overrides(argv)
-    shown = {k: v for k, v in overrides.items() if k == "mode" or is_swept(v)} or overrides
+    shown = {k: v for k, v in overrides.items() if k == "mode" or "," in v or v.startswith(SWEEP_FUNCTIONS)} or overrides
     what = " ".join(f"{k}={v}" for k, v in shown.items()) or "(defaults)"
     if len(what) > 110:
         what = what[:109] + "…"
     return f"sweep {what} · {time.strftime('%m-%d %H:%M', time.localtime(started))}"
 
 
-def ensure_parent(store: Store, info: dict) -> str:
-    """The sweep's parent run (found by its sweep id, else created); its id is written back to sweep.json.
-
-    Named after what was swept, with the overrides as params (a swept key holds its list of values)."""
+def _parent(store: Store, info: dict) -> dict:
+    """The sweep's parent run, found by its sweep id, else created (named after what was swept, with the overrides as
+    params: a swept key holds its list of values), as sweep.json records it."""
     from mlflow.entities import Param
 
-    found = store.find("sweep_id", info["id"], also=f"tags.`{PARENT_TAG}` = 'true'")
+    found = store.runs(f"tags.`sweep_id` = '{info['id']}' and tags.`{PARENT_TAG}` = 'true'", 10)
     if found:
         run_id = found[0].info.run_id
     else:
         argv = info.get("argv", [])
         shown = redact(" ".join(argv))
-        tags = {"sweep_id": info["id"], PARENT_TAG: "true", "huggy.owner": owner(), "huggy.jobs": str(info.get("jobs") or ""),
-                SWEEP_DIR_TAG: str(info.get("dir") or ""), "mlflow.source.name": "run.py", "overrides": shown,
-                "mlflow.note.content": f"python run.py {escape(shown)}"}
-        if store.user:
-            tags["mlflow.user"] = store.user
-        commit = git_commit()
-        if commit:
-            tags["mlflow.source.git.commit"] = commit
+        tags = {"sweep_id": info["id"], PARENT_TAG: "true", "huggy.jobs": str(info.get("jobs") or ""),
+                SWEEP_DIR_TAG: str(info.get("dir") or ""), "overrides": shown,
+                "mlflow.note.content": f"python run.py {escape(shown)}", **_source_tags(store.user)}
         name = redact(sweep_name(argv, info.get("started") or time.time()))
         run_id = store.client.create_run(store.experiment_id, run_name=name, tags=tags).info.run_id
         params = [Param(k, redact(v)[:MAX_PARAM_CHARS]) for k, v in sweep_overrides(argv).items()]
         if params:
             store.client.log_batch(run_id, params=params)
-    if info.get("parent_run_id") != run_id:
-        info["parent_run_id"] = run_id
-        info["tracking"] = {"status": "logged", "uri": redact(store.uri), "experiment_id": store.experiment_id,
-                            "url": store.url(run_id)}
-        if info.get("dir"):
-            write_sweep(Path(info["dir"]), info)
-    return run_id
+    url = run_url(store.uri, store.experiment_id, run_id)
+    return {"parent_run_id": run_id, "tracking": {"status": "logged", "uri": redact(store.uri),
+                                                   "experiment_id": store.experiment_id, "url": url}}
 
 
 def recommendation(comparison: dict) -> str:
@@ -913,12 +798,9 @@ def recommendation(comparison: dict) -> str:
 
 
 def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path], status: str = "FINISHED") -> dict | None:
-    """Close the parent run with the sweep's tally, recommendation, comparison and files (the HTML report among
-    them), and save the UI view of the sweep's runs (each point logged its own `fingerprint` tag).
-
-    Returns the UI addresses {"parent": ..., "runs": ...} (full URLs for servers, else the part after the UI's
-    address), or None if not logged.
-    """
+    """Close the parent run with the sweep's tally, recommendation, comparison and files (the HTML report among them)
+    and save the UI view of the sweep's runs; returns its UI addresses {"parent": ..., "runs": ...} (full URLs for a
+    server, else the part after the UI's address), or None if not logged."""
     info = read_sweep(sweep_dir)
     if not info or not info.get("parent_run_id") or info.get("tracking", {}).get("status") == "down":
         return None
@@ -927,32 +809,29 @@ def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path],
         with store_lock(store.uri):
             from mlflow.entities import Metric, RunTag
 
-            run_id = info["parent_run_id"]
-            stamp = int(time.time() * 1000)
-            tally = summary.get("tally", {})
+            run_id, stamp = info["parent_run_id"], int(time.time() * 1000)
             comparison = summary.get("comparison") or {}
             advice = recommendation(comparison)
             head = escape(summary.get("line", "")) + (f" · **Recommended** {escape(advice)}" if advice else "")  # in view
             note = "\n\n".join(filter(None, [head, "\n".join(f"- {escape(x)}" for x in comparison.get("lines", []))]))
-            tags = [RunTag("mlflow.note.content", note[:MAX_TAG_CHARS])]
-            if advice:
-                tags += [RunTag("recommendation", advice[:MAX_TAG_CHARS]), RunTag("verdict", f"recommends {advice}"[:MAX_TAG_CHARS])]
-            store.client.log_batch(run_id, metrics=[Metric(f"jobs_{k}", float(v), stamp, 0) for k, v in tally.items()],
-                                   tags=tags)
-            if comparison.get("table"):
-                store.client.log_table(run_id, data=_columns(comparison["table"]), artifact_file="comparison_table.json")
-            for path in files:
-                if path.name.endswith(".md") and path.is_file():
+            tags = {"mlflow.note.content": note, **({"recommendation": advice, "verdict": f"recommends {advice}"}
+                                                    if advice else {})}
+            tally = [Metric(f"jobs_{k}", float(v), stamp, 0) for k, v in summary.get("tally", {}).items()]
+            store.client.log_batch(run_id, metrics=tally, tags=[RunTag(k, v[:MAX_TAG_CHARS]) for k, v in tags.items()])
+            if rows := comparison.get("table"):  # as the column dict log_table takes (shown in the UI's artifact view)
+                columns = {n: [r.get(n) for r in rows] for n in dict.fromkeys(k for r in rows for k in r)}
+                store.client.log_table(run_id, data=columns, artifact_file="comparison_table.json")
+            for path in filter(Path.is_file, files):
+                if path.suffix == ".md":
                     _log_markdown(store, run_id, path, int(settings.get("ui_port") or 5000))
-                elif path.is_file():
+                else:
                     store.client.log_artifact(run_id, str(path))
             store.client.set_terminated(run_id, status)
             children = store.children(run_id)
-            batches = len({c.data.params.get(BATCH_PARAM) for c in children})
-            store.client.set_experiment_tag(store.experiment_id, SHARED_VIEW + info["id"],
-                                            sweep_view(info["id"], present_columns(children), batches,
-                                                       [c.info.run_name for c in children]))
-            info["ui"] = {"parent": store.url(run_id), "runs": run_url(store.uri, store.experiment_id, view=info["id"])}
+            view = sweep_view(info["id"], *present_columns(children), [c.info.run_name for c in children])
+            store.client.set_experiment_tag(store.experiment_id, SHARED_VIEW + info["id"], view)
+            info["ui"] = {"parent": run_url(store.uri, store.experiment_id, run_id),
+                          "runs": run_url(store.uri, store.experiment_id, view=info["id"])}
             store.client.set_experiment_tag(store.experiment_id, "mlflow.note.content", sweep_list(store))
             write_sweep(sweep_dir, info)
             return info["ui"]
@@ -967,8 +846,7 @@ DESCRIPTION_CHARS = 105  # the text MLflow's collapsed description box shows on 
 def sweep_list(store: Store) -> str:
     """The experiment's description: its last few finished sweeps, newest first, each a link to its runs (no "latest":
     MLflow shows it above every view of the experiment, another sweep's included)."""
-    parents = store.client.search_runs([store.experiment_id], max_results=SWEEPS_LISTED, order_by=["attributes.start_time DESC"],
-                                       filter_string=f"tags.`{PARENT_TAG}` = 'true' and attributes.status != 'RUNNING'")
+    parents = store.sweeps(SWEEPS_LISTED, also=" and attributes.status != 'RUNNING'")
     return one_line("Sweeps, newest first: ", [(p.info.run_name, run_url(store.uri, store.experiment_id, view=p.data.tags["sweep_id"]))
                                                 for p in parents if p.data.tags.get("sweep_id")])
 
@@ -986,19 +864,18 @@ def one_line(head: str, links: list[tuple[str, str]], chars: int = DESCRIPTION_C
     return head + " · ".join(shown)
 
 
-def ui_base(uri: str, ui_port: int = 5000) -> str:
-    """The UI's address for a store: the server itself, or where mode=ui serves a SQLite store (tracking.ui_port)."""
-    return redact(uri).rstrip("/") if urlparse(uri).scheme in ("http", "https") else f"http://127.0.0.1:{ui_port}"
-
-
 def _log_markdown(store: Store, run_id: str, path: Path, ui_port: int) -> None:
     """A markdown artifact whose relative image links point at the run's own artifacts: MLflow's viewer draws only
-    images with an absolute address (a relative one is shown as its link text, a data: URI is dropped)."""
+    images with an absolute address (a relative one is shown as its link text, a data: URI is dropped). The UI's
+    address: the server itself, or where mode=ui serves a SQLite store (tracking.ui_port)."""
+    server = urlparse(store.uri).scheme in ("http", "https")
+    base = redact(store.uri).rstrip("/") if server else f"http://127.0.0.1:{ui_port}"
+
     def absolute(match: re.Match) -> str:
         name = match.group(2)
         if re.match(r"^[a-z][a-z0-9+.-]*:", name):
             return match.group(0)
-        return f"![{match.group(1)}]({ui_base(store.uri, ui_port)}/get-artifact?path={name}&run_uuid={run_id})"
+        return f"![{match.group(1)}]({base}/get-artifact?path={name}&run_uuid={run_id})"
 
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / path.name
@@ -1006,37 +883,26 @@ def _log_markdown(store: Store, run_id: str, path: Path, ui_port: int) -> None:
         store.client.log_artifact(run_id, str(copy))
 
 
-def _columns(rows: list[dict]) -> dict[str, list]:
-    """Rows as the column dict `log_table` takes (MLflow's table artifact, shown in the UI's artifact view)."""
-    names = list(dict.fromkeys(k for r in rows for k in r))
-    return {n: [r.get(n) for r in rows] for n in names}
-
-
 def sweep_runs(settings: dict, sweep_id: str | None = None) -> dict:
     """A sweep in a store (the latest, or `sweep_id`) as the UI should show it, for UI checks: ids, names, verdicts,
     headline metrics, params, the parent's tally, recommendation and artifacts, the runs URL, the HTML report's path."""
     store = Store.open(settings)
-    where = f"tags.`{PARENT_TAG}` = 'true'" + (f" and tags.sweep_id = '{sweep_id}'" if sweep_id else "")
-    parents = store.client.search_runs([store.experiment_id], filter_string=where, max_results=1,
-                                       order_by=["attributes.start_time DESC"])
+    parents = store.sweeps(1, also=f" and tags.sweep_id = '{sweep_id}'" if sweep_id else "")
     if not parents:
         raise StoreDown(f"no sweep {sweep_id or ''} in {redact(store.uri)} (experiment {store.experiment!r})".replace("  ", " "))
-    parent = parents[0]
-    sid = parent.data.tags["sweep_id"]
-    children = store.children(parent.info.run_id)
-    folder = parent.data.tags.get(SWEEP_DIR_TAG)
-    note = parent.data.tags.get("mlflow.note.content", "")
-    return {"sweep_id": sid, "experiment_id": store.experiment_id, "experiment": store.experiment, "uri": redact(store.uri),
-            "runs": run_url(store.uri, store.experiment_id, view=sid),
+    parent, tags = parents[0].info, parents[0].data.tags
+    children, folder = store.children(parent.run_id), tags.get(SWEEP_DIR_TAG)
+    return {"sweep_id": tags["sweep_id"], "experiment_id": store.experiment_id, "experiment": store.experiment,
+            "uri": redact(store.uri),
+            "runs": run_url(store.uri, store.experiment_id, view=tags["sweep_id"]),
             "report": str(Path(folder) / "report.html") if folder else None,
-            "columns": view_columns(present_columns(children), len({c.data.params.get(BATCH_PARAM) for c in children})),
-            "parent": {"id": parent.info.run_id, "name": parent.info.run_name, "tally": note.split("\n")[0].split(" · ")[0],
-                       "recommendation": parent.data.tags.get("recommendation", ""),
-                       "artifacts": [a.path for a in store.client.list_artifacts(parent.info.run_id)]},
+            "columns": view_columns(*present_columns(children)),
+            "parent": {"id": parent.run_id, "name": parent.run_name, "recommendation": tags.get("recommendation", ""),
+                       "tally": tags.get("mlflow.note.content", "").split("\n")[0].split(" · ")[0],
+                       "artifacts": [a.path for a in store.client.list_artifacts(parent.run_id)]},
             "children": [{"id": c.info.run_id, "name": c.info.run_name, "metrics": dict(c.data.metrics),
-                          "status": c.data.tags.get("status", ""), "run_status": c.info.status,
-                          "reason": c.data.tags.get("reason", ""), "params": dict(c.data.params),
-                          "tags": dict(c.data.tags),
+                          "status": c.data.tags.get("status", ""), "reason": c.data.tags.get("reason", ""),
+                          "params": dict(c.data.params),
                           "headline": [k for k in c.data.metrics if k.startswith((ANSWER, "best/"))]} for c in children]}
 
 
@@ -1044,14 +910,9 @@ def latest_sweep_url(settings: dict) -> str | None:
     """The runs view of the store's latest finished sweep (the part after the UI's address for SQLite, a full URL
     for a server); None when the store has no sweep yet."""
     store = Store.open(settings)
-    parents = store.client.search_runs([store.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = 'true'",
-                                       max_results=20, order_by=["attributes.start_time DESC"])
-    views = set((store.client.get_experiment(store.experiment_id).tags or {}))
-    for parent in parents:
-        sweep_id = parent.data.tags.get("sweep_id")
-        if SHARED_VIEW + str(sweep_id) in views:
-            return run_url(store.uri, store.experiment_id, view=sweep_id)
-    return None
+    views = store.client.get_experiment(store.experiment_id).tags or {}
+    ids = [parent.data.tags.get("sweep_id") for parent in store.sweeps(20)]
+    return next((run_url(store.uri, store.experiment_id, view=i) for i in ids if SHARED_VIEW + str(i) in views), None)
 
 
 # --- sync: every pending result.json, exactly once
@@ -1098,62 +959,57 @@ def sync(settings: dict, roots: list[Path], say=print) -> dict[str, int]:
     named and skipped), then end every RUNNING run whose process is gone; returns counts (seen, logged, pending,
     skipped, closed)."""
     counts = {"logged": 0, "pending": 0, "seen": 0, "skipped": 0, "closed": 0}
+
+    def skip(what: Path, why: str) -> None:
+        counts["skipped"] += 1
+        say(f"sync: skipped {what}: {why}")
+
     for root in roots:
         if not root.is_dir():
-            counts["skipped"] += 1
-            say(f"sync: skipped {root}: {'not a folder' if root.exists() else 'no such folder'} (mode.paths)")
+            skip(root, f"{'not a folder' if root.exists() else 'no such folder'} (mode.paths)")
     found = sorted({p for root in roots if root.is_dir() for p in root.rglob("result.json")})
     said = None
     for path in found:
         try:
             state = (read_record(path).get("tracking") or {}).get("status")
         except UserError as exc:
-            counts["skipped"] += 1
-            say(f"sync: skipped {path}: {' '.join(str(exc).split())[:240]}")
+            skip(path, " ".join(str(exc).split())[:240])
             continue
         if state not in ("pending", "logging"):  # logging: a crash mid-copy
             continue
-        counts["seen"] += 1
         try:
             outcome = log_job({**settings, "enabled": True}, path.parent, retry_down=True, foreign=True)
             update_result(path.parent, tracking=outcome)
         except (OSError, ValueError, KeyError, TypeError, UserError) as exc:  # a result.json of the wrong shape: name it, go on
-            counts["seen"] -= 1
-            counts["skipped"] += 1
-            say(f"sync: skipped {path}: {disk_full_message(exc) if is_disk_full(exc) else f'{type(exc).__name__}: {exc}'}")
+            skip(path, disk_full_message(exc) if is_disk_full(exc) else f"{type(exc).__name__}: {exc}")
             continue
+        counts["seen"] += 1
         counts["logged" if outcome["status"] == "logged" else "pending"] += 1
         if outcome["status"] != "logged" and outcome.get("reason") != said:  # the store down: said once, not per file
             said = outcome.get("reason")
             say(f"sync: {path} stays pending: {said}")
-    try:
+    with contextlib.suppress(StoreDown):  # the pending count says the store is down
         store = Store.open({**settings, "enabled": True})
         with store_lock(store.uri):
             counts["closed"] = close_orphans(store, say)
-    except StoreDown:
-        pass  # the pending count says the store is down
     return counts
 
 
-def close_orphans(store: Store, say=print) -> int:
+def close_orphans(store: Store, say) -> int:
     """End every RUNNING run of the experiment whose owner process is gone: a job's partial copy FAILED (and deleted),
     a sweep's parent FINISHED when all its jobs are in, else KILLED, each with `huggy.end_reason`."""
-    from mlflow.entities import RunTag, ViewType
+    from mlflow.entities import ViewType
 
-    runs = store.client.search_runs([store.experiment_id], filter_string="attributes.status = 'RUNNING'",
-                                    run_view_type=ViewType.ALL, max_results=5000)
     closed = 0
-    for run in runs:
+    for run in store.runs("attributes.status = 'RUNNING'", run_view_type=ViewType.ALL):
         tags = run.data.tags
         tag = tags.get("huggy.owner")
         if tag is None or owner_alive(tag) is not False:  # not ours, alive, or on another host: left as it is
             continue
         pid = tag.rsplit(":", 3)[2]
-        if tags.get("huggy.parent") == "true":
-            children = store.client.search_runs([store.experiment_id], max_results=5000,
-                                                filter_string=f"tags.`mlflow.parentRunId` = '{run.info.run_id}' "
-                                                              "and tags.`huggy.complete` = 'true'")
-            done, jobs = len(children), int(tags.get("huggy.jobs") or 0)
+        if tags.get(PARENT_TAG) == "true":
+            done = len(store.children(run.info.run_id, also=" and tags.`huggy.complete` = 'true'"))
+            jobs = int(tags.get("huggy.jobs") or 0)
             status = "FINISHED" if jobs and done >= jobs else "KILLED"
             reason = (f"the sweep's process (pid {pid}) ended without closing it; {done} of {jobs or '?'} jobs are in "
                       "MLflow" + ("" if status == "FINISHED" else ": the sweep did not complete"))
@@ -1162,12 +1018,7 @@ def close_orphans(store: Store, say=print) -> int:
             reason = f"its job's process (pid {pid}) ended after the copy was complete, before closing it"
         else:
             status, reason = "FAILED", f"its job's process (pid {pid}) ended while logging it: a partial copy"
-        if run.info.lifecycle_stage == "deleted":
-            store.client.restore_run(run.info.run_id)
-        store.client.log_batch(run.info.run_id, tags=[RunTag("huggy.end_reason", reason)])
-        store.client.set_terminated(run.info.run_id, status)
-        if run.info.lifecycle_stage == "deleted" or reason.endswith("a partial copy"):
-            store.client.delete_run(run.info.run_id)
+        _end(store, run, status, reason, delete=reason.endswith("a partial copy"))
         say(f"sync: run {run.info.run_id} ({run.info.run_name}) was RUNNING with no live process: ended {status} ({reason})")
         closed += 1
     return closed

@@ -100,10 +100,8 @@ def serve(uri: str, runs_path: str | None, port: int, wait_s: float, out=say) ->
         try:
             base = f"http://{HOST}:{chosen}/"
             out(f"MLflow UI: {base}")
-            if runs_path:
-                out(f"latest sweep's runs: {base}{runs_path}")
-            else:
-                out("no sweep in this store yet: `python run.py -m dtype=fp32,fp16,bf16` makes one")
+            out(f"latest sweep's runs: {base}{runs_path}" if runs_path
+                else "no sweep in this store yet: `python run.py -m dtype=fp32,fp16,bf16` makes one")
             if chosen != port:
                 out(f"note: port {port} (tracking.ui_port) was taken; summary.md images in MLflow point at port {port}")
             out("Ctrl-C stops it")

@@ -81,7 +81,7 @@ MUTATIONS = (
          "    return\n    active = session.get_providers()\n"),
     ), ("tests/test_benchmark.py::test_onnxruntime_provider_fallback_is_refused",)),
     Mutation("sqlite-unlocked", "the SQLite store's file lock removed (flock never taken)", (
-        ("huggy_exp/tracking.py", "fcntl.flock(fh, fcntl.LOCK_EX)", "pass"),
+        ("huggy_exp/tracking.py", "return flock(_lock_path(db), create=True)", "return contextlib.nullcontext()"),
     ), ("tests/test_trust.py::test_the_sqlite_store_lock_excludes_every_other_writer",
         "tests/test_trust.py::test_four_first_runs_at_once_on_a_fresh_store_lose_nothing_and_share_no_directory",
         "tests/test_trust.py::test_two_sweeps_at_once_into_one_store_give_two_parents_and_every_child",

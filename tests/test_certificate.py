@@ -100,7 +100,7 @@ def test_record_writes_every_dtype_into_one_bundle_with_its_manifest(default_bun
     assert set(point["fingerprints"]) == {"fingerprint", "quantized_fingerprint"} and point["decimals"] == 3
     on_disk = {p.relative_to(default_bundle).as_posix() for p in default_bundle.rglob("*") if p.is_file()} - {"manifest.json", ".lock"}
     assert on_disk == set(manifest["files"])
-    assert all(bundle.sha256_of(default_bundle / n) == f["sha256"] for n, f in manifest["files"].items())
+    assert all(bundle.sha256_file(default_bundle / n) == f["sha256"] for n, f in manifest["files"].items())
     b = bundle.read(default_bundle)
     assert b.inputs()["obs_0"].shape == (8, 59) and b.reference()["actions"].dtype == np.float64
     fp32 = manifest["points"]["cpu/fp32/eager/b8"]
@@ -403,7 +403,7 @@ def _pickled(b: Path) -> str:
     np.savez(buffer, actions=np.array([{"a": 1}], dtype=object))
     (b / name).write_bytes(buffer.getvalue())
     manifest = json.loads((b / "manifest.json").read_text())
-    manifest["files"][name] = {"sha256": bundle.sha256_of(b / name), "bytes": (b / name).stat().st_size}
+    manifest["files"][name] = {"sha256": bundle.sha256_file(b / name), "bytes": (b / name).stat().st_size}
     (b / "manifest.json").write_text(json.dumps(manifest))
     return "holds objects that need pickle: refused"
 
@@ -503,7 +503,7 @@ def test_diff_fails_when_a_candidate_point_is_worse_than_the_baselines(default_b
     name = "points/cpu-fp32-eager-b8/outputs.npz"
     shutil.copy(cand / "points/cpu-bf16-eager-b8/outputs.npz", cand / name)
     manifest = json.loads((cand / "manifest.json").read_text())
-    manifest["files"][name] = {"sha256": bundle.sha256_of(cand / name), "bytes": (cand / name).stat().st_size}
+    manifest["files"][name] = {"sha256": bundle.sha256_file(cand / name), "bytes": (cand / name).stat().st_size}
     (cand / "manifest.json").write_text(json.dumps(manifest))
     r = run_job(tmp_path / "diff", "diff", f"mode.baseline={default_bundle}", f"mode.candidate={cand}").record
     assert r["status"] == "failed" and "cpu/fp32/eager/b8: dual benchmark fails" in r["reason"]

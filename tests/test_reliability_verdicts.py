@@ -29,7 +29,7 @@ small_bundle = test_certificate.small_bundle  # the fixture: the small policy re
 def rehash(root: Path, name: str) -> None:
     """A bundle file edited and its manifest entry updated to match: only the content checks stand in the way."""
     manifest = json.loads((root / "manifest.json").read_text())
-    manifest["files"][name] = {"sha256": bundle.sha256_of(root / name), "bytes": (root / name).stat().st_size}
+    manifest["files"][name] = {"sha256": bundle.sha256_file(root / name), "bytes": (root / name).stat().st_size}
     (root / "manifest.json").write_text(json.dumps(manifest))
 
 

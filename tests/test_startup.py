@@ -80,7 +80,7 @@ def test_the_helper_logs_the_job_as_log_job_would(tmp_path):
     outcome = Helper.spawn().log_job(settings, workdir)
     assert outcome["status"] == "logged", outcome
     store = tracking.Store.open(settings)
-    [run] = store.find("huggy.job_id", record["job_id"])
+    [run] = store.runs(f"tags.`huggy.job_id` = '{record['job_id']}'")
     assert run.info.run_id == outcome["run_id"] and run.data.tags["huggy.complete"] == "true"
 
 
