@@ -122,23 +122,15 @@ class StatsTask(Task):
         """drift.png (per step, against CPU fp32) and actions.png (env 0's first actions or branches, both runs)."""
         if not ctx.plots:
             return
-        wd = ctx.workdir
-        curves = {}
-        if drift is not None:
-            curves[f"{ctx.device} {ctx.dtype} vs cpu fp32"] = drift
-        if discrete_drift is not None:
-            curves["discrete decisions differing (share)"] = discrete_drift
-        result.files.append(plots.lines(wd / "drift.png", curves, "step", "max |action difference|" if drift is not None else "share",
+        curves = {name: d for name, d in ((f"{ctx.device} {ctx.dtype} vs cpu fp32", drift),
+                                          ("discrete decisions differing (share)", discrete_drift)) if d is not None}
+        result.files.append(plots.lines(ctx.workdir / "drift.png", curves, "step",
+                                        "max |action difference|" if drift is not None else "share",
                                         "closed-loop drift", self.mode.drift_threshold, log=drift is not None))
-        if "actions" in out:
-            a, ra = out["actions"], ref["actions"]
-            dims = range(min(4, a.shape[-1]))
-            traces = {**{f"a{j} {ctx.dtype}": a[:, 0, j] for j in dims}, **{f"a{j} cpu fp32": ra[:, 0, j] for j in dims}}
-        else:
-            d, rd = out["discrete_actions"], ref["discrete_actions"]
-            branches = range(min(4, d.shape[-1]))
-            traces = {**{f"branch {b} {ctx.dtype}": d[:, 0, b] for b in branches}, **{f"branch {b} cpu fp32": rd[:, 0, b] for b in branches}}
-        result.files.append(plots.lines(wd / "actions.png", traces, "step", "action", "action traces, env 0"))
+        name, label = ("actions", "a{}") if "actions" in out else ("discrete_actions", "branch {}")  # env 0's first four
+        traces = {f"{label.format(j)} {who}": run[name][:, 0, j] for who, run in ((ctx.dtype, out), ("cpu fp32", ref))
+                  for j in range(min(4, out[name].shape[-1]))}
+        result.files.append(plots.lines(ctx.workdir / "actions.png", traces, "step", "action", "action traces, env 0"))
 
 
 def discrete(w, out: dict, ref: dict, metrics: dict, tables: dict, rows: list[dict], parts: list[str]) -> np.ndarray:
