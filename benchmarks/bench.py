@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -375,12 +376,16 @@ def paired(a: list[str], b: list[str], runs: int, env: dict | None = None) -> di
             "cpu_diff_s": statistics.median(x - y for x, y in zip(ca, cb))}
 
 
-def benchmark_knobs(**changes) -> dict:
-    """mode=benchmark's keys as conf/mode/benchmark.yaml holds them (the one set of defaults), with `changes`."""
+def benchmark_mode(**changes):
+    """mode=benchmark's schema object (config.BenchmarkMode) with conf/mode/benchmark.yaml's values (the one set of
+    defaults), then `changes`."""
     from omegaconf import OmegaConf
 
-    knobs = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "mode" / "benchmark.yaml"), resolve=True)
-    return {**{k: v for k, v in knobs.items() if k not in ("_target_", "defaults")}, **changes}
+    from huggy_exp.config import BenchmarkMode
+
+    knobs = OmegaConf.load(REPO / "conf" / "mode" / "benchmark.yaml")
+    knobs.pop("defaults")
+    return OmegaConf.to_object(OmegaConf.merge(BenchmarkMode, knobs, changes))
 
 
 def _arguments() -> argparse.Namespace:
@@ -423,11 +428,11 @@ def main() -> None:
 def measure_backends(ctx: Context, a: argparse.Namespace) -> dict:
     """In this process: the backends as run.py mode=benchmark measures them, every batch-1 attempt, the harness against
     a bare loop, the GEMM peak."""
-    knobs = benchmark_knobs(rounds=3, budget_s=a.budget, warmup_s=0.5, settle_s=0.05, batch_sizes=[a.rows],
+    mode = benchmark_mode(rounds=3, budget_s=a.budget, warmup_s=0.5, settle_s=0.05, batch_sizes=[a.rows],
                             scenarios=["single_stream", "offline"])
-    fp32 = BenchmarkTask(**{**knobs, "backends": [*TORCH_BACKENDS, "onnxruntime"]}).run(ctx)
+    fp32 = BenchmarkTask(replace(mode, backends=[*TORCH_BACKENDS, "onnxruntime"])).run(ctx)
     bf16_ctx = context(ctx.model_spec.checkpoint, "bf16", ctx.workdir)
-    bf16 = BenchmarkTask(**{**knobs, "backends": ["eager", "compile"], "scenarios": ["offline"]}).run(bf16_ctx)
+    bf16 = BenchmarkTask(replace(mode, backends=["eager", "compile"], scenarios=["offline"])).run(bf16_ctx)
     for r in (fp32, bf16):
         print("\n".join("  " + line for line in r.summary), flush=True)
     tried = time_attempts(ctx, attempts(ctx, a.all_attempts), a.rounds, a.budget / a.rounds)

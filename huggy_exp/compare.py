@@ -18,7 +18,7 @@ from huggy_exp.headline import ERROR
 from huggy_exp.safety import check_npy
 from huggy_exp.verify import DECLARED, FINGERPRINT
 
-VERDICT_KNOBS = ("thresholds", "layer_thresholds", "specialize", "relative", "rel_floor", "tolerance", "atol",
+VERDICT_KNOBS = ("relative", "rel_floor", "atol",
                  "require_match", "drift_threshold", "drift_fail", "saturation", "confidence", "budget_s", "path",
                  "decimals", "provider", "opset")  # mode knobs that judge or time the actions, not shape them
 

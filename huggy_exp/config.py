@@ -18,8 +18,32 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from huggy_exp.errors import UserError
 
 DEVICE_KINDS = ("cpu", "cuda", "npu", "mps")  # what `device` names before `:<index>`; `specialize` entries are <kind>_<dtype>
-# narrowest first, as a sweep's comparison lists them; int8: dynamic, int8w: weight-only (placement.QUANTIZED)
-DTYPE_NAMES = ("int8", "int8w", "bf16", "fp16", "fp32", "fp64")
+
+
+@dataclass(frozen=True)
+class Dtype:
+    """What a dtype is, declared once: the torch dtype its layers compute in (placement.DTYPES), the torchao config that
+    quantizes its Linear layers (placement.QUANTIZED; docs/verification.md#int8), its number format for ULPs (mantissa
+    bits, least normal exponent) and msprobe's ULP standard (a share of elements above it is reported; verify.ulp)."""
+
+    torch: str
+    mantissa: int
+    emin: int
+    ulp_standard: float
+    quantized: Optional[str] = None
+
+
+# narrowest first, as a sweep's comparison lists them. int8 quantizes the activations per call and the weights per
+# channel (W8A8, int8 GEMMs); int8w only the weights (dequantized into the float32 GEMM); both are float32 between their
+# Linear layers, and count as bf16's 8 significant bits (7 and a sign per value, scaled per channel). A new dtype is a
+# line here and its row of limits in conf/config.yaml (`verify.limits`).
+DTYPES = {"int8": Dtype("float32", 7, -126, 1.0, "Int8DynamicActivationInt8WeightConfig"),
+          "int8w": Dtype("float32", 7, -126, 1.0, "Int8WeightOnlyConfig"),
+          "bf16": Dtype("bfloat16", 7, -126, 1.0),
+          "fp16": Dtype("float16", 10, -14, 1.0),
+          "fp32": Dtype("float32", 23, -126, 32.0),
+          "fp64": Dtype("float64", 52, -1022, 32.0)}
+DTYPE_NAMES = tuple(DTYPES)
 BACKENDS = ("eager", "compile", "fused", "graphs", "onnxruntime")
 PRECISION_MODES = ("ieee", "tf32", "hf32")  # fp32 math: IEEE fp32, TF32 (CUDA), HF32 (Ascend): placement.set_precision
 
@@ -179,10 +203,11 @@ class Threshold:
     rtol: float = rule(lo=0)
     kl_max: float = rule(lo=0)  # policy units: the worst row's KL(point || fp64) of the action distribution, nats
     mean_shift_max: float = rule(lo=0)  # policy units: the worst |Δμ| / σ (σ: the policy's own std, fp64's)
+    batch_max_abs: float = rule(lo=0)  # mode=batch: max |batched - single-row| (int8's per-row scales: bit-identical)
+    layer_rel_rmse: float = rule(lo=0)  # mode=precision: each layer's RMSE / RMS of fp64's layer
 
 
-Thresholds = per_dtype("Thresholds", Threshold)
-Tolerances = per_dtype("Tolerances", float)  # one absolute limit per dtype
+Thresholds = per_dtype("Thresholds", Threshold)  # the one per-dtype table: every mode's limits (docs/verification.md)
 
 
 @dataclass
@@ -191,14 +216,6 @@ class VerifyConf:
     specialize: Dict[str, Any] = MISSING
     rel_floor: float = rule(lo=0, lo_open=True)
     decimals: int = rule(lo=0, hi=9)
-
-
-@dataclass
-class LayerThreshold:
-    rel_rmse: float = rule(lo=0)
-
-
-LayerThresholds = per_dtype("LayerThresholds", LayerThreshold)
 
 
 @dataclass
@@ -212,7 +229,6 @@ class BatchMode(ModeConf):
     name: ClassVar[str] = "batch"
     headline: ClassVar[Dict[str, str]] = {"invariance_max": "batch_invariance_max_abs", "rows_identical": "rows_bit_identical",
                                           "rows_per_s": "batched_rows_per_s"}
-    tolerance: Tolerances = MISSING
     budget_s: float = rule(lo=0, hi=600, lo_open=True)
 
 
@@ -240,7 +256,6 @@ class BenchmarkMode(ModeConf):
     warmup_s: float = rule(lo=0, hi=600)
     settle_s: float = rule(lo=0, hi=60)
     chunk_rows: int = rule(lo=1, hi=MAX_BATCH)
-    tolerance: Tolerances = MISSING
     fp16_cpu_max_rows: int = rule(lo=1, hi=MAX_BATCH)
     fp16_cpu_samples: int = rule(lo=1, hi=1_000_000)
     qsl_samples: int = rule(lo=1, hi=1_000_000)
@@ -323,8 +338,6 @@ class OnnxCompareMode(ModeConf):
     headline: ClassVar[Dict[str, str]] = {"max_abs_vs_ort": "actions/vs_onnxruntime/max_abs | memories/vs_onnxruntime/max_abs",
                                           "sampled_z": "sampled/mean_z_max"}
     provider: str = MISSING
-    atol: Tolerances = MISSING
-    specialize: Dict[str, Any] = MISSING
     sample_rows: int = rule(lo=1, hi=100_000)
     samples: int = rule(lo=2, hi=1_000_000)
     confidence: float = rule(lo=0, hi=1, lo_open=True)
@@ -342,8 +355,6 @@ class OnnxCompareMode(ModeConf):
 class PrecisionMode(ModeConf):
     name: ClassVar[str] = "precision"
     headline: ClassVar[Dict[str, str]] = {"rel_ratio": "relative/ratio"}
-    layer_thresholds: LayerThresholds = MISSING
-    layer_specialize: Dict[str, Any] = MISSING
     relative: Relative = MISSING
 
 
@@ -400,7 +411,6 @@ class ReplayMode(ModeConf):
     bundle: Optional[str] = MISSING
     reference_point: Optional[str] = MISSING
     allow_other_model: bool = MISSING
-    tolerance: Tolerances = MISSING
     require_bitwise: bool = MISSING
     latency: LatencySamples = MISSING
     alpha: float = rule(lo=0, hi=1, lo_open=True)
@@ -488,18 +498,8 @@ def validate(cfg: DictConfig, mode: str) -> dict:
     _check(modes()[mode], plain["mode"], "mode.")
     if mode == "stats" and plain["mode"]["source"] == "replay" and not plain["mode"]["trajectory"]:
         raise UserError("mode.source=replay needs mode.trajectory=<file.npy> (float32 [T, obs_dim]) or an .npz of obs_<i> [T, d_i]")
-    for key, entry in SPECIALIZED.items():
-        table, name = key.split(".")
-        _check_specialize(key, (plain.get(table) or {}).get(name), entry)
+    _check_specialize("verify.specialize", (plain.get("verify") or {}).get("specialize"), Threshold)
     return plain
-
-
-@dataclass
-class AtolEntry:
-    atol: float = rule(lo=0)
-
-
-SPECIALIZED = {"verify.specialize": Threshold, "mode.specialize": AtolEntry, "mode.layer_specialize": LayerThreshold}
 
 
 def _check_specialize(key: str, value: Any, entry: type) -> None:

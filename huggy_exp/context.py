@@ -87,6 +87,11 @@ class Context:
         return Limits.of(limits_for(asdict(self.verify.limits), dtype or self.dtype, self.device, self.verify.specialize,
                                     "verify.limits"))
 
+    def atol(self, *dtypes: str) -> float:
+        """The loosest max_abs of these dtypes here: two sides computing in different dtypes (an fp32 .onnx beside an
+        fp64 policy) are held to the looser one's limit."""
+        return max(self.limits(d).atol for d in dtypes or (self.dtype,))
+
     def rules(self, dtype: str | None = None) -> Rules:
         """How an output of this job is compared with a reference: the dtype's limits, its ULPs, the branch sizes."""
         return Rules(self.limits(dtype), dtype or self.dtype, self.verify.rel_floor, branch_sizes=self.weights.branch_sizes)

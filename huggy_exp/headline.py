@@ -26,7 +26,6 @@ ANY_MODE = {
 ERROR = "max_abs_vs_fp64"
 COSINE = "cosine_vs_fp64"
 LIMIT_STEMS = ("actions", "sampled_actions", "memories")  # whose `<stem>/vs_fp64/<x>_limit` the verdict used
-PER_DTYPE = ("thresholds", "layer_thresholds", "tolerance", "atol")  # mode tables keyed by dtype
 NOISE = ("mode._target_", "tracking.http_retries", "tracking.http_timeout_s", "tracking.enabled")
 
 
@@ -168,7 +167,7 @@ def settings(params: dict, dtype: str) -> dict:
             name = f"{prefix}{key}"
             if name in NOISE:
                 continue
-            if isinstance(value, dict) and (prefix == "mode." and key in PER_DTYPE or name == "verify.limits"):
+            if isinstance(value, dict) and name == "verify.limits":
                 value = {k: v for k, v in value.items() if k == dtype}
             kept[key] = prune(value, name + ".") if isinstance(value, dict) else value
         return kept

@@ -11,15 +11,13 @@ from pathlib import Path
 
 import torch
 
+from huggy_exp import config
 from huggy_exp.config import BACKENDS, DEVICE_KINDS, PRECISION_MODES
 from huggy_exp.errors import Unsupported, UserError, first_line
 
-# by name, what the layers compute in; the int8 dtypes are float32 between Linear layers that torchao quantizes (QUANTIZED)
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64,
-          "int8": torch.float32, "int8w": torch.float32}
-# torchao's config per int8 dtype (docs/verification.md#int8): int8 quantizes the activations per call and the weights
-# per channel (W8A8, int8 GEMMs); int8w only the weights (dequantized into the float32 GEMM). The CPU only, eager only.
-QUANTIZED = {"int8": "Int8DynamicActivationInt8WeightConfig", "int8w": "Int8WeightOnlyConfig"}
+DTYPES = {name: getattr(torch, d.torch) for name, d in config.DTYPES.items()}  # by name, what the layers compute in
+# torchao's config per int8 dtype (config.DTYPES): quantized Linear layers run on the CPU only, eager only
+QUANTIZED = {name: d.quantized for name, d in config.DTYPES.items() if d.quantized}
 _DEVICE_RE = re.compile(rf"^({'|'.join(DEVICE_KINDS)})(?::(\d+))?$")
 # set by the Ray launcher's worker to the point's device kind: Ray made exactly the card it assigned visible
 # (CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES), so `npu:1` runs on that card, index 0 in this process

@@ -31,7 +31,7 @@ from urllib.parse import unquote, urlparse
 
 from huggy_exp.environment import flatten
 from huggy_exp.errors import UserError
-from huggy_exp.headline import (ANSWER, ANSWER_ORDER, COSINE, ERROR, PER_DTYPE, fastest_backend, judged_limits,
+from huggy_exp.headline import (ANSWER, ANSWER_ORDER, COSINE, ERROR, fastest_backend, judged_limits,
                                 logged_metrics, logged_name, noisy, settings, timed_batch)
 from huggy_exp.report import escape
 from huggy_exp.config import VERDICTS
@@ -620,22 +620,14 @@ def limit_params(record: dict) -> dict[str, str]:
     limits = judged_limits(record)
     if record.get("layer_threshold") is not None:
         limits.setdefault("layer_rel_rmse", record["layer_threshold"])
-    if not limits:
-        mode = (record.get("params") or {}).get("mode") or {}
-        for table in PER_DTYPE:
-            own = (mode.get(table) or {}).get(record["dtype"]) if isinstance(mode.get(table), dict) else None
-            if isinstance(own, dict):
-                limits.update({(k if table == "thresholds" else f"{table}.{k}"): v for k, v in own.items()})
-            elif own is not None:
-                limits[table] = own
     return {f"limit/{k}": str(v) for k, v in limits.items() if v is not None}
 
 
 def _per_dtype(key: str, dtype: str) -> bool:
-    """`mode.thresholds.fp32.max_abs`, `verify.limits.bf16.cosine_min`: a per-dtype key, replaced by its `limit/...`
+    """`verify.limits.bf16.cosine_min`: a per-dtype key, replaced by its `limit/...`
     twin (one row for every dtype: a compare of fp32 and bf16 runs has no half-empty rows)."""
     parts = key.split(".")
-    return any(part == dtype and parts[i - 1] in (*PER_DTYPE, "limits") for i, part in enumerate(parts[:-1]) if i)
+    return any(part == dtype and parts[i - 1] == "limits" for i, part in enumerate(parts[:-1]) if i)
 
 
 def verdict(record: dict) -> str:

@@ -12,25 +12,21 @@ Rules (docs/verification.md):
   margin * max(1, |best masked logit|) (the one margin rule);
 - constant: exactly equal (shape and values);
 - NaN or inf in an actual output always fails, whatever the rule; so does one in the reference it is held to, and a
-  limit that is not a finite number is an error (`within`, `limit`, `finite_limits`): nothing that is not finite passes.
+  limit that is not a finite number is an error (`within`, `finite_limits`): nothing that is not finite passes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
+from huggy_exp.config import DTYPES
 from huggy_exp.errors import UserError
 
 REL_FLOOR = 1e-3  # relative errors divide by max(|expected|, REL_FLOOR): actions are O(1), zeros must not explode
-# msprobe's ULP standard: a share of elements above this many ULPs of the compared dtype is reported
-# int8, int8w: 7 bits and a sign per value, scaled per channel: counted as bf16's 8 significant bits
-ULP_STANDARD = {"fp16": 1.0, "bf16": 1.0, "fp32": 32.0, "fp64": 32.0, "int8": 1.0, "int8w": 1.0}
-_ULP_FORMAT = {"fp16": (10, -14), "bf16": (7, -126), "fp32": (23, -126), "fp64": (52, -1022), "int8": (7, -126),
-               "int8w": (7, -126)}  # mantissa bits, min exponent
 DECIMALS = 3  # the quantized fingerprint rounds float outputs to this many decimals
 
 
@@ -84,13 +80,14 @@ class Limits:
     margin: float = 0.0
     kl_max: float = np.inf
     mean_shift_max: float = np.inf
+    batch_max_abs: float = np.inf  # mode=batch: |batched - single-row|
+    layer_rel_rmse: float = np.inf  # mode=precision: each layer's RMSE / RMS of fp64's
 
     @classmethod
     def of(cls, table: dict) -> "Limits":
-        """From a validated `verify.limits` entry {max_abs, cosine_min, margin, rtol, kl_max, mean_shift_max}."""
+        """From a validated `verify.limits` entry (config.Threshold's keys; max_abs is the atol)."""
         table = finite_limits(table, "verify.limits")
-        return cls(atol=table["max_abs"], rtol=table["rtol"], cosine_min=table["cosine_min"], margin=table["margin"],
-                   kl_max=table["kl_max"], mean_shift_max=table["mean_shift_max"])
+        return cls(atol=table["max_abs"], **{k: table[k] for k in (f.name for f in fields(cls)) if k != "atol"})
 
 
 @dataclass(frozen=True)
@@ -306,14 +303,6 @@ def _number(value) -> float | None:
         return None
 
 
-def limit(table: dict, key: str, where: str) -> float:
-    """One limit of a table: missing or not finite is an error (tables fail closed)."""
-    if key not in (table or {}):
-        raise UserError(f"{where} has no {key} limit (given: {', '.join(table or {}) or 'none'}): a missing limit is an "
-                        "error, never a pass")
-    return finite_limits({key: table[key]}, where)[key]
-
-
 # --- element-wise metrics
 
 
@@ -341,8 +330,8 @@ def elementwise(actual: np.ndarray, expected: np.ndarray, rel_floor: float = REL
         "required_atol": float(diff.max(initial=0.0)),
         "required_rtol": float(rel.max(initial=0.0)),
         "ulp_max": float(ulps.max(initial=0.0)),
-        "ulp_share_over": float(np.mean(ulps > ULP_STANDARD[dtype])) if ulps.size else 0.0,
-        "ulp_standard": ULP_STANDARD[dtype],
+        "ulp_share_over": float(np.mean(ulps > DTYPES[dtype].ulp_standard)) if ulps.size else 0.0,
+        "ulp_standard": DTYPES[dtype].ulp_standard,
         "nan_mismatch": float(np.sum(np.isnan(a) != np.isnan(e))),
         "inf_mismatch": float(np.sum(np.isinf(a) != np.isinf(e)) + np.sum(np.isinf(a) & np.isinf(e) & (np.sign(a) != np.sign(e)))),
         "nonfinite_actual": float(np.sum(~np.isfinite(a))),
@@ -368,7 +357,7 @@ def _rows(actual: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 def ulp(values: np.ndarray, dtype: str) -> np.ndarray:
     """The unit in the last place of `dtype` at each value (subnormals: the smallest normal's ULP)."""
-    mantissa, emin = _ULP_FORMAT[dtype]
+    mantissa, emin = DTYPES[dtype].mantissa, DTYPES[dtype].emin
     x = np.abs(np.asarray(values, np.float64))
     exp = np.where(x > 0, np.frexp(x)[1] - 1, emin)
     return np.ldexp(1.0, np.maximum(exp, emin) - mantissa)

@@ -1,5 +1,5 @@
-"""CONTRIBUTING's instructions cannot drift: a toy mode added in a copy of the tree from its "Files to touch" list alone
-(nothing else edited) composes, validates and runs through a small sweep."""
+"""CONTRIBUTING's instructions cannot drift: a toy mode and a toy dtype, each added in a copy of the tree from its "Files
+to touch" list alone (nothing else edited), compose, validate and run through a small sweep."""
 
 from __future__ import annotations
 
@@ -59,12 +59,16 @@ def test_contributing_names_the_three_code_files_of_a_mode():
     assert files_to_touch("Adding a mode") == ["huggy_exp/tasks/<name>.py", "conf/mode/<name>.yaml", "huggy_exp/config.py"]
 
 
-@pytest.mark.slow
-def test_a_toy_mode_added_from_contributings_list_runs_through_a_sweep(tmp_path, huggy_exp_cache):
-    tree = tmp_path / "tree"
+def copy_tree(tree):
     for part in ("huggy_exp", "conf", "hydra_plugins"):
         shutil.copytree(REPO / part, tree / part, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "run.py", tree / "run.py")
+
+
+@pytest.mark.slow
+def test_a_toy_mode_added_from_contributings_list_runs_through_a_sweep(tmp_path, huggy_exp_cache):
+    tree = tmp_path / "tree"
+    copy_tree(tree)
     edits = {"huggy_exp/tasks/<name>.py": TOY_TASK, "conf/mode/<name>.yaml": TOY_YAML}
     for path in files_to_touch("Adding a mode"):
         target = tree / path.replace("<name>", "toy")
@@ -80,3 +84,37 @@ def test_a_toy_mode_added_from_contributings_list_runs_through_a_sweep(tmp_path,
     records = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/result.json"))]
     assert [r["status"] for r in records] == ["passed", "passed"]
     assert [r["headline_metrics"]["value"] for r in records] == [2.0, 4.0]
+
+
+def test_contributing_names_the_two_files_of_a_dtype():
+    assert files_to_touch("Adding a dtype") == ["huggy_exp/config.py", "conf/config.yaml"]
+
+
+@pytest.mark.slow
+def test_a_toy_dtype_added_from_contributings_list_is_judged_in_every_mode_that_reads_the_limits(tmp_path, huggy_exp_cache):
+    """`fp32x`: fp32 under another name with a batch limit of its own. Declared in config.DTYPES and given a row of
+    verify.limits, nothing else: it sweeps beside fp32, computes fp32's bytes, and batch reads its own limit."""
+    tree = tmp_path / "tree"
+    copy_tree(tree)
+    assert files_to_touch("Adding a dtype") == ["huggy_exp/config.py", "conf/config.yaml"]
+    schema = tree / "huggy_exp" / "config.py"
+    line = next(x for x in schema.read_text().splitlines() if '"fp32": Dtype(' in x)
+    schema.write_text(schema.read_text().replace(line, line.replace('"fp32"', '"fp32x"') + "\n" + line))
+    conf = tree / "conf" / "config.yaml"
+    row = re.search(r"^    fp32: \{.*?\}\n", conf.read_text(), re.S | re.M).group(0)
+    toy = row.replace("fp32:", "fp32x:").replace("batch_max_abs: 1.0e-05", "batch_max_abs: 0.0")
+    conf.write_text(conf.read_text().replace(row, row + toy))
+    env = {**subprocess_env(huggy_exp_cache), "PYTHONPATH": str(tree)}
+    sweep = tmp_path / "sweep"
+    out = subprocess.run([PYTHON, "run.py", "-m", "mode=precision,batch", "dtype=fp32,fp32x", "tracking=none",
+                          "plots=false", "obs.rows=16", "batch_size=8", f"hydra.sweep.dir={sweep}"], cwd=tree, env=env,
+                         capture_output=True, text=True, timeout=300)
+    records = {(r["mode"], r["dtype"]): r for r in (json.loads(p.read_text()) for p in sweep.glob("*/result.json"))}
+    assert set(records) == {(m, d) for m in ("precision", "batch") for d in ("fp32", "fp32x")}, out.stderr[-2000:]
+    assert records["precision", "fp32x"]["status"] == "passed", records["precision", "fp32x"]["reason"]
+    assert records["precision", "fp32x"]["metrics"]["actions/vs_fp64/max_abs"] == \
+        records["precision", "fp32"]["metrics"]["actions/vs_fp64/max_abs"]
+    # its own batch limit, 0: any row that differs from single-row inference by a bit fails (fp32's 1e-5 passes)
+    batch = records["batch", "fp32x"]
+    assert batch["metrics"]["batch_invariance_max_abs"] > 0 and batch["status"] == "failed", batch["reason"]
+    assert records["batch", "fp32"]["status"] == "passed"

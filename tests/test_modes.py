@@ -186,7 +186,7 @@ def test_precision_too_tight_action_threshold_fails_naming_max_abs(small, tmp_pa
 
 
 def test_precision_too_tight_layer_threshold_names_the_first_failing_layer(small, tmp_path):
-    run = run_mode(tmp_path, "precision", small.model, "dtype=bf16", "obs.rows=32", "mode.layer_thresholds.bf16.rel_rmse=1e-6")
+    run = run_mode(tmp_path, "precision", small.model, "dtype=bf16", "obs.rows=32", "verify.limits.bf16.layer_rel_rmse=1e-6")
     assert run.record["status"] == "failed"
     assert run.record["details"]["first_failing_layer"] == "hidden_0"
     assert "layer hidden_0" in run.record["reason"]

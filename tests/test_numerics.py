@@ -257,7 +257,7 @@ def test_limits_for_does_not_modify_the_table():
 
 @pytest.mark.parametrize("table", [TABLE, {}])
 def test_a_dtype_missing_from_a_limit_table_is_an_error_naming_the_key_never_a_default(table):
-    with pytest.raises(UserError, match=r"^mode.atol.fp64 is missing: a dtype without a limit cannot be judged"):
-        limits_for(table, "fp64", "cpu", None, "mode.atol")
+    with pytest.raises(UserError, match=r"^verify.limits.fp64 is missing: a dtype without a limit cannot be judged"):
+        limits_for(table, "fp64", "cpu", None, "verify.limits")
     with pytest.raises(UserError, match=r"^verify.limits.fp16 is missing") if not table else nullcontext():
         limits_for(table, "fp16", "npu", SPECIALIZE, "verify.limits")  # a device exception is no limit on its own

@@ -423,13 +423,13 @@ def test_the_readmes_specialize_form_works_on_the_command_line(tmp_path, huggy_p
     base = [f"model.checkpoint={huggy_pt}", "tracking=none", "obs.rows=8"]
     for i, (form, table) in enumerate([("verify.specialize={npu_fp16: {max_abs: 0.02}}", "verify"),
                                        ("verify.specialize.cpu_fp32={max_abs: 1.0e-3}", "verify"),
-                                       ("mode.layer_specialize={npu_fp16: {rel_rmse: 0.005}}", "mode")]):
+                                       ("verify.specialize={npu_fp16: {layer_rel_rmse: 0.005}}", "verify")]):
         got = cli([*base, "mode=precision", form], tmp_path / f"p{i}")
         assert got.code == 0, got.err[-2000:]
         params = got.record["params"]
-        assert (params["verify"]["specialize"] if table == "verify" else params["mode"]["layer_specialize"])
+        assert params[table]["specialize"]
     got = cli([f"model.checkpoint={shaped_files['multi_input'][0]}", "tracking=none", "obs.rows=8", "mode=onnx-compare",
-               "mode.specialize={npu_fp16: {atol: 2.0e-02}}"], tmp_path / "o")
+               "verify.specialize={npu_fp16: {max_abs: 2.0e-02}}"], tmp_path / "o")
     assert got.code == 0, got.err[-2000:]
 
 
@@ -1098,8 +1098,9 @@ def test_every_value_of_a_long_sweep_is_still_validated(tmp_path):
     (["mode=precision", "verify.specialize={npu_fp16: {max_abss: 0.02}}"], "unknown key verify.specialize.npu_fp16.max_abss"),
     (["mode=precision", "verify.specialize={cpu_fp32: {max_abs: .nan}}"], "verify.specialize.cpu_fp32.max_abs='.nan' must be a finite number"),
     (["mode=precision", "verify.specialize={cpu_fp32: {max_abs: nan}}"], "verify.specialize.cpu_fp32.max_abs=nan must be a finite number"),
-    (["mode=precision", "mode.layer_specialize={cuda_bf16: {rel_rmse: -inf}}"], "mode.layer_specialize.cuda_bf16.rel_rmse=-inf"),
-    (["mode=onnx-compare", "mode.specialize={tpu_fp16: {atol: 0.1}}"], "unknown key mode.specialize.tpu_fp16"),
+    (["mode=precision", "verify.specialize={cuda_bf16: {layer_rel_rmse: -inf}}"], "verify.specialize.cuda_bf16.layer_rel_rmse=-inf"),
+    (["mode=onnx-compare", "verify.specialize={tpu_fp16: {max_abs: 0.1}}"], "unknown key verify.specialize.tpu_fp16"),
+    (["mode=batch", "mode.tolerance.fp32=0.1"], "unknown key mode.tolerance; valid keys of mode (batch): budget_s"),
     (["~dtype"], "missing key dtype"),
     (["~seed"], "missing key seed"),
     (["~obs.rows"], "obs.rows cannot be removed"),

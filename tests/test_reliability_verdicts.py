@@ -65,10 +65,8 @@ def test_elementwise_metrics_of_non_finite_values_are_never_perfect():
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), "nan", "x", None, True])
 def test_a_limit_that_is_not_a_finite_number_is_an_error(value):
-    with pytest.raises(UserError, match=r"mode.tolerance.fp32=.*finite number"):
-        verify.finite_limits({"fp32": value}, "mode.tolerance")
-    with pytest.raises(UserError, match="missing limit is an error"):
-        verify.limit({"fp16": 1.0}, "fp32", "mode.tolerance")
+    with pytest.raises(UserError, match=r"verify.limits.fp32.max_abs=.*finite number"):
+        verify.finite_limits({"max_abs": value}, "verify.limits.fp32")
 
 
 def test_replay_of_a_bundle_whose_fp64_reference_is_nan_fails(small_bundle, small, tmp_path):
@@ -101,8 +99,8 @@ def test_diff_against_a_nan_reference_or_nan_candidate_fails(small_bundle, tmp_p
 
 
 @pytest.mark.parametrize("override, key", [
-    ("mode.layer_specialize={cpu_fp16: {rel_rmse: nan}}", "specialize.cpu_fp16.rel_rmse"),
-    ("mode.layer_thresholds.fp16.rel_rmse=inf", "mode.layer_thresholds.fp16.rel_rmse"),
+    ("verify.specialize={cpu_fp16: {layer_rel_rmse: nan}}", "specialize.cpu_fp16.layer_rel_rmse"),
+    ("verify.limits.fp16.layer_rel_rmse=inf", "verify.limits.fp16.layer_rel_rmse"),
     ("verify.specialize={cpu_fp16: {max_abs: .nan}}", "specialize.cpu_fp16.max_abs"),
 ])
 def test_a_non_finite_limit_never_switches_a_check_off(override, key, small, tmp_path):
@@ -112,8 +110,8 @@ def test_a_non_finite_limit_never_switches_a_check_off(override, key, small, tmp
 
 
 def test_a_nan_tolerance_in_replay_is_an_error(small_bundle, small, tmp_path):
-    r = replay(tmp_path / "job", small_bundle, small.model, "mode.tolerance.fp32=nan").record
-    assert r["status"] == "error" and "mode.tolerance.fp32" in r["reason"], r["reason"]
+    r = replay(tmp_path / "job", small_bundle, small.model, "verify.limits.fp32.max_abs=nan").record
+    assert r["status"] == "error" and "verify.limits.fp32.max_abs" in r["reason"], r["reason"]
 
 
 # --- 8. diff of points on other inputs: not applicable, never an error

@@ -161,7 +161,7 @@ def test_batch_reports_invariance_and_common_fields(tmp_path):
 
 
 def test_batch_fails_when_invariance_exceeds_tolerance(tmp_path):
-    r = run_job(tmp_path, "batch", "obs.rows=16", "batch_size=8", "mode.budget_s=0.05", "mode.tolerance.fp32=0").record
+    r = run_job(tmp_path, "batch", "obs.rows=16", "batch_size=8", "mode.budget_s=0.05", "verify.limits.fp32.batch_max_abs=0").record
     assert r["status"] == "failed" and "batch invariance" in r["reason"]
 
 

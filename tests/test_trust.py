@@ -175,7 +175,7 @@ MATRIX = [
     ("zero budget", ["mode=batch", "mode.budget_s=0"], USER, "mode.budget_s=0", None),
     ("unknown backend", ["backend=tensorrt"], USER, "unknown backend 'tensorrt'", None),
     ("unknown benchmark backend", ["mode=benchmark", "mode.backends=[eager,tpu]"], USER, "'tpu'", None),
-    ("tolerance for fp8", ["mode=batch", "mode.tolerance.fp8=1"], USER, "unknown key mode.tolerance.fp8", None),
+    ("limit for fp8", ["verify.limits.fp8.max_abs=1"], USER, "unknown key verify.limits.fp8", None),
     ("opset too old", ["mode=export-onnx", "mode.opset=3"], USER, "mode.opset=3", None),
     ("saturation zero", ["mode=stats", "mode.saturation=0"], USER, "mode.saturation=0", None),
     ("require_match fp8", ["mode=fingerprint", "mode.require_match=[fp8]"], USER, "'fp8'", None),

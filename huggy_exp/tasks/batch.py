@@ -12,7 +12,6 @@ from huggy_exp.results import Result
 from huggy_exp import timing
 from huggy_exp.runners import ACTIONS, DISCRETE, build, run_feeds
 from huggy_exp.tasks import Task, latency, verify_point
-from huggy_exp.verify import finite_limits, limit
 
 FLIP_FAILS_UP_TO = 1e-5  # discrete flips fail where the dtype's tolerance is this tight (fp32, fp64); else reported
 
@@ -29,7 +28,7 @@ class BatchTask(Task):
         # --- compare them row by row; time both
         row_max = _row_max(out_batched, out_single, feeds["obs_0"].ndim - 1)
         rows = int(np.prod(feeds["obs_0"].shape[:-1]))
-        tol = limit(self.tolerance, ctx.dtype, "mode.tolerance")
+        tol = ctx.limits().batch_max_abs
         metrics = {"rows": float(rows), **_invariance(row_max), **self.throughput(ctx, batched, single, feeds, rows),
                    **{f"device/{k}": v for k, v in memory_stats(target.device).items()}}
         flips = 0

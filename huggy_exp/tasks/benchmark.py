@@ -20,7 +20,7 @@ from huggy_exp.runners import ACTIONS, TorchRunner, build
 from huggy_exp.tasks import SLOW_FP16, Task, batch_of, is_sequence, verify_point
 from huggy_exp.tasks import scenarios as extra
 from huggy_exp.tasks.compare import compare_outputs
-from huggy_exp.verify import REL_FLOOR, finite_limits, limit
+from huggy_exp.verify import REL_FLOOR
 
 POINT_STATS = ("p50_us", "p90_us", "p95_us", "p99_us", "mean_us", "min_us", "max_us", "iqr_us", "obs_per_s", "noisy", "samples")
 SERIES_STATS = ("p50_us", "p99_us", "obs_per_s")
@@ -125,7 +125,7 @@ class BenchmarkTask(Task):
         runner = build(ctx, name, batch_size=chunk, dtype="fp32" if name == "onnxruntime" else None)
         info["load_s"] = time.perf_counter() - started
         # a backend running another dtype (onnxruntime's fp32 graph in an fp64 job) is held to the looser
-        gate = Gate(w, max(limit(self.tolerance, d, "mode.tolerance") for d in (ctx.dtype, info["dtype"])))
+        gate = Gate(w, ctx.atol(ctx.dtype, info["dtype"]))
         for i, b in enumerate(points):
             started = time.perf_counter()
             got = runner.infer(feeds[b])
@@ -210,7 +210,7 @@ class BenchmarkTask(Task):
             point.update(b1_p50_us=one["p50_us"], b1_min_us=one["min_us"])
         if set(wanted) & set(extra.LOADGEN):
             qsl = self.feeds(ctx, [self.mode.qsl_samples])[0][self.mode.qsl_samples]
-            tol = max(limit(self.tolerance, d, "mode.tolerance") for d in (ctx.dtype, "fp32" if ctx.backend == "onnxruntime" else ctx.dtype))
+            tol = ctx.atol(ctx.dtype, "fp32" if ctx.backend == "onnxruntime" else ctx.dtype)
             extra.run_loadgen(ctx, runner, runners["eager"], qsl, self.mode, tol, point, result, points)
         if extra.CONTROL_LOOP in wanted:
             extra.run_control_loop(ctx, runner, self.mode, result)

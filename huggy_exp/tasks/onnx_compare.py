@@ -11,7 +11,7 @@ from huggy_exp import plots
 from huggy_exp.config import OnnxCompareMode
 from huggy_exp.context import Context
 from huggy_exp.mlagents import ACTION_CLAMP, ACTION_MASKS, RECURRENT_IN, RECURRENT_OUT, check_onnx_pairing
-from huggy_exp.numerics import categorical_check, limits_for, sampling_check
+from huggy_exp.numerics import categorical_check, sampling_check
 from huggy_exp.results import Result, first_nonfinite
 from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, build, over_steps, reference, run_feeds
 from huggy_exp.tasks import Task, is_sequence, latency, verify_point
@@ -38,7 +38,7 @@ class OnnxCompareTask(Task):
         dist = over_steps(reference(ctx, "fp32").distributions, feeds, w.memory)
         result = Result()
         # --- compare: deterministic outputs element-wise (discrete exactly), constants exactly, draws statistically
-        atol = limits_for({k: {"atol": v} for k, v in self.atol.items()}, ctx.dtype, ctx.device, self.specialize, "mode.atol")["atol"]
+        atol = ctx.atol(ctx.dtype, "fp32")  # the .onnx runs fp32: an fp64 policy is held to fp32's limit
         metrics, failures, rows = compare_outputs(mine, theirs, VERSUS, atol, self.mode.rel_floor,
                                                   dist.get("masked_logits"), w.branch_sizes)
         c_metrics, c_failures, constants = check_constants(theirs, expected_constants(w), sequence)
@@ -63,7 +63,7 @@ class OnnxCompareTask(Task):
     def sampled(self, ort, w, feeds: dict, dist: dict, sequence: bool, result: Result) -> list[str]:
         """Many onnxruntime draws of the same rows (the last step of a sequence, fed the reference's memory) against the
         reference's distributions: continuous by their moments, discrete by chi-square. Their headline phrases."""
-        samples, confidence = samples, confidence
+        samples, confidence = self.mode.samples, self.mode.confidence
         step = {k: v[-1] for k, v in feeds.items()} if sequence else feeds
         last = {k: v[-1] for k, v in dist.items()} if sequence else dist
         n = min(self.mode.sample_rows, len(step["obs_0"]))
@@ -89,7 +89,7 @@ class OnnxCompareTask(Task):
 
     def _discrete(self, picks: np.ndarray, masked_logits: np.ndarray, sizes: tuple[int, ...], masks, result: Result) -> str:
         """Draws [samples, rows, branches] against the masked softmax: never a masked action, frequencies by chi-square."""
-        samples, confidence = samples, confidence
+        samples, confidence = self.mode.samples, self.mode.confidence
         stats = categorical_check(picks, masked_logits, sizes, masks, confidence)
         result.metrics.update({f"sampled_discrete/{k}": v for k, v in stats.items()})
         if stats["masked_draws"] or stats["out_of_range"]:
@@ -104,7 +104,7 @@ class OnnxCompareTask(Task):
 
     def _continuous(self, draws: np.ndarray, dist: dict, n: int, tanh_squash: bool, result: Result) -> dict:
         """Draws [samples, rows, act] against mu and exp(log_sigma): the clipped normal (PPO) or the normal before tanh (SAC)."""
-        confidence = confidence
+        confidence = self.mode.confidence
         mu, sigma = dist["mu"][:n].astype(np.float64), np.exp(dist["log_sigma"][:n].astype(np.float64))
         if tanh_squash:
             stats = sampling_check(np.arctanh(np.clip(draws, -1 + 1e-7, 1 - 1e-7)), mu, sigma, None, None, confidence)

@@ -5,6 +5,8 @@ Described in docs/modes.md#precision; every output is compared by the verificati
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import numpy as np
 
 from huggy_exp import plots
@@ -16,7 +18,6 @@ from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, DISCRETE, build, reference, run_feeds
 from huggy_exp.tasks import Task, is_sequence, latency, verify_point
 from huggy_exp.verify import elementwise
-from huggy_exp.verify import limit as verify_limit
 from huggy_exp.verify import DECLARED, outputs_of, within
 
 LAYER_ORDER = ("lstm", RECURRENT_OUT, "mu", "logits")  # after normalized_obs* and hidden_*
@@ -49,8 +50,8 @@ class PrecisionTask(Task):
             result.tables["step_errors"] = _step_errors(got, want)
         worst, first_bad = layers["worst_layer"], layers["first_failing_layer"]
         result.tags.update({"verdict_relative": verdict, "worst_layer": worst, "first_failing_layer": first_bad or "none"})
-        result.details.update({"limits": limits_for(ctx.verify.limits, ctx.dtype, ctx.device, ctx.verify.specialize, "verify.limits"),
-                               "relative_verdict": verdict, **layers})
+        result.details.update({"limits": limits_for(asdict(ctx.verify.limits), ctx.dtype, ctx.device, ctx.verify.specialize,
+                                                    "verify.limits"), "relative_verdict": verdict, **layers})
         result.summary.insert(1, f"worst layer {worst} (rel_rmse {result.metrics[f'layer/{worst}/rel_rmse']:.2e}), first failing "
                                  f"layer {first_bad or 'none'}, relative {result.metrics['relative/ratio']:.2f} -> {verdict}")
         self._write(ctx, got, want, result)
@@ -58,8 +59,7 @@ class PrecisionTask(Task):
 
     def _layers(self, ctx: Context, got: dict, want: dict, result: Result) -> dict:
         """rel_rmse and max_abs of every intermediate against fp64; the first one over the dtype's layer threshold fails."""
-        limits = limits_for(self.layer_thresholds, ctx.dtype, ctx.device, self.layer_specialize, "mode.layer_thresholds")
-        limit = verify_limit(limits, "rel_rmse", f"mode.layer_thresholds.{ctx.dtype}")
+        limit = ctx.limits().layer_rel_rmse
         names = [k for k in got if k.startswith(("normalized_obs", "hidden_"))] + [k for k in LAYER_ORDER if k in got]
         rows, first_bad = [], None
         for name in names:

@@ -11,37 +11,32 @@ import numpy as np
 
 from huggy_exp import bundle, environment, plots
 from huggy_exp.certify import bitwise, dual_benchmark, errors, latency_change, named_outputs, same_dtype_point, worst
-from huggy_exp.config import DTYPE_NAMES
+from huggy_exp.config import DTYPE_NAMES, ReplayMode
 from huggy_exp.context import Context
 from huggy_exp.errors import UserError
 from huggy_exp.report import escape
 from huggy_exp.results import Result
 from huggy_exp.safety import atomic_write_text
 from huggy_exp.runners import build, reference, run_feeds
+from huggy_exp.tasks import Task
 from huggy_exp.tasks.record import time_calls
-from huggy_exp.verify import fingerprints, finite_limits, nonfinite_failures, within
-from huggy_exp.verify import limit as verify_limit
+from huggy_exp.verify import fingerprints, nonfinite_failures, within
 
 
-class ReplayTask:
-    name = "replay"
-
-    def __init__(self, bundle: str | None, reference_point: str | None, allow_other_model: bool, tolerance: dict,
-                 require_bitwise: bool, latency: dict, alpha: float, fail_on_latency: bool, decimals: int):
-        self.bundle, self.reference_point, self.allow_other_model = bundle, reference_point, bool(allow_other_model)
-        self.tolerance, self.require_bitwise, self.latency = finite_limits(tolerance, "mode.tolerance"), bool(require_bitwise), dict(latency)
-        self.alpha, self.fail_on_latency, self.decimals = float(alpha), bool(fail_on_latency), int(decimals)
+class ReplayTask(Task):
+    mode: ReplayMode
 
     def run(self, ctx: Context) -> Result:
-        if not self.bundle:
+        m = self.mode
+        if not m.bundle:
             raise UserError("mode=replay needs mode.bundle=<folder written by mode=record>")
-        b = bundle.read(self.bundle, bundle.weights_sha256(ctx.weights), self.allow_other_model)
+        b = bundle.read(m.bundle, bundle.weights_sha256(ctx.weights), m.allow_other_model)
         feeds, fp64 = b.inputs(), b.reference()
         key = bundle.point_key(ctx.device, ctx.dtype, ctx.backend, ctx.batch_size)
         # --- run here: outputs, latency, this host's own fp64 reference
         runner = build(ctx)
         here = named_outputs(run_feeds(runner, feeds))
-        timed = time_calls(runner, ctx, feeds, self.latency)
+        timed = time_calls(runner, ctx, feeds, m.latency)
         host64 = named_outputs(run_feeds(reference(ctx, "fp64"), feeds), np.float64)
         env_here = environment.capture()
         # --- the recorded points it is held to
@@ -52,14 +47,14 @@ class ReplayTask:
         report = Report(key, b, match, ref_key)
         self._finite(result, b, fp64, match, ref_key)
         self._agreement(result, report, b, ctx, here, match, timed.threads, env_rows)
-        self._against_fp64(result, report, here, fp64, host64, ctx.dtype, judge=match is None and ref_key is None)
+        self._against_fp64(result, report, here, fp64, host64, ctx, judge=match is None and ref_key is None)
         self._dual(result, report, b, here, fp64, ref_key)
         self._latency(result, report, b, ctx, timed, match, ref_key)
         result.metrics["env/changed_fields"] = float(len(env_rows))
         result.tables["env_diff"] = env_rows
         report.env = env_rows
         # --- what the job says
-        prints = fingerprints(here, self.decimals)
+        prints = fingerprints(here, m.decimals)
         result.tags.update(prints)
         report.fingerprint = prints["fingerprint"]
         result.summary = [report.headline(), *report.lines]
@@ -82,7 +77,7 @@ class ReplayTask:
 
     def _reference_key(self, b: bundle.Bundle, ctx: Context, match: str | None) -> str | None:
         """mode.reference_point: a recorded key, a dtype (its recorded point), or null (the same-dtype point)."""
-        spec = self.reference_point
+        spec = self.mode.reference_point
         if spec is None:
             return match
         if spec in b.points:
@@ -103,10 +98,10 @@ class ReplayTask:
                                 "compared against the bundle's fp64 reference only")
             result.details["no_recording"] = True
             return
-        recorded, limit = b.outputs(match), verify_limit(self.tolerance, ctx.dtype, "mode.tolerance")
+        recorded, limit = b.outputs(match), ctx.atol()
         point = b.points[match]
         same_point = match == report.key and int(point.get("threads", 1)) == threads and environment.same_stack(env_rows)
-        required = self.require_bitwise or same_point
+        required = self.mode.require_bitwise or same_point
         rows = []
         for name in here:
             if name not in recorded:
@@ -127,9 +122,10 @@ class ReplayTask:
         result.tables["agreement"] = rows
         report.agreement, report.bitwise_required = rows, required
 
-    def _against_fp64(self, result: Result, report: "Report", here: dict, fp64: dict, host64: dict, dtype: str, judge: bool) -> None:
+    def _against_fp64(self, result: Result, report: "Report", here: dict, fp64: dict, host64: dict, ctx: Context,
+                      judge: bool) -> None:
         """Every output against the bundle's fp64 reference; this host's fp64 against the bundle's (how far fp64 moved)."""
-        limit = verify_limit(self.tolerance, dtype, "mode.tolerance")
+        dtype, limit = ctx.dtype, ctx.atol()
         for name in here:
             if name not in fp64:
                 continue
@@ -168,13 +164,13 @@ class ReplayTask:
             report.lines.append(f"latency not compared: no recorded point at batch {ctx.batch_size} of this dtype or the reference")
             return
         report.recorded_latency = b.latency(against)
-        change = latency_change(report.recorded_latency, timed.samples, self.alpha)
+        change = latency_change(report.recorded_latency, timed.samples, self.mode.alpha)
         change["against"] = against
         result.metrics.update({f"latency_change/{k}": float(v) for k, v in change.items() if isinstance(v, (int, float))})
         result.tags["latency_change"] = change["verdict"]
         result.details["latency_change"] = change
         report.latency = change
-        if self.fail_on_latency and change["verdict"] == "slower":
+        if self.mode.fail_on_latency and change["verdict"] == "slower":
             result.fail(f"latency {change['median_ratio']:.2f}x the recording's median (p = {change['p_value']:.2g}, "
                         f"tolerance {change['tolerance']:.0%}; mode.fail_on_latency=true)")
 
