@@ -78,8 +78,8 @@ POINT_ENV = "HUGGY_EXP_POINT"  # JSON of JobInfo's launcher fields (job_id, host
 def point_info() -> dict:
     """The launcher's fields of the job this process runs now (empty unless a launcher set POINT_ENV)."""
     point = json.loads(os.environ.get(POINT_ENV) or "{}")
-    return point and {"job_id": point.get("job_id"), "host": point.get("host"),
-                      "preset": tuple(point["preset"]) if point.get("preset") else None, "pending": point.get("pending")}
+    return point and {"job_id": point.get("job_id"), "host": point.get("host"), "pending": point.get("pending"),
+                      "preset": tuple(point["preset"]) if point.get("preset") else None}
 
 
 def run_name(mode: str, cfg: DictConfig, case: str | None = None) -> str:
@@ -183,7 +183,7 @@ def _run_task(cfg: DictConfig, workdir: Path, mode: str,
             raise Unsupported(f"needs {missing[0]}, which is not on this host (shared fixtures: set HUGGY_EXP_SHARED)")
         ctx, switches = build_context(cfg, workdir), {}
         if modes()[mode].runs_policy:
-            switches = set_precision(ctx.device, ctx.dtype, ctx.precision_mode)  # as they read back (Unsupported: skipped)
+            switches = set_precision(ctx.device, ctx.dtype, ctx.precision_mode)  # as read back; Unsupported: skipped
             check_job_memory(mode, OmegaConf.to_container(cfg, resolve=True), ctx.weights)
         result = make_task(cfg.mode).run(ctx)
         result.tags.update({f"fp32_precision/{name}": value for name, value in switches.items()})

@@ -84,8 +84,8 @@ class Context:
 
     def limits(self, dtype: str | None = None) -> Limits:
         """The dtype's output limits on this device kind (`verify.limits`, `verify.specialize`)."""
-        return Limits.of(limits_for(asdict(self.verify.limits), dtype or self.dtype, self.device, self.verify.specialize,
-                                    "verify.limits"))
+        table = asdict(self.verify.limits)
+        return Limits.of(limits_for(table, dtype or self.dtype, self.device, self.verify.specialize, "verify.limits"))
 
     def atol(self, *dtypes: str) -> float:
         """The loosest max_abs of these dtypes here: two sides computing in different dtypes (an fp32 .onnx beside an
@@ -110,5 +110,6 @@ class Context:
     def onnx_path(self) -> Path:
         """The ML-Agents .onnx that goes with the model (configured, beside the .pt, or the embedded default's)."""
         if self.model.onnx_path is None:
-            raise UserError(f"this mode needs the policy's .onnx; none beside {self.model.path}: set model.onnx=<file.onnx>")
+            raise UserError(f"this mode needs the policy's .onnx; none beside {self.model.path}: "
+                            "set model.onnx=<file.onnx>")
         return self.model.onnx_path

@@ -126,7 +126,7 @@ def expand(argv: list[str], conf_dirs: list) -> tuple[list[str], list[list[str]]
     for o in parsed:
         key = o.get_key_element()
         group = key.lstrip("+") if key.lstrip("+") in GROUPS else None
-        if key.startswith("hydra") or not o.is_sweep_override():  # Hydra's own settings: composed too, never swept by us
+        if key.startswith("hydra") or not o.is_sweep_override():  # Hydra's own settings: composed, never swept by us
             if group and not o.is_delete():
                 _known_choice(group, str(o.value()), conf_dirs)
             plain.append(o.input_line)

@@ -1,4 +1,4 @@
-"""One small class per mode: a Task built with its schema object (conf/mode/<name>.yaml's values) and run(ctx) -> Result."""
+"""One small class per mode: a Task built with its mode's schema object, and run(ctx) -> Result."""
 
 from __future__ import annotations
 

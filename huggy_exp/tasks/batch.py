@@ -61,9 +61,9 @@ class BatchTask(Task):
     def throughput(self, ctx: Context, batched, single, feeds: dict, rows: int) -> dict[str, float]:
         """Rows per second of both runners, through the one measurement policy (fixed threads, warm-up until stable)."""
         with timing.threads(ctx.threads):
-            budget = self.mode.budget_s
-            t_batched = timing.measure(lambda: run_feeds(batched, feeds), batched.target.device, rows, budget, budget / 2)
-            t_single = timing.measure(lambda: run_feeds(single, feeds), single.target.device, rows, budget, budget / 2)
+            s = self.mode.budget_s
+            t_batched = timing.measure(lambda: run_feeds(batched, feeds), batched.target.device, rows, s, s / 2)
+            t_single = timing.measure(lambda: run_feeds(single, feeds), single.target.device, rows, s, s / 2)
         return {"batched_rows_per_s": rows / (t_batched.stats()["p50_us"] / 1e6),
                 "single_rows_per_s": rows / (t_single.stats()["p50_us"] / 1e6)}
 

@@ -1,7 +1,5 @@
 """`benchmark`: latency and throughput of each backend, gated against eager first.
-
-Described in docs/modes.md#benchmark.
-"""
+Described in docs/modes.md#benchmark."""
 
 from __future__ import annotations
 
@@ -38,8 +36,8 @@ class BenchmarkTask(Task):
 
     def sut(self, ctx: Context) -> list[str]:
         """The backends to build and time: mode.backends, and the job's backend when a scenario runs on it."""
-        scenario = set(self.mode.scenarios) & set(extra.NAMES)
-        return list(dict.fromkeys([*(self.mode.backends or ["eager"]), *([ctx.backend] if scenario else [])]))  # eager: the gate
+        scenario = set(self.mode.scenarios) & set(extra.NAMES)  # eager, the gate, is always built
+        return list(dict.fromkeys([*(self.mode.backends or ["eager"]), *([ctx.backend] if scenario else [])]))
 
     def run(self, ctx: Context) -> Result:
         target, w, result = ctx.target(), ctx.weights, Result()
@@ -81,8 +79,8 @@ class BenchmarkTask(Task):
         if slow:
             top = self.mode.fp16_cpu_max_rows
             capped, points = [b for b in points if b > top], [b for b in points if b <= top] or [1]
-            result.summary.append(f"{SLOW_FP16}; points above {top} rows skipped "
-                                  f"({capped or 'none'}), at most {self.mode.fp16_cpu_samples} timed calls per point and round")
+            result.summary.append(f"{SLOW_FP16}; points above {top} rows skipped ({capped or 'none'}), "
+                                  f"at most {self.mode.fp16_cpu_samples} timed calls per point and round")
             result.details["fp16_cpu_note"] = SLOW_FP16
         return points, capped, slow
 

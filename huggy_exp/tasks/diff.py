@@ -1,7 +1,5 @@
 """`diff`: what changed between two sweeps (or bundles, or job dirs), point by point, with replay's rules.
-
-Described in docs/modes.md#diff and docs/port-certificate.md.
-"""
+Described in docs/modes.md#diff and docs/port-certificate.md."""
 
 from __future__ import annotations
 

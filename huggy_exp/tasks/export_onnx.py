@@ -1,7 +1,5 @@
 """`export-onnx`: the rebuilt policy as an ML-Agents .onnx, checked and compared.
-
-Described in docs/modes.md#export-onnx.
-"""
+Described in docs/modes.md#export-onnx."""
 
 from __future__ import annotations
 
@@ -112,7 +110,7 @@ class ExportOnnxTask(Task):
         names them, checked by onnx.checker and written in one step: (where it went, the interface it has)."""
         import onnx
 
-        w = ctx.weights
+        w, opset = ctx.weights, self.mode.opset
         own = (ctx.model.path, ctx.model.onnx_path, ctx.model_spec.checkpoint, ctx.model_spec.onnx, ctx.model_spec.results_dir,
                *mlagents.model_files(ctx.model.path), *ctx.owned)
         out = (claim_output(self.mode.path, self.mode.overwrite, own, "mode.path") if self.mode.path
@@ -131,9 +129,9 @@ class ExportOnnxTask(Task):
                 # the exporter's LSTM advice is met: h0/c0 come from the recurrent_in input
                 warnings.filterwarnings("ignore", "Exporting a model to ONNX with a batch_size other than 1", UserWarning)
                 torch.onnx.export(MLAgentsExport(w).eval(), dummy, str(traced), input_names=input_names, output_names=output_names,
-                                  dynamic_axes=dynamic, opset_version=self.mode.opset, dynamo=False)
+                                  dynamic_axes=dynamic, opset_version=opset, dynamo=False)
         except Exception as exc:
-            raise UserError(f"torch.onnx.export failed at opset {self.mode.opset}: {str(exc).splitlines()[0]}") from None
+            raise UserError(f"torch.onnx.export failed at opset {opset}: {str(exc).splitlines()[0]}") from None
         model = _name_outputs(onnx.load(str(traced), format="protobuf"), output_names)
         tmpdir.cleanup()
         onnx.checker.check_model(model, full_check=True)
@@ -155,7 +153,8 @@ class ExportOnnxTask(Task):
         bit-identical; adds the table rows, returns the headline phrase."""
         w, source = ctx.weights, ctx.model.onnx_path
         consts = expected_constants(w)
-        m_src, f_src, rows_src = compare_outputs(exported, theirs, "source", self.mode.atol, 1e-3, margins, w.branch_sizes)
+        m_src, f_src, rows_src = compare_outputs(exported, theirs, "source", self.mode.atol, 1e-3, margins,
+                                                 w.branch_sizes)
         s_metrics, s_failures, _ = check_constants(exported, {k: np.asarray(theirs[k][0] if sequence else theirs[k])
                                                                for k in consts if k in theirs}, sequence,
                                                    "source", "exported")

@@ -1,7 +1,5 @@
 """`fingerprint`: SHA-256 of the exact output bytes over T steps, and a quantized one.
-
-Described in docs/modes.md#fingerprint.
-"""
+Described in docs/modes.md#fingerprint."""
 
 from __future__ import annotations
 
@@ -20,7 +18,7 @@ from huggy_exp.verify import quantize
 
 
 
-def output_sequences(runner: Runner, ctx: Context, m: FingerprintMode) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+def output_sequences(runner: Runner, ctx: Context, m: FingerprintMode) -> tuple[dict[str, np.ndarray], dict]:
     """The inputs the policy saw [T, envs, d] by ML-Agents name, and every output [T, envs, *] by file name (actions,
     discrete_actions, memories): open-loop over the observation source (steps x envs rows, or a file's [T, N, d]
     sequence), or closed-loop through `mode.dynamics`."""
@@ -67,7 +65,8 @@ class FingerprintTask(Task):
         result.metrics = {"steps": float(steps),
                           **_divergence_metrics(mine, ref, names, exact, quant, first_exact[1] if first_exact else None)}
         for n in names if len(names) > 1 else ():  # each output on its own too
-            result.metrics.update({f"{n}/{k}": v for k, v in _divergence_metrics(mine, ref, [n], exact, quant, exact[n]).items()})
+            each = _divergence_metrics(mine, ref, [n], exact, quant, exact[n])
+            result.metrics.update({f"{n}/{k}": v for k, v in each.items()})
         result.tags.update({k: v for k, v in fp.items() if k.startswith("cpu_fp32_")})
         where, qwhere = _where(first_exact, first_quant, names)
         headline = (f"fingerprint {fp[verify.FINGERPRINT][:12]}, quantized_fingerprint({decimals}) "

@@ -72,7 +72,7 @@ def _shape(w) -> dict:
 
 def _metrics(dims: dict, normalizer: dict | None) -> dict[str, float]:
     """The numeric dimensions, and the normalizer's steps and fp16-overflowing dimensions when known."""
-    known = {k: v for k, v in (normalizer or {}).items() if k in ("normalization_steps", "fp16_overflow_dims") and v is not None}
+    known = {k: (normalizer or {}).get(k) for k in ("normalization_steps", "fp16_overflow_dims")}
     return {k: float(v) for k, v in {**dims, **known}.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 

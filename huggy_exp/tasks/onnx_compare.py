@@ -1,7 +1,5 @@
 """`onnx-compare`: the policy against onnxruntime running the ML-Agents .onnx.
-
-Described in docs/modes.md#onnx-compare.
-"""
+Described in docs/modes.md#onnx-compare."""
 
 from __future__ import annotations
 
@@ -31,7 +29,8 @@ class OnnxCompareTask(Task):
         onnx_path = ctx.onnx_path()
         check_onnx_pairing(onnx_path, w)
         # --- build runners, run the feeds
-        ort = build(ctx, "onnxruntime", device="cpu", dtype="fp32", batch_size=0, threads=0, provider=self.mode.provider)
+        ort = build(ctx, "onnxruntime", device="cpu", dtype="fp32", batch_size=0, threads=0,
+                    provider=self.mode.provider)
         under_test = build(ctx)
         mine, theirs = run_feeds(under_test, feeds), run_feeds(ort, feeds)
         # what the sampled outputs draw from, and the discrete margins: the fp32 CPU policy, its own memory carried

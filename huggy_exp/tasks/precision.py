@@ -1,7 +1,5 @@
-"""`precision`: the policy on (device, dtype) against CPU fp64 and fp32 references.
-
-Described in docs/modes.md#precision; every output is compared by the verification engine (docs/verification.md).
-"""
+"""`precision`: the policy on (device, dtype) against CPU fp64 and fp32 references, every output through the
+verification engine (docs/verification.md). Described in docs/modes.md#precision."""
 
 from __future__ import annotations
 
@@ -81,10 +79,11 @@ class PrecisionTask(Task):
         dev_err = float(np.sqrt(np.mean((got[primary] - want[primary]) ** 2)))
         cpu_err = float(np.sqrt(np.mean((cpu_same[primary] - want[primary]) ** 2)))
         ratio = error_ratio(dev_err, cpu_err)
-        verdict = ratio_verdict(ratio, self.mode.relative.warn, self.mode.relative.fail)
+        warn, fail = self.mode.relative.warn, self.mode.relative.fail
+        verdict = ratio_verdict(ratio, warn, fail)
         result.metrics.update({"relative/device_rmse": dev_err, "relative/cpu_rmse": cpu_err, "relative/ratio": ratio})
         if verdict == "fail":
-            result.fail(f"device error is {ratio:.2f}x the CPU's in {ctx.dtype} (fail above {self.mode.relative.fail:g})")
+            result.fail(f"device error is {ratio:.2f}x the CPU's in {ctx.dtype} (fail above {fail:g})")
         return verdict
 
     def _write(self, ctx: Context, got: dict, want: dict, result: Result) -> None:

@@ -1,7 +1,5 @@
 """`record`: one point's behaviour into a port-certificate bundle (huggy_exp/bundle.py).
-
-Described in docs/modes.md#record and docs/port-certificate.md.
-"""
+Described in docs/modes.md#record and docs/port-certificate.md."""
 
 from __future__ import annotations
 

@@ -127,7 +127,7 @@ class StatsTask(Task):
         result.files.append(plots.lines(ctx.workdir / "drift.png", curves, "step",
                                         "max |action difference|" if drift is not None else "share",
                                         "closed-loop drift", self.mode.drift_threshold, log=drift is not None))
-        name, label = ("actions", "a{}") if "actions" in out else ("discrete_actions", "branch {}")  # env 0's first four
+        name, label = ("actions", "a{}") if "actions" in out else ("discrete_actions", "branch {}")  # env 0's first 4
         traces = {f"{label.format(j)} {who}": run[name][:, 0, j] for who, run in ((ctx.dtype, out), ("cpu fp32", ref))
                   for j in range(min(4, out[name].shape[-1]))}
         result.files.append(plots.lines(ctx.workdir / "actions.png", traces, "step", "action", "action traces, env 0"))
