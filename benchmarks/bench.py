@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -25,15 +25,17 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from huggy_exp import timing  # noqa: E402
+from huggy_exp import environment, timing  # noqa: E402
 from huggy_exp.context import Context  # noqa: E402
 from huggy_exp.runners import ACTIONS, OBS, build  # noqa: E402
 from huggy_exp.tasks.benchmark import BenchmarkTask  # noqa: E402
@@ -41,6 +43,8 @@ from huggy_exp.tasks.benchmark import BenchmarkTask  # noqa: E402
 HUGGY = REPO.parent / "shared" / "fixtures" / "mlagents" / "huggy" / "Huggy" / "Huggy-2000049.pt"
 TORCH_BACKENDS = ("eager", "compile", "fused")
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+ORT, EAGER = "onnxruntime (reference)", "eager backend: addmv chain (MKL gemv)"
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 
 def context(model: str | None, dtype: str, workdir: Path) -> Context:
@@ -57,33 +61,27 @@ def context(model: str | None, dtype: str, workdir: Path) -> Context:
         return build_context(compose(config_name="config", overrides=overrides), workdir)
 
 
-def cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return set(line.split(":", 1)[-1].split())
+def p50_us(fn: Callable[[], object], budget_s: float, warmup_s: float) -> float:
+    """timing.measure's p50 of one call of fn on the CPU, in µs."""
+    return timing.measure(fn, torch.device("cpu"), 1, budget_s, warmup_s).stats()["p50_us"]
 
 
-def cpu_name() -> str:
-    try:
-        line = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name"))
-        return line.split(":", 1)[1].strip()
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
-
-
-def flops_per_obs(ctx: Context) -> float:
-    w = ctx.weights
-    return 2.0 * sum(weight.size for weight, _ in [*w.layers, w.mu])
+def interleaved(fns: dict[str, Callable[[], object]], rounds: int, rotate: bool = True) -> dict[str, list]:
+    """`rounds` rounds that call each fn once, the order rotated each round (unless not `rotate`): each one's values, so
+    that a machine whose speed drifts moves every side alike."""
+    got: dict[str, list] = {name: [] for name in fns}
+    names = list(fns)
+    for r in range(rounds):
+        turn = r % len(names) if rotate else 0
+        for name in names[turn:] + names[:turn]:
+            got[name].append(fns[name]())
+    return got
 
 
 def gemm_gflops(rows: int, k: int, n: int, seconds: float = 1.5) -> float:
     """fp32 torch.mm rate (GFLOP/s, p50) at [rows, k] @ [k, n] on the current thread count."""
     a, b = torch.randn(rows, k), torch.randn(k, n)
-    t = timing.measure(lambda: torch.mm(a, b), torch.device("cpu"), budget_s=seconds, warmup_s=0.3)
-    return 2 * rows * k * n / (t.stats()["p50_us"] / 1e6) / 1e9
+    return 2 * rows * k * n / p50_us(lambda: torch.mm(a, b), seconds, 0.3) / 1e3
 
 
 def bare_loop_us(session, feeds: dict, seconds: float) -> float:
@@ -103,136 +101,106 @@ def gemms_only_obs_s(ctx: Context, rows: int, seconds: float = 1.5) -> float:
     the elementwise work (normalizer, SiLU, clamp) and the runner bring the backends down from."""
     policy = build(ctx, "eager").policy
     xs = [torch.randn(rows, w.shape[1]) for w, _ in policy._gemv]
-    call = lambda: [torch.addmm(b, x, w.t()) for (w, b), x in zip(policy._gemv, xs)]  # noqa: E731
-    t = timing.measure(call, torch.device("cpu"), budget_s=seconds, warmup_s=0.3)
-    return rows / (t.stats()["p50_us"] / 1e6)
+    return rows * 1e6 / p50_us(lambda: [torch.addmm(b, x, w.t()) for (w, b), x in zip(policy._gemv, xs)], seconds, 0.3)
 
 
 # --- batch 1: every way torch was tried, against onnxruntime, in one interleaved loop
 
 
-def _by_hand(mean, std, layers, mu_w, mu_b) -> dict[str, Callable]:
-    """Huggy's forward written out by hand: nn.Linear calls, out= buffers, oneDNN and MKL packed weights, numpy."""
-    import torch.nn.functional as F
+def _chain(mean, std, linears: list[Callable], act: Callable) -> Callable:
+    """Huggy's forward on a tensor with its linears (mu last) spelled by the caller: normalize, act(linear) per hidden
+    layer, mu squashed."""
 
-    out: dict[str, Callable] = {}
+    def forward(x):
+        x = torch.clamp((x - mean) / std, -5, 5)
+        for linear in linears[:-1]:
+            x = act(linear(x))
+        return torch.clamp(linears[-1](x), -3, 3) / 3
 
-    def addmm(o):
-        x = torch.clamp((torch.from_numpy(o) - mean) / std, -5, 5)
-        for w, b in layers:
-            x = F.linear(x, w, b)
-            x = x * torch.sigmoid(x)
-        return (torch.clamp(F.linear(x, mu_w, mu_b), -3, 3) / 3).numpy()
+    return forward
 
-    out["eager addmm (nn.Linear chain)"] = addmm
+
+def _on_numpy(fn: Callable) -> Callable:
+    return lambda o: fn(torch.from_numpy(o)).numpy()
+
+
+def _onednn_linear(w, b, attr: str) -> Callable:
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, 1)
+    return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, b, attr, [], "")
+
+
+def _mkl_linear(w, b) -> Callable:
+    packed = torch.ops.mkl._mkl_reorder_linear_weight(w, 1)
+    return lambda x: torch.ops.mkl._mkl_linear(x, packed, w, b, 1)
+
+
+def _by_hand(mean, std, layers, module) -> dict[str, Callable]:
+    """Huggy's forward written out by hand (`layers`: each linear's weight and bias, mu last): nn.Linear calls, out=
+    buffers, oneDNN and MKL packed weights, numpy."""
+    out: dict[str, Callable] = {"eager addmm (nn.Linear chain)": _on_numpy(module)}
     width = max(w.shape[0] for w, _ in layers)
-    n0, h, s, mu = torch.empty(mean.shape), torch.empty(2, width), torch.empty(width), torch.empty(mu_b.shape)
+    n0, h, s, mu = torch.empty(mean.shape), torch.empty(2, width), torch.empty(width), torch.empty(layers[-1][1].shape)
 
     def preallocated(o):  # every op with out= or in place: no allocation in the call
         torch.sub(torch.from_numpy(o[0]), mean, out=n0)
         x = n0.div_(std).clamp_(-5, 5)
-        for i, (w, b) in enumerate(layers):
+        for i, (w, b) in enumerate(layers[:-1]):
             y = h[i % 2, : w.shape[0]]
             torch.addmv(b, w, x, out=y)
             torch.sigmoid(y, out=s[: w.shape[0]])
             x = y.mul_(s[: w.shape[0]])
-        torch.addmv(mu_b, mu_w, x, out=mu)
+        torch.addmv(layers[-1][1], layers[-1][0], x, out=mu)
         return mu.clamp_(-3, 3).div_(3).numpy()[None].copy()
 
     out["addmv + out= buffers, in place"] = preallocated
+    # oneDNN's prepacked linear with SiLU fused (what inductor uses for bf16)
+    onednn = [_onednn_linear(w, b, "swish" if i < len(layers) - 1 else "none") for i, (w, b) in enumerate(layers)]
+    out["oneDNN packed linear + fused swish"] = _on_numpy(_chain(mean, std, onednn, act=lambda x: x))
+    if torch._C.has_mkl:  # MKL's packed sgemm (what inductor freezing uses for fp32 linears)
+        out["MKL packed sgemm + silu"] = _on_numpy(_chain(mean, std, [_mkl_linear(w, b) for w, b in layers], F.silu))
+    np_layers, np_mean, np_std = [(w.numpy(), b.numpy()) for w, b in layers], mean.numpy(), std.numpy()
 
-    packed = [(torch.ops.mkldnn._reorder_linear_weight(w, 1), b) for w, b in layers]
-    packed_mu = torch.ops.mkldnn._reorder_linear_weight(mu_w, 1)
-
-    def onednn(o):  # oneDNN's prepacked linear with SiLU fused (what inductor uses for bf16)
-        x = torch.clamp((torch.from_numpy(o) - mean) / std, -5, 5)
-        for w, b in packed:
-            x = torch.ops.mkldnn._linear_pointwise(x, w, b, "swish", [], "")
-        return (torch.clamp(torch.ops.mkldnn._linear_pointwise(x, packed_mu, mu_b, "none", [], ""), -3, 3) / 3).numpy()
-
-    out["oneDNN packed linear + fused swish"] = onednn
-    if torch._C.has_mkl:
-        mkl = [(torch.ops.mkl._mkl_reorder_linear_weight(w, 1), w, b) for w, b in layers]
-        mkl_mu = torch.ops.mkl._mkl_reorder_linear_weight(mu_w, 1)
-
-        def mkl_packed(o):  # MKL's packed sgemm (what inductor freezing uses for fp32 linears)
-            x = torch.clamp((torch.from_numpy(o) - mean) / std, -5, 5)
-            for p, w, b in mkl:
-                x = F.silu(torch.ops.mkl._mkl_linear(x, p, w, b, 1))
-            return (torch.clamp(torch.ops.mkl._mkl_linear(x, mkl_mu, mu_w, mu_b, 1), -3, 3) / 3).numpy()
-
-        out["MKL packed sgemm + silu"] = mkl_packed
-    out["numpy (OpenBLAS sgemv; not torch)"] = _numpy_forward(mean, std, layers, mu_w, mu_b)
-    return out
-
-
-def _numpy_forward(mean, std, layers, mu_w, mu_b) -> Callable:
-    """Not torch: numpy's OpenBLAS sgemv, for scale."""
-    np_layers = [(w.numpy(), b.numpy()) for w, b in layers]
-    np_mean, np_std, np_mu = mean.numpy(), std.numpy(), (mu_w.numpy(), mu_b.numpy())
-
-    def numpy_forward(o):
+    def numpy_forward(o):  # not torch: numpy's OpenBLAS sgemv, for scale
         x = np.clip((o[0] - np_mean) / np_std, -5, 5)
-        for w, b in np_layers:
+        for w, b in np_layers[:-1]:
             x = w @ x + b
             x = x / (1 + np.exp(-x))
-        return (np.clip(np_mu[0] @ x + np_mu[1], -3, 3) / 3)[None]
+        return (np.clip(np_layers[-1][0] @ x + np_layers[-1][1], -3, 3) / 3)[None]
 
-    return numpy_forward
+    out["numpy (OpenBLAS sgemv; not torch)"] = numpy_forward
+    return out
 
 
 def attempts(ctx: Context, everything: bool) -> dict[str, Callable[[np.ndarray], np.ndarray] | str]:
     """name -> f(obs [1, d] float32) -> actions [1, act], each Huggy's forward spelled another way (or why it cannot run)."""
-    import torch.nn.functional as F
-
-    policy = build(ctx, "eager", batch_size=1).policy
-    norm = policy.normalizers[0]
-    mean, std = norm.running_mean, norm.std
-    layers, (mu_w, mu_b) = policy._gemv[:-1], policy._gemv[-1]
-    out: dict[str, Callable] = {}
     runners = {name: build(ctx, name, batch_size=1, threads=1) for name in ("onnxruntime", "eager", "fused")}
-    out["onnxruntime (reference)"] = lambda o: runners["onnxruntime"].infer({OBS: o})[ACTIONS]
-    out["eager backend: addmv chain (MKL gemv)"] = lambda o: runners["eager"].infer({OBS: o})[ACTIONS]
-    out.update(_by_hand(mean, std, layers, mu_w, mu_b))
-
-    def _chain(x):
-        x = torch.clamp((x - mean) / std, -5, 5)
-        for w, b in layers:
-            x = F.linear(x, w, b)
-            x = x * torch.sigmoid(x)
-        return torch.clamp(F.linear(x, mu_w, mu_b), -3, 3) / 3
-
+    policy = runners["eager"].policy
+    mean, std, layers = policy.normalizers[0].running_mean, policy.normalizers[0].std, policy._gemv
+    backend = lambda name: lambda o: runners[name].infer({OBS: o})[ACTIONS]  # noqa: E731
     example = torch.from_numpy(ctx.make_feeds(1)[OBS])
     with torch.inference_mode(False), torch.no_grad():
-        traced = torch.jit.freeze(torch.jit.trace(_Wrap(_chain), example).eval())
-        optimized = torch.jit.optimize_for_inference(torch.jit.freeze(torch.jit.trace(_Wrap(_chain), example).eval()))
-    out["torch.jit.trace + freeze"] = lambda o: traced(torch.from_numpy(o)).numpy()
-    out["jit.trace + freeze + optimize_for_inference"] = lambda o: optimized(torch.from_numpy(o)).numpy()
-
-    out["torch.jit.script + freeze, NNC fuser on (SiLU fused)"] = _scripted(mean, std, layers, mu_w, mu_b, example)
-
+        module = _Forward(mean, std, layers).eval().requires_grad_(False)
+        traced = torch.jit.freeze(torch.jit.trace(module, example).eval())
+        optimized = torch.jit.optimize_for_inference(torch.jit.freeze(torch.jit.trace(module, example).eval()))
+    out = {ORT: backend("onnxruntime"), EAGER: backend("eager"), **_by_hand(mean, std, layers, module)}
+    out["torch.jit.trace + freeze"] = _on_numpy(traced)
+    out["jit.trace + freeze + optimize_for_inference"] = _on_numpy(optimized)
+    out["torch.jit.script + freeze, NNC fuser on (SiLU fused)"] = _scripted(module, example)
     if everything:
-        out.update(_slow_attempts(_chain, example))
-    out["fused backend: one C++ kernel (inductor toolchain)"] = lambda o: runners["fused"].infer({OBS: o})[ACTIONS]
+        out.update(_slow_attempts(module, example))
+    out["fused backend: one C++ kernel (inductor toolchain)"] = backend("fused")
     return out
 
 
-class _Wrap(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
+class _Forward(torch.nn.Module):
+    """Huggy's forward as nn.Linear modules: what torch.jit.trace, torch.jit.script and torch.export take."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fn(x)
-
-
-class _Scriptable(torch.nn.Module):
-    def __init__(self, mean, std, layers, mu_w, mu_b):
+    def __init__(self, mean, std, layers):
         super().__init__()
         self.register_buffer("mean", mean.clone())
         self.register_buffer("std", std.clone())
         self.linears = torch.nn.ModuleList()
-        for w, b in [*layers, (mu_w, mu_b)]:
+        for w, b in layers:
             linear = torch.nn.Linear(w.shape[1], w.shape[0])
             linear.weight.data, linear.bias.data = w.clone(), b.clone()
             self.linears.append(linear)
@@ -247,13 +215,13 @@ class _Scriptable(torch.nn.Module):
         return torch.clamp(x, -3.0, 3.0) / 3.0
 
 
-def _scripted(mean, std, layers, mu_w, mu_b, example) -> Callable | str:
+def _scripted(module: _Forward, example) -> Callable | str:
     """TorchScript with the CPU fuser (NNC) allowed: it fuses the elementwise ops around each linear."""
     before = torch._C._jit_can_fuse_on_cpu()
     torch._C._jit_override_can_fuse_on_cpu(True)
     try:
         with torch.inference_mode(False), torch.no_grad():
-            scripted = torch.jit.freeze(torch.jit.script(_Scriptable(mean, std, layers, mu_w, mu_b).eval()))
+            scripted = torch.jit.freeze(torch.jit.script(module))
             for _ in range(3):  # the profiling executor specializes, then fuses
                 scripted(example)
     except RuntimeError as exc:  # the CPU fuser generates code through LLVM, which CPU wheels may leave out
@@ -268,51 +236,59 @@ def _scripted(mean, std, layers, mu_w, mu_b, example) -> Callable | str:
     return call
 
 
-def _slow_attempts(chain, example) -> dict[str, Callable | str]:
+def _tried(make: Callable[[], Callable]) -> Callable | str:
+    """make()'s attempt, or why it cannot run: an attempt that cannot run is reported, not fatal."""
+    try:
+        return make()
+    except Exception as exc:  # noqa: BLE001
+        return f"not available: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+
+
+def _slow_attempts(module: _Forward, example) -> dict[str, Callable | str]:
     """Minutes of compilation: inductor's C++ GEMM template (max-autotune) and AOTInductor (no Python wrapper)."""
     import torch._inductor.config as inductor_config
 
-    found: dict[str, Callable | str] = {}
     inductor_config.freezing = True
-    try:
+
+    def template():
         with inductor_config.patch(max_autotune=True, max_autotune_gemm_backends="CPP"):
             torch._dynamo.reset()
-            templ = torch.compile(_Wrap(chain).eval(), dynamic=False)
+            templ = torch.compile(module, dynamic=False)
             with torch.no_grad():
                 templ(example)
-        found["inductor C++ GEMM template (max-autotune)"] = lambda o: templ(torch.from_numpy(o)).numpy()
-    except Exception as exc:  # noqa: BLE001  (an attempt that cannot run is reported, not fatal)
-        found["inductor C++ GEMM template (max-autotune)"] = f"not available: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-    try:
+        return _on_numpy(templ)
+
+    def aoti():
         with torch.no_grad():
-            exported = torch.export.export(_Wrap(chain).eval(), (example,))
+            exported = torch.export.export(module, (example,))
             path = torch._inductor.aoti_compile_and_package(exported, package_path=tempfile.mktemp(suffix=".pt2"))
-        aoti = torch._inductor.aoti_load_package(path)
-        found["AOTInductor (aoti_compile_and_package)"] = lambda o: aoti(torch.from_numpy(o)).numpy()
-    except Exception as exc:  # noqa: BLE001
-        found["AOTInductor (aoti_compile_and_package)"] = f"not available: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-    return found
+        return _on_numpy(torch._inductor.aoti_load_package(path))
+
+    return {"inductor C++ GEMM template (max-autotune)": _tried(template),
+            "AOTInductor (aoti_compile_and_package)": _tried(aoti)}
 
 
 def time_attempts(ctx: Context, fns: dict[str, Callable | str], rounds: int, budget_s: float) -> dict[str, dict]:
     """Each checked against eager, then p50s over `rounds` interleaved rounds (order rotated); the median round."""
     obs = ctx.make_feeds(1)[OBS]
-    want = fns["eager backend: addmv chain (MKL gemv)"](obs)
+    want = fns[EAGER](obs)
     rows = {}
     for name, fn in fns.items():
         if isinstance(fn, str):
-            rows[name] = {"max_abs_vs_eager": float("nan"), "p50s": [], "ok": False, "unavailable": fn}
-            continue
-        diff = float(np.max(np.abs(np.asarray(fn(obs), np.float32) - want)))
-        rows[name] = {"max_abs_vs_eager": diff, "p50s": [], "ok": diff <= 1e-5}
-    names = [n for n in fns if rows[n]["ok"]]
+            rows[name] = {"max_abs_vs_eager": float("nan"), "ok": False, "unavailable": fn}
+        else:
+            diff = float(np.max(np.abs(np.asarray(fn(obs), np.float32) - want)))
+            rows[name] = {"max_abs_vs_eager": diff, "ok": diff <= 1e-5}
+
+    def timed(fn: Callable) -> float:
+        p50 = p50_us(lambda: fn(obs), budget_s, 0.1)
+        time.sleep(0.02)
+        return p50
+
     with torch.inference_mode(), timing.threads(1):
-        for r in range(rounds):
-            for name in names[r % len(names):] + names[: r % len(names)]:
-                t = timing.measure(lambda: fns[name](obs), torch.device("cpu"), 1, budget_s, warmup_s=0.1)
-                rows[name]["p50s"].append(t.stats()["p50_us"])
-                time.sleep(0.02)
-    for row in rows.values():
+        got = interleaved({name: partial(timed, fns[name]) for name in fns if rows[name]["ok"]}, rounds)
+    for name, row in rows.items():
+        row["p50s"] = got.get(name, [])
         row["p50_us"] = statistics.median(row["p50s"]) if row["p50s"] else float("nan")
     return rows
 
@@ -337,10 +313,9 @@ print(json.dumps(dict(zip(["import_torch_s", "import_hydra_s", "compose_s", "imp
 
 def breakdown(runs: int = 3) -> dict[str, float]:
     """Medians over fresh interpreters of what a single run pays: torch, hydra, one compose, mlflow."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     got = []
     for _ in range(runs):
-        proc = subprocess.run([sys.executable, "-c", BREAKDOWN, str(REPO / "conf")], cwd=REPO, env=env, capture_output=True,
+        proc = subprocess.run([sys.executable, "-c", BREAKDOWN, str(REPO / "conf")], cwd=REPO, env=ENV, capture_output=True,
                               text=True)
         if proc.returncode:
             print(f"breakdown failed: {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
@@ -349,31 +324,25 @@ def breakdown(runs: int = 3) -> dict[str, float]:
     return {k: statistics.median(g[k] for g in got) for k in got[0]}
 
 
+def run_s(cmd: list[str], tmp: str) -> tuple[float, float]:
+    """One fresh process (`{tmp}` in cmd: a new folder under tmp): its wall seconds, and its CPU seconds (the child's
+    and every process it reaped)."""
+    here, start, used = tempfile.mkdtemp(dir=tmp), time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([c.replace("{tmp}", here) for c in cmd], cwd=REPO, env=ENV, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    now = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.perf_counter() - start, now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime
 
-def paired(a: list[str], b: list[str], runs: int, env: dict | None = None) -> dict[str, float]:
+
+def paired(a: list[str], b: list[str], runs: int) -> dict[str, float]:
     """Fresh interpreters A and B in turn; medians of each side, of the per-pair ratio and of the difference (s)."""
-    import resource
-
-    env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    ta, tb, ca, cb = [], [], [], []
-    cpu = lambda: (lambda r: r.ru_utime + r.ru_stime)(resource.getrusage(resource.RUSAGE_CHILDREN))  # noqa: E731
     with tempfile.TemporaryDirectory() as tmp:
-        for i in range(runs + 1):  # the first pair warms the page cache and is dropped
-            pair = []
-            for side, cmd in (("a", a), ("b", b)):
-                cmd = [c.replace("{tmp}", f"{tmp}/{side}{i}") for c in cmd]
-                start, used = time.perf_counter(), cpu()
-                subprocess.run(cmd, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                pair.append((time.perf_counter() - start, cpu() - used))  # CPU: the child and every process it reaped
-            if i:
-                (wa, xa), (wb, xb) = pair
-                ta, tb, ca, cb = ta + [wa], tb + [wb], ca + [xa], cb + [xb]
-    return {"a_s": statistics.median(ta), "b_s": statistics.median(tb),
-            "ratio": statistics.median(x / y for x, y in zip(ta, tb)),
-            "diff_s": statistics.median(x - y for x, y in zip(ta, tb)), "runs": runs,
-            "cpu_a_s": statistics.median(ca), "cpu_b_s": statistics.median(cb),
-            "cpu_ratio": statistics.median(x / y for x, y in zip(ca, cb)),
-            "cpu_diff_s": statistics.median(x - y for x, y in zip(ca, cb))}
+        got = interleaved({"a": partial(run_s, a, tmp), "b": partial(run_s, b, tmp)}, runs + 1, rotate=False)
+    (ta, ca), (tb, cb) = (zip(*got[side][1:]) for side in "ab")  # the first pair warms the page cache and is dropped
+    med = statistics.median
+    return {"a_s": med(ta), "b_s": med(tb), "ratio": med(x / y for x, y in zip(ta, tb)),
+            "diff_s": med(x - y for x, y in zip(ta, tb)), "runs": runs, "cpu_a_s": med(ca), "cpu_b_s": med(cb),
+            "cpu_ratio": med(x / y for x, y in zip(ca, cb)), "cpu_diff_s": med(x - y for x, y in zip(ca, cb))}
 
 
 def benchmark_mode(**changes):
@@ -405,9 +374,10 @@ def main() -> None:
     a = _arguments()
     started = time.time()
     ctx = context(a.model, "fp32", Path(tempfile.mkdtemp()))
-    flop = flops_per_obs(ctx)
-    flags = cpu_flags()
-    header = (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} · {cpu_name()} · {os.cpu_count()} cores "
+    flop = 2.0 * sum(weight.size for weight, _ in [*ctx.weights.layers, ctx.weights.mu])
+    cpu = environment.cpu()
+    flags = set(cpu["flags"].split())
+    header = (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} · {cpu['model']} · {os.cpu_count()} cores "
               f"({', '.join(f for f in ('avx2', 'fma', 'avx512f', *BF16_FLAGS) if f in flags) or 'no avx flags read'}) · "
               f"torch {torch.__version__} · model {a.model or 'embedded synthetic default'} · {flop / 1e6:.2f} MFLOP/obs · 1 thread")
     print(f"# {header}", flush=True)
@@ -438,16 +408,14 @@ def measure_backends(ctx: Context, a: argparse.Namespace) -> dict:
     tried = time_attempts(ctx, attempts(ctx, a.all_attempts), a.rounds, a.budget / a.rounds)
     ort = build(ctx, "onnxruntime", batch_size=1, threads=1)  # harness vs a bare loop on one session, interleaved
     feeds = {OBS: ctx.make_feeds(1)[OBS]}
-    harness, bare = [], []
-    for _ in range(3):
-        harness.append(timing.measure(lambda: ort.infer(feeds), torch.device("cpu"), 1, a.budget / 2, 0.3).stats()["p50_us"])
-        bare.append(bare_loop_us(ort.session, {ort.input: feeds[OBS]}, a.budget / 2))
+    loops = interleaved({"harness": lambda: p50_us(lambda: ort.infer(feeds), a.budget / 2, 0.3),
+                         "bare": lambda: bare_loop_us(ort.session, {ort.input: feeds[OBS]}, a.budget / 2)}, 3, rotate=False)
     with timing.threads(1):
         peak = gemm_gflops(a.rows, 512, 512)  # the policy's hidden layer shape: the peak its GEMMs can reach
         square = gemm_gflops(a.rows, 1024, 1024)
         gemms = gemms_only_obs_s(ctx, a.rows)
-    return {"m32": fp32.metrics, "m16": bf16.metrics, "tried": tried, "harness_us": statistics.median(harness),
-            "bare_us": statistics.median(bare), "peak": peak, "square": square, "gemms": gemms}
+    return {"m32": fp32.metrics, "m16": bf16.metrics, "tried": tried, "harness_us": statistics.median(loops["harness"]),
+            "bare_us": statistics.median(loops["bare"]), "peak": peak, "square": square, "gemms": gemms}
 
 
 def measure_processes(startup_runs: int = 7) -> dict:
@@ -456,10 +424,7 @@ def measure_processes(startup_runs: int = 7) -> dict:
     startup = paired([*run, "tracking=none"], [sys.executable, "-c", "import torch"], startup_runs)
     with tempfile.TemporaryDirectory() as store:
         uri = f"tracking.uri=sqlite:///{store}/mlflow.db"
-        first = time.perf_counter()
-        subprocess.run([*run[:-1], uri, f"hydra.run.dir={store}/first"], cwd=REPO, check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)})
-        first_s = time.perf_counter() - first
+        first_s, _ = run_s([*run, uri], store)
         mlflow_cost = paired([*run, uri], [*run, "tracking=none"], startup_runs)
     return {"startup": startup, "first_s": first_s, "mlflow_cost": mlflow_cost, "parts": breakdown()}
 
@@ -476,7 +441,7 @@ def targets(m: dict, rows_n: int, flop: float, flags: set) -> list[dict]:
     best16 = max(("eager", "compile"), key=lambda b: np.nan_to_num(rate(m16, b)))
     gflops = lambda obs_s: obs_s * flop / 1e9  # noqa: E731
     has_bf16 = sorted(flags & set(BF16_FLAGS))
-    eager_us = m["tried"]["eager backend: addmv chain (MKL gemv)"]["p50_us"]
+    eager_us = m["tried"][EAGER]["p50_us"]
     ratio1, peak, gemms = p50(best1) / ort1, m["peak"], m["gemms"]
     return [
         target("batch 1: fastest torch / onnxruntime (1 thread)", f"{best1} {p50(best1):.1f} µs vs onnxruntime {ort1:.1f} µs",
@@ -515,7 +480,7 @@ def report(header: str, rows: list[dict], m: dict, rounds: int, started: float) 
     """The markdown: the targets, the batch-1 attempts, and the one-off figures."""
     m32, m16, tried = m["m32"], m["m16"], m["tried"]
     noisy = [k.rsplit("/", 1)[0] for k, v in {**m32, **m16}.items() if k.endswith("/noisy") and v]
-    ort_here = tried["onnxruntime (reference)"]["p50_us"]
+    ort_here = tried[ORT]["p50_us"]
     lines = [f"_{header}_", "", "| target | measured | ratio | goal | verdict | cause |", "| --- | --- | --- | --- | --- | --- |"]
     for row in rows:
         lines.append(f"| {row['target']} | {row['measured']} | {row['ratio']:.2f} | {row['goal']} | {row['verdict']} | {row['cause']} |")

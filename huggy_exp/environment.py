@@ -35,17 +35,15 @@ def capture() -> dict:
 def emulated(device: str) -> bool:
     """Whether the device kind of `device` ("npu:1") is an emulation: its device module, when already imported, carries
     the marker `EMULATED` (tests/emulated_npu.py sets it). Never imports a backend."""
-    kind = str(device).split(":")[0]
-    if kind == "cpu":
-        return False
     import sys
 
-    torch = sys.modules.get("torch")
-    return bool(getattr(getattr(torch, kind, None), "EMULATED", False)) if torch is not None else False
+    return bool(getattr(getattr(sys.modules.get("torch"), str(device).split(":")[0], None), "EMULATED", False))
 
 
 def cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
     """Model name, logical CPUs, ISA flags (from /proc/cpuinfo on Linux) and torch's CPU kernel level (AVX2, AVX512...)."""
+    import torch
+
     model, flags = platform.processor() or platform.machine(), []
     try:
         text = cpuinfo.read_text(errors="replace")
@@ -59,16 +57,8 @@ def cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
         elif key in ("flags", "features") and not flags:
             flags = sorted(set(value.split()))
     return {"model": model, "machine": platform.machine(), "logical_cpus": os.cpu_count(),
-            "key_flags": [f for f in KEY_FLAGS if f in flags], "flags": " ".join(flags), "torch_capability": _torch_capability()}
-
-
-def _torch_capability() -> str:
-    try:
-        import torch
-
-        return str(torch.backends.cpu.get_cpu_capability())
-    except (ImportError, AttributeError):
-        return NOT_PRESENT
+            "key_flags": [f for f in KEY_FLAGS if f in flags], "flags": " ".join(flags),
+            "torch_capability": str(torch.backends.cpu.get_cpu_capability())}
 
 
 def os_info() -> dict:
@@ -94,23 +84,16 @@ def summary() -> dict[str, str]:
 
 def versions() -> dict:
     """Package versions (importlib.metadata), and the toolkits: CUDA (torch's build), cuDNN, CANN, GPU/NPU driver."""
-    out = {dist: _version(dist) for dist in DISTRIBUTIONS}
+    import torch
+
     from huggy_exp.placement import cann_version
 
-    out["cann"] = cann_version()
-    out["cuda"], out["cudnn"], out["cuda_driver"] = NOT_PRESENT, NOT_PRESENT, NOT_PRESENT
-    try:
-        import torch
-
-        out["cuda"] = torch.version.cuda or NOT_PRESENT
-        if torch.backends.cudnn.is_available():
-            out["cudnn"] = str(torch.backends.cudnn.version())
-        if torch.cuda.is_available():
-            out["cuda_driver"] = _nvidia_driver()
-    except ImportError:
-        pass
-    out["npu_driver"] = _ascend_driver()
-    return out
+    cudnn = torch.backends.cudnn
+    return {**{dist: _version(dist) for dist in DISTRIBUTIONS}, "cann": cann_version(),
+            "cuda": torch.version.cuda or NOT_PRESENT,
+            "cudnn": str(cudnn.version()) if cudnn.is_available() else NOT_PRESENT,
+            "cuda_driver": _nvidia_driver() if torch.cuda.is_available() else NOT_PRESENT,
+            "npu_driver": _ascend_driver()}
 
 
 def _nvidia_driver() -> str:
@@ -135,21 +118,18 @@ def runtime_flags() -> dict:
     RNN, Ascend's HF32 and cube math type), reduced-precision reductions, deterministic algorithms (the point's thread
     count is recorded with the point). torch's legacy allow_tf32 / float32_matmul_precision are not read: once the
     per-op switches are set, reading them raises."""
-    try:
-        import torch
-    except ImportError:
-        return {}
+    import torch
+
     from huggy_exp.placement import precision_switches
 
-    flags = {f"fp32_precision_{name}": value for name, value in precision_switches().items()}
-    flags.update({
+    return {
+        **{f"fp32_precision_{name}": value for name, value in precision_switches().items()},
         "cuda_fp16_reduced_precision_reduction": bool(torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction),
         "cuda_bf16_reduced_precision_reduction": bool(torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction),
         "deterministic_algorithms": bool(torch.are_deterministic_algorithms_enabled()),
         "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
         "mkldnn_enabled": bool(torch.backends.mkldnn.enabled),
-    })
-    return flags
+    }
 
 
 def device_switches() -> dict[str, str]:

@@ -14,6 +14,7 @@ batch-1 / control-loop backend, not a GEMM (large batches belong to eager or com
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -25,11 +26,11 @@ from huggy_exp.mlagents import ACTION_CLAMP, NORMALIZER_CLAMP
 SOURCE = Path(__file__).with_name("kernels") / "fused_mlp.cpp"
 
 
-def _compiler_check() -> None:
-    import os
-
+def need_compiler(backend: str) -> None:
+    """Inductor's C++ toolchain builds `backend` (compile on the CPU, fused): without a compiler it is Unsupported."""
     if not any(c and shutil.which(c) for c in (os.environ.get("CXX"), "g++", "c++", "clang++")):
-        raise Unsupported("backend fused: inductor needs a C++ compiler and none is on PATH (g++, c++, clang++, $CXX)")
+        raise Unsupported(f"backend {backend}: inductor needs a C++ compiler and none is on PATH "
+                          "(g++, c++, clang++, $CXX)")
 
 
 def source(dims: list[int], act: int, normalize: bool, clamp_actions: bool = True) -> str:
@@ -54,25 +55,21 @@ class FusedMLP:
         if policy.compute_dtype != torch.float32 or policy.body[0].weight.device.type != "cpu":
             raise Unsupported(f"backend fused runs fp32 on the CPU; this job is "
                               f"{policy.body[0].weight.device.type} {str(policy.compute_dtype).removeprefix('torch.')}")
-        _compiler_check()
+        need_compiler("fused")
         try:
             from torch._inductor.codecache import CppPythonBindingsCodeCache
         except ImportError as exc:
             raise Unsupported(f"backend fused: torch inductor is unavailable ({exc})") from None
-        norm = policy.normalizers[0]
+        norm, layers = policy.normalizers[0], [t for weight_bias in policy._gemv for t in weight_bias]
         dims = [policy.obs_dim] + [w.shape[0] for w, _ in policy._gemv[:-1]]
         self.act = policy.act_dim
-        f32 = lambda t: t.detach().to(torch.float32).contiguous()  # noqa: E731
-        empty = torch.zeros(policy.obs_dim)
-        self.args = [f32(norm.running_mean) if norm.enabled else empty, f32(norm.std) if norm.enabled else empty]
-        for weight, bias in policy._gemv:
-            self.args += [f32(weight), f32(bias)]
+        stats = [norm.running_mean, norm.std] if norm.enabled else [torch.zeros(policy.obs_dim)] * 2
+        self.args = [t.detach().to(torch.float32).contiguous() for t in (*stats, *layers)]
         argtypes = ["const float*", "float*", *["const float*"] * len(self.args), "int64_t"]
         try:
             self.kernel = CppPythonBindingsCodeCache.load_pybinding(argtypes, source(dims, self.act, norm.enabled, not policy.tanh_squash))
         except Exception as exc:  # the compiler's own message is long: its first line names the cause
-            first = first_line(exc)
-            raise Unsupported(f"backend fused: the kernel did not build ({first[:300]})") from None
+            raise Unsupported(f"backend fused: the kernel did not build ({first_line(exc)[:300]})") from None
 
     def __call__(self, obs: torch.Tensor) -> torch.Tensor:
         obs = obs.contiguous() if obs.dtype == torch.float32 else obs.to(torch.float32).contiguous()

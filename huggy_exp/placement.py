@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
@@ -12,7 +13,7 @@ from pathlib import Path
 import torch
 
 from huggy_exp import config
-from huggy_exp.config import BACKENDS, DEVICE_KINDS, PRECISION_MODES
+from huggy_exp.config import BACKENDS, DEVICE_KINDS
 from huggy_exp.errors import Unsupported, UserError, first_line
 
 DTYPES = {name: getattr(torch, d.torch) for name, d in config.DTYPES.items()}  # by name, what the layers compute in
@@ -40,13 +41,6 @@ class Target:
     @property
     def kind(self) -> str:
         return self.device.type
-
-
-def check_dtype(name: str) -> torch.dtype:
-    try:
-        return DTYPES[name]
-    except KeyError:
-        raise UserError(f"unknown dtype {name!r}; valid: {', '.join(DTYPES)}") from None
 
 
 def check_backend(name: str) -> str:
@@ -81,18 +75,13 @@ def _import_backend(kind: str) -> None:
         raise Unsupported(f"npu needs torch_npu, which is not installed here ({exc}); pip install 'huggy-exp[npu]' on an Ascend host") from None
 
 
-def device_module(device: torch.device):
-    """torch.cuda / torch.npu / torch.mps / torch.cpu: the device-agnostic handle for sync, events and memory."""
-    return torch.get_device_module(device)
-
-
 def use_device(device: torch.device) -> None:
     """Make `device` the calling thread's current card. CUDA's and torch_npu's current device is per thread: a thread
     that never set it runs on card 0 (torch_npu: error 107002 "context is empty", or a stray context on card 0), and a
     graph capture records the current card's stream. Called before the first op, before any capture, and by every
     thread that runs the policy. Nothing to do on the CPU and MPS."""
     if device.type in ("cuda", "npu") and device.index is not None:
-        mod = device_module(device)
+        mod = torch.get_device_module(device)
         if mod.current_device() != device.index:
             mod.set_device(device.index)
 
@@ -137,19 +126,19 @@ def card_index(kind: str, index: int | None) -> int:
 
 def resolve(device: str, dtype: str) -> Target:
     """Check both names, then that a small matmul in that dtype runs on that device."""
-    torch_dtype = check_dtype(dtype)
+    if dtype not in DTYPES:
+        raise UserError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
     if dtype in QUANTIZED and check_device(device)[0] != "cpu":
         raise Unsupported(f"dtype {dtype} (torchao int8) runs on the CPU here, not on {device}: its kernels there are "
                           "not verified (use device=cpu)")
     torch_device = resolve_device(device)
     use_device(torch_device)  # before the first op on the card (the probe)
     try:
-        probe = torch.ones(4, 4, device=torch_device, dtype=torch_dtype)
+        probe = torch.ones(4, 4, device=torch_device, dtype=DTYPES[dtype])
         (probe @ probe).sum().item()
     except (RuntimeError, TypeError) as exc:
-        first = first_line(exc)
-        raise Unsupported(f"dtype {dtype} is not supported on {device}: {first}") from None
-    return Target(torch_device, torch_dtype, str(device), dtype)
+        raise Unsupported(f"dtype {dtype} is not supported on {device}: {first_line(exc)}") from None
+    return Target(torch_device, DTYPES[dtype], str(device), dtype)
 
 
 def quantize_onnx(model, dtype: str, out: Path) -> Path:
@@ -191,6 +180,14 @@ def _quietly(call):
 # which precision modes each device kind honours: tf32 is CUDA's (cuBLAS, cuDNN), hf32 Ascend's (cube units)
 HONOURED = {"cpu": ("ieee",), "cuda": ("ieee", "tf32"), "npu": ("ieee", "hf32"), "mps": ("ieee",)}
 TORCH_OPS = ("matmul", "conv", "rnn")  # the ops torch's per-op fp32_precision switches name (mkldnn; cudnn: conv, rnn)
+# every fp32 switch by its recorded name: (its holder's path under torch, its attribute). The CPU's oneDNN per op, CUDA's
+# per op (torch >= 2.9; cuDNN's RNN is tf32 by default), torch_npu's HF32 (matmul off by default, conv on) and, where
+# it exists (CANN >= 8.5), the matmul cube math type, which outranks allow_hf32 when set
+SWITCHES = {**{f"cpu_{op}": (f"backends.mkldnn.{op}", "fp32_precision") for op in TORCH_OPS},
+            "cuda_matmul": ("backends.cuda.matmul", "fp32_precision"),
+            **{f"cudnn_{op}": (f"backends.cudnn.{op}", "fp32_precision") for op in ("conv", "rnn")},
+            **{f"npu_{op}_allow_hf32": (f"npu.{op}", "allow_hf32") for op in ("matmul", "conv")},
+            "npu_cube_math_type": ("npu.matmul", "cube_math_type")}
 
 
 def set_precision(device: str, dtype: str, mode: str) -> dict[str, str]:
@@ -199,25 +196,28 @@ def set_precision(device: str, dtype: str, mode: str) -> dict[str, str]:
     Unsupported (skipped), and so is a switch that does not read back what was set. Switches are process-wide: every
     job sets them, so a sweep's earlier point never leaks its mode into the next."""
     kind, _ = check_device(device)
-    if mode not in PRECISION_MODES:
-        raise UserError(f"unknown precision_mode {mode!r}; valid: {', '.join(PRECISION_MODES)}")
     if mode not in HONOURED[kind]:
         raise Unsupported(f"precision_mode={mode} cannot be honoured on {kind}: it has {', '.join(HONOURED[kind])} "
                           "(tf32 is CUDA's, hf32 Ascend's)")
     if mode != "ieee" and dtype != "fp32":
         raise Unsupported(f"precision_mode={mode} changes fp32 math only; dtype={dtype} computes in {dtype} (use ieee)")
-    asked = {}
-    for op in TORCH_OPS:  # CPU references stay IEEE fp32 (oneDNN may otherwise run fp32 in bf16 or tf32)
-        holder = getattr(torch.backends.mkldnn, op, None)
-        if holder is not None and hasattr(holder, "fp32_precision"):  # absent before torch 2.4: nothing to set
-            _switch(holder, "ieee", mode)
-            asked[f"cpu_{op}"] = "ieee"
+    values: dict[str, object] = {f"cpu_{op}": "ieee" for op in TORCH_OPS}  # oneDNN may otherwise run fp32 in bf16/tf32
     if kind == "cuda":
-        _set_cuda(mode)
-        asked.update({"cuda_matmul": mode, "cudnn_conv": mode, "cudnn_rnn": mode})
+        if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+            raise Unsupported(f"precision_mode={mode}: torch {torch.__version__} has no per-op fp32_precision switches (torch >= 2.9)")
+        values.update({"cuda_matmul": mode, "cudnn_conv": mode, "cudnn_rnn": mode})
     elif kind == "npu":
         _import_backend("npu")
-        asked.update(_set_npu(mode))
+        hf32, cube = mode == "hf32", getattr(torch.npu, "CubeMathType", None)
+        values.update({"npu_matmul_allow_hf32": hf32, "npu_conv_allow_hf32": hf32})
+        if cube is not None:
+            values["npu_cube_math_type"] = cube.USE_HF32 if hf32 else cube.KEEP_DTYPE
+    asked = {}
+    for key, value in values.items():
+        holder, name = _holder(key)
+        if hasattr(holder, name):  # absent: the CPU's before torch 2.4, the cube math type before CANN 8.5
+            _switch(holder, name, value, mode)
+            asked[key] = _shown(value)
     found = precision_switches()
     wrong = {k: found.get(k) for k, v in asked.items() if found.get(k) != v}
     if wrong:
@@ -236,135 +236,101 @@ def onnxruntime_options(provider: str, index: int | None, mode: str) -> dict[str
     return options
 
 
-def _set_cuda(mode: str) -> None:
-    """torch's per-op TF32 switches (torch >= 2.9): cuBLAS matmul, cuDNN convolution, cuDNN RNN (tf32 by default)."""
-    if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):
-        raise Unsupported(f"precision_mode={mode}: torch {torch.__version__} has no per-op fp32_precision switches (torch >= 2.9)")
-    for holder in (torch.backends.cuda.matmul, torch.backends.cudnn.conv, torch.backends.cudnn.rnn):
-        _switch(holder, mode, mode)
+def _holder(key: str) -> tuple[object, str]:
+    """A switch's holder (None where this torch, or no torch_npu imported yet, has none) and its attribute."""
+    path, name = SWITCHES[key]
+    return functools.reduce(lambda obj, part: getattr(obj, part, None), path.split("."), torch), name
 
 
-def _switch(holder, value: str, mode: str) -> None:
-    """Set one per-op fp32_precision switch; a torch whose switch refuses the value skips the point, saying so."""
+def _switch(holder, name: str, value: object, mode: str) -> None:
+    """Set one switch; a torch whose switch refuses the value skips the point, saying so."""
     try:
-        holder.fp32_precision = value
+        setattr(holder, name, value)
     except (RuntimeError, ValueError, AssertionError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise Unsupported(f"precision_mode={mode}: torch {torch.__version__} refused fp32_precision={value!r} ({first})") from None
+        raise Unsupported(f"precision_mode={mode}: torch {torch.__version__} refused {name}={value!r} ({first_line(exc)})") from None
 
 
-def _set_npu(mode: str) -> dict[str, str]:
-    """torch_npu's HF32 switches (matmul off by default, conv on) and, where it exists (CANN >= 8.5), the matmul cube
-    math type, which outranks allow_hf32 when set; returns what was asked of each, as precision_switches names them."""
-    npu = torch.npu
-    hf32 = mode == "hf32"
-    npu.matmul.allow_hf32 = hf32
-    npu.conv.allow_hf32 = hf32
-    asked = {"npu_matmul_allow_hf32": str(hf32).lower(), "npu_conv_allow_hf32": str(hf32).lower()}
-    kinds = getattr(npu, "CubeMathType", None)
-    if kinds is not None and hasattr(npu.matmul, "cube_math_type"):
-        npu.matmul.cube_math_type = kinds.USE_HF32 if hf32 else kinds.KEEP_DTYPE
-        asked["npu_cube_math_type"] = "USE_HF32" if hf32 else "KEEP_DTYPE"
-    return asked
+def _shown(value: object) -> str:
+    """A switch's value as recorded: `unset` (None), true/false, an enum's name, else its text."""
+    if value is None:
+        return "unset"
+    return str(value).lower() if isinstance(value, bool) else str(getattr(value, "name", value))
 
 
 def precision_switches() -> dict[str, str]:
-    """Every fp32 precision switch of this process as it reads now (never imports torch_npu): the CPU's oneDNN per op,
-    CUDA's per op, Ascend's HF32 and cube math type (`not present` where the switch does not exist)."""
-    def read(holder, name: str) -> str:
-        if holder is None or not hasattr(holder, name):
-            return "not present"
-        value = getattr(holder, name)
-        if value is None:
-            return "unset"
-        if isinstance(value, bool):
-            return str(value).lower()
-        return str(getattr(value, "name", value))
-
-    out = {f"cpu_{op}": read(getattr(torch.backends.mkldnn, op, None), "fp32_precision") for op in TORCH_OPS}
-    out["cuda_matmul"] = read(torch.backends.cuda.matmul, "fp32_precision")
-    out.update({f"cudnn_{op}": read(getattr(torch.backends.cudnn, op, None), "fp32_precision") for op in ("conv", "rnn")})
-    npu = getattr(torch, "npu", None)  # only when torch_npu (or the emulated npu) is imported already
-    for op in ("matmul", "conv"):
-        out[f"npu_{op}_allow_hf32"] = read(getattr(npu, op, None), "allow_hf32")
-    out["npu_cube_math_type"] = read(getattr(npu, "matmul", None), "cube_math_type")
+    """Every fp32 precision switch of this process (SWITCHES) as it reads now, `not present` where the switch does not
+    exist; never imports torch_npu (only an npu module imported already, or the emulated one, is read)."""
+    out = {}
+    for key in SWITCHES:
+        holder, name = _holder(key)
+        out[key] = _shown(getattr(holder, name)) if hasattr(holder, name) else "not present"
     return out
 
 
 def synchronize(device: torch.device) -> None:
     """Wait for the device's queued work (torch.mps.synchronize takes no device argument)."""
     if device.type == "mps":
-        device_module(device).synchronize()
+        torch.get_device_module(device).synchronize()
     elif device.type != "cpu":
-        device_module(device).synchronize(device)
+        torch.get_device_module(device).synchronize(device)
+
+
+def _card(device: torch.device, name: str):
+    """A card's (cuda, npu) device-module function `name`, or None: the CPU's and MPS's memory is the process's."""
+    return getattr(torch.get_device_module(device), name, None) if device.type in ("cuda", "npu") else None
 
 
 def memory_stats(device: torch.device) -> dict[str, float]:
-    """Peak and current allocator bytes where the device module tracks them (not on the CPU)."""
-    if device.type == "cpu":
-        return {}
-    mod = device_module(device)
-    stats = {}
-    for name in ("max_memory_allocated", "memory_allocated", "max_memory_reserved"):
-        fn = getattr(mod, name, None)
-        if fn is not None:
-            stats[f"{name}_bytes"] = float(fn(device))
-    return stats
+    """Peak and current allocator bytes where a card's device module tracks them."""
+    names = ("max_memory_allocated", "memory_allocated", "max_memory_reserved")
+    return {f"{name}_bytes": float(fn(device)) for name in names if (fn := _card(device, name)) is not None}
 
 
 def reset_peak_memory(device: torch.device) -> None:
     """Start a fresh allocator peak on a card (cuda, npu); the CPU's and MPS's figure is the process's, not resettable."""
-    fn = getattr(device_module(device), "reset_peak_memory_stats", None) if device.type in ("cuda", "npu") else None
-    if fn is not None:
+    if (fn := _card(device, "reset_peak_memory_stats")) is not None:
         fn(device)
 
 
 def peak_memory(device: torch.device) -> tuple[float, str]:
     """(peak MB, what was read): a card's allocator peak since reset_peak_memory (cuda, npu); elsewhere the process's
     peak RSS since it started (on MPS too: torch.mps keeps no peak, and process memory is not the GPU's)."""
-    fn = getattr(device_module(device), "max_memory_allocated", None) if device.type in ("cuda", "npu") else None
-    if fn is not None:
+    if (fn := _card(device, "max_memory_allocated")) is not None:
         return float(fn(device)) / 2**20, f"{device} allocator (max_memory_allocated since its reset)"
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "process peak RSS since start (not device memory)"
 
 
-def inventory() -> dict[str, object]:
-    """What devices this process can see, without importing torch_npu unless it is installed."""
-    found: dict[str, object] = {"cpu": 1, "cuda": torch.cuda.device_count() if torch.cuda.is_available() else 0}
-    found["mps"] = int(torch.backends.mps.is_available())
-    if importlib.util.find_spec("torch_npu") is not None:
-        try:
-            _import_backend("npu")
-            found["npu"] = torch.npu.device_count() if torch.npu.is_available() else 0
-        except Unsupported as exc:
-            found["npu"] = str(exc)
-    else:
-        found["npu"] = "torch_npu not installed"
-    return found
-
-
-def device_name(kind: str) -> str:
-    """The first visible card's name as its device module reports it, or why there is none (never a fallback)."""
-    if kind == "cpu":
-        return "cpu"
+def _visible(kind: str) -> int | str:
+    """How many `kind` cards this process sees (its device module's count), or why it cannot look (no torch_npu)."""
     try:
         _import_backend(kind)
     except Unsupported as exc:
         return str(exc)
     mod = getattr(torch, kind, None)
-    if mod is None or not mod.is_available():
+    return mod.device_count() if mod is not None and mod.is_available() else 0
+
+
+def inventory() -> dict[str, object]:
+    """What devices this process can see, without importing torch_npu unless it is installed."""
+    npu = _visible("npu") if importlib.util.find_spec("torch_npu") is not None else "torch_npu not installed"
+    return {"cpu": 1, "cuda": _visible("cuda"), "mps": int(torch.backends.mps.is_available()), "npu": npu}
+
+
+def device_name(kind: str) -> str:
+    """The first visible card's name as its device module reports it, or why there is none (never a fallback)."""
+    found = "cpu" if kind == "cpu" else _visible(kind)
+    if isinstance(found, str):
+        return found
+    if not found:
         return f"no {kind} device visible here"
-    get = getattr(mod, "get_device_name", None)
+    get = getattr(getattr(torch, kind), "get_device_name", None)
     return str(get(0)) if get is not None else kind
 
 
 def cann_version() -> str:
     """The Ascend CANN toolkit version from its install info, or 'not found'."""
-    import os
-    from pathlib import Path
-
     roots = [os.environ.get(k) for k in ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")] + ["/usr/local/Ascend/ascend-toolkit/latest"]
     for root in filter(None, roots):
         for info in [Path(root) / "version.cfg", *sorted(Path(root).glob("*/ascend_toolkit_install.info"))]:

@@ -17,18 +17,9 @@ from huggy_exp.verify import CONTINUOUS_ACTIONS, DISCRETE_ACTIONS, MEMORY
 DISCRETE_SEED_OFFSET = 1_000_003  # the discrete draws' CPU stream: seed + this, apart from the Gaussian stream of `seed`
 
 
-class Swish(nn.Module):
-    """x * sigmoid(x), spelled as ML-Agents and its ONNX graph spell it (bit-identical to their outputs)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.sigmoid(x)
-
-
 def _linear(weight: np.ndarray, bias: np.ndarray) -> nn.Linear:
     layer = nn.Linear(weight.shape[1], weight.shape[0])
-    with torch.no_grad():
-        layer.weight.copy_(torch.from_numpy(weight))
-        layer.bias.copy_(torch.from_numpy(bias))
+    layer.load_state_dict({"weight": torch.from_numpy(weight), "bias": torch.from_numpy(bias)})
     return layer
 
 
@@ -37,8 +28,9 @@ def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t if t.dtype == dtype else t.to(dtype)
 
 
-def _stat_dtype(t: torch.Tensor) -> torch.dtype:
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
+def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The statistics', masking's, softmax's and squash's dtype: float64 for an fp64 reference, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 class Normalization(nn.Module):
@@ -67,7 +59,6 @@ class ContinuousActions(nn.Module):
 
     def __init__(self, mu: tuple[np.ndarray, np.ndarray], log_sigma: np.ndarray | tuple[np.ndarray, np.ndarray]):
         super().__init__()
-        self.size = int(mu[0].shape[0])
         self.mu = _linear(*mu)
         if isinstance(log_sigma, tuple):
             self.log_sigma = _linear(*log_sigma)
@@ -86,7 +77,7 @@ class ContinuousActions(nn.Module):
 
     def head(self, mu: torch.Tensor) -> torch.Tensor:
         """The deterministic action from mu, in the stat dtype."""
-        return self.squash(_cast(mu, _stat_dtype(mu)))
+        return self.squash(_cast(mu, _stat_dtype(mu.dtype)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.mu(x))
@@ -96,7 +87,7 @@ class ContinuousActions(nn.Module):
         (the deterministic path's own)."""
         mu = self.mu(x) if mu is None else mu
         log_sigma = self.log_sigma_of(x, mu)
-        dtype = _stat_dtype(mu)
+        dtype = _stat_dtype(mu.dtype)
         mu, log_sigma = _cast(mu, dtype), _cast(log_sigma, dtype)
         return self.squash(mu + torch.exp(log_sigma) * noise.to(mu.device, dtype))
 
@@ -108,7 +99,7 @@ class SquashedActions(ContinuousActions):
         return torch.tanh(raw)
 
     def head(self, mu: torch.Tensor) -> torch.Tensor:
-        return _cast(mu, _stat_dtype(mu))
+        return _cast(mu, _stat_dtype(mu.dtype))
 
 
 class DiscreteActions(nn.Module):
@@ -132,7 +123,7 @@ class DiscreteActions(nn.Module):
         already computed."""
         out, start = [], 0
         for size, logits in zip(self.sizes, self.logits(x) if logits is None else logits):
-            logits = _cast(logits, _stat_dtype(logits))
+            logits = _cast(logits, _stat_dtype(logits.dtype))
             if masks is not None:
                 allow = _cast(masks.narrow(1, start, size), logits.dtype)  # narrow, not [..]: no device guard
                 logits = logits * allow - MASK_PENALTY * (-1.0 * allow + 1.0)
@@ -164,10 +155,9 @@ class Memory(nn.Module):
         super().__init__()
         self.hidden = weights.hidden_size
         self.lstm = nn.LSTM(weights.weight_ih.shape[1], self.hidden, batch_first=True)
-        with torch.no_grad():
-            for name, value in zip(("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0"),
-                                   (weights.weight_ih, weights.weight_hh, weights.bias_ih, weights.bias_hh)):
-                getattr(self.lstm, name).copy_(torch.from_numpy(value))
+        names = ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")
+        values = (weights.weight_ih, weights.weight_hh, weights.bias_ih, weights.bias_hh)
+        self.lstm.load_state_dict({name: torch.from_numpy(value) for name, value in zip(names, values)})
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mem = _cast(memory, x.dtype).transpose(0, 1)  # [1, N, m], as ML-Agents holds it
@@ -191,18 +181,14 @@ class Policy(nn.Module):
         # Huggy's shape (one input, continuous actions, no memory) runs forward()'s lean path, whoever asks
         self._huggy_shaped = len(weights.inputs) == 1 and weights.mu is not None and not weights.branches and weights.lstm is None
         self.normalizers = nn.ModuleList(Normalization(i.normalizer) for i in weights.inputs)
-        self.has_normalizer = any(n.enabled for n in self.normalizers)
-        body: list[nn.Module] = []
-        for weight, bias in weights.layers:
-            body += [_linear(weight, bias), Swish()]
-        self.body = nn.Sequential(*body)
+        self.body = nn.ModuleList(_linear(weight, bias) for weight, bias in weights.layers)  # each followed by Swish
         self.memory = Memory(weights.lstm) if weights.lstm is not None else None
         self.continuous: ContinuousActions | None = None
         if weights.mu is not None:
             self.continuous = (SquashedActions if weights.tanh_squash else ContinuousActions)(weights.mu, weights.log_sigma)
         self.discrete = DiscreteActions(weights.branches) if weights.branches else None
         # plain tuples of the same Linear modules and Parameters (.to() converts Parameters in place): no per-call lookups
-        self._linears = tuple(m for m in body if isinstance(m, nn.Linear))
+        self._linears = tuple(self.body)
         self._cache_parameters()
         self.requires_grad_(False)
         self.eval()
@@ -220,7 +206,7 @@ class Policy(nn.Module):
         Each tensor is converted once, straight from its float32 original (fp16 would round the statistics), and set as
         a new Parameter/buffer: no tensor is swapped in place, so FakeTensorMode can place the policy on a device that
         is not there (tests/test_placement_fake_device.py)."""
-        stat_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        stat_dtype = _stat_dtype(dtype)
         self._gemv = ()
         for module in self.modules():
             exempt = set(getattr(module, "stats", ()))
@@ -251,11 +237,7 @@ class Policy(nn.Module):
 
     @property
     def stat_dtype(self) -> torch.dtype:
-        return torch.float64 if self.compute_dtype == torch.float64 else torch.float32
-
-    @property
-    def heads(self) -> list[nn.Module]:
-        return [h for h in (self.continuous, self.discrete) if h is not None]
+        return _stat_dtype(self.compute_dtype)
 
     # --- the shared trunk: inputs -> features (and the next memory)
 
@@ -285,19 +267,18 @@ class Policy(nn.Module):
         shape runs forward() and sample(), its lean path."""
         if self._huggy_shaped:
             if noise is None:
-                return {CONTINUOUS_ACTIONS.name: self._run(obs[0])}
+                return {CONTINUOUS_ACTIONS.name: self.forward(obs[0])}
             return {CONTINUOUS_ACTIONS.sampled: self.sample(obs[0], noise[CONTINUOUS_ACTIONS.sampled])}
         x, memory_out = self.encode(obs, memory)
         out = {}
-        for head in self.heads:
-            args = (x,) if head is self.continuous else (x, masks)
+        for head, args in ((self.continuous, (x,)), (self.discrete, (x, masks))):
+            if head is None:
+                continue
             if noise is None:
                 out[head.deterministic_name] = head(*args)
             else:
                 out[head.sampled_name] = head.sample(*args, noise[head.sampled_name])
-        if memory_out is not None:
-            out[MEMORY.name] = _cast(memory_out, self.stat_dtype)
-        return out
+        return self._with_memory(out, memory_out)
 
     def distributions(self, obs: list[torch.Tensor], masks: torch.Tensor | None = None,
                       memory: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
@@ -310,38 +291,38 @@ class Policy(nn.Module):
             out["log_sigma"] = self.continuous.log_sigma_of(x, out["mu"])
         if self.discrete is not None:
             out["masked_logits"] = torch.cat(self.discrete.masked_logits(x, masks), dim=1)
-        if memory_out is not None:
-            out[MEMORY.name] = _cast(memory_out, self.stat_dtype)
+        return self._with_memory(out, memory_out)
+
+    def _with_memory(self, out: dict[str, torch.Tensor], memory: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """`out` with recurrent_out (stat dtype) for a policy with memory."""
+        if memory is not None:
+            out[MEMORY.name] = _cast(memory, self.stat_dtype)
         return out
 
     def _hidden(self, x: torch.Tensor, record: dict | None = None, row: bool = False) -> torch.Tensor:
         """[Linear, Swish] x N in the compute dtype: the one trunk every output (deterministic, sampled, traced, every
-        shape) comes from; the hidden layers into `record`. `row`: one CPU row as a vector (Huggy's fast path, _run)."""
-        keep = (lambda t: t.unsqueeze(0)) if row else (lambda t: t)  # noqa: E731
+        shape) comes from; the hidden layers into `record`. `row`: one CPU row as a vector (forward's fast path)."""
         for i, layer in enumerate(self._linears):
             x = torch.addmv(self._gemv[i][1], self._gemv[i][0], x) if row else layer(x)
-            x = torch.sigmoid(x).mul_(x)  # Swish (x * sigmoid(x), as self.body), bit for bit; in place: one buffer less
+            x = torch.sigmoid(x).mul_(x)  # Swish, as ML-Agents spells it (bit for bit); in place: one buffer less
             if record is not None:
-                record[f"hidden_{i}"] = keep(x)
+                record[f"hidden_{i}"] = x.unsqueeze(0) if row else x
         return x
 
     # --- the continuous single-input path (Huggy's shape): the same trunk, kept lean for timing
 
     def trace(self, obs: torch.Tensor | list[torch.Tensor], masks: torch.Tensor | None = None,
               memory: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """Every intermediate, for per-layer attribution.
-
-        Huggy's shape: the same code as forward() (one path, recording on the way, so what is verified is what runs):
-        normalized_obs, hidden_0.., mu, log_sigma, the deterministic actions. Every other shape, through encode() and the heads as act()
-        runs them: normalized_obs (normalized_obs_<i> for several inputs), hidden_0.., lstm (the LSTM output the heads
-        read), mu and log_sigma (continuous), logits (every branch's raw logits side by side), with the deterministic
-        outputs of every head and recurrent_out from the same values.
-        """
+        """Every intermediate, for per-layer attribution: normalized_obs (normalized_obs_<i> for several inputs),
+        hidden_0.., lstm (the LSTM output the heads read), mu and log_sigma (continuous), logits (every branch's raw
+        logits side by side), with the deterministic outputs and recurrent_out from the same values. Huggy's shape runs
+        forward() itself, recording on the way: what is verified is what runs."""
         out: dict[str, torch.Tensor] = {}
+        obs = [obs] if isinstance(obs, torch.Tensor) else obs
         if self._huggy_shaped:
-            out[self.continuous.deterministic_name] = self._run(obs if isinstance(obs, torch.Tensor) else obs[0], out)
+            out[self.continuous.deterministic_name] = self.forward(obs[0], out)
             return out
-        x, memory_out = self.encode([obs] if isinstance(obs, torch.Tensor) else obs, memory, record=out)
+        x, memory_out = self.encode(obs, memory, record=out)
         if self.continuous is not None:
             out["mu"] = self.continuous.mu(x)
             out["log_sigma"] = self.continuous.log_sigma_of(x, out["mu"])
@@ -350,9 +331,7 @@ class Policy(nn.Module):
             logits = self.discrete.logits(x)
             out["logits"] = torch.cat(logits, dim=1)
             out[self.discrete.deterministic_name] = self.discrete(x, masks, logits)
-        if memory_out is not None:
-            out[MEMORY.name] = _cast(memory_out, self.stat_dtype)
-        return out
+        return self._with_memory(out, memory_out)
 
     def _mu(self, obs: torch.Tensor, record: dict[str, torch.Tensor] | None = None):
         """normalize (stat dtype) -> the trunk (compute dtype) -> mu, for Huggy's shape (one input, continuous actions,
@@ -368,8 +347,9 @@ class Policy(nn.Module):
         mu = torch.addmv(self._gemv[-1][1], self._gemv[-1][0], x) if row else self.continuous.mu(x)
         return x, mu, keep
 
-    def _run(self, obs: torch.Tensor, record: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-        """Deterministic actions from _mu's trunk; mu and log_sigma into `record` too."""
+    def forward(self, obs: torch.Tensor, record: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """Deterministic continuous actions of a single-input policy without memory, from _mu's trunk; mu and log_sigma
+        into `record` too."""
         head = self.continuous
         x, mu, keep = self._mu(obs, record)
         if record is not None:
@@ -377,10 +357,6 @@ class Policy(nn.Module):
             log_sigma = head.log_sigma_of(x, mu)
             record["log_sigma"] = log_sigma.reshape(1, -1) if log_sigma.dim() == 1 else log_sigma
         return keep(head.head(mu))
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        """Deterministic continuous actions of a single-input policy without memory: the one path, _run."""
-        return self._run(obs)
 
     def sample(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """Sampled continuous actions of a single-input policy without memory: the mu forward() computes (the same

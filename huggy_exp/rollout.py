@@ -9,15 +9,14 @@ followed by a one-hot of every branch's discrete action.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from huggy_exp.dynamics import Dynamics
-from huggy_exp.config import ACTION_KINDS
-from huggy_exp.errors import UserError
 from huggy_exp.mlagents import ACTION_MASKS, Normalizer, PolicyWeights, obs_name
 from huggy_exp.runners import Recurrent, Runner
 from huggy_exp.verify import DECLARED
-
 
 
 def input_scale(weights: PolicyWeights) -> Normalizer | None:
@@ -68,26 +67,23 @@ def action_vector(outputs: dict[str, np.ndarray], weights: PolicyWeights) -> np.
     return np.concatenate(parts, axis=-1)
 
 
-class Stepper:
-    """One step of the policy on one (device, dtype): feeds in, the named outputs out, the memory carried.
-
-    Step t of a sampled run draws with seed + t (the same CPU noise on every device).
-    """
+class Stepper(Recurrent):
+    """One step of the policy on one (device, dtype): feeds in, the named outputs out, the memory carried from zeros
+    (`masks`, when given, fill in absent action_masks). Step t of a sampled run draws with seed + t (the same CPU noise
+    on every device)."""
 
     def __init__(self, runner: Runner, kind: str = "deterministic", seed: int = 0, masks: np.ndarray | None = None):
-        if kind not in ACTION_KINDS:
-            raise UserError(f"unknown actions kind {kind!r}; valid: {', '.join(ACTION_KINDS)}")
-        self.runner, self.kind, self.seed, self.masks, self.t = runner, kind, int(seed), masks, 0
-        call = runner.infer if kind == "deterministic" else (lambda f: runner.sample(f, self.seed + self.t))  # noqa: E731
-        self.recurrent = Recurrent(call, runner.memory_size)
+        seeds = itertools.count(int(seed))
+        sample = lambda f: runner.sample(f, next(seeds))  # noqa: E731
+        super().__init__(runner.infer if kind == "deterministic" else sample, runner.memory_size)
+        self.kind, self.masks = kind, masks
 
-    def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        feeds = dict(feeds)
+    def step(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.masks is not None and ACTION_MASKS not in feeds:
-            feeds[ACTION_MASKS] = self.masks
-        out = self.recurrent.step(feeds)
-        self.t += 1
-        return named(out, self.kind)
+            feeds = {**feeds, ACTION_MASKS: self.masks}
+        return named(super().step(feeds), self.kind)
+
+    __call__ = step
 
 
 def named(out: dict[str, np.ndarray], kind: str) -> dict[str, np.ndarray]:
@@ -99,14 +95,12 @@ def named(out: dict[str, np.ndarray], kind: str) -> dict[str, np.ndarray]:
 def open_loop(runner: Runner, feeds: dict[str, np.ndarray], kind: str = "deterministic", seed: int = 0) -> dict[str, np.ndarray]:
     """Feeds [T, envs, d] (and action_masks [T, envs, .]): outputs [T, envs, *]. A policy without memory runs all T x envs
     rows as one batch (sampled: one draw with `seed`); with memory, step by step, the memory carried from zeros."""
-    steps, envs = feeds[obs_name(0)].shape[:2]
-    if not runner.memory_size:
-        flat = {k: v.reshape(steps * envs, *v.shape[2:]) for k, v in feeds.items()}
-        out = Stepper(runner, kind, seed)(flat)
-        return {k: v.reshape(steps, envs, *v.shape[1:]) for k, v in out.items()}
     stepper = Stepper(runner, kind, seed)
-    outs = [stepper({k: v[t] for k, v in feeds.items()}) for t in range(steps)]
-    return {k: np.stack([o[k] for o in outs]) for k in outs[0]}
+    if runner.memory_size:
+        return stepper.sequence(feeds)
+    steps, envs = feeds[obs_name(0)].shape[:2]
+    out = stepper({k: v.reshape(steps * envs, *v.shape[2:]) for k, v in feeds.items()})
+    return {k: v.reshape(steps, envs, *v.shape[1:]) for k, v in out.items()}
 
 
 def closed_loop(runner: Runner, weights: PolicyWeights, start: dict[str, np.ndarray], steps: int, dynamics: Dynamics,

@@ -4,17 +4,15 @@ Feeds are a dict keyed by ML-Agents' ONNX input names: `obs_0` ... `obs_<k>` (fl
 (float32 [N, sum of branch sizes], 1 = allowed; all allowed when absent), `recurrent_in` (float32 [N, 1, memory]; zeros
 when absent). Outputs carry ML-Agents' output names. `Recurrent` carries the memory between steps.
 
-`build()` is the one factory: backend `eager` (the policy in inference mode), `compile` (torch.compile with
-inductor freezing), `fused` (the whole forward as one C++ kernel on the CPU: huggy_exp/fused.py), `graphs` (CUDA /
-NPU graph replay through the device module) or `onnxruntime` (the ML-Agents .onnx on the provider that matches the
-device). Every torch runner runs every shape through Policy.act (Policy keeps its own lean path for the shapes it
-can); compile, graphs and fused run Policy's single-tensor forward, which Policy.check_single refuses for other shapes.
-trace() records the intermediates, with the outputs of infer(), the timed call.
+`build()` is the one factory: backend `eager`, `compile` (torch.compile, inductor freezing), `fused`
+(huggy_exp/fused.py), `graphs` (CUDA / NPU graph replay) or `onnxruntime` (the ML-Agents .onnx on the device's
+provider). Eager runs every shape through Policy.act; compile, graphs and fused run Policy's single-tensor forward
+(Policy.check_single).
 """
 
 from __future__ import annotations
 
-import os
+import itertools
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
@@ -24,9 +22,10 @@ import numpy as np
 import torch
 
 from huggy_exp.errors import Unsupported, UserError
+from huggy_exp.fused import FusedMLP, need_compiler
 from huggy_exp.mlagents import ACTION_MASKS, ONNX_INPUT, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name, with_distributions
 from huggy_exp.placement import (
-    QUANTIZED, Target, check_backend, device_module, onnxruntime_options, quantize, quantize_onnx, resolve, synchronize,
+    QUANTIZED, Target, check_backend, onnxruntime_options, quantize, quantize_onnx, resolve, synchronize,
     use_device,
 )
 from huggy_exp.policy import Policy, cpu_noise, cpu_uniform
@@ -65,31 +64,13 @@ class Runner(Protocol):
     def distributions(self, feeds: Feeds) -> dict[str, np.ndarray]: ...
 
 
-def fit_inputs(feeds: dict[str, np.ndarray], sizes: tuple[int, ...]) -> dict[str, np.ndarray]:
-    """Check the observation feeds against the policy's input widths.
-
-    Inputs without normalizers meet in one Concat before the first layer, so a policy read as one input of the
-    concatenated width (a .pt without its .onnx) takes obs_0 ... obs_<k> concatenated: the same numbers.
-    """
-    given = [obs_name(i) for i in range(len(feeds)) if obs_name(i) in feeds]
-    if len(sizes) == 1 and len(given) > 1 and sum(feeds[n].shape[-1] for n in given) == sizes[0]:
-        feeds = {**{k: v for k, v in feeds.items() if k not in given}, obs_name(0): np.concatenate([feeds[n] for n in given], axis=-1)}
-    wanted = [obs_name(i) for i in range(len(sizes))]
-    missing = [n for n in wanted if n not in feeds]
-    if missing:
-        raise UserError(f"feeds {sorted(feeds)} lack {missing} (this policy has {len(sizes)} observation inputs {list(sizes)})")
-    wrong = [f"{n} {list(np.shape(feeds[n]))}" for n, size in zip(wanted, sizes) if np.shape(feeds[n])[-1:] != (size,)]
-    if wrong:
-        raise UserError(f"feeds {', '.join(wrong)} do not fit this policy's inputs {list(sizes)} (obs_i is [N, d_i])")
-    return feeds
-
-
 class TorchRunner:
     """The rebuilt policy on one (device, dtype), fed in chunks of `batch_size` rows, run by one torch backend."""
 
     def __init__(self, weights: PolicyWeights, target: Target, batch_size: int = 0, backend: str = "eager"):
         self.target, self.batch_size, self._on_cpu = target, batch_size, target.kind == "cpu"
         self.backend = check_backend(backend)
+        self.fixed_shape = backend in ("compile", "graphs")  # one chunk shape: the last chunk is padded to it
         if backend == "onnxruntime":
             raise UserError("TorchRunner runs torch backends; build onnxruntime with runners.build()")
         if target.dtype_name in QUANTIZED and backend != "eager":
@@ -97,35 +78,26 @@ class TorchRunner:
         use_device(target.device)
         self.policy = Policy(weights).place(target.device, target.dtype, partial(quantize, dtype=target.dtype_name))
         self.name = f"torch-{backend}-{target.device_name}-{target.dtype_name}"
+        self.memory_size = self.policy.memory_size
         self._act: Callable = self.policy.act
         if backend == "eager":
             return
         self.policy.check_single(f"backend {backend}")
-        self._forward: Callable = self.policy
-        self._sample: Callable = self.policy.sample
+        self._act, self._sample = self._single, self.policy.sample
         if backend == "compile":
             compiler = _compiler(target.kind)
             self._forward, self._sample = _compiled(self.policy.forward, compiler), _compiled(self.policy.sample, compiler)
         elif backend == "fused":
-            from huggy_exp.fused import FusedMLP
-
             self._forward = FusedMLP(self.policy)  # deterministic actions; sampled ones run eager
-        elif backend == "graphs":
-            graphs = _graph_api(target.device)
-            self._forward = GraphReplay(self.policy.forward, graphs, target.device)
-            self._sample = GraphReplay(self.policy.sample, graphs, target.device)
-        self._act = self._single
+        else:  # graphs
+            self._forward = GraphReplay(self.policy.forward, target)
+            self._sample = GraphReplay(self.policy.sample, target)
 
     def _single(self, obs: list[torch.Tensor], masks: None, memory: None, noise: dict | None = None) -> dict[str, torch.Tensor]:
         """Policy.act's outputs from the backend's single-tensor forward (one input, continuous actions, no memory)."""
         if noise is None:
             return {ACTIONS: self._forward(obs[0])}
         return {SAMPLED: self._sample(obs[0], noise[SAMPLED].to(self.target.device))}
-
-    @property
-    def fixed_shape(self) -> bool:
-        """Compiled code and captured graphs run one chunk shape: the last chunk is padded to it."""
-        return self.backend in ("compile", "graphs")
 
     def _fit(self, feeds: Feeds) -> list[np.ndarray | None]:
         """obs_0 .. obs_<k>, action_masks and recurrent_in (None where absent or not the policy's) checked against the
@@ -134,12 +106,23 @@ class TorchRunner:
         obs = feeds.get(OBS) if len(feeds) == 1 and len(p.obs_sizes) == 1 else None
         if obs is not None and obs.ndim == 2 and obs.shape[1] == p.obs_dim:
             return [obs, None, None]
-        feeds = fit_inputs(feeds, p.obs_sizes)
-        arrays = [feeds[obs_name(i)] for i in range(len(p.obs_sizes))]
+        sizes, wanted = p.obs_sizes, [obs_name(i) for i in range(len(p.obs_sizes))]
+        # inputs without normalizers meet in one Concat before the first layer, so a policy read as one input of the
+        # concatenated width (a .pt without its .onnx) takes obs_0 ... obs_<k> concatenated: the same numbers
+        given = [obs_name(i) for i in range(len(feeds)) if obs_name(i) in feeds]
+        if len(sizes) == 1 and len(given) > 1 and sum(feeds[n].shape[-1] for n in given) == sizes[0]:
+            feeds = {**{k: v for k, v in feeds.items() if k not in given}, OBS: np.concatenate([feeds[n] for n in given], axis=-1)}
+        missing = [n for n in wanted if n not in feeds]
+        if missing:
+            raise UserError(f"feeds {sorted(feeds)} lack {missing} (this policy has {len(sizes)} observation inputs {list(sizes)})")
+        wrong = [f"{n} {list(np.shape(feeds[n]))}" for n, size in zip(wanted, sizes) if np.shape(feeds[n])[-1:] != (size,)]
+        if wrong:
+            raise UserError(f"feeds {', '.join(wrong)} do not fit this policy's inputs {list(sizes)} (obs_i is [N, d_i])")
+        arrays = [feeds[n] for n in wanted]
         arrays += [feeds.get(ACTION_MASKS) if p.discrete is not None else None, feeds.get(RECURRENT_IN) if p.memory is not None else None]
         rows = len(arrays[0])
-        expected = [(rows, size) for size in p.obs_sizes] + [(rows, sum(p.branch_sizes)), (rows, 1, p.memory_size)]
-        names = [*(obs_name(i) for i in range(len(p.obs_sizes))), ACTION_MASKS, RECURRENT_IN]
+        expected = [(rows, size) for size in sizes] + [(rows, sum(p.branch_sizes)), (rows, 1, p.memory_size)]
+        names = [*wanted, ACTION_MASKS, RECURRENT_IN]
         wrong = [f"{name} {list(np.shape(a))} (expected {list(shape)})" for name, a, shape in zip(names, arrays, expected)
                  if a is not None and np.shape(a) != shape]
         if wrong:
@@ -188,10 +171,6 @@ class TorchRunner:
             parts = [self._act(*chunk) for chunk in chunks]
         return self._collect(parts, len(feeds[OBS]) if self.fixed_shape and len(parts) > 1 else None)
 
-    @property
-    def memory_size(self) -> int:
-        return self.policy.memory_size
-
     def infer(self, feeds: Feeds) -> dict[str, np.ndarray]:
         """Deterministic outputs of every head (and `recurrent_out`) for the feeds."""
         return self._run(feeds)
@@ -200,19 +179,19 @@ class TorchRunner:
         """Sampled actions; the noise is one CPU draw for all rows, so chunking and device do not change it."""
         return self._run(feeds, sample_noise(self.policy, len(feeds[obs_name(0)]), seed))
 
-    @torch.inference_mode()
     def trace(self, feeds: Feeds) -> dict[str, np.ndarray]:
         """Every intermediate (Policy.trace, eager) for per-layer attribution, with the outputs of infer(): what is
         verified is what runs."""
-        use_device(self.target.device)
-        out = self._collect([self.policy.trace(obs, masks, memory) for obs, masks, memory, _ in self._chunks(feeds, pad=False)])
-        return {**out, **self.infer(feeds)}
+        return {**self._eager(self.policy.trace, feeds), **self.infer(feeds)}
 
-    @torch.inference_mode()
     def distributions(self, feeds: Feeds) -> dict[str, np.ndarray]:
         """What the sampled outputs draw from (Policy.distributions): mu, log_sigma, masked_logits, recurrent_out."""
+        return self._eager(self.policy.distributions, feeds)
+
+    @torch.inference_mode()
+    def _eager(self, fn: Callable, feeds: Feeds) -> dict[str, np.ndarray]:
         use_device(self.target.device)
-        return self._collect([self.policy.distributions(obs, masks, memory) for obs, masks, memory, _ in self._chunks(feeds, pad=False)])
+        return self._collect([fn(obs, masks, memory) for obs, masks, memory, _ in self._chunks(feeds, pad=False)])
 
 
 def sample_noise(policy: Policy, rows: int, seed: int) -> dict[str, torch.Tensor]:
@@ -228,15 +207,12 @@ def sample_noise(policy: Policy, rows: int, seed: int) -> dict[str, torch.Tensor
 class Recurrent:
     """Any runner's infer (torch or onnxruntime) with the memory carried: recurrent_out of a step is the next recurrent_in.
 
-    The memory starts at zeros, as an agent's does in Unity; reset() starts over.
+    The memory starts at zeros, as an agent's does in Unity; sequence() starts over.
     """
 
     def __init__(self, infer: Callable[[Feeds], dict[str, np.ndarray]], memory_size: int):
         self.infer, self.memory_size = infer, int(memory_size)
         self.memory: np.ndarray | None = None
-
-    def reset(self) -> None:
-        self.memory = None
 
     def step(self, feeds: Feeds) -> dict[str, np.ndarray]:
         feeds = dict(feeds)
@@ -252,7 +228,7 @@ class Recurrent:
 
     def sequence(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Feeds of [T, N, ...] run step by step from zero memory; every output stacked with a leading T."""
-        self.reset()
+        self.memory = None
         steps = len(feeds[obs_name(0)])
         outs = [self.step({k: v[t] for k, v in feeds.items()}) for t in range(steps)]
         return {k: np.stack([o[k] for o in outs]) for k in outs[0]}
@@ -263,11 +239,10 @@ def run_feeds(runner: TorchRunner | OnnxRunner, feeds: Mapping[str, np.ndarray],
     """Deterministic outputs (sampled ones with `seed`; every intermediate too with `trace`) for single-step feeds
     [N, d], or for a sequence [T, N, d] run step by step with the memory carried from zeros (step t sampled with
     seed + t); sequence outputs lead with T."""
-    infer = runner.trace if trace else runner.infer
-    if seed is None or feeds[obs_name(0)].ndim == 2:
-        return over_steps(infer if seed is None else (lambda f: runner.sample(f, seed)), feeds, runner.memory_size)
-    steps = iter(range(len(feeds[obs_name(0)])))
-    return Recurrent(lambda f: runner.sample(f, seed + next(steps)), runner.memory_size).sequence(feeds)
+    if seed is None:
+        return over_steps(runner.trace if trace else runner.infer, feeds, runner.memory_size)
+    seeds = itertools.count(seed)
+    return over_steps(lambda f: runner.sample(f, next(seeds)), feeds, runner.memory_size)
 
 
 def over_steps(infer: Callable[[Feeds], dict[str, np.ndarray]], feeds: Mapping[str, np.ndarray], memory_size: int) -> dict[str, np.ndarray]:
@@ -295,10 +270,7 @@ def _compiler(kind: str) -> str:
 
     name = COMPILE_BACKENDS[kind]
     if name == "inductor" and kind == "cpu":
-        import shutil
-
-        if not [c for c in (os.environ.get("CXX"), "g++", "c++", "clang++") if c and shutil.which(c)]:
-            raise Unsupported("backend compile: inductor needs a C++ compiler and none is on PATH (g++, c++, clang++, $CXX)")
+        need_compiler("compile")
     if name not in torch._dynamo.list_backends(exclude_tags=()):
         raise Unsupported(f"backend compile on {kind}: torch.compile backend {name!r} is not registered here (registered: "
                           f"{', '.join(torch._dynamo.list_backends())}){'; torch_npu registers it' if name == 'npu' else ''}")
@@ -326,25 +298,20 @@ def _compiled(fn: Callable, backend: str) -> Callable:
     return torch.compile(fn, backend=backend, dynamic=False, fullgraph=True)
 
 
-def _graph_api(device: torch.device):
-    """The device module's graph class and capture context (torch.cuda.CUDAGraph, torch_npu's NPUGraph)."""
-    if device.type == "cpu":
-        raise Unsupported("backend graphs: the CPU has no graph replay (CUDA graphs / NPU graphs need cuda or npu)")
-    mod = device_module(device)
-    cls = getattr(mod, "CUDAGraph", None) or getattr(mod, "NPUGraph", None)
-    if cls is None or not hasattr(mod, "graph"):
-        raise Unsupported(f"backend graphs: torch.{device.type} offers no graph capture here")
-    return mod, cls
-
-
 class GraphReplay:
-    """Capture `fn` once per input shape on static buffers, then replay: copy inputs in, replay, clone outputs.
+    """Capture `fn` once per input shape on static buffers, then replay: copy inputs in, replay, clone outputs; through
+    the device module's graph class and capture context (torch.cuda.CUDAGraph, torch_npu's NPUGraph).
 
     The capture runs on a side stream of the current card, so the runner's card is made current first: a capture
     while another card is current records none of this card's work, and its replays return stale outputs."""
 
-    def __init__(self, fn: Callable, graphs, device: torch.device):
-        self.fn, (self.mod, self.cls), self.device = fn, graphs, device
+    def __init__(self, fn: Callable, target: Target):
+        if target.kind == "cpu":
+            raise Unsupported("backend graphs: the CPU has no graph replay (CUDA graphs / NPU graphs need cuda or npu)")
+        self.fn, self.device, self.mod = fn, target.device, torch.get_device_module(target.device)
+        self.cls = getattr(self.mod, "CUDAGraph", None) or getattr(self.mod, "NPUGraph", None)
+        if self.cls is None or not hasattr(self.mod, "graph"):
+            raise Unsupported(f"backend graphs: torch.{target.kind} offers no graph capture here")
         self.captured: dict[tuple, tuple] = {}
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:

@@ -54,18 +54,14 @@ class Timing:
         if not self.samples:
             return {}
         us = np.asarray(self.samples, np.float64) * 1e6
-        p50, p90, p95, p99 = np.percentile(us, PERCENTILES)
+        out = {f"p{p}_us": float(v) for p, v in zip(PERCENTILES, np.percentile(us, PERCENTILES))}
         q1, q3 = np.percentile(us, [25, 75])
+        iqr, median = float(q3 - q1), out["p50_us"]
         return {
-            "p50_us": float(p50), "p90_us": float(p90), "p95_us": float(p95), "p99_us": float(p99),
-            "mean_us": float(us.mean()), "min_us": float(us.min()), "max_us": float(us.max()), "iqr_us": float(q3 - q1),
+            **out, "mean_us": float(us.mean()), "min_us": float(us.min()), "max_us": float(us.max()), "iqr_us": iqr,
             "obs_per_s": float(self.rows * len(us) / (us.sum() / 1e6)),
-            "noisy": float(is_noisy(q3 - q1, p50)), "samples": float(len(us)), "threads": float(self.threads),
+            "noisy": float(median <= 0 or iqr / median > NOISY_IQR), "samples": float(len(us)), "threads": float(self.threads),
         }
-
-
-def is_noisy(iqr: float, median: float) -> bool:
-    return median <= 0 or iqr / median > NOISY_IQR
 
 
 def _timed(fn: Callable[[], object], device: torch.device) -> float:

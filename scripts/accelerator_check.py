@@ -3,18 +3,11 @@ configured minimum durations and printed before it starts; one tarball and a fir
 
     python scripts/accelerator_check.py DEVICE OUTDIR [--tar FILE] [--fixtures DIR | --no-fixtures] [--quick]
 
-DEVICE: cuda | cuda:N | npu | npu:N (cpu: a dry run of every step on the CPU alone). Each step is one Hydra sweep
-(`run.py -m ... tracking=none`) into OUTDIR/<step>/, its log OUTDIR/<step>.log:
-  modes              action, precision, fingerprint, stats: DEVICE then cpu (Hydra runs the values in order) x fp32,
-                     fp16, bf16, one sweep (one process)
-  benchmark          DEVICE, one job: eager, compile, graphs and onnxruntime timed together over the batch ladder;
-                     LoadGen's four scenarios and the control loop on graphs
-  loadgen            DEVICE: the scenarios and the control loop on compile
-  fixtures-precision, fixtures-benchmark   the genuine policies (ONNX) from the fixture folder, on DEVICE
-  benchmark-cpu      the CPU's figures for comparison (ladder, single_stream, offline), last, in what is left
-The fixture folder (default .fx/, filled by ../shared/device/prepare.sh) must hold huggy, huggy_lstm and pyramids:
-a missing one is an error (exit 2) unless --no-fixtures. --tar FILE packs OUTDIR into FILE and copies SUMMARY.md beside
-it. --python "CMD" runs run.py with another interpreter command (the CI rehearsal: "python tests/emulated_npu.py").
+DEVICE: cuda | cuda:N | npu | npu:N (cpu: a dry run of every step on the CPU alone). Each step (plan() below) is one
+Hydra sweep (`run.py -m ... tracking=none`) into OUTDIR/<step>/, its log OUTDIR/<step>.log. The steps, their budgets,
+the fixture folder (.fx/, filled by ../shared/device/prepare.sh; required unless --no-fixtures) and the summary:
+docs/loadgen-and-control-loop.md, "Running on an accelerator". --python "CMD" runs run.py with another interpreter
+command (the CI rehearsal: "python tests/emulated_npu.py").
 Exit: 0 when every step ran and every device point met its verdict or failed as its CPU twin did (a dtype's limit the
 policy misses everywhere: listed apart), else the first failing step's exit status.
 How to run it on the lent GPU: docs/hardware/cuda.md.
@@ -23,12 +16,14 @@ How to run it on the lent GPU: docs/hardware/cuda.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import resource
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -238,16 +233,12 @@ def rows(folder: Path) -> list[dict]:
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    import signal
-
+    """The sweep's whole process group: SIGTERM, then SIGKILL if it is still there 10 s later."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=10)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-        except ProcessLookupError:
             return
 
 

@@ -7,6 +7,7 @@ expression until it is truthy, `screenshot` writes what the viewport shows (noth
 from __future__ import annotations
 
 import base64
+import contextlib
 import fcntl
 import json
 import os
@@ -31,7 +32,7 @@ class Browser:
     """One Chromium process with one page of `width`×`height` CSS pixels; use as a context manager."""
 
     def __init__(self, chrome: str, profile: Path, width: int = 1600, height: int = 1000, timeout_s: float = 60.0):
-        self.width, self.height, self.timeout_s = width, height, timeout_s
+        self.timeout_s = timeout_s
         to_chrome_r, self._to_chrome = os.pipe()
         self._from_chrome, from_chrome_w = os.pipe()
         # Chromium reads commands on fd 3 and writes replies on fd 4: park both ends above 9, then map them there
@@ -55,7 +56,6 @@ class Browser:
         self._buffer = b""
         self._next_id = 0
         self.session = None
-        self.console: list[str] = []
         try:
             target = next(t for t in self.call("Target.getTargets")["targetInfos"] if t["type"] == "page")
             self.session = self.call("Target.attachToTarget", targetId=target["targetId"], flatten=True)["sessionId"]
@@ -81,10 +81,8 @@ class Browser:
                 self.proc.kill()
                 self.proc.wait()
         for fd in (self._to_chrome, self._from_chrome):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
 
     # --- the protocol: JSON messages separated by NUL bytes
 
@@ -96,14 +94,11 @@ class Browser:
             msg["sessionId"] = self.session
         os.write(self._to_chrome, json.dumps(msg).encode() + b"\0")
         deadline = time.time() + self.timeout_s
-        while True:
-            reply = self._read(deadline)
-            if reply.get("id") == self._next_id:
-                if "error" in reply:
-                    raise BrowserError(f"{method}: {reply['error'].get('message')}")
-                return reply.get("result", {})
-            if reply.get("method") == "Runtime.exceptionThrown":
-                self.console.append(reply["params"]["exceptionDetails"].get("text", "exception"))
+        while (reply := self._read(deadline)).get("id") != self._next_id:  # events (and stale replies) pass by
+            pass
+        if "error" in reply:
+            raise BrowserError(f"{method}: {reply['error'].get('message')}")
+        return reply.get("result", {})
 
     def _read(self, deadline: float) -> dict:
         while b"\0" not in self._buffer:
@@ -120,9 +115,6 @@ class Browser:
         return json.loads(raw)
 
     # --- what a test needs
-
-    def open(self, url: str) -> None:
-        self.call("Page.navigate", url=url)
 
     def evaluate(self, expression: str):
         """The JSON value of a JavaScript expression (awaited if it is a promise)."""

@@ -4,23 +4,10 @@ a person sees without clicking or configuring anything.
     python scripts/ui_check.py [--store sqlite:///mlruns/mlflow.db] [--sweep <id>] [--port 5000 | --ui URL]
                                [--shots DIR] [--screenshot docs/ui_runs.png]
 
-Pages, each in a browser profile that has never seen MLflow (so its Assistant panel opens, as on a first visit):
-- the runs URL the sweep printed: the verdict column first, then max error vs fp64, its limit, cosine, p50 and the
-  fingerprint prefix (a benchmark sweep: the batch size, the fastest backend's p50, which, its obs/s and eager's
-  p50), all within the viewport beside the Assistant panel, their headers and the run names not cut; every point's verdict
-  readable, a skipped point's reason begun in its verdict cell, and a point with metrics showing them;
-- the root URL: the experiment listed with the sweep in its description, and the experiment page linking to
-  the sweep's runs;
-- a child that has metrics (not a skipped one): its headline metrics and values; its "Model metrics" tab: at most 20
-  charts, the `answer` section first;
-- a failed point (if the sweep has one): its run's status reads Failed;
-- the parent: its description with the tally and the recommendation;
-- the parent's plots and summary.md in MLflow's artifact viewer: every image decoded (naturalWidth > 0);
-- the compare view of the sweep's passing children: every one of them and the headline metrics;
-- the HTML report, from disk (file://) and as the parent's MLflow artifact: title, tally, verdicts, images decoded.
-
-Screenshots of every page go to --shots (default: a temporary folder, printed). Exit 0 when everything holds, 1
-naming what does not, 2 when it cannot run (no Chromium: Debian `apt-get install chromium`; no such sweep or store).
+Each page (check_* below) opens in a browser profile that has never seen MLflow (so its Assistant panel opens, as on a
+first visit); what each page must show: docs/ui-and-reports.md, "The browser check". Screenshots of every page go to
+--shots (default: a temporary folder, printed). Exit 0 when everything holds, 1 naming what does not, 2 when it cannot
+run (no Chromium: Debian `apt-get install chromium`; no such sweep or store).
 """
 
 from __future__ import annotations
@@ -44,7 +31,6 @@ from huggy_exp import headline, tracking, ui  # noqa: E402
 from huggy_exp.errors import UserError  # noqa: E402
 
 WIDTH, HEIGHT = 1600, 1000
-PAGES = ("runs", "root", "child", "metrics", "failed", "parent", "images", "compare", "report")
 LOAD_S = 90  # one page of the MLflow UI on a busy 2-core machine
 
 # JavaScript helpers: is an element's box inside the viewport (and inside the clipping box `clip`), and is its left
@@ -112,8 +98,8 @@ JS_IMAGES = "[...document.images].map(i => [i.alt, i.currentSrc.slice(0, 60), i.
 class Check:
     """One browser profile per page (a first visit every time), screenshots into `shots`, findings into `missing`."""
 
-    def __init__(self, chrome: str, base: str, shots: Path, tmp: Path):
-        self.chrome, self.base, self.shots, self.tmp = chrome, base, shots, tmp
+    def __init__(self, chrome: str, base: str, shots: Path, tmp: Path, screenshot: Path | None = None):
+        self.chrome, self.base, self.shots, self.tmp, self.screenshot = chrome, base, shots, tmp, screenshot
         self.missing: list[str] = []
         self.pages = 0
 
@@ -124,12 +110,18 @@ class Check:
         """A fresh browser on `path`; waits until the JavaScript `ready` is truthy, then screenshots. Returns it open."""
         self.pages += 1
         browser = Browser(self.chrome, self.tmp / f"profile-{self.pages}", WIDTH, HEIGHT)
-        browser.open(self.url(path))
+        browser.call("Page.navigate", url=self.url(path))
         if not browser.wait(ready, timeout_s, settle_s=1.5):
             self.miss(name, f"the page did not get ready within {timeout_s:g} s ({ready}) at {self.url(path)}")
         shot = browser.screenshot(self.shots / f"{name}.png")
         print(f"  {name}: {self.url(path)}\n    screenshot {shot}")
         return browser
+
+    def read(self, name: str, path: str, ready: str, expression: str = "document.body.innerText",
+             timeout_s: float = LOAD_S):
+        """The value of `expression` on the page, once it is ready (the browser closed after)."""
+        with self.visit(name, path, ready, timeout_s) as page:
+            return page.evaluate(expression)
 
     def miss(self, name: str, what: str) -> None:
         self.missing.append(f"{name}: {what}")
@@ -146,17 +138,35 @@ def first_screen(sweep: dict) -> list[tuple[str, str]]:
     return [(c, wanted[c]) for c in first if c in wanted][:6]
 
 
-def check_runs(check: Check, sweep: dict, runs_path: str, screenshot: Path | None) -> None:
-    name = "runs"
-    children = sweep["children"]
-    ready = f"document.querySelectorAll('.ag-row[row-index]').length >= {len(children)} && document.querySelectorAll('.ag-header-cell[col-id]').length > 3"
-    with check.visit(name, runs_path, ready) as page:
+def shows(text: str) -> str:
+    """JavaScript: the page's text includes `text`."""
+    return f"document.body.innerText.includes({json.dumps(text)})"
+
+
+def run_path(sweep: dict, run_id: str, tab: str = "") -> str:
+    """A run's page in the UI, or one of its tabs (model-metrics, artifacts/<file>)."""
+    url = tracking.run_url(sweep["uri"], sweep["experiment_id"], run_id)
+    return url.replace(f"/runs/{run_id}?", f"/runs/{run_id}/{tab}?") if tab else url
+
+
+def with_metrics(check: Check, name: str, sweep: dict) -> dict | None:
+    """The first child that has metrics (not a skipped one), or None after saying there is none."""
+    child = next((c for c in sweep["children"] if c["headline"]), None)
+    if child is None:
+        check.miss(name, "no child with metrics to open")
+    return child
+
+
+def check_runs(check: Check, sweep: dict) -> None:
+    name, children = "runs", sweep["children"]
+    ready = (f"document.querySelectorAll('.ag-row[row-index]').length >= {len(children)} && "
+             "document.querySelectorAll('.ag-header-cell[col-id]').length > 3")
+    with check.visit(name, sweep["runs"], ready) as page:
         grid = page.evaluate(JS_GRID)
-        if screenshot is not None:
-            page.screenshot(screenshot)
-            print(f"    and {screenshot}")
-    headers = grid["headers"]
-    columns = first_screen(sweep)
+        if check.screenshot is not None:
+            page.screenshot(check.screenshot)
+            print(f"    and {check.screenshot}")
+    headers, columns = grid["headers"], first_screen(sweep)
     for column, what in columns:
         if column not in headers:
             check.miss(name, f"no {what} column ({column}) on the first screen")  # not drawn: off-screen
@@ -168,64 +178,60 @@ def check_runs(check: Check, sweep: dict, runs_path: str, screenshot: Path | Non
     for group in grid["cutGroups"]:
         check.miss(name, f"the column group header {group!r} is cut")
     data = {c: h for c, h in headers.items() if c.startswith(("metrics.", "params.", "tags."))}
-    if data and "tags.`verdict`" in headers and min(data, key=lambda c: data[c]["left"]) != "tags.`verdict`":
-        check.miss(name, f"the verdict is not the first column after the run name (first: {min(data, key=lambda c: data[c]['left'])})")
+    first = min(data, key=lambda c: data[c]["left"]) if data else None
+    if "tags.`verdict`" in headers and first not in (None, "tags.`verdict`"):
+        check.miss(name, f"the verdict is not the first column after the run name (first: {first})")
     rows = {r.get("attributes.`Run Name`", {}).get("text", "").split("\n")[-1]: r for r in grid["rows"]}  # after its colour
+    _check_points(check, name, children, rows, columns)
+    print(f"    columns in view: {', '.join(c for c, _ in columns if headers.get(c, {}).get('seen'))}")
+
+
+def _check_points(check: Check, name: str, children: list[dict], rows: dict, columns: list) -> None:
+    """Every point listed with its name whole and its verdict (a skipped one's reason begun) in view; the first point
+    with metrics showing their values."""
     for child in children:
         row = rows.get(child["name"])
         if row is None:
             check.miss(name, f"the point {child['name']} is not listed")
             continue
-        name_cell = row.get("attributes.`Run Name`", {})
-        if name_cell.get("cut"):
+        if row.get("attributes.`Run Name`", {}).get("cut"):
             check.miss(name, f"{child['name']}: its name is cut in the name column")
         cell = row.get("tags.`verdict`", {"text": "", "seen": False})
         if not cell["seen"] or not cell["text"].startswith(child["status"]):
             check.miss(name, f"{child['name']}: verdict {cell['text']!r} does not read {child['status']!r} in view")
         if child["status"] == "skipped" and child["reason"] and child["reason"][:12] not in cell["text"]:
             check.miss(name, f"{child['name']}: skipped without its reason in view ({cell['text']!r})")
-    with_metrics = [c for c in children if c["headline"]]
-    if not with_metrics:
+    child = next((c for c in children if c["headline"]), None)
+    if child is None:
         check.miss(name, "no point of the sweep has headline metrics")
-    for child in with_metrics[:1]:
-        row = rows.get(child["name"]) or {}
-        for column, what in columns:
-            cell = row.get(column)
-            if column.startswith("metrics.") and (cell is None or cell["text"] in ("", "-") or not cell["seen"]):
-                check.miss(name, f"{child['name']}: {what} shows {cell and cell['text']!r}, not its value, in view")
-    print(f"    columns in view: {', '.join(c for c, _ in columns if headers.get(c, {}).get('seen'))}")
+        return
+    for column, what in columns:
+        cell = (rows.get(child["name"]) or {}).get(column)
+        if column.startswith("metrics.") and (cell is None or cell["text"] in ("", "-") or not cell["seen"]):
+            check.miss(name, f"{child['name']}: {what} shows {cell and cell['text']!r}, not its value, in view")
 
 
 def check_root(check: Check, sweep: dict) -> None:
-    name = "root"
-    ready = f"document.body.innerText.includes({json.dumps(sweep['experiment'])})"
-    with check.visit(name, "", ready) as page:
-        text = page.evaluate("document.body.innerText")
+    text = check.read("root", "", shows(sweep["experiment"]))
     if sweep["parent"]["name"][:40] not in text:
-        check.miss(name, "the experiment's description does not list the sweep on the home page")
+        check.miss("root", "the experiment's description does not list the sweep on the home page")
     if "latest sweep" in text.lower():
-        check.miss(name, "the experiment's description calls a sweep the latest (it shows above every sweep's runs)")
-    name = "experiment"
-    link = f"a[href*='viewStateShareKey={sweep['sweep_id']}']"
-    with check.visit(name, f"#/experiments/{sweep['experiment_id']}", f"!!document.querySelector({json.dumps(link)})") as page:
-        # in view, not hit-tested: on a first visit MLflow dims this page under its "Detect Issues" popover
-        seen = page.evaluate(JS_SEEN + f"(() => {{ const a = document.querySelector({json.dumps(link)}); return !!a && __inview(a); }})()")
-    if not seen:
-        check.miss(name, "the experiment page (what clicking the experiment opens) has no link to the sweep's runs in view")
+        check.miss("root", "the experiment's description calls a sweep the latest (it shows above every sweep's runs)")
+    link = json.dumps(f"a[href*='viewStateShareKey={sweep['sweep_id']}']")
+    # in view, not hit-tested: on a first visit MLflow dims this page under its "Detect Issues" popover
+    if not check.read("experiment", f"#/experiments/{sweep['experiment_id']}", f"!!document.querySelector({link})",
+                      JS_SEEN + f"(() => {{ const a = document.querySelector({link}); return !!a && __inview(a); }})()"):
+        check.miss("experiment", "the experiment page (what clicking the experiment opens) has no link to the sweep's "
+                                 "runs in view")
 
 
 def check_child(check: Check, sweep: dict) -> None:
-    name = "child"
-    child = next((c for c in sweep["children"] if c["headline"]), None)
-    if child is None:
-        check.miss(name, "no child with metrics to open")
+    if (child := with_metrics(check, "child", sweep)) is None:
         return
-    path = tracking.run_url(sweep["uri"], sweep["experiment_id"], child["id"])
-    with check.visit(name, path, f"document.body.innerText.includes({json.dumps(child['headline'][0])})") as page:
-        text = page.evaluate("document.body.innerText")
+    text = check.read("child", run_path(sweep, child["id"]), shows(child["headline"][0]))
     for metric in child["headline"]:
         if metric not in text:
-            check.miss(name, f"{child['name']}: headline metric {metric} not on its page")
+            check.miss("child", f"{child['name']}: headline metric {metric} not on its page")
 
 
 JS_SECTIONS = """(() => {  // the run page's chart sections, top to bottom: [name, charts] of each "<name> (<n>)" header
@@ -238,20 +244,12 @@ JS_SECTIONS = """(() => {  // the run page's chart sections, top to bottom: [nam
 })()"""
 
 
-def tab_path(sweep: dict, run_id: str, tab: str) -> str:
-    return tracking.run_url(sweep["uri"], sweep["experiment_id"], run_id).replace(f"/runs/{run_id}?", f"/runs/{run_id}/{tab}?")
-
-
 def check_metrics(check: Check, sweep: dict) -> None:
     """A child's "Model metrics" tab: at most MAX_LOGGED charts, and the answer's section first."""
     name = "metrics"
-    child = next((c for c in sweep["children"] if c["headline"]), None)
-    if child is None:
-        check.miss(name, "no child with metrics to open")
+    if (child := with_metrics(check, name, sweep)) is None:
         return
-    ready = f"{JS_SECTIONS}.length > 0"
-    with check.visit(name, tab_path(sweep, child["id"], "model-metrics"), ready) as page:
-        sections = page.evaluate(JS_SECTIONS)
+    sections = check.read(name, run_path(sweep, child["id"], "model-metrics"), f"{JS_SECTIONS}.length > 0", JS_SECTIONS)
     charts = sum(n for _, n in sections)
     print(f"    sections: {', '.join(f'{s} ({n})' for s, n in sections)}")
     if not sections or sections[0][0] != tracking.ANSWER.rstrip("/"):
@@ -262,36 +260,23 @@ def check_metrics(check: Check, sweep: dict) -> None:
 
 def check_failed(check: Check, sweep: dict) -> None:
     """A failed point's run reads Failed (MLflow's status follows the verdict), not MLflow's green Finished."""
-    name = "failed"
     child = next((c for c in sweep["children"] if c["status"] == "failed"), None)
     if child is None:
-        print(f"  {name}: no failed point in this sweep")
-        return
-    path = tracking.run_url(sweep["uri"], sweep["experiment_id"], child["id"])
-    with check.visit(name, path, f"document.body.innerText.includes({json.dumps(child['name'])})") as page:
-        text = page.evaluate("document.body.innerText")
-    if not re.search(r"Status\s+Failed", text):
-        check.miss(name, f"{child['name']}: failed, but its run's status does not read Failed")
+        print("  failed: no failed point in this sweep")
+    elif not re.search(r"Status\s+Failed", check.read("failed", run_path(sweep, child["id"]), shows(child["name"]))):
+        check.miss("failed", f"{child['name']}: failed, but its run's status does not read Failed")
     else:
         print(f"    {child['name']}: status Failed")
 
 
 def check_parent(check: Check, sweep: dict) -> None:
-    name = "parent"
-    parent = sweep["parent"]
-    path = tracking.run_url(sweep["uri"], sweep["experiment_id"], parent["id"])
-    tally = parent["tally"]
-    with check.visit(name, path, f"document.body.innerText.includes({json.dumps(tally[:20])})") as page:
-        seen = page.evaluate(JS_SEEN + "Object.fromEntries(%s.map(t => [t, __textSeen(t)]))" % json.dumps([tally[:20], "Recommended"]))
+    parent, tally = sweep["parent"], sweep["parent"]["tally"]
+    seen = check.read("parent", run_path(sweep, parent["id"]), shows(tally[:20]), JS_SEEN
+                      + "Object.fromEntries(%s.map(t => [t, __textSeen(t)]))" % json.dumps([tally[:20], "Recommended"]))
     if not seen.get(tally[:20]):
-        check.miss(name, f"the tally ({tally!r}) is not in view in the parent's description")
+        check.miss("parent", f"the tally ({tally!r}) is not in view in the parent's description")
     if parent["recommendation"] and not seen.get("Recommended"):
-        check.miss(name, "the recommendation is not in view in the parent's description")
-
-
-def artifact_path(sweep: dict, run_id: str, artifact: str) -> str:
-    return tracking.run_url(sweep["uri"], sweep["experiment_id"], run_id).replace(
-        f"/runs/{run_id}?", f"/runs/{run_id}/artifacts/{artifact}?")
+        check.miss("parent", "the recommendation is not in view in the parent's description")
 
 
 def check_images(check: Check, sweep: dict) -> None:
@@ -302,9 +287,9 @@ def check_images(check: Check, sweep: dict) -> None:
             continue
         name = "artifact-" + artifact.replace(".", "-")
         want = f"[...document.images].some(i => i.alt === {json.dumps(artifact)} || i.currentSrc.includes({json.dumps(quote(artifact))}) || i.currentSrc.includes('get-artifact'))"
-        with check.visit(name, artifact_path(sweep, parent["id"], artifact), f"{want} && [...document.images].every(i => i.complete)") as page:
-            images = page.evaluate(JS_IMAGES)
-            text = page.evaluate("document.body.innerText")
+        images, text = check.read(name, run_path(sweep, parent["id"], f"artifacts/{artifact}"),
+                                  f"{want} && [...document.images].every(i => i.complete)",
+                                  f"[{JS_IMAGES}, document.body.innerText]")
         mine = [i for i in images if i[0] == artifact or "get-artifact" in i[1] or quote(artifact) in i[1]]
         if not mine:
             check.miss(name, f"{artifact}: no image on its artifact page")
@@ -325,8 +310,7 @@ def check_compare(check: Check, sweep: dict) -> None:
     path = f"#/compare-runs?runs={runs}&experiments={quote(json.dumps([sweep['experiment_id']]))}"
     if sweep["uri"].startswith("http"):
         path = f"{sweep['uri'].rstrip('/')}/{path}"
-    with check.visit(name, path, " && ".join(f"document.body.innerText.includes({json.dumps(c['name'])})" for c in passing)) as page:
-        text = page.evaluate(JS_SCROLLED_TEXT)
+    text = check.read(name, path, " && ".join(shows(c["name"]) for c in passing), JS_SCROLLED_TEXT)
     for child in passing:
         if child["name"] not in text:
             check.miss(name, f"{child['name']} is not in the compare view")
@@ -337,21 +321,17 @@ def check_compare(check: Check, sweep: dict) -> None:
         check.miss(name, f"the {tracking.LIMIT_PARAM} row is not in the compare view")
 
 
-def report_ready(title: str) -> str:
-    return (f"document.body && document.body.innerText.includes({json.dumps(title[:30])}) && "
-            "[...document.images].every(i => i.complete)")
-
-
-def check_report_file(check: Check, sweep: dict, report: Path) -> None:
-    name = "report-file"
+def check_report(check: Check, sweep: dict) -> None:
+    """The HTML report from disk, then as the parent's artifact in MLflow's viewer."""
+    report = Path(sweep["report"] or "report.html")
     if not report.is_file():
-        check.miss(name, f"no {report} beside summary.md")
-        return
-    title = sweep["parent"]["name"]
-    with check.visit(name, report.resolve().as_uri(), report_ready(title), 30) as page:
-        text = page.evaluate("document.body.innerText")
-        images = page.evaluate(JS_IMAGES)
-    _report_content(check, name, sweep, text, images)
+        check.miss("report-file", f"no {report} beside summary.md")
+    else:
+        text, images = check.read("report-file", report.resolve().as_uri(), "document.body && " + shows(
+            sweep["parent"]["name"][:30]) + " && [...document.images].every(i => i.complete)",
+            f"[document.body.innerText, {JS_IMAGES}]", 30)
+        _report_content(check, "report-file", sweep, text, images)
+    check_report_artifact(check, sweep)
 
 
 def check_report_artifact(check: Check, sweep: dict) -> None:
@@ -361,7 +341,8 @@ def check_report_artifact(check: Check, sweep: dict) -> None:
     if "report.html" not in parent["artifacts"]:
         check.miss(name, "report.html is not an artifact of the parent")
         return
-    with check.visit(name, artifact_path(sweep, parent["id"], "report.html"), "!!document.querySelector('iframe')") as page:
+    path = run_path(sweep, parent["id"], "artifacts/report.html")
+    with check.visit(name, path, "!!document.querySelector('iframe')") as page:
         frames = page.call("Page.getFrameTree")["frameTree"].get("childFrames", [])  # one tree: browser.py's flags
         text, images = "", []
         deadline = time.time() + 30
@@ -403,6 +384,10 @@ def _report_content(check: Check, name: str, sweep: dict, text: str, images: lis
             check.miss(name, f"the report's image {alt or src!r} did not decode")
 
 
+PAGES = {"runs": check_runs, "root": check_root, "child": check_child, "metrics": check_metrics, "failed": check_failed,
+         "parent": check_parent, "images": check_images, "compare": check_compare, "report": check_report}
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", default=tracking.default_uri(), help="tracking URI (default: the repo's SQLite store)")
@@ -411,7 +396,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--port", type=int, default=5000, help="port for `mlflow ui` (the next free one if taken); "
                         "the sweep's tracking.ui_port, so summary.md's images point at this UI")
     parser.add_argument("--ui", default=None, help="check a UI that is already running at this address instead")
-    parser.add_argument("--only", nargs="+", choices=PAGES, help="check these pages only (default: all)")
+    parser.add_argument("--only", nargs="+", choices=list(PAGES), help="check these pages only (default: all)")
     parser.add_argument("--shots", type=Path, default=None, help="folder for the screenshots (default: a temporary one)")
     parser.add_argument("--screenshot", type=Path, default=None, help="also save the runs page here (docs/ui_runs.png)")
     args = parser.parse_args(argv)
@@ -440,16 +425,9 @@ def main(argv: list[str]) -> int:
                 print(f"mlflow ui on {base} answered after {time.time() - started:.0f} s")
             print(f"sweep {sweep['sweep_id']}: parent {sweep['parent']['name']!r}, {len(sweep['children'])} points; "
                   f"screenshots in {shots}")
-            check = Check(chrome, base, shots, Path(tmp))
-            pages = {"runs": lambda: check_runs(check, sweep, sweep["runs"], args.screenshot),
-                     "root": lambda: check_root(check, sweep), "child": lambda: check_child(check, sweep),
-                     "metrics": lambda: check_metrics(check, sweep), "failed": lambda: check_failed(check, sweep),
-                     "parent": lambda: check_parent(check, sweep), "images": lambda: check_images(check, sweep),
-                     "compare": lambda: check_compare(check, sweep),
-                     "report": lambda: (check_report_file(check, sweep, Path(sweep["report"] or "report.html")),
-                                        check_report_artifact(check, sweep))}
-            for page in args.only or list(pages):
-                pages[page]()
+            check = Check(chrome, base, shots, Path(tmp), args.screenshot)
+            for page in args.only or PAGES:
+                PAGES[page](check, sweep)
         except (UserError, BrowserError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

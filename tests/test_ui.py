@@ -83,9 +83,7 @@ def test_limits_are_params_under_keys_every_dtype_shares():
     record = {"dtype": "bf16", "limits": {"max_abs": 0.05, "cosine_min": 0.99}, "layer_threshold": 0.02}
     assert tracking.limit_params(record) == {"limit/max_abs": "0.05", "limit/cosine_min": "0.99",
                                              "limit/layer_rel_rmse": "0.02"}
-    from_config = {"dtype": "fp16", "params": {"mode": {"atol": {"fp16": 0.01, "fp32": 1e-5}}}}
-    assert tracking.limit_params(from_config) == {"limit/atol": "0.01"}
-    assert tracking._per_dtype("mode.thresholds.bf16.max_abs", "bf16")
+    assert tracking._per_dtype("verify.limits.bf16.max_abs", "bf16")
     assert not tracking._per_dtype("mode.relative.warn", "bf16")
 
 
