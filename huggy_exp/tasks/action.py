@@ -10,7 +10,7 @@ from huggy_exp.numerics import action_stats, discrete_histogram
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, build, run_feeds
 from huggy_exp.tasks import Task, is_sequence, latency, verify_point
-from huggy_exp.verify import MEMORY
+from huggy_exp.verify import DECLARED
 
 
 class ActionTask(Task):
@@ -36,13 +36,7 @@ class SampleTask(Task):
 
 def _actions_result(feeds: dict, actions: np.ndarray | None, discrete: np.ndarray | None, memory: np.ndarray | None,
                     kind: str) -> Result:
-    arrays: dict[str, np.ndarray] = {}
-    if actions is not None:
-        arrays["actions"] = actions.astype(np.float32)
-    if discrete is not None:
-        arrays["discrete_actions"] = discrete.astype(np.int64)
-    if memory is not None:
-        arrays["memories"] = MEMORY.stored(memory)
+    arrays = {o.stem: o.stored(v) for o, v in zip(DECLARED, (actions, discrete, memory)) if v is not None}
     first = next(iter(arrays.values()))
     sequence = is_sequence(feeds)
     rows = first.shape[1] if sequence else first.shape[0]

@@ -57,9 +57,8 @@ class BenchmarkTask(Task):
         result.metrics["peak_mem_mb"] = max(per_backend) if per_backend else peak
         result.metrics["threads"] = float(threads)
         result.summary.append(f"policy: {w.describe_shape()}; {timed_as}")
-        result.details.update({"shape": w.describe_shape(), "feeds": timed_as})
-        result.details.update({"points": points, "scenarios": self.mode.scenarios, "chunk_rows": chunk, "threads": threads,
-                               "backends": backends,
+        result.details.update({"shape": w.describe_shape(), "feeds": timed_as, "points": points, "chunk_rows": chunk,
+                               "scenarios": self.mode.scenarios, "threads": threads, "backends": backends,
                                "peak_mem_source": source + (", per backend" if per_backend else "")})
         if not timed:
             result.status = "skipped" if result.status == "passed" else result.status
@@ -105,13 +104,12 @@ class BenchmarkTask(Task):
                 if name == "eager":
                     raise
                 info.update(status="failed", reason=f"{type(exc).__name__}: {first_line(exc)}")
-                result.fail(f"backend {name}: {info['reason']}")
-                continue
-            if gate.failures:
+            else:
+                if not gate.failures:
+                    runners[name] = runner
+                    continue
                 info.update(status="failed", reason=gate.reason(ctx.dtype))
-                result.fail(f"backend {name}: {info['reason']}")
-                continue
-            runners[name] = runner
+            result.fail(f"backend {name}: {info['reason']}")
         return backends, runners
 
     def first_calls(self, ctx: Context, name: str, info: dict, feeds: dict, points: list[int], chunk: int,

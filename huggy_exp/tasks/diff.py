@@ -15,6 +15,7 @@ from huggy_exp.compare import load_outputs
 from huggy_exp.config import DiffMode
 from huggy_exp.context import Context
 from huggy_exp.errors import UserError
+from huggy_exp.numerics import error_ratio
 from huggy_exp.report import escape
 from huggy_exp.results import Result
 from huggy_exp.safety import atomic_write_text, read_json
@@ -191,8 +192,6 @@ def _latency(base: Point, cand: Point, alpha: float, row: dict) -> None:
 
 
 def _ratio(a, b) -> float:
-    from huggy_exp.numerics import error_ratio
-
     return error_ratio(float(a), float(b)) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else float("nan")
 
 

@@ -97,9 +97,7 @@ class ExportOnnxTask(Task):
             headline += f" (the graph is float32 from the CPU; device={ctx.device} dtype={ctx.dtype} do not apply)"
         result.details.update({"exported": str(out), "source_onnx": str(source) if source else None, "interface": found,
                                "constants": constants, "sequence": sequence, "headline": headline})
-        for out in DECLARED:
-            if out.name in exported:
-                result.arrays[f"exported_{out.stem}"] = np.asarray(exported[out.name])
+        result.arrays.update({f"exported_{o.stem}": np.asarray(exported[o.name]) for o in DECLARED if o.name in exported})
         result.tables["outputs"] = rows
         result.summary = [headline, f"interface: inputs {found['inputs']}, outputs {found['outputs']}",
                           f"onnx.checker: clean; written to {out}"]

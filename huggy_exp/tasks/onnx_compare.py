@@ -134,9 +134,8 @@ def _deterministic_lines(m: dict, mine: dict, atol: float, constants: dict) -> l
 
 def _keep_outputs(ctx: Context, result: Result, mine: dict, theirs: dict, ort_name: str) -> None:
     """Both sides' deterministic outputs as arrays, and a histogram of their differences."""
-    for out in DECLARED:
-        if out.name in mine and out.name in theirs:
-            result.arrays.update({f"torch_{out.stem}": mine[out.name], f"onnx_{out.stem}": np.asarray(theirs[out.name])})
+    for out in (o for o in DECLARED if o.name in mine and o.name in theirs):
+        result.arrays.update({f"torch_{out.stem}": mine[out.name], f"onnx_{out.stem}": np.asarray(theirs[out.name])})
     diffs = {f"{name}: torch {ctx.dtype} - onnxruntime": mine[name] - theirs[name] for name in (ACTIONS, RECURRENT_OUT)
              if name in mine and np.shape(theirs.get(name)) == np.shape(mine[name])}
     if diffs and ctx.plots:

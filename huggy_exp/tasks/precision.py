@@ -90,9 +90,7 @@ class PrecisionTask(Task):
         """The outputs (actions.npy, discrete_actions.npy, memories.npy) and, with `plots`, the plots."""
         if ctx.plots:
             self._plot(ctx, got, want, result)
-        for out in DECLARED:
-            if out.name in got:
-                result.arrays[out.stem] = out.stored(got[out.name])
+        result.arrays.update({o.stem: o.stored(got[o.name]) for o in DECLARED if o.name in got})
 
     def _plot(self, ctx: Context, got: dict, want: dict, result: Result) -> None:
         """error_histogram.png (the point's and CPU fp32's error vs fp64) and layer_errors.png (rel_rmse per layer)."""
