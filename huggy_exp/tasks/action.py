@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from huggy_exp.config import SampleMode
 from huggy_exp.context import Context
 from huggy_exp.mlagents import RECURRENT_OUT
 from huggy_exp.numerics import action_stats, discrete_histogram
@@ -14,23 +15,17 @@ from huggy_exp.verify import DECLARED
 
 
 class ActionTask(Task):
-    def run(self, ctx: Context) -> Result:
-        runner = build(ctx)
-        out = run_feeds(runner, ctx.feeds)
-        result = _actions_result(ctx.feeds, out.get(ACTIONS), out.get(DISCRETE), out.get(RECURRENT_OUT), "deterministic")
-        latency(runner, ctx, ctx.feeds, result)
-        verify_point(ctx, result, runner, ctx.feeds, out)
-        return result
+    """`action` (deterministic outputs) and `sample` (sampled, with the job's seed: its mode is a SampleMode)."""
 
-
-class SampleTask(Task):
     def run(self, ctx: Context) -> Result:
+        seed = ctx.seed if isinstance(self.mode, SampleMode) else None
         runner = build(ctx)
-        out = run_feeds(runner, ctx.feeds, ctx.seed)
-        result = _actions_result(ctx.feeds, out.get(SAMPLED), out.get(DISCRETE_SAMPLED), out.get(RECURRENT_OUT),
-                                 f"sampled (seed {ctx.seed})")
+        out = run_feeds(runner, ctx.feeds, seed)
+        actions, discrete = (ACTIONS, DISCRETE) if seed is None else (SAMPLED, DISCRETE_SAMPLED)
+        result = _actions_result(ctx.feeds, out.get(actions), out.get(discrete), out.get(RECURRENT_OUT),
+                                 "deterministic" if seed is None else f"sampled (seed {seed})")
         latency(runner, ctx, ctx.feeds, result)
-        verify_point(ctx, result, runner, ctx.feeds, out, ctx.seed)
+        verify_point(ctx, result, runner, ctx.feeds, out, seed)
         return result
 
 
