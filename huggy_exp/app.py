@@ -101,8 +101,7 @@ BATCH_DIGITS = 5  # benchmark names: b00064 sorts before b01024 (and a batch of 
 def batch_label(mode: str, cfg: DictConfig) -> str:
     if mode != "benchmark":
         return str(cfg.batch_size)
-    ladder = (cfg.get("mode") or {}).get("batch_sizes") or [cfg.batch_size]
-    return "-".join(f"{int(b):0{BATCH_DIGITS}d}" for b in sorted({int(b) for b in ladder}))
+    return "-".join(f"{b:0{BATCH_DIGITS}d}" for b in sorted(set(cfg.mode.batch_sizes or [cfg.batch_size])))
 
 
 def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = None) -> Result:
@@ -326,8 +325,7 @@ def _model_stub(cfg: DictConfig) -> dict:
 def _print_summary(record: dict, result: Result, path: Path) -> None:
     model = record["model"]
     label = "embedded synthetic default (not real Huggy weights)" if model["synthetic"] else model["path"]
-    head = f"[{record['mode']}] {record['device']} {record['dtype']} batch {record['batch_size']} · model: {label}"
-    say(head)
+    say(f"[{record['mode']}] {record['device']} {record['dtype']} batch {record['batch_size']} · model: {label}")
     for line in result.summary:
         say(f"  {line}")
     status = result.status.upper() + expectation(record) + (f": {result.reason}" if result.reason else "")
