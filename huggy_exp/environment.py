@@ -122,15 +122,14 @@ def runtime_flags() -> dict:
 
     from huggy_exp.placement import precision_switches
 
-    flags = {f"fp32_precision_{name}": value for name, value in precision_switches().items()}
-    flags.update({
+    return {
+        **{f"fp32_precision_{name}": value for name, value in precision_switches().items()},
         "cuda_fp16_reduced_precision_reduction": bool(torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction),
         "cuda_bf16_reduced_precision_reduction": bool(torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction),
         "deterministic_algorithms": bool(torch.are_deterministic_algorithms_enabled()),
         "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
         "mkldnn_enabled": bool(torch.backends.mkldnn.enabled),
-    })
-    return flags
+    }
 
 
 def device_switches() -> dict[str, str]:

@@ -60,20 +60,16 @@ class FusedMLP:
             from torch._inductor.codecache import CppPythonBindingsCodeCache
         except ImportError as exc:
             raise Unsupported(f"backend fused: torch inductor is unavailable ({exc})") from None
-        norm = policy.normalizers[0]
+        norm, layers = policy.normalizers[0], [t for weight_bias in policy._gemv for t in weight_bias]
         dims = [policy.obs_dim] + [w.shape[0] for w, _ in policy._gemv[:-1]]
         self.act = policy.act_dim
-        f32 = lambda t: t.detach().to(torch.float32).contiguous()  # noqa: E731
-        empty = torch.zeros(policy.obs_dim)
-        self.args = [f32(norm.running_mean) if norm.enabled else empty, f32(norm.std) if norm.enabled else empty]
-        for weight, bias in policy._gemv:
-            self.args += [f32(weight), f32(bias)]
+        stats = [norm.running_mean, norm.std] if norm.enabled else [torch.zeros(policy.obs_dim)] * 2
+        self.args = [t.detach().to(torch.float32).contiguous() for t in (*stats, *layers)]
         argtypes = ["const float*", "float*", *["const float*"] * len(self.args), "int64_t"]
         try:
             self.kernel = CppPythonBindingsCodeCache.load_pybinding(argtypes, source(dims, self.act, norm.enabled, not policy.tanh_squash))
         except Exception as exc:  # the compiler's own message is long: its first line names the cause
-            first = first_line(exc)
-            raise Unsupported(f"backend fused: the kernel did not build ({first[:300]})") from None
+            raise Unsupported(f"backend fused: the kernel did not build ({first_line(exc)[:300]})") from None
 
     def __call__(self, obs: torch.Tensor) -> torch.Tensor:
         obs = obs.contiguous() if obs.dtype == torch.float32 else obs.to(torch.float32).contiguous()

@@ -137,8 +137,7 @@ def resolve(device: str, dtype: str) -> Target:
         probe = torch.ones(4, 4, device=torch_device, dtype=DTYPES[dtype])
         (probe @ probe).sum().item()
     except (RuntimeError, TypeError) as exc:
-        first = first_line(exc)
-        raise Unsupported(f"dtype {dtype} is not supported on {device}: {first}") from None
+        raise Unsupported(f"dtype {dtype} is not supported on {device}: {first_line(exc)}") from None
     return Target(torch_device, DTYPES[dtype], str(device), dtype)
 
 
@@ -303,33 +302,30 @@ def peak_memory(device: torch.device) -> tuple[float, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "process peak RSS since start (not device memory)"
 
 
-def inventory() -> dict[str, object]:
-    """What devices this process can see, without importing torch_npu unless it is installed."""
-    found: dict[str, object] = {"cpu": 1, "cuda": torch.cuda.device_count() if torch.cuda.is_available() else 0}
-    found["mps"] = int(torch.backends.mps.is_available())
-    if importlib.util.find_spec("torch_npu") is not None:
-        try:
-            _import_backend("npu")
-            found["npu"] = torch.npu.device_count() if torch.npu.is_available() else 0
-        except Unsupported as exc:
-            found["npu"] = str(exc)
-    else:
-        found["npu"] = "torch_npu not installed"
-    return found
-
-
-def device_name(kind: str) -> str:
-    """The first visible card's name as its device module reports it, or why there is none (never a fallback)."""
-    if kind == "cpu":
-        return "cpu"
+def _visible(kind: str) -> int | str:
+    """How many `kind` cards this process sees (its device module's count), or why it cannot look (no torch_npu)."""
     try:
         _import_backend(kind)
     except Unsupported as exc:
         return str(exc)
     mod = getattr(torch, kind, None)
-    if mod is None or not mod.is_available():
+    return mod.device_count() if mod is not None and mod.is_available() else 0
+
+
+def inventory() -> dict[str, object]:
+    """What devices this process can see, without importing torch_npu unless it is installed."""
+    npu = _visible("npu") if importlib.util.find_spec("torch_npu") is not None else "torch_npu not installed"
+    return {"cpu": 1, "cuda": _visible("cuda"), "mps": int(torch.backends.mps.is_available()), "npu": npu}
+
+
+def device_name(kind: str) -> str:
+    """The first visible card's name as its device module reports it, or why there is none (never a fallback)."""
+    found = "cpu" if kind == "cpu" else _visible(kind)
+    if isinstance(found, str):
+        return found
+    if not found:
         return f"no {kind} device visible here"
-    get = getattr(mod, "get_device_name", None)
+    get = getattr(getattr(torch, kind), "get_device_name", None)
     return str(get(0)) if get is not None else kind
 
 

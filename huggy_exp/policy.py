@@ -19,9 +19,7 @@ DISCRETE_SEED_OFFSET = 1_000_003  # the discrete draws' CPU stream: seed + this,
 
 def _linear(weight: np.ndarray, bias: np.ndarray) -> nn.Linear:
     layer = nn.Linear(weight.shape[1], weight.shape[0])
-    with torch.no_grad():
-        layer.weight.copy_(torch.from_numpy(weight))
-        layer.bias.copy_(torch.from_numpy(bias))
+    layer.load_state_dict({"weight": torch.from_numpy(weight), "bias": torch.from_numpy(bias)})
     return layer
 
 
@@ -61,7 +59,6 @@ class ContinuousActions(nn.Module):
 
     def __init__(self, mu: tuple[np.ndarray, np.ndarray], log_sigma: np.ndarray | tuple[np.ndarray, np.ndarray]):
         super().__init__()
-        self.size = int(mu[0].shape[0])
         self.mu = _linear(*mu)
         if isinstance(log_sigma, tuple):
             self.log_sigma = _linear(*log_sigma)
@@ -158,10 +155,9 @@ class Memory(nn.Module):
         super().__init__()
         self.hidden = weights.hidden_size
         self.lstm = nn.LSTM(weights.weight_ih.shape[1], self.hidden, batch_first=True)
-        with torch.no_grad():
-            for name, value in zip(("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0"),
-                                   (weights.weight_ih, weights.weight_hh, weights.bias_ih, weights.bias_hh)):
-                getattr(self.lstm, name).copy_(torch.from_numpy(value))
+        names = ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")
+        values = (weights.weight_ih, weights.weight_hh, weights.bias_ih, weights.bias_hh)
+        self.lstm.load_state_dict({name: torch.from_numpy(value) for name, value in zip(names, values)})
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mem = _cast(memory, x.dtype).transpose(0, 1)  # [1, N, m], as ML-Agents holds it
@@ -306,26 +302,21 @@ class Policy(nn.Module):
     def _hidden(self, x: torch.Tensor, record: dict | None = None, row: bool = False) -> torch.Tensor:
         """[Linear, Swish] x N in the compute dtype: the one trunk every output (deterministic, sampled, traced, every
         shape) comes from; the hidden layers into `record`. `row`: one CPU row as a vector (forward's fast path)."""
-        keep = (lambda t: t.unsqueeze(0)) if row else (lambda t: t)  # noqa: E731
         for i, layer in enumerate(self._linears):
             x = torch.addmv(self._gemv[i][1], self._gemv[i][0], x) if row else layer(x)
             x = torch.sigmoid(x).mul_(x)  # Swish, as ML-Agents spells it (bit for bit); in place: one buffer less
             if record is not None:
-                record[f"hidden_{i}"] = keep(x)
+                record[f"hidden_{i}"] = x.unsqueeze(0) if row else x
         return x
 
     # --- the continuous single-input path (Huggy's shape): the same trunk, kept lean for timing
 
     def trace(self, obs: torch.Tensor | list[torch.Tensor], masks: torch.Tensor | None = None,
               memory: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """Every intermediate, for per-layer attribution.
-
-        Huggy's shape: the same code as forward() (one path, recording on the way, so what is verified is what runs):
-        normalized_obs, hidden_0.., mu, log_sigma, the deterministic actions. Every other shape, through encode() and the heads as act()
-        runs them: normalized_obs (normalized_obs_<i> for several inputs), hidden_0.., lstm (the LSTM output the heads
-        read), mu and log_sigma (continuous), logits (every branch's raw logits side by side), with the deterministic
-        outputs of every head and recurrent_out from the same values.
-        """
+        """Every intermediate, for per-layer attribution: normalized_obs (normalized_obs_<i> for several inputs),
+        hidden_0.., lstm (the LSTM output the heads read), mu and log_sigma (continuous), logits (every branch's raw
+        logits side by side), with the deterministic outputs and recurrent_out from the same values. Huggy's shape runs
+        forward() itself, recording on the way: what is verified is what runs."""
         out: dict[str, torch.Tensor] = {}
         obs = [obs] if isinstance(obs, torch.Tensor) else obs
         if self._huggy_shaped:

@@ -4,12 +4,10 @@ Feeds are a dict keyed by ML-Agents' ONNX input names: `obs_0` ... `obs_<k>` (fl
 (float32 [N, sum of branch sizes], 1 = allowed; all allowed when absent), `recurrent_in` (float32 [N, 1, memory]; zeros
 when absent). Outputs carry ML-Agents' output names. `Recurrent` carries the memory between steps.
 
-`build()` is the one factory: backend `eager` (the policy in inference mode), `compile` (torch.compile with
-inductor freezing), `fused` (the whole forward as one C++ kernel on the CPU: huggy_exp/fused.py), `graphs` (CUDA /
-NPU graph replay through the device module) or `onnxruntime` (the ML-Agents .onnx on the provider that matches the
-device). Every torch runner runs every shape through Policy.act (Policy keeps its own lean path for the shapes it
-can); compile, graphs and fused run Policy's single-tensor forward, which Policy.check_single refuses for other shapes.
-trace() records the intermediates, with the outputs of infer(), the timed call.
+`build()` is the one factory: backend `eager`, `compile` (torch.compile, inductor freezing), `fused`
+(huggy_exp/fused.py), `graphs` (CUDA / NPU graph replay) or `onnxruntime` (the ML-Agents .onnx on the device's
+provider). Eager runs every shape through Policy.act; compile, graphs and fused run Policy's single-tensor forward
+(Policy.check_single).
 """
 
 from __future__ import annotations
@@ -85,18 +83,15 @@ class TorchRunner:
         if backend == "eager":
             return
         self.policy.check_single(f"backend {backend}")
-        self._forward: Callable = self.policy
-        self._sample: Callable = self.policy.sample
+        self._act, self._sample = self._single, self.policy.sample
         if backend == "compile":
             compiler = _compiler(target.kind)
             self._forward, self._sample = _compiled(self.policy.forward, compiler), _compiled(self.policy.sample, compiler)
         elif backend == "fused":
             self._forward = FusedMLP(self.policy)  # deterministic actions; sampled ones run eager
-        elif backend == "graphs":
-            graphs = _graph_api(target.device)
-            self._forward = GraphReplay(self.policy.forward, graphs, target.device)
-            self._sample = GraphReplay(self.policy.sample, graphs, target.device)
-        self._act = self._single
+        else:  # graphs
+            self._forward = GraphReplay(self.policy.forward, target)
+            self._sample = GraphReplay(self.policy.sample, target)
 
     def _single(self, obs: list[torch.Tensor], masks: None, memory: None, noise: dict | None = None) -> dict[str, torch.Tensor]:
         """Policy.act's outputs from the backend's single-tensor forward (one input, continuous actions, no memory)."""
@@ -303,25 +298,20 @@ def _compiled(fn: Callable, backend: str) -> Callable:
     return torch.compile(fn, backend=backend, dynamic=False, fullgraph=True)
 
 
-def _graph_api(device: torch.device):
-    """The device module's graph class and capture context (torch.cuda.CUDAGraph, torch_npu's NPUGraph)."""
-    if device.type == "cpu":
-        raise Unsupported("backend graphs: the CPU has no graph replay (CUDA graphs / NPU graphs need cuda or npu)")
-    mod = torch.get_device_module(device)
-    cls = getattr(mod, "CUDAGraph", None) or getattr(mod, "NPUGraph", None)
-    if cls is None or not hasattr(mod, "graph"):
-        raise Unsupported(f"backend graphs: torch.{device.type} offers no graph capture here")
-    return mod, cls
-
-
 class GraphReplay:
-    """Capture `fn` once per input shape on static buffers, then replay: copy inputs in, replay, clone outputs.
+    """Capture `fn` once per input shape on static buffers, then replay: copy inputs in, replay, clone outputs; through
+    the device module's graph class and capture context (torch.cuda.CUDAGraph, torch_npu's NPUGraph).
 
     The capture runs on a side stream of the current card, so the runner's card is made current first: a capture
     while another card is current records none of this card's work, and its replays return stale outputs."""
 
-    def __init__(self, fn: Callable, graphs, device: torch.device):
-        self.fn, (self.mod, self.cls), self.device = fn, graphs, device
+    def __init__(self, fn: Callable, target: Target):
+        if target.kind == "cpu":
+            raise Unsupported("backend graphs: the CPU has no graph replay (CUDA graphs / NPU graphs need cuda or npu)")
+        self.fn, self.device, self.mod = fn, target.device, torch.get_device_module(target.device)
+        self.cls = getattr(self.mod, "CUDAGraph", None) or getattr(self.mod, "NPUGraph", None)
+        if self.cls is None or not hasattr(self.mod, "graph"):
+            raise Unsupported(f"backend graphs: torch.{target.kind} offers no graph capture here")
         self.captured: dict[tuple, tuple] = {}
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
