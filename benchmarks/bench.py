@@ -345,19 +345,7 @@ def paired(a: list[str], b: list[str], runs: int) -> dict[str, float]:
             "cpu_ratio": med(x / y for x, y in zip(ca, cb)), "cpu_diff_s": med(x - y for x, y in zip(ca, cb))}
 
 
-def benchmark_mode(**changes):
-    """mode=benchmark's schema object (config.BenchmarkMode) with conf/mode/benchmark.yaml's values (the one set of
-    defaults), then `changes`."""
-    from omegaconf import OmegaConf
-
-    from huggy_exp.config import BenchmarkMode
-
-    knobs = OmegaConf.load(REPO / "conf" / "mode" / "benchmark.yaml")
-    knobs.pop("defaults")
-    return OmegaConf.to_object(OmegaConf.merge(BenchmarkMode, knobs, changes))
-
-
-def _arguments() -> argparse.Namespace:
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=str(HUGGY) if HUGGY.is_file() else None, help="ML-Agents .pt (.onnx beside it)")
     parser.add_argument("--rows", type=int, default=1024, help="offline batch size (>= 512)")
@@ -367,11 +355,7 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--all-attempts", action="store_true", help="also inductor's GEMM template and AOTInductor (minutes)")
     parser.add_argument("--markdown", type=Path, help="write the table (and the attempts) as markdown here")
     parser.add_argument("--json", type=Path, help="write every figure as JSON here")
-    return parser.parse_args()
-
-
-def main() -> None:
-    a = _arguments()
+    a = parser.parse_args()
     started = time.time()
     ctx = context(a.model, "fp32", Path(tempfile.mkdtemp()))
     flop = 2.0 * sum(weight.size for weight, _ in [*ctx.weights.layers, ctx.weights.mu])
@@ -398,8 +382,15 @@ def main() -> None:
 def measure_backends(ctx: Context, a: argparse.Namespace) -> dict:
     """In this process: the backends as run.py mode=benchmark measures them, every batch-1 attempt, the harness against
     a bare loop, the GEMM peak."""
-    mode = benchmark_mode(rounds=3, budget_s=a.budget, warmup_s=0.5, settle_s=0.05, batch_sizes=[a.rows],
-                            scenarios=["single_stream", "offline"])
+    from omegaconf import OmegaConf
+
+    from huggy_exp.config import BenchmarkMode
+
+    knobs = OmegaConf.load(REPO / "conf" / "mode" / "benchmark.yaml")  # the defaults, as the schema's object
+    knobs.pop("defaults")
+    mode = OmegaConf.to_object(OmegaConf.merge(BenchmarkMode, knobs, {
+        "rounds": 3, "budget_s": a.budget, "warmup_s": 0.5, "settle_s": 0.05, "batch_sizes": [a.rows],
+        "scenarios": ["single_stream", "offline"]}))
     fp32 = BenchmarkTask(replace(mode, backends=[*TORCH_BACKENDS, "onnxruntime"])).run(ctx)
     bf16_ctx = context(ctx.model_spec.checkpoint, "bf16", ctx.workdir)
     bf16 = BenchmarkTask(replace(mode, backends=["eager", "compile"], scenarios=["offline"])).run(bf16_ctx)
