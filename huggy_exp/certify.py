@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from huggy_exp.numerics import error_ratio
+from huggy_exp.errors import UserError
+from huggy_exp.numerics import error_ratio, ratio_verdict
 from huggy_exp.verify import DECLARED, elementwise
 
 DUAL_RULES = {"rmse": (1.0, 2.0), "max_rel": (1.0, 10.0)}  # metric: (pass up to, warn up to); msprobe's thresholds
@@ -26,8 +27,7 @@ VERDICT_ORDER = ("pass", "warn", "fail")
 
 
 def named_outputs(out: dict[str, np.ndarray], float_dtype=np.float32) -> dict[str, np.ndarray]:
-    """A runner's deterministic outputs by file name (actions, discrete_actions, memories [.., m]); floats in
-    `float_dtype` (the fp64 reference keeps float64), discrete actions int64."""
+    """A runner's deterministic outputs by file stem as their files hold them (floats `float_dtype`: fp64 keeps its)."""
     return {o.stem: o.stored(out[o.name], float_dtype) for o in DECLARED if o.name in out}
 
 
@@ -36,13 +36,10 @@ def is_discrete(a: np.ndarray) -> bool:
 
 
 def errors(actual: np.ndarray, expected: np.ndarray, dtype: str = "fp32") -> dict[str, float]:
-    """One output against another: the verification engine's element-wise metrics for floats (ULPs of `dtype`); for
-    discrete actions, the share that differs."""
+    """The engine's element-wise metrics of one float output against another (ULPs of `dtype`); discrete: mismatches."""
     if is_discrete(actual) or is_discrete(expected):
         a, e = np.asarray(actual), np.asarray(expected)
         if a.shape != e.shape:
-            from huggy_exp.errors import UserError
-
             raise UserError(f"cannot compare discrete actions of shapes {list(a.shape)} and {list(e.shape)}")
         return {"mismatch_share": float(np.mean(a != e)) if a.size else 0.0, "mismatches": float(np.sum(a != e))}
     return elementwise(actual, expected, dtype=dtype)
@@ -76,15 +73,11 @@ def bitwise(actual: np.ndarray, expected: np.ndarray) -> dict[str, float]:
 
 
 def rule_verdict(ratio: float, metric: str) -> str:
-    ok, warn = DUAL_RULES[metric]
-    if not np.isfinite(ratio) or ratio > warn:
-        return "fail"
-    return "pass" if ratio <= ok else "warn"
+    return ratio_verdict(ratio, *DUAL_RULES[metric])
 
 
 def worst(verdicts) -> str:
-    found = [v for v in verdicts if v in VERDICT_ORDER]
-    return max(found, key=VERDICT_ORDER.index) if found else "pass"
+    return max((v for v in verdicts if v in VERDICT_ORDER), key=VERDICT_ORDER.index, default="pass")
 
 
 def dual_benchmark(here: dict[str, np.ndarray], reference_device: dict[str, np.ndarray],
@@ -108,10 +101,9 @@ def dual_rows(name: str, mine: dict[str, float], theirs: dict[str, float]) -> li
     for metric, rule in metrics:
         if metric not in mine or metric not in theirs:
             continue
-        ratio = error_ratio(mine[metric], theirs[metric])
-        ok, warn = DUAL_RULES[rule]
+        ratio, (ok, warn) = error_ratio(mine[metric], theirs[metric]), DUAL_RULES[rule]
         rows.append({"output": name, "metric": metric, "error": mine[metric], "reference_error": theirs[metric],
-                     "ratio": ratio, "verdict": rule_verdict(ratio, rule), "pass_up_to": ok, "warn_up_to": warn})
+                     "ratio": ratio, "verdict": ratio_verdict(ratio, ok, warn), "pass_up_to": ok, "warn_up_to": warn})
     return rows
 
 
@@ -119,7 +111,7 @@ def test05_tolerance(reference_median_s: float) -> float:
     return TEST05_SHORT_TOLERANCE if reference_median_s <= TEST05_SHORT_S else TEST05_TOLERANCE
 
 
-def latency_change(recorded_s, here_s, alpha: float = 0.01, tolerance: float | None = None, seed: int = 0) -> dict:
+def latency_change(recorded_s, here_s, alpha: float = 0.01, seed: int = 0) -> dict:
     """Median and p90 ratios (here / recorded), Mann-Whitney U p-value, bootstrap 95% CI of the median ratio, and a
     verdict: `slower`/`faster` when the change is significant (p < alpha) and beyond TEST05's tolerance, `within
     tolerance` when the median ratio is inside it, else `not significant`."""
@@ -133,17 +125,15 @@ def latency_change(recorded_s, here_s, alpha: float = 0.01, tolerance: float | N
         return {"verdict": "not measured", "why": f"{bad[0]} recorded and {bad[1]} measured samples are not finite "
                                                   "non-negative seconds"}
     med_r, med_h = float(np.median(r)), float(np.median(h))
-    tol = test05_tolerance(med_r) if tolerance is None else float(tolerance)
+    tol = test05_tolerance(med_r)
     p = float(mannwhitneyu(h, r, alternative="two-sided").pvalue)
     rng = np.random.default_rng(seed)
     boot_r, boot_h = bootstrap_medians(r, rng), bootstrap_medians(h, rng)
     low, high = (float(x) for x in np.percentile(boot_h / boot_r, [2.5, 97.5]))
     ratio = med_h / med_r if med_r > 0 else float("inf")
     outside = ratio > 1 + tol or ratio < 1 - tol
-    if outside and p < alpha:
-        verdict = "slower" if ratio > 1 else "faster"
-    else:
-        verdict = "not significant" if outside else "within tolerance"
+    significant = ("slower" if ratio > 1 else "faster") if p < alpha else "not significant"
+    verdict = significant if outside else "within tolerance"
     return {"verdict": verdict, "median_ratio": ratio, "p90_ratio": float(np.percentile(h, 90) / np.percentile(r, 90)),
             "ci95_low": low, "ci95_high": high, "p_value": p, "alpha": alpha, "tolerance": tol,
             "recorded_median_us": med_r * 1e6, "here_median_us": med_h * 1e6, "recorded_samples": len(r), "here_samples": len(h),
@@ -164,9 +154,8 @@ def bootstrap_medians(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 def same_dtype_point(points: dict[str, dict], device: str, dtype: str, backend: str, batch: int) -> str | None:
     """The recorded point a replay is held to: the same dtype, preferring the same key, then the same backend and
     batch, then the same device, then the same batch; None when the bundle has no point of that dtype."""
-    same = [k for k, p in points.items() if p["dtype"] == dtype]
-    if not same:
-        return None
-    rank = lambda k: (points[k]["backend"] != backend or points[k]["device"] != device or points[k]["batch"] != batch,  # noqa: E731
-                      points[k]["backend"] != backend, points[k]["batch"] != batch, points[k]["device"] != device, k)
-    return min(same, key=rank)
+    def rank(k: str) -> tuple:
+        other = points[k]["backend"] != backend, points[k]["batch"] != batch, points[k]["device"] != device
+        return any(other), *other, k
+
+    return min((k for k, p in points.items() if p["dtype"] == dtype), key=rank, default=None)

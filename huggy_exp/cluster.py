@@ -55,17 +55,12 @@ def node_totals(node: dict) -> dict[str, float]:
     return {k: float(v) for k, v in (node.get("Resources") or {}).items()}
 
 
-def wanted(req: dict) -> dict[str, float]:
-    """A request as resource totals (`num_cpus` -> CPU, `num_gpus` -> GPU, custom resources as they are)."""
-    need = {"CPU": float(req.get("num_cpus") or 0), "GPU": float(req.get("num_gpus") or 0)}
-    need.update({k: float(v) for k, v in (req.get("resources") or {}).items()})
-    return {k: v for k, v in need.items() if v > 0}
-
-
 def unmet(req: dict, nodes: list[dict]) -> str | None:
-    """Why no alive node can ever run this request (None when one can): a node must hold every resource at once."""
+    """Why no alive node can ever run this request (`num_cpus` -> CPU, `num_gpus` -> GPU, custom resources as they
+    are; None when one can): a node must hold every resource at once."""
     alive = [n for n in nodes if n.get("Alive", True)]
-    need = wanted(req)
+    need = {"CPU": req.get("num_cpus") or 0, "GPU": req.get("num_gpus") or 0, **(req.get("resources") or {})}
+    need = {k: float(v) for k, v in need.items() if float(v) > 0}
     if not alive:
         return "the Ray cluster has no alive node"
     if any(all(node_totals(n).get(k, 0.0) >= v for k, v in need.items()) for n in alive):
@@ -85,11 +80,8 @@ def describe(node: dict) -> str:
 
 def missing_device(device: str, nodes: list[dict]) -> str | None:
     """A point whose device no node has: the reason it is skipped (its device kind is absent from the cluster)."""
-    kind = str(device).split(":", 1)[0]
-    if kind not in ACCELERATOR:
-        return None
-    name = ACCELERATOR[kind]
-    if any(node_totals(n).get(name, 0.0) >= 1 for n in nodes if n.get("Alive", True)):
+    name = ACCELERATOR.get(str(device).split(":", 1)[0])
+    if name is None or unmet({"resources": {name: 1}}, nodes) is None:
         return None
     return (f"device {device}: no node of the Ray cluster has a {name} resource (nodes: "
             f"{'; '.join(describe(n) for n in nodes if n.get('Alive', True)) or 'none'})")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from huggy_exp import plots
+from huggy_exp import certify, plots
 from huggy_exp.config import DTYPE_NAMES, modes, numerics_label
 from huggy_exp.headline import ERROR
 from huggy_exp.safety import check_npy
@@ -50,29 +50,22 @@ def compare(rows: list[dict]) -> dict:
     for row in rows:  # rows of older result.json files have no precision mode: they ran in IEEE fp32
         row.setdefault("numerics", numerics(row))
     outputs = {r["job"]: load_outputs(r) for r in rows}
-    actions = {job: o.get("actions") for job, o in outputs.items()}
 
-    # --- each point against the CPU fp32 point on the same inputs (same batch size preferred)
-    vs_ref: dict[str, float] = {}
-    for row in rows:
-        mine = actions[row["job"]]
+    # --- each point against the CPU fp32 point on the same inputs (same batch size preferred): max |Δ| of the
+    # continuous actions, the share of discrete decisions equal to its (against another point only)
+    for row, stem in ((row, stem) for row in rows for stem in ("actions", "discrete_actions")):
+        mine = outputs[row["job"]].get(stem)
         refs = [r for r in rows if r["device"] == "cpu" and r["dtype"] == "fp32" and inputs_key(r) == inputs_key(row)
-                and actions[r["job"]] is not None and actions[r["job"]].shape == getattr(mine, "shape", None)]
-        if mine is None or not refs or (len(refs) == 1 and refs[0] is row):
+                and (stem == "actions" or r is not row) and mine is not None
+                and getattr(outputs[r["job"]].get(stem), "shape", None) == mine.shape]
+        if not refs or len(refs) == 1 and refs[0] is row:
             continue
-        ref = min(refs, key=lambda r: (r["batch_size"] != row["batch_size"], r is row))
-        diff = np.abs(mine.astype(np.float64) - actions[ref["job"]].astype(np.float64))
-        vs_ref[row["job"]] = float(diff.max()) if diff.size else 0.0
-        row["vs_cpu_fp32_max_abs"] = vs_ref[row["job"]]
-    # discrete actions: the share of decisions equal to the CPU fp32 point's
-    for row in rows:
-        mine = outputs[row["job"]].get("discrete_actions")
-        refs = [r for r in rows if r is not row and r["device"] == "cpu" and r["dtype"] == "fp32"
-                and inputs_key(r) == inputs_key(row)
-                and getattr(outputs[r["job"]].get("discrete_actions"), "shape", None) == getattr(mine, "shape", None)]
-        if mine is not None and refs:
-            ref = min(refs, key=lambda r: r["batch_size"] != row["batch_size"])
-            row["vs_cpu_fp32_discrete_agreement"] = float(np.mean(mine == outputs[ref["job"]]["discrete_actions"]))
+        ref = outputs[min(refs, key=lambda r: (r["batch_size"] != row["batch_size"], r is row))["job"]][stem]
+        if stem == "actions":
+            row["vs_cpu_fp32_max_abs"] = float(np.abs(mine.astype(np.float64) - ref).max(initial=0.0))
+        else:
+            row["vs_cpu_fp32_discrete_agreement"] = float(np.mean(mine == ref))
+    vs_ref = {r["job"]: r["vs_cpu_fp32_max_abs"] for r in rows if "vs_cpu_fp32_max_abs" in r}
 
     # --- device agreement: equal fingerprints (every output's bytes) within (inputs, dtype), across devices or repeats
     groups: dict[tuple, list[dict]] = {}
@@ -103,8 +96,6 @@ DUAL_STEMS = tuple(o.stem for o in DECLARED)  # outputs a point records `<stem>/
 def dual_benchmarks(rows: list[dict]) -> list[dict]:
     """msprobe's dual benchmark across hosts: where a CUDA and an NPU point ran the same inputs in the same dtype, each
     output's error vs fp64 on the NPU over the GPU's (certify.dual_rows: ratio <= 1 pass, <= 2 warn for RMSE)."""
-    from huggy_exp import certify  # here, not at the top: certify imports the runners (onnx), which a single run skips
-
     found = []
     judged = [r for r in rows if r["status"] in ("passed", "failed") and r.get("vs_fp64")]
     for npu in (r for r in judged if str(r["device"]).startswith("npu")):
@@ -112,13 +103,13 @@ def dual_benchmarks(rows: list[dict]) -> list[dict]:
             if (gpu["dtype"] != npu["dtype"] or inputs_key(gpu) != inputs_key(npu) or gpu["batch_size"] != npu["batch_size"]
                     or (gpu.get("precision_mode", "ieee") == "ieee") != (npu.get("precision_mode", "ieee") == "ieee")):
                 continue
-            outputs = []
-            for stem in (s for s in DUAL_STEMS if s in npu["vs_fp64"] and s in gpu["vs_fp64"]):
-                outputs += certify.dual_rows(stem, npu["vs_fp64"][stem], gpu["vs_fp64"][stem])
+            outputs = [o for stem in DUAL_STEMS if stem in npu["vs_fp64"] and stem in gpu["vs_fp64"]
+                       for o in certify.dual_rows(stem, npu["vs_fp64"][stem], gpu["vs_fp64"][stem])]
             if outputs:
-                found.append({"dtype": npu["dtype"], "mode": npu["mode"], "npu": {"job": npu["job"], "device": npu["device"],
-                              "host": npu.get("host")}, "cuda": {"job": gpu["job"], "device": gpu["device"],
-                              "host": gpu.get("host")}, "rows": outputs, "verdict": certify.worst(o["verdict"] for o in outputs)})
+                sides = {side: {k: r.get(k) for k in ("job", "device", "host")}
+                         for side, r in (("npu", npu), ("cuda", gpu))}
+                found.append({"dtype": npu["dtype"], "mode": npu["mode"], **sides, "rows": outputs,
+                              "verdict": certify.worst(o["verdict"] for o in outputs)})
     return found
 
 
@@ -148,8 +139,7 @@ def dual_lines(dual: list[dict]) -> list[str]:
 
 def verified(row: dict) -> bool:
     """A point of a mode that verifies its outputs (the mode's `verified` trait, config.py)."""
-    known = modes()
-    return row["mode"] in known and known[row["mode"]].verified
+    return getattr(modes().get(row["mode"]), "verified", False)
 
 
 def negative_control(row: dict) -> bool:
@@ -162,12 +152,10 @@ def numerics(row: dict) -> str:
     return row.get("numerics") or numerics_label(row["dtype"], row.get("precision_mode"))
 
 
-def timed_points(rows: list[dict]) -> list[dict]:
-    """Every latency a judged point measured, one per (point, backend, batch): its p50, obs/s and noise flag."""
+def timed_points(judged: list[dict]) -> list[dict]:
+    """Every latency the judged points measured, one per (point, backend, batch): its p50, obs/s and noise flag."""
     out = []
-    for r in rows:
-        if not verified(r) or r["status"] not in ("passed", "failed"):
-            continue
+    for r in judged:
         extra = {stat: {(b, int(n)): v for b, n, v in r.get(f"{stat}_points") or ()} for stat in ("throughput", "noisy")}
         for backend, batch, p50 in r.get("latency_points") or ():
             if isinstance(p50, (int, float)) and math.isfinite(p50):
@@ -194,8 +182,12 @@ def recommend(rows: list[dict]) -> dict:
         for r in checked:  # the numbers each point ran: a checkpoint replaced mid-sweep shows here
             weights.setdefault(r.get("weights_sha256") or r["model_sha256"], []).append(r["job"])
         here = [t for t in timed if t["row"]["device"] == device and _model(t["row"]) == model]
-        if len(weights) > 1:
-            recommended[device + suffix] = {**_no_pick(device, None), **mixed_weights(weights)}
+        if len(weights) > 1:  # no pick across different weights: the checkpoint was replaced during the sweep
+            ran = "; ".join(f"job{'s' * (len(jobs) > 1)} {', '.join(map(str, jobs))} ran weights {str(w)[:12]}"
+                            for w, jobs in weights.items())
+            recommended[device + suffix] = {**_no_pick(device, None), "mixed_weights": weights, "why": (
+                f"no recommendation across different weights: the model's weights changed during the sweep ({ran}); "
+                "re-run the sweep on one checkpoint")}
             continue
         if not here:  # judged, never timed: the verdicts without a pick
             failing = sorted({numerics(r) for r in checked if r["status"] == "failed" and not negative_control(r)}, key=_narrow_first)
@@ -246,13 +238,6 @@ def _narrow_first(numerics: str) -> tuple[int, str]:
 def _model(row: dict) -> str:
     """Which model a point asked for (its file, or the embedded default): the points a recommendation compares."""
     return row.get("model_name") or str(row.get("model_sha256"))
-
-
-def mixed_weights(weights: dict[str, list[str]]) -> dict:
-    """No pick: the points of one model ran different weights (the checkpoint was replaced during the sweep)."""
-    ran = "; ".join(f"job{'s' * (len(jobs) > 1)} {', '.join(map(str, jobs))} ran weights {str(w)[:12]}" for w, jobs in weights.items())
-    return {"mixed_weights": weights, "why": f"no recommendation across different weights: the model's weights changed "
-                                             f"during the sweep ({ran}); re-run the sweep on one checkpoint"}
 
 
 def _why(choice: dict, others: list[dict], batch: int, row: dict) -> str:
@@ -332,8 +317,6 @@ def replay_agreement(rows: list[dict]) -> dict:
     return {"table": table, "lines": lines}
 
 
-
-
 def cards_disagree(points: list[dict]) -> str | None:
     """Two cards of one kind (npu:0, npu:1) at one batch size must give the same bytes: which card does not, or None.
 
@@ -370,16 +353,17 @@ def one_card(points: list[dict]) -> str | None:
     return "; ".join(found) or None
 
 
+VS_CPU_FP32 = (("vs_cpu_fp32_max_abs", "max |Δaction| vs cpu fp32 = {:.3g}"),
+               ("vs_cpu_fp32_discrete_agreement", "discrete actions equal to cpu fp32's: {:.2%}"))
+
+
 def comparison_lines(rows: list[dict], agreement: list[dict], recommended: dict) -> list[str]:
     """The terminal's dtype comparison: one line per compared point, per agreement group, per device pick."""
     lines = []
-    for r in rows:
-        if "vs_cpu_fp32_max_abs" in r and not (r["device"] == "cpu" and r["dtype"] == "fp32"):
-            lines.append(f"{r['job']:>3} {r['mode']} {r['device']} {r['numerics']} b{r['batch_size']} {r['obs']} seed {r['seed']}: "
-                         f"max |Δaction| vs cpu fp32 = {r['vs_cpu_fp32_max_abs']:.3g}")
-        if "vs_cpu_fp32_discrete_agreement" in r and not (r["device"] == "cpu" and r["dtype"] == "fp32"):
-            lines.append(f"{r['job']:>3} {r['mode']} {r['device']} {r['numerics']} b{r['batch_size']} {r['obs']} seed {r['seed']}: "
-                         f"discrete actions equal to cpu fp32's: {r['vs_cpu_fp32_discrete_agreement']:.2%}")
+    for r, (key, text) in ((r, kt) for r in rows for kt in VS_CPU_FP32):
+        if key in r and not (r["device"] == "cpu" and r["dtype"] == "fp32"):
+            lines.append(f"{r['job']:>3} {r['mode']} {r['device']} {r['numerics']} b{r['batch_size']} {r['obs']} "
+                         f"seed {r['seed']}: " + text.format(r[key]))
     for g in agreement:
         where = ", ".join(f"{p['device']}(job {p['job']})" for p in g["points"])
         verdict = "bit-identical" if g["identical"] else f"{len({p['class'] for p in g['points']})} different results"
@@ -415,15 +399,14 @@ def comparison_table(rows: list[dict]) -> list[dict]:
 def draw(sweep_dir: Path, rows: list[dict], result: dict) -> list[Path]:
     """Plots for the parent run, only those the sweep has data for: error vs dtype, latency vs batch, agreement."""
     files = []
-    errors: dict[str, tuple[list, list]] = {}
+    errors: dict[str, dict[str, float]] = {}  # the worst error per device and dtype
     limits: dict[str, float] = {}
     versus = "vs cpu fp64" if any(r["metrics"].get(ERROR) is not None for r in rows) else "vs cpu fp32"
     for r in rows:
         value = r["metrics"].get(ERROR) if versus == "vs cpu fp64" else r.get("vs_cpu_fp32_max_abs")
         if isinstance(value, (int, float)):
-            xs, ys = errors.setdefault(r["device"], ([], []))
-            xs.append(r["dtype"])
-            ys.append(value)
+            worst = errors.setdefault(r["device"], {})
+            worst[r["dtype"]] = max(worst.get(r["dtype"], 0.0), value)
             if isinstance((r.get("limits") or {}).get("max_abs"), (int, float)):
                 limits[r["dtype"]] = max(limits.get(r["dtype"], 0.0), r["limits"]["max_abs"])
     if errors:
@@ -434,9 +417,10 @@ def draw(sweep_dir: Path, rows: list[dict], result: dict) -> list[Path]:
     for r in rows:
         if r.get("latency_points") is None and isinstance(r["metrics"].get("p50_us"), (int, float)):
             r = {**r, "latency_points": [["eager", r["batch_size"], r["metrics"]["p50_us"]]]}  # rows without a ladder
-        for stat in ("latency_points", "throughput_points"):
+        for stat, key in (("latency_points", "p50_us"), ("throughput_points", "obs_per_s")):
             for backend, batch, value in r.get(stat) or ():
-                curves.setdefault(f"{r['device']} {r['numerics']} {backend}", {"latency_points": [], "throughput_points": []})[stat].append((batch, value))
+                label = f"{r['device']} {r['numerics']} {backend}"
+                curves.setdefault(label, {"p50_us": [], "obs_per_s": []})[key].append((batch, value))
     if curves:
         files.append(sweep_dir / plots.versus_batch(sweep_dir / "latency_vs_batch.png", curves,
                                                     "latency and throughput vs batch size, per device, dtype and backend"))

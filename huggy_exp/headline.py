@@ -4,6 +4,8 @@ derived from its detailed metrics, and the params that matter; the full detail s
 from __future__ import annotations
 
 import math
+import re
+from itertools import product
 
 from huggy_exp.config import modes
 
@@ -86,32 +88,24 @@ CONTROL_LOOP = ("control_loop/miss_rate", "control_loop/miss_rate_upper")  # the
 
 
 def logged_metrics(record: dict) -> dict[str, float]:
-    """The few metrics MLflow gets for a job, under names every dtype and batch share (a compare view lines them up):
-    the headline (result.json's headline_metrics) under `logged_name`; benchmark: each backend's p50 and obs/s at the
-    job's batch, the control loop's miss rate and its bound, LoadGen's VALID and headline latency per scenario; per
-    output its error vs fp64 with the limit it was judged by (`vs_fp64/<output>/<stat>`, `..._limit`). Values are
-    `readable` (MLflow's table prints every digit it is given). The first MAX_LOGGED in that order; every metric, at
-    full precision, is in result.json and the run's metrics.csv."""
+    """The first MAX_LOGGED metrics MLflow gets for a job, `readable` (its table prints every digit), under names every
+    dtype and batch share so that a compare view lines them up: the headline, each backend's p50 and obs/s at the job's
+    batch, the control loop's and LoadGen's figures, each judged output's error vs fp64 beside its limit."""
     mode, metrics = record["mode"], record.get("metrics") or {}
     head = headline_metrics(mode, metrics, record["status"], record.get("batch_size"))
     skip = modes()[mode].not_logged if mode in modes() else ()
     names = [*(n for n in ANSWER_ORDER if n not in skip), *(n for n in head if n not in ANSWER_ORDER and n not in skip)]
     out = {logged_name(n): head[n] for n in names if n in head}
     batch, _ = timed_batch(metrics, record.get("batch_size"))
-    for backend, b, _ in ladder(metrics, "p50_us"):
-        if b == batch:
-            out.update({f"{backend}/{s}": readable(s, metrics[f"{backend}/b{b}/{s}"]) for s in BACKEND_STATS
-                        if _finite(metrics.get(f"{backend}/b{b}/{s}"))})
-    out.update({k: readable(k, metrics[k]) for k in CONTROL_LOOP if _finite(metrics.get(k))})
-    for scenario, latency in LOADGEN_LATENCY.items():
-        out.update({k: readable(k, metrics[k]) for k in (f"loadgen/{scenario}/valid", f"loadgen/{scenario}/{latency}")
-                    if _finite(metrics.get(k))})
-    for stem in dict.fromkeys(k.split("/vs_fp64/")[0] for k in metrics if "/vs_fp64/" in k and k.count("/") == 2):
-        for stat in OUTPUT_STATS:
-            for suffix in ("", "_limit"):
-                value = metrics.get(f"{stem}/vs_fp64/{stat}{suffix}")
-                if _finite(value) and f"{stem}/vs_fp64/{stat}_limit" in metrics:  # judged outputs only
-                    out[f"vs_fp64/{stem}/{stat}{suffix}"] = float(value) if suffix else readable(stat, float(value))
+    keys = [(f"{backend}/{s}", f"{backend}/b{b}/{s}") for backend, b, _ in ladder(metrics, "p50_us") if b == batch
+            for s in BACKEND_STATS] + [(k, k) for k in CONTROL_LOOP]
+    keys += [(k, k) for s, latency in LOADGEN_LATENCY.items() for k in (f"loadgen/{s}/valid", f"loadgen/{s}/{latency}")]
+    out.update({name: readable(key, metrics[key]) for name, key in keys if _finite(metrics.get(key))})
+    stems = dict.fromkeys(k.split("/vs_fp64/")[0] for k in metrics if "/vs_fp64/" in k and k.count("/") == 2)
+    for stem, stat, suffix in product(stems, OUTPUT_STATS, ("", "_limit")):
+        value = metrics.get(f"{stem}/vs_fp64/{stat}{suffix}")
+        if _finite(value) and f"{stem}/vs_fp64/{stat}_limit" in metrics:  # judged outputs only
+            out[f"vs_fp64/{stem}/{stat}{suffix}"] = float(value) if suffix else readable(stat, float(value))
     return dict(list(out.items())[:MAX_LOGGED])
 
 
@@ -135,12 +129,8 @@ def judged_limits(record: dict) -> dict:
 
 def ladder(metrics: dict[str, float], stat: str) -> list[tuple[str, int, float]]:
     """(backend, batch, value) of a benchmark's per-point metrics `<backend>/b<batch>/<stat>`."""
-    points = []
-    for key, value in metrics.items():
-        parts = key.split("/")
-        if len(parts) == 3 and parts[2] == stat and parts[1][:1] == "b" and parts[1][1:].isdigit():
-            points.append((parts[0], int(parts[1][1:]), float(value)))
-    return points
+    found = ((re.fullmatch(r"([^/]+)/b(\d+)/" + re.escape(stat), key), value) for key, value in metrics.items())
+    return [(m[1], int(m[2]), float(value)) for m, value in found if m]
 
 
 def noisy(record: dict) -> bool:
@@ -151,12 +141,10 @@ def noisy(record: dict) -> bool:
 
 def _lookup(metrics: dict[str, float], name: str):
     """A metric by name, `a | b` (the first present), or `a / b` of two metrics (None where either is missing or b is 0)."""
-    if " | " in name:
-        return next((metrics[n] for n in name.split(" | ") if n in metrics), None)
-    if " / " not in name:
-        return metrics.get(name)
-    a, b = (metrics.get(n) for n in name.split(" / "))
-    return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
+    if " / " in name:
+        a, b = (metrics.get(n) for n in name.split(" / "))
+        return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
+    return next((metrics[n] for n in name.split(" | ") if n in metrics), None)
 
 
 def settings(params: dict, dtype: str) -> dict:

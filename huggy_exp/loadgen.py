@@ -1,16 +1,8 @@
-"""MLPerf LoadGen drives the benchmark's scenarios: the project's runner is its system under test (SUT) and the
-benchmark's feeds are its query sample library (QSL).
-
-- `single_stream`: one sample per query, the next query when the last one is answered (latency percentiles);
-- `multi_stream`: `samples_per_query` samples per query, answered in one call (per-query latency);
-- `offline`: every sample at once, answered in chunks of the job's batch size (throughput);
-- `server`: Poisson arrivals at `target_qps`; a worker answers what has queued, up to the job's batch size per call
-  (dynamic batching). A search then looks for the highest QPS whose p99 stays under `latency_bound_ms`.
-
-LoadGen writes its own mlperf_log_summary.txt and mlperf_log_detail.txt (and mlperf_log_accuracy.json: the responses
-it logged) per run; VALID/INVALID, the early-stopping estimates and the percentiles come from the detail log's
-`:::MLLOG` records, as LoadGen computed them. Accuracy is checked on what was timed (the spirit of LoadGen's TEST01):
-every performance run logs a sample of its responses, and an AccuracyOnly run logs one response per QSL sample;
+"""MLPerf LoadGen drives the benchmark's scenarios (single_stream, multi_stream, offline, server and the server's QPS
+search; docs/loadgen-and-control-loop.md): the project's runner is its system under test (SUT) and the benchmark's
+feeds are its query sample library (QSL). VALID/INVALID, the early-stopping estimates and the percentiles come from
+LoadGen's own detail log, as LoadGen computed them. Accuracy is checked on what was timed (the spirit of LoadGen's
+TEST01): every performance run logs a sample of its responses, and an AccuracyOnly run one response per QSL sample;
 the caller compares them with the reference.
 """
 
@@ -33,7 +25,6 @@ from huggy_exp.errors import UserError
 from huggy_exp.verify import DECLARED
 
 SCENARIOS = tuple(s for s in CHOICES if s != "control_loop")  # the control loop is LoadGen-free (control_loop.py)
-LG_NAMES = {"single_stream": "SingleStream", "multi_stream": "MultiStream", "offline": "Offline", "server": "Server"}
 INSTALL = "pip install mlcommons-loadgen==6.0.17"
 LOGS = ("mlperf_log_summary.txt", "mlperf_log_detail.txt")
 MULTI_STREAM_MIN_QUERIES = 662  # LoadGen's early stopping cannot conclude on fewer MultiStream queries (mlperf.conf)
@@ -76,7 +67,7 @@ class Settings:
 
     def test_settings(self, lg, scenario: str, accuracy: bool, expected_latency_s: float, expected_qps: float):
         s = lg.TestSettings()
-        s.scenario = getattr(lg.TestScenario, LG_NAMES[scenario])
+        s.scenario = getattr(lg.TestScenario, scenario.title().replace("_", ""))  # single_stream -> SingleStream
         s.mode = lg.TestMode.AccuracyOnly if accuracy else lg.TestMode.PerformanceOnly
         s.min_duration_ms = int(self.min_duration_ms)
         s.max_duration_ms = int(max(self.max_duration_ms, self.min_duration_ms))
@@ -109,12 +100,8 @@ class Layout:
             [np.asarray(outputs[n], np.float64).reshape(rows, -1) for n, _, _ in self.parts], axis=1))
 
     def unpack(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        out, start = {}, 0
-        for name, shape, dtype in self.parts:
-            size = int(np.prod(shape))
-            out[name] = rows[:, start : start + size].reshape(len(rows), *shape).astype(dtype)
-            start += size
-        return out
+        columns = np.split(rows, np.cumsum([int(np.prod(shape)) for _, shape, _ in self.parts])[:-1], axis=1)
+        return {n: c.reshape(len(rows), *shape).astype(dtype) for (n, shape, dtype), c in zip(self.parts, columns)}
 
 
 class System:
@@ -132,6 +119,7 @@ class System:
         self.count = len(next(iter(feeds.values())))
         self.error: BaseException | None = None
         self.samples = 0
+        self.waiting: queue.SimpleQueue | None = None  # server: what LoadGen's issue thread queued for serve()
 
     def answer(self, samples: list) -> None:
         """Run the rows of these query samples as one call (the packing counts: it is part of serving them)."""
@@ -139,8 +127,7 @@ class System:
             if self.error is None:
                 index = np.fromiter((q.index for q in samples), np.int64, len(samples))
                 rows = self.layout.pack(self.infer({k: v[self.padded(index)] for k, v in self.feeds.items()}))
-                size = rows.strides[0]
-                base = rows.ctypes.data
+                size, base = rows.strides[0], rows.ctypes.data
                 self.lg.QuerySamplesComplete([self.lg.QuerySampleResponse(q.id, base + i * size, size)
                                               for i, q in enumerate(samples)])
                 self.samples += len(samples)
@@ -156,8 +143,24 @@ class System:
         return np.concatenate([index, np.repeat(index[-1:], fits[0] - len(index))]) if fits else index
 
     def issue(self, samples: list) -> None:
+        if self.waiting is not None:  # server: LoadGen's issue thread only queues
+            for q in samples:
+                self.waiting.put(q)
+            return
         for start in range(0, len(samples), self.batch_size):  # offline hands over every sample at once
             self.answer(samples[start : start + self.batch_size])
+
+    def serve(self) -> None:
+        """Server: one worker answers what has queued, up to batch_size rows a call, until a None is queued."""
+        while True:
+            batch = [self.waiting.get()]
+            while batch[-1] is not None and len(batch) < self.batch_size and not self.waiting.empty():
+                batch.append(self.waiting.get())
+            samples = [q for q in batch if q is not None]
+            if samples:
+                self.answer(samples)
+            if len(samples) < len(batch):
+                return
 
     def run(self, settings, outdir: Path, server: bool = False) -> None:
         lg = self.lg
@@ -166,8 +169,11 @@ class System:
         log.outdir, log.copy_summary_to_stdout = str(outdir), False
         log_settings = lg.LogSettings()
         log_settings.log_output, log_settings.enable_trace = log, False
-        worker = Worker(self) if server else None
-        sut = lg.ConstructSUT(worker.issue if worker else self.issue, lambda: None)
+        self.waiting = queue.SimpleQueue() if server else None
+        worker = threading.Thread(target=self.serve, name="loadgen-server", daemon=True)
+        if server:
+            worker.start()
+        sut = lg.ConstructSUT(self.issue, lambda: None)
         qsl = lg.ConstructQSL(self.count, self.count, lambda _: None, lambda _: None)
         # Ctrl-C or SIGTERM raised inside a callback LoadGen's thread makes would unwind its C++ while the worker still
         # answers (a crash, no result.json): the signal is noted, the rest answered empty, and raised once LoadGen ends
@@ -176,47 +182,14 @@ class System:
             with terminal.deferred(on_signal=cut):
                 lg.StartTestWithLogSettings(sut, qsl, settings, log_settings)
         finally:
-            if worker:
-                worker.stop()
+            if server:
+                self.waiting.put(None)
+                worker.join()
             lg.DestroyQSL(qsl)
             lg.DestroySUT(sut)
             (outdir / "mlperf_log_trace.json").unlink(missing_ok=True)  # empty: tracing is off
         if self.error is not None:
             raise self.error
-
-
-class Worker:
-    """Server: LoadGen's issue thread only queues; one worker answers what has queued, up to batch_size rows a call."""
-
-    def __init__(self, system: System):
-        self.system, self.queue = system, queue.SimpleQueue()
-        self.thread = threading.Thread(target=self.loop, name="loadgen-server", daemon=True)
-        self.thread.start()
-
-    def issue(self, samples: list) -> None:
-        for q in samples:
-            self.queue.put(q)
-
-    def loop(self) -> None:
-        while True:
-            first = self.queue.get()
-            if first is None:
-                return
-            batch = [first]
-            while len(batch) < self.system.batch_size:
-                try:
-                    nxt = self.queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    self.system.answer(batch)
-                    return
-                batch.append(nxt)
-            self.system.answer(batch)
-
-    def stop(self) -> None:
-        self.queue.put(None)
-        self.thread.join()
 
 
 # --- what LoadGen logged
@@ -243,23 +216,15 @@ def metrics_of(detail: dict, scenario: str) -> dict[str, float]:
         if key in detail:
             m[name] = float(bool(detail[key]))
     per_query = "per_query_" if scenario == "multi_stream" else ""
-    for name, pct in PERCENTILES.items():
-        value = detail.get(f"result_{pct}_percentile_{per_query}latency_ns")
-        if isinstance(value, (int, float)):
-            m[name] = value / 1e3
-    for key, name in (("result_mean_latency_ns", "mean_us"), ("result_min_latency_ns", "min_us"),
-                      ("result_max_latency_ns", "max_us")):
-        if isinstance(detail.get(key), (int, float)):
-            m[name] = detail[key] / 1e3
     qps = {"single_stream": "result_qps_with_loadgen_overhead", "multi_stream": "result_qps_with_loadgen_overhead",
            "offline": "result_samples_per_second", "server": "result_completed_samples_per_sec"}[scenario]
-    if isinstance(detail.get(qps), (int, float)):
-        m["samples_per_s"] = float(detail[qps])
-    if scenario == "server" and isinstance(detail.get("result_scheduled_samples_per_sec"), (int, float)):
-        m["scheduled_qps"] = float(detail["result_scheduled_samples_per_sec"])
-    for key, name in (("result_query_count", "queries"), ("result_overlatency_query_count", "overlatency_queries")):
-        if isinstance(detail.get(key), (int, float)):
-            m[name] = float(detail[key])
+    numbers = {**{f"result_{pct}_percentile_{per_query}latency_ns": (name, 1e3) for name, pct in PERCENTILES.items()},
+               "result_mean_latency_ns": ("mean_us", 1e3), "result_min_latency_ns": ("min_us", 1e3),
+               "result_max_latency_ns": ("max_us", 1e3), qps: ("samples_per_s", 1.0),
+               **({"result_scheduled_samples_per_sec": ("scheduled_qps", 1.0)} if scenario == "server" else {}),
+               "result_query_count": ("queries", 1.0), "result_overlatency_query_count": ("overlatency_queries", 1.0)}
+    m.update({name: float(detail[key]) / unit for key, (name, unit) in numbers.items()
+              if isinstance(detail.get(key), (int, float))})
     m.update(early_stopping(str(detail.get("early_stopping_result") or "")))
     return m
 

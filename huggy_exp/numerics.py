@@ -5,28 +5,16 @@ from __future__ import annotations
 import numpy as np
 
 from huggy_exp.errors import UserError
-from huggy_exp.verify import finite_limits
+from huggy_exp.verify import as_rows, finite_limits, log_softmax
 
-
-def _same_size(actual: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Both as float64; arrays of different sizes cannot be compared element-wise (a UserError naming both shapes)."""
-    a, e = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    if a.size != e.size:
-        raise UserError(f"cannot compare arrays of shapes {list(a.shape)} and {list(e.shape)} element-wise")
-    return a, e
+ACTION_STATS = {"action_mean": np.mean, "action_std": np.std, "action_min": np.min, "action_max": np.max}
 
 
 def action_stats(actions: np.ndarray, saturation: float = 0.999) -> dict[str, float]:
+    """Mean, spread, range and the share of saturated values of some actions (NaN for none)."""
+    stats = {**ACTION_STATS, "saturated_share": lambda a: np.mean(np.abs(a) >= saturation)}
     a = np.asarray(actions, np.float64)
-    if a.size == 0:
-        return dict.fromkeys(("action_mean", "action_std", "action_min", "action_max", "saturated_share"), float("nan"))
-    return {
-        "action_mean": float(a.mean()),
-        "action_std": float(a.std()),
-        "action_min": float(a.min()),
-        "action_max": float(a.max()),
-        "saturated_share": float(np.mean(np.abs(a) >= saturation)),
-    }
+    return {name: float(stat(a)) if a.size else float("nan") for name, stat in stats.items()}
 
 
 def discrete_histogram(actions: np.ndarray, sizes: tuple[int, ...] | None = None) -> tuple[dict[str, float], list[dict]]:
@@ -34,13 +22,11 @@ def discrete_histogram(actions: np.ndarray, sizes: tuple[int, ...] | None = None
     `discrete.branch_<b>.action_<k>_share` and table rows (branch, action, count, share); every action of a branch of
     known size is listed, else up to the largest one taken."""
     flat = np.asarray(actions).reshape(-1, np.shape(actions)[-1])
-    metrics, table = {}, []
+    table = []
     for b in range(flat.shape[1]):
-        size = sizes[b] if sizes else int(flat[:, b].max(initial=0)) + 1
-        counts = np.bincount(flat[:, b], minlength=size)
+        counts = np.bincount(flat[:, b], minlength=sizes[b] if sizes else int(flat[:, b].max(initial=0)) + 1)
         table += [{"branch": b, "action": k, "count": int(c), "share": float(c / len(flat))} for k, c in enumerate(counts)]
-        metrics.update({f"discrete.branch_{b}.action_{k}_share": float(c / len(flat)) for k, c in enumerate(counts)})
-    return metrics, table
+    return {f"discrete.branch_{t['branch']}.action_{t['action']}_share": t["share"] for t in table}, table
 
 
 def limits_for(table: dict, dtype: str, device: str, specialize: dict | None, where: str) -> dict:
@@ -58,10 +44,9 @@ def limits_for(table: dict, dtype: str, device: str, specialize: dict | None, wh
 
 def rel_rmse(actual: np.ndarray, expected: np.ndarray) -> float:
     """RMSE divided by the RMS of the expected values: comparable across layers of different scale."""
-    a, e = _same_size(actual, expected)
+    a, e = as_rows(actual, expected)
     if a.size == 0:
         return float("nan")
-    a, e = a.ravel(), e.ravel()
     scale = float(np.sqrt(np.mean(e**2)))
     err = float(np.sqrt(np.mean((a - e) ** 2)))
     return err / scale if scale > 0 else err
@@ -81,21 +66,13 @@ def ratio_verdict(ratio: float, warn: float = 1.0, fail: float = 2.0) -> str:
     return "pass" if ratio <= warn else "warn"
 
 
-def _phi(x: np.ndarray) -> np.ndarray:
-    return np.exp(-0.5 * x**2) / np.sqrt(2 * np.pi)
-
-
-def _cdf(x: np.ndarray) -> np.ndarray:
-    from math import erf
-
-    return 0.5 * (1.0 + np.vectorize(erf)(np.asarray(x, np.float64) / np.sqrt(2.0)))
-
-
 def clipped_normal_moments(mu: np.ndarray, sigma: np.ndarray, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
     """Exact mean and variance of clip(X, lo, hi) for X ~ N(mu, sigma^2), element-wise."""
+    from scipy.stats import norm
+
     mu, sigma = np.asarray(mu, np.float64), np.asarray(sigma, np.float64)
     a, b = (lo - mu) / sigma, (hi - mu) / sigma
-    pa, pb, fa, fb = _cdf(a), _cdf(b), _phi(a), _phi(b)
+    pa, pb, fa, fb = norm.cdf(a), norm.cdf(b), norm.pdf(a), norm.pdf(b)
     inside = pb - pa
     m1 = lo * pa + hi * (1 - pb) + mu * inside + sigma * (fa - fb)
     m2 = (lo**2 * pa + hi**2 * (1 - pb) + (mu**2 + sigma**2) * inside
@@ -111,23 +88,24 @@ def sampling_check(samples: np.ndarray, mu: np.ndarray, sigma: np.ndarray, lo: f
     the two-sided Bonferroni-corrected critical value at `confidence`. Spread: on cells clipped with probability
     < 1e-3, standardized residuals (x - mu) / sigma must have a standard deviation within z * sqrt(1 / 2n) of 1.
     """
-    from statistics import NormalDist
+    from scipy.stats import norm
 
     x = np.asarray(samples, np.float64)
     reps = x.shape[0]
-    lo_, hi_ = (-np.inf, np.inf) if lo is None else (lo, hi)
-    mean, var = clipped_normal_moments(mu, sigma, lo_, hi_) if lo is not None else (np.asarray(mu, np.float64), np.asarray(sigma, np.float64) ** 2)
+    if lo is None:  # the plain normal: no cell is ever clipped
+        lo, hi, mean, var = -np.inf, np.inf, np.asarray(mu, np.float64), np.asarray(sigma, np.float64) ** 2
+    else:
+        mean, var = clipped_normal_moments(mu, sigma, lo, hi)
     se = np.sqrt(var / reps) + 1e-6  # + float32 resolution: fully clipped cells have var 0 and mean exactly at the bound
     z = (x.mean(axis=0) - mean) / se
     cells = z.size
     alpha = 1.0 - confidence
-    z_crit = NormalDist().inv_cdf(1 - alpha / (2 * cells))
-    clip_prob = (_cdf((lo_ - mu) / sigma) + 1 - _cdf((hi_ - mu) / sigma)) if lo is not None else np.zeros_like(z)
-    free = clip_prob < 1e-3
+    z_crit = norm.ppf(1 - alpha / (2 * cells))
+    free = np.broadcast_to(norm.cdf((lo - mu) / sigma) + norm.sf((hi - mu) / sigma) < 1e-3, z.shape)  # rarely clipped
     resid = ((x - mu) / sigma)[:, free]
     n = resid.size
     spread = float(resid.std()) if n > 1 else float("nan")
-    spread_tol = NormalDist().inv_cdf(1 - alpha / 2) * np.sqrt(1.0 / (2 * n)) if n > 1 else float("nan")
+    spread_tol = norm.ppf(1 - alpha / 2) * np.sqrt(1.0 / (2 * n)) if n > 1 else float("nan")
     return {
         "mean_z_max": float(np.max(np.abs(z))),
         "mean_z_rms": float(np.sqrt(np.mean(z**2))),
@@ -144,12 +122,6 @@ def sampling_check(samples: np.ndarray, mu: np.ndarray, sigma: np.ndarray, lo: f
 # --- discrete actions: sampled draws against the masked softmax
 
 
-def softmax(logits: np.ndarray) -> np.ndarray:
-    z = np.asarray(logits, np.float64)
-    e = np.exp(z - z.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
 def _chi2_pvalue(counts: np.ndarray, expected: np.ndarray) -> float:
     """Goodness of fit of counts to expected counts; bins expected under 5 are pooled; a draw of probability 0 gives 0."""
     from scipy.stats import chi2
@@ -157,19 +129,16 @@ def _chi2_pvalue(counts: np.ndarray, expected: np.ndarray) -> float:
     if counts[expected <= 0].sum() > 0:
         return 0.0
     keep = expected >= 5
-    obs, exp = list(counts[keep].astype(np.float64)), list(expected[keep])
+    o, e = counts[keep].astype(np.float64), expected[keep].astype(np.float64)
     rest_o, rest_e = float(counts[~keep].sum()), float(expected[~keep].sum())
-    if rest_e > 0:
-        if rest_e >= 5 or not exp:
-            obs.append(rest_o)
-            exp.append(rest_e)
-        else:  # too small to stand alone: pooled with the smallest bin
-            i = int(np.argmin(exp))
-            obs[i] += rest_o
-            exp[i] += rest_e
-    if len(exp) < 2:
+    if rest_e >= 5 or rest_e > 0 and not e.size:  # the small bins pooled into one
+        o, e = np.append(o, rest_o), np.append(e, rest_e)
+    elif rest_e > 0:  # too small to stand alone: pooled with the smallest bin
+        i = np.argmin(e)
+        o[i] += rest_o
+        e[i] += rest_e
+    if len(e) < 2:
         return 1.0
-    o, e = np.asarray(obs), np.asarray(exp)
     return float(chi2.sf(np.sum((o - e) ** 2 / e), len(e) - 1))
 
 
@@ -190,22 +159,21 @@ def categorical_check(draws: np.ndarray, masked_logits: np.ndarray, branch_sizes
     (`masked_draws`, `out_of_range`) and is always a failure; a branch with every action masked is drawn uniformly
     (ML-Agents), so its draws are checked against the uniform softmax, not counted as masked.
     """
-    d = np.asarray(draws)
+    d, bounds = np.asarray(draws), np.cumsum(branch_sizes)[:-1]
     reps = d.shape[0]
-    live = allowed_branches(masks, branch_sizes) if masks is not None else None
-    pvalues, masked, out_of_range, freq_max, start = [], 0, 0, 0.0, 0
-    for b, size in enumerate(branch_sizes):
-        p = softmax(np.asarray(masked_logits)[:, start:start + size])
-        picks = d[..., b]
+    logits = np.split(np.asarray(masked_logits, np.float64), bounds, axis=-1)
+    allowed = np.split(np.asarray(masks), bounds, axis=-1) if masks is not None else [None] * len(branch_sizes)
+    pvalues, masked, out_of_range, freq_max = [], 0, 0, 0.0
+    for b, (size, z, mask) in enumerate(zip(branch_sizes, logits, allowed)):
+        p, picks = np.exp(log_softmax(z)), d[..., b]
         bad = (picks < 0) | (picks >= size)
         out_of_range += int(bad.sum())
         for r in range(p.shape[0]):
             counts = np.bincount(picks[:, r][~bad[:, r]].astype(np.int64), minlength=size)
-            if masks is not None and live[r, b]:
-                masked += int(counts[np.asarray(masks)[r, start:start + size] == 0].sum())
+            if mask is not None and mask[r].any():  # a branch with no action allowed is drawn uniformly
+                masked += int(counts[mask[r] == 0].sum())
             freq_max = max(freq_max, float(np.max(np.abs(counts / reps - p[r]))))
             pvalues.append(_chi2_pvalue(counts, reps * p[r]))
-        start += size
     cells = len(pvalues)
     return {
         "p_min": float(min(pvalues, default=1.0)),

@@ -10,20 +10,13 @@ import numpy as np
 from huggy_exp.config import MAX_OBS_BYTES, OBS_SOURCES
 from huggy_exp.errors import UserError, first_line
 from huggy_exp.mlagents import ACTION_MASKS, Normalizer, PolicyWeights, obs_name
-from huggy_exp.safety import check_npz
+from huggy_exp.safety import check_npz, npy_header
 
 EXTREME = 1.0e4
 
 
-def make_observations(
-    source: str,
-    obs_dim: int,
-    rows: int = 64,
-    seed: int = 0,
-    scale: float = 1.0,
-    path: str | None = None,
-    normalizer: Normalizer | None = None,
-) -> np.ndarray:
+def make_observations(source: str, obs_dim: int, rows: int = 64, seed: int = 0, scale: float = 1.0,
+                      path: str | None = None, normalizer: Normalizer | None = None) -> np.ndarray:
     """float32 [rows, obs_dim]; `random` draws around the policy's own normalizer (mean + scale * std * z)."""
     if source not in OBS_SOURCES:
         raise UserError(f"unknown obs.source {source!r}; valid: {', '.join(OBS_SOURCES)}")
@@ -31,7 +24,11 @@ def make_observations(
         return load_observations(path, obs_dim)
     if rows <= 0:
         raise UserError(f"obs.rows must be positive, got {rows}")
-    _check_rows(rows, obs_dim)
+    need = int(rows) * int(obs_dim) * 4  # refused before allocating
+    if need > MAX_OBS_BYTES:
+        limit = MAX_OBS_BYTES // (4 * max(int(obs_dim), 1))
+        raise UserError(f"obs.rows={rows}: [{rows}, {obs_dim}] float32 observations need {need / 2**30:,.1f} GiB, over the "
+                        f"{MAX_OBS_BYTES / 2**30:g} GiB limit; obs.rows must be at most {limit:,} for obs_dim {obs_dim}")
     if not np.isfinite(scale):
         raise UserError(f"obs.scale must be a finite number, got {scale}")
     if source == "zeros":
@@ -48,15 +45,6 @@ def make_observations(
     return z.astype(np.float32)
 
 
-def _check_rows(rows: int, obs_dim: int) -> None:
-    """Refuse, before allocating, more rows than MAX_OBS_BYTES of float32 observations hold."""
-    need = int(rows) * int(obs_dim) * 4
-    if need > MAX_OBS_BYTES:
-        limit = MAX_OBS_BYTES // (4 * max(int(obs_dim), 1))
-        raise UserError(f"obs.rows={rows}: [{rows}, {obs_dim}] float32 observations need {need / 2**30:,.1f} GiB, over the "
-                        f"{MAX_OBS_BYTES / 2**30:g} GiB limit; obs.rows must be at most {limit:,} for obs_dim {obs_dim}")
-
-
 def load_observations(path: str | None, obs_dim: int, sequence: bool = False) -> np.ndarray:
     """A float32 [N, obs_dim] .npy ([T, N, obs_dim] too when `sequence`); the header is checked against the file and the
     size limit before any data is read."""
@@ -66,7 +54,11 @@ def load_observations(path: str | None, obs_dim: int, sequence: bool = False) ->
     if not p.is_file():
         raise UserError(f"observation file not found: {p}")
     with open(p, "rb") as fh:
-        shape, dtype = _npy_header(fh, p)
+        try:
+            shape, dtype = npy_header(fh)
+        except (ValueError, OSError, EOFError, SyntaxError) as exc:
+            raise UserError(f"observation file {p} is not a .npy array (save it with numpy.save): "
+                            f"{first_line(exc)[:200]}") from None
         if dtype.hasobject or dtype.kind not in "fiu":
             raise UserError(f"observation file {p} must hold a numeric array (float32 [N, {obs_dim}]), found dtype {dtype}")
         count = int(np.prod(shape, dtype=object))
@@ -85,38 +77,16 @@ def load_observations(path: str | None, obs_dim: int, sequence: bool = False) ->
         obs = obs[None, :]
     if sequence and obs.ndim == 3:
         return _check_feed(obs, obs_dim, f"observation file {p}")
-    with np.errstate(over="ignore"):
-        return check_observations(obs.astype(np.float32), obs_dim, str(p))
-
-
-def _npy_header(fh, p: Path) -> tuple[tuple[int, ...], np.dtype]:
-    """(shape, dtype) from a .npy header, read with numpy's own header parser; nothing else is read."""
-    from numpy.lib import format as npy
-
-    try:
-        version = npy.read_magic(fh)
-        if version == (1, 0):
-            shape, _, dtype = npy.read_array_header_1_0(fh)
-        elif version == (2, 0):
-            shape, _, dtype = npy.read_array_header_2_0(fh)
-        else:
-            raise ValueError(f"unsupported .npy format version {version}")
-    except (ValueError, OSError, EOFError, SyntaxError) as exc:
-        first = first_line(exc)
-        raise UserError(f"observation file {p} is not a .npy array (save it with numpy.save): {first[:200]}") from None
-    return tuple(int(d) for d in shape), np.dtype(dtype)
-
-
-def check_observations(obs: np.ndarray, obs_dim: int, origin: str = "observations") -> np.ndarray:
-    """Width must match the policy; NaN and inf are refused, naming where the first one is."""
     if obs.ndim != 2 or obs.shape[1] != obs_dim:
-        raise UserError(f"{origin}: wrong observation width: expected [N, {obs_dim}], got {list(obs.shape)}")
+        raise UserError(f"{p}: wrong observation width: expected [N, {obs_dim}], got {list(obs.shape)}")
     if obs.shape[0] == 0:
-        raise UserError(f"{origin}: no observation rows")
+        raise UserError(f"{p}: no observation rows")
+    with np.errstate(over="ignore"):
+        obs = obs.astype(np.float32)
     bad = ~np.isfinite(obs)
     if bad.any():
         r, c = map(int, np.argwhere(bad)[0])
-        raise UserError(f"{origin}: {int(bad.sum())} NaN/inf values (first at row {r}, column {c})")
+        raise UserError(f"{p}: {int(bad.sum())} NaN/inf values (first at row {r}, column {c})")
     return obs
 
 
@@ -133,16 +103,10 @@ def make_feeds(source: str, weights: PolicyWeights, rows: int = 64, seed: int = 
     """
     if source == "file":
         return load_feeds(path, weights)
-    feeds = {}
-    for i, obs in enumerate(weights.inputs):
-        feeds[obs_name(i)] = make_observations(source, obs.size, rows, seed if i == 0 else _input_seed(seed, i), scale, path,
-                                               obs.normalizer)
-    return feeds
-
-
-def _input_seed(seed: int, i: int) -> int:
-    """A seed of its own for input i > 0, derived from (seed, i) through numpy's SeedSequence."""
-    return int(np.random.SeedSequence([int(seed), i]).generate_state(1, np.uint64)[0] >> 1)
+    seeds = [seed] + [int(np.random.SeedSequence([int(seed), i]).generate_state(1, np.uint64)[0] >> 1)  # (seed, i)
+                      for i in range(1, len(weights.inputs))]
+    return {obs_name(i): make_observations(source, obs.size, rows, seeds[i], scale, path, obs.normalizer)
+            for i, obs in enumerate(weights.inputs)}
 
 
 def load_feeds(path: str | None, weights: PolicyWeights) -> dict[str, np.ndarray]:
@@ -167,9 +131,8 @@ def load_feeds(path: str | None, weights: PolicyWeights) -> dict[str, np.ndarray
     if unknown or missing:
         raise UserError(f"observation file {p}: arrays {sorted(arrays)}; this policy takes {', '.join(allowed)}"
                         + (f" (missing {', '.join(missing)})" if missing else "") + (f" (unexpected {', '.join(unknown)})" if unknown else ""))
-    feeds = {}
-    for name, obs in zip(names, weights.inputs):
-        feeds[name] = _check_feed(arrays[name], obs.size, f"observation file {p}: {name}")
+    feeds = {name: _check_feed(arrays[name], obs.size, f"observation file {p}: {name}")
+             for name, obs in zip(names, weights.inputs)}
     lead = feeds[names[0]].shape[:-1]
     bad = next((n for n in names if feeds[n].shape[:-1] != lead), None)
     if bad is not None:

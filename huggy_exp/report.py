@@ -20,9 +20,8 @@ STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #d0d7de;padding-bottom:4px}
 table{border-collapse:collapse;margin:6px 0;font-variant-numeric:tabular-nums}
 th,td{border:1px solid #d0d7de;padding:3px 8px;text-align:left;vertical-align:top}th{background:#f6f8fa}
-td.num{text-align:right;font-family:ui-monospace,monospace}.passed{color:#1a7f37;font-weight:600}
+td.num{text-align:right;font-family:ui-monospace,monospace}.passed,.met{color:#1a7f37;font-weight:600}
 .failed,.error,.missed{color:#cf222e;font-weight:600}.skipped{color:#9a6700;font-weight:600}
-.met{color:#1a7f37;font-weight:600}
 .noisy{background:#fff8c5;color:#7d4e00;font-weight:600;padding:0 4px;border-radius:3px}
 .tally{font-size:16px;margin:8px 0}.rec{background:#ddf4ff;border:1px solid #54aeff;border-radius:6px;padding:8px 12px}
 img{max-width:100%;border:1px solid #d0d7de;margin:6px 0;display:block}code{font-family:ui-monospace,monospace}
@@ -47,10 +46,8 @@ MARKUP = str.maketrans({"|": "&#124;", "[": "&#91;", "]": "&#93;", "`": "&#96;",
 
 
 def escape(value) -> str:
-    """Text a user wrote (a run or case name, a path, a bundle's environment field, a reason) as it may sit in any
-    human-readable output: HTML (report.html), markdown (summary.md, report.md, an MLflow description) and a markdown
-    table cell. `<`, `>`, `&` and quotes become HTML entities, as do markdown's `|`, `[`, `]` and backtick (a link or a
-    cell border); a line break becomes a space. Markdown renders the entities as the characters, never as markup."""
+    """Text a user wrote (a name, a path, a reason) safe in HTML, markdown and a markdown table cell alike: HTML's and
+    markdown's special characters as entities (rendered as the characters, never as markup), a line break a space."""
     return html.escape(str(value), quote=True).translate(MARKUP)
 
 
@@ -76,6 +73,10 @@ def image(path: Path) -> str:
     return f'<figure><img alt="{escape(path.name)}" src="data:image/png;base64,{data}"><figcaption class=muted>{escape(path.name)}</figcaption></figure>'
 
 
+def _noisy(value) -> tuple[str, str]:
+    return ("html", f"{_e(value)} <span class=noisy>noisy</span>")
+
+
 def verdict(status: str) -> tuple[str, str]:
     return ("html", f'<span class="{escape(status)}">{escape(status.upper())}</span>')
 
@@ -89,13 +90,14 @@ def outcome(row: dict) -> tuple[str, str]:
     return ("html", f'<span class="{"met" if met else "missed"}">{escape(row["status"].upper() + expectation(row))}</span>')
 
 
-def page(title: str, sections: list[str]) -> str:
-    return (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{escape(title)}</title>"
-            f"<style>{STYLE}</style></head><body>\n" + "\n".join(sections) + "\n</body></html>\n")
-
-
-def environment_section(env: dict) -> str:
-    return "<h2>Environment</h2>" + table(["package / host", "version"], [[k, v] for k, v in env.items()])
+def _write(folder: Path, title: str, sections: list[str], plots: list[Path], env: dict) -> Path:
+    """`folder`/report.html: the sections, then the plots (embedded) and the environment."""
+    if plots:
+        sections.append("<h2>Plots</h2>" + "\n".join(image(p) for p in plots if p.is_file()))
+    sections.append("<h2>Environment</h2>" + table(["package / host", "version"], [[k, v] for k, v in env.items()]))
+    atomic_write_text(folder / REPORT, f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{escape(title)}"
+                      f"</title><style>{STYLE}</style></head><body>\n" + "\n".join(sections) + "\n</body></html>\n")
+    return folder / REPORT
 
 
 # --- a sweep
@@ -107,7 +109,7 @@ def verdict_rows(rows: list[dict]) -> list[list]:
     for r in rows:
         m = r.get("metrics") or {}
         p50 = m.get("p50_us")
-        p50_cell = ("html", f"{_e(p50)} <span class=noisy>noisy</span>") if p50 is not None and r.get("noisy") else p50
+        p50_cell = _noisy(p50) if p50 is not None and r.get("noisy") else p50
         note = r.get("note", "") if r["status"] != "passed" or not r.get("verified", True) else ""  # record, replay: their answer
         out.append([r["job"], r["run_name"], outcome(r), m.get(ERROR), (r.get("limits") or {}).get("max_abs"),
                     m.get(COSINE), p50_cell, (r.get(FINGERPRINT) or "")[:12], note])
@@ -142,11 +144,10 @@ def comparison_section(rows: list[dict], comparison: dict) -> str:
     compared = [[r["job"], r["run_name"], r.get("vs_cpu_fp32_max_abs"), r.get("vs_cpu_fp32_discrete_agreement"),
                  (r.get(FINGERPRINT) or "")[:12]] for r in rows
                 if "vs_cpu_fp32_max_abs" in r or "vs_cpu_fp32_discrete_agreement" in r]
-    parts = ["<h2>Against the reference point (CPU fp32, same inputs)</h2>"]
-    if compared:
-        parts.append(table(["job", "run", "max |Δaction| vs cpu fp32", "discrete actions equal", FINGERPRINT], compared, {2, 3}))
-    else:
-        parts.append("<p class=muted>No point of this sweep has a CPU fp32 point on the same inputs to compare with.</p>")
+    head = ["job", "run", "max |Δaction| vs cpu fp32", "discrete actions equal", FINGERPRINT]
+    none = "<p class=muted>No point of this sweep has a CPU fp32 point on the same inputs to compare with.</p>"
+    parts = ["<h2>Against the reference point (CPU fp32, same inputs)</h2>",
+             table(head, compared, {2, 3}) if compared else none]
     lines = [line for line in comparison.get("lines", []) if line.startswith(("agreement", "device agreement", "dual benchmark", "record into", "replay:"))]
     if lines:
         parts.append("<ul>" + "".join(f"<li><code>{escape(x)}</code></li>" for x in lines) + "</ul>")
@@ -165,12 +166,7 @@ def write_sweep_report(sweep_dir: Path, title: str, summary: dict, plots: list[P
                         f"({escape(', '.join(r['run_name'] for r in noisy))}): their p50 is not a firm figure; re-measure "
                         "(mode=benchmark) before choosing on speed.</p>")
     sections.append(comparison_section(rows, summary.get("comparison") or {}))
-    if plots:
-        sections.append("<h2>Plots</h2>" + "\n".join(image(p) for p in plots if p.is_file()))
-    sections.append(environment_section(env))
-    path = sweep_dir / REPORT
-    atomic_write_text(path, page(title, sections))
-    return path
+    return _write(sweep_dir, title, sections, plots, env)
 
 
 # --- one job
@@ -179,27 +175,18 @@ def write_sweep_report(sweep_dir: Path, title: str, summary: dict, plots: list[P
 def write_job_report(workdir: Path, record: dict, plots: list[Path]) -> Path:
     """report.html for one job: verdict and reason, headline figures with limits, every metric, environment, plots."""
     title = f"{record['run_name']}: {record['status'].upper()}"
-    head = record.get("headline_metrics") or {}
-    metrics = record.get("metrics") or {}
-    limits = judged_limits(record)
-    latency_noisy = bool(metrics.get("latency/noisy"))
-    model = record.get("model") or {}
+    head, metrics, model = record.get("headline_metrics") or {}, record.get("metrics") or {}, record.get("model") or {}
     sections = [f"<h1>{escape(record['run_name'])}</h1>",
                 f"<p class=tally>{verdict(record['status'])[1]} {escape(record.get('reason') or record.get('headline') or '')}</p>",
                 f"<p class=muted>mode {escape(record['mode'])} · device {escape(record['device'])} · dtype "
                 f"{escape(record['dtype'])} · batch {_e(record.get('batch_size'))} · model "
                 f"{escape('embedded synthetic default (not real Huggy weights)' if model.get('synthetic') else str(model.get('path')))}</p>"]
-    if head:
-        rows = [[k, ("html", f"{_e(v)} <span class=noisy>noisy</span>") if k == "p50_us" and latency_noisy else v] for k, v in head.items()]
-        sections.append("<h2>Headline</h2>" + table(["metric", "value"], rows, {1}))
-    if limits:
-        sections.append("<h2>Limits this verdict used</h2>" + table(["limit", "value"], [[k, v] for k, v in limits.items()], {1}))
-    detail = [[k, v] for k, v in metrics.items() if k not in head]
-    if detail:
-        sections.append("<h2>Every metric</h2>" + table(["metric", "value"], detail, {1}))
-    if plots:
-        sections.append("<h2>Plots</h2>" + "\n".join(image(p) for p in plots if p.is_file()))
-    sections.append(environment_section(record.get("environment") or {}))
-    path = workdir / REPORT
-    atomic_write_text(path, page(title, sections))
-    return path
+    shown = dict(head)
+    if "p50_us" in head and metrics.get("latency/noisy"):
+        shown["p50_us"] = _noisy(head["p50_us"])
+    for h2, kind, pairs in (("Headline", "metric", [[k, v] for k, v in shown.items()]),
+                            ("Limits this verdict used", "limit", [[k, v] for k, v in judged_limits(record).items()]),
+                            ("Every metric", "metric", [[k, v] for k, v in metrics.items() if k not in head])):
+        if pairs:
+            sections.append(f"<h2>{h2}</h2>" + table([kind, "value"], pairs, {1}))
+    return _write(workdir, title, sections, plots, record.get("environment") or {})

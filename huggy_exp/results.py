@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from dataclasses import dataclass, field
@@ -47,8 +48,7 @@ class Result:
         Inputs are refused before they run (observations, weights), so a non-finite output is the job's own.
         """
         for name, array in self.arrays.items():
-            where = first_nonfinite(array)
-            if where is not None:
+            if (where := first_nonfinite(array)) is not None:
                 count, index = where
                 self.fail(f"{name}: {count} NaN/inf value{'s' * (count > 1)} (first at {list(index)})")
 
@@ -56,10 +56,7 @@ class Result:
 def held_result(folder, sweep: bool = False) -> str | None:
     """`result.json, tracking pending` if `folder` (a sweep: any job folder under it) already holds a job's result."""
     folder = Path(folder)
-    if sweep:
-        found = next(iter(sorted(folder.glob("**/result.json"))), None) if folder.is_dir() else None
-    else:
-        found = folder / "result.json"
+    found = min(folder.glob("**/result.json"), default=None) if sweep else folder / "result.json"
     if found is None or not found.is_file():
         return None
     try:
@@ -97,53 +94,31 @@ def jsonable(value):
         return [jsonable(v) for v in value]
     if isinstance(value, np.generic):
         value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, Path):
-        return str(value)
-    return value
+    return str(value) if isinstance(value, Path) or isinstance(value, float) and not math.isfinite(value) else value
 
 
 def write_table(path: Path, rows: list[dict], columns: list[str] | None = None) -> None:
     """Rows as a .csv (atomically); `columns` picks and orders them (default: every key of every row)."""
-    columns = columns or list(dict.fromkeys(k for row in rows for k in row))
-
-    def write(tmp: str) -> None:
-        with open(tmp, "w", newline="") as fh:
-            writer = csv.DictWriter(fh, columns, extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(jsonable(rows))
-
-    atomic_write(path, write)
+    text = io.StringIO()
+    writer = csv.DictWriter(text, columns or list(dict.fromkeys(k for row in rows for k in row)), extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(jsonable(rows))
+    atomic_write_text(path, text.getvalue())
 
 
 def write_result(workdir: Path, record: dict, result: Result) -> Path:
-    """Arrays as <name>.npy, tables as <name>.csv, then result.json last and atomically (it marks completion).
-
-    A task's free-form `details` sit under the one key `details`.
-    """
+    """Arrays as <name>.npy, tables as <name>.csv, then result.json last and atomically (it marks completion)."""
     workdir.mkdir(parents=True, exist_ok=True)
     for name, array in result.arrays.items():
         atomic_write(workdir / f"{name}.npy", lambda tmp, a=array: _save_npy(tmp, a))
     for name, rows in result.tables.items():
         write_table(workdir / f"{name}.csv", rows)
-    record = {
-        **record,
-        "status": result.status,
-        "reason": result.reason,
-        "headline": result.headline,
-        "latency": result.latency,
-        "metrics": result.metrics,
-        "series": {name: [list(p) for p in points] for name, points in result.series.items()},
-        "tags": result.tags,
-        "arrays": {name: f"{name}.npy" for name in result.arrays},
-        "tables": {name: f"{name}.csv" for name in result.tables},
-        "files": result.files,
-        "details": result.details,
-    }
-    path = workdir / "result.json"
-    atomic_write_text(path, json.dumps(jsonable(record), indent=2, sort_keys=False) + "\n")
-    return path
+    record = {**record, **{k: getattr(result, k) for k in ("status", "reason", "headline", "latency", "metrics")},
+              "series": {name: [list(p) for p in points] for name, points in result.series.items()},
+              "tags": result.tags, "arrays": {name: f"{name}.npy" for name in result.arrays},
+              "tables": {name: f"{name}.csv" for name in result.tables}, "files": result.files,
+              "details": result.details}
+    return _write_json(workdir / "result.json", record)
 
 
 def _save_npy(tmp: str, array) -> None:
@@ -157,5 +132,9 @@ def read_result(workdir: Path) -> dict:
 
 def update_result(workdir: Path, **fields) -> None:
     """Rewrite result.json with some top-level keys replaced (atomically: a reader sees the old or the new file)."""
-    record = {**read_result(workdir), **fields}
-    atomic_write_text(Path(workdir) / "result.json", json.dumps(jsonable(record), indent=2) + "\n")
+    _write_json(Path(workdir) / "result.json", {**read_result(workdir), **fields})
+
+
+def _write_json(path: Path, record: dict) -> Path:
+    atomic_write_text(path, json.dumps(jsonable(record), indent=2) + "\n")
+    return path

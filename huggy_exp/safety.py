@@ -95,11 +95,12 @@ def disk_full_message(exc: OSError, path: str | Path | None = None) -> str:
             f"({mount_point(where)})")
 
 
-def check_free(path: str | Path, key: str, need: int = MIN_FREE_BYTES) -> None:
+def check_free(path: str | Path, key: str) -> None:
     """Refuse to start a job on a disk that cannot hold its files (Hydra writes .hydra/ before any code of ours runs)."""
     free = free_bytes(path)
-    if free < need:
-        raise UserError(f"{key}={path}: only {size(free)} free on its disk, a job needs at least {size(need)}; "
+    if free < MIN_FREE_BYTES:
+        raise UserError(f"{key}={path}: only {size(free)} free on its disk, a job needs at least "
+                        f"{size(MIN_FREE_BYTES)}; "
                         "free some space or choose another folder")
 
 
@@ -324,14 +325,13 @@ def check_file_size(path: Path, cap: int, what: str) -> None:
 
 # --- the memory a job's own values drive, estimated before the task allocates it
 
-def job_allocations(mode: str, cfg: dict, weights) -> list[tuple[int, str, str]]:
+def job_allocations(mode: str, cfg: dict, w) -> list[tuple[int, str, str]]:
     """(bytes, what, the user's keys) of each allocation a job's values size: rows x bytes per row x the copies the modes
     hold (feeds, device and reference outputs, float64 draws and comparisons), and what the mode's own knobs allocate
     (its schema's `allocations`). Rough on purpose: it is there to refuse what cannot fit, not to pack memory tightly."""
     schema = modes()[mode]
     if not schema.runs_policy:
         return []
-    w = weights
     lstm = w.lstm.weight_ih.shape[0] if w.lstm is not None else 0
     width_in = w.obs_dim + sum(w.branch_sizes) + 2 * w.memory  # obs, masks, recurrent_in
     width_out = w.act_dim * 3 + 2 * len(w.branch_sizes) + 2 * w.memory  # actions, mu, sampled; discrete; recurrent_out
@@ -362,9 +362,7 @@ def file_rows(path: str | Path, width: int) -> int:
             with zipfile.ZipFile(p) as zf:
                 return sum(i.file_size for i in zf.infolist()) // max(4 * width, 1)
         with open(p, "rb") as fh:
-            version = np.lib.format.read_magic(fh)
-            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            shape, _, _ = read(fh)
+            shape, _ = npy_header(fh)
         return math.prod(shape[:-1]) if len(shape) > 1 else 1
     except (OSError, ValueError, SyntaxError, zipfile.BadZipFile, EOFError):
         return 0
@@ -397,7 +395,10 @@ def read_capped(path: str | Path, cap: int, what: str) -> bytes:
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
-            raise UserError(f"{what} {path} is not a regular file ({_kind(st.st_mode)}): not read")
+            kinds = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+                     stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a folder"}
+            kind = kinds.get(stat.S_IFMT(st.st_mode), "not a regular file")
+            raise UserError(f"{what} {path} is not a regular file ({kind}): not read")
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise UserError(f"{what} {path} does not exist") from None
@@ -411,14 +412,6 @@ def read_capped(path: str | Path, cap: int, what: str) -> bytes:
     if len(data) > cap:
         raise UserError(f"{what} {path} is over the {size(cap)} limit for it (docs/reliability.md): not read")
     return data
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 _STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes included (unrolled: linear and fast)
@@ -436,47 +429,50 @@ def json_depth(data: bytes) -> int:
     return deepest
 
 
-def read_json(path: str | Path, what: str, cap: int | None = None, depth: int | None = None):
-    """A foreign JSON file, parsed only once it is known to be a regular file under `cap` bytes, nested at most `depth`
-    deep (Python's parser recurses once per level: a deep file would stop the reader with a RecursionError). Every
-    refusal is a UserError of one line naming the file."""
-    cap, depth = cap or MAX_JSON_BYTES, depth or MAX_JSON_DEPTH
-    data = read_capped(path, cap, what)
+def read_json(path: str | Path, what: str):
+    """A foreign JSON file, parsed only once it is known to be a regular file under MAX_JSON_BYTES, nested at most
+    MAX_JSON_DEPTH deep (Python's parser recurses once per level: a deep file would stop the reader with a
+    RecursionError). Every refusal is a UserError of one line naming the file."""
+    data = read_capped(path, MAX_JSON_BYTES, what)
     found = json_depth(data)
-    if found > depth:
-        raise UserError(f"{what} {path} nests {found:,} levels deep, over the limit of {depth}: not read")
+    if found > MAX_JSON_DEPTH:
+        raise UserError(f"{what} {path} nests {found:,} levels deep, over the limit of {MAX_JSON_DEPTH}: not read")
     try:
         return json.loads(data)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise UserError(f"{what} {path} is not valid JSON ({' '.join(str(exc).split())[:120]})") from None
 
 
-def _npy_bytes(fh) -> tuple[int, tuple, np.dtype]:
-    """(declared bytes, shape, dtype) from an open .npy's header, nothing of its data read."""
+def npy_header(fh) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) from an open .npy's header, read with numpy's own parser; nothing of its data is read."""
     version = np.lib.format.read_magic(fh)
     read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
     shape, _, dtype = read(fh)
-    return int(np.prod(shape, dtype=object)) * dtype.itemsize, shape, dtype
+    return tuple(int(d) for d in shape), np.dtype(dtype)
 
 
-def _declared(need: int, shape, dtype, name: str, held: int, what: str, cap: int) -> None:
+def _declared(fh, name: str, what: str, cap: int, held: int | None = None) -> int:
+    """The bytes an open .npy's header declares, refused over `cap` or over what the file holds (`held`: the bytes of
+    its zip member; else the file's bytes after the header)."""
+    shape, dtype = npy_header(fh)
+    need = math.prod(shape) * dtype.itemsize
+    held = os.fstat(fh.fileno()).st_size - fh.tell() if held is None else held
     if need > cap:
         raise UserError(f"{what} {name} declares {size(need)} ({list(shape)} {dtype}), over the {size(cap)} limit for "
                         "one array (docs/reliability.md): not loaded")
     if need > held:
         raise UserError(f"{what} {name} declares {size(need)} ({list(shape)} {dtype}) but holds {size(held)}: not loaded")
+    return need
 
 
-def check_npy(path: str | Path, what: str, cap: int | None = None) -> None:
-    """A foreign .npy is loaded only if its header declares at most `cap` bytes, and no more than the file holds (a
+def check_npy(path: str | Path, what: str) -> None:
+    """A foreign .npy is loaded only if its header declares at most MAX_ARRAY_BYTES, and no more than the file holds (a
     lying header would make numpy allocate what it declares)."""
     try:
         with open(path, "rb") as fh:
-            need, shape, dtype = _npy_bytes(fh)
-            held = os.fstat(fh.fileno()).st_size - fh.tell()
+            _declared(fh, str(path), what, MAX_ARRAY_BYTES)
     except (OSError, ValueError, EOFError):
         return  # not a .npy: its reader reports it
-    _declared(need, shape, dtype, str(path), held, what, cap or MAX_ARRAY_BYTES)
 
 
 def check_npz(path: str | Path, what: str, array_cap: int | None = None, total_cap: int | None = None) -> None:
@@ -488,9 +484,7 @@ def check_npz(path: str | Path, what: str, array_cap: int | None = None, total_c
         with zipfile.ZipFile(path) as zf:
             for entry in zf.infolist():
                 with zf.open(entry) as fh:
-                    need, shape, dtype = _npy_bytes(fh)
-                _declared(need, shape, dtype, f"{path}: {entry.filename}", entry.file_size, what, array_cap)
-                total += need
+                    total += _declared(fh, f"{path}: {entry.filename}", what, array_cap, entry.file_size)
     except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, NotImplementedError, RuntimeError):
         pass  # not an .npz of plain arrays: its reader reports it (not a zip, truncated, pickled objects)
     if total > total_cap:

@@ -26,18 +26,14 @@ class Interrupted(KeyboardInterrupt):
         self.signum = int(signum)
 
 
-def signum_of(exc: BaseException) -> int:
-    return getattr(exc, "signum", signal.SIGINT)
-
-
 def exit_code(exc: BaseException) -> int:
     """128 + the signal: 130 for Ctrl-C, 143 for SIGTERM, 141 for a closed pipe."""
-    return 128 + signum_of(exc)
+    return 128 + getattr(exc, "signum", signal.SIGINT)
 
 
 def describe(exc: BaseException) -> str:
-    return {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM",
-            signal.SIGPIPE: "its output pipe closed"}.get(signum_of(exc), signal.Signals(signum_of(exc)).name)
+    signum = getattr(exc, "signum", signal.SIGINT)
+    return {signal.SIGINT: "Ctrl-C", signal.SIGPIPE: "its output pipe closed"}.get(signum, signal.Signals(signum).name)
 
 
 class Output:

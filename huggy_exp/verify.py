@@ -5,14 +5,9 @@ its arrays are written under and the rule that compares it. `compare` takes two 
 (and, when both sides have them, the distributions `mu`, `log_sigma`, `masked_logits` behind the outputs) and returns,
 per output, the metrics, the limits beside them and the checks that failed. Nothing here knows a task or a mode.
 
-Rules (docs/verification.md):
-- continuous (actions): element-wise |a - e| <= atol + rtol * |e|, and the worst row's cosine >= cosine_min;
-- memory (recurrent_out): |a - e| <= atol * max(1, max |e|) (an LSTM cell state grows: |memory| reaches 8.8);
-- discrete: exactly equal, a flip excused only where the reference's best masked logit leads the second by at most
-  margin * max(1, |best masked logit|) (the one margin rule);
-- constant: exactly equal (shape and values);
-- NaN or inf in an actual output always fails, whatever the rule; so does one in the reference it is held to, and a
-  limit that is not a finite number is an error (`within`, `finite_limits`): nothing that is not finite passes.
+The rules (continuous, memory, discrete with its one margin rule, constant) are docs/verification.md's. NaN or inf in
+an output or in the reference it is held to always fails, and a limit that is not a finite number is an error
+(`within`, `finite_limits`): nothing that is not finite passes.
 """
 
 from __future__ import annotations
@@ -20,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field, fields
+from functools import partial
 
 import numpy as np
 
@@ -38,7 +34,6 @@ class Output:
     sampled: str | None
     stem: str
     rule: str
-    sampled_stem: str | None = None
 
     def stored(self, value: np.ndarray, float_dtype=np.float32) -> np.ndarray:
         """The array as its file (`<stem>.npy`) holds it: discrete actions int64, floats `float_dtype`, the memory
@@ -51,15 +46,12 @@ class Output:
 
     def twin(self) -> "Output | None":
         """The sampled output, compared like this one (a sampled discrete action has no margin: reported only)."""
-        if self.sampled is None or self.sampled == self.name:
-            return None
-        return Output(self.sampled, None, self.sampled_stem or f"sampled_{self.stem}",
-                      "sampled_discrete" if self.rule == "discrete" else self.rule)
+        rule = "sampled_discrete" if self.rule == "discrete" else self.rule
+        return None if self.sampled is None else Output(self.sampled, None, f"sampled_{self.stem}", rule)
 
 
-CONTINUOUS_ACTIONS = Output("deterministic_continuous_actions", "continuous_actions", "actions", "continuous", "sampled_actions")
-DISCRETE_ACTIONS = Output("deterministic_discrete_actions", "discrete_actions", "discrete_actions", "discrete",
-                          "sampled_discrete_actions")
+CONTINUOUS_ACTIONS = Output("deterministic_continuous_actions", "continuous_actions", "actions", "continuous")
+DISCRETE_ACTIONS = Output("deterministic_discrete_actions", "discrete_actions", "discrete_actions", "discrete")
 MEMORY = Output("recurrent_out", None, "memories", "memory")
 DECLARED = (CONTINUOUS_ACTIONS, DISCRETE_ACTIONS, MEMORY)  # ML-Agents' output order
 
@@ -92,8 +84,7 @@ class Limits:
 
 @dataclass(frozen=True)
 class Rules:
-    """How to compare: the limits, the dtype whose ULPs count, the relative-error floor, and the outputs to compare
-    (None: every declared output both sides have)."""
+    """How to compare: limits, the dtype whose ULPs count, relative-error floor, outputs (None: all both sides have)."""
 
     limits: Limits = Limits()
     dtype: str = "fp32"
@@ -133,16 +124,12 @@ class Comparison:
         return {f"{stem}/vs_{reference}/{k}": v for stem, o in self.outputs.items() for k, v in o.metrics.items()}
 
     def get(self, stem: str, metric: str, default: float = float("nan")) -> float:
-        o = self.outputs.get(stem)
-        return o.metrics.get(metric, default) if o is not None else default
+        return self.outputs[stem].metrics.get(metric, default) if stem in self.outputs else default
 
 
 def outputs_of(names) -> tuple[Output, ...]:
     """The declared outputs (deterministic ones and their sampled twins) whose ML-Agents names are in `names`."""
-    found = []
-    for out in DECLARED:
-        found += [o for o in (out, out.twin()) if o is not None and o.name in names]
-    return tuple(found)
+    return tuple(o for out in DECLARED for o in (out, out.twin()) if o is not None and o.name in names)
 
 
 def compare(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], rules: Rules = Rules()) -> Comparison:
@@ -165,10 +152,10 @@ def compare(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], rule
 
 
 def _continuous(oc: OutputComparison, got: np.ndarray, ref: np.ndarray, actual: dict, expected: dict, rules: Rules) -> None:
-    lim = rules.limits
-    oc.metrics.update(elementwise(got, ref, rules.rel_floor, rules.dtype))
-    bad = _nonfinite(oc, got) + _nonfinite_reference(oc, ref)
-    over = _over_tolerance(got, ref, lim.atol, lim.rtol)
+    lim, bad = rules.limits, _measure(oc, got, ref, rules)
+    a, e = got.astype(np.float64), ref.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        over = int(np.sum(~(np.abs(a - e) <= lim.atol + lim.rtol * np.abs(e))))
     oc.metrics.update({"max_abs_limit": lim.atol, "rtol_limit": lim.rtol, "cosine_min_row_limit": lim.cosine_min,
                        "over_tolerance": float(over)})
     if not bad and over:
@@ -192,8 +179,7 @@ def _policy_units(oc: OutputComparison, lim: Limits, bad: int) -> None:
 
 
 def _memory(oc: OutputComparison, got: np.ndarray, ref: np.ndarray, actual: dict, expected: dict, rules: Rules) -> None:
-    oc.metrics.update(elementwise(got, ref, rules.rel_floor, rules.dtype))
-    bad = _nonfinite(oc, got) + _nonfinite_reference(oc, ref)
+    bad = _measure(oc, got, ref, rules)
     tol = rules.limits.atol * max(1.0, float(np.nanmax(np.abs(np.asarray(ref, np.float64)), initial=0.0)))
     oc.metrics["max_abs_limit"] = tol
     if not bad and not oc.metrics["max_abs"] <= tol:
@@ -219,11 +205,6 @@ def _discrete(oc: OutputComparison, got: np.ndarray, ref: np.ndarray, actual: di
                            f"(largest flipped margin {d['flip_margin_max']:.3g})")
 
 
-def _sampled_discrete(oc, got, ref, actual, expected, rules) -> None:
-    """A sampled discrete action: an inverse-CDF draw can cross a boundary the rounding moved; reported, not judged."""
-    _discrete(oc, got, ref, actual, expected, rules, judge=False)
-
-
 def _constant(oc: OutputComparison, got: np.ndarray, ref: np.ndarray, actual: dict, expected: dict, rules: Rules) -> None:
     same = got.shape == ref.shape and np.array_equal(got, ref)
     oc.metrics["equal"] = float(same)
@@ -231,34 +212,21 @@ def _constant(oc: OutputComparison, got: np.ndarray, ref: np.ndarray, actual: di
         oc.failures.append(f"{got.tolist()} != {ref.tolist()}")
 
 
-_RULE = {"continuous": _continuous, "memory": _memory, "discrete": _discrete, "sampled_discrete": _sampled_discrete,
-         "constant": _constant}
+# a sampled discrete action: an inverse-CDF draw can cross a boundary the rounding moved; reported, not judged
+_RULE = {"continuous": _continuous, "memory": _memory, "discrete": _discrete,
+         "sampled_discrete": partial(_discrete, judge=False), "constant": _constant}
 
 
-def _nonfinite(oc: OutputComparison, got: np.ndarray) -> int:
-    """NaN/inf in an actual output: always a failure (counted, with the first place)."""
-    a = np.asarray(got)
-    bad = ~np.isfinite(a) if a.dtype.kind in "fc" else np.zeros(a.shape, bool)
-    oc.metrics["nonfinite"] = float(bad.sum())
-    if bad.any():
-        oc.failures.append(f"{int(bad.sum())} NaN/Inf values (first at {[int(i) for i in np.argwhere(bad)[0]]})")
-    return int(bad.sum())
-
-
-def _nonfinite_reference(oc: OutputComparison, ref: np.ndarray) -> int:
-    """NaN/inf in the reference: nothing can be held to it, so the output fails (a NaN reference is no pass)."""
-    count = nonfinite_count(ref)
-    oc.metrics["nonfinite_reference"] = float(count)
+def _measure(oc: OutputComparison, got: np.ndarray, ref: np.ndarray, rules: Rules) -> int:
+    """The element-wise metrics of a float output; any NaN/inf in it or its reference fails it: how many there are."""
+    oc.metrics.update(elementwise(got, ref, rules.rel_floor, rules.dtype))
+    count, ref_count = nonfinite_count(got), nonfinite_count(ref)
+    oc.metrics.update({"nonfinite": float(count), "nonfinite_reference": float(ref_count)})
     if count:
-        oc.failures.append(f"the reference holds {count} NaN/Inf values: nothing can be held to it")
-    return count
-
-
-def _over_tolerance(got: np.ndarray, ref: np.ndarray, atol: float, rtol: float) -> int:
-    a, e = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    with np.errstate(invalid="ignore", over="ignore"):
-        ok = np.abs(a - e) <= atol + rtol * np.abs(e)
-    return int(np.sum(~ok))
+        oc.failures.append(f"{count} NaN/Inf values (first at {np.argwhere(~np.isfinite(got))[0].tolist()})")
+    if ref_count:
+        oc.failures.append(f"the reference holds {ref_count} NaN/Inf values: nothing can be held to it")
+    return count + ref_count
 
 
 # --- nothing that is not finite passes
@@ -277,10 +245,7 @@ def nonfinite_failures(arrays: dict, what: str) -> list[str]:
 
 def within(value, limit) -> bool:
     """value <= limit, both finite numbers: a NaN error, a NaN limit or an infinite one never passes."""
-    try:
-        v, lim = float(value), float(limit)
-    except (TypeError, ValueError):
-        return False
+    v, lim = _number(value), _number(limit)
     return math.isfinite(v) and math.isfinite(lim) and v <= lim
 
 
@@ -289,18 +254,18 @@ def finite_limits(table: dict, where: str) -> dict[str, float]:
     a NaN limit would switch its check off)."""
     out = {}
     for key, value in (table or {}).items():
-        number = None if isinstance(value, bool) else _number(value)
-        if number is None or not math.isfinite(number):
+        out[key] = math.nan if isinstance(value, bool) else _number(value)
+        if not math.isfinite(out[key]):
             raise UserError(f"{where}.{key}={value!r}: a limit must be a finite number (NaN or inf would pass every value)")
-        out[key] = number
     return out
 
 
-def _number(value) -> float | None:
+def _number(value) -> float:
+    """`value` as a float; NaN where it is none (NaN fails every check)."""
     try:
         return float(value)
     except (TypeError, ValueError):
-        return None
+        return math.nan
 
 
 # --- element-wise metrics
@@ -309,15 +274,14 @@ def _number(value) -> float | None:
 def elementwise(actual: np.ndarray, expected: np.ndarray, rel_floor: float = REL_FLOOR, dtype: str = "fp32") -> dict[str, float]:
     """max_abs, mean_abs, rmse, guarded max_rel, cosine (overall, worst row), the required atol/rtol (Polygraphy),
     the error in ULPs of `dtype` (max, and the share above msprobe's standard), and NaN/inf mismatches."""
-    a, e = _rows(actual, expected)
+    a, e = as_rows(actual, expected)
     both = np.isfinite(a) & np.isfinite(e)
-    nonfinite = int(a.size - both.sum())
-    with np.errstate(invalid="ignore", over="ignore"):
-        diff = np.where(both, np.abs(a - e), 0.0)
-    rel = diff / np.maximum(np.abs(np.where(both, e, 0.0)), rel_floor)
-    n = max(int(both.sum()), 1)
     af, ef = np.where(both, a, 0.0), np.where(both, e, 0.0)
-    ulps = diff / ulp(np.where(both, e, 0.0), dtype)
+    with np.errstate(over="ignore"):
+        diff = np.abs(af - ef)
+    rel = diff / np.maximum(np.abs(ef), rel_floor)
+    ulps = diff / ulp(ef, dtype)
+    n = max(int(both.sum()), 1)
     row_cos = [cosine(x, y) for x, y in zip(af, ef)]
     out = {
         "max_abs": float(diff.max(initial=0.0)),
@@ -337,7 +301,7 @@ def elementwise(actual: np.ndarray, expected: np.ndarray, rel_floor: float = REL
         "nonfinite_actual": float(np.sum(~np.isfinite(a))),
         "nonfinite_expected": float(np.sum(~np.isfinite(e))),
     }
-    if nonfinite:  # a NaN/inf on either side is no agreement: the errors are infinite, the cosines undefined
+    if not both.all():  # a NaN/inf on either side is no agreement: the errors are infinite, the cosines undefined
         out.update({k: np.inf for k in POISONED_ERRORS})
         out.update({"cosine": np.nan, "cosine_min_row": np.nan})
     return out
@@ -346,7 +310,7 @@ def elementwise(actual: np.ndarray, expected: np.ndarray, rel_floor: float = REL
 POISONED_ERRORS = ("max_abs", "mean_abs", "rmse", "max_rel", "required_atol", "required_rtol", "ulp_max")
 
 
-def _rows(actual: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def as_rows(actual: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Both as float64 [rows, values per row] (the last axis is a row's values; one row for a vector)."""
     a, e = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
     if a.size != e.size:
@@ -369,10 +333,8 @@ def cosine(x: np.ndarray, y: np.ndarray) -> float:
     if x.size != y.size:
         raise UserError(f"cannot compare vectors of {x.size} and {y.size} values")
     nx, ny = float(np.linalg.norm(x)), float(np.linalg.norm(y))
-    if nx == 0.0 and ny == 0.0:
-        return 1.0
     if nx == 0.0 or ny == 0.0:
-        return 0.0
+        return float(nx == ny)  # both zero: identical
     return float(np.dot(x, y) / (nx * ny))
 
 
@@ -388,9 +350,12 @@ def gaussian_divergence(mu_a, log_sigma_a, mu_e, log_sigma_e) -> dict[str, float
         kl = (le - la) + (np.exp(2 * la) + (ma - me) ** 2) / (2 * np.exp(2 * le)) - 0.5
         shift = np.abs(ma - me) / np.exp(le)
     kl_rows = kl.reshape(-1, kl.shape[-1]).sum(axis=-1) if kl.size else np.zeros(0)
-    return {"kl_max": float(np.max(kl_rows, initial=0.0)), "kl_mean": float(kl_rows.mean()) if kl_rows.size else 0.0,
-            "mean_shift_sigma_max": float(np.max(shift, initial=0.0)),
-            "mean_shift_sigma_mean": float(shift.mean()) if shift.size else 0.0}
+    return {**_max_mean("kl", kl_rows), **_max_mean("mean_shift_sigma", shift)}
+
+
+def _max_mean(name: str, values: np.ndarray) -> dict[str, float]:
+    return {f"{name}_max": float(np.max(values, initial=0.0)),
+            f"{name}_mean": float(values.mean()) if values.size else 0.0}
 
 
 def log_softmax(z: np.ndarray) -> np.ndarray:
@@ -401,32 +366,17 @@ def log_softmax(z: np.ndarray) -> np.ndarray:
 
 def softmax_divergence(masked_a: np.ndarray, masked_e: np.ndarray, sizes: tuple[int, ...]) -> dict[str, float]:
     """KL(softmax(masked logits of the device) || the reference's) per (row, branch): max and mean."""
-    bounds = np.cumsum(sizes)[:-1]
-    kls = []
-    for za, ze in zip(np.split(np.asarray(masked_a, np.float64), bounds, axis=-1), np.split(np.asarray(masked_e, np.float64), bounds, axis=-1)):
-        la, le = log_softmax(za), log_softmax(ze)
-        kls.append(np.sum(np.exp(la) * (la - le), axis=-1))
-    kl = np.stack(kls, axis=-1) if kls else np.zeros(0)
-    return {"kl_max": float(np.max(kl, initial=0.0)), "kl_mean": float(kl.mean()) if kl.size else 0.0}
-
-
-def margins(logits: np.ndarray, sizes: tuple[int, ...]) -> np.ndarray:
-    """Per branch, the best minus the second-best logit: [..., sum(sizes)] -> [..., branches] (inf for a branch of 1)."""
-    z = np.asarray(logits, np.float64)
-    out, start = [], 0
-    for size in sizes:
-        top = np.sort(z[..., start:start + size], axis=-1)
-        out.append(top[..., -1] - top[..., -2] if size > 1 else np.full(top.shape[:-1], np.inf))
-        start += size
-    return np.stack(out, axis=-1)
+    branches = [[log_softmax(z) for z in np.split(np.asarray(m, np.float64), np.cumsum(sizes)[:-1], axis=-1)]
+                for m in (masked_a, masked_e)]
+    return _max_mean("kl", np.array([np.sum(np.exp(la) * (la - le), axis=-1) for la, le in zip(*branches)]))
 
 
 def discrete_margins(masked_logits: np.ndarray, sizes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """Per branch, the best minus the second-best masked logit and |best masked logit| ([..., branches])."""
+    """Per branch [..., branches]: the best minus the second-best masked logit (inf for one action), |best logit|."""
     z = np.asarray(masked_logits, np.float64)
-    bounds = np.cumsum(sizes)[:-1]
-    best = np.stack([np.abs(part.max(axis=-1)) for part in np.split(z, bounds, axis=-1)], axis=-1)
-    return margins(z, sizes), best
+    tops = [np.sort(part, axis=-1) for part in np.split(z, np.cumsum(sizes)[:-1], axis=-1)]
+    gaps = [t[..., -1] - t[..., -2] if t.shape[-1] > 1 else np.full(t.shape[:-1], np.inf) for t in tops]
+    return np.stack(gaps, axis=-1), np.stack([np.abs(t[..., -1]) for t in tops], axis=-1)
 
 
 FLIP_BANDS = (1.0, 10.0)  # flip rate by margin: within the bound, up to 10x it, beyond
@@ -446,8 +396,7 @@ def discrete_agreement(actual: np.ndarray, expected: np.ndarray, margin: np.ndar
     flips = a != e
     allowed = bound * np.asarray(scale, np.float64)
     near = m <= allowed  # NaN is never near: a NaN margin never excuses a flip
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = np.where(allowed > 0, m / np.where(allowed > 0, allowed, 1.0), np.where(m > 0, np.inf, 0.0))
+    ratio = np.divide(m, allowed, out=np.where(m > 0, np.inf, 0.0), where=allowed > 0)  # over a bound of 0: inf
     bands = {"within": ratio <= FLIP_BANDS[0], "to_10x": (ratio > FLIP_BANDS[0]) & (ratio <= FLIP_BANDS[1]),
              "beyond_10x": ~(ratio <= FLIP_BANDS[1])}
     out = {
@@ -489,11 +438,6 @@ def quantize(values: np.ndarray, decimals: int = DECIMALS) -> np.ndarray:
     return out
 
 
-def digest(arrays) -> str:
-    """SHA-256 of the arrays' bytes, in order."""
-    return hashlib.sha256(b"".join(np.ascontiguousarray(a).tobytes() for a in arrays)).hexdigest()
-
-
 FINGERPRINT = "fingerprint"  # the one name of the exact hash, wherever it is shown (docs/verification.md#fingerprints)
 QUANTIZED = "quantized_fingerprint"  # the hash of the rounded outputs: its own name, never under the first
 
@@ -502,7 +446,8 @@ def fingerprint(arrays: dict[str, np.ndarray], decimals: int = DECIMALS) -> dict
     """`fingerprint`: the SHA-256 of every output's bytes in order (float32 floats, int64 discrete), and
     `quantized_fingerprint`: the same over the outputs rounded to `decimals` places (as integers)."""
     exact = [np.asarray(a, np.int64 if np.asarray(a).dtype.kind in "iub" else np.float32) for a in arrays.values()]
-    return {FINGERPRINT: digest(exact), QUANTIZED: digest([quantize(a, decimals) for a in exact])}
+    return {name: hashlib.sha256(b"".join(np.ascontiguousarray(a).tobytes() for a in parts)).hexdigest()
+            for name, parts in ((FINGERPRINT, exact), (QUANTIZED, [quantize(a, decimals) for a in exact]))}
 
 
 def fingerprints(arrays: dict[str, np.ndarray], decimals: int = DECIMALS) -> dict[str, str]:

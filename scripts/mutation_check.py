@@ -69,7 +69,7 @@ MUTATIONS = (
         "tests/test_shapes_modes_prec.py::test_a_flip_fails_only_where_the_fp64_margin_exceeds_the_bound",
         "tests/test_shapes_modes_prec.py::test_half_precision_verdicts_follow_the_fp64_margins")),
     Mutation("nan-excused", "the engine no longer fails an output with NaN/inf in it", (
-        ("huggy_exp/verify.py", "    if bad.any():\n        oc.failures.append(", "    if False:\n        oc.failures.append("),
+        ("huggy_exp/verify.py", "    if count:\n        oc.failures.append(", "    if False:\n        oc.failures.append("),
     ), ("tests/test_verify.py::test_nan_or_inf_fails_whatever_the_limits",)),
     Mutation("non-atomic-result", "result.json written in place (truncate + write) instead of temp file + os.replace", (
         ("huggy_exp/safety.py", "    atomic_write(path, lambda tmp: Path(tmp).write_text(text), overwrite)",

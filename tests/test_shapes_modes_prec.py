@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import HUGGY_LSTM, HUGGY_LSTM_PT, PYRAMIDS, PYRAMIDS_PT, SHAPES, needs_shared, run_job
 
-from huggy_exp.verify import discrete_agreement, discrete_margins, margins
+from huggy_exp.verify import discrete_agreement, discrete_margins
 from huggy_exp.runners import ACTIONS, DISCRETE, RECURRENT_OUT, TorchRunner
 from huggy_exp.tasks import precision as precision_module
 
@@ -182,7 +182,7 @@ def test_a_nan_memory_the_reference_does_not_have_fails(shaped_files, tmp_path, 
 def test_discrete_agreement_counts_flips_against_the_bound():
     logits = np.array([[3.0, 1.0, 2.9], [0.0, 5.0, -1.0], [1.0, 1.0, 1.0]])
     masks = np.array([[1, 1, 1], [1, 1, 0], [0, 0, 0]], np.float32)
-    m = margins(masked_logits(logits, masks, 1e8), (3,))
+    m = discrete_margins(masked_logits(logits, masks, 1e8), (3,))[0]
     np.testing.assert_allclose(m[:, 0], [0.1, 5.0, 0.0], atol=1e-9)
     got = discrete_agreement(np.array([[2], [0], [1]]), np.array([[0], [1], [0]]), m, bound=0.2)
     assert got["flips"] == 3 and got["flips_beyond_margin"] == 1 and got["flip_margin_max"] == pytest.approx(5.0)
@@ -342,7 +342,8 @@ def test_pyramids_precision_on_mlagents_references(dtype, pyramids_npz, tmp_path
     assert m["discrete_actions/vs_fp64/margin_min"] == pytest.approx(0.00276, abs=2e-5)  # row 47, as the fixture's README says
     flips = got != expected
     outputs = np.load(ref / "torch_outputs.npz")
-    mlagents_margin, scale = margins(outputs["masked_logits"], (5,)), best_scale(outputs["masked_logits"], (5,))
+    mlagents_margin = discrete_margins(outputs["masked_logits"], (5,))[0]
+    scale = best_scale(outputs["masked_logits"], (5,))
     assert m["discrete_actions/vs_fp64/flips_beyond_margin"] == np.sum(flips & (mlagents_margin > job.record["details"]["limits"]["margin"] * scale))
     if dtype == "fp32":
         assert job.record["status"] == "passed", job.record["reason"]

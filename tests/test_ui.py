@@ -158,7 +158,7 @@ def test_a_parent_carries_the_swept_keys_one_sweep_id_and_one_recommendation_tag
 def test_a_sweep_report_is_one_file_with_everything_embedded(tmp_path):
     from huggy_exp import plots
 
-    png = tmp_path / plots.categories(tmp_path / "error_vs_dtype.png", {"cpu": (["fp32", "bf16"], [1e-6, 0.01])},
+    png = tmp_path / plots.categories(tmp_path / "error_vs_dtype.png", {"cpu": {"fp32": 1e-6, "bf16": 0.01}},
                                       ("fp32", "bf16"), "max |Δaction|", "error", {"fp32": 1e-5, "bf16": 0.05})
     summary = _summary(tmp_path)
     summary["rows"] = [{"job": "0", "run_name": "precision-cpu-fp32-b64", "status": "passed", "noisy": True,

@@ -11,24 +11,15 @@ default      the embedded synthetic default
 hub          the Hugging Face Hub
 """
 
-from huggy_exp.mlagents.checkpoint import load_checkpoint, save_checkpoint, state_dict_of, weights_from_state_dict
-from huggy_exp.mlagents.default import (
-    DEFAULT_NAME, DEFAULT_SEED, DEFAULT_STEP, DEFAULT_VERSION, cache_dir, default_results_dir, default_weights, load_default,
-)
+from huggy_exp.mlagents.checkpoint import load_checkpoint, save_checkpoint, weights_from_state_dict
+from huggy_exp.mlagents.default import (DEFAULT_STEP, DEFAULT_VERSION, cache_dir, default_results_dir, default_weights,
+                                        load_default)
 from huggy_exp.mlagents.heads import with_distributions
 from huggy_exp.mlagents.hub import fetch_hub
-from huggy_exp.mlagents.onnx_read import check_onnx_pairing, load_onnx, onnx_input_sizes, read_onnx, weights_from_onnx
+from huggy_exp.mlagents.onnx_read import check_onnx_pairing, load_onnx, weights_from_onnx
 from huggy_exp.mlagents.onnx_write import interface, write_onnx
-from huggy_exp.mlagents.results import (
-    configuration_mismatches, latest_checkpoint, list_checkpoints, model_configuration, read_configuration, read_training_status, results_model,
-    model_files, run_folder,
-)
-from huggy_exp.mlagents.weights import (
-    ACTION_CLAMP, ACTION_MASKS, BODY_PREFIX, BRANCH_PREFIX, CONTINUOUS_OUTPUTS, DISCRETE_OUTPUTS, LOG_SIGMA, LOG_SIGMA_RANGE,
-    LSTM_PREFIX, MASK_PENALTY, METADATA_KEYS, MU_PREFIX, NORMALIZER_CLAMP, NORMALIZER_FIELDS, NORMALIZER_PREFIXES, ONNX_INPUT,
-    ONNX_OUTPUTS, PROCESSOR_PREFIXES, RECURRENT_IN, RECURRENT_OUT, LoadedModel, Lstm, Normalizer, ObsInput, PolicyWeights,
-    check_shapes, obs_name, sha256_file,
-)
-
-__all__ = [name for name in dir() if not name.startswith("_") and name not in ("checkpoint", "default", "heads", "hub", "onnx_graph",
-                                                                                 "onnx_read", "onnx_write", "results", "weights")]
+from huggy_exp.mlagents.results import (configuration_mismatches, latest_checkpoint, list_checkpoints,
+                                        model_configuration, model_files, read_configuration, results_model, run_folder)
+from huggy_exp.mlagents.weights import (ACTION_CLAMP, ACTION_MASKS, LOG_SIGMA_RANGE, MASK_PENALTY, NORMALIZER_CLAMP,
+                                        ONNX_INPUT, RECURRENT_IN, RECURRENT_OUT, LoadedModel, Lstm, Normalizer,
+                                        PolicyWeights, obs_name, sha256_file)

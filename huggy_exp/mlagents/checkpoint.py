@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -42,10 +41,8 @@ def load_checkpoint(path: str | Path, onnx: str | Path | None = None) -> LoadedM
         text = str(exc).strip()
         first = re.split(r"(?<=\.) ", text.splitlines()[0])[0] if text else type(exc).__name__
         if "Weights only load failed" in text or "weights_only" in text:
-            raise UserError(
-                f"checkpoint {path} holds pickled objects other than tensors; refused to unpickle it "
-                "(torch.load weights_only=True)"
-            ) from None
+            raise UserError(f"checkpoint {path} holds pickled objects other than tensors; refused to unpickle it "
+                            "(torch.load weights_only=True)") from None
         raise UserError(f"checkpoint {path} is a {kind} but not a readable torch checkpoint (truncated or corrupt?): {first}") from None
     origin = f"checkpoint {path}"
     state, step = _policy_state(blob, origin)
@@ -127,26 +124,6 @@ ENCODER_PREFIXES = ("network_body.observation_encoder.", "network_body.processor
 CONTINUOUS_PREFIX = "action_model._continuous_distribution."
 
 
-def _unsupported(key: str) -> str:
-    """'a visual (CNN) encoder' and the like, for a network_body key that is not a normalizer, the MLP or the LSTM."""
-    return next((what for fragments, what in UNSUPPORTED_ENCODERS if any(f in key for f in fragments)),
-                "an observation encoder other than a vector normalizer")
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """Which parts an actor's keys declare: MLP layer and branch indices, a continuous head (conditional sigma or
-    not), an LSTM; and every key those parts require."""
-
-    layer_ids: list[int]
-    branch_ids: list[int]
-    continuous: bool
-    conditional: bool
-    sigma_keys: list[str]
-    memory: bool
-    required: list[str]
-
-
 def weights_from_state_dict(state: dict, origin: str, input_sizes: tuple[int, ...] | None = None) -> PolicyWeights:
     """Rebuild PolicyWeights from ML-Agents actor keys; sizes come from tensor shapes, never assumed.
 
@@ -157,37 +134,38 @@ def weights_from_state_dict(state: dict, origin: str, input_sizes: tuple[int, ..
     if odd is not None:
         raise UserError(f"{origin}: Policy key {odd!r} is a {type(odd).__name__}, not a string")
     arrays = {k: _array(v, f"Policy key {k}", origin) for k, v in state.items()}
-    parts = _layout(arrays, origin)
-    known: set[str] = {*METADATA_KEYS, *parts.required}
+    layer_ids, branch_ids, sigma_keys, memory, required = _layout(arrays, origin)
+    known: set[str] = {*METADATA_KEYS, *required}
     normalizers = _normalizers(arrays, origin, known)
     _refuse_unknown(arrays, known, origin)
     for k in arrays:
         check_finite(arrays[k], f"Policy key {k}", origin)
     scalar = lambda k, default: float(arrays[k].reshape(-1)[0]) if k in arrays and arrays[k].size else default  # noqa: E731
     f32 = lambda k: arrays[k].astype(np.float32)  # noqa: E731
-    layers = tuple((f32(f"{BODY_PREFIX}{i}.weight"), f32(f"{BODY_PREFIX}{i}.bias")) for i in parts.layer_ids)
+    layers = tuple((f32(f"{BODY_PREFIX}{i}.weight"), f32(f"{BODY_PREFIX}{i}.bias")) for i in layer_ids)
     width = int(layers[0][0].shape[1]) if layers[0][0].ndim == 2 else 0
-    continuous, conditional = parts.continuous, parts.conditional
+    conditional = len(sigma_keys) == 2  # SAC: log_sigma is a Linear of the features, the actions tanh-squashed
     weights = PolicyWeights(
         layers=layers,
-        mu=(f32(MU_PREFIX + "weight"), f32(MU_PREFIX + "bias")) if continuous else None,
-        log_sigma=(tuple(f32(k) for k in parts.sigma_keys) if conditional else f32(LOG_SIGMA).reshape(1, -1)) if continuous else None,
-        normalizer=normalizers[0] if len(normalizers) == 1 else None,
+        mu=(f32(MU_PREFIX + "weight"), f32(MU_PREFIX + "bias")) if sigma_keys else None,
+        log_sigma=(tuple(map(f32, sigma_keys)) if conditional else f32(LOG_SIGMA).reshape(1, -1))
+        if sigma_keys else None,
+        normalizer=None,  # the one input's, when there is one (PolicyWeights takes it from `inputs`)
         tanh_squash=conditional,
         version_number=scalar("version_number", 3.0),
         memory_size=scalar("memory_size_vector", 0.0),
         inputs=_inputs(normalizers, width, input_sizes),
-        branches=tuple((f32(f"{BRANCH_PREFIX}{b}.weight"), f32(f"{BRANCH_PREFIX}{b}.bias")) for b in parts.branch_ids),
-        lstm=Lstm(*(f32(LSTM_PREFIX + f) for f in LSTM_FIELDS)) if parts.memory else None,
+        branches=tuple((f32(f"{BRANCH_PREFIX}{b}.weight"), f32(f"{BRANCH_PREFIX}{b}.bias")) for b in branch_ids),
+        lstm=Lstm(*(f32(LSTM_PREFIX + f) for f in LSTM_FIELDS)) if memory else None,
     )
     check_shapes(weights, origin)
     _check_declared(arrays, weights, origin)
     return weights
 
 
-def _layout(arrays: dict, origin: str) -> _Layout:
-    """The parts the keys declare, with the keys each requires; gaps in the layer or branch indices and missing keys
-    are refused."""
+def _layout(arrays: dict, origin: str) -> tuple[list[int], list[int], list[str], bool, list[str]]:
+    """The parts the keys declare (MLP layer and branch indices, the continuous head's log_sigma keys or none, an LSTM)
+    and every key they require; gaps in the layer or branch indices and missing keys are refused."""
     layer_ids = sorted({int(m.group(1)) for k in arrays if (m := re.match(re.escape(BODY_PREFIX) + r"(\d+)\.", k))})
     if not layer_ids:
         raise UserError(f"{origin}: missing keys {BODY_PREFIX}0.weight/bias (no MLP body found)")
@@ -198,18 +176,18 @@ def _layout(arrays: dict, origin: str) -> _Layout:
     if branch_ids != list(range(len(branch_ids))):
         raise UserError(f"{origin}: discrete branches must be {BRANCH_PREFIX}0,1,2,...; found indices {branch_ids}")
     required += [f"{BRANCH_PREFIX}{b}.{p}" for b in branch_ids for p in ("weight", "bias")]
-    continuous = any(k.startswith(CONTINUOUS_PREFIX) for k in arrays) or not branch_ids
-    conditional = f"{LOG_SIGMA}.weight" in arrays
-    sigma_keys = [f"{LOG_SIGMA}.weight", f"{LOG_SIGMA}.bias"] if conditional else [LOG_SIGMA]
-    if continuous:
+    sigma_keys = [f"{LOG_SIGMA}.weight", f"{LOG_SIGMA}.bias"] if f"{LOG_SIGMA}.weight" in arrays else [LOG_SIGMA]
+    if any(k.startswith(CONTINUOUS_PREFIX) for k in arrays) or not branch_ids:
         required += [MU_PREFIX + "weight", MU_PREFIX + "bias", *sigma_keys]
+    else:
+        sigma_keys = []  # no continuous head
     memory = any(k.startswith(LSTM_PREFIX) for k in arrays)
     if memory:
         required += [LSTM_PREFIX + f for f in LSTM_FIELDS]
     missing = [k for k in required if k not in arrays]
     if missing:
         raise UserError(f"{origin}: missing keys {missing}")
-    return _Layout(layer_ids, branch_ids, continuous, conditional, sigma_keys, memory, required)
+    return layer_ids, branch_ids, sigma_keys, memory, required
 
 
 def _refuse_unknown(arrays: dict, known: set[str], origin: str) -> None:
@@ -219,7 +197,9 @@ def _refuse_unknown(arrays: dict, known: set[str], origin: str) -> None:
         k.startswith("network_body.") and not k.startswith((LSTM_PREFIX, BODY_PREFIX))
         and any(f in k for fs, _ in UNSUPPORTED_ENCODERS for f in fs))), None)
     if encoder is not None:
-        raise UserError(f"{origin}: unsupported policy shape: {_unsupported(encoder)} (found {encoder}); supported: vector "
+        what = next((what for fragments, what in UNSUPPORTED_ENCODERS if any(f in encoder for f in fragments)),
+                    "an observation encoder other than a vector normalizer")
+        raise UserError(f"{origin}: unsupported policy shape: {what} (found {encoder}); supported: vector "
                         "observation inputs, an MLP, an optional LSTM, continuous and/or discrete actions")
     if unexpected:
         raise UserError(f"{origin}: unexpected keys {unexpected[:6]}{' ...' if len(unexpected) > 6 else ''}")
@@ -272,10 +252,9 @@ def _normalizer(arrays: dict, origin: str, known: set[str], index: int) -> Norma
         if len(present) != len(NORMALIZER_FIELDS):
             raise UserError(f"{origin}: missing keys {[prefix + f for f in NORMALIZER_FIELDS if f not in present]}")
         known.update(prefix + f for f in NORMALIZER_FIELDS)
+        for f in NORMALIZER_FIELDS:
+            check_finite(arrays[prefix + f], f"Policy key {prefix}{f}", origin)
         mean, var, steps = (arrays[prefix + f] for f in NORMALIZER_FIELDS)
-        check_finite(mean, f"Policy key {prefix}running_mean", origin)
-        check_finite(var, f"Policy key {prefix}running_variance", origin)
-        check_finite(steps, f"Policy key {prefix}normalization_steps", origin)
         if (var <= 0).any():
             first = int(np.argwhere(var.reshape(-1) <= 0)[0][0])
             raise UserError(f"{origin}: Policy key {prefix}running_variance has {int((var <= 0).sum())} values <= 0 "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -30,12 +31,11 @@ def default_weights(obs_dim: int = 59, act_dim: int = 21, hidden: int = 512, lay
         fan_in = hidden
     mu = (f32(rng.normal(0, 7.0 / np.sqrt(hidden), (act_dim, hidden))), f32(rng.normal(0, 0.2, act_dim)))
     log_sigma = f32(rng.uniform(-0.5, 0.5, (1, act_dim)))
-    steps = DEFAULT_STEP
     mean = f32(rng.uniform(-20, 40, obs_dim))
     std = np.exp(rng.uniform(np.log(0.02), np.log(17.0), obs_dim))
-    variance = f32(std**2 * steps)
+    variance = f32(std**2 * DEFAULT_STEP)
     variance[[obs_dim // 3, 2 * obs_dim // 3]] = 1.0  # two dimensions that never varied, as in real runs
-    return PolicyWeights(tuple(mlp), mu, log_sigma, Normalizer(mean, variance, steps))
+    return PolicyWeights(tuple(mlp), mu, log_sigma, Normalizer(mean, variance, DEFAULT_STEP))
 
 
 def cache_dir() -> Path:
@@ -79,4 +79,4 @@ def default_results_dir() -> Path:
 def load_default() -> LoadedModel:
     root = default_results_dir()
     loaded = load_checkpoint(root / DEFAULT_NAME / f"{DEFAULT_NAME}-{DEFAULT_STEP}.pt")
-    return LoadedModel(loaded.weights, "embedded", loaded.path, loaded.sha256, loaded.step, True, loaded.onnx_path, DEFAULT_NAME)
+    return replace(loaded, source="embedded", synthetic=True, behavior=DEFAULT_NAME)

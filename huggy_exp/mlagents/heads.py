@@ -18,11 +18,13 @@ from huggy_exp.mlagents.weights import (
 
 
 class ContinuousHead:
-    outputs = CONTINUOUS_OUTPUTS
+    outputs = CONTINUOUS_OUTPUTS  # actions, their shape (a copy of the size vector), deterministic actions
+    size_vector, dtype = "continuous_act_size_vector", "float"
 
     @staticmethod
-    def present(w: PolicyWeights) -> bool:
-        return w.mu is not None
+    def sizes(w: PolicyWeights) -> tuple[list, int] | None:
+        """(the size vector, the actions' width); None when the policy has no such head."""
+        return ([float(w.act_dim)], w.act_dim) if w.mu is not None else None
 
     @staticmethod
     def is_log_sigma(g: Graph, gemm) -> bool:
@@ -51,10 +53,6 @@ class ContinuousHead:
         return {"mu": linear(g, gemm), "log_sigma": log_sigma, "tanh_squash": not (det is not None and det.op_type == "Div")}
 
     @staticmethod
-    def constants(b, w: PolicyWeights) -> None:
-        b.const("continuous_act_size_vector", [float(w.act_dim)])
-
-    @staticmethod
     def write_onnx(b, w: PolicyWeights, x: str) -> None:
         """mu, log_sigma, RandomNormalLike samples, clamp / 3 (PPO) or tanh and raw mu (SAC)."""
         from onnx import TensorProto
@@ -70,26 +68,17 @@ class ContinuousHead:
             b.node("Tanh", [noisy], "continuous_actions")
             b.node("Identity", [mu], "deterministic_continuous_actions")
         else:
-            b.node("Div", [b.node("Clip", [noisy], min=-ACTION_CLAMP, max=ACTION_CLAMP), b.scalar(ACTION_CLAMP)], "continuous_actions")
-            b.node("Div", [b.node("Clip", [mu], min=-ACTION_CLAMP, max=ACTION_CLAMP), b.scalar(ACTION_CLAMP)],
-                   "deterministic_continuous_actions")
-
-    @staticmethod
-    def shape_output(b) -> None:
-        b.node("Identity", ["continuous_act_size_vector"], "continuous_action_output_shape")
-
-    @staticmethod
-    def output_infos(w: PolicyWeights) -> list[tuple[str, str, list]]:
-        return [("continuous_actions", "float", ["batch", w.act_dim]), ("continuous_action_output_shape", "float", [1]),
-                ("deterministic_continuous_actions", "float", ["batch", w.act_dim])]
+            for raw, out in ((noisy, "continuous_actions"), (mu, "deterministic_continuous_actions")):
+                b.node("Div", [b.node("Clip", [raw], min=-ACTION_CLAMP, max=ACTION_CLAMP), b.scalar(ACTION_CLAMP)], out)
 
 
 class DiscreteHead:
     outputs = DISCRETE_OUTPUTS
+    size_vector, dtype = "discrete_act_size_vector", "int64"
 
     @staticmethod
-    def present(w: PolicyWeights) -> bool:
-        return bool(w.branches)
+    def sizes(w: PolicyWeights) -> tuple[list, int] | None:
+        return ([[float(s) for s in w.branch_sizes]], len(w.branches)) if w.branches else None
 
     @staticmethod
     def mask_start(g: Graph, gemm, masks: str | None) -> int | None:
@@ -99,10 +88,9 @@ class DiscreteHead:
         for mul in (n for n in g.consumers(gemm.output[0]) if n.op_type == "Mul"):
             other = next((i for i in mul.input if i != gemm.output[0]), None)
             sl = source(g, other) if other else None
-            if sl is not None and sl.op_type == "Slice" and sl.input and follow(g, masks) in (sl.input[0], masks):
-                start = slice_start(g, sl)
-                if start is not None:
-                    return start
+            if (sl is not None and sl.op_type == "Slice" and sl.input and follow(g, masks) in (sl.input[0], masks)
+                    and (start := slice_start(g, sl)) is not None):
+                return start
         return None
 
     @staticmethod
@@ -114,10 +102,6 @@ class DiscreteHead:
         if starts != list(np.cumsum([0, *(w.shape[0] for w, _ in weights)])[:-1]):
             raise g.fail(f"discrete branches read action_masks from {starts}, not from the running sum of their sizes")
         return {"branches": weights}
-
-    @staticmethod
-    def constants(b, w: PolicyWeights) -> None:
-        b.const("discrete_act_size_vector", [[float(s) for s in w.branch_sizes]])
 
     @staticmethod
     def write_onnx(b, w: PolicyWeights, x: str) -> None:
@@ -136,16 +120,6 @@ class DiscreteHead:
             start += weight.shape[0]
         b.node("Concat", sampled, "discrete_actions", axis=1)
         b.node("Concat", deterministic, "deterministic_discrete_actions", axis=1)
-
-    @staticmethod
-    def shape_output(b) -> None:
-        b.node("Identity", ["discrete_act_size_vector"], "discrete_action_output_shape")
-
-    @staticmethod
-    def output_infos(w: PolicyWeights) -> list[tuple[str, str, list]]:
-        n = len(w.branches)
-        return [("discrete_actions", "int64", ["batch", n]), ("discrete_action_output_shape", "float", [1, n]),
-                ("deterministic_discrete_actions", "int64", ["batch", n])]
 
 
 HEADS = (ContinuousHead, DiscreteHead)  # ML-Agents' output order

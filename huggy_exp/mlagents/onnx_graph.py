@@ -59,10 +59,7 @@ class Graph:
     def attr(self, node, name: str, default=None):
         from onnx import helper
 
-        for a in node.attribute:
-            if a.name == name:
-                return helper.get_attribute_value(a)
-        return default
+        return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
 
     def fail(self, what: str) -> UserError:
         return UserError(f"{self.origin}: not an ML-Agents policy graph: {what}")
@@ -71,7 +68,7 @@ class Graph:
 def follow(g: Graph, name: str, ops: tuple[str, ...] = PASSTHROUGH) -> str:
     """Walk single-consumer ops of the given kinds from `name`; the name of the last tensor."""
     seen = set()
-    while (node := next((n for n in [g.only(name)] if n is not None and n.op_type in ops and n.output), None)) is not None:
+    while (node := g.only(name)) is not None and node.op_type in ops and node.output:
         if id(node) in seen:
             raise g.fail("the graph has a cycle")
         seen.add(id(node))
@@ -96,9 +93,7 @@ def linear(g: Graph, node) -> tuple[np.ndarray, np.ndarray]:
     weight, bias = (g.weight(n) for n in names)
     if weight.ndim != 2:
         raise g.fail(f"Gemm {node.name or node.output[0]} weight is {list(weight.shape)}, not a matrix")
-    if not g.attr(node, "transB", 0):
-        weight = weight.T
-    return weight, bias.reshape(-1)
+    return (weight if g.attr(node, "transB", 0) else weight.T), bias.reshape(-1)
 
 
 def slice_start(g: Graph, node) -> int | None:

@@ -227,16 +227,14 @@ def weights_from_onnx(model, origin: str) -> PolicyWeights:
     heads = read_heads(g, cursor, masks)
     if heads["branches"] and masks is None:
         raise g.fail("discrete branches without ML-Agents' action_masks input")
-    sizes = [w.shape[1] for w, _ in layers[:1]]
-    inputs = _input_widths(g, model, obs, sizes[0] if sizes else 0, processed)
+    inputs = _input_widths(g, model, obs, layers[0][0].shape[1], processed)
     scalars = {}
     for out, default in (("version_number", 3.0), ("memory_size", 0.0)):
         node = g.producer.get(out)
         name = node.input[0] if node is not None and node.op_type == "Identity" and node.input else out
         value = g.weight(name) if name in g.const else None
         scalars[out] = float(value.reshape(-1)[0]) if value is not None and value.size else default
-    weights = PolicyWeights(layers, heads["mu"], heads["log_sigma"], inputs[0].normalizer if len(inputs) == 1 else None,
-                            heads["tanh_squash"], scalars["version_number"], scalars["memory_size"], inputs, heads["branches"], lstm)
+    weights = PolicyWeights(layers, normalizer=None, inputs=inputs, lstm=lstm, **scalars, **heads)
     check_shapes(weights, origin)
     return weights
 

@@ -49,10 +49,10 @@ def write_onnx(w: PolicyWeights, path: Path) -> None:
     from onnx import TensorProto, helper
 
     g = _Builder()
-    heads = [h for h in HEADS if h.present(w)]
+    heads = [h for h in HEADS if h.sizes(w)]
     g.const("version_number.1", [w.version_number])
     for head in heads:
-        head.constants(g, w)
+        g.const(head.size_vector, head.sizes(w)[0])
     g.const("memory_size_vector", [w.memory_size])
     x = g.node("Concat", [_normalized(g, w, i) for i in range(len(w.inputs))], axis=1)
     for i, (weight, bias) in enumerate(w.layers):
@@ -65,12 +65,11 @@ def write_onnx(w: PolicyWeights, path: Path) -> None:
     g.node("Identity", ["version_number.1"], "version_number")
     g.node("Identity", ["memory_size_vector"], "memory_size")
     for head in heads:
-        head.shape_output(g)
+        g.node("Identity", [head.size_vector], head.outputs[1])
 
     elem = {"float": TensorProto.FLOAT, "int64": TensorProto.INT64}
-    io = interface(w)
-    inputs = [helper.make_tensor_value_info(name, elem[kind], dims) for name, kind, dims in io["inputs"]]
-    outputs = [helper.make_tensor_value_info(name, elem[kind], dims) for name, kind, dims in io["outputs"]]
+    inputs, outputs = ([helper.make_tensor_value_info(name, elem[kind], dims) for name, kind, dims in side]
+                       for side in interface(w).values())
     graph = helper.make_graph(g.nodes, "huggy_exp policy", inputs, outputs, initializer=g.inits)
     model = helper.make_model(graph, producer_name="huggy_exp", opset_imports=[helper.make_opsetid("", 9)])
     model.ir_version = 4
@@ -82,10 +81,13 @@ def interface(w: PolicyWeights) -> dict[str, list[tuple[str, str, list]]]:
     """ML-Agents' graph inputs and outputs for these weights, in its order, as (name, element type, dims); "batch" is the
     symbolic batch: obs_<i>, action_masks (discrete), recurrent_in (memory); version_number, memory_size, each head's
     three outputs (continuous, then discrete), recurrent_out (memory)."""
-    heads = [h for h in HEADS if h.present(w)]
+    heads = [h for h in HEADS if h.sizes(w)]
     inputs = [(obs_name(i), "float", ["batch", obs.size]) for i, obs in enumerate(w.inputs)]
     outputs = [("version_number", "float", [1]), ("memory_size", "float", [1])]
-    outputs += [info for head in heads for info in head.output_infos(w)]
+    for head in heads:
+        vector, width = head.sizes(w)
+        outputs += [(head.outputs[0], head.dtype, ["batch", width]), (head.outputs[1], "float", list(np.shape(vector))),
+                    (head.outputs[2], head.dtype, ["batch", width])]
     if w.branches:
         inputs.append((ACTION_MASKS, "float", ["batch", sum(w.branch_sizes)]))
     if w.lstm is not None:

@@ -44,16 +44,10 @@ def list_checkpoints(results_dir: str | Path) -> list[dict]:
     for behavior, info in status.items():
         for ck in info["checkpoints"]:
             row = rows.setdefault((behavior, ck["steps"]), _row(behavior, ck["steps"]))
-            row["reward"] = ck.get("reward")
-            if "reward_nonfinite" in ck:
-                row["reward_nonfinite"] = ck["reward_nonfinite"]
-            row["creation_time"] = ck.get("creation_time")
-            row["logged_files"] = [ck.get("file_path"), *ck.get("auxillary_file_paths", [])]
-            row["final"] = row["final"] or ck["steps"] == info["final"]
-    out = sorted(rows.values(), key=lambda r: (r["behavior"], r["step"]))
-    for r in out:
-        r["present"] = bool(r["files"])
-    return out
+            row.update({k: ck[k] for k in ("reward_nonfinite",) if k in ck}, reward=ck.get("reward"),
+                       creation_time=ck.get("creation_time"), final=row["final"] or ck["steps"] == info["final"],
+                       logged_files=[ck.get("file_path"), *ck.get("auxillary_file_paths", [])])
+    return [{**r, "present": bool(r["files"])} for r in sorted(rows.values(), key=lambda r: (r["behavior"], r["step"]))]
 
 
 def _parse_text(path: Path, parse, kind: str, error: type, utf8_hint: str = ""):
@@ -89,8 +83,7 @@ def read_training_status(path: Path) -> dict[str, dict]:
             raise _bad_status(path, f"{behavior}.checkpoints", info["checkpoints"], "a list of checkpoint entries")
         entries = [_status_entry(path, f"{behavior}.checkpoints[{i}]", ck) for i, ck in enumerate(info["checkpoints"])]
         final = info.get("final_checkpoint")
-        if final is not None:
-            final = _status_entry(path, f"{behavior}.final_checkpoint", final)["steps"]
+        final = None if final is None else _status_entry(path, f"{behavior}.final_checkpoint", final)["steps"]
         out[behavior] = {"checkpoints": entries, "final": final}
     return out
 
@@ -136,18 +129,19 @@ def read_configuration(root: Path) -> dict[str, dict]:
     path = Path(root) / "configuration.yaml"
     if not path.is_file():
         return {}
-    doc = _parse_text(path, yaml.safe_load, "YAML", yaml.YAMLError)
-    shape = "a mapping 'behaviors: {<Behavior>: {trainer_type: ..., network_settings: {...}}}'"
-    behaviors = (doc or {}).get("behaviors") if isinstance(doc or {}, dict) else None
-    if not isinstance(doc or {}, dict) or not isinstance(behaviors or {}, dict):
-        raise UserError(f"{path}: expected {shape}, found {'behaviors: ' if isinstance(doc, dict) else ''}a {type(behaviors if isinstance(doc, dict) else doc).__name__}")
+    doc = _parse_text(path, yaml.safe_load, "YAML", yaml.YAMLError) or {}
+    behaviors = doc.get("behaviors") or {} if isinstance(doc, dict) else doc
+    if not isinstance(behaviors, dict):
+        found = f"{'behaviors: ' if isinstance(doc, dict) else ''}a {type(behaviors).__name__}"
+        raise UserError(f"{path}: expected a mapping 'behaviors: {{<Behavior>: {{trainer_type: ..., network_settings: "
+                        f"{{...}}}}}}', found {found}")
     out = {}
-    for behavior, settings in (behaviors or {}).items():
-        net = (settings or {}).get("network_settings") if isinstance(settings or {}, dict) else None
-        if not isinstance(settings or {}, dict) or not isinstance(net or {}, dict):
-            where, bad = (f"behaviors.{behavior}", settings) if not isinstance(settings or {}, dict) else (f"behaviors.{behavior}.network_settings", net)
+    for behavior, settings in behaviors.items():
+        settings = settings or {}
+        net = settings.get("network_settings") or {} if isinstance(settings, dict) else {}
+        if not isinstance(settings, dict) or not isinstance(net, dict):
+            where, bad = (f"behaviors.{behavior}", settings) if not isinstance(settings, dict) else (f"behaviors.{behavior}.network_settings", net)
             raise UserError(f"{path}: {where} is a {type(bad).__name__}, expected a mapping")
-        settings, net = settings or {}, net or {}
         out[str(behavior)] = {"trainer_type": settings.get("trainer_type"), "hidden_units": net.get("hidden_units"),
                               "num_layers": net.get("num_layers"), "normalize": net.get("normalize"),
                               "max_steps": settings.get("max_steps")}
@@ -167,9 +161,8 @@ def _row(behavior: str, step: int) -> dict:
 
 def latest_checkpoint(results_dir: Path, behavior: str | None = None, step: int | None = None) -> Path:
     """The .pt (else .onnx) of the chosen step, or of the newest one present."""
-    rows = [r for r in list_checkpoints(results_dir) if r["present"] and (behavior is None or r["behavior"] == behavior)]
-    if step is not None:
-        rows = [r for r in rows if r["step"] == step]
+    rows = [r for r in list_checkpoints(results_dir) if r["present"] and (behavior is None or r["behavior"] == behavior)
+            and (step is None or r["step"] == step)]
     if not rows:
         want = f" for behavior {behavior}" if behavior else ""
         want += f" at step {step}" if step is not None else ""

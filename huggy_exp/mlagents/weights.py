@@ -11,10 +11,6 @@ import numpy as np
 from huggy_exp.errors import UserError
 
 # --- state_dict keys, exactly as ML-Agents' SimpleActor names them
-NORMALIZER_PREFIXES = (
-    "network_body.observation_encoder.processors.0.normalizer.",
-    "network_body.processors.0.normalizer.",
-)
 PROCESSOR_PREFIXES = ("network_body.observation_encoder.processors.", "network_body.processors.")  # + "<i>.normalizer."
 NORMALIZER_FIELDS = ("running_mean", "running_variance", "normalization_steps")
 BODY_PREFIX = "network_body._body_endoder.seq_layers."
@@ -39,7 +35,6 @@ RECURRENT_IN = "recurrent_in"
 RECURRENT_OUT = "recurrent_out"
 CONTINUOUS_OUTPUTS = ("continuous_actions", "continuous_action_output_shape", "deterministic_continuous_actions")
 DISCRETE_OUTPUTS = ("discrete_actions", "discrete_action_output_shape", "deterministic_discrete_actions")
-ONNX_OUTPUTS = ("version_number", "memory_size", *CONTINUOUS_OUTPUTS)  # a continuous-only policy without memory
 ACTION_CLAMP = 3.0
 NORMALIZER_CLAMP = 5.0
 LOG_SIGMA_RANGE = (-20.0, 2.0)
@@ -295,24 +290,27 @@ def check_finite(a: np.ndarray, name: str, origin: str) -> None:
 
 def check_shapes(w: PolicyWeights, origin: str) -> None:
     """Every tensor must chain: inputs -> [H, sum of inputs] -> [H, H]... (-> LSTM) -> heads [*, H]; normalizers match their inputs."""
-    linears = [(f"{BODY_PREFIX}{2 * i}", *layer) for i, layer in enumerate(w.layers)]
-    linears += [(MU_PREFIX[:-1], *w.mu)] if w.mu is not None else []
-    linears += [(f"{BRANCH_PREFIX}{b}", *branch) for b, branch in enumerate(w.branches)]
-    for key, weight, bias in linears:
+    heads = [(MU_PREFIX[:-1], *w.mu, "act")] if w.mu is not None else []
+    heads += [(f"{BRANCH_PREFIX}{b}", *branch, "size") for b, branch in enumerate(w.branches)]
+    for key, weight, bias, *_ in [(f"{BODY_PREFIX}{2 * i}", *layer) for i, layer in enumerate(w.layers)] + heads:
         if weight.ndim != 2 or bias.ndim != 1 or 0 in weight.shape:
             raise UserError(f"{origin}: shape mismatch: {key}.weight {list(weight.shape)} / .bias {list(bias.shape)} "
                             "(expected a non-empty [out, in] matrix and an [out] vector)")
-    if w.mu is None and not w.branches:
+    if not heads:
         raise UserError(f"{origin}: no action head: neither {MU_PREFIX}weight nor {BRANCH_PREFIX}0.weight")
     problems = []
     width = w.obs_dim
     if sum(w.obs_sizes) != width:
         problems.append(f"observation inputs {list(w.obs_sizes)} sum to {sum(w.obs_sizes)}, the first layer takes {width}")
+
+    def chain(key: str, weight: np.ndarray, bias: np.ndarray, rows: str) -> None:
+        if weight.shape[1] != width or bias.shape != (weight.shape[0],):
+            problems.append(f"{key}.weight {list(weight.shape)} / .bias {list(bias.shape)} "
+                            f"(expected [{rows}, {width}] and [{rows}])")
+
     for i, (weight, bias) in enumerate(w.layers):
-        key = f"{BODY_PREFIX}{2 * i}"
-        if weight.ndim != 2 or weight.shape[1] != width or bias.shape != (weight.shape[0],):
-            problems.append(f"{key}.weight {list(weight.shape)} / .bias {list(bias.shape)} (expected [*, {width}] and [*])")
-        width = weight.shape[0] if weight.ndim == 2 else width
+        chain(f"{BODY_PREFIX}{2 * i}", weight, bias, "*")
+        width = weight.shape[0]
     if w.lstm is not None:
         m, hidden = w.lstm, w.lstm.hidden_size
         expected = {"weight_ih_l0": (4 * hidden, width), "weight_hh_l0": (4 * hidden, hidden), "bias_ih_l0": (4 * hidden,),
@@ -322,24 +320,19 @@ def check_shapes(w: PolicyWeights, origin: str) -> None:
                 problems.append(f"{LSTM_PREFIX}{name} {list(value.shape)} (expected {list(shape)})")
         width = hidden
     if w.mu is not None:
-        if w.mu[0].shape[1:] != (width,) or w.mu[1].shape != (w.mu[0].shape[0],):
-            problems.append(f"{MU_PREFIX}weight {list(w.mu[0].shape)} / .bias {list(w.mu[1].shape)} (expected [act, {width}] and [act])")
+        chain(*heads[0])
         if w.conditional_sigma:
             if w.log_sigma[0].shape != w.mu[0].shape or w.log_sigma[1].shape != w.mu[1].shape:
                 problems.append(f"{LOG_SIGMA}.weight {list(w.log_sigma[0].shape)} does not match {MU_PREFIX}weight {list(w.mu[0].shape)}")
         elif w.log_sigma is None or w.log_sigma.shape != (1, w.act_dim):
             problems.append(f"{LOG_SIGMA} {None if w.log_sigma is None else list(w.log_sigma.shape)} (expected [1, {w.act_dim}])")
-    for b, (weight, bias) in enumerate(w.branches):
-        if weight.shape[1] != width or bias.shape != (weight.shape[0],):
-            problems.append(f"{BRANCH_PREFIX}{b}.weight {list(weight.shape)} / .bias {list(bias.shape)} (expected [size, {width}] and [size])")
+    for head in heads[len(heads) - len(w.branches):]:
+        chain(*head)
     for i, obs in enumerate(w.inputs):
         n = obs.normalizer
-        if n is None:
-            continue
-        stats = {"running_mean": n.running_mean,
-                 "running_variance" if n.running_variance is not None else "folded std": n.std if n.running_variance is None else n.running_variance}
-        for name, value in stats.items():
-            if value.shape != (obs.size,):
-                problems.append(f"{PROCESSOR_PREFIXES[0]}{i}.normalizer.{name} {list(value.shape)} (expected [{obs.size}])")
+        stats = [] if n is None else [("running_mean", n.running_mean), ("running_variance", n.running_variance)
+                                      if n.running_variance is not None else ("folded std", n.std)]
+        problems += [f"{PROCESSOR_PREFIXES[0]}{i}.normalizer.{name} {list(value.shape)} (expected [{obs.size}])"
+                     for name, value in stats if value.shape != (obs.size,)]
     if problems:
         raise UserError(f"{origin}: shape mismatch: " + "; ".join(problems))

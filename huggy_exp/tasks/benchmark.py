@@ -89,7 +89,7 @@ class BenchmarkTask:
             result.status = "skipped" if result.status == "passed" else result.status
             result.reason = result.reason or "; ".join(f"{n}: {backends[n]['reason']}" for n in timed_backends)
         elif ctx.plots:
-            result.files.append(plots.scaling(ctx.workdir / "benchmark.png", {n: _curve(result, n) for n in timed},
+            result.files.append(plots.versus_batch(ctx.workdir / "benchmark.png", {n: _curve(result, n) for n in timed},
                                               f"{ctx.device} {ctx.dtype}, {threads} thread(s)"))
         result.summary[:0] = _summary(result, backends, points, timed_backends, ctx.batch_size)
         if "eager" in runners:

@@ -71,12 +71,9 @@ def point_options(settings: dict, device: str, mode: str, nodes: list[dict]) -> 
     point whose first run may have logged)."""
     cpus = [cluster.node_totals(n).get("CPU", 0.0) for n in nodes]
     req = cluster.request(device, mode, settings["cpus_per_point"], cpus)
-    extra = dict((settings.get("ray") or {}).get("remote") or {})
-    resources = {**(extra.pop("resources", None) or {}), **req["resources"]}
-    for key in ("num_cpus", "num_gpus", "max_retries", "retry_exceptions"):
-        extra.pop(key, None)
-    options = {**extra, "num_cpus": req["num_cpus"], "num_gpus": req["num_gpus"], "resources": resources,
-               "max_retries": 0, "retry_exceptions": False}
+    extra = (settings.get("ray") or {}).get("remote") or {}
+    options = {**extra, "num_cpus": req["num_cpus"], "num_gpus": req["num_gpus"], "max_retries": 0,
+               "resources": {**(extra.get("resources") or {}), **req["resources"]}, "retry_exceptions": False}
     env = {k: os.environ[k] for k in CREDENTIAL_ENV if k in os.environ}
     if env:  # workers do not inherit the head's environment: the store's credentials travel with the task
         runtime = dict(options.get("runtime_env") or {})
@@ -147,9 +144,8 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
     sweep_dir.mkdir(parents=True, exist_ok=True)
     nodes = connect(launcher.settings)
-    info = tracking.read_sweep(sweep_dir) or {}
-    if info:
-        info = {**info, "dir": str(sweep_dir)}
+    info = tracking.read_sweep(sweep_dir)
+    info = {**info, "dir": str(sweep_dir)} if info else {}
     print(f"ray: {len(job_overrides)} point(s) on {len(nodes)} node(s): "
           + "; ".join(cluster.describe(n) for n in nodes), flush=True)
     remote = remote_functions()
@@ -173,19 +169,14 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
                                                Singleton.get_state(), info, point,
                                                int(launcher.settings["return_files_mb"] * 2**20))
         slots.append((sweep_config, point, ref))
-    returns = []
     try:
-        for sweep_config, point, ref in slots:
-            if ref is None:
-                returns.append(_run_here(launcher, sweep_config, point))
-                continue
-            returns.append(_collect(launcher, sweep_config, point, ref))
+        return [_run_job(launcher.hydra_context, launcher.task_function, sweep_config, point) if ref is None
+                else _collect(launcher, sweep_config, point, ref) for sweep_config, point, ref in slots]
     except KeyboardInterrupt:
         for _, _, ref in slots:
             if ref is not None:
                 ray.cancel(ref, force=True)
         raise
-    return returns
 
 
 def remote_functions() -> dict[bool, Any]:
@@ -214,36 +205,39 @@ def _collect(launcher: Any, sweep_config: DictConfig, point: dict, ref: Any) -> 
         held = _read_json(job_dir / "result.json")
         if held and held.get("job_id") == point["job_id"]:  # shared storage: the worker's own record is here; sync logs it
             print(f"ray: point {sweep_config.hydra.job.num}: its worker{where} {what} after writing its result", flush=True)
-            return _returned(sweep_config, held.get("status", "error"))
+            ret = JobReturn(overrides=list(sweep_config.hydra.overrides.task), cfg=sweep_config, hydra_cfg=None,
+                            working_dir=str(job_dir), task_name=str(sweep_config.hydra.job.name),
+                            status=JobStatus.COMPLETED)
+            ret.return_value = held.get("status", "error")
+            return ret
         reason = f"the Ray worker running this point{where} {what} ({type(exc).__name__}: {first}); rerun the point"
         pending = ("its Ray worker died mid-point: `python run.py mode=sync` logs this record, replacing any partial "
                    "copy the worker left")
-        return _run_here(launcher, sweep_config, {**point, "preset": ["error", reason], "pending": pending,
-                                                  "host": worker.get("host")})
+        return _run_job(launcher.hydra_context, launcher.task_function, sweep_config,
+                        {**point, "preset": ["error", reason], "pending": pending, "host": worker.get("host")})
     held = _read_json(job_dir / "result.json")
     if not (held and held.get("job_id") == point["job_id"]):  # no shared storage: the worker's copy comes here
         _write_files(job_dir, files)
     return ret
 
 
-def _returned(sweep_config: DictConfig, status: str) -> JobReturn:
-    ret = JobReturn(overrides=list(sweep_config.hydra.overrides.task), cfg=sweep_config, hydra_cfg=None,
-                    working_dir=str(_job_dir(sweep_config)), task_name=str(sweep_config.hydra.job.name),
-                    status=JobStatus.COMPLETED)
-    ret.return_value = status
-    return ret
+def _run_job(hydra_context: Any, task_function: Any, sweep_config: DictConfig, point: dict,
+             card: str = "") -> JobReturn:
+    """Hydra's job of one point, with the point's record (and the card kind Ray assigned it) in the environment; on a
+    worker, or on the head for a point decided there (skipped: no node has its device; error: its worker died), so
+    that every point's result.json, run and summary row look alike."""
+    from huggy_exp.placement import ASSIGNED_CARD_ENV
 
-
-def _run_here(launcher: Any, sweep_config: DictConfig, point: dict) -> JobReturn:
-    """A point decided on the head (skipped: no node has its device; error: its worker died), through the same job
-    code as every point, so its result.json, its run and its summary row look like the others'."""
     os.environ[POINT_ENV] = json.dumps(point)
+    if card:
+        os.environ[ASSIGNED_CARD_ENV] = card
     try:
         HydraConfig.instance().set_config(sweep_config)
-        return run_job(hydra_context=launcher.hydra_context, task_function=launcher.task_function, config=sweep_config,
+        return run_job(hydra_context=hydra_context, task_function=task_function, config=sweep_config,
                        job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
     finally:
         os.environ.pop(POINT_ENV, None)
+        os.environ.pop(ASSIGNED_CARD_ENV, None)
 
 
 def _read_json(path: Path) -> dict | None:
@@ -263,10 +257,7 @@ def _write_files(job_dir: Path, files: dict[str, bytes]) -> None:
         rel = Path(name)
         if rel.is_absolute() or ".." in rel.parts:
             continue
-        target = job_dir / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        data = files[name]
-        atomic_write(target, lambda tmp, data=data: Path(tmp).write_bytes(data))
+        atomic_write(job_dir / rel, lambda tmp, data=files[name]: Path(tmp).write_bytes(data))  # its folders made too
 
 
 def host_facts(device: str) -> dict:
@@ -303,7 +294,6 @@ def _run_point(hydra_context: Any, sweep_config: DictConfig, task_function: Any,
                point: dict, cap_bytes: int) -> tuple[JobReturn, dict[str, bytes]]:
     """On a worker: the sweep's sweep.json where this host lacks it, WORKER_FILE, then Hydra's job with the point's
     job id and host facts; returns the JobReturn and the job folder's files."""
-    from huggy_exp.placement import ASSIGNED_CARD_ENV
     from huggy_exp.results import atomic_write_text
 
     setup_globals()
@@ -320,14 +310,6 @@ def _run_point(hydra_context: Any, sweep_config: DictConfig, task_function: Any,
                                                          "node_ip": host["ray_node_ip"], "started": time.time(),
                                                          "host": host}) + "\n")
     kind = device.split(":", 1)[0]
-    assigned = kind in cluster.ACCELERATOR and host["cards"] != "none"
-    os.environ[POINT_ENV] = json.dumps({**point, "host": host})
-    if assigned:
-        os.environ[ASSIGNED_CARD_ENV] = kind
-    try:
-        ret = run_job(hydra_context=hydra_context, task_function=task_function, config=sweep_config,
-                      job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
-    finally:
-        os.environ.pop(POINT_ENV, None)
-        os.environ.pop(ASSIGNED_CARD_ENV, None)
+    card = kind if kind in cluster.ACCELERATOR and host["cards"] != "none" else ""
+    ret = _run_job(hydra_context, task_function, sweep_config, {**point, "host": host}, card)
     return ret, _files(job_dir, cap_bytes)
