@@ -64,18 +64,9 @@ MAX_OBS_BYTES = 1 << 30  # 1 GiB of float32 observations (~4.5M Huggy rows); the
 
 
 def rule(default: Any = MISSING, *, lo: float | None = None, hi: float | None = None, choices: tuple = (),
-         lo_open: bool = False, factory=None):
+         lo_open: bool = False):
     """A field with its legal range or choices (checked by `validate`)."""
-    meta = {"lo": lo, "hi": hi, "choices": choices, "lo_open": lo_open}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def per_dtype(name: str, kind: type) -> type:
-    """A table with one required field per dtype of DTYPE_NAMES: a dtype left out is a config error at load (`missing
-    key mode.tolerance.bf16`), never a default."""
-    return make_dataclass(name, [(d, kind, rule(lo=0) if kind is float else field(default=MISSING)) for d in DTYPE_NAMES])
+    return field(default=default, metadata={"lo": lo, "hi": hi, "choices": choices, "lo_open": lo_open})
 
 
 # --- groups
@@ -207,7 +198,9 @@ class Threshold:
     layer_rel_rmse: float = rule(lo=0)  # mode=precision: each layer's RMSE / RMS of fp64's layer
 
 
-Thresholds = per_dtype("Thresholds", Threshold)  # the one per-dtype table: every mode's limits (docs/verification.md)
+# the one per-dtype table, every mode's limits (docs/verification.md): a row per dtype, each required (a dtype left out
+# is `missing key verify.limits.bf16` at load, never a default)
+Thresholds = make_dataclass("Thresholds", [(d, Threshold, field(default=MISSING)) for d in DTYPE_NAMES])
 
 
 @dataclass
@@ -498,18 +491,18 @@ def validate(cfg: DictConfig, mode: str) -> dict:
     _check(modes()[mode], plain["mode"], "mode.")
     if mode == "stats" and plain["mode"]["source"] == "replay" and not plain["mode"]["trajectory"]:
         raise UserError("mode.source=replay needs mode.trajectory=<file.npy> (float32 [T, obs_dim]) or an .npz of obs_<i> [T, d_i]")
-    _check_specialize("verify.specialize", (plain.get("verify") or {}).get("specialize"), Threshold)
+    _check_specialize((plain.get("verify") or {}).get("specialize"))
     return plain
 
 
-def _check_specialize(key: str, value: Any, entry: type) -> None:
+def _check_specialize(value: Any, key: str = "verify.specialize") -> None:
     """A free map of `<device kind>_<dtype>` entries (e.g. npu_fp16): each name a known device kind and dtype, each entry
-    the keys of its table (any of them), every number finite and in range; the first bad one is one line."""
+    any keys of a verify.limits row, every number finite and in range; the first bad one is one line."""
     if value is None:
         return
     if not isinstance(value, dict):
         raise UserError(f"{key} must be a mapping of <device kind>_<dtype> entries, got {value!r}")
-    hints, known = get_type_hints(entry), {f.name: f for f in fields(entry)}
+    hints, known = get_type_hints(Threshold), {f.name: f for f in fields(Threshold)}
     for name, limits in value.items():
         kind, _, dtype = str(name).partition("_")
         if kind not in DEVICE_KINDS or dtype not in DTYPE_NAMES:

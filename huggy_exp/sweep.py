@@ -82,7 +82,7 @@ class SweepCallback(Callback):
         if url:
             base = ""  # a server's URLs are whole; a SQLite store's are paths under mode=ui's address
             if not url["runs"].startswith("http"):
-                uri = (tracking.read_sweep(self.sweep_dir) or {}).get("tracking", {}).get("uri", "")
+                uri = info.get("tracking", {}).get("uri", "")
                 port = int(self.settings.get("ui_port") or 5000)
                 store = "" if uri == tracking.default_uri() else f" tracking.uri={uri}"
                 print(f"  UI: python run.py mode=ui{store} (or: mlflow ui --backend-store-uri {uri} --host 127.0.0.1 "

@@ -435,8 +435,8 @@ def log_job(settings: dict, workdir: Path, retry_down: bool = False, foreign: bo
     if not settings.get("enabled", True):
         return {"status": "off"}
     with flock(workdir):  # one logger per job at a time (a job and a sync, two syncs), on any store
-        record = read_record(workdir / "result.json")
-        if (record.get("tracking") or {}).get("status") == "logged":  # another process logged it while we waited
+        record, state = read_record(workdir / "result.json")
+        if state == "logged":  # another process logged it while we waited
             return record["tracking"]
         sweep = read_sweep(Path(record["sweep"]["dir"])) if record.get("sweep") else None
         if sweep and sweep.get("tracking", {}).get("status") == "down" and not retry_down:
@@ -452,7 +452,7 @@ def log_job(settings: dict, workdir: Path, retry_down: bool = False, foreign: bo
             return {"status": "pending", "reason": reason}
 
 
-def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None, foreign: bool = False) -> dict:
+def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None, foreign: bool) -> dict:
     from mlflow.entities import Metric, Param
 
     for old in store.runs(f"tags.`huggy.job_id` = '{record['job_id']}'", 10):
@@ -917,16 +917,18 @@ RECORD_FIELDS = {"metrics": dict, "series": dict, "params": dict, "tags": dict, 
                  "reason": str, "headline": str, "case": str, "overrides": list}
 
 
-def read_record(path: Path) -> dict:
+def read_record(path: Path) -> tuple[dict, str | None]:
     """The sync reader for foreign results: a result.json read under safety's caps (a regular file, never a FIFO or a
-    device, at most MAX_JSON_BYTES, nested at most MAX_JSON_DEPTH), then checked field by field. One line (UserError)
-    naming the file and the first bad field, never a traceback, a hang or a retry that cannot succeed."""
+    device, at most MAX_JSON_BYTES, nested at most MAX_JSON_DEPTH), then checked field by field; with its tracking
+    status (None: no `tracking` object). One line (UserError) naming the file and the first bad field, never a
+    traceback, a hang or a retry that cannot succeed."""
     record = read_json(path, "sync: result")
     if not isinstance(record, dict):
         raise UserError(f"sync: result {path} is a JSON {type(record).__name__}, not a job's result")
-    state = (record.get("tracking") or {}).get("status") if isinstance(record.get("tracking"), dict) else None
+    tracking = record.get("tracking")
+    state = tracking.get("status") if isinstance(tracking, dict) else None
     if state not in ("pending", "logging"):
-        return record  # not for sync: only what logging reads must be well formed
+        return record, state  # not for sync: only what logging reads must be well formed
     missing = [k for k in RECORD_KEYS if not isinstance(record.get(k), str) or not record[k]]
     if missing:
         raise UserError(f"sync: result {path} has no text {', '.join(missing)}: not a job's result.json")
@@ -943,7 +945,7 @@ def read_record(path: Path) -> dict:
         wrong.append("series is not lists of [step, value] pairs")
     if wrong:
         raise UserError(f"sync: result {path}: {wrong[0]}; not logged")
-    return record
+    return record, state
 
 
 def sync(settings: dict, roots: list[Path], say=print) -> dict[str, int]:
@@ -963,7 +965,7 @@ def sync(settings: dict, roots: list[Path], say=print) -> dict[str, int]:
     said = None
     for path in found:
         try:
-            state = (read_record(path).get("tracking") or {}).get("status")
+            state = read_record(path)[1]
         except UserError as exc:
             skip(path, " ".join(str(exc).split())[:240])
             continue

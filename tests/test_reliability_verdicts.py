@@ -330,6 +330,13 @@ def test_sync_skips_wrongly_typed_deep_and_special_results_in_one_line_each_and_
     assert any("deep/result.json nests 100,001 levels" in ln for ln in skipped), skipped
 
 
+def test_sync_passes_over_a_result_whose_tracking_is_not_an_object(tmp_path):
+    """Not a pending result (its `tracking` is no object): not sync's to log, and no traceback either."""
+    foreign(tmp_path, "odd", json.dumps({"tracking": "pending"}))
+    counts = tracking.sync({"uri": store(tmp_path)}, [tmp_path / "runs"], say=print)
+    assert counts == {"logged": 0, "pending": 0, "seen": 0, "skipped": 0, "closed": 0}
+
+
 def test_sync_mode_exits_2_naming_a_missing_folder(tmp_path):
     got = cli(["mode=sync", f"tracking.uri={store(tmp_path)}", f"mode.paths=[{tmp_path / 'nope'}]"], None)
     assert got.code == 2 and str(tmp_path / "nope") in one_line(got, "no such folder")
