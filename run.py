@@ -72,12 +72,6 @@ def cli(argv: list[str], mlflow_helper: bool = False) -> None:
 
 def _cli(argv: list[str], mlflow_helper: bool) -> None:
     preflight.setup()
-    try:
-        argv = preflight.normalize_argv(argv)
-        sys.argv[1:] = argv
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
     single = preflight.single_run(argv)
     # MLflow's import (2-3 s of CPU) starts now in a helper process, beside torch's import and the job
     tracked = mlflow_helper and single and not {"tracking=none", "tracking.enabled=false"} & set(argv)
@@ -85,6 +79,7 @@ def _cli(argv: list[str], mlflow_helper: bool) -> None:
     composed: list[DictConfig] = []
     try:
         try:
+            argv = preflight.normalize_argv(argv)
             jobs = preflight.check(argv, CONF, keep=composed)  # may add tracking.uri='<masked>' (a file's secret)
             sys.argv[1:] = argv
             os.environ[preflight.JOBS_ENV] = str(jobs)  # the sweep's size, for its progress lines (sweep.json)

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -176,7 +177,7 @@ def attempts(ctx: Context, everything: bool) -> dict[str, Callable[[np.ndarray],
     policy = runners["eager"].policy
     mean, std, layers = policy.normalizers[0].running_mean, policy.normalizers[0].std, policy._gemv
     backend = lambda name: lambda o: runners[name].infer({OBS: o})[ACTIONS]  # noqa: E731
-    example = torch.from_numpy(ctx.make_observations(1))
+    example = torch.from_numpy(ctx.make_feeds(1)[OBS])
     with torch.inference_mode(False), torch.no_grad():
         module = _Forward(mean, std, layers).eval().requires_grad_(False)
         traced = torch.jit.freeze(torch.jit.trace(module, example).eval())
@@ -269,7 +270,7 @@ def _slow_attempts(module: _Forward, example) -> dict[str, Callable | str]:
 
 def time_attempts(ctx: Context, fns: dict[str, Callable | str], rounds: int, budget_s: float) -> dict[str, dict]:
     """Each checked against eager, then p50s over `rounds` interleaved rounds (order rotated); the median round."""
-    obs = ctx.make_observations(1)
+    obs = ctx.make_feeds(1)[OBS]
     want = fns[EAGER](obs)
     rows = {}
     for name, fn in fns.items():
@@ -344,15 +345,7 @@ def paired(a: list[str], b: list[str], runs: int) -> dict[str, float]:
             "cpu_ratio": med(x / y for x, y in zip(ca, cb)), "cpu_diff_s": med(x - y for x, y in zip(ca, cb))}
 
 
-def benchmark_knobs(**changes) -> dict:
-    """mode=benchmark's keys as conf/mode/benchmark.yaml holds them (the one set of defaults), with `changes`."""
-    from omegaconf import OmegaConf
-
-    knobs = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "mode" / "benchmark.yaml"), resolve=True)
-    return {**{k: v for k, v in knobs.items() if k not in ("_target_", "defaults")}, **changes}
-
-
-def _arguments() -> argparse.Namespace:
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=str(HUGGY) if HUGGY.is_file() else None, help="ML-Agents .pt (.onnx beside it)")
     parser.add_argument("--rows", type=int, default=1024, help="offline batch size (>= 512)")
@@ -362,11 +355,7 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--all-attempts", action="store_true", help="also inductor's GEMM template and AOTInductor (minutes)")
     parser.add_argument("--markdown", type=Path, help="write the table (and the attempts) as markdown here")
     parser.add_argument("--json", type=Path, help="write every figure as JSON here")
-    return parser.parse_args()
-
-
-def main() -> None:
-    a = _arguments()
+    a = parser.parse_args()
     started = time.time()
     ctx = context(a.model, "fp32", Path(tempfile.mkdtemp()))
     flop = 2.0 * sum(weight.size for weight, _ in [*ctx.weights.layers, ctx.weights.mu])
@@ -393,16 +382,23 @@ def main() -> None:
 def measure_backends(ctx: Context, a: argparse.Namespace) -> dict:
     """In this process: the backends as run.py mode=benchmark measures them, every batch-1 attempt, the harness against
     a bare loop, the GEMM peak."""
-    knobs = benchmark_knobs(rounds=3, budget_s=a.budget, warmup_s=0.5, settle_s=0.05, batch_sizes=[a.rows],
-                            scenarios=["single_stream", "offline"])
-    fp32 = BenchmarkTask(**{**knobs, "backends": [*TORCH_BACKENDS, "onnxruntime"]}).run(ctx)
+    from omegaconf import OmegaConf
+
+    from huggy_exp.config import BenchmarkMode
+
+    knobs = OmegaConf.load(REPO / "conf" / "mode" / "benchmark.yaml")  # the defaults, as the schema's object
+    knobs.pop("defaults")
+    mode = OmegaConf.to_object(OmegaConf.merge(BenchmarkMode, knobs, {
+        "rounds": 3, "budget_s": a.budget, "warmup_s": 0.5, "settle_s": 0.05, "batch_sizes": [a.rows],
+        "scenarios": ["single_stream", "offline"]}))
+    fp32 = BenchmarkTask(replace(mode, backends=[*TORCH_BACKENDS, "onnxruntime"])).run(ctx)
     bf16_ctx = context(ctx.model_spec.checkpoint, "bf16", ctx.workdir)
-    bf16 = BenchmarkTask(**{**knobs, "backends": ["eager", "compile"], "scenarios": ["offline"]}).run(bf16_ctx)
+    bf16 = BenchmarkTask(replace(mode, backends=["eager", "compile"], scenarios=["offline"])).run(bf16_ctx)
     for r in (fp32, bf16):
         print("\n".join("  " + line for line in r.summary), flush=True)
     tried = time_attempts(ctx, attempts(ctx, a.all_attempts), a.rounds, a.budget / a.rounds)
     ort = build(ctx, "onnxruntime", batch_size=1, threads=1)  # harness vs a bare loop on one session, interleaved
-    feeds = {OBS: ctx.make_observations(1)}
+    feeds = {OBS: ctx.make_feeds(1)[OBS]}
     loops = interleaved({"harness": lambda: p50_us(lambda: ort.infer(feeds), a.budget / 2, 0.3),
                          "bare": lambda: bare_loop_us(ort.session, {ort.input: feeds[OBS]}, a.budget / 2)}, 3, rotate=False)
     with timing.threads(1):

@@ -2,26 +2,28 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import sys
 import time
 import traceback
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from huggy_exp import environment, mlagents, terminal, tracking
-from huggy_exp.config import numerics_label
-from huggy_exp.context import Context, ModelSpec, ObsSpec, VerifySpec
+from huggy_exp.config import modes, numerics_label
+from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.headline import headline_metrics
+from huggy_exp.placement import set_precision
 from huggy_exp.preflight import validate
 from huggy_exp.report import write_job_report
 from huggy_exp.results import (EXIT_CODES, EXIT_PENDING, Result, expectation, held_result, read_result, update_result,
                                write_result)
-from huggy_exp.config import modes
 from huggy_exp.safety import check_job_memory, disk_full_message, is_disk_full
 
 JOB_LOG = "huggy_exp.job"  # conf/hydra/job_logging/huggy.yaml sends it to the job's run.log only
@@ -38,23 +40,18 @@ def say(line: str, error: bool = False) -> None:
 
 
 def build_context(cfg: DictConfig, workdir: Path) -> Context:
-    model = OmegaConf.to_container(cfg.model, resolve=True)
-    obs = OmegaConf.to_container(cfg.obs, resolve=True)
-    return Context(
-        device=str(cfg.device),
-        dtype=str(cfg.dtype),
-        precision_mode=str(cfg.precision_mode),
-        batch_size=int(cfg.batch_size),
-        seed=int(cfg.seed),
-        backend=str(cfg.backend),
-        threads=int(cfg.threads),
-        plots=bool(cfg.plots),
-        model_spec=ModelSpec(**{k: model.get(k) for k in ModelSpec.__dataclass_fields__}),
-        obs=ObsSpec(**{k: obs[k] for k in ObsSpec.__dataclass_fields__ if k in obs}),
-        verify=VerifySpec(**OmegaConf.to_container(cfg.verify, resolve=True)) if "verify" in cfg else VerifySpec(),
-        workdir=workdir,
-        owned=(workdir, mlagents.cache_dir(), *tracking.local_paths((cfg.get("tracking") or {}).get("uri"))),
-    )
+    """The job's Context: the composed config as the schema's own objects (config.Config, OmegaConf.to_object)."""
+    conf = OmegaConf.to_object(cfg)
+    settings = {f.name: getattr(conf, f.name) for f in fields(Context) if hasattr(conf, f.name)}
+    return Context(**settings, model_spec=conf.model, workdir=workdir,
+                   owned=(workdir, mlagents.cache_dir(), *tracking.local_paths(conf.tracking.uri)))
+
+
+def make_task(mode: DictConfig):
+    """The mode's task (its `_target_` class), built with the mode's schema object (config.<Name>Mode)."""
+    from hydra.utils import get_class
+
+    return get_class(mode._target_)(OmegaConf.to_object(mode))
 
 
 @dataclass(frozen=True)
@@ -80,15 +77,9 @@ POINT_ENV = "HUGGY_EXP_POINT"  # JSON of JobInfo's launcher fields (job_id, host
 
 def point_info() -> dict:
     """The launcher's fields of the job this process runs now (empty unless a launcher set POINT_ENV)."""
-    import json
-    import os
-
-    text = os.environ.get(POINT_ENV)
-    if not text:
-        return {}
-    point = json.loads(text)
-    return {"job_id": point.get("job_id"), "host": point.get("host"),
-            "preset": tuple(point["preset"]) if point.get("preset") else None, "pending": point.get("pending")}
+    point = json.loads(os.environ.get(POINT_ENV) or "{}")
+    return point and {"job_id": point.get("job_id"), "host": point.get("host"), "pending": point.get("pending"),
+                      "preset": tuple(point["preset"]) if point.get("preset") else None}
 
 
 def run_name(mode: str, cfg: DictConfig, case: str | None = None) -> str:
@@ -110,8 +101,7 @@ BATCH_DIGITS = 5  # benchmark names: b00064 sorts before b01024 (and a batch of 
 def batch_label(mode: str, cfg: DictConfig) -> str:
     if mode != "benchmark":
         return str(cfg.batch_size)
-    ladder = (cfg.get("mode") or {}).get("batch_sizes") or [cfg.batch_size]
-    return "-".join(f"{int(b):0{BATCH_DIGITS}d}" for b in sorted({int(b) for b in ladder}))
+    return "-".join(f"{b:0{BATCH_DIGITS}d}" for b in sorted(set(cfg.mode.batch_sizes or [cfg.batch_size])))
 
 
 def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = None) -> Result:
@@ -162,19 +152,15 @@ def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = Non
 def _write(workdir: Path, record: dict, result: Result) -> Path | None:
     """result.json and the files beside it. A full disk turns the job into an error: result.json is written again
     without the arrays and tables (it is small: the disk may still hold it); None when even that cannot be written."""
-    try:
-        return write_result(workdir, record, result)
-    except OSError as exc:
-        if not is_disk_full(exc):
-            raise
-        result.status, result.reason = "error", disk_full_message(exc)
-        result.arrays, result.tables = {}, {}
-    try:
-        return write_result(workdir, record, result)
-    except OSError as exc:
-        if not is_disk_full(exc):
-            raise
-        return None
+    for _ in range(2):
+        try:
+            return write_result(workdir, record, result)
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            result.status, result.reason = "error", disk_full_message(exc)
+            result.arrays, result.tables = {}, {}
+    return None
 
 
 def _run_task(cfg: DictConfig, workdir: Path, mode: str,
@@ -194,11 +180,11 @@ def _run_task(cfg: DictConfig, workdir: Path, mode: str,
         missing = [p for p in cfg.get("needs") or () if not Path(p).expanduser().exists()]
         if missing:
             raise Unsupported(f"needs {missing[0]}, which is not on this host (shared fixtures: set HUGGY_EXP_SHARED)")
-        ctx = build_context(cfg, workdir)
-        switches = ctx.set_precision() if modes()[mode].runs_policy else {}
+        ctx, switches = build_context(cfg, workdir), {}
         if modes()[mode].runs_policy:
+            switches = set_precision(ctx.device, ctx.dtype, ctx.precision_mode)  # as read back; Unsupported: skipped
             check_job_memory(mode, OmegaConf.to_container(cfg, resolve=True), ctx.weights)
-        result = _instantiate(cfg.mode).run(ctx)
+        result = make_task(cfg.mode).run(ctx)
         result.tags.update({f"fp32_precision/{name}": value for name, value in switches.items()})
         result.check_finite()
     except OSError as exc:
@@ -223,8 +209,7 @@ def _lead_with_headline(result: Result, mode: str, job: JobInfo, batch_size: int
     `result.metrics` so that MLflow lists them first; returns the headline metrics."""
     if result.summary and not result.headline:
         result.headline = result.summary[0]
-    timed = modes()[mode].timed
-    if job.shared_machine and timed and result.headline:
+    if job.shared_machine and modes()[mode].timed and result.headline:
         result.headline += " [timed while other jobs shared the machine]"
     head = headline_metrics(mode, result.metrics, result.status, batch_size)
     result.metrics = {**head, **result.metrics}
@@ -262,13 +247,13 @@ def _job_record(cfg: DictConfig, mode: str, job: JobInfo, result: Result, ctx: C
         "shared_machine": job.shared_machine,
         "expect": cfg.get("expect"),
         "expectation_met": None if cfg.get("expect") is None else result.status == cfg.get("expect"),
-        "tracking": {"status": "pending", "reason": "not logged yet"} if settings.get("enabled", True) else {"status": "off"},
+        "tracking": {"status": "pending", "reason": "not logged yet"} if settings["enabled"] else {"status": "off"},
     }
 
 
 def _track(result: Result, settings: dict, workdir: Path, path: Path, job: JobInfo) -> None:
     """Log the written result to MLflow (or leave it pending), record the outcome in result.json and say where it is."""
-    if job.pending and settings.get("enabled", True):
+    if job.pending and settings["enabled"]:
         outcome = {"status": "pending", "reason": job.pending}
     else:
         outcome = (job.tracker or tracking).log_job(settings, workdir)
@@ -320,30 +305,14 @@ def ui(cfg: DictConfig) -> int:
     uri = tracking.store_uri(settings.get("uri"))
     try:
         latest = tracking.latest_sweep_url(settings)
-    except tracking.StoreDown as exc:
+        if uri.startswith(("http://", "https://")):
+            print(f"tracking server {tracking.redact(uri)}: its UI is already there"
+                  + (f"; latest sweep's runs: {latest}" if latest else ""))
+            return 0
+        return mlflow_ui.serve(uri, latest, settings["ui_port"], cfg.mode.wait_s)
+    except (tracking.StoreDown, UserError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if uri.startswith(("http://", "https://")):
-        print(f"tracking server {tracking.redact(uri)}: its UI is already there" + (f"; latest sweep's runs: {latest}" if latest else ""))
-        return 0
-    try:
-        return mlflow_ui.serve(uri, latest, int(settings.get("ui_port") or 5000), float(cfg.mode.wait_s))
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-
-
-def _instantiate(mode_cfg: DictConfig):
-    """Hydra wraps errors raised in a task's __init__; a UserError there is still the user's, not a bug."""
-    from hydra.errors import InstantiationException
-    from hydra.utils import instantiate
-
-    try:
-        return instantiate(mode_cfg)
-    except InstantiationException as exc:
-        if isinstance(exc.__cause__, UserError):
-            raise exc.__cause__ from None
-        raise
 
 
 def _model_stub(cfg: DictConfig) -> dict:
@@ -356,8 +325,7 @@ def _model_stub(cfg: DictConfig) -> dict:
 def _print_summary(record: dict, result: Result, path: Path) -> None:
     model = record["model"]
     label = "embedded synthetic default (not real Huggy weights)" if model["synthetic"] else model["path"]
-    head = f"[{record['mode']}] {record['device']} {record['dtype']} batch {record['batch_size']} · model: {label}"
-    say(head)
+    say(f"[{record['mode']}] {record['device']} {record['dtype']} batch {record['batch_size']} · model: {label}")
     for line in result.summary:
         say(f"  {line}")
     status = result.status.upper() + expectation(record) + (f": {result.reason}" if result.reason else "")

@@ -29,8 +29,6 @@ ERROR = "max_abs_vs_fp64"
 COSINE = "cosine_vs_fp64"
 LIMIT_STEMS = ("actions", "sampled_actions", "memories")  # whose `<stem>/vs_fp64/<x>_limit` the verdict used
 NOISE = ("mode._target_", "tracking.http_retries", "tracking.http_timeout_s", "tracking.enabled")
-
-
 SIGNIFICANT = 3  # headline values are for reading (the UI prints every digit: 0.00942 not 0.0094211900...)
 
 

@@ -183,9 +183,8 @@ class Policy(nn.Module):
         self.normalizers = nn.ModuleList(Normalization(i.normalizer) for i in weights.inputs)
         self.body = nn.ModuleList(_linear(weight, bias) for weight, bias in weights.layers)  # each followed by Swish
         self.memory = Memory(weights.lstm) if weights.lstm is not None else None
-        self.continuous: ContinuousActions | None = None
-        if weights.mu is not None:
-            self.continuous = (SquashedActions if weights.tanh_squash else ContinuousActions)(weights.mu, weights.log_sigma)
+        head = SquashedActions if weights.tanh_squash else ContinuousActions
+        self.continuous = head(weights.mu, weights.log_sigma) if weights.mu is not None else None
         self.discrete = DiscreteActions(weights.branches) if weights.branches else None
         # plain tuples of the same Linear modules and Parameters (.to() converts Parameters in place): no per-call lookups
         self._linears = tuple(self.body)

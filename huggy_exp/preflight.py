@@ -7,6 +7,7 @@ import copy
 import math
 import os
 import re
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ from hydra.core.override_parser.types import Glob, OverrideType, RangeSweep
 from hydra.core.utils import configure_log, run_job
 from hydra.errors import HydraException
 from hydra.types import HydraContext, RunMode
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from huggy_exp import config
@@ -29,7 +30,7 @@ from huggy_exp.config import free_maps, unknown_key
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.results import held_result
 from huggy_exp.safety import check_free, check_sweep_size, check_unused, claim_folder
-from huggy_exp.tracking import StoreDown, check_uri, hide_secrets
+from huggy_exp.tracking import StoreDown, check_uri, default_uri, hide_secrets, local_store, redact
 
 GROUPS = ("mode", "model", "obs", "tracking", "case")
 JOBS_ENV = "HUGGY_EXP_SWEEP_JOBS"  # run.py's preflight counts the jobs; the sweep callback writes it to sweep.json
@@ -123,28 +124,25 @@ def expand(argv: list[str], conf_dirs: list) -> tuple[list[str], list[list[str]]
     check_sweep_size({o.input_line: _count(o.value()) for o in parsed if o.is_sweep_override() and not isinstance(o.value(), Glob)})
     plain, sweeps = [], []
     for o in parsed:
-        if o.get_key_element().startswith("hydra"):  # Hydra's own settings: composed too, never swept by us
-            plain.append(o.input_line)
-            continue
         key = o.get_key_element()
-        if not o.is_sweep_override():
-            if key.lstrip("+") in GROUPS and not o.is_delete():
-                _known_choice(key.lstrip("+"), str(o.value()), conf_dirs)
+        group = key.lstrip("+") if key.lstrip("+") in GROUPS else None
+        if key.startswith("hydra") or not o.is_sweep_override():  # Hydra's own settings: composed, never swept by us
+            if group and not o.is_delete():
+                _known_choice(group, str(o.value()), conf_dirs)
             plain.append(o.input_line)
             continue
         if isinstance(o.value(), Glob):
-            if key.lstrip("+") not in GROUPS:
+            if group is None:
                 raise UserError(f"{o.input_line}: glob() selects config files, so it works only on the groups "
                                 f"{', '.join(GROUPS)}; list the values instead ({key}=a,b,c)")
-            options = group_options(key.lstrip("+"), conf_dirs)
+            options = group_options(group, conf_dirs)
             values = o.value().filter(options)
             if not values:
                 raise UserError(f"{o.input_line} matches no {key} file; available: {', '.join(options) or 'none'}")
         else:
             values = list(o.sweep_string_iterator())
-            if key.lstrip("+") in GROUPS:
-                for v in values:
-                    _known_choice(key.lstrip("+"), v, conf_dirs)
+            for v in values if group else ():
+                _known_choice(group, v, conf_dirs)
         sweeps.append([f"{key}={v}" for v in values])
     return plain, sweeps
 
@@ -152,9 +150,7 @@ def expand(argv: list[str], conf_dirs: list) -> tuple[list[str], list[list[str]]
 def _count(sweep) -> int:
     """How many values a sweep (`a,b,c`, `range(0,1000000)`) has, worked out without listing them."""
     if isinstance(sweep, RangeSweep):
-        start, stop, step = sweep.start, sweep.stop, sweep.step
-        return len(range(start, stop, step)) if all(isinstance(v, int) for v in (start, stop, step)) else \
-            max(0, math.ceil((stop - start) / step))
+        return max(0, math.ceil((sweep.stop - sweep.start) / sweep.step))
     return len(getattr(sweep, "list", None) or ())
 
 
@@ -272,10 +268,6 @@ def _composed(overrides: list[str], name: str, extra: list[str], dirs: list,
 def _check_new_store(cfg: DictConfig, mode: str) -> None:
     """A SQLite store that does not exist yet: `mode=ui` would serve it empty (refused, one line); a job or sync creates
     it, and says so in one line (a typo in tracking.uri would otherwise start an empty store without a word)."""
-    import sys
-
-    from huggy_exp.tracking import default_uri, local_store, redact
-
     uri = cfg.tracking.get("uri") or default_uri()
     db = local_store(uri)
     if not cfg.tracking.get("enabled", True) or db is None or db.exists() or uri == default_uri():
@@ -309,10 +301,6 @@ def _check_output_dir(path: str, key: str) -> None:
 def claim(cfg, multirun: bool) -> None:
     """Claim the job (or sweep) folder before anything is written into it (safety.claim_folder), and pin it: Hydra
     composes again to run, and the default folder's name (`<time>-<µs>-<pid>`) would differ from the one claimed."""
-    import sys
-
-    from omegaconf import read_write
-
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     folder = str(OmegaConf.select(cfg, key))
     claim_folder(folder, key)

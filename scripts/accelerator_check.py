@@ -29,6 +29,7 @@ import sys
 import tarfile
 import time
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -211,8 +212,7 @@ def run_step(step: Step, python: list[str], out: Path, budget_s: float) -> None:
 
 def _children_cpu_s() -> float:
     """CPU seconds (user + system) of this process's finished children: a step's sweep and its workers."""
-    used = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return used.ru_utime + used.ru_stime
+    return sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2])  # ru_utime, ru_stime
 
 
 def rows(folder: Path) -> list[dict]:
@@ -275,9 +275,8 @@ def summary(device: str, steps: list[Step], out: Path, quick: bool, started: flo
     verdict = (f"**FAILED**: step `{first[0].name}`: {first[1]}" if first else
                f"**passed**: {len(ran)} step(s), every device point met its verdict or fails on the cpu alike"
                + (f" ({alike} point(s): listed under their step)" if alike else ""))
-    torch_line = _torch_version()
     lines = [f"# accelerator check: {device} ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
-             f"{verdict}", "", f"{torch_line}; {time.monotonic() - started:.0f} s in all{', --quick' if quick else ''}",
+             f"{verdict}", "", f"{_torch_version()}; {time.monotonic() - started:.0f} s in all{', --quick' if quick else ''}",
              "", "| step | budget s | took s | cpu s | load | exit | passed | failed | skipped | error |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in steps:
@@ -298,11 +297,9 @@ def summary(device: str, steps: list[Step], out: Path, quick: bool, started: flo
 
 def _torch_version() -> str:
     try:
-        import torch
-
-        return f"torch {torch.__version__}"
-    except ImportError:
-        return "torch not importable here"
+        return f"torch {metadata.version('torch')}"  # not `import torch`: seconds, for one line
+    except metadata.PackageNotFoundError:
+        return "torch not installed here"
 
 
 def main(argv: list[str]) -> int:

@@ -29,20 +29,17 @@ def keys(path: Path, prefix: str = "") -> list[tuple[str, str, str]]:
     """(dotted key, default, comment) of every key of a YAML file, in file order; a comment line under a key extends it."""
     rows: list[list[str]] = []
     stack: list[tuple[int, str]] = []
-    skipping: int | None = None
+    skipping = False  # inside a top-level key of SKIP
     for line in path.read_text().splitlines():
         match = KEY.match(line)
         if match is None:
             more = CONTINUED.match(line)
-            if more and rows and skipping is None:
+            if more and rows and not skipping:
                 rows[-1][2] = f"{rows[-1][2]} {more.group('comment').strip()}".strip()
             continue
         indent, key = len(match.group("indent")), match.group("key")
-        if skipping is not None and indent > skipping:
-            continue
-        skipping = None
-        if indent == 0 and key in SKIP:
-            skipping = indent
+        skipping = (skipping and indent > 0) or (indent == 0 and key in SKIP)
+        if skipping:
             continue
         while stack and stack[-1][0] >= indent:
             stack.pop()

@@ -103,18 +103,16 @@ class Check:
         self.missing: list[str] = []
         self.pages = 0
 
-    def url(self, path: str) -> str:
-        return path if path.startswith(("http://", "https://", "file://")) else f"{self.base}/{path}"
-
     def visit(self, name: str, path: str, ready: str, timeout_s: float = LOAD_S):
         """A fresh browser on `path`; waits until the JavaScript `ready` is truthy, then screenshots. Returns it open."""
         self.pages += 1
+        url = path if path.startswith(("http://", "https://", "file://")) else f"{self.base}/{path}"
         browser = Browser(self.chrome, self.tmp / f"profile-{self.pages}", WIDTH, HEIGHT)
-        browser.call("Page.navigate", url=self.url(path))
+        browser.call("Page.navigate", url=url)
         if not browser.wait(ready, timeout_s, settle_s=1.5):
-            self.miss(name, f"the page did not get ready within {timeout_s:g} s ({ready}) at {self.url(path)}")
+            self.miss(name, f"the page did not get ready within {timeout_s:g} s ({ready}) at {url}")
         shot = browser.screenshot(self.shots / f"{name}.png")
-        print(f"  {name}: {self.url(path)}\n    screenshot {shot}")
+        print(f"  {name}: {url}\n    screenshot {shot}")
         return browser
 
     def read(self, name: str, path: str, ready: str, expression: str = "document.body.innerText",

@@ -338,6 +338,31 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()):
         return compose(config_name="config", overrides=plots_off(overrides), return_hydra_config=False)
 
 
+def job_context(workdir: Path, *overrides: str):
+    """A job's Context as app.execute builds it: the composed conf/ tree as the schema's own objects (its limits
+    included), tracking off."""
+    from huggy_exp.app import build_context
+
+    return build_context(compose_config(["tracking=none", *overrides]), Path(workdir))
+
+
+def mode_conf(mode: str, *overrides: str):
+    """mode=<mode>'s schema object (config.<Name>Mode) as conf/mode/<mode>.yaml composes, with `mode.<key>=` overrides:
+    what app.make_task gives the task."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_object(compose_config([f"mode={mode}", *overrides]).mode)
+
+
+def model_conf(**given):
+    """config.ModelConf with `given` set and every other key null, as conf/model/default.yaml has them."""
+    from dataclasses import fields
+
+    from huggy_exp.config import ModelConf
+
+    return ModelConf(**{**{f.name: None for f in fields(ModelConf)}, **given})
+
+
 @dataclass
 class Job:
     result: object  # huggy_exp.results.Result

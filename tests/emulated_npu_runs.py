@@ -11,9 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from conftest import run_job
+from conftest import job_context, run_job
 from huggy_exp import mlagents, runners
-from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported
 from huggy_exp.placement import resolve
 
@@ -144,7 +143,7 @@ def modes_on_the_card(scratch: Path) -> dict:
 
 
 def main(scratch: Path) -> dict:
-    ctx = Context(device="npu:1", workdir=scratch)
+    ctx = job_context(scratch, "device=npu:1")
     job = run_job(scratch / "benchmark", "benchmark", "device=npu:1", "backend=graphs", *SHORT,
                   "mode.backends=[eager,compile,graphs,onnxruntime]", "mode.scenarios=[single_stream,server,offline,control_loop]")
     r = job.record

@@ -10,10 +10,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from conftest import job_context
 from test_modes import run_mode
 
 from huggy_exp import timing
-from huggy_exp.context import Context, ModelSpec
+from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.runners import ACTIONS, OBS, SAMPLED, TorchRunner, build, check_provider
 from huggy_exp.placement import resolve
@@ -22,7 +23,7 @@ CPU = torch.device("cpu")
 
 
 def small_context(small, tmp_path, **kw) -> Context:
-    return Context(model_spec=ModelSpec(checkpoint=str(small.pt)), workdir=tmp_path, **kw)
+    return job_context(tmp_path, f"model.checkpoint={small.pt}", *(f"{k}={v}" for k, v in kw.items()))
 
 
 # --- timing
@@ -80,7 +81,7 @@ def test_feeds_are_keyed_by_the_onnx_input_name(small):
 
 def test_onnxruntime_matches_eager(small, tmp_path):
     ctx = small_context(small, tmp_path, batch_size=3)
-    obs = ctx.make_observations(10)
+    obs = ctx.make_feeds(10)[OBS]
     want = build(ctx, "eager").infer({OBS: obs})[ACTIONS]
     got = build(ctx, "onnxruntime").infer({OBS: obs})
     np.testing.assert_allclose(got[ACTIONS], want, atol=1e-5, rtol=0)
@@ -90,7 +91,7 @@ def test_onnxruntime_matches_eager(small, tmp_path):
 @pytest.mark.slow
 def test_compile_matches_eager_with_a_padded_last_chunk(small, tmp_path):
     ctx = small_context(small, tmp_path, batch_size=4)
-    obs = ctx.make_observations(6)  # chunks of 4 and 2 -> the 2 is padded to 4
+    obs = ctx.make_feeds(6)[OBS]  # chunks of 4 and 2 -> the 2 is padded to 4
     try:
         runner = build(ctx, "compile")
         got = runner.infer({OBS: obs})
@@ -276,4 +277,4 @@ def test_bench_py_judges_with_the_limits_run_py_uses(tmp_path):
     for dtype in ("fp32", "bf16"):
         ctx = bench.context(None, dtype, tmp_path)
         assert (ctx.dtype, ctx.threads) == (dtype, 1)
-        assert ctx.rules().limits == ctx.limits() and ctx.verify.limits[dtype]["max_abs"] > 0
+        assert ctx.rules().limits == ctx.limits() and getattr(ctx.verify.limits, dtype).max_abs > 0

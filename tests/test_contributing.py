@@ -13,18 +13,17 @@ from conftest import PYTHON, REPO, subprocess_env
 
 TOY_TASK = '''"""mode=toy: a test's mode (tests/test_contributing.py)."""
 
+from huggy_exp.config import ToyMode
 from huggy_exp.context import Context
 from huggy_exp.results import Result
+from huggy_exp.tasks import Task
 
 
-class ToyTask:
-    name = "toy"
-
-    def __init__(self, scale: float):
-        self.scale = scale
+class ToyTask(Task):
+    mode: ToyMode
 
     def run(self, ctx: Context) -> Result:
-        value = self.scale * ctx.seed
+        value = self.mode.scale * ctx.seed
         return Result(metrics={"toy_value": value}, summary=[f"toy value {value:g}"])
 '''
 TOY_YAML = '''# mode=toy: a test's mode (tests/test_contributing.py)

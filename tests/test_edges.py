@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from conftest import CONF, compose_config, run_job
+from conftest import CONF, compose_config, model_conf, run_job
 from huggy_exp import mlagents, tracking
-from huggy_exp.context import ModelSpec
+from huggy_exp.context import open_model
 from huggy_exp.errors import UserError
 
 
@@ -73,7 +73,7 @@ def test_hub_offline_says_how_to_pass_local_files(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setenv("HUGGY_EXP_CACHE", str(tmp_path))
     with pytest.raises(UserError) as err:
-        ModelSpec(hub_repo="nobody/ppo-Huggy").open()
+        open_model(model_conf(hub_repo="nobody/ppo-Huggy"))
     message = str(err.value)
     assert "nobody/ppo-Huggy" in message and "model.checkpoint=" in message and "\n" not in message
 

@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import run_job
+from conftest import job_context, run_job
 from huggy_exp import environment, placement, runners
-from huggy_exp.context import Context, ModelSpec
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.placement import resolve
 from huggy_exp.policy import Policy
@@ -112,7 +111,7 @@ def test_failure_5_the_lstm_weights_are_flattened_once_placed(shaped_actors, mon
 
 
 def test_failure_8_a_provider_missing_from_this_onnxruntime_is_skipped_naming_those_found(small, tmp_path):
-    ctx = Context(model_spec=ModelSpec(checkpoint=str(small.pt)), workdir=tmp_path)
+    ctx = job_context(tmp_path, f"model.checkpoint={small.pt}")
     with pytest.raises(Unsupported, match="'CUDAExecutionProvider' is not in this onnxruntime build; it has: .*CPUExecutionProvider"):
         runners.build(ctx, "onnxruntime", provider="CUDAExecutionProvider")
     with pytest.raises(UserError, match="unknown onnxruntime provider 'CUDAExecutionProvder'"):

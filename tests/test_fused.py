@@ -6,10 +6,9 @@ import dataclasses
 
 import numpy as np
 import pytest
-from conftest import small_weights
+from conftest import job_context, small_weights
 from test_modes import run_mode
 
-from huggy_exp.context import Context, ModelSpec
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.placement import resolve
 from huggy_exp.runners import ACTIONS, OBS, TorchRunner, build
@@ -57,7 +56,7 @@ def test_fused_saturates_like_eager_on_extreme_observations():
 
 @pytest.mark.slow
 def test_fused_matches_eager_on_the_embedded_default(tmp_path):
-    ctx = Context(model_spec=ModelSpec(), workdir=tmp_path)  # Huggy's shape: 4-row blocks over 512-wide rows
+    ctx = job_context(tmp_path)  # Huggy's shape: 4-row blocks over 512-wide rows
     agree(ctx.weights, 1)
     agree(ctx.weights, 9)
 
@@ -70,7 +69,7 @@ def test_fused_is_fp32_only(dtype):
 
 def test_fused_refuses_other_shapes(shaped_files, tmp_path):
     pt, _ = shaped_files["branches"]
-    ctx = Context(model_spec=ModelSpec(checkpoint=str(pt)), workdir=tmp_path)
+    ctx = job_context(tmp_path, f"model.checkpoint={pt}")
     with pytest.raises(UserError, match="backend fused runs Huggy's shape only"):
         build(ctx, "fused")
 

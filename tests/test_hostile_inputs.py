@@ -13,11 +13,11 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import BODY, LOG_SIGMA, NORM_PREFIXES, SPECS, make_actor, run_job
+from conftest import BODY, LOG_SIGMA, NORM_PREFIXES, SPECS, make_actor, model_conf, run_job
 from onnx import helper, numpy_helper
 
 from huggy_exp import mlagents
-from huggy_exp.context import ModelSpec
+from huggy_exp.context import open_model
 from huggy_exp.errors import UserError
 from huggy_exp.observations import load_observations, make_observations
 
@@ -201,7 +201,7 @@ def _results(tmp: Path, *behaviors: str) -> Path:
 def results_behavior(asked: str | None, *present: str):
     def build(tmp: Path):
         root = _results(tmp, *present)
-        return lambda: ModelSpec(results_dir=str(root), behavior=asked).open()
+        return lambda: open_model(model_conf(results_dir=str(root), behavior=asked))
     return build
 
 
@@ -303,7 +303,7 @@ def test_onnx_external_data_inside_the_folder_still_loads(tmp_path):
 
 def test_a_chosen_behavior_loads_from_a_folder_with_several(tmp_path):
     root = _results(tmp_path, "Huggy", "Walker")
-    assert ModelSpec(results_dir=str(root), behavior="Walker").open().path == root / "Walker" / "Walker-100.pt"
+    assert open_model(model_conf(results_dir=str(root), behavior="Walker")).path == root / "Walker" / "Walker-100.pt"
 
 
 def test_onnx_compare_with_a_foreign_onnx_is_an_error_job(tmp_path):

@@ -18,11 +18,9 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from omegaconf import OmegaConf
 
-from conftest import assert_same_weights, compose_config
+from conftest import assert_same_weights, compose_config, job_context, mode_conf
 from huggy_exp import config, mlagents
-from huggy_exp.context import Context, ModelSpec, ObsSpec, VerifySpec
 from huggy_exp.dynamics import Dynamics
 from huggy_exp.placement import resolve
 from huggy_exp.runners import ACTIONS, OBS, TorchRunner
@@ -84,14 +82,6 @@ def run_mode(workdir: Path, mode: str, *overrides: str) -> Run:
     workdir.mkdir(parents=True, exist_ok=True)
     result = execute(compose([f"mode={mode}", "tracking=none", *overrides]), workdir=workdir, mode=mode)
     return Run(result, json.loads((workdir / "result.json").read_text()), workdir)
-
-
-def mode_knobs(mode: str, **changes) -> dict:
-    knobs = OmegaConf.to_container(OmegaConf.load(CONF / "mode" / f"{mode}.yaml"), resolve=True)
-    knobs.pop("_target_")
-    knobs.pop("defaults", None)
-    knobs.update(changes)
-    return knobs
 
 
 def test_small_policy_is_a_meaningful_fp16_case(small):
@@ -217,10 +207,9 @@ def test_precision_writes_plots_and_the_layer_table(small, tmp_path):
 
 
 def test_precision_task_run_directly_on_a_context(small, tmp_path):
-    verify = VerifySpec(**OmegaConf.to_container(compose_config().verify, resolve=True))  # the limits are the config's
-    ctx = Context(device="cpu", dtype="bf16", batch_size=8, seed=3, model_spec=ModelSpec(checkpoint=str(small.pt)),
-                  obs=ObsSpec(source="random", rows=24), verify=verify, workdir=tmp_path)
-    result = PrecisionTask(**mode_knobs("precision")).run(ctx)
+    ctx = job_context(tmp_path, "device=cpu", "dtype=bf16", "batch_size=8", "seed=3", f"model.checkpoint={small.pt}",
+                      "obs=random", "obs.rows=24", "plots=true")  # the limits are the config's
+    result = PrecisionTask(mode_conf("precision")).run(ctx)
     assert result.status == "passed", result.reason
     assert result.metrics["relative/ratio"] == 1.0
     assert result.arrays["actions"].shape == (24, 3)

@@ -17,7 +17,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from conftest import SHAPES
+from conftest import SHAPES, job_context
 from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -119,9 +119,7 @@ def test_references_run_on_the_cpu(small_context):
 
 @pytest.fixture()
 def small_context(default_model, tmp_path):
-    from huggy_exp.context import Context
-
-    return Context(workdir=tmp_path)
+    return job_context(tmp_path)
 
 
 # --- each check fails on a mutant of the code it guards

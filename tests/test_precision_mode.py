@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import compose_config, run_job
+from conftest import compose_config, job_context, run_job
 
 from huggy_exp import environment, placement
 from huggy_exp.app import run_name
@@ -232,5 +232,5 @@ def test_onnxruntime_cuda_runs_fp32_in_tf32_only_when_precision_mode_says_so(mon
     monkeypatch.setattr(Context, "onnx_path", lambda self: tmp_path / "policy.onnx")
     for mode, tf32 in (("ieee", "0"), ("tf32", "1")):
         with pytest.raises(UserError, match="no CUDA on this host"):
-            runners.build(Context(device="cuda:1", precision_mode=mode, workdir=tmp_path), "onnxruntime")
+            runners.build(job_context(tmp_path, "device=cuda:1", f"precision_mode={mode}"), "onnxruntime")
         assert given.pop() == [("CUDAExecutionProvider", {"device_id": "1", "use_tf32": tf32})]

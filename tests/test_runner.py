@@ -20,6 +20,7 @@ from conftest import (
     REPO,
     SHARED,
     compose_config,
+    job_context,
     run_job,
     subprocess_env,
 )
@@ -44,13 +45,23 @@ def test_core_modes_are_present():
 
 @pytest.mark.parametrize("mode", MODES)
 def test_every_mode_composes_and_instantiates(mode):
-    from hydra.utils import instantiate
+    from huggy_exp.app import make_task
+    from huggy_exp.config import modes
 
     cfg = compose_config([f"mode={mode}", "tracking=none"])
     assert cfg.mode._target_.startswith("huggy_exp.tasks.")
-    task = instantiate(cfg.mode)
+    task = make_task(cfg.mode)
     assert callable(getattr(task, "run", None))
+    assert type(task.mode) is modes()[mode]  # the task holds its mode's schema object, not loose knobs
     assert {"device", "dtype", "batch_size", "seed", "model", "obs", "tracking"} <= set(cfg)
+
+
+def test_a_context_holds_the_schemas_own_objects(tmp_path):
+    from huggy_exp.config import ModelConf, ObsConf, VerifyConf
+
+    ctx = job_context(tmp_path, "obs.rows=8", "verify.limits.bf16.max_abs=0.25")
+    assert (type(ctx.model_spec), type(ctx.obs), type(ctx.verify)) == (ModelConf, ObsConf, VerifyConf)
+    assert ctx.obs.rows == 8 and ctx.limits("bf16").atol == 0.25  # the composed values, read as they are
 
 
 def test_default_config_is_action_on_cpu_fp32_with_mlflow_tracking():

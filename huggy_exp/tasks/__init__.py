@@ -1,4 +1,4 @@
-"""One small class per mode: __init__(knobs from conf/mode/<name>.yaml) and run(ctx) -> Result."""
+"""One small class per mode: a Task built with its mode's schema object, and run(ctx) -> Result."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from huggy_exp import timing
+from huggy_exp.config import ModeConf
 from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported
 from huggy_exp.results import Result
@@ -16,6 +17,14 @@ from huggy_exp.verify import DECLARED, Comparison, outputs_of
 
 LATENCY_KEYS = ("p50_us", "p99_us", "mean_us", "obs_per_s")
 SLOW_FP16 = "fp16 on a CPU without fp16 matmul kernels is far slower than fp32 (emulated): its timing is capped and bounded"
+
+
+class Task:
+    """A mode's task, built with its mode's schema object (a config.ModeConf subclass, `mode`: read as config.validate
+    checked it, never re-cast or checked again); run(ctx) -> Result."""
+
+    def __init__(self, mode: ModeConf):
+        self.mode = mode
 
 
 def is_sequence(feeds: Mapping[str, np.ndarray]) -> bool:
@@ -75,7 +84,7 @@ def verify_point(ctx: Context, result: Result, runner: Runner, feeds: Mapping[st
     declared = outputs_of(got)
     deterministic = any(o.sampled is not None for o in declared)  # a sampled twin declares no twin of its own
     arrays = {o.stem: got[o.name] for o in declared if not deterministic or o.sampled is not None or o.rule == "memory"}
-    fingerprint_tags(result, arrays, ctx.verify.decimals if decimals is None else decimals)
+    result.tags.update(verify.fingerprints(arrays, ctx.verify.decimals if decimals is None else decimals))
     result.headline = point_line(vs["fp64"], result, ctx)
     if ctx.dtype == "int8" and ctx.backend != "onnxruntime" and seed is None:
         result.headline += "; " + onnxruntime_peer(ctx, result, feeds, want["fp64"], rules)
@@ -135,14 +144,6 @@ def _distributions(runner: Runner, feeds: Mapping[str, np.ndarray]) -> dict[str,
     except Unsupported:  # onnxruntime: the graph's outputs only
         return {}
     return {k: v for k, v in out.items() if k in ("mu", "log_sigma", "masked_logits")}
-
-
-def fingerprint_tags(result: Result, arrays: Mapping[str, np.ndarray], decimals: int) -> dict[str, str]:
-    """Tags `fingerprint` and `quantized_fingerprint` over every output in order (each output's own too, when there
-    are several): verify.fingerprints, the one definition every mode, summary, report and bundle shows."""
-    tags = verify.fingerprints(dict(arrays), decimals)
-    result.tags.update(tags)
-    return tags
 
 
 def point_line(vs64: Comparison, result: Result, ctx: Context) -> str:

@@ -4,49 +4,34 @@ from __future__ import annotations
 
 import numpy as np
 
+from huggy_exp.config import SampleMode
 from huggy_exp.context import Context
 from huggy_exp.mlagents import RECURRENT_OUT
 from huggy_exp.numerics import action_stats, discrete_histogram
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, build, run_feeds
-from huggy_exp.tasks import is_sequence, latency, verify_point
-from huggy_exp.verify import MEMORY
+from huggy_exp.tasks import Task, is_sequence, latency, verify_point
+from huggy_exp.verify import DECLARED
 
 
-class ActionTask:
-    name = "action"
-
-    def run(self, ctx: Context) -> Result:
-        runner = build(ctx)
-        out = run_feeds(runner, ctx.feeds)
-        result = _actions_result(ctx.feeds, out.get(ACTIONS), out.get(DISCRETE), out.get(RECURRENT_OUT), "deterministic")
-        latency(runner, ctx, ctx.feeds, result)
-        verify_point(ctx, result, runner, ctx.feeds, out)
-        return result
-
-
-class SampleTask:
-    name = "sample"
+class ActionTask(Task):
+    """`action` (deterministic outputs) and `sample` (sampled, with the job's seed: its mode is a SampleMode)."""
 
     def run(self, ctx: Context) -> Result:
+        seed = ctx.seed if isinstance(self.mode, SampleMode) else None
         runner = build(ctx)
-        out = run_feeds(runner, ctx.feeds, ctx.seed)
-        result = _actions_result(ctx.feeds, out.get(SAMPLED), out.get(DISCRETE_SAMPLED), out.get(RECURRENT_OUT),
-                                 f"sampled (seed {ctx.seed})")
+        out = run_feeds(runner, ctx.feeds, seed)
+        actions, discrete = (ACTIONS, DISCRETE) if seed is None else (SAMPLED, DISCRETE_SAMPLED)
+        result = _actions_result(ctx.feeds, out.get(actions), out.get(discrete), out.get(RECURRENT_OUT),
+                                 "deterministic" if seed is None else f"sampled (seed {seed})")
         latency(runner, ctx, ctx.feeds, result)
-        verify_point(ctx, result, runner, ctx.feeds, out, ctx.seed)
+        verify_point(ctx, result, runner, ctx.feeds, out, seed)
         return result
 
 
 def _actions_result(feeds: dict, actions: np.ndarray | None, discrete: np.ndarray | None, memory: np.ndarray | None,
                     kind: str) -> Result:
-    arrays: dict[str, np.ndarray] = {}
-    if actions is not None:
-        arrays["actions"] = actions.astype(np.float32)
-    if discrete is not None:
-        arrays["discrete_actions"] = discrete.astype(np.int64)
-    if memory is not None:
-        arrays["memories"] = MEMORY.stored(memory)
+    arrays = {o.stem: o.stored(v) for o, v in zip(DECLARED, (actions, discrete, memory)) if v is not None}
     first = next(iter(arrays.values()))
     sequence = is_sequence(feeds)
     rows = first.shape[1] if sequence else first.shape[0]

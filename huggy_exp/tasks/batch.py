@@ -4,23 +4,20 @@ from __future__ import annotations
 
 import numpy as np
 
+from huggy_exp.config import BatchMode
 from huggy_exp.context import Context
 from huggy_exp.mlagents import RECURRENT_OUT
 from huggy_exp.placement import memory_stats, peak_memory, reset_peak_memory
 from huggy_exp.results import Result
 from huggy_exp import timing
 from huggy_exp.runners import ACTIONS, DISCRETE, build, run_feeds
-from huggy_exp.tasks import latency, verify_point
+from huggy_exp.tasks import Task, latency, verify_point
 
 FLIP_FAILS_UP_TO = 1e-5  # discrete flips fail where the dtype's tolerance is this tight (fp32, fp64); else reported
 
 
-class BatchTask:
-    name = "batch"
-
-    def __init__(self, budget_s: float):
-        """mode=batch's keys (values: conf/mode/batch.yaml; validated by config.BatchMode)."""
-        self.budget_s = float(budget_s)
+class BatchTask(Task):
+    mode: BatchMode
 
     def run(self, ctx: Context) -> Result:
         target, feeds = ctx.target(), ctx.feeds
@@ -64,8 +61,9 @@ class BatchTask:
     def throughput(self, ctx: Context, batched, single, feeds: dict, rows: int) -> dict[str, float]:
         """Rows per second of both runners, through the one measurement policy (fixed threads, warm-up until stable)."""
         with timing.threads(ctx.threads):
-            t_batched = timing.measure(lambda: run_feeds(batched, feeds), batched.target.device, rows, self.budget_s, self.budget_s / 2)
-            t_single = timing.measure(lambda: run_feeds(single, feeds), single.target.device, rows, self.budget_s, self.budget_s / 2)
+            s = self.mode.budget_s
+            t_batched = timing.measure(lambda: run_feeds(batched, feeds), batched.target.device, rows, s, s / 2)
+            t_single = timing.measure(lambda: run_feeds(single, feeds), single.target.device, rows, s, s / 2)
         return {"batched_rows_per_s": rows / (t_batched.stats()["p50_us"] / 1e6),
                 "single_rows_per_s": rows / (t_single.stats()["p50_us"] / 1e6)}
 

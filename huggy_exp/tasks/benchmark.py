@@ -1,7 +1,5 @@
 """`benchmark`: latency and throughput of each backend, gated against eager first.
-
-Described in docs/modes.md#benchmark.
-"""
+Described in docs/modes.md#benchmark."""
 
 from __future__ import annotations
 
@@ -9,14 +7,15 @@ import time
 
 import numpy as np
 
-from huggy_exp import control_loop, loadgen, plots, timing
+from huggy_exp import plots, timing
+from huggy_exp.config import BenchmarkMode
 from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported, UserError, first_line
 from huggy_exp.mlagents import ACTION_MASKS, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name
 from huggy_exp.placement import QUANTIZED, peak_memory, reset_peak_memory, synchronize
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, TorchRunner, build
-from huggy_exp.tasks import SLOW_FP16, batch_of, is_sequence, verify_point
+from huggy_exp.tasks import SLOW_FP16, Task, batch_of, is_sequence, verify_point
 from huggy_exp.tasks import scenarios as extra
 from huggy_exp.tasks.compare import compare_outputs
 from huggy_exp.verify import REL_FLOOR
@@ -26,48 +25,25 @@ SERIES_STATS = ("p50_us", "p99_us", "obs_per_s")
 VERSUS = "eager"  # the gate's metrics: <output>/vs_eager/<metric>, as the engine names them
 
 
-class BenchmarkTask:
-    name = "benchmark"
-
-    def __init__(self, *, backends: list[str], batch_sizes: list[int] | None, scenarios: list[str], rounds: int,
-                 budget_s: float, warmup_s: float, settle_s: float, chunk_rows: int,
-                 fp16_cpu_max_rows: int, fp16_cpu_samples: int, qsl_samples: int, min_duration_ms: int | None,
-                 max_duration_ms: int, min_query_count: int, samples_per_query: int, check_samples: int,
-                 target_qps: float, latency_bound_ms: float, search_steps: int, search_ms: int, rate_hz: float,
-                 duration_s: float, max_miss_rate: float, confidence: float, loop_search_s: float):
-        """mode=benchmark's keys, each required: their values are conf/mode/benchmark.yaml's (the one set of defaults),
-        their types, ranges and choices config.BenchmarkMode's (validated there, not again here)."""
-        self.backends = [str(b) for b in backends] or ["eager"]  # eager, the gate, is always built
-        self.scenarios = list(scenarios)
-        self.batch_sizes = [int(b) for b in (batch_sizes or [])]
-        self.rounds, self.chunk_rows = int(rounds), int(chunk_rows)
-        self.budget_s, self.warmup_s, self.settle_s = float(budget_s), float(warmup_s), float(settle_s)
-        self.fp16_cpu_max_rows, self.fp16_cpu_samples = int(fp16_cpu_max_rows), int(fp16_cpu_samples)
-        self.qsl_samples, self.search_steps, self.search_ms = int(qsl_samples), int(search_steps), int(search_ms)
-        self.loadgen = loadgen.Settings(
-            min_duration_ms=int(min_duration_ms if min_duration_ms is not None else self.budget_s * 1e3),
-            max_duration_ms=int(max_duration_ms), min_query_count=int(min_query_count),
-            samples_per_query=int(samples_per_query), target_qps=float(target_qps),
-            latency_bound_ms=float(latency_bound_ms), check_samples=int(check_samples))
-        self.loop = control_loop.Loop(rate_hz=float(rate_hz), duration_s=float(duration_s),
-                                      max_miss_rate=float(max_miss_rate), confidence=float(confidence),
-                                      search_steps=int(search_steps), search_s=float(loop_search_s))
+class BenchmarkTask(Task):
+    mode: BenchmarkMode
 
     def points(self, ctx: Context) -> list[int]:
         """Batch sizes timed per point (timing.py): the ladder (default: batch_size), and 1 for single_stream (and for
         server: its fastest single call tells a latency bound that no rate can meet)."""
-        ladder = self.batch_sizes or [ctx.batch_size]
-        return sorted({*([1] if {"single_stream", "server"} & set(self.scenarios) else []), *ladder})
+        ladder = self.mode.batch_sizes or [ctx.batch_size]
+        return sorted({*([1] if {"single_stream", "server"} & set(self.mode.scenarios) else []), *ladder})
 
     def sut(self, ctx: Context) -> list[str]:
         """The backends to build and time: mode.backends, and the job's backend when a scenario runs on it."""
-        return list(dict.fromkeys([*self.backends, *([ctx.backend] if set(self.scenarios) & set(extra.NAMES) else [])]))
+        scenario = set(self.mode.scenarios) & set(extra.NAMES)  # eager, the gate, is always built
+        return list(dict.fromkeys([*(self.mode.backends or ["eager"]), *([ctx.backend] if scenario else [])]))
 
     def run(self, ctx: Context) -> Result:
         target, w, result = ctx.target(), ctx.weights, Result()
         points, capped, slow = self.fp16_cap(ctx, target, result)
         feeds, timed_as = self.feeds(ctx, points)
-        chunk = min(max(points), self.chunk_rows)
+        chunk = min(max(points), self.mode.chunk_rows)
         timed_backends = self.sut(ctx)
         with timing.threads(ctx.threads) as threads:
             backends, runners = self.build_gated(ctx, timed_backends, feeds, points, chunk, result)
@@ -81,9 +57,8 @@ class BenchmarkTask:
         result.metrics["peak_mem_mb"] = max(per_backend) if per_backend else peak
         result.metrics["threads"] = float(threads)
         result.summary.append(f"policy: {w.describe_shape()}; {timed_as}")
-        result.details.update({"shape": w.describe_shape(), "feeds": timed_as})
-        result.details.update({"points": points, "scenarios": self.scenarios, "chunk_rows": chunk, "threads": threads,
-                               "backends": backends,
+        result.details.update({"shape": w.describe_shape(), "feeds": timed_as, "points": points, "chunk_rows": chunk,
+                               "scenarios": self.mode.scenarios, "threads": threads, "backends": backends,
                                "peak_mem_source": source + (", per backend" if per_backend else "")})
         if not timed:
             result.status = "skipped" if result.status == "passed" else result.status
@@ -101,10 +76,10 @@ class BenchmarkTask:
         points, capped = self.points(ctx), []
         slow = target.kind == "cpu" and ctx.dtype == "fp16"
         if slow:
-            capped = [b for b in points if b > self.fp16_cpu_max_rows]
-            points = [b for b in points if b <= self.fp16_cpu_max_rows] or [1]
-            result.summary.append(f"{SLOW_FP16}; points above {self.fp16_cpu_max_rows} rows skipped "
-                                  f"({capped or 'none'}), at most {self.fp16_cpu_samples} timed calls per point and round")
+            top = self.mode.fp16_cpu_max_rows
+            capped, points = [b for b in points if b > top], [b for b in points if b <= top] or [1]
+            result.summary.append(f"{SLOW_FP16}; points above {top} rows skipped ({capped or 'none'}), "
+                                  f"at most {self.mode.fp16_cpu_samples} timed calls per point and round")
             result.details["fp16_cpu_note"] = SLOW_FP16
         return points, capped, slow
 
@@ -129,13 +104,12 @@ class BenchmarkTask:
                 if name == "eager":
                     raise
                 info.update(status="failed", reason=f"{type(exc).__name__}: {first_line(exc)}")
-                result.fail(f"backend {name}: {info['reason']}")
-                continue
-            if gate.failures:
+            else:
+                if not gate.failures:
+                    runners[name] = runner
+                    continue
                 info.update(status="failed", reason=gate.reason(ctx.dtype))
-                result.fail(f"backend {name}: {info['reason']}")
-                continue
-            runners[name] = runner
+            result.fail(f"backend {name}: {info['reason']}")
         return backends, runners
 
     def first_calls(self, ctx: Context, name: str, info: dict, feeds: dict, points: list[int], chunk: int,
@@ -166,17 +140,17 @@ class BenchmarkTask:
                       slow: bool, backends: dict[str, dict]) -> dict[tuple[str, int], timing.Timing]:
         """Rounds x points x backends, the backend order rotated each round (timing.py's measurement policy); each
         block's allocator peak is the backend's own (reset before it)."""
-        timings = {(n, b): timing.Timing(rows=b, threads=threads) for n in timed for b in points}
-        cap = self.fp16_cpu_samples if slow else 10_000
-        for r in range(self.rounds):
+        m, timings = self.mode, {(n, b): timing.Timing(rows=b, threads=threads) for n in timed for b in points}
+        cap = m.fp16_cpu_samples if slow else 10_000
+        for r in range(m.rounds):
             order = timed[r % len(timed):] + timed[: r % len(timed)] if timed else []
             for b in points:
                 for name in order:
-                    time.sleep(self.settle_s)  # let thread pools stop spinning between blocks
+                    time.sleep(m.settle_s)  # let thread pools stop spinning between blocks
                     fn = lambda runner=runners[name], f=feeds[b]: runner.infer(f)  # noqa: E731
                     reset_peak_memory(runners[name].target.device)
-                    t = timing.measure(fn, runners[name].target.device, b, self.budget_s / self.rounds,
-                                       self.warmup_s if r == 0 else self.warmup_s / 5, max_samples=cap,
+                    t = timing.measure(fn, runners[name].target.device, b, m.budget_s / m.rounds,
+                                       m.warmup_s if r == 0 else m.warmup_s / 5, max_samples=cap,
                                        min_warmup=1 if slow else 2)
                     _note_peak(backends[name], runners[name])
                     timings[(name, b)].extend(t)
@@ -200,7 +174,7 @@ class BenchmarkTask:
                     for k in SERIES_STATS:
                         result.series.setdefault(f"{name}/{k}", []).append((b, stats[k]))
                 elif b in capped:
-                    row.update(status="skipped", reason=f"fp16 on the CPU capped at {self.fp16_cpu_max_rows} rows")
+                    row.update(status="skipped", reason=f"fp16 on the CPU capped at {self.mode.fp16_cpu_max_rows} rows")
                 rows.append(row)
         return rows
 
@@ -219,26 +193,23 @@ class BenchmarkTask:
 
     def scenarios_on(self, ctx: Context, runners: dict, timings: dict, feeds: dict, points: list[int], result: Result) -> None:
         """LoadGen's scenarios and the control loop on the job's backend (skipped, with the reason, if it is not timed)."""
-        wanted = [s for s in self.scenarios if s in extra.NAMES]
+        wanted = [s for s in self.mode.scenarios if s in extra.NAMES]
         if not wanted:
             return
         runner = runners.get(ctx.backend)
         if runner is None:
             result.summary.append(f"scenarios {wanted} not run: backend {ctx.backend} was not timed (see its status)")
             return
-        top = ctx.batch_size if ctx.batch_size in points else max(points)
-        point = timings[(ctx.backend, top)].stats()
+        point = timings[(ctx.backend, job_batch(points, ctx.batch_size))].stats()
         if 1 in points:
             one = timings[(ctx.backend, 1)].stats()
             point.update(b1_p50_us=one["p50_us"], b1_min_us=one["min_us"])
-        lg = [s for s in wanted if s in extra.LOADGEN]
-        if lg:
-            qsl = self.feeds(ctx, [self.qsl_samples])[0][self.qsl_samples]
+        if set(wanted) & set(extra.LOADGEN):
+            qsl = self.feeds(ctx, [self.mode.qsl_samples])[0][self.mode.qsl_samples]
             tol = ctx.atol(ctx.dtype, "fp32" if ctx.backend == "onnxruntime" else ctx.dtype)
-            extra.run_loadgen(ctx, runner, runners["eager"], qsl, lg, self.loadgen, tol, point,
-                              self.search_steps, self.search_ms, result, points)
+            extra.run_loadgen(ctx, runner, runners["eager"], qsl, self.mode, tol, point, result, points)
         if extra.CONTROL_LOOP in wanted:
-            extra.run_control_loop(ctx, runner, self.loop, result)
+            extra.run_control_loop(ctx, runner, self.mode, result)
 
     def feeds(self, ctx: Context, points: list[int]) -> tuple[dict[int, dict[str, np.ndarray]], str]:
         """Per batch point, every input of the policy at that many rows, and what is timed (in words)."""

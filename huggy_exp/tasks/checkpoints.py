@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-from huggy_exp.context import Context
+from huggy_exp.context import Context, results_folder
 from huggy_exp.mlagents import list_checkpoints, read_configuration
 from huggy_exp.results import Result
+from huggy_exp.tasks import Task
 
 
-class CheckpointsTask:
-    name = "checkpoints"
-
+class CheckpointsTask(Task):
     def run(self, ctx: Context) -> Result:
-        folder = ctx.model_spec.results_folder()
+        folder = results_folder(ctx.model_spec)
         rows = list_checkpoints(folder)
         config = read_configuration(folder)
-        table = []
-        for r in rows:
-            pt, onnx = r["files"].get("pt"), r["files"].get("onnx")
-            table.append({
-                "behavior": r["behavior"], "step": r["step"], "reward": r["reward"],
-                "reward_nonfinite": r.get("reward_nonfinite"), "final": r["final"],
-                "present": r["present"], "pt_bytes": pt and pt["bytes"], "onnx_bytes": onnx and onnx["bytes"],
-                "pt_sha256": pt and pt["sha256"], "onnx_sha256": onnx and onnx["sha256"],
-                "pt": pt and pt["path"], "onnx": onnx and onnx["path"],
-            })
+        fields = (("_bytes", "bytes"), ("_sha256", "sha256"), ("", "path"))  # per file kind: pt_bytes, onnx_bytes, ...
+        table = [{**{k: r.get(k) for k in ("behavior", "step", "reward", "reward_nonfinite", "final", "present")},
+                  **{kind + suffix: (r["files"].get(kind) or {}).get(key) for suffix, key in fields for kind in ("pt", "onnx")}}
+                 for r in rows]
         rewards = [r["reward"] for r in rows if r["reward"] is not None]
         summary = [f"{folder}: {len(rows)} checkpoints, {sum(r['present'] for r in rows)} with files on disk"]
         summary += [f"{b}: {c['trainer_type']}, {c['num_layers']}x{c['hidden_units']}, normalize {c['normalize']} (configuration.yaml)"

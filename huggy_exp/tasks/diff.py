@@ -1,7 +1,5 @@
 """`diff`: what changed between two sweeps (or bundles, or job dirs), point by point, with replay's rules.
-
-Described in docs/modes.md#diff and docs/port-certificate.md.
-"""
+Described in docs/modes.md#diff and docs/port-certificate.md."""
 
 from __future__ import annotations
 
@@ -14,11 +12,14 @@ import numpy as np
 from huggy_exp import bundle, environment
 from huggy_exp.certify import DUAL_RULES, bitwise, dual_benchmark, errors, latency_change, rule_verdict, test05_tolerance, worst
 from huggy_exp.compare import load_outputs
+from huggy_exp.config import DiffMode
 from huggy_exp.context import Context
 from huggy_exp.errors import UserError
+from huggy_exp.numerics import error_ratio
 from huggy_exp.report import escape
 from huggy_exp.results import Result
 from huggy_exp.safety import atomic_write_text, read_json
+from huggy_exp.tasks import Task
 from huggy_exp.verify import is_fingerprint, nonfinite_failures
 
 ACCURACY_MARKS = ("vs_fp64", "vs_fp32", "vs_cpu", "vs_torch", "deterministic", "agreement")
@@ -191,8 +192,6 @@ def _latency(base: Point, cand: Point, alpha: float, row: dict) -> None:
 
 
 def _ratio(a, b) -> float:
-    from huggy_exp.numerics import error_ratio
-
     return error_ratio(float(a), float(b)) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else float("nan")
 
 
@@ -200,17 +199,15 @@ def _num(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-class DiffTask:
-    name = "diff"
-
-    def __init__(self, baseline: str | None, candidate: str | None, alpha: float, fail_on_latency: bool):
-        self.baseline, self.candidate, self.alpha, self.fail_on_latency = baseline, candidate, float(alpha), bool(fail_on_latency)
+class DiffTask(Task):
+    mode: DiffMode
 
     def run(self, ctx: Context) -> Result:
-        base, cand = load_side(self.baseline, "baseline"), load_side(self.candidate, "candidate")
+        m = self.mode
+        base, cand = load_side(m.baseline, "baseline"), load_side(m.candidate, "candidate")
         nonfinite = [why for side, points in (("baseline", base), ("candidate", cand)) for k, p in points.items()
                      for why in nonfinite_failures(p.outputs, f"{side} {k}:") + nonfinite_failures(p.fp64 or {}, f"{side} {k}: fp64 reference")]
-        rows = [compare_points(base[k], cand[k], self.alpha) for k in base if k in cand]
+        rows = [compare_points(base[k], cand[k], m.alpha) for k in base if k in cand]
         rows += [{"point": k, "side": "baseline only", "changed": True, "changes": ["only in the baseline"]} for k in base if k not in cand]
         rows += [{"point": k, "side": "candidate only", "changed": True, "changes": ["only in the candidate"]} for k in cand if k not in base]
         both = [r for r in rows if r["side"] == "both"]
@@ -227,16 +224,16 @@ class DiffTask:
                 result.fail(f"{r['point']}: passed in the baseline, failed in the candidate")
             if r.get("dual") == "fail":
                 result.fail(f"{r['point']}: dual benchmark fails (candidate error {r['dual_worst_ratio']:.3g}x the baseline's)")
-            if self.fail_on_latency and r.get("latency") == "slower":
+            if m.fail_on_latency and r.get("latency") == "slower":
                 result.fail(f"{r['point']}: latency slower ({r['latency_ratio']:.2f}x, p = {r['latency_p_value']:.2g})")
         headline = (f"{counts['changed']} of {len(both)} common point(s) changed (accuracy, outputs, fingerprints, status, "
                     f"environment), {counts['latency_changed']} in latency; {counts['only_baseline']} only in the baseline, "
                     f"{counts['only_candidate']} only in the candidate")
         result.summary = [headline, *(f"{r['point']}: {'; '.join(r['changes'])}" for r in rows if r["changes"])]
-        md = [f"# Diff: {escape(self.baseline)} -> {escape(self.candidate)}", "", headline, "", "| point | side | what changed |",
+        md = [f"# Diff: {escape(m.baseline)} -> {escape(m.candidate)}", "", headline, "", "| point | side | what changed |",
               "| --- | --- | --- |"]
         md += [f"| {escape(r['point'])} | {r['side']} | {escape('; '.join(r['changes'])) or 'nothing'} |" for r in rows]
         atomic_write_text(ctx.workdir / "report.md", "\n".join(md) + "\n")
         result.files.append("report.md")
-        result.details.update({"headline": headline, "baseline": self.baseline, "candidate": self.candidate, "points": rows})
+        result.details.update({"headline": headline, "baseline": m.baseline, "candidate": m.candidate, "points": rows})
         return result

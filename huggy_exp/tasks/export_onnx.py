@@ -1,7 +1,5 @@
 """`export-onnx`: the rebuilt policy as an ML-Agents .onnx, checked and compared.
-
-Described in docs/modes.md#export-onnx.
-"""
+Described in docs/modes.md#export-onnx."""
 
 from __future__ import annotations
 
@@ -14,15 +12,17 @@ import torch
 from torch import nn
 
 from huggy_exp import mlagents
+from huggy_exp.config import ExportOnnxMode
 from huggy_exp.context import Context
 from huggy_exp.errors import UserError
 from huggy_exp.mlagents import PolicyWeights, interface
+from huggy_exp.mlagents.onnx_graph import value_info
 from huggy_exp.numerics import allowed_branches
 from huggy_exp.policy import Policy
 from huggy_exp.results import Result, first_nonfinite
 from huggy_exp.safety import atomic_write, claim_output
 from huggy_exp.runners import DISCRETE_SAMPLED, build, over_steps, reference, run_feeds
-from huggy_exp.tasks import is_sequence
+from huggy_exp.tasks import Task, is_sequence
 from huggy_exp.tasks.compare import check_constants, compare_outputs, expected_constants, feeds_with_masks
 from huggy_exp.verify import DECLARED
 
@@ -64,28 +64,23 @@ class MLAgentsExport(nn.Module):
         return tuple(out)
 
 
-class ExportOnnxTask:
-    name = "export-onnx"
-
-    def __init__(self, path: str | None, opset: int, atol: float, masks: str, overwrite: bool):
-        """mode=export-onnx's keys (values: conf/mode/export-onnx.yaml; validated by config.ExportOnnxMode)."""
-        self.path, self.opset, self.atol, self.masks, self.overwrite = path, opset, atol, masks, overwrite
+class ExportOnnxTask(Task):
+    mode: ExportOnnxMode
 
     def run(self, ctx: Context) -> Result:
         w = ctx.weights
-        feeds = feeds_with_masks(ctx, self.masks)
+        feeds = feeds_with_masks(ctx, self.mode.masks)
         sequence = is_sequence(feeds)
         # --- export, check the graph and its interface
         out, found = self.export(ctx)
-        result = Result(files=[str(out) if self.path else out.name])  # an artifact wherever it was written
+        result = Result(files=[str(out) if self.mode.path else out.name])  # an artifact wherever it was written
         self.judge_interface(found, w, result)
         # --- run it (a sequence step by step, each graph carrying its own memory), compare with the fp32 torch policy
         graph = lambda path: build(ctx, "onnxruntime", device="cpu", dtype="fp32", batch_size=0, threads=0, onnx=path)  # noqa: E731
         exported = run_feeds(graph(out), feeds)
         ref = reference(ctx, "fp32")
-        ref_dist = over_steps(ref.distributions, feeds, w.memory) if w.branches else None
-        margins = ref_dist["masked_logits"] if ref_dist is not None and "masked_logits" in ref_dist else None
-        metrics, failures, rows = compare_outputs(exported, run_feeds(ref, feeds), "torch", self.atol, 1e-3,
+        margins = over_steps(ref.distributions, feeds, w.memory).get("masked_logits") if w.branches else None
+        metrics, failures, rows = compare_outputs(exported, run_feeds(ref, feeds), "torch", self.mode.atol, 1e-3,
                                                   margins, w.branch_sizes)
         c_metrics, c_failures, constants = check_constants(exported, expected_constants(w), sequence, "expected", "exported")
         result.metrics.update({**metrics, **c_metrics})
@@ -94,18 +89,15 @@ class ExportOnnxTask:
         self._sampled(exported, feeds, w, result)
         # --- ... and with the source .onnx, when there is one; judge
         source = ctx.model.onnx_path
-        headline = f"exported {out.name} (opset {self.opset}, {w.describe_shape()}): vs torch " + _brief(result.metrics, "torch")
-        if source is not None:
-            headline += self.versus_source(ctx, exported, run_feeds(graph(source), feeds), sequence, margins, rows, result)
-        else:
-            headline += "; no source .onnx to compare with"
+        headline = (f"exported {out.name} (opset {self.mode.opset}, {w.describe_shape()}): vs torch "
+                    + _brief(result.metrics, "torch"))
+        headline += (self.versus_source(ctx, exported, run_feeds(graph(source), feeds), sequence, margins, rows, result)
+                     if source is not None else "; no source .onnx to compare with")
         if ctx.dtype != "fp32" or ctx.device != "cpu":
             headline += f" (the graph is float32 from the CPU; device={ctx.device} dtype={ctx.dtype} do not apply)"
         result.details.update({"exported": str(out), "source_onnx": str(source) if source else None, "interface": found,
                                "constants": constants, "sequence": sequence, "headline": headline})
-        for out in DECLARED:
-            if out.name in exported:
-                result.arrays[f"exported_{out.stem}"] = np.asarray(exported[out.name])
+        result.arrays.update({f"exported_{o.stem}": np.asarray(exported[o.name]) for o in DECLARED if o.name in exported})
         result.tables["outputs"] = rows
         result.summary = [headline, f"interface: inputs {found['inputs']}, outputs {found['outputs']}",
                           f"onnx.checker: clean; written to {out}"]
@@ -116,10 +108,10 @@ class ExportOnnxTask:
         names them, checked by onnx.checker and written in one step: (where it went, the interface it has)."""
         import onnx
 
-        w = ctx.weights
+        w, opset = ctx.weights, self.mode.opset
         own = (ctx.model.path, ctx.model.onnx_path, ctx.model_spec.checkpoint, ctx.model_spec.onnx, ctx.model_spec.results_dir,
                *mlagents.model_files(ctx.model.path), *ctx.owned)
-        out = (claim_output(self.path, self.overwrite, own, "mode.path") if self.path
+        out = (claim_output(self.mode.path, self.mode.overwrite, own, "mode.path") if self.mode.path
                else ctx.workdir / f"{Path(ctx.model.path).stem.split('-')[0]}.onnx")
         tmpdir = tempfile.TemporaryDirectory(prefix="huggy_exp-export-")
         traced = Path(tmpdir.name) / out.name  # the exporter writes here; `out` gets the checked graph in one step
@@ -135,18 +127,18 @@ class ExportOnnxTask:
                 # the exporter's LSTM advice is met: h0/c0 come from the recurrent_in input
                 warnings.filterwarnings("ignore", "Exporting a model to ONNX with a batch_size other than 1", UserWarning)
                 torch.onnx.export(MLAgentsExport(w).eval(), dummy, str(traced), input_names=input_names, output_names=output_names,
-                                  dynamic_axes=dynamic, opset_version=self.opset, dynamo=False)
+                                  dynamic_axes=dynamic, opset_version=opset, dynamo=False)
         except Exception as exc:
-            raise UserError(f"torch.onnx.export failed at opset {self.opset}: {str(exc).splitlines()[0]}") from None
+            raise UserError(f"torch.onnx.export failed at opset {opset}: {str(exc).splitlines()[0]}") from None
         model = _name_outputs(onnx.load(str(traced), format="protobuf"), output_names)
         tmpdir.cleanup()
         onnx.checker.check_model(model, full_check=True)
-        atomic_write(out, lambda tmp: onnx.save(model, tmp, format="protobuf"), overwrite=self.overwrite)
+        atomic_write(out, lambda tmp: onnx.save(model, tmp, format="protobuf"), overwrite=self.mode.overwrite)
         return out, _interface(model)
 
     def judge_interface(self, found: dict, w: PolicyWeights, result: Result) -> None:
         """The graph's inputs and outputs against ML-Agents' interface for these weights: each problem fails."""
-        problems = _interface_problems(found, interface(w), self.opset)
+        problems = _interface_problems(found, interface(w), self.mode.opset)
         for p in problems:
             result.fail(p)
         result.tags.update({"onnx_inputs": ",".join(found["inputs"]), "onnx_outputs": ",".join(found["outputs"])})
@@ -159,7 +151,8 @@ class ExportOnnxTask:
         bit-identical; adds the table rows, returns the headline phrase."""
         w, source = ctx.weights, ctx.model.onnx_path
         consts = expected_constants(w)
-        m_src, f_src, rows_src = compare_outputs(exported, theirs, "source", self.atol, 1e-3, margins, w.branch_sizes)
+        m_src, f_src, rows_src = compare_outputs(exported, theirs, "source", self.mode.atol, 1e-3, margins,
+                                                 w.branch_sizes)
         s_metrics, s_failures, _ = check_constants(exported, {k: np.asarray(theirs[k][0] if sequence else theirs[k])
                                                                for k in consts if k in theirs}, sequence,
                                                    "source", "exported")
@@ -217,18 +210,14 @@ def _name_outputs(model, names: list[str]):
     return model
 
 
-def _dims(value_info) -> list:
-    return [d.dim_param or d.dim_value for d in value_info.type.tensor_type.shape.dim]
-
-
 def _interface(model) -> dict:
     from onnx import TensorProto
 
     kind = {TensorProto.FLOAT: "float", TensorProto.INT64: "int64"}
     return {
         "opset": max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
-        "inputs": {i.name: _dims(i) for i in model.graph.input},
-        "outputs": {o.name: _dims(o) for o in model.graph.output},
+        "inputs": dict(map(value_info, model.graph.input)),
+        "outputs": dict(map(value_info, model.graph.output)),
         "types": {v.name: kind.get(v.type.tensor_type.elem_type, str(v.type.tensor_type.elem_type))
                   for v in (*model.graph.input, *model.graph.output)},
     }

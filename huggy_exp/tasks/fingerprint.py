@@ -1,40 +1,39 @@
 """`fingerprint`: SHA-256 of the exact output bytes over T steps, and a quantized one.
-
-Described in docs/modes.md#fingerprint.
-"""
+Described in docs/modes.md#fingerprint."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from huggy_exp import rollout
+from huggy_exp.config import FingerprintMode
 from huggy_exp.context import Context
 from huggy_exp.dynamics import Dynamics
 from huggy_exp.errors import UserError
 from huggy_exp.results import Result
 from huggy_exp.runners import Runner, build, reference
-from huggy_exp.tasks import first_step, latency, verify_rollout
+from huggy_exp.tasks import Task, first_step, latency, verify_rollout
 from huggy_exp import verify
 from huggy_exp.verify import quantize
 
 
 
-def output_sequences(runner: Runner, ctx: Context, loop: str, kind: str, steps: int, envs: int,
-                     dynamics: Dynamics) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+def output_sequences(runner: Runner, ctx: Context, m: FingerprintMode) -> tuple[dict[str, np.ndarray], dict]:
     """The inputs the policy saw [T, envs, d] by ML-Agents name, and every output [T, envs, *] by file name (actions,
     discrete_actions, memories): open-loop over the observation source (steps x envs rows, or a file's [T, N, d]
-    sequence), or closed-loop through `dynamics`."""
-    w = ctx.weights
-    if loop == "open":
+    sequence), or closed-loop through `mode.dynamics`."""
+    w, steps, envs = ctx.weights, m.steps, m.envs
+    if m.loop == "open":
         feeds = ctx.make_feeds(steps * envs)
         if feeds["obs_0"].ndim == 2:
             rows = len(feeds["obs_0"])
             if rows % envs:
                 raise UserError(f"mode.envs={envs} does not divide the {rows} observation rows of the file")
             feeds = {k: v.reshape(rows // envs, envs, v.shape[-1]) for k, v in feeds.items()}
-        return feeds, rollout.open_loop(runner, feeds, kind, ctx.seed)
+        return feeds, rollout.open_loop(runner, feeds, m.actions, ctx.seed)
     start = first_step(ctx.make_feeds(envs))
-    observations, outputs = rollout.closed_loop(runner, w, start, steps, dynamics, kind, ctx.seed)
+    dynamics = Dynamics(seed=ctx.seed, **vars(m.dynamics))
+    observations, outputs = rollout.closed_loop(runner, w, start, steps, dynamics, m.actions, ctx.seed)
     return rollout.seen(observations, start, w), outputs
 
 
@@ -47,58 +46,44 @@ def first_divergence(a: np.ndarray, b: np.ndarray) -> tuple[int, int, float] | N
     return t, dim, float(abs(np.float64(a[t, env, dim]) - np.float64(b[t, env, dim])))
 
 
-class FingerprintTask:
-    name = "fingerprint"
-
-    def __init__(self, steps: int, loop: str, actions: str, envs: int, decimals: int, require_match: list[str],
-                 dynamics: dict):
-        """mode=fingerprint's keys (values: conf/mode/fingerprint.yaml; validated by config.FingerprintMode)."""
-        self.steps, self.loop, self.kind, self.envs, self.decimals = int(steps), loop, actions, int(envs), int(decimals)
-        self.require_match = list(require_match)
-        self.dynamics = dict(dynamics)
+class FingerprintTask(Task):
+    mode: FingerprintMode
 
     def run(self, ctx: Context) -> Result:
-        dynamics = Dynamics(seed=ctx.seed, **self.dynamics)
+        m, decimals = self.mode, self.mode.decimals
         runner = build(ctx)
-        seen, mine = output_sequences(runner, ctx, self.loop, self.kind, self.steps, self.envs, dynamics)
-        _, ref = output_sequences(reference(ctx, "fp32", ctx.batch_size), ctx, self.loop, self.kind, self.steps, self.envs, dynamics)
+        seen, mine = output_sequences(runner, ctx, m)
+        _, ref = output_sequences(reference(ctx, "fp32", ctx.batch_size), ctx, m)
         names = list(mine)  # actions, discrete_actions, memories: whichever the policy has, in that order
-        qmine = {n: quantize(mine[n], self.decimals) for n in names}
-        qref = {n: quantize(ref[n], self.decimals) for n in names}
         exact = {n: first_divergence(mine[n], ref[n]) for n in names}
-        quant = {n: first_divergence(qmine[n], qref[n]) for n in names}
-        fp = verify.fingerprint(mine, self.decimals)  # the point's tags are verify_rollout's: the same hashes
-        fp.update({f"cpu_fp32_{k}": v for k, v in verify.fingerprint(ref, self.decimals).items()})
+        quant = {n: first_divergence(quantize(mine[n], decimals), quantize(ref[n], decimals)) for n in names}
+        fp = verify.fingerprint(mine, decimals)  # the point's tags are verify_rollout's: the same hashes
+        fp.update({f"cpu_fp32_{k}": v for k, v in verify.fingerprint(ref, decimals).items()})
         steps = len(mine[names[0]])
         first_exact, first_quant = _first(exact), _first(quant)
-        result = Result(arrays={n: (a.reshape(len(a), -1) if self.envs == 1 and a.shape[1] == 1 else a) for n, a in mine.items()})
+        result = Result(arrays={n: (a.reshape(len(a), -1) if m.envs == 1 and a.shape[1] == 1 else a) for n, a in mine.items()})
         result.metrics = {"steps": float(steps),
                           **_divergence_metrics(mine, ref, names, exact, quant, first_exact[1] if first_exact else None)}
-        if len(names) > 1:  # each output on its own too
-            _each_output(result, mine, ref, exact, quant)
+        for n in names if len(names) > 1 else ():  # each output on its own too
+            each = _divergence_metrics(mine, ref, [n], exact, quant, exact[n])
+            result.metrics.update({f"{n}/{k}": v for k, v in each.items()})
         result.tags.update({k: v for k, v in fp.items() if k.startswith("cpu_fp32_")})
         where, qwhere = _where(first_exact, first_quant, names)
-        headline = (f"fingerprint {fp[verify.FINGERPRINT][:12]}, quantized_fingerprint({self.decimals}) "
+        headline = (f"fingerprint {fp[verify.FINGERPRINT][:12]}, quantized_fingerprint({decimals}) "
                     f"{fp[verify.QUANTIZED][:12]}: {where}; {qwhere}")
         as_dict = lambda d: None if d is None else dict(zip(("step", "dim", "abs"), d[1]), **({"output": d[0]} if len(names) > 1 else {}))  # noqa: E731
-        result.details.update({**fp, "loop": self.loop, "actions": self.kind, "decimals": self.decimals,
+        result.details.update({**fp, "loop": m.loop, "actions": m.actions, "decimals": decimals,
                                "outputs": names, "first_divergence": as_dict(first_exact), "first_quantized_divergence": as_dict(first_quant)})
         envs = mine[names[0]].shape[1]
         latency(runner, ctx, ctx.feeds, result)
-        verify_rollout(ctx, result, runner, seen, mine, ctx.seed if self.kind == "sampled" else None, self.loop == "open",
-                       self.decimals)
+        verify_rollout(ctx, result, runner, seen, mine, ctx.seed if m.actions == "sampled" else None, m.loop == "open",
+                       decimals)
         result.headline += f"; {headline}"
-        result.summary[1:1] = [f"{self.loop}-loop, {self.kind} {'actions' if names == ['actions'] else 'outputs (' + ', '.join(names) + ')'}, {steps} steps x {envs} env(s) on {ctx.device} {ctx.dtype}"
+        result.summary[1:1] = [f"{m.loop}-loop, {m.actions} {'actions' if names == ['actions'] else 'outputs (' + ', '.join(names) + ')'}, {steps} steps x {envs} env(s) on {ctx.device} {ctx.dtype}"
                           + (", memory carried from zeros" if "memories" in names else ""), headline]
-        if ctx.dtype in self.require_match and first_quant is not None:
-            result.fail(f"quantized fingerprint differs from CPU fp32 ({qwhere}, by {first_quant[1][2] / 10**self.decimals:.3g})")
+        if ctx.dtype in m.require_match and first_quant is not None:
+            result.fail(f"quantized fingerprint differs from CPU fp32 ({qwhere}, by {first_quant[1][2] / 10**decimals:.3g})")
         return result
-
-
-def _each_output(result: Result, mine: dict, ref: dict, exact: dict, quant: dict) -> None:
-    """Each output's divergence metrics on its own, beside those of all outputs together (its fingerprints are tags)."""
-    for n in mine:
-        result.metrics.update({f"{n}/{k}": v for k, v in _divergence_metrics(mine, ref, [n], exact, quant, exact[n]).items()})
 
 
 def _where(first_exact, first_quant, names: list[str]) -> tuple[str, str]:

@@ -9,11 +9,10 @@ from huggy_exp.context import Context
 from huggy_exp.mlagents import configuration_mismatches, model_configuration, sha256_file
 from huggy_exp.placement import cann_version, inventory
 from huggy_exp.results import Result
+from huggy_exp.tasks import Task
 
 
-class InfoTask:
-    name = "info"
-
+class InfoTask(Task):
     def run(self, ctx: Context) -> Result:
         model, w = ctx.model, ctx.weights
         env = {**environment.summary(), "cann": cann_version()}
@@ -26,7 +25,9 @@ class InfoTask:
         behavior, config = model_configuration(model.path)
         mismatches = configuration_mismatches(config, w) if config else []
         summary = [
-            _policy_line(model, w), _normalizer_line(n, normalizer, per_input),
+            f"policy: {w.describe_shape()}; {w.num_layers}x{w.hidden_units} Swish; "
+            f"{w.parameter_count:,} parameters (+{w.log_sigma_count} log_sigma), step {model.step}",
+            _normalizer_line(n, normalizer, per_input),
             f"torch {env['torch']}, torch_npu {env['torch_npu']}, CANN {env['cann']}, onnxruntime {env['onnxruntime']}",
             "devices: " + ", ".join(f"{k}={v}" for k, v in devices.items()),
             *(f"{k}: {v['path']} ({v['bytes']:,} bytes, sha256 {v['sha256'][:16]}...)" for k, v in files.items()),
@@ -35,7 +36,7 @@ class InfoTask:
             summary.append("configuration.yaml: " + ("; ".join(mismatches) if mismatches else
                                                       f"{behavior} {config['trainer_type']} settings agree with the weights"))
         return Result(
-            metrics=_metrics(dims, n, normalizer),
+            metrics=_metrics(dims, normalizer),
             details={"environment": env, "devices": devices, "policy": dims, "shape": shape, "normalizers": per_input, "normalizer": normalizer, "model_files": files,
                      "configuration": config, "configuration_mismatches": mismatches},
             summary=summary,
@@ -69,20 +70,10 @@ def _shape(w) -> dict:
             "lstm_hidden": w.lstm.hidden_size if w.lstm else 0, "description": w.describe_shape()}
 
 
-def _metrics(dims: dict, n, normalizer: dict | None) -> dict[str, float]:
+def _metrics(dims: dict, normalizer: dict | None) -> dict[str, float]:
     """The numeric dimensions, and the normalizer's steps and fp16-overflowing dimensions when known."""
-    metrics = {k: float(v) for k, v in dims.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    if normalizer:
-        if n.steps is not None:
-            metrics["normalization_steps"] = float(n.steps)
-        if normalizer["fp16_overflow_dims"] is not None:
-            metrics["fp16_overflow_dims"] = float(normalizer["fp16_overflow_dims"])
-    return metrics
-
-
-def _policy_line(model, w) -> str:
-    return (f"policy: {w.describe_shape()}; {w.num_layers}x{w.hidden_units} Swish; "
-            f"{w.parameter_count:,} parameters (+{w.log_sigma_count} log_sigma), step {model.step}")
+    known = {k: (normalizer or {}).get(k) for k in ("normalization_steps", "fp16_overflow_dims")}
+    return {k: float(v) for k, v in {**dims, **known}.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def _normalizer_line(n, normalizer: dict | None, per_input: dict) -> str:

@@ -1,31 +1,28 @@
-"""`precision`: the policy on (device, dtype) against CPU fp64 and fp32 references.
-
-Described in docs/modes.md#precision; every output is compared by the verification engine (docs/verification.md).
-"""
+"""`precision`: the policy on (device, dtype) against CPU fp64 and fp32 references, every output through the
+verification engine (docs/verification.md). Described in docs/modes.md#precision."""
 
 from __future__ import annotations
+
+from dataclasses import asdict
 
 import numpy as np
 
 from huggy_exp import plots
+from huggy_exp.config import PrecisionMode
 from huggy_exp.context import Context
 from huggy_exp.mlagents import RECURRENT_OUT
 from huggy_exp.numerics import error_ratio, limits_for, ratio_verdict, rel_rmse
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, DISCRETE, build, reference, run_feeds
-from huggy_exp.tasks import is_sequence, latency, verify_point
+from huggy_exp.tasks import Task, is_sequence, latency, verify_point
 from huggy_exp.verify import elementwise
 from huggy_exp.verify import DECLARED, outputs_of, within
 
 LAYER_ORDER = ("lstm", RECURRENT_OUT, "mu", "logits")  # after normalized_obs* and hidden_*
 
 
-class PrecisionTask:
-    name = "precision"
-
-    def __init__(self, relative: dict):
-        """mode=precision's keys (values: conf/mode/precision.yaml; validated by config.PrecisionMode)."""
-        self.relative = relative
+class PrecisionTask(Task):
+    mode: PrecisionMode
 
     def run(self, ctx: Context) -> Result:
         feeds = ctx.feeds
@@ -51,8 +48,8 @@ class PrecisionTask:
             result.tables["step_errors"] = _step_errors(got, want)
         worst, first_bad = layers["worst_layer"], layers["first_failing_layer"]
         result.tags.update({"verdict_relative": verdict, "worst_layer": worst, "first_failing_layer": first_bad or "none"})
-        result.details.update({"limits": limits_for(ctx.verify.limits, ctx.dtype, ctx.device, ctx.verify.specialize, "verify.limits"),
-                               "relative_verdict": verdict, **layers})
+        result.details.update({"limits": limits_for(asdict(ctx.verify.limits), ctx.dtype, ctx.device, ctx.verify.specialize,
+                                                    "verify.limits"), "relative_verdict": verdict, **layers})
         result.summary.insert(1, f"worst layer {worst} (rel_rmse {result.metrics[f'layer/{worst}/rel_rmse']:.2e}), first failing "
                                  f"layer {first_bad or 'none'}, relative {result.metrics['relative/ratio']:.2f} -> {verdict}")
         self._write(ctx, got, want, result)
@@ -82,19 +79,18 @@ class PrecisionTask:
         dev_err = float(np.sqrt(np.mean((got[primary] - want[primary]) ** 2)))
         cpu_err = float(np.sqrt(np.mean((cpu_same[primary] - want[primary]) ** 2)))
         ratio = error_ratio(dev_err, cpu_err)
-        verdict = ratio_verdict(ratio, self.relative["warn"], self.relative["fail"])
+        warn, fail = self.mode.relative.warn, self.mode.relative.fail
+        verdict = ratio_verdict(ratio, warn, fail)
         result.metrics.update({"relative/device_rmse": dev_err, "relative/cpu_rmse": cpu_err, "relative/ratio": ratio})
         if verdict == "fail":
-            result.fail(f"device error is {ratio:.2f}x the CPU's in {ctx.dtype} (fail above {self.relative['fail']:g})")
+            result.fail(f"device error is {ratio:.2f}x the CPU's in {ctx.dtype} (fail above {fail:g})")
         return verdict
 
     def _write(self, ctx: Context, got: dict, want: dict, result: Result) -> None:
         """The outputs (actions.npy, discrete_actions.npy, memories.npy) and, with `plots`, the plots."""
         if ctx.plots:
             self._plot(ctx, got, want, result)
-        for out in DECLARED:
-            if out.name in got:
-                result.arrays[out.stem] = out.stored(got[out.name])
+        result.arrays.update({o.stem: o.stored(got[o.name]) for o in DECLARED if o.name in got})
 
     def _plot(self, ctx: Context, got: dict, want: dict, result: Result) -> None:
         """error_histogram.png (the point's and CPU fp32's error vs fp64) and layer_errors.png (rel_rmse per layer)."""

@@ -1,7 +1,5 @@
 """`record`: one point's behaviour into a port-certificate bundle (huggy_exp/bundle.py).
-
-Described in docs/modes.md#record and docs/port-certificate.md.
-"""
+Described in docs/modes.md#record and docs/port-certificate.md."""
 
 from __future__ import annotations
 
@@ -11,20 +9,21 @@ import numpy as np
 
 from huggy_exp import bundle, environment, timing
 from huggy_exp.certify import errors, named_outputs
+from huggy_exp.config import LatencySamples, RecordMode
 from huggy_exp.context import Context
 from huggy_exp.results import Result, first_nonfinite
 from huggy_exp.runners import Runner, build, reference, run_feeds
-from huggy_exp.tasks import SLOW_FP16, batch_of
+from huggy_exp.tasks import SLOW_FP16, Task, batch_of
 from huggy_exp.verify import fingerprints
 
 
-def time_calls(runner: Runner, ctx: Context, feeds: dict[str, np.ndarray], settings: dict) -> timing.Timing:
+def time_calls(runner: Runner, ctx: Context, feeds: dict[str, np.ndarray], settings: LatencySamples) -> timing.Timing:
     """Per-call latency of the runner on the job's batch of the feeds (a sequence: its first step), at the job's threads."""
     batch = batch_of(feeds, ctx.batch_size)
     with timing.threads(ctx.threads):
         return timing.measure(lambda: runner.infer(batch), runner.target.device, ctx.batch_size,
-                              budget_s=float(settings["budget_s"]), warmup_s=float(settings["warmup_s"]),
-                              max_samples=int(settings["max_samples"]), min_samples=5)
+                              budget_s=settings.budget_s, warmup_s=settings.warmup_s, max_samples=settings.max_samples,
+                              min_samples=5)
 
 
 def model_entry(ctx: Context) -> dict:
@@ -37,16 +36,13 @@ def model_entry(ctx: Context) -> dict:
                      "parameters": w.parameter_count}}
 
 
-class RecordTask:
-    name = "record"
-
-    def __init__(self, out: str | None, latency: dict, decimals: int):
-        self.out, self.latency, self.decimals = out, dict(latency), int(decimals)
-        if out:
-            bundle.check_out(Path(out))  # before any inference: a folder of the user's files is refused now
+class RecordTask(Task):
+    mode: RecordMode
 
     def run(self, ctx: Context) -> Result:
-        root = Path(self.out).expanduser() if self.out else ctx.workdir / "bundle"
+        if self.mode.out:
+            bundle.check_out(Path(self.mode.out))  # before any inference: a folder of the user's files is refused now
+        root = Path(self.mode.out).expanduser() if self.mode.out else ctx.workdir / "bundle"
         feeds = {k: np.ascontiguousarray(v, np.float32) for k, v in ctx.feeds.items()}
         # --- run the point and the CPU fp64 reference on the same feeds
         runner = build(ctx)
@@ -58,17 +54,16 @@ class RecordTask:
             result = Result(arrays=dict(outputs))
             result.fail(f"not recorded: {', '.join(f'{n} has {c} NaN/inf values (first at {list(i)})' for n, (c, i) in bad.items())}")
             return result
-        timed = time_calls(runner, ctx, feeds, self.latency)
+        timed = time_calls(runner, ctx, feeds, self.mode.latency)
         # --- into the bundle
         key = bundle.point_key(ctx.device, ctx.dtype, ctx.backend, ctx.batch_size)
-        prints = fingerprints(outputs, self.decimals)
+        prints = fingerprints(outputs, self.mode.decimals)
         manifest, replaced = self.into_bundle(ctx, root, key, runner, feeds, fp64, outputs, comparison, prints,
-                                              self.decimals, timed)
+                                              self.mode.decimals, timed)
         # --- the job's own result
         stats = timed.stats()
         result = Result(arrays=dict(outputs), tags=dict(prints))
-        for name, m in comparison.items():
-            result.metrics.update({f"{name}/vs_fp64/{k}": v for k, v in m.items()})
+        result.metrics.update({f"{name}/vs_fp64/{k}": v for name, errs in comparison.items() for k, v in errs.items()})
         result.metrics.update({f"latency/{k}": float(stats[k]) for k in ("p50_us", "p90_us", "p99_us", "samples", "noisy")})
         result.metrics["bundle/points"] = float(len(manifest["points"]))
         result.latency = {k: float(stats[k]) for k in ("p50_us", "p99_us", "obs_per_s", "noisy", "samples", "threads")}
@@ -77,9 +72,8 @@ class RecordTask:
         headline = (f"recorded {key} into {root} ({len(manifest['points'])} point(s)); vs fp64: {errs}; "
                     f"p50 {stats['p50_us']:,.0f} µs; fingerprint {prints['fingerprint'][:12]}")
         result.summary = [headline, f"latency: {len(timed.samples)} samples, p50 {stats['p50_us']:,.1f} µs, p99 {stats['p99_us']:,.1f} µs "
-                                    f"at {timed.threads} thread(s)" + (" (noisy)" if stats["noisy"] else "")]
-        if replaced:
-            result.summary.append(f"replaced the earlier recording of {key}")
+                                    f"at {timed.threads} thread(s)" + (" (noisy)" if stats["noisy"] else ""),
+                          *([f"replaced the earlier recording of {key}"] if replaced else [])]
         if ctx.dtype == "fp16" and runner.target.device.type == "cpu":
             result.summary.append(SLOW_FP16)
         result.headline = headline

@@ -1,7 +1,5 @@
 """`replay`: a bundle's inputs run here at this point, held to what the bundle recorded (huggy_exp/certify.py's rules).
-
-Described in docs/modes.md#replay and docs/port-certificate.md.
-"""
+Described in docs/modes.md#replay and docs/port-certificate.md."""
 
 from __future__ import annotations
 
@@ -11,35 +9,32 @@ import numpy as np
 
 from huggy_exp import bundle, environment, plots
 from huggy_exp.certify import bitwise, dual_benchmark, errors, latency_change, named_outputs, same_dtype_point, worst
-from huggy_exp.config import DTYPE_NAMES
+from huggy_exp.config import DTYPE_NAMES, ReplayMode
 from huggy_exp.context import Context
 from huggy_exp.errors import UserError
 from huggy_exp.report import escape
 from huggy_exp.results import Result
 from huggy_exp.safety import atomic_write_text
 from huggy_exp.runners import build, reference, run_feeds
+from huggy_exp.tasks import Task
 from huggy_exp.tasks.record import time_calls
 from huggy_exp.verify import fingerprints, nonfinite_failures, within
 
 
-class ReplayTask:
-    name = "replay"
-
-    def __init__(self, bundle: str | None, reference_point: str | None, allow_other_model: bool, require_bitwise: bool, latency: dict, alpha: float, fail_on_latency: bool, decimals: int):
-        self.bundle, self.reference_point, self.allow_other_model = bundle, reference_point, bool(allow_other_model)
-        self.require_bitwise, self.latency = bool(require_bitwise), dict(latency)
-        self.alpha, self.fail_on_latency, self.decimals = float(alpha), bool(fail_on_latency), int(decimals)
+class ReplayTask(Task):
+    mode: ReplayMode
 
     def run(self, ctx: Context) -> Result:
-        if not self.bundle:
+        m = self.mode
+        if not m.bundle:
             raise UserError("mode=replay needs mode.bundle=<folder written by mode=record>")
-        b = bundle.read(self.bundle, bundle.weights_sha256(ctx.weights), self.allow_other_model)
+        b = bundle.read(m.bundle, bundle.weights_sha256(ctx.weights), m.allow_other_model)
         feeds, fp64 = b.inputs(), b.reference()
         key = bundle.point_key(ctx.device, ctx.dtype, ctx.backend, ctx.batch_size)
         # --- run here: outputs, latency, this host's own fp64 reference
         runner = build(ctx)
         here = named_outputs(run_feeds(runner, feeds))
-        timed = time_calls(runner, ctx, feeds, self.latency)
+        timed = time_calls(runner, ctx, feeds, m.latency)
         host64 = named_outputs(run_feeds(reference(ctx, "fp64"), feeds), np.float64)
         env_here = environment.capture()
         # --- the recorded points it is held to
@@ -47,7 +42,7 @@ class ReplayTask:
         ref_key = self._reference_key(b, ctx, match)
         env_rows = environment.diff(b.points[match or ref_key or next(iter(b.points))]["environment"], env_here) if b.points else []
         result = Result(arrays=dict(here))
-        report = Report(key, b, match, ref_key)
+        report = Report(key, b, match, ref_key, result)
         self._finite(result, b, fp64, match, ref_key)
         self._agreement(result, report, b, ctx, here, match, timed.threads, env_rows)
         self._against_fp64(result, report, here, fp64, host64, ctx, judge=match is None and ref_key is None)
@@ -55,11 +50,8 @@ class ReplayTask:
         self._latency(result, report, b, ctx, timed, match, ref_key)
         result.metrics["env/changed_fields"] = float(len(env_rows))
         result.tables["env_diff"] = env_rows
-        report.env = env_rows
         # --- what the job says
-        prints = fingerprints(here, self.decimals)
-        result.tags.update(prints)
-        report.fingerprint = prints["fingerprint"]
+        result.tags.update(fingerprints(here, m.decimals))
         result.summary = [report.headline(), *report.lines]
         result.headline = result.summary[0]
         result.details.update({"headline": result.summary[0], "bundle": str(b.root.resolve()), "point": key,
@@ -80,7 +72,7 @@ class ReplayTask:
 
     def _reference_key(self, b: bundle.Bundle, ctx: Context, match: str | None) -> str | None:
         """mode.reference_point: a recorded key, a dtype (its recorded point), or null (the same-dtype point)."""
-        spec = self.reference_point
+        spec = self.mode.reference_point
         if spec is None:
             return match
         if spec in b.points:
@@ -104,7 +96,7 @@ class ReplayTask:
         recorded, limit = b.outputs(match), ctx.atol()
         point = b.points[match]
         same_point = match == report.key and int(point.get("threads", 1)) == threads and environment.same_stack(env_rows)
-        required = self.require_bitwise or same_point
+        required = self.mode.require_bitwise or same_point
         rows = []
         for name in here:
             if name not in recorded:
@@ -123,7 +115,7 @@ class ReplayTask:
             result.metrics["agreement/bitwise_share"] = min(r["bitwise_share"] for r in rows)
             result.metrics["agreement/ulp_max"] = max(r["ulp_max"] for r in rows)
         result.tables["agreement"] = rows
-        report.agreement, report.bitwise_required = rows, required
+        report.bitwise_required = required
 
     def _against_fp64(self, result: Result, report: "Report", here: dict, fp64: dict, host64: dict, ctx: Context,
                       judge: bool) -> None:
@@ -151,7 +143,6 @@ class ReplayTask:
             result.metrics["dual/worst_ratio"] = max(r["ratio"] for r in rows)
         result.tags["dual_benchmark"] = verdict
         result.tables["dual_benchmark"] = rows
-        report.dual, report.dual_verdict = rows, verdict
         bad = [r for r in rows if r["verdict"] == "fail"]
         if bad:
             result.fail("dual benchmark fails: " + "; ".join(
@@ -167,74 +158,71 @@ class ReplayTask:
             report.lines.append(f"latency not compared: no recorded point at batch {ctx.batch_size} of this dtype or the reference")
             return
         report.recorded_latency = b.latency(against)
-        change = latency_change(report.recorded_latency, timed.samples, self.alpha)
+        change = latency_change(report.recorded_latency, timed.samples, self.mode.alpha)
         change["against"] = against
         result.metrics.update({f"latency_change/{k}": float(v) for k, v in change.items() if isinstance(v, (int, float))})
         result.tags["latency_change"] = change["verdict"]
         result.details["latency_change"] = change
-        report.latency = change
-        if self.fail_on_latency and change["verdict"] == "slower":
+        if self.mode.fail_on_latency and change["verdict"] == "slower":
             result.fail(f"latency {change['median_ratio']:.2f}x the recording's median (p = {change['p_value']:.2g}, "
                         f"tolerance {change['tolerance']:.0%}; mode.fail_on_latency=true)")
 
 
 class Report:
-    """The replay's markdown report and plots: what was compared with what, and what changed."""
+    """The replay's markdown report and plots, read from its Result (tables agreement, dual_benchmark, env_diff, the
+    latency change, the fingerprint) and what the Result does not hold: notes, the fp64 rows, the recorded latency."""
 
-    def __init__(self, key: str, b: bundle.Bundle, match: str | None, ref_key: str | None):
-        self.key, self.bundle, self.match, self.ref_key = key, b, match, ref_key
+    def __init__(self, key: str, b: bundle.Bundle, match: str | None, ref_key: str | None, result: Result):
+        self.key, self.bundle, self.match, self.ref_key, self.result = key, b, match, ref_key, result
         self.lines: list[str] = []
-        self.agreement: list[dict] = []
         self.bitwise_required = False
         self.fp64: list[dict] = []
-        self.dual: list[dict] = []
-        self.dual_verdict = None
-        self.latency: dict | None = None
         self.recorded_latency = None
-        self.env: list[dict] = []
-        self.fingerprint = ""
 
     def headline(self) -> str:
-        parts = [f"replay {self.key}"]
-        if self.agreement:
-            share = min(r["bitwise_share"] for r in self.agreement)
+        r, parts = self.result, [f"replay {self.key}"]
+        agreement, lat = r.tables.get("agreement"), r.details.get("latency_change") or {}
+        if agreement:
+            share = min(a["bitwise_share"] for a in agreement)
             parts.append("bitwise identical to " + self.match if share == 1.0 else
-                         f"{share:.1%} bitwise equal to {self.match} (max {max(r['ulp_max'] for r in self.agreement):.0f} ULP)")
+                         f"{share:.1%} bitwise equal to {self.match} (max {max(a['ulp_max'] for a in agreement):.0f} ULP)")
         else:
             parts.append("no recording of this dtype: vs fp64 only")
-        if self.dual_verdict:
-            parts.append(f"dual benchmark {self.dual_verdict} (worst ratio {max(r['ratio'] for r in self.dual):.3g} vs {self.ref_key})")
-        if self.latency and "median_ratio" in self.latency:
-            parts.append(f"latency {self.latency['verdict']} ({self.latency['median_ratio']:.2f}x median, p = {self.latency['p_value']:.2g})")
-        parts.append(f"{len(self.env)} environment field(s) differ")
-        return "; ".join(parts) + (f"; fingerprint {self.fingerprint[:12]}" if self.fingerprint else "")
+        if r.tags.get("dual_benchmark"):
+            worst_ratio = max(d["ratio"] for d in r.tables["dual_benchmark"])
+            parts.append(f"dual benchmark {r.tags['dual_benchmark']} (worst ratio {worst_ratio:.3g} vs {self.ref_key})")
+        if "median_ratio" in lat:
+            parts.append(f"latency {lat['verdict']} ({lat['median_ratio']:.2f}x median, p = {lat['p_value']:.2g})")
+        parts.append(f"{len(r.tables['env_diff'])} environment field(s) differ")
+        return "; ".join(parts) + (f"; fingerprint {r.tags['fingerprint'][:12]}" if r.tags.get("fingerprint") else "")
 
     def write(self, workdir: Path, samples, plot: bool) -> list[str]:
         """replay.md, and with `plot` the latency CDF (recorded against here)."""
-        files = []
+        files, r = [], self.result
+        lat, env, dual = r.details.get("latency_change") or {}, r.tables["env_diff"], r.tables.get("dual_benchmark")
+        agreement = r.tables.get("agreement")
         cdf = plot and self.recorded_latency is not None
         if cdf:
-            files.append(plots.distributions(workdir / "latency_cdf.png", {f"recorded {self.latency['against']}": np.asarray(self.recorded_latency) * 1e6,
+            files.append(plots.distributions(workdir / "latency_cdf.png", {f"recorded {lat['against']}": np.asarray(self.recorded_latency) * 1e6,
                                                                             f"here {self.key}": np.asarray(samples) * 1e6},
                                              "latency per call (µs)", f"latency, replay {self.key}"))
         md = [f"# Replay of {escape(self.bundle.root.name)}: {escape(self.key)}", "", escape(self.headline()), ""]
         md += [f"- {escape(line)}" for line in self.lines]
-        if self.agreement:
+        if agreement:
             md += ["", f"## Agreement with the recording {escape(self.match)}" + (" (bitwise required)" if self.bitwise_required else ""), "",
-                   *_table(self.agreement, ["output", "bitwise_share", "ulp_max", "ulp_mean", "ulp_over_1_share", "max_abs", "mismatch_share"])]
+                   *_table(agreement, ["output", "bitwise_share", "ulp_max", "ulp_mean", "ulp_over_1_share", "max_abs", "mismatch_share"])]
         md += ["", "## Against the bundle's CPU fp64 reference", "",
                *_table(self.fp64, ["output", "max_abs", "rmse", "max_rel", "cosine", "mismatch_share", "fp64_here_vs_bundle_max_abs"])]
-        if self.dual:
+        if dual:
             md += ["", f"## Dual benchmark (msprobe): error here / error of {escape(self.ref_key)}, both vs fp64", "",
-                   *_table(self.dual, ["output", "metric", "error", "reference_error", "ratio", "verdict", "pass_up_to", "warn_up_to"])]
-        if self.latency and "median_ratio" in self.latency:
-            lat = self.latency
+                   *_table(dual, ["output", "metric", "error", "reference_error", "ratio", "verdict", "pass_up_to", "warn_up_to"])]
+        if "median_ratio" in lat:
             md += ["", f"## Latency against {escape(lat['against'])}", "",
                    f"median {lat['recorded_median_us']:,.1f} µs recorded, {lat['here_median_us']:,.1f} µs here: {lat['median_ratio']:.3f}x "
                    f"(95% CI {lat['ci95_low']:.3f}..{lat['ci95_high']:.3f}), p90 {lat['p90_ratio']:.3f}x, p = {lat['p_value']:.3g}: "
                    f"**{lat['verdict']}** ({lat['test']})"] + (["", "![latency](latency_cdf.png)"] if cdf else [])
         md += ["", "## Environment diff", ""]
-        md += _table(self.env, ["field", "recorded", "here"]) if self.env else ["none: same host stack"]
+        md += _table(env, ["field", "recorded", "here"]) if env else ["none: same host stack"]
         atomic_write_text(workdir / "report.md", "\n".join(md) + "\n")
         return ["report.md", *files]
 

@@ -9,11 +9,12 @@ eager's outputs on the same rows, with the gate's tolerance and comparison.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import fields
 
 import numpy as np
 
 from huggy_exp import control_loop, loadgen, rollout, timing
-from huggy_exp.config import SCENARIOS
+from huggy_exp.config import SCENARIOS, BenchmarkMode
 from huggy_exp.context import Context
 from huggy_exp.dynamics import Dynamics
 from huggy_exp.mlagents import ACTION_MASKS, PolicyWeights
@@ -42,18 +43,21 @@ def reference_check(w: PolicyWeights, eager: Runner, feeds: Mapping[str, np.ndar
     return check
 
 
-def run_loadgen(ctx: Context, runner: Runner, eager: Runner, feeds: Mapping[str, np.ndarray], scenarios: list[str],
-                settings: loadgen.Settings, tol: float, point: dict[str, float],
-                search_steps: int, search_ms: int, result: Result, points: list[int]) -> None:
-    """LoadGen's scenarios on the runner; metrics, LoadGen's files, the server search table, failures into `result`.
+def run_loadgen(ctx: Context, runner: Runner, eager: Runner, feeds: Mapping[str, np.ndarray], mode: BenchmarkMode,
+                tol: float, point: dict[str, float], result: Result, points: list[int]) -> None:
+    """LoadGen's scenarios of `mode.scenarios` on the runner; metrics, LoadGen's files, the server search table,
+    failures into `result` (a LoadGen run lasts mode.min_duration_ms, else mode.budget_s).
 
     `point` is timing.py's figures of this runner at the job's batch size (LoadGen's expected latency and QPS); a
     fixed-shape runner (compile, graphs) answers in the batch sizes it was timed at (`points`)."""
     check = reference_check(ctx.weights, eager, feeds, tol)
-    single = point.get("b1_p50_us", point["p50_us"] / max(ctx.batch_size, 1)) * 1e-6
+    scenarios = [s for s in mode.scenarios if s in LOADGEN]
+    settings = loadgen.Settings(**{**{f.name: getattr(mode, f.name) for f in fields(loadgen.Settings)},
+                                   "min_duration_ms": mode.min_duration_ms or int(mode.budget_s * 1e3)})
+    single = point.get("b1_p50_us", point["p50_us"] / ctx.batch_size) * 1e-6
     out = loadgen.run_scenarios(scenarios, runner.infer, feeds, ctx.batch_size, settings, ctx.workdir, single,
-                                point["obs_per_s"], check, search_steps, search_ms, point.get("b1_min_us", 0.0) * 1e-6,
-                                points if runner.fixed_shape else None)
+                                point["obs_per_s"], check, mode.search_steps, mode.search_ms,
+                                point.get("b1_min_us", 0.0) * 1e-6, points if runner.fixed_shape else None)
     result.metrics.update(out.metrics)
     result.files += out.files
     result.summary += out.lines
@@ -73,9 +77,11 @@ def run_loadgen(ctx: Context, runner: Runner, eager: Runner, feeds: Mapping[str,
                               f"dispatch, the sample's gather and the response copy)")
 
 
-def run_control_loop(ctx: Context, runner: Runner, loop: control_loop.Loop, result: Result) -> None:
+def run_control_loop(ctx: Context, runner: Runner, mode: BenchmarkMode, result: Result) -> None:
     """The control loop on the runner for the job's batch of agents: metrics `control_loop/...`, the search table."""
     w = ctx.weights
+    loop = control_loop.Loop(mode.rate_hz, mode.duration_s, mode.max_miss_rate, mode.confidence, mode.search_steps,
+                             search_s=mode.loop_search_s)
     start = first_step(ctx.make_feeds(ctx.batch_size))  # an observation file gives its rows (a sequence: step 0)
     masks = start.get(ACTION_MASKS)
     width = rollout.action_width(w)

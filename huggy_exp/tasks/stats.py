@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from huggy_exp import plots, rollout
+from huggy_exp.config import StatsMode
 from huggy_exp.context import Context
 from huggy_exp.dynamics import Dynamics
 from huggy_exp.mlagents import NORMALIZER_CLAMP
@@ -12,36 +13,29 @@ from huggy_exp.numerics import discrete_histogram
 from huggy_exp.observations import load_feeds, load_observations
 from huggy_exp.results import Result
 from huggy_exp.runners import Runner, build, reference
-from huggy_exp.tasks import first_step, latency, verify_rollout
+from huggy_exp.tasks import Task, first_step, latency, verify_rollout
 
 
 
-class StatsTask:
-    name = "stats"
-
-    def __init__(self, steps: int, envs: int, source: str, trajectory: str | None, drift_threshold: float,
-                 drift_fail: float | None, saturation: float, dynamics: dict):
-        """mode=stats' keys (values: conf/mode/stats.yaml; validated by config.StatsMode and config.validate)."""
-        self.steps, self.envs, self.source, self.trajectory = int(steps), int(envs), source, trajectory
-        self.drift_threshold, self.drift_fail, self.saturation = drift_threshold, drift_fail, saturation
-        self.dynamics = dict(dynamics)
+class StatsTask(Task):
+    mode: StatsMode
 
     def _rollout(self, runner: Runner, ctx: Context) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """The inputs the policy saw [T, envs, d] by ML-Agents name and every output [T, envs, *] (actions,
         discrete_actions, memories)."""
-        w = ctx.weights
-        if self.source == "replay":
-            if str(self.trajectory).endswith(".npz"):
-                feeds = {k: (v[:, None] if v.ndim == 2 else v) for k, v in load_feeds(self.trajectory, w).items()}  # [T, d] is one env
+        w, m = ctx.weights, self.mode
+        if m.source == "replay":
+            if str(m.trajectory).endswith(".npz"):
+                feeds = {k: (v[:, None] if v.ndim == 2 else v) for k, v in load_feeds(m.trajectory, w).items()}  # [T, d] is one env
             else:
-                feeds = rollout.split(load_observations(self.trajectory, w.obs_dim)[:, None, :], w)
+                feeds = rollout.split(load_observations(m.trajectory, w.obs_dim)[:, None, :], w)
             return feeds, rollout.open_loop(runner, feeds)
-        start = first_step(ctx.make_feeds(self.envs))  # a file: its rows (a sequence: step 0)
-        observations, outputs = rollout.closed_loop(runner, w, start, self.steps, Dynamics(seed=ctx.seed, **self.dynamics))
+        start = first_step(ctx.make_feeds(m.envs))  # a file: its rows (a sequence: step 0)
+        observations, outputs = rollout.closed_loop(runner, w, start, m.steps, Dynamics(seed=ctx.seed, **vars(m.dynamics)))
         return rollout.seen(observations, start, w), outputs
 
     def run(self, ctx: Context) -> Result:
-        w = ctx.weights
+        w, m = ctx.weights, self.mode
         # --- build runners, roll out on the device and on the CPU fp32 reference
         runner = build(ctx)
         seen, out = self._rollout(runner, ctx)
@@ -61,14 +55,14 @@ class StatsTask:
         result = Result(metrics=metrics, tables=tables, arrays={**out, "observations": obs})
         if drift is not None:
             passed = "never" if first < 0 else f"first at step {first}"
-            parts.insert(0, f"drift_max {metrics['drift_max']:.3g} vs CPU fp32 (threshold {self.drift_threshold:g}: {passed}); "
+            parts.insert(0, f"drift_max {metrics['drift_max']:.3g} vs CPU fp32 (threshold {m.drift_threshold:g}: {passed}); "
                             f"saturation {metrics['saturation_rate']:.1%}, smoothness {metrics['smoothness']:.3f}")
         headline = "; ".join(parts) + (", " if drift is not None else "; ") + f"normalizer clamp {clamp_rate:.1%}"
         # --- judge: the engine's verdict on the rollout, then the drift limit
         latency(runner, ctx, ctx.feeds, result)
         verify_rollout(ctx, result, runner, seen, out)
         result.headline += f"; {headline}"
-        result.summary[1:1] = [f"{self.source} rollout: {steps} steps x {envs} env(s) on {ctx.device} {ctx.dtype}"
+        result.summary[1:1] = [f"{m.source} rollout: {steps} steps x {envs} env(s) on {ctx.device} {ctx.dtype}"
                                + (", memory carried from zeros" if "memories" in out else ""), headline]
         if "discrete_actions" in out:
             for b in range(len(w.branch_sizes)):
@@ -81,16 +75,16 @@ class StatsTask:
     def continuous(self, out: dict, ref: dict, metrics: dict, tables: dict, rows: list[dict]) -> tuple[np.ndarray, int]:
         """Continuous actions per dimension over time and environments, and their drift against the CPU fp32 rollout:
         (drift per step, the first step over the threshold or -1)."""
-        a = out["actions"].astype(np.float64)
+        a, saturation = out["actions"].astype(np.float64), self.mode.saturation
         flat = a.reshape(-1, a.shape[-1])
         delta = np.abs(np.diff(a, axis=0)).reshape(-1, a.shape[-1]) if len(a) > 1 else np.zeros((1, a.shape[-1]))
         tables["action_stats"] = [{"dim": j, "mean": flat[:, j].mean(), "std": flat[:, j].std(), "min": flat[:, j].min(), "max": flat[:, j].max(),
-                                   "saturation_rate": np.mean(np.abs(flat[:, j]) >= self.saturation), "smoothness": delta[:, j].mean()}
+                                   "saturation_rate": np.mean(np.abs(flat[:, j]) >= saturation), "smoothness": delta[:, j].mean()}
                                   for j in range(flat.shape[1])]
         drift = np.abs(a - ref["actions"].astype(np.float64)).max(axis=(1, 2))
-        over = np.nonzero(drift > self.drift_threshold)[0]
+        over = np.nonzero(drift > self.mode.drift_threshold)[0]
         metrics.update({"action_mean": float(flat.mean()), "action_std": float(flat.std()),
-                        "saturation_rate": float(np.mean(np.abs(flat) >= self.saturation)), "smoothness": float(delta.mean())})
+                        "saturation_rate": float(np.mean(np.abs(flat) >= saturation)), "smoothness": float(delta.mean())})
         for row, d in zip(rows, drift):
             row["drift"] = d
         return drift, int(over[0]) if over.size else -1
@@ -114,37 +108,29 @@ class StatsTask:
 
     def judge_drift(self, result: Result, drift: np.ndarray | None, discrete_drift: np.ndarray | None) -> None:
         """`mode.drift_fail`: the closed-loop drift (continuous, and the share of discrete decisions) fails over it."""
-        if self.drift_fail is None:
+        limit, m = self.mode.drift_fail, result.metrics
+        if limit is None:
             return
-        m = result.metrics
-        if drift is not None and m["drift_max"] > self.drift_fail:
-            result.fail(f"closed-loop drift {m['drift_max']:.3g} > {self.drift_fail:g}")
-        if discrete_drift is not None and m["discrete_drift_max"] > self.drift_fail:
+        if drift is not None and m["drift_max"] > limit:
+            result.fail(f"closed-loop drift {m['drift_max']:.3g} > {limit:g}")
+        if discrete_drift is not None and m["discrete_drift_max"] > limit:
             result.fail(f"closed-loop discrete drift: {m['discrete_drift_max']:.1%} of a step's decisions differ from CPU fp32 "
-                        f"(> {self.drift_fail:g})")
+                        f"(> {limit:g})")
 
     def plot(self, ctx: Context, result: Result, out: dict, ref: dict, drift: np.ndarray | None,
              discrete_drift: np.ndarray | None) -> None:
         """drift.png (per step, against CPU fp32) and actions.png (env 0's first actions or branches, both runs)."""
         if not ctx.plots:
             return
-        wd = ctx.workdir
-        curves = {}
-        if drift is not None:
-            curves[f"{ctx.device} {ctx.dtype} vs cpu fp32"] = drift
-        if discrete_drift is not None:
-            curves["discrete decisions differing (share)"] = discrete_drift
-        result.files.append(plots.lines(wd / "drift.png", curves, "step", "max |action difference|" if drift is not None else "share",
-                                        "closed-loop drift", self.drift_threshold, log=drift is not None))
-        if "actions" in out:
-            a, ra = out["actions"], ref["actions"]
-            dims = range(min(4, a.shape[-1]))
-            traces = {**{f"a{j} {ctx.dtype}": a[:, 0, j] for j in dims}, **{f"a{j} cpu fp32": ra[:, 0, j] for j in dims}}
-        else:
-            d, rd = out["discrete_actions"], ref["discrete_actions"]
-            branches = range(min(4, d.shape[-1]))
-            traces = {**{f"branch {b} {ctx.dtype}": d[:, 0, b] for b in branches}, **{f"branch {b} cpu fp32": rd[:, 0, b] for b in branches}}
-        result.files.append(plots.lines(wd / "actions.png", traces, "step", "action", "action traces, env 0"))
+        curves = {name: d for name, d in ((f"{ctx.device} {ctx.dtype} vs cpu fp32", drift),
+                                          ("discrete decisions differing (share)", discrete_drift)) if d is not None}
+        result.files.append(plots.lines(ctx.workdir / "drift.png", curves, "step",
+                                        "max |action difference|" if drift is not None else "share",
+                                        "closed-loop drift", self.mode.drift_threshold, log=drift is not None))
+        name, label = ("actions", "a{}") if "actions" in out else ("discrete_actions", "branch {}")  # env 0's first 4
+        traces = {f"{label.format(j)} {who}": run[name][:, 0, j] for who, run in ((ctx.dtype, out), ("cpu fp32", ref))
+                  for j in range(min(4, out[name].shape[-1]))}
+        result.files.append(plots.lines(ctx.workdir / "actions.png", traces, "step", "action", "action traces, env 0"))
 
 
 def discrete(w, out: dict, ref: dict, metrics: dict, tables: dict, rows: list[dict], parts: list[str]) -> np.ndarray:
