@@ -8,6 +8,7 @@ the caller compares them with the reference.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import queue
@@ -45,8 +46,6 @@ def require():
 
 def check_available(scenarios: list[str]) -> None:
     """Before any job starts: LoadGen is importable when a LoadGen scenario is asked for (no import of it here)."""
-    import importlib.util
-
     wanted = [s for s in scenarios if s in SCENARIOS]
     if wanted and importlib.util.find_spec("mlperf_loadgen") is None:
         raise UserError(f"mode.scenarios {wanted} run on MLPerf LoadGen, which is not installed here: {INSTALL}")

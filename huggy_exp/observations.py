@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -150,8 +151,6 @@ def load_feeds(path: str | None, weights: PolicyWeights) -> dict[str, np.ndarray
 
 def _read_npz(p: Path) -> dict[str, np.ndarray]:
     """The arrays of an .npz, sized from the zip directory before anything is decompressed; pickles refused."""
-    import zipfile
-
     if not p.is_file():
         raise UserError(f"observation file not found: {p}")
     try:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import pickletools
 import re
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -61,9 +63,6 @@ def _torch_container(path: Path) -> str | None:
 
     The pickle opcodes are only parsed (pickletools), never executed.
     """
-    import pickletools
-    import zipfile
-
     with open(path, "rb") as fh:
         if fh.read(4) == b"PK\x03\x04" or zipfile.is_zipfile(fh):
             return "zip archive"

@@ -36,6 +36,7 @@ class Graph:
                 raise self.fail(f"constant {name!r} cannot be read ({type(exc).__name__})") from None
         self.producer = {out: n for n in self.nodes for out in n.output}
         self.inputs = [i.name for i in model.graph.input if i.name not in self.const]
+        self.dims = dict(value_info(i) for i in model.graph.input)  # each graph input's [dim, ...]
 
     def consumers(self, name: str) -> list:
         return [n for n in self.nodes if name in n.input]

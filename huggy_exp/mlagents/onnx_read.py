@@ -116,18 +116,17 @@ def onnx_input_sizes(path: Path) -> tuple[int, ...] | None:
     return tuple(sizes) if all(isinstance(s, int) and s > 0 for s in sizes) else None
 
 
-def _observation_inputs(g: Graph, model) -> tuple[list[str], str | None, str | None]:
+def _observation_inputs(g: Graph) -> tuple[list[str], str | None, str | None]:
     """(observation input names in order, action mask input, memory input); unsupported inputs are refused by what they are."""
-    dims = dict(value_info(i) for i in model.graph.input if i.name in g.inputs)
     conv = next((n for n in g.nodes if n.op_type in ("Conv", "MaxPool", "AveragePool")), None)
-    masks = ACTION_MASKS if ACTION_MASKS in dims else None
-    memory = RECURRENT_IN if RECURRENT_IN in dims else None
+    masks = ACTION_MASKS if ACTION_MASKS in g.inputs else None
+    memory = RECURRENT_IN if RECURRENT_IN in g.inputs else None
     obs = [n for n in g.inputs if n not in (masks, memory)]
     for name in obs:
-        rank = len(dims.get(name, []))
+        rank = len(g.dims.get(name, []))
         if rank in (3, 4) or conv is not None:
             what = "a visual observation (CNN encoder)" if rank == 4 or conv is not None else "a variable-length observation (attention)"
-            raise UserError(f"{g.origin}: unsupported policy shape: {what} (found input {name} {dims.get(name)}"
+            raise UserError(f"{g.origin}: unsupported policy shape: {what} (found input {name} {g.dims.get(name)}"
                             f"{f', node {conv.op_type}' if conv is not None else ''}); supported: vector observation inputs, "
                             "an MLP, an optional LSTM, continuous and/or discrete actions")
     if len(obs) > 1:
@@ -210,7 +209,7 @@ def _lstm(g: Graph, cursor: str, memory: str | None) -> tuple[Lstm | None, str]:
 def weights_from_onnx(model, origin: str) -> PolicyWeights:
     """Rebuild PolicyWeights from an ML-Agents graph: per-input normalizers, Concat, Swish MLP, optional LSTM, heads."""
     g = Graph(model, origin)
-    obs, masks, memory = _observation_inputs(g, model)
+    obs, masks, memory = _observation_inputs(g)
     processed = [_normalizer_of(g, name) for name in obs]
     concat = g.only(processed[0][1], "Concat")
     if len(obs) > 1:
@@ -227,7 +226,7 @@ def weights_from_onnx(model, origin: str) -> PolicyWeights:
     heads = read_heads(g, cursor, masks)
     if heads["branches"] and masks is None:
         raise g.fail("discrete branches without ML-Agents' action_masks input")
-    inputs = _input_widths(g, model, obs, layers[0][0].shape[1], processed)
+    inputs = _input_widths(g, obs, layers[0][0].shape[1], processed)
     scalars = {}
     for out, default in (("version_number", 3.0), ("memory_size", 0.0)):
         node = g.producer.get(out)
@@ -239,12 +238,11 @@ def weights_from_onnx(model, origin: str) -> PolicyWeights:
     return weights
 
 
-def _input_widths(g: Graph, model, obs: list[str], width: int, processed: list) -> tuple[ObsInput, ...]:
+def _input_widths(g: Graph, obs: list[str], width: int, processed: list) -> tuple[ObsInput, ...]:
     """Each input's width: its normalizer's, else its declared [batch, d], else (one input) the first layer's."""
-    dims = dict(value_info(i) for i in model.graph.input)
     out = []
     for name, (normalizer, _) in zip(obs, processed):
-        declared = dims.get(name, [])
+        declared = g.dims.get(name, [])
         size = normalizer.running_mean.size if normalizer is not None else (declared[-1] if len(declared) == 2 else None)
         if len(obs) == 1 and normalizer is None:
             size = width

@@ -102,10 +102,6 @@ class Lstm:
     def memory_size(self) -> int:
         return 2 * self.hidden_size
 
-    @property
-    def parameter_count(self) -> int:
-        return int(sum(a.size for a in (self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)))
-
 
 @dataclass(frozen=True)
 class PolicyWeights:
@@ -184,13 +180,12 @@ class PolicyWeights:
     def parameter_count(self) -> int:
         """Weights and biases of the MLP, LSTM and action heads (566,805 for Huggy); log_sigma not included."""
         linears = (*self.layers, *((self.mu,) if self.mu is not None else ()), *self.branches)
-        return int(sum(w.size + b.size for w, b in linears)) + (self.lstm.parameter_count if self.lstm else 0)
+        lstm = (self.lstm.weight_ih, self.lstm.weight_hh, self.lstm.bias_ih, self.lstm.bias_hh) if self.lstm else ()
+        return int(sum(w.size + b.size for w, b in linears) + sum(a.size for a in lstm))
 
     @property
     def log_sigma_count(self) -> int:
-        if self.log_sigma is None:
-            return 0
-        parts = self.log_sigma if self.conditional_sigma else (self.log_sigma,)
+        parts = () if self.log_sigma is None else self.log_sigma if self.conditional_sigma else (self.log_sigma,)
         return int(sum(p.size for p in parts))
 
 

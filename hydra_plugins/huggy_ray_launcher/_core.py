@@ -148,7 +148,7 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     info = {**info, "dir": str(sweep_dir)} if info else {}
     print(f"ray: {len(job_overrides)} point(s) on {len(nodes)} node(s): "
           + "; ".join(cluster.describe(n) for n in nodes), flush=True)
-    remote = remote_functions()
+    remote, cap_bytes = remote_functions(), int(launcher.settings["return_files_mb"] * 2**20)
     slots: list[tuple[DictConfig, dict, Any]] = []
     for offset, overrides in enumerate(job_overrides):
         idx = initial_job_idx + offset
@@ -165,10 +165,9 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
         if skip:
             slots.append((sweep_config, {**point, "preset": ["skipped", skip]}, None))
             continue
-        ref = remote[device.split(":", 1)[0] in cluster.ACCELERATOR].options(**options).remote(launcher.hydra_context, sweep_config, launcher.task_function,
-                                               Singleton.get_state(), info, point,
-                                               int(launcher.settings["return_files_mb"] * 2**20))
-        slots.append((sweep_config, point, ref))
+        submit = remote[device.split(":", 1)[0] in cluster.ACCELERATOR].options(**options).remote
+        slots.append((sweep_config, point, submit(launcher.hydra_context, sweep_config, launcher.task_function,
+                                                  Singleton.get_state(), info, point, cap_bytes)))
     try:
         return [_run_job(launcher.hydra_context, launcher.task_function, sweep_config, point) if ref is None
                 else _collect(launcher, sweep_config, point, ref) for sweep_config, point, ref in slots]
