@@ -21,27 +21,14 @@ import itertools
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
 from huggy_exp import timing
+from huggy_exp.config import BenchmarkMode
 from huggy_exp.dynamics import World
 
 SPIN_S = 2e-4  # sleep until this close to a tick, then spin: time.sleep alone wakes 50-100 µs late
-
-
-@dataclass(frozen=True)
-class Loop:
-    """The control loop's settings: mode=benchmark's rate_hz, duration_s, max_miss_rate, confidence, search_steps and
-    loop_search_s (their values and units: conf/mode/benchmark.yaml, their ranges: config.BenchmarkMode)."""
-
-    rate_hz: float
-    duration_s: float
-    max_miss_rate: float
-    confidence: float
-    search_steps: int
-    search_s: float  # seconds per search probe (at least MIN_PROBE_TICKS ticks)
 
 
 MIN_PROBE_TICKS = 50
@@ -104,7 +91,7 @@ def run(tick: Callable[[np.ndarray], np.ndarray], world: World, rate_hz: float, 
 
 
 def measure(make_tick: Callable[[], Callable[[np.ndarray], np.ndarray]], make_world: Callable[[], World],
-            act_width: int, loop: Loop) -> tuple[dict[str, float], list[dict[str, float]]]:
+            act_width: int, loop: BenchmarkMode) -> tuple[dict[str, float], list[dict[str, float]]]:
     """The loop at `loop.rate_hz` for `loop.duration_s`, then the search for the highest sustainable rate.
 
     make_tick() gives a fresh policy tick (the memory from zeros), make_world() a fresh world (from the same start).
@@ -116,7 +103,7 @@ def measure(make_tick: Callable[[], Callable[[np.ndarray], np.ndarray]], make_wo
     tried: list[dict[str, float]] = []
 
     def probe(rate: float) -> bool:
-        n = max(int(round(rate * loop.search_s)), MIN_PROBE_TICKS)
+        n = max(int(round(rate * loop.loop_search_s)), MIN_PROBE_TICKS)
         p = run(make_tick(), make_world(), rate, n, act_width, loop.confidence)
         tried.append({k: p[k] for k in ("rate_hz", "ticks", "miss_rate", "miss_rate_upper", "p50_us", "p99_us", "late_run_max")})
         return p["miss_rate"] <= loop.max_miss_rate

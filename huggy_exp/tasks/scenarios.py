@@ -80,8 +80,6 @@ def run_loadgen(ctx: Context, runner: Runner, eager: Runner, feeds: Mapping[str,
 def run_control_loop(ctx: Context, runner: Runner, mode: BenchmarkMode, result: Result) -> None:
     """The control loop on the runner for the job's batch of agents: metrics `control_loop/...`, the search table."""
     w = ctx.weights
-    loop = control_loop.Loop(mode.rate_hz, mode.duration_s, mode.max_miss_rate, mode.confidence, mode.search_steps,
-                             search_s=mode.loop_search_s)
     start = first_step(ctx.make_feeds(ctx.batch_size))  # an observation file gives its rows (a sequence: step 0)
     masks = start.get(ACTION_MASKS)
     width = rollout.action_width(w)
@@ -94,15 +92,15 @@ def run_control_loop(ctx: Context, runner: Runner, mode: BenchmarkMode, result: 
 
     warm = make_tick()
     timing.warm_up(lambda: warm(side), runner.target.device, 0.2)
-    m, tried = control_loop.measure(make_tick, lambda: dynamics.world(side, rollout.input_scale(w), width), width, loop)
+    m, tried = control_loop.measure(make_tick, lambda: dynamics.world(side, rollout.input_scale(w), width), width, mode)
     m["agents"], m["memory"] = float(len(side)), float(bool(w.memory))
     result.metrics.update({f"control_loop/{k}": v for k, v in m.items()})
     result.tables["control_loop_search"] = tried
     kind = "+".join(filter(None, ["continuous" if w.mu is not None else "", "discrete" if w.branches else ""]))
     result.summary.append(
-        f"control_loop {m['rate_hz']:g} Hz x {loop.duration_s:g} s, {len(side)} agent(s), {kind} actions"
+        f"control_loop {m['rate_hz']:g} Hz x {mode.duration_s:g} s, {len(side)} agent(s), {kind} actions"
         + (", memory carried" if w.memory else "") + f": miss rate {m['miss_rate']:.2%} "
-        f"(<= {m['miss_rate_upper']:.2%} at {loop.confidence:.0%}, one-sided Clopper-Pearson), tick p50 "
+        f"(<= {m['miss_rate_upper']:.2%} at {mode.confidence:.0%}, one-sided Clopper-Pearson), tick p50 "
         f"{m['p50_us']:,.0f} µs, jitter p99-p50 {m['jitter_us']:,.0f} µs, {int(m['late_run_max'])} late tick(s) in a row"
         + (f", {int(m['skipped'])} of {int(m['ticks'])} skipped (deadline gone before they could start)" if m["skipped"] else "")
-        + (f"; highest rate with miss rate <= {loop.max_miss_rate:.1%}: {m['max_rate_hz']:,.0f} Hz" if "max_rate_hz" in m else ""))
+        + (f"; highest rate with miss rate <= {mode.max_miss_rate:.1%}: {m['max_rate_hz']:,.0f} Hz" if "max_rate_hz" in m else ""))
