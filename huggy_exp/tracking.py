@@ -72,6 +72,9 @@ USERINFO = re.compile(r"(?P<scheme>\b[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s'\"]*)
 SECRET_QUERY = re.compile(r"(?P<key>[?&;][\w.-]*(?:token|passw(?:or)?d|pwd|secret|key|auth|credential|signature|sig)[\w.-]*=)"
                           r"(?P<value>[^&;#\s'\"]+)", re.I)
 SECRETS_ENV = "HUGGY_EXP_TRACKING_SECRETS"  # {redacted URI: the URI}: a store URI's secrets, never in Hydra's files
+# what a process logging for this one needs to reach the store (a Ray worker, the tracking helper started before the
+# command line's or a config file's credentials were moved here)
+CREDENTIAL_ENV = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN", SECRETS_ENV)
 
 
 def redact(text: object) -> str:

@@ -45,7 +45,9 @@ class Helper:
     def log_job(self, settings: dict, workdir: Path) -> dict:
         from huggy_exp import tracking
 
-        request = json.dumps({"settings": settings, "workdir": str(Path(workdir).absolute())})
+        # the store's credentials as they are now: preflight moves them out of the URI after the helper has started
+        env = {k: os.environ[k] for k in tracking.CREDENTIAL_ENV if k in os.environ}
+        request = json.dumps({"settings": settings, "workdir": str(Path(workdir).absolute()), "env": env})
         try:
             out, _ = self.proc.communicate(request + "\n", timeout=600)
             lines = [ln for ln in out.splitlines() if ln.startswith(ANSWER)]
@@ -72,6 +74,7 @@ def main() -> int:
     if not line.strip():
         return 0
     request = json.loads(line)
+    os.environ.update(request.get("env") or {})
     outcome = tracking.log_job(request["settings"], Path(request["workdir"]))
     try:
         print(ANSWER + json.dumps(outcome), flush=True)

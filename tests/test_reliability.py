@@ -765,6 +765,29 @@ def test_a_password_protected_server_is_probed_and_logged_with_the_uris_credenti
         stop_server(server)
 
 
+def test_the_tracking_helper_gets_the_credentials_moved_out_of_the_uri_after_it_started(monkeypatch, tmp_path):
+    """run.py starts the MLflow helper before preflight moves a URI's `user:password@` (or a config file's secret) into
+    this process's environment: the request hands them over, or the helper logs unauthenticated (401)."""
+    from huggy_exp.tracking_worker import ANSWER, Helper
+
+    sent = {}
+
+    class Proc:  # the helper process, as Helper drives it
+        returncode = 0
+
+        def communicate(self, text, timeout):
+            sent.update(json.loads(text))
+            return ANSWER + json.dumps({"status": "logged"}) + "\n", None
+
+    for key in tracking.CREDENTIAL_ENV:
+        monkeypatch.setenv(key, "")  # restored after the test: use_credentials writes the process's environment
+    helper = Helper(Proc())
+    clean = tracking.use_credentials("http://admin:s3cret@127.0.0.1:5000")  # what preflight does, after the spawn
+    assert helper.log_job({"enabled": True, "uri": clean}, tmp_path) == {"status": "logged"}
+    assert sent["env"]["MLFLOW_TRACKING_USERNAME"] == "admin" and sent["env"]["MLFLOW_TRACKING_PASSWORD"] == "s3cret"
+    assert "s3cret" not in json.dumps(sent["settings"])
+
+
 # --- issue 27, classes 1-6: folders claimed, the user's files never written into, the tool's own files never replaced,
 # a full disk anywhere in one line, and every ending signal keeps the result and ends the run
 

@@ -31,7 +31,6 @@ from huggy_exp.errors import UserError
 
 log = logging.getLogger(__name__)
 WORKER_FILE = "ray_worker.json"  # in a point's job folder: which node and process ran it (written when it starts)
-CREDENTIAL_ENV = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN", tracking.SECRETS_ENV)
 
 
 def launcher_settings(cfg: DictConfig) -> dict:
@@ -74,7 +73,7 @@ def point_options(settings: dict, device: str, mode: str, nodes: list[dict]) -> 
     extra = (settings.get("ray") or {}).get("remote") or {}
     options = {**extra, "num_cpus": req["num_cpus"], "num_gpus": req["num_gpus"], "max_retries": 0,
                "resources": {**(extra.get("resources") or {}), **req["resources"]}, "retry_exceptions": False}
-    env = {k: os.environ[k] for k in CREDENTIAL_ENV if k in os.environ}
+    env = {k: os.environ[k] for k in tracking.CREDENTIAL_ENV if k in os.environ}
     if env:  # workers do not inherit the head's environment: the store's credentials travel with the task
         runtime = dict(options.get("runtime_env") or {})
         runtime["env_vars"] = {**env, **(runtime.get("env_vars") or {})}
