@@ -215,9 +215,12 @@ def set_precision(device: str, dtype: str, mode: str) -> dict[str, str]:
     asked = {}
     for key, value in values.items():
         holder, name = _holder(key)
-        if hasattr(holder, name):  # absent: the CPU's before torch 2.4, the cube math type before CANN 8.5
+        if hasattr(holder, name):
             _switch(holder, name, value, mode)
             asked[key] = _shown(value)
+        elif mode != "ieee" and not key.startswith(("cpu_", "npu_cube_math_type")):  # those two may be absent: the
+            # CPU's before torch 2.4 (it stays IEEE), the cube math type before CANN 8.5; a switch the mode needs may not
+            raise Unsupported(f"precision_mode={mode}: this build has no {SWITCHES[key][0]}.{name} switch to set")
     found = precision_switches()
     wrong = {k: found.get(k) for k, v in asked.items() if found.get(k) != v}
     if wrong:

@@ -95,6 +95,15 @@ def test_without_cube_math_type_hf32_rests_on_allow_hf32_and_records_its_absence
     assert found["npu_matmul_allow_hf32"] == "true" and found["npu_cube_math_type"] == "not present"
 
 
+def test_hf32_on_a_build_without_its_switch_is_skipped_not_run_in_ieee(monkeypatch):
+    npu = ascend_surface()
+    del npu.matmul.allow_hf32  # a torch_npu without the matmul HF32 switch
+    monkeypatch.setattr(torch, "npu", npu, raising=False)
+    with pytest.raises(Unsupported, match=r"^precision_mode=hf32: this build has no npu.matmul.allow_hf32 switch"):
+        placement.set_precision("npu:0", "fp32", "hf32")
+    assert placement.set_precision("npu:0", "fp32", "ieee")["npu_matmul_allow_hf32"] == "not present"
+
+
 def test_a_switch_that_does_not_take_is_skipped_naming_what_it_read(monkeypatch):
     class Stuck(SimpleNamespace):
         def __setattr__(self, name, value):  # a build whose switch ignores the setting
