@@ -122,7 +122,7 @@ class Allocation(NamedTuple):
 
 
 class RowBytes(NamedTuple):
-    """What one row of the policy costs a job (safety.job_allocations measures it from the weights)."""
+    """What one row of the policy costs a job (memory.job_allocations measures it from the weights)."""
 
     feed: int  # a row drawn (float64), kept (float32), its outputs compared
     forward: int  # one row through a runner and the fp64 reference
