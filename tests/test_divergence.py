@@ -86,3 +86,14 @@ def test_the_genuine_mlagents_graphs_show_no_divergence(tmp_path, name):
     job = run_job(tmp_path / "job", "onnx-compare", f"model.checkpoint={pt}", "obs.rows=16", "mode.samples=64")
     assert job.record["details"]["first_divergence"] is None and job.record["details"]["unmapped_parts"] == []
     assert all(r["status"] == "within" for r in parts_of(job).values())
+
+
+def test_a_graph_the_walk_cannot_read_keeps_its_verdict_and_says_the_divergence_was_not_located(shaped_files, tmp_path):
+    from test_shapes_modes_onnx import edited, misplace_masks
+
+    bad = edited(shaped_files["branches"][1], tmp_path / "bad.onnx", misplace_masks)
+    job = run_job(tmp_path / "job", "onnx-compare", f"model.checkpoint={shaped_files['branches'][0]}", f"model.onnx={bad}",
+                  "obs.rows=16", "mode.samples=64")
+    assert job.record["status"] == "failed" and "discrete_actions: " in job.record["reason"]
+    assert "read action_masks from" in job.record["details"]["divergence_not_located"]
+    assert any(line.startswith("first divergence across the lowering boundary: not located: ") for line in job.result.summary)
