@@ -39,7 +39,7 @@ from huggy_exp import environment, timing  # noqa: E402
 from huggy_exp.config import MAX_BATCH, _check_value  # noqa: E402
 from huggy_exp.context import Context  # noqa: E402
 from huggy_exp.errors import UserError  # noqa: E402
-from huggy_exp.safety import check_job_memory, require_memory  # noqa: E402
+from huggy_exp.memory import check_job_memory, require_memory  # noqa: E402
 from huggy_exp.runners import ACTIONS, OBS, build  # noqa: E402
 from huggy_exp.tasks.benchmark import BenchmarkTask  # noqa: E402
 
@@ -71,7 +71,7 @@ def context(model: str | None, dtype: str, workdir: Path, knobs: list[str] = ())
 
 def checked_context(a: argparse.Namespace, workdir: Path) -> Context:
     """The fp32 context, once every flag is in range (config.py's rules, as run.py's keys) and what --rows sizes fits in
-    memory (safety's estimate of a benchmark job, plus the GEMM peak's matrices): else a UserError naming the flag."""
+    memory (memory.py's estimate of a benchmark job, plus the GEMM peak's matrices): else a UserError naming the flag."""
     from omegaconf import OmegaConf
 
     for flag, (kind, rule) in FLAGS.items():

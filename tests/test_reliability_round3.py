@@ -244,14 +244,14 @@ def test_class_11_bench_py_refuses_a_bad_flag_in_one_line(argv, fragment, monkey
 
 @pytest.mark.parametrize("inside", ["0", "0/deeper", "new"])
 def test_class_1_a_folder_inside_a_claimed_sweep_belongs_to_that_sweep(tmp_path, inside):
-    from huggy_exp import safety
+    from huggy_exp import files
 
-    sweep = safety.claim_folder(tmp_path / "sweep", "hydra.sweep.dir")  # as a running sweep holds it
+    sweep = files.claim_folder(tmp_path / "sweep", "hydra.sweep.dir")  # as a running sweep holds it
     for args in (["mode=info", f"hydra.run.dir={sweep / inside}"],
                  ["-m", "mode=info", "seed=0,1", f"hydra.sweep.dir={sweep / inside}"]):
         got = cli([*args, "tracking=none"], None)
         assert got.code == 2 and f"is inside {sweep}" in one_line(got, str(sweep / inside)), got.err[-2000:]
-    assert [p.name for p in sweep.iterdir()] == [safety.CLAIM]  # nothing of the foreign job written
+    assert [p.name for p in sweep.iterdir()] == [files.CLAIM]  # nothing of the foreign job written
 
 
 def test_class_1_a_sweeps_summary_never_reads_a_foreign_result_as_its_own_point(tmp_path, monkeypatch):
@@ -323,13 +323,14 @@ def test_class_2_what_the_tool_is_made_of_is_never_an_output(tmp_path):
 
     from conftest import REPO
 
-    from huggy_exp import safety
+    from huggy_exp import files
+    from huggy_exp.errors import UserError
 
-    for target in (REPO / "conf" / "config.yaml", REPO / "conf" / "mode" / "info.yaml", Path(safety.__file__),
+    for target in (REPO / "conf" / "config.yaml", REPO / "conf" / "mode" / "info.yaml", Path(files.__file__),
                    REPO / "run.py", Path(torch.__file__), Path(np.__file__).parent / "linalg" / "__init__.py"):
-        with pytest.raises(safety.UserError, match="refused even with mode.overwrite=true"):
-            safety.claim_output(target, True, [], "mode.path")
-    assert safety.claim_output(tmp_path / "new.onnx", True, [], "mode.path") == tmp_path / "new.onnx"
+        with pytest.raises(UserError, match="refused even with mode.overwrite=true"):
+            files.claim_output(target, True, [], "mode.path")
+    assert files.claim_output(tmp_path / "new.onnx", True, [], "mode.path") == tmp_path / "new.onnx"
 
 
 @pytest.mark.parametrize("group", ["obs", "tracking", "mode"])
