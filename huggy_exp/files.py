@@ -120,7 +120,7 @@ def tool_paths() -> list[Path]:
     for name, module in list(sys.modules.items()):
         if "." not in name:
             found += list(getattr(module, "__path__", None) or ()) or [getattr(module, "__file__", None)]
-    return [Path(p) for p in found if isinstance(p, str)]
+    return [Path(p) for p in found if isinstance(p, str) and p]
 
 
 def _identity(path: Path) -> tuple[int, int] | None:

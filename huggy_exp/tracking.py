@@ -486,7 +486,7 @@ def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None, valu
              delete=True)
     params, metrics, started, ended = values
     parent = _parent_id(store, sweep)
-    run_id = store.client.create_run(store.experiment_id, run_name=record["run_name"], tags=run_tags(record, parent),
+    run_id = store.client.create_run(store.experiment_id, run_name=record["run_name"], tags=run_tags(record, parent, store.user),
                                      start_time=started).info.run_id
     logged = _logged(store, run_id, record, parent)
     try:
@@ -638,7 +638,8 @@ def _in_store(store: Store, run_id: str | None) -> bool:
         return False
 
 
-def run_tags(record: dict, parent: str | None) -> dict[str, str]:
+def run_tags(record: dict, parent: str | None, user: str | None = None) -> dict[str, str]:
+    """A job's run tags; `mlflow.user` is the store's `tracking.user` (the config's, never a result.json's)."""
     model, sweep, env = (record.get(k) or {} for k in ("model", "sweep", "environment"))
     tags = {
         "mode": record["mode"], "device": record["device"], "dtype": record["dtype"], "status": record["status"],
@@ -648,7 +649,7 @@ def run_tags(record: dict, parent: str | None) -> dict[str, str]:
         "mlflow.note.content": escape(record.get("headline") or record.get("reason") or record["status"]),
         **{f"env.{k}": str(env[k]) for k in ENV_TAGS if k in env},
         **{f"host.{k}": str(v) for k, v in (record.get("host") or {}).items()},  # a launcher's placement (Ray)
-        **_source_tags(((record.get("params") or {}).get("tracking") or {}).get("user")),
+        **_source_tags(user),
     }
     if record.get("overrides") is not None:
         tags["overrides"] = " ".join(record["overrides"])

@@ -59,6 +59,24 @@ def test_class_3_output_on_a_full_device_is_lost_output_never_a_lost_job(tmp_pat
     assert not terminal.PIPE_CLOSED.is_set()  # not a closed pipe: the sweep would stop there
 
 
+@pytest.mark.slow
+def test_class_3_run_py_into_dev_full_writes_and_logs_its_result(tmp_path, huggy_exp_cache):
+    import subprocess
+
+    from conftest import PYTHON, REPO, subprocess_env
+
+    uri = store(tmp_path)
+    with open("/dev/full", "w") as full:
+        for args, job in ((["obs.rows=4"], "job"), (["-m", "seed=0,1", "obs.rows=4"], "sweep")):
+            where = "hydra.sweep.dir" if args[0] == "-m" else "hydra.run.dir"
+            proc = subprocess.run([PYTHON, str(REPO / "run.py"), *args, f"tracking.uri={uri}", f"{where}={tmp_path / job}"],
+                                  cwd=tmp_path, env=subprocess_env(huggy_exp_cache), stdout=full, stderr=full, timeout=300)
+            assert proc.returncode == 0, job
+    records = [json.loads(p.read_text()) for p in [tmp_path / "job" / "result.json", *(tmp_path / "sweep").glob("*/result.json")]]
+    assert len(records) == 3 and {r["status"] for r in records} == {"passed"}
+    assert {r["tracking"]["status"] for r in records} == {"logged"} and (tmp_path / "sweep" / "summary.json").is_file()
+
+
 # --- 4. NaN or inf never passes mode=diff, wherever diff reads a figure
 
 
@@ -151,7 +169,8 @@ def test_class_7_sync_skips_a_value_mlflow_never_takes_in_one_line(tmp_path):
 def test_class_8_sync_never_writes_the_system_tags_a_foreign_result_asks_for(tmp_path):
     job = pending_job(tmp_path)
     record = json.loads((job / "result.json").read_text())
-    edit_result(job, tags={"mlflow.user": "admin", "mlflow.parentRunId": "0" * 32, "mlflow.source.name": "evil.py",
+    record["params"]["tracking"]["user"] = "root"  # the job's config, as a foreign file may claim it
+    edit_result(job, params=record["params"], tags={"mlflow.user": "admin", "mlflow.parentRunId": "0" * 32, "mlflow.source.name": "evil.py",
                            "huggy.complete": "false", "huggy.owner": "elsewhere", "status": "passed", "mine": "kept"},
                 status="failed", reason="it failed")
     uri = store(tmp_path)
