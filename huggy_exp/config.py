@@ -504,6 +504,13 @@ class SyncMode(OfflineMode):
 
 
 @dataclass
+class RejudgeMode(OfflineMode):
+    name: ClassVar[str] = "rejudge"
+    _target_: Optional[str] = None  # not a task: run.py hands it to app.rejudge (it reads results, runs no policy)
+    path: Optional[str] = MISSING
+
+
+@dataclass
 class UiMode(OfflineMode):
     name: ClassVar[str] = "ui"
     _target_: Optional[str] = None  # not a task: run.py hands it to huggy_exp.ui (the port is tracking.ui_port)
