@@ -89,11 +89,17 @@ def run_name(mode: str, cfg: DictConfig, case: str | None = None) -> str:
 
     A benchmark is named by the batch sizes it times (its ladder, mode.batch_sizes, when it has one), zero-padded so
     that names sort numerically (b00001 < b00064 < b01024) in the MLflow runs table and in listings."""
-    name = f"{mode}-{cfg.device}-{numerics_label(cfg.dtype, cfg.get('precision_mode'))}-b{batch_label(mode, cfg)}"
+    name = f"{mode}-{cfg.device}-{numerics_label(cfg.dtype, cfg.get('precision_mode'), plan_name(cfg))}-b{batch_label(mode, cfg)}"
     source = (cfg.get("obs") or {}).get("source")
     if source and source != "random":
         name += f"-{source}"
     return f"{case}:{name}" if case else name
+
+
+def plan_name(cfg: DictConfig) -> str | None:
+    """The job's precision plan's name, None without one (conf/plan/none.yaml)."""
+    plan = cfg.get("plan")
+    return None if plan is None or plan.get("parts") is None else str(plan.name)
 
 
 BATCH_DIGITS = 5  # benchmark names: b00064 sorts before b01024 (and a batch of 100000 or more after both)
@@ -183,6 +189,7 @@ def _run_task(cfg: DictConfig, workdir: Path, mode: str,
             raise Unsupported(f"needs {missing[0]}, which is not on this host (shared fixtures: set HUGGY_EXP_SHARED)")
         ctx, switches = build_context(cfg, workdir), {}
         if modes()[mode].runs_policy:
+            ctx.precision_plan  # noqa: B018 (a bad plan is one line before anything runs)
             switches = set_precision(ctx.device, ctx.dtype, ctx.precision_mode)  # as read back; Unsupported: skipped
             check_job_memory(mode, OmegaConf.to_container(cfg, resolve=True), ctx.weights)
         result = make_task(cfg.mode).run(ctx)
@@ -235,6 +242,7 @@ def _job_record(cfg: DictConfig, mode: str, job: JobInfo, result: Result, ctx: C
         "batch_size": cfg.batch_size,
         "seed": cfg.seed,
         "model": loaded.describe() if loaded is not None else _model_stub(cfg),
+        "plan": _plan_record(cfg, ctx),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "start_time_ms": int(started * 1000),  # MLflow's run starts here, not when it is logged
         "duration_s": round(time.time() - started, 3),
@@ -250,6 +258,15 @@ def _job_record(cfg: DictConfig, mode: str, job: JobInfo, result: Result, ctx: C
         "expectation_met": None if cfg.get("expect") is None else result.status == cfg.get("expect"),
         "tracking": {"status": "pending", "reason": "not logged yet"} if settings["enabled"] else {"status": "off"},
     }
+
+
+def _plan_record(cfg: DictConfig, ctx: Context | None) -> dict | None:
+    """The plan the point ran: name, content hash, limits dtype and every part's dtype (its name alone where it was
+    refused before it ran); None without one."""
+    if plan_name(cfg) is None:
+        return None
+    resolved = ctx.__dict__.get("precision_plan") if ctx is not None else None
+    return resolved.describe() if resolved is not None else {"name": plan_name(cfg), "hash": None}
 
 
 def _track(result: Result, settings: dict, workdir: Path, path: Path, job: JobInfo) -> None:
