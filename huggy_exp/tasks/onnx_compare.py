@@ -13,7 +13,7 @@ from huggy_exp.numerics import categorical_check, sampling_check
 from huggy_exp.results import Result, first_nonfinite
 from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, build, over_steps, reference, run_feeds
 from huggy_exp.tasks import Task, is_sequence, latency, verify_point
-from huggy_exp.tasks.compare import check_constants, compare_outputs, expected_constants, feeds_with_masks
+from huggy_exp.tasks.compare import check_constants, compare_outputs, expected_constants, feeds_with_masks, first_divergence
 from huggy_exp.verify import DECLARED
 
 VERSUS = "onnxruntime"  # metrics <output>/vs_onnxruntime/<metric>, as the engine names them
@@ -37,7 +37,7 @@ class OnnxCompareTask(Task):
         dist = over_steps(reference(ctx, "fp32").distributions, feeds, w.memory)
         result = Result()
         # --- compare: deterministic outputs element-wise (discrete exactly), constants exactly, draws statistically
-        atol = ctx.atol(ctx.dtype, "fp32")  # the .onnx runs fp32: an fp64 policy is held to fp32's limit
+        atol = ctx.atol(ctx.judged_dtype, "fp32")  # the .onnx runs fp32: an fp64 policy is held to fp32's limit
         metrics, failures, rows = compare_outputs(mine, theirs, VERSUS, atol, self.mode.rel_floor,
                                                   dist.get("masked_logits"), w.branch_sizes)
         c_metrics, c_failures, constants = check_constants(theirs, expected_constants(w), sequence)
@@ -45,6 +45,7 @@ class OnnxCompareTask(Task):
         for reason in failures + c_failures:
             result.fail(reason)
         sampled = self.sampled(ort, w, feeds, dist, sequence, result)
+        first_divergence(ctx, onnx_path, feeds, result)
         # --- judge, Result
         versus = "vs onnxruntime: " + "; ".join(_deterministic_lines(result.metrics, mine, atol, constants) + sampled)
         result.details.update({"onnx": str(onnx_path), "provider": self.mode.provider, "atol": atol,
