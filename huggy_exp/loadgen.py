@@ -24,7 +24,7 @@ from huggy_exp import terminal, timing
 from huggy_exp.config import LOADGEN_QUERY_BYTES, MULTI_STREAM_MIN_QUERIES, loadgen_schedule
 from huggy_exp.config import SCENARIOS as CHOICES
 from huggy_exp.errors import UserError
-from huggy_exp.safety import require_memory
+from huggy_exp.memory import require_memory
 from huggy_exp.verify import DECLARED
 
 SCENARIOS = tuple(s for s in CHOICES if s != "control_loop")  # the control loop is LoadGen-free (control_loop.py)

@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from huggy_exp.errors import UserError  # noqa: E402
-from huggy_exp.safety import atomic_write, atomic_write_text, check_unused, claim_folder  # noqa: E402
+from huggy_exp.files import atomic_write, atomic_write_text, check_unused, claim_folder  # noqa: E402
 
 SHAPES = ("huggy", "huggy_lstm", "pyramids")  # what prepare.sh copies into .fx/
 # A step's budget is SLACK x its estimate; the constants were measured on the emulated npu (2 shared cores, 2026-12-02:
@@ -381,7 +381,7 @@ def _torch_version() -> str:
 
 
 def claim_outputs(outdir: Path, tar: Path | None) -> tuple[Path, Path | None]:
-    """OUTDIR taken as run.py takes a job folder (new or empty, then claimed: safety.claim_folder), and the archive and
+    """OUTDIR taken as run.py takes a job folder (new or empty, then claimed: files.claim_folder), and the archive and
     the SUMMARY.md beside it as new files (nothing replaced; the archive inside OUTDIR would pack itself)."""
     out = check_unused(outdir, "OUTDIR")
     if tar is not None:

@@ -338,9 +338,9 @@ def test_class_10_every_loadgen_scenarios_schedule_is_estimated_before_loadgen_s
     """Each scenario's schedule LoadGen would generate (std::bad_alloc, then a segfault, no result.json) is refused in one
     line, exit 2, result.json kept as an error: from the knobs at the job's start, from the measured rate before the
     run."""
-    from huggy_exp import safety
+    from huggy_exp import host
 
-    monkeypatch.setattr(safety, "available_memory", lambda: (2 << 30, "left under a test limit"))
+    monkeypatch.setattr(host, "available_memory", lambda: (2 << 30, "left under a test limit"))
     got = cli(["mode=benchmark", *args, *SHORT[:4], "obs.rows=8", "tracking=none"], tmp_path / "job")
     lines = [ln for ln in (got.out + got.err).splitlines() if said in ln]
     assert got.code == 2 and lines and "Traceback" not in got.out + got.err, (got.out + got.err)[-3000:]
