@@ -339,13 +339,16 @@ def test_class_6_a_check_that_ran_nothing_or_no_device_point_does_not_pass(tmp_p
 
 @pytest.mark.slow
 def test_class_6_the_check_on_a_host_without_its_card_fails(tmp_path, huggy_exp_cache):
-    """accelerator_check.sh cuda on this machine (no GPU): every cuda point is skipped, so the check fails, exit 1."""
+    """accelerator_check.sh cuda on this machine (no GPU): every cuda point is skipped, so the check fails and runs
+    nothing more."""
     done = subprocess.run(["bash", str(REPO / "scripts" / "accelerator_check.sh"), "cuda", str(tmp_path / "acc"), "--quick",
                            "--no-fixtures"], capture_output=True, text=True, timeout=600,
                           env={**subprocess_env(huggy_exp_cache), "PYTHON": sys.executable})
-    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
-    first = (tmp_path / "acc" / "SUMMARY.md").read_text().splitlines()[2]
-    assert first.startswith("**FAILED**: step `modes`: no cuda point ran: 8 skipped"), first
+    summary = (tmp_path / "acc" / "SUMMARY.md").read_text()
+    assert done.returncode in (1, 124), done.stdout[-3000:] + done.stderr[-3000:]  # 124: the CPU twins cut at a high load
+    assert summary.splitlines()[2].startswith("**FAILED**: step `modes`: "), summary
+    assert "no cuda point ran: 8 skipped, e.g. job 0: device cuda: no CUDA device" in summary
+    assert "| benchmark | " in summary and "- not run: no cuda point ran" in summary
 
 
 def test_class_13_the_check_replaces_no_file_and_packs_no_archive_into_itself(tmp_path):
