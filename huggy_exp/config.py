@@ -45,6 +45,13 @@ DTYPES = {"int8": Dtype("float32", 7, -126, 1.0, "Int8DynamicActivationInt8Weigh
           "fp64": Dtype("float64", 52, -1022, 32.0)}
 DTYPE_NAMES = tuple(DTYPES)
 BACKENDS = ("eager", "compile", "fused", "graphs", "onnxruntime")
+GRAPH_BACKENDS = ("onnxruntime",)  # run the exported float32 .onnx graph (or their own int8 of it), not the torch policy
+
+
+def ran_dtype(backend: str, dtype: str) -> str:
+    """The dtype a backend really runs for a point's dtype: a graph backend runs the fp32 .onnx (a quantized dtype: its
+    own int8 of that graph) whatever the point's dtype; a torch backend runs the point's dtype."""
+    return dtype if backend not in GRAPH_BACKENDS or DTYPES[dtype].quantized else "fp32"
 PRECISION_MODES = ("ieee", "tf32", "hf32")  # fp32 math: IEEE fp32, TF32 (CUDA), HF32 (Ascend): placement.set_precision
 
 

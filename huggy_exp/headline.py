@@ -132,9 +132,10 @@ def ladder(metrics: dict[str, float], stat: str) -> list[tuple[str, int, float]]
 
 
 def noisy(record: dict) -> bool:
-    """Whether a timing the job reported flagged itself noisy (IQR / median above timing.py's bound)."""
-    metrics = record.get("metrics") or {}
-    return bool(metrics.get("latency/noisy") or (record.get("latency") or {}).get("noisy")) or any(value for _, _, value in ladder(metrics, "noisy"))
+    """Whether the point's own latency (its p50, `latency/p50_us`) flagged itself noisy (IQR / median above timing.py's
+    bound): the one flag every screen shows beside that p50; a ladder's other figures carry their own
+    (`<backend>/b<N>/noisy`)."""
+    return bool((record.get("latency") or {}).get("noisy", (record.get("metrics") or {}).get("latency/noisy")))
 
 
 def _lookup(metrics: dict[str, float], name: str):

@@ -132,11 +132,11 @@ def recommendation_section(comparison: dict) -> str:
         noisy = ' <span class=noisy>noisy p50: re-measure before relying on it</span>' if rec.get("noisy") else ""
         pick = " ".join(str(x) for x in (rec.get("dtype"), rec.get("backend")) if x) or "no pick"
         parts.append(f"<div class=rec><b>{escape(where)}: {escape(pick)}</b> &mdash; {escape(rec.get('why', ''))}{noisy}</div>")
-        rows = [[o["dtype"], o["backend"], outcome({"status": "failed", "expect": "failed", "expectation_met": True})
-                 if o["verdict"] == "expected failure" else verdict(o["verdict"]), o["p50_us"], o.get("obs_per_s"), o["job"]]
-                for o in rec.get("options") or []]
+        rows = [[o["label"], outcome({"status": "failed", "expect": "failed", "expectation_met": True})
+                 if o["verdict"] == "expected failure" else verdict(o["verdict"]), o["p50_us"], o.get("obs_per_s"),
+                 ", ".join(o.get("jobs") or [o["job"]])] for o in rec.get("options") or []]
         if rows:
-            parts.append(table(["dtype (precision mode)", "backend", "verdict", "p50 µs", "obs/s", "job"], rows, {3, 4}))
+            parts.append(table(["choice (the dtype that ran, backend)", "verdict", "p50 µs", "obs/s", "job"], rows, {2, 3}))
     return "\n".join(parts)
 
 

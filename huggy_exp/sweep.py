@@ -142,7 +142,7 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
             "seed": r.get("seed"), "obs": obs_label(params.get("obs") or {}), "model_sha256": model.get("sha256"),
             "weights_sha256": model.get("weights_sha256"), "model_name": _model_name(model),
             "latency_points": latency_points(r), "throughput_points": latency_points(r, "obs_per_s"),
-            "noisy_points": latency_points(r, "noisy"), "metrics": r.get("headline_metrics") or {},
+            "noisy_points": latency_points(r, "noisy"), "iqr_points": latency_points(r, "iqr_us"), "metrics": r.get("headline_metrics") or {},
             "shared_machine": r.get("shared_machine", False), "noisy": noisy(r),
             "run_id": (r.get("tracking") or {}).get("run_id"), "limits": judged_limits(r),
             "latency": r.get("latency") or {}, "max_abs_limit": _limit(metrics),
@@ -202,7 +202,7 @@ def point_figures(record: dict) -> str:
         parts.append(f"agree {head['agreement_vs_fp64']:.2%}")
     parts += [f"{name} {head[key]:.2g}" for key, name in (("kl_vs_fp64", "KL"), ("shift_vs_fp64", "|Δμ|/σ")) if key in head]
     if "p50_us" in head:
-        parts.append(f"p50 {head['p50_us']:,.0f} µs" + ("(noisy)" if (record.get("latency") or {}).get("noisy") else ""))
+        parts.append(f"p50 {head['p50_us']:,.0f} µs" + (" (noisy)" if noisy(record) else ""))
     if fp := (record.get("tags") or {}).get(FINGERPRINT):
         parts.append(f"{FINGERPRINT} {fp[:12]}")
     if "ort_int8_kl" in head:

@@ -11,15 +11,16 @@ from html.parser import HTMLParser
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from huggy_exp import bundle, report, tracking
+from huggy_exp import bundle, headline, report, sweep, tracking
 from huggy_exp.compare import (
     comparison_lines,
+    pick_text,
     load_outputs,
     negative_control,
     port_lines,
     recommend,
 )
-from huggy_exp.config import modes
+from huggy_exp.config import DTYPE_NAMES, modes, ran_dtype
 from huggy_exp.verify import fingerprint
 
 VERIFIED_MODES = tuple(name for name, mode in modes().items() if mode.verified)  # the modes' own trait
@@ -170,10 +171,18 @@ def comparable(rows: list[dict], device: str, model: str, batch: int) -> list[tu
             and r["device"] == device and r["model_name"] == model for b, n, p in r["latency_points"] if n == batch]
 
 
+def ran(row: dict, backend: str) -> str:
+    """The dtype a figure really ran (onnxruntime: the fp32 graph in an fp16 or bf16 job)."""
+    return ran_dtype(backend, row["dtype"])
+
+
 def eligible(group: list[tuple[dict, str, float]]) -> list[tuple[dict, str, float]]:
-    """The passing latencies of a group whose dtype failed nowhere in it (a case's expected failure is no failure)."""
+    """The passing latencies of a group whose dtype that ran failed nowhere in it (a case's expected failure is no
+    failure): a figure of its point's dtype when that point passed, one of another dtype when a point of it passed."""
     failed = {r["dtype"] for r, _, _ in group if r["status"] == "failed" and not negative_control(r)}
-    return [(r, b, p) for r, b, p in group if r["status"] == "passed" and r["dtype"] not in failed]
+    passed = {r["dtype"] for r, _, _ in group if r["status"] == "passed"}
+    return [(r, b, p) for r, b, p in group if ran(r, b) not in failed
+            and (r["status"] == "passed" if ran(r, b) == r["dtype"] else ran(r, b) in passed)]
 
 
 @given(sweep_tables())
@@ -185,9 +194,13 @@ def test_every_recommendation_is_the_fastest_passing_point_at_its_batch_backend_
             continue
         model = next(r["model_name"] for r in rows if r["job"] == rec["job"])
         group = comparable(rows, rec["device"], model, rec["batch_size"])
-        (picked,) = [(r, b, p) for r, b, p in group if r["job"] == rec["job"] and b == rec["backend"] and p == rec["p50_us"]]
-        assert picked in eligible(group) and picked[0]["dtype"] == rec["dtype"], where  # a passing point, not a failing dtype
-        assert rec["p50_us"] == min(p for _, _, p in eligible(group)), where  # the fastest of its like
+        picked = [(r, b, p) for r, b, p in eligible(group)
+                  if r["job"] == rec["job"] and b == rec["backend"] and p == rec["p50_us"]]
+        assert picked and ran(*picked[0][:2]) == rec["dtype"], where  # a passing figure of the dtype that ran it
+        fastest = min(p for _, _, p in eligible(group))
+        assert rec["p50_us"] == fastest, where  # the fastest of its like (no IQR here: a tie is an equal figure)
+        tied = {ran(r, b) for r, b, p in eligible(group) if p == fastest}
+        assert DTYPE_NAMES.index(rec["dtype"]) == max(map(DTYPE_NAMES.index, tied)), where  # of a tie, the more precise
         assert f"batch {rec['batch_size']}" in where and rec["dtype"] not in rec["failing"]
 
 
@@ -241,3 +254,72 @@ def test_record_and_replay_sweeps_report_their_own_results_not_a_missing_recomme
     assert port_lines(records) == ["record into cert: 1 point(s): cpu/fp32/eager/b8 p50 219 µs, max_abs vs fp64 5.8e-07"]
     assert recommend(replays + records) == {}
     assert not [x for x in comparison_lines(replays + records, [], {}) if x.startswith("recommended")]
+
+
+# --- a figure carries the dtype that really ran it (issue 35, row 1)
+
+def _bench(job: str, dtype: str, batch: int, figures: dict, status: str = "passed", error: float = 1e-6, iqr: float = 0.0,
+           noisy: tuple = ()) -> dict:
+    """A benchmark point as sweep.summarize writes it: {backend: p50} at one batch size, each with its IQR."""
+    return {"job": job, "run_name": f"benchmark-cpu-{dtype}-b{batch}", "mode": "benchmark", "device": "cpu", "dtype": dtype,
+            "precision_mode": "ieee", "batch_size": batch, "status": status, "expect": None, "expectation_met": None,
+            "latency_points": [[b, batch, p] for b, p in figures.items()],
+            "iqr_points": [[b, batch, iqr] for b in figures], "noisy_points": [[b, batch, float(b in noisy)] for b in figures],
+            "throughput_points": [[b, batch, batch * 1e6 / p] for b, p in figures.items()],
+            "metrics": {"max_abs_vs_fp64": error}, "noisy": "eager" in noisy, "model_sha256": "m", "model_name": "m.pt",
+            "max_abs_limit": 0.05, "note": "", "verified": True}
+
+
+def test_a_bf16_jobs_onnxruntime_figure_is_the_fp32_graphs_and_never_a_bf16_pick():
+    """The issue's sweep at batch 1: onnxruntime in the bf16 job runs the fp32 graph; the pick names fp32, with fp32's
+    error, and calls the two onnxruntime rows one fp32 graph."""
+    rows = [_bench("0", "fp32", 1, {"eager": 150.0, "onnxruntime": 76.2}, error=1.2e-7),
+            _bench("1", "bf16", 1, {"eager": 187.0, "onnxruntime": 76.1}, error=0.0043)]
+    rec = recommend(rows)["cpu at batch 1"]
+    assert (rec["dtype"], rec["backend"]) == ("fp32", "onnxruntime") and rec["jobs"] == ["1", "0"]
+    assert "one fp32 graph, timed in jobs 1 (bf16) 76.1 µs, 0 (fp32) 76.2 µs" in rec["why"]
+    assert "fp32 max_abs vs fp64 1.2e-07" in rec["why"] and "0.0043" not in rec["why"]
+    assert [(o["dtype"], o["backend"]) for o in rec["options"]] == [("fp32", "onnxruntime"), ("fp32", "eager"), ("bf16", "eager")]
+    for text in (pick_text(rec), tracking.recommendation({"recommended": {"cpu at batch 1": rec}}),
+                 report.recommendation_section({"recommended": {"cpu at batch 1": rec}})):
+        assert "bf16 onnxruntime" not in text, text
+
+
+def test_an_onnxruntime_figure_whose_fp32_graph_no_point_judged_is_not_picked():
+    rows = [_bench("0", "bf16", 1, {"eager": 187.0, "onnxruntime": 76.1})]
+    rec = recommend(rows)["cpu at batch 1"]
+    assert (rec["dtype"], rec["backend"]) == ("bf16", "eager")
+    assert {o["label"]: o["verdict"] for o in rec["options"]}["fp32 onnxruntime (in the bf16 job 0)"] == "not judged"
+
+
+def test_two_figures_within_their_noise_are_a_tie_and_the_more_precise_choice_wins():
+    rows = [_bench("0", "fp32", 64, {"eager": 100.0}, iqr=6.0), _bench("1", "bf16", 64, {"eager": 96.0}, iqr=4.0)]
+    rec = recommend(rows)["cpu at batch 64"]
+    assert rec["dtype"] == "fp32" and rec["tie"] == ["bf16 eager"]
+    assert rec["why"].startswith("fastest passing within noise (a tie") and "tied with bf16 eager 96.0 µs" in rec["why"]
+    rows[1]["iqr_points"][0][2] = 1.0  # 100 ± 3 against 96 ± 0.5: no longer a tie
+    assert recommend(rows)["cpu at batch 64"]["dtype"] == "bf16"
+
+
+def test_the_noisy_note_is_said_only_where_the_picked_figure_is_noisy():
+    quiet_pick = [_bench("0", "fp32", 8, {"eager": 50.0}), _bench("1", "bf16", 8, {"eager": 90.0}, noisy=("eager",))]
+    assert "NOTE" not in recommend(quiet_pick)["cpu at batch 8"]["why"]
+    noisy_pick = [_bench("0", "fp32", 8, {"eager": 50.0}, noisy=("eager",))]
+    assert "NOTE: the picked latency is noisy" in recommend(noisy_pick)["cpu at batch 8"]["why"]
+
+
+def test_a_point_is_noisy_where_its_own_p50_is_and_nowhere_else():
+    """One flag per figure (issue 35, row 4): a benchmark point whose own p50 is quiet while onnxruntime's b64 figure is
+    noisy reads quiet in the terminal, summary, report and MLflow; the noisy figure is flagged on its own line."""
+    record = {"mode": "benchmark", "status": "passed", "latency": {"p50_us": 150.0, "noisy": 0.0},
+              "metrics": {"latency/p50_us": 150.0, "latency/noisy": 0.0, "eager/b64/noisy": 0.0, "onnxruntime/b64/noisy": 1.0},
+              "headline_metrics": {"p50_us": 150.0}}
+    assert tracking.verdict(record) == "passed"
+    assert "noisy" not in sweep.point_figures(record)
+    row = {"job": "0", "run_name": "b", "status": "passed", "expect": None, "metrics": {"p50_us": 150.0},
+           "noisy": headline.noisy(record)}
+    assert "noisy" not in str(report.verdict_rows([row])[0])
+    record["latency"]["noisy"] = record["metrics"]["latency/noisy"] = 1.0
+    row["noisy"] = headline.noisy(record)
+    assert tracking.verdict(record) == "passed, p50 noisy" and "(noisy)" in sweep.point_figures(record)
+    assert "noisy" in str(report.verdict_rows([row])[0])

@@ -100,7 +100,7 @@ def test_a_parent_is_named_after_what_was_swept():
 
 def _summary(tmp_path: Path) -> dict:
     options = [{"dtype": d, "backend": "eager", "verdict": "passed", "p50_us": p50, "obs_per_s": 64e6 / p50, "noisy": True,
-                "job": job, "mode": "precision"} for d, p50, job in (("fp32", 1350.0, "0"), ("bf16", 2900.0, "2"))]
+                "job": job, "jobs": [job], "mode": "precision", "label": f"{d} eager"} for d, p50, job in (("fp32", 1350.0, "0"), ("bf16", 2900.0, "2"))]
     rec = {"cpu": {"dtype": "fp32", "backend": "eager", "batch_size": 64, "p50_us": 1350.0, "noisy": True,
                    "passing": ["fp32", "bf16"], "failing": [], "options": options, "why": "fastest passing"}}
     return {"rows": [], "tally": {"passed": 2, "failed": 0, "skipped": 1, "error": 0}, "title": "sweep dtype=fp32,bf16",
@@ -195,6 +195,22 @@ def test_the_ui_port_moves_past_a_taken_one():
         assert ui.free_port(port) != port
 
 
+def test_a_port_whose_connections_wait_in_time_wait_is_free():
+    """A UI stopped a moment ago leaves its port's connections in TIME_WAIT: the next `mode=ui` takes the same port
+    (summary.md's image links name tracking.ui_port), as the server itself can bind it."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as mlflow's server (uvicorn) binds
+        listener.bind((ui.HOST, 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = socket.create_connection((ui.HOST, port))
+        served, _ = listener.accept()
+        served.close()  # the side that closes first waits in TIME_WAIT on the listening port
+        client.close()
+    assert "TIME-WAIT" in subprocess.run(["ss", "-tan", f"sport = :{port}"], capture_output=True, text=True).stdout
+    assert ui.free_port(port) == port
+
+
 FAKE_MLFLOW = """#!{python}
 import http.server, subprocess, sys
 port = int(sys.argv[sys.argv.index("--port") + 1])
@@ -257,6 +273,49 @@ def test_mode_ui_stops_its_whole_server_group_on_sigterm_and_sighup(tmp_path, st
     finally:
         if _group_alive(group):
             os.killpg(group, signal.SIGKILL)
+
+
+def test_mode_ui_stops_its_whole_server_group_when_its_terminal_is_closed(tmp_path):
+    """An SSH session dropped: the terminal's master side closes, the UI gets SIGHUP and every later write fails (EIO).
+    The server group is stopped all the same (issue 35: it printed "stopping ..." first, and that print raised)."""
+    import pty
+    import signal
+
+    fake = tmp_path / "mlflow"
+    fake.write_text(FAKE_MLFLOW.replace("{python}", PYTHON))
+    fake.chmod(0o755)
+    with socket.socket() as s:
+        s.bind((ui.HOST, 0))
+        port = s.getsockname()[1]
+    serve = ("import sys; from huggy_exp import ui; ui.mlflow_command = lambda: sys.argv[1]; "
+             "sys.exit(ui.serve('sqlite:///unused.db', None, int(sys.argv[2]), 60))")
+    pid, master = pty.fork()  # the child: a session leader whose controlling terminal is the pty
+    if pid == 0:
+        os.chdir(REPO)
+        os.execve(PYTHON, [PYTHON, "-c", serve, str(fake), str(port)], {**os.environ, "PYTHONPATH": str(REPO)})
+    seen, deadline = b"", time.time() + 120
+    while b"Ctrl-C stops it" not in seen and time.time() < deadline:
+        try:
+            seen += os.read(master, 4096)
+        except OSError:
+            break
+    group = None
+    try:
+        assert b"Ctrl-C stops it" in seen, seen
+        group = int(subprocess.run(["ps", "-o", "pgid=", "--ppid", str(pid)], capture_output=True, text=True).stdout.split()[0])
+        os.close(master)  # the terminal is gone
+        end = time.time() + 60
+        while _group_alive(group) and time.time() < end:
+            time.sleep(0.2)
+        assert not _group_alive(group), f"the server's process group {group} still runs after its terminal closed"
+    finally:
+        if group is not None and _group_alive(group):
+            os.killpg(group, signal.SIGKILL)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(pid, 0)
 
 
 @pytest.mark.slow
