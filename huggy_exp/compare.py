@@ -15,6 +15,7 @@ import numpy as np
 from huggy_exp import certify, plots
 from huggy_exp.config import DTYPE_NAMES, GRAPH_BACKENDS, modes, numerics_label, ran_dtype
 from huggy_exp.headline import ERROR
+from huggy_exp.report import fmt
 from huggy_exp.safety import check_npy
 from huggy_exp.verify import DECLARED, FINGERPRINT
 
@@ -268,7 +269,7 @@ def _provenance(dtype: str, backend: str, timed: list[dict]) -> str:
     if len(timed) > 1:
         what = f"{dtype} graph" if backend in GRAPH_BACKENDS else f"{dtype} {backend}"
         return f" (one {what}, timed in jobs " + ", ".join(
-            f"{t['row']['job']} ({numerics(t['row'])}) {t['p50_us']:,.1f} µs" for t in timed) + ")"
+            f"{t['row']['job']} ({numerics(t['row'])}) {fmt(t['p50_us'])} µs" for t in timed) + ")"
     return f" (in the {numerics(timed[0]['row'])} job {timed[0]['row']['job']})" if numerics(timed[0]["row"]) != dtype else ""
 
 
@@ -293,17 +294,17 @@ def _why(choice: dict, others: list[dict], tied: list[dict], batch: int, row: di
     """The figures a pick rests on, all measured at one batch size; the error is that of the point that judged the dtype
     that ran (`row`)."""
     word = "fastest passing" + ("" if len(tied) == 1 else " within noise (a tie: their IQRs overlap), the more precise")
-    text = (f"{word} at batch {batch}: {choice['label']}, p50 {choice['p50_us']:,.1f} µs"
-            + (f", {choice['obs_per_s']:,.0f} obs/s" if choice.get("obs_per_s") else "") + f" (job {choice['job']}, {choice['mode']})")
+    text = (f"{word} at batch {batch}: {choice['label']}, p50 {fmt(choice['p50_us'])} µs"
+            + (f", {fmt(choice['obs_per_s'])} obs/s" if choice.get("obs_per_s") else "") + f" (job {choice['job']}, {choice['mode']})")
     error, limit = row["metrics"].get("max_abs_vs_fp64"), row.get("max_abs_limit")
     if isinstance(error, (int, float)):
         text += (f", {choice['dtype']} max_abs vs fp64 {error:.2g}" + (f" (limit {limit:.2g})" if isinstance(limit, (int, float)) else "")
                  + (f" (job {row['job']})" if row["job"] != choice["job"] else ""))
     if len(tied) > 1:
-        text += "; tied with " + ", ".join(f"{o['label']} {o['p50_us']:,.1f} µs" for o in tied if o is not choice)
+        text += "; tied with " + ", ".join(f"{o['label']} {fmt(o['p50_us'])} µs" for o in tied if o is not choice)
     if others:
         text += f"; also passing at batch {batch}: " + ", ".join(
-            f"{o['label']} {o['p50_us']:,.1f} µs" + (" (noisy)" if o["noisy"] else "") for o in others)
+            f"{o['label']} {fmt(o['p50_us'])} µs" + (" (noisy)" if o["noisy"] else "") for o in others)
     if choice["noisy"]:
         text += "; NOTE: the picked latency is noisy (IQR/median > 0.1): re-measure on a quiet machine before relying on it"
     return text
@@ -318,7 +319,7 @@ def port_lines(rows: list[dict]) -> list[str]:
     for bundle in dict.fromkeys(_port(r).get("bundle") for r in recorded):
         mine = [r for r in recorded if _port(r).get("bundle") == bundle]
         lines.append(f"record into {bundle}: {len(mine)} point(s): " + "; ".join(
-            f"{r['port'].get('point')} p50 {r['metrics']['p50_us']:,.0f} µs" * ("p50_us" in r["metrics"])
+            f"{r['port'].get('point')} p50 {fmt(r['metrics']['p50_us'])} µs" * ("p50_us" in r["metrics"])
             + (f", max_abs vs fp64 {r['metrics'][ERROR]:.2g}" if ERROR in r["metrics"] else "") for r in mine))
     replays = [r for r in rows if r["mode"] == "replay" and r["status"] in ("passed", "failed")]
     if not replays:

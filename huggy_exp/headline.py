@@ -33,10 +33,11 @@ SIGNIFICANT = 3  # headline values are for reading (the UI prints every digit: 0
 
 
 def readable(name: str, value: float) -> float:
-    """`value` to 3 significant digits; a cosine to 3 significant digits of its distance from 1 (0.99999968, not 1.0)."""
+    """`value` to 3 significant digits, a figure of 100 and more to a whole number (1,449 µs, as report.fmt prints it,
+    not 1,450); a cosine to 3 significant digits of its distance from 1 (0.99999968, not 1.0)."""
     if "cosine" in name and 0 < value < 1:
         return 1 - float(f"{1 - value:.{SIGNIFICANT}g}")
-    return float(f"{value:.{SIGNIFICANT}g}")
+    return float(round(value)) if abs(value) >= 100 else float(f"{value:.{SIGNIFICANT}g}")
 
 
 def headline_metrics(mode: str, metrics: dict[str, float], status: str, batch_size: int | None = None) -> dict[str, float]:

@@ -29,15 +29,16 @@ img{max-width:100%;border:1px solid #d0d7de;margin:6px 0;display:block}code{font
 
 
 def fmt(value) -> str:
-    """Numbers with 3 significant digits (cosines with 6: they live next to 1), the rest as text."""
+    """A figure as every output prints it: 3 significant digits (cosines 6: they live next to 1), a figure of 100 and
+    more as a whole number with thousands separators (1,449 µs, never 1.45e+03 beside 1,200), the rest as text."""
     if isinstance(value, bool) or value is None:
         return "" if value is None else str(value).lower()
     if isinstance(value, (int, float)):
         v = float(value)
         if not math.isfinite(v):
             return str(v)
-        if v == int(v) and abs(v) < 1e7:
-            return f"{int(v):,}"
+        if 100 <= abs(v) < 1e7 or v == int(v) and abs(v) < 1e7:
+            return f"{round(v):,}"
         return f"{v:.6g}" if 0.999 <= v < 1 else f"{v:.3g}"
     return str(value)
 
@@ -145,7 +146,13 @@ def comparison_section(rows: list[dict], comparison: dict) -> str:
                  (r.get(FINGERPRINT) or "")[:12]] for r in rows
                 if "vs_cpu_fp32_max_abs" in r or "vs_cpu_fp32_discrete_agreement" in r]
     head = ["job", "run", "max |Δaction| vs cpu fp32", "discrete actions equal", FINGERPRINT]
-    none = "<p class=muted>No point of this sweep has a CPU fp32 point on the same inputs to compare with.</p>"
+    if not any(r[3] is not None for r in compared):  # a policy without discrete actions: no such column
+        head, compared = head[:3] + head[4:], [r[:3] + r[4:] for r in compared]
+    references = [r["run_name"] for r in rows if r["device"] == "cpu" and r["dtype"] == "fp32" and r["status"] != "error"]
+    none = (f"<p class=muted>The CPU fp32 point(s) ({escape(', '.join(references))}) are the reference; no other point "
+            "ran the same inputs (mode and its knobs, observations, seed, model, and batch size where the mode verifies "
+            "per batch) to compare with them.</p>" if references else
+            "<p class=muted>No point of this sweep has a CPU fp32 point on the same inputs to compare with.</p>")
     parts = ["<h2>Against the reference point (CPU fp32, same inputs)</h2>",
              table(head, compared, {2, 3}) if compared else none]
     lines = [line for line in comparison.get("lines", []) if line.startswith(("agreement", "device agreement", "dual benchmark", "record into", "replay:"))]

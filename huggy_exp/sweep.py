@@ -21,6 +21,7 @@ from huggy_exp.compare import compare, draw, errors_vs_fp64, verified
 from huggy_exp.safety import disk_full_message, is_disk_full
 from huggy_exp.results import (EXIT_CODES, EXIT_INTERRUPTED, EXIT_PENDING, atomic_write_text, expectation, jsonable,
                                write_table)
+from huggy_exp.report import fmt
 from huggy_exp.verify import FINGERPRINT
 
 ORDER = ("passed", "failed", "skipped", "error")
@@ -202,12 +203,12 @@ def point_figures(record: dict) -> str:
         parts.append(f"agree {head['agreement_vs_fp64']:.2%}")
     parts += [f"{name} {head[key]:.2g}" for key, name in (("kl_vs_fp64", "KL"), ("shift_vs_fp64", "|Δμ|/σ")) if key in head]
     if "p50_us" in head:
-        parts.append(f"p50 {head['p50_us']:,.0f} µs" + (" (noisy)" if noisy(record) else ""))
+        parts.append(f"p50 {fmt(head['p50_us'])} µs" + (" (noisy)" if noisy(record) else ""))
     if fp := (record.get("tags") or {}).get(FINGERPRINT):
         parts.append(f"{FINGERPRINT} {fp[:12]}")
     if "ort_int8_kl" in head:
         verdict = "PASSED" if (record.get("metrics") or {}).get("onnxruntime_int8/passed") else "FAILED"
-        parts.append(f"| onnxruntime int8 {verdict} KL {head['ort_int8_kl']:.2g} p50 {head['ort_int8_p50_us']:,.0f} µs")
+        parts.append(f"| onnxruntime int8 {verdict} KL {head['ort_int8_kl']:.2g} p50 {fmt(head['ort_int8_p50_us'])} µs")
     return (" " + " ".join(parts)) if parts else ""
 
 

@@ -33,7 +33,7 @@ from huggy_exp.environment import flatten
 from huggy_exp.errors import UserError
 from huggy_exp.headline import (ANSWER, ANSWER_ORDER, COSINE, ERROR, fastest_backend, judged_limits,
                                 logged_metrics, logged_name, noisy, settings, timed_batch)
-from huggy_exp.report import escape
+from huggy_exp.report import escape, fmt
 from huggy_exp.config import VERDICTS
 from huggy_exp.results import update_result
 from huggy_exp.safety import (MAX_JSON_BYTES, atomic_write, atomic_write_text, disk_full_message, flock, free_bytes,
@@ -393,6 +393,17 @@ def run_url(uri: str, experiment_id: str, run_id: str | None = None, view: str |
     return f"{redact(uri).rstrip('/')}/{path}" if urlparse(uri).scheme in ("http", "https") else path
 
 
+def ui_link(settings: dict, experiment_id: str, run_id: str | None = None, view: str | None = None) -> str:
+    """Where a person opens a run or a sweep's runs: a server's own address, else mode=ui's on tracking.ui_port (with
+    the command that serves it)."""
+    uri = store_uri(settings.get("uri"))
+    url = run_url(uri, experiment_id, run_id, view)
+    if url.startswith("http"):
+        return url
+    store = "" if uri == default_uri() else f" tracking.uri={redact(uri)}"
+    return f"http://127.0.0.1:{int(settings.get('ui_port') or 5000)}/{url} (`python run.py mode=ui{store}` serves it)"
+
+
 def view_columns(present: set[str], batches: int = 1) -> list[str]:
     """The runs table's columns in display order (MLflow column ids) for a sweep whose runs have the columns `present`
     (`metrics.<key>`, `params.<key>`, `tags.<key>`: `present_columns`) over `batches` distinct batch sizes."""
@@ -634,9 +645,12 @@ def _per_dtype(key: str, dtype: str) -> bool:
 
 
 def verdict(record: dict) -> str:
-    """The verdict as the runs table's first column shows it: `passed`, `passed, p50 noisy`, `skipped: <why>`."""
-    status, reason = record["status"], record.get("reason")
-    if status != "passed" and reason:
+    """The verdict as the runs table's first column shows it: `passed`, `passed, p50 noisy`, `skipped: <why>`; a case's
+    point says whether it met its expected verdict: `failed as expected: <why>`, `passed, expected failed`."""
+    status, reason, expect = record["status"], record.get("reason"), record.get("expect")
+    if expect is not None:
+        status += " as expected" if record.get("expectation_met") else f", expected {expect}"
+    if record["status"] != "passed" and reason:
         return f"{status}: {reason}"
     return f"{status}, p50 noisy" if noisy(record) else status
 
@@ -784,7 +798,7 @@ def recommendation(comparison: dict) -> str:
     parts = []
     for where, rec in (comparison.get("recommended") or {}).items():
         if rec.get("dtype"):
-            figure = f"p50 {rec['p50_us']:,.0f} µs" + (" NOISY: re-measure before relying on it" if rec.get("noisy") else "")
+            figure = f"p50 {fmt(rec['p50_us'])} µs" + (" NOISY: re-measure before relying on it" if rec.get("noisy") else "")
             pick = rec["dtype"] + (f" {rec['backend']}" if rec.get("backend") else "")
             parts.append(f"{where}: {pick} ({figure}; passing {', '.join(rec.get('passing') or [rec['dtype']])})")
         else:

@@ -323,3 +323,44 @@ def test_a_point_is_noisy_where_its_own_p50_is_and_nowhere_else():
     row["noisy"] = headline.noisy(record)
     assert tracking.verdict(record) == "passed, p50 noisy" and "(noisy)" in sweep.point_figures(record)
     assert "noisy" in str(report.verdict_rows([row])[0])
+
+
+# --- one number format, and no empty or false section (issue 35, row 9)
+
+def test_a_figure_reads_the_same_in_every_output():
+    """1,448.8 µs is `1,449` in the report, summary.md, the recommendation and MLflow's headline (not 1.45e+03, 1,450)."""
+    assert [report.fmt(v) for v in (1448.8, 1200.0, 1234.5, 70.71, 8.3e-7, 0.9999968)] == [
+        "1,449", "1,200", "1,234", "70.7", "8.3e-07", "0.999997"]
+    assert headline.readable("p50_us", 1448.8) == 1449.0 and report.fmt(headline.readable("p50_us", 1448.8)) == "1,449"
+    rows = [_bench("0", "fp32", 64, {"eager": 1448.8})]
+    rec = recommend(rows)["cpu at batch 64"]
+    assert "p50 1,449 µs" in rec["why"] and "p50 1,449 µs" in tracking.recommendation({"recommended": {"x": rec}})
+
+
+def test_a_sweep_of_reference_points_is_not_told_it_lacks_one_and_no_column_is_always_empty():
+    rows = [{"job": str(i), "run_name": f"precision-cpu-fp32-b{b}", "device": "cpu", "dtype": "fp32", "status": "passed"}
+            for i, b in enumerate((1, 64))]
+    section = report.comparison_section(rows, {})
+    assert "No point of this sweep has a CPU fp32 point" not in section and "are the reference" in section
+    rows.append({"job": "2", "run_name": "precision-cpu-bf16-b64", "device": "cpu", "dtype": "bf16", "status": "passed",
+                 "vs_cpu_fp32_max_abs": 0.01})
+    (table,) = (t for t in _tables(report.comparison_section(rows, {})))
+    assert table[0] == ["job", "run", "max |Δaction| vs cpu fp32", "fingerprint"]  # a continuous policy: no discrete column
+
+
+def _tables(page: str) -> list[list[list[str]]]:
+    parser = Tables()
+    parser.feed(page)
+    return parser.tables
+
+
+def test_a_latency_plot_without_throughput_has_no_empty_throughput_panel(tmp_path):
+    """record and replay points time a latency, not a throughput: one panel, not an empty second one."""
+    from PIL import Image
+
+    from huggy_exp import plots
+
+    only_latency = plots.versus_batch(tmp_path / "a.png", {"cpu fp32 eager": {"p50_us": [(8, 200.0)], "obs_per_s": []}}, "t")
+    both = plots.versus_batch(tmp_path / "b.png", {"cpu fp32 eager": {"p50_us": [(8, 200.0)], "obs_per_s": [(8, 4e4)]}}, "t")
+    (w1, h1), (w2, h2) = (Image.open(tmp_path / f).size for f in (only_latency, both))
+    assert w1 / h1 < 1.6 < w2 / h2

@@ -79,6 +79,15 @@ def test_a_skipped_point_reads_its_reason_and_a_noisy_one_says_so():
     assert tracking.verdict({"status": "passed", "metrics": {"latency/noisy": 0.0}}) == "passed"
 
 
+def test_a_cases_expected_failure_reads_as_expected_in_mlflow():
+    """Issue 35, row 5: the terminal and the report say `expected FAILED: met`; MLflow's verdict too."""
+    met = {"status": "failed", "reason": "vs cpu fp64: KL 0.02 > 0.01", "expect": "failed", "expectation_met": True}
+    assert tracking.verdict(met) == "failed as expected: vs cpu fp64: KL 0.02 > 0.01"
+    missed = {"status": "passed", "expect": "failed", "expectation_met": False, "metrics": {}}
+    assert tracking.verdict(missed) == "passed, expected failed"
+    assert tracking.verdict({"status": "failed", "reason": "over its limit", "expect": None}) == "failed: over its limit"
+
+
 def test_limits_are_params_under_keys_every_dtype_shares():
     record = {"dtype": "bf16", "limits": {"max_abs": 0.05, "cosine_min": 0.99}, "layer_threshold": 0.02}
     assert tracking.limit_params(record) == {"limit/max_abs": "0.05", "limit/cosine_min": "0.99",
@@ -161,10 +170,11 @@ def test_a_sweep_report_is_one_file_with_everything_embedded(tmp_path):
     png = tmp_path / plots.categories(tmp_path / "error_vs_dtype.png", {"cpu": {"fp32": 1e-6, "bf16": 0.01}},
                                       ("fp32", "bf16"), "max |Δaction|", "error", {"fp32": 1e-5, "bf16": 0.05})
     summary = _summary(tmp_path)
-    summary["rows"] = [{"job": "0", "run_name": "precision-cpu-fp32-b64", "status": "passed", "noisy": True,
+    summary["rows"] = [{"job": "0", "run_name": "precision-cpu-fp32-b64", "device": "cpu", "dtype": "fp32", "status": "passed", "noisy": True,
                         "metrics": {"max_abs_vs_fp64": 5.78e-7, "cosine_vs_fp64": 0.999968, "p50_us": 1350.0},
                         "limits": {"max_abs": 1e-5}, "fingerprint": "acbec772540e99", "note": ""},
-                       {"job": "1", "run_name": "precision-npu:0-fp32-b64", "status": "skipped", "metrics": {},
+                       {"job": "1", "run_name": "precision-npu:0-fp32-b64", "device": "npu:0", "dtype": "fp32",
+                        "status": "skipped", "metrics": {},
                         "note": "npu needs torch_npu"}]
     path = report.write_sweep_report(tmp_path, summary["title"], summary, [png], {"torch": "2.13.0+cpu"})
     page = path.read_text()
