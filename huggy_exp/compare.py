@@ -15,8 +15,8 @@ import numpy as np
 from huggy_exp import certify, plots
 from huggy_exp.config import DTYPE_NAMES, GRAPH_BACKENDS, modes, numerics_label, ran_dtype
 from huggy_exp.headline import ERROR
+from huggy_exp.foreign import check_npy
 from huggy_exp.report import fmt
-from huggy_exp.safety import check_npy
 from huggy_exp.verify import DECLARED, FINGERPRINT
 
 VERDICT_KNOBS = ("relative", "rel_floor", "atol",
