@@ -12,11 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
-from huggy_exp import certify, plots
+from huggy_exp import certify, loadgen, plots
 from huggy_exp.config import DTYPE_NAMES, GRAPH_BACKENDS, modes, numerics_label, ran_dtype
 from huggy_exp.headline import ERROR
 from huggy_exp.foreign import check_npy
-from huggy_exp.report import fmt
+from huggy_exp.report import OBS_PER_S, fmt, obs_per_s_differs
 from huggy_exp.verify import DECLARED, FINGERPRINT
 
 VERDICT_KNOBS = ("relative", "rel_floor", "atol",
@@ -87,7 +87,8 @@ def compare(rows: list[dict]) -> dict:
     replays = replay_agreement(rows)
     dual = dual_benchmarks(rows)
     return {"vs_cpu_fp32": vs_ref, "agreement": agreement, "recommended": recommended,
-            "lines": comparison_lines(rows, agreement, recommended) + dual_lines(dual) + replays["lines"] + port_lines(rows),
+            "lines": (comparison_lines(rows, agreement, recommended) + dual_lines(dual) + replays["lines"] + port_lines(rows)
+                      + loadgen_lines(rows)),
             "table": comparison_table(rows), "device_agreement": replays["table"], "dual_benchmark": dual}
 
 
@@ -296,6 +297,8 @@ def _why(choice: dict, others: list[dict], tied: list[dict], batch: int, row: di
     word = "fastest passing" + ("" if len(tied) == 1 else " within noise (a tie: their IQRs overlap), the more precise")
     text = (f"{word} at batch {batch}: {choice['label']}, p50 {fmt(choice['p50_us'])} µs"
             + (f", {fmt(choice['obs_per_s'])} obs/s" if choice.get("obs_per_s") else "") + f" (job {choice['job']}, {choice['mode']})")
+    if obs_per_s_differs(batch, choice["p50_us"], choice.get("obs_per_s")):
+        text += f" ({OBS_PER_S})"
     error, limit = row["metrics"].get("max_abs_vs_fp64"), row.get("max_abs_limit")
     if isinstance(error, (int, float)):
         text += (f", {choice['dtype']} max_abs vs fp64 {error:.2g}" + (f" (limit {limit:.2g})" if isinstance(limit, (int, float)) else "")
@@ -339,6 +342,18 @@ def port_lines(rows: list[dict]) -> list[str]:
             text += f"; {word}: " + ", ".join(f"{v} {verdicts.count(v)}" for v in dict.fromkeys(verdicts))
             text += f" (ratios {min(ratios):.3g}..{max(ratios):.3g})" if ratios else ""
     return lines + [text]
+
+
+def loadgen_lines(rows: list[dict]) -> list[str]:
+    """What each benchmark point's LoadGen scenarios and control loop found, in their own terms (loadgen.answer)."""
+    found = [(row, loadgen.answer(_metrics(row))) for row in rows if row["mode"] == "benchmark" and row["status"] != "skipped"]
+    return [f"loadgen job {row['job']} ({row['device']} {numerics(row)} b{row['batch_size']}): {text}" for row, text in found if text]
+
+
+def _metrics(row: dict) -> dict:
+    """A point's every metric, from its result.json (a summary row holds the headline only)."""
+    path = Path(row.get("dir") or "") / "result.json"
+    return (json.loads(path.read_text()).get("metrics") or {}) if row.get("dir") and path.is_file() else {}
 
 
 def _port(row: dict) -> dict:

@@ -149,6 +149,9 @@ class ModeConf:
     headline: ClassVar[Dict[str, str]] = {}  # short name -> the detailed metric it copies (`a | b`: the first found)
     per_batch: ClassVar[bool] = False  # verifies (and fingerprints) the job's batch of rows, not every observation row
     not_logged: ClassVar[Tuple[str, ...]] = ()  # headline names MLflow does not get as `answer/<name>`
+    # the metrics that answer the mode's own question, first on the runs page after the verdict (a headline name, logged
+    # as `answer/<name>`, or a logged metric's own name): where a verified point's error, cosine and p50 do not
+    first_screen: ClassVar[Tuple[str, ...]] = ()
 
     @classmethod
     def is_task(cls) -> bool:
@@ -238,6 +241,8 @@ class BenchmarkMode(ModeConf):
     per_batch: ClassVar[bool] = True
     not_logged: ClassVar[Tuple[str, ...]] = ("p50_us", "p99_us", "ort_p50_us", "eager_vs_ort", "obs_per_s", "server_qps",
                                              "miss_rate", "loop_hz_max")  # logged per backend at the job's batch instead
+    # with LoadGen's scenarios or the control loop: VALID/INVALID, the server's highest QPS, the deadline-miss rate
+    first_screen: ClassVar[Tuple[str, ...]] = ("loadgen/server/valid", "loadgen/server/max_qps", "control_loop/miss_rate")
     # at the job's own batch size ({batch}; a ladder without it: its largest): eager's and onnxruntime's p50 and
     # `eager_vs_ort` = eager p50 / onnxruntime p50 (> 1: torch is slower); throughput at the largest batch timed;
     # the LoadGen server's highest QPS under its p99 bound, and the control loop's miss rate and highest rate
@@ -411,6 +416,7 @@ class ReplayMode(ModeConf):
     headline: ClassVar[Dict[str, str]] = {
         "bitwise": "agreement/bitwise_share", "ulp_max": "agreement/ulp_max", "dual_ratio": "dual/worst_ratio",
         "lat_ratio": "latency_change/median_ratio", "lat_p": "latency_change/p_value"}
+    first_screen: ClassVar[Tuple[str, ...]] = ("bitwise", "dual_ratio", "lat_ratio")  # did the port hold
     bundle: Optional[str] = MISSING
     reference_point: Optional[str] = MISSING
     allow_other_model: bool = MISSING

@@ -83,7 +83,9 @@ ANSWER_ORDER = ("passed", ERROR, COSINE, "agreement_vs_fp64", "p50_us", "p99_us"
 OUTPUT_STATS = ("max_abs", "cosine_min_row", "agreement")  # per output vs fp64, each with its `_limit`
 BACKEND_STATS = ("p50_us", "obs_per_s")  # benchmark: per backend at the job's batch, as `<backend>/<stat>`
 LOADGEN_LATENCY = {"single_stream": "p90_us", "multi_stream": "p99_us", "server": "p99_us", "offline": "samples_per_s"}
-CONTROL_LOOP = ("control_loop/miss_rate", "control_loop/miss_rate_upper")  # the miss rate and its confidence bound
+CONTROL_LOOP = ("control_loop/miss_rate", "control_loop/miss_rate_upper", "control_loop/max_rate_hz")  # the miss rate,
+# its confidence bound, the highest rate within the miss budget; and LoadGen's server search: its highest QPS
+SERVER_SEARCH = ("loadgen/server/max_qps",)
 
 
 def logged_metrics(record: dict) -> dict[str, float]:
@@ -97,7 +99,7 @@ def logged_metrics(record: dict) -> dict[str, float]:
     out = {logged_name(n): head[n] for n in names if n in head}
     batch, _ = timed_batch(metrics, record.get("batch_size"))
     keys = [(f"{backend}/{s}", f"{backend}/b{b}/{s}") for backend, b, _ in ladder(metrics, "p50_us") if b == batch
-            for s in BACKEND_STATS] + [(k, k) for k in CONTROL_LOOP]
+            for s in BACKEND_STATS] + [(k, k) for k in (*CONTROL_LOOP, *SERVER_SEARCH)]
     keys += [(k, k) for s, latency in LOADGEN_LATENCY.items() for k in (f"loadgen/{s}/valid", f"loadgen/{s}/{latency}")]
     out.update({name: readable(key, metrics[key]) for name, key in keys if _finite(metrics.get(key))})
     stems = dict.fromkeys(k.split("/vs_fp64/")[0] for k in metrics if "/vs_fp64/" in k and k.count("/") == 2)
@@ -105,7 +107,14 @@ def logged_metrics(record: dict) -> dict[str, float]:
         value = metrics.get(f"{stem}/vs_fp64/{stat}{suffix}")
         if _finite(value) and f"{stem}/vs_fp64/{stat}_limit" in metrics:  # judged outputs only
             out[f"vs_fp64/{stem}/{stat}{suffix}"] = float(value) if suffix else readable(stat, float(value))
-    return dict(list(out.items())[:MAX_LOGGED])
+    own = [first_screen_name(n) for n in (modes()[mode].first_screen if mode in modes() else ())]
+    kept = {k: out[k] for k in [logged_name("passed"), *own] if k in out} | out  # the cap keeps the mode's own answer
+    return dict(list(kept.items())[:MAX_LOGGED])
+
+
+def first_screen_name(name: str) -> str:
+    """The MLflow metric a mode's `first_screen` entry is: a headline name as `answer/<name>`, a metric as itself."""
+    return name if "/" in name else logged_name(name)
 
 
 def logged_name(name: str) -> str:

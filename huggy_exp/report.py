@@ -11,11 +11,22 @@ import html
 import math
 from pathlib import Path
 
-from huggy_exp.headline import COSINE, ERROR, judged_limits
+from huggy_exp.headline import COSINE, ERROR, judged_limits, logged_metrics, logged_name, noisy
 from huggy_exp.results import atomic_write_text, expectation
 from huggy_exp.verify import FINGERPRINT
 
 REPORT = "report.html"
+# obs/s, defined once (timing.Timing.stats computes it): shown beside a figure whose obs/s is not batch / p50
+OBS_PER_S = ("obs/s = rows per call / the mean call time (every timed call counted, the slow ones too), so it is below "
+             "batch / p50 where a tail of slow calls lifts the mean above the median")
+
+
+def obs_per_s_differs(batch: int, p50_us: float | None, obs_per_s: float | None) -> bool:
+    """Whether a figure's obs/s is more than 10 % off batch / p50 (its definition then goes beside it)."""
+    return bool(p50_us and obs_per_s) and abs(obs_per_s * p50_us / (batch * 1e6) - 1) > 0.1
+
+
+OWN_ANSWERS = ("replay:", "record into", "loadgen job")  # compare.py's lines of sweeps that answer in their own terms
 STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1180px;color:#1f2328;padding:0 16px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #d0d7de;padding-bottom:4px}
 table{border-collapse:collapse;margin:6px 0;font-variant-numeric:tabular-nums}
@@ -138,6 +149,8 @@ def recommendation_section(comparison: dict) -> str:
                  ", ".join(o.get("jobs") or [o["job"]])] for o in rec.get("options") or []]
         if rows:
             parts.append(table(["choice (the dtype that ran, backend)", "verdict", "p50 µs", "obs/s", "job"], rows, {2, 3}))
+        if any(obs_per_s_differs(rec["batch_size"] or 0, o["p50_us"], o.get("obs_per_s")) for o in rec.get("options") or []):
+            parts.append(f"<p class=muted>{escape(OBS_PER_S)}.</p>")
     return "\n".join(parts)
 
 
@@ -155,7 +168,8 @@ def comparison_section(rows: list[dict], comparison: dict) -> str:
             "<p class=muted>No point of this sweep has a CPU fp32 point on the same inputs to compare with.</p>")
     parts = ["<h2>Against the reference point (CPU fp32, same inputs)</h2>",
              table(head, compared, {2, 3}) if compared else none]
-    lines = [line for line in comparison.get("lines", []) if line.startswith(("agreement", "device agreement", "dual benchmark", "record into", "replay:"))]
+    lines = [line for line in comparison.get("lines", []) if line.startswith(("agreement", "device agreement", "dual benchmark",
+                                                                           "record into", "replay:", "loadgen job"))]
     if lines:
         parts.append("<ul>" + "".join(f"<li><code>{escape(x)}</code></li>" for x in lines) + "</ul>")
     return "\n".join(parts)
@@ -165,7 +179,9 @@ def write_sweep_report(sweep_dir: Path, title: str, summary: dict, plots: list[P
     """report.html for a sweep: tally, verdicts with limits, reference comparison, recommendation, noise, plots."""
     rows = summary["rows"]
     noisy = [r for r in rows if r.get("noisy")]
+    found = [line for line in (summary.get("comparison") or {}).get("lines", []) if line.startswith(OWN_ANSWERS)]
     sections = [f"<h1>{escape(title)}</h1>", f"<p class=tally>{escape(summary['line'])}</p>",
+                *(f"<div class=rec><b>Found:</b> {escape(line)}</div>" for line in found),
                 recommendation_section(summary.get("comparison") or {}),
                 "<h2>Verdicts</h2>" + table(VERDICT_HEAD, verdict_rows(rows), {3, 4, 5, 6})]
     if noisy:
@@ -182,18 +198,18 @@ def write_sweep_report(sweep_dir: Path, title: str, summary: dict, plots: list[P
 def write_job_report(workdir: Path, record: dict, plots: list[Path]) -> Path:
     """report.html for one job: verdict and reason, headline figures with limits, every metric, environment, plots."""
     title = f"{record['run_name']}: {record['status'].upper()}"
-    head, metrics, model = record.get("headline_metrics") or {}, record.get("metrics") or {}, record.get("model") or {}
+    metrics, model = record.get("metrics") or {}, record.get("model") or {}
     sections = [f"<h1>{escape(record['run_name'])}</h1>",
                 f"<p class=tally>{verdict(record['status'])[1]} {escape(record.get('reason') or record.get('headline') or '')}</p>",
                 f"<p class=muted>mode {escape(record['mode'])} · device {escape(record['device'])} · dtype "
                 f"{escape(record['dtype'])} · batch {_e(record.get('batch_size'))} · model "
                 f"{escape('embedded synthetic default (not real Huggy weights)' if model.get('synthetic') else str(model.get('path')))}</p>"]
-    shown = dict(head)
-    if "p50_us" in head and metrics.get("latency/noisy"):
-        shown["p50_us"] = _noisy(head["p50_us"])
-    for h2, kind, pairs in (("Headline", "metric", [[k, v] for k, v in shown.items()]),
+    shown = logged_metrics(record)  # under the names MLflow shows them (`onnxruntime/p50_us`, not `ort_p50_us`)
+    if logged_name("p50_us") in shown and noisy(record):
+        shown[logged_name("p50_us")] = _noisy(shown[logged_name("p50_us")])
+    for h2, kind, pairs in (("Headline (as MLflow logs it)", "metric", [[k, v] for k, v in shown.items()]),
                             ("Limits this verdict used", "limit", [[k, v] for k, v in judged_limits(record).items()]),
-                            ("Every metric", "metric", [[k, v] for k, v in metrics.items() if k not in head])):
+                            ("Every metric", "metric", [[k, v] for k, v in metrics.items() if k not in shown])):
         if pairs:
             sections.append(f"<h2>{h2}</h2>" + table([kind, "value"], pairs, {1}))
     return _write(workdir, title, sections, plots, record.get("environment") or {})

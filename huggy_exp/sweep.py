@@ -259,6 +259,8 @@ def write_summary(sweep_dir: Path, summary: dict, plot: bool) -> list[Path]:
     advice = tracking.recommendation(summary["comparison"])
     if advice:
         md += [f"**Recommended:** {report.escape(advice)}", ""]
+    if found := tracking.own_answer(summary["comparison"]):  # record, replay, LoadGen: what they found, in view
+        md += [f"**Found:** {report.escape(found)}", ""]
     md += ["| " + " | ".join(report.VERDICT_HEAD) + " |", "|" + " --- |" * len(report.VERDICT_HEAD)]
     md += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in report.verdict_rows(summary["rows"])]
     comparison = summary["comparison"]

@@ -32,9 +32,9 @@ from urllib.parse import unquote, urlparse
 from huggy_exp.environment import flatten
 from huggy_exp.errors import UserError
 from huggy_exp.headline import (ANSWER, ANSWER_ORDER, COSINE, ERROR, fastest_backend, judged_limits,
-                                logged_metrics, logged_name, noisy, settings, timed_batch)
-from huggy_exp.report import escape, fmt
-from huggy_exp.config import VERDICTS
+                                first_screen_name, logged_metrics, logged_name, noisy, settings, timed_batch)
+from huggy_exp.report import OWN_ANSWERS, escape, fmt
+from huggy_exp.config import VERDICTS, modes
 from huggy_exp.results import update_result
 from huggy_exp.files import atomic_write, atomic_write_text, disk_full_message, flock, is_disk_full
 from huggy_exp.foreign import MAX_JSON_BYTES, read_capped, read_json
@@ -378,6 +378,7 @@ FINGERPRINT_COLUMN = "tags.`fingerprint`"
 FIRST_COLUMNS = tuple(c if "`" in c else f"metrics.`{logged_name(c)}`" for c in (
     "best_p50_us", "tags.`best_backend`", "best_obs_per_s", "metrics.`eager/p50_us`", ERROR, f"params.`{LIMIT_PARAM}`",
     COSINE, "p50_us", FINGERPRINT_COLUMN))
+OWN_COLUMNS = tuple(dict.fromkeys(f"metrics.`{first_screen_name(n)}`" for m in modes().values() for n in m.first_screen))
 # px: the verdict's, then every other column as wide as its header needs (HEADER_PX), so that the verdict and the
 # next five fit in the 623 px MLflow leaves beside its own name column at 1600 px with its Assistant panel open; the
 # batch size's, alone under MLflow's "Parameters" group header, as wide as that needs
@@ -407,8 +408,10 @@ def ui_link(settings: dict, experiment_id: str, run_id: str | None = None, view:
 
 def view_columns(present: set[str], batches: int = 1) -> list[str]:
     """The runs table's columns in display order (MLflow column ids) for a sweep whose runs have the columns `present`
-    (`metrics.<key>`, `params.<key>`, `tags.<key>`: `present_columns`) over `batches` distinct batch sizes."""
-    first = [c for c in FIRST_COLUMNS if c in present or c == FINGERPRINT_COLUMN]
+    (`metrics.<key>`, `params.<key>`, `tags.<key>`: `present_columns`) over `batches` distinct batch sizes: the verdict,
+    the modes' own answers (`first_screen`: a replay's bitwise agreement, a LoadGen run's validity), then the rest."""
+    own = [c for c in OWN_COLUMNS if c in present]
+    first = own + [c for c in FIRST_COLUMNS if (c in present or c == FINGERPRINT_COLUMN) and c not in own]
     answer = [f"metrics.`{logged_name(n)}`" for n in ANSWER_ORDER if n != "passed"]  # the verdict says passed in words
     rest = sorted((c for c in present if c.startswith(f"metrics.`{ANSWER}") and c not in first
                    and c != f"metrics.`{ANSWER}passed`"), key=lambda c: (c not in answer, answer.index(c) if c in answer else 0, c))
@@ -547,9 +550,12 @@ def _number(value) -> bool:
 
 def run_status(record: dict) -> str:
     """MLflow's status follows the verdict: failed or error is FAILED, an interrupted job KILLED, else FINISHED (the
-    verdict in words is the `verdict` tag)."""
+    verdict in words is the `verdict` tag); a case's point follows its expectation, as the sweep's exit code does: an
+    expected failure that failed is FINISHED, an expected pass that failed or an expected failure that passed FAILED."""
     if record.get("interrupted"):
         return "KILLED"
+    if record.get("expect") is not None and record.get("status") in ("passed", "failed"):
+        return "FINISHED" if record.get("expectation_met") else "FAILED"
     return "FAILED" if record.get("status") in ("failed", "error") else "FINISHED"
 
 
@@ -807,6 +813,12 @@ def recommendation(comparison: dict) -> str:
     return "; ".join(parts)
 
 
+def own_answer(comparison: dict) -> str:
+    """What a sweep's record, replay and LoadGen points found (compare.port_lines, loadgen_lines), in one line: the
+    parent's verdict where no dtype is recommended, beside the recommendation where one is."""
+    return "; ".join(line for line in comparison.get("lines", []) if line.startswith(OWN_ANSWERS))
+
+
 def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path], status: str = "FINISHED") -> dict | None:
     """Close the parent run with the sweep's tally, recommendation, comparison and files (the HTML report among them)
     and save the UI view of the sweep's runs; returns its UI addresses {"parent": ..., "runs": ...} (full URLs for a
@@ -821,11 +833,13 @@ def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path],
 
             run_id, stamp = info["parent_run_id"], int(time.time() * 1000)
             comparison = summary.get("comparison") or {}
-            advice = recommendation(comparison)
-            head = escape(summary.get("line", "")) + (f" · **Recommended** {escape(advice)}" if advice else "")  # in view
+            advice, found = recommendation(comparison), own_answer(comparison)
+            head = escape(summary.get("line", "")) + "".join(  # in view: the one-line answer, before "Show more"
+                f" · **{word}** {escape(text)}" for word, text in (("Recommended", advice), ("Found", found)) if text)
             note = "\n\n".join(filter(None, [head, "\n".join(f"- {escape(x)}" for x in comparison.get("lines", []))]))
-            tags = {"mlflow.note.content": note, **({"recommendation": advice, "verdict": f"recommends {advice}"}
-                                                    if advice else {})}
+            verdict = "; ".join(filter(None, [advice and f"recommends {advice}", found]))
+            tags = {"mlflow.note.content": note, **({"recommendation": advice} if advice else {}),
+                    **({"verdict": verdict} if verdict else {})}
             tally = [Metric(f"jobs_{k}", float(v), stamp, 0) for k, v in summary.get("tally", {}).items()]
             store.client.log_batch(run_id, metrics=tally, tags=[RunTag(k, v[:MAX_TAG_CHARS]) for k, v in tags.items()])
             if rows := comparison.get("table"):  # as the column dict log_table takes (shown in the UI's artifact view)
@@ -912,6 +926,7 @@ def sweep_runs(settings: dict, sweep_id: str | None = None) -> dict:
                        "artifacts": [a.path for a in store.client.list_artifacts(parent.run_id)]},
             "children": [{"id": c.info.run_id, "name": c.info.run_name, "metrics": dict(c.data.metrics),
                           "status": c.data.tags.get("status", ""), "reason": c.data.tags.get("reason", ""),
+                          "verdict": c.data.tags.get("verdict", ""),
                           "params": dict(c.data.params),
                           "headline": [k for k in c.data.metrics if k.startswith((ANSWER, "best/"))]} for c in children]}
 

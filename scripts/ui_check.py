@@ -128,7 +128,8 @@ class Check:
 
 def first_screen(sweep: dict) -> list[tuple[str, str]]:
     """(column id, what it is) that must be in view on the runs page: verdict first, then the headline columns."""
-    wanted = {"tags.`verdict`": "the verdict", f"params.`{tracking.BATCH_PARAM}`": "the batch size", **dict(zip(
+    wanted = {"tags.`verdict`": "the verdict", f"params.`{tracking.BATCH_PARAM}`": "the batch size",
+              **{c: f"the mode's own answer {c.split('`')[1]}" for c in tracking.OWN_COLUMNS}, **dict(zip(
         tracking.FIRST_COLUMNS, ("the fastest backend's p50", "the fastest backend", "the fastest backend's obs/s",
                                  "eager's p50", "error vs fp64", "its limit", "cosine", "p50 at the job's batch",
                                  "fingerprint prefix")))}
@@ -257,14 +258,21 @@ def check_metrics(check: Check, sweep: dict) -> None:
 
 
 def check_failed(check: Check, sweep: dict) -> None:
-    """A failed point's run reads Failed (MLflow's status follows the verdict), not MLflow's green Finished."""
-    child = next((c for c in sweep["children"] if c["status"] == "failed"), None)
-    if child is None:
+    """A failed point's run reads Failed (MLflow's status follows the verdict), not MLflow's green Finished; a case's
+    expected failure reads Finished, its verdict `failed as expected` (the answer the case asked for)."""
+    failed = [c for c in sweep["children"] if c["status"] == "failed"]
+    if not failed:
         print("  failed: no failed point in this sweep")
-    elif not re.search(r"Status\s+Failed", check.read("failed", run_path(sweep, child["id"]), shows(child["name"]))):
-        check.miss("failed", f"{child['name']}: failed, but its run's status does not read Failed")
-    else:
-        print(f"    {child['name']}: status Failed")
+    for child in failed:
+        expected = child["verdict"].startswith("failed as expected")
+        word = "Finished" if expected else "Failed"
+        text = check.read("failed" + "-expected" * expected, run_path(sweep, child["id"]), shows(child["name"]))
+        if not re.search(rf"Status\s+{word}", text):
+            check.miss("failed", f"{child['name']}: {child['verdict'][:40]!r}, but its run's status does not read {word}")
+        elif expected and "failed as expected" not in text:
+            check.miss("failed", f"{child['name']}: an expected failure whose page does not say `failed as expected`")
+        else:
+            print(f"    {child['name']}: status {word}" + (", verdict failed as expected" if expected else ""))
 
 
 def check_parent(check: Check, sweep: dict) -> None:

@@ -364,3 +364,75 @@ def test_a_latency_plot_without_throughput_has_no_empty_throughput_panel(tmp_pat
     both = plots.versus_batch(tmp_path / "b.png", {"cpu fp32 eager": {"p50_us": [(8, 200.0)], "obs_per_s": [(8, 4e4)]}}, "t")
     (w1, h1), (w2, h2) = (Image.open(tmp_path / f).size for f in (only_latency, both))
     assert w1 / h1 < 1.6 < w2 / h2
+
+
+# --- each mode's first screen answers its own question (issue 35, rows 3, 6, 10)
+
+BENCHMARK_METRICS = {
+    **{f"{b}/b8/{s}": v for b in ("eager", "onnxruntime") for s, v in (("p50_us", 200.0), ("obs_per_s", 4e4), ("noisy", 0.0))},
+    **{f"loadgen/{s}/valid": float(s != "server") for s in ("single_stream", "multi_stream", "offline", "server")},
+    **{f"loadgen/{s}/{k}": 10.0 for s in ("single_stream", "multi_stream", "server") for k in ("p90_us", "p99_us")},
+    "loadgen/offline/samples_per_s": 5e4, "loadgen/server/max_qps": 212.4, "control_loop/rate_hz": 500.0,
+    "control_loop/miss_rate": 0.979, "control_loop/miss_rate_upper": 0.99, "control_loop/max_rate_hz": 120.0,
+    "latency/p50_us": 200.0, **{f"{o}/vs_fp64/{m}{x}": 1e-6 for o in ("actions", "memories")
+                                 for m in ("max_abs", "cosine_min_row") for x in ("", "_limit")},
+    "actions/vs_fp64/kl_max": 1e-9, "actions/vs_fp64/mean_shift_sigma_max": 1e-4}
+
+
+def test_loadgens_answer_is_one_line_and_survives_the_metric_cap():
+    """VALID/INVALID, the server's highest QPS and the deadline-miss rate: in the run's first line and among the 20
+    metrics MLflow gets (the cap had cut the highest QPS and the loop's highest rate)."""
+    from huggy_exp import loadgen
+
+    said = loadgen.answer(BENCHMARK_METRICS)
+    assert said == ("single_stream VALID; multi_stream VALID; offline VALID; server INVALID (highest QPS with p99 in "
+                    "bound 212); control loop: miss rate 97.9% at 500 Hz (highest rate within the miss budget 120 Hz)")
+    logged = headline.logged_metrics({"mode": "benchmark", "status": "passed", "batch_size": 8, "metrics": BENCHMARK_METRICS})
+    assert len(logged) <= headline.MAX_LOGGED
+    assert {"loadgen/server/valid", "loadgen/server/max_qps", "control_loop/miss_rate", "control_loop/max_rate_hz"} <= set(logged)
+    assert list(logged)[:4] == ["answer/passed", "loadgen/server/valid", "loadgen/server/max_qps", "control_loop/miss_rate"]
+
+
+def test_a_replay_sweeps_runs_page_leads_with_did_the_port_hold():
+    present = {f"metrics.`answer/{k}`" for k in ("bitwise", "ulp_max", "dual_ratio", "lat_ratio", "lat_p", "p50_us")}
+    columns = tracking.view_columns(present | {"tags.`fingerprint`"})
+    assert columns[:4] == ["tags.`verdict`", "metrics.`answer/bitwise`", "metrics.`answer/dual_ratio`",
+                           "metrics.`answer/lat_ratio`"]
+    precision = tracking.view_columns({"metrics.`answer/max_abs`", "params.`limit/max_abs`", "metrics.`answer/cosine`"})
+    assert precision[:4] == ["tags.`verdict`", "metrics.`answer/max_abs`", "params.`limit/max_abs`", "metrics.`answer/cosine`"]
+
+
+def test_a_replay_sweeps_parent_states_what_it_found_in_its_verdict_and_first_line(tmp_path):
+    import mlflow
+
+    settings = {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    tracking.start_sweep(settings, tmp_path / "sweep", "feed02", ["-m", "mode=replay", "threads=1,2"], 2)
+    line = ("replay: 2 point(s); bitwise equal to their recording: 2/2 (worst 0 ULP); dual benchmark: pass 2 (ratios "
+            "1..1); latency vs recording: within tolerance 2 (ratios 0.98..1.03)")
+    summary = {"rows": [], "tally": {"passed": 2}, "line": "2/2 passed, 0 failed, 0 skipped, 0 error",
+               "comparison": {"recommended": {}, "lines": ["device agreement fp32 (bundle b): all bit-identical", line],
+                              "table": []}}
+    tracking.end_sweep(settings, tmp_path / "sweep", summary, [])
+    (parent,) = mlflow.MlflowClient(settings["uri"]).search_runs(["1"], "tags.sweep_id = 'feed02'")
+    assert parent.data.tags["verdict"] == line
+    assert parent.data.tags["mlflow.note.content"].split("\n")[0].endswith(f"**Found** {report.escape(line)}")
+
+
+def test_a_jobs_report_names_its_headline_as_mlflow_does(tmp_path):
+    record = {"run_name": "benchmark-cpu-fp32-b8", "status": "passed", "mode": "benchmark", "device": "cpu",
+              "dtype": "fp32", "batch_size": 8, "metrics": BENCHMARK_METRICS,
+              "headline_metrics": headline.headline_metrics("benchmark", BENCHMARK_METRICS, "passed", 8)}
+    assert "ort_p50_us" in record["headline_metrics"]
+    page = report.write_job_report(tmp_path, record, []).read_text()
+    assert "onnxruntime/p50_us" in page and "ort_p50_us" not in page and "answer/max_abs" in page
+
+
+def test_obs_per_s_says_what_it_is_where_it_is_not_batch_over_p50():
+    """Issue 35, row 10: b1 at p50 77.6 µs beside 5,010 obs/s (a tail of slow calls) read as a contradiction."""
+    rows = [_bench("0", "fp32", 1, {"eager": 77.6})]
+    rows[0]["throughput_points"] = [["eager", 1, 5010.0]]
+    rec = recommend(rows)["cpu at batch 1"]
+    assert report.OBS_PER_S in rec["why"] and report.OBS_PER_S in report.recommendation_section({"recommended": {"x": rec}})
+    rows[0]["throughput_points"] = [["eager", 1, 1e6 / 77.6]]
+    rec = recommend(rows)["cpu at batch 1"]
+    assert report.OBS_PER_S not in rec["why"] and report.OBS_PER_S not in report.recommendation_section({"recommended": {"x": rec}})

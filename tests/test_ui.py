@@ -79,13 +79,26 @@ def test_a_skipped_point_reads_its_reason_and_a_noisy_one_says_so():
     assert tracking.verdict({"status": "passed", "metrics": {"latency/noisy": 0.0}}) == "passed"
 
 
-def test_a_cases_expected_failure_reads_as_expected_in_mlflow():
-    """Issue 35, row 5: the terminal and the report say `expected FAILED: met`; MLflow's verdict too."""
+def test_a_cases_expected_failure_reads_as_expected_in_mlflow_and_is_not_a_red_failed_run():
+    """Issue 35, row 5: the terminal and the report say `expected FAILED: met`; MLflow's verdict and run status too."""
     met = {"status": "failed", "reason": "vs cpu fp64: KL 0.02 > 0.01", "expect": "failed", "expectation_met": True}
     assert tracking.verdict(met) == "failed as expected: vs cpu fp64: KL 0.02 > 0.01"
+    assert tracking.run_status(met) == "FINISHED"
     missed = {"status": "passed", "expect": "failed", "expectation_met": False, "metrics": {}}
-    assert tracking.verdict(missed) == "passed, expected failed"
-    assert tracking.verdict({"status": "failed", "reason": "over its limit", "expect": None}) == "failed: over its limit"
+    assert tracking.verdict(missed) == "passed, expected failed" and tracking.run_status(missed) == "FAILED"
+    plain = {"status": "failed", "reason": "over its limit", "expect": None}
+    assert tracking.verdict(plain) == "failed: over its limit" and tracking.run_status(plain) == "FAILED"
+
+
+def test_a_single_run_prints_where_to_open_it(tmp_path, capsys):
+    """Issue 35, row 10: a sweep ends with its runs' address; a single run printed only its run id."""
+    from conftest import run_job
+
+    job = run_job(tmp_path / "job", "action", "obs.rows=4", tracking=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run_id = job.record["tracking"]["run_id"]
+    out = capsys.readouterr().out
+    assert f"UI: http://127.0.0.1:5000/#/experiments/{job.record['tracking']['experiment_id']}/runs/{run_id}?" in out
+    assert "`python run.py mode=ui tracking.uri=sqlite:///" in out
 
 
 def test_limits_are_params_under_keys_every_dtype_shares():
@@ -406,7 +419,9 @@ def more_sweeps(ui_sweep):
     for name, args in (("benchmark", ["mode=benchmark", "batch_size=1,64,1024", "mode.backends=[eager,onnxruntime]",
                                       "mode.scenarios=[offline]", "mode.rounds=1", "mode.budget_s=0.1",
                                       "mode.warmup_s=0.02", "mode.settle_s=0"]),
-                       ("failed", ["case=precision_bf16_relative_fail", "obs.rows=4"])):
+                       # the same failing point twice: plainly, and as a case that expects it to fail
+                       ("failed", ["mode=precision", "dtype=bf16", "obs.rows=4", "mode.relative.warn=0.5",
+                                   "mode.relative.fail=0.5", "expect=null,failed"])):
         folder = Path(ui_sweep["uri"][len("sqlite:///"):]).parent / name
         done = subprocess.run([PYTHON, "run.py", "-m", *args, f"hydra.sweep.dir={folder}", f"tracking.uri={ui_sweep['uri']}"],
                               cwd=REPO, env=ui_sweep["env"], capture_output=True, text=True, timeout=600)
@@ -425,10 +440,10 @@ def test_a_benchmark_sweep_shows_each_batch_its_fastest_backend_and_eager_first(
 
 @pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
-def test_a_failed_point_reads_failed_in_the_ui(ui_sweep, more_sweeps):
+def test_a_failed_point_reads_failed_in_the_ui_and_an_expected_failure_reads_as_expected(ui_sweep, more_sweeps):
     check = _check(ui_sweep, SHOTS / "failed", "--sweep", more_sweeps["failed"], "--only", "failed", "metrics")
     assert check.returncode == 0, check.stdout[-4000:] + check.stderr[-3000:]
-    assert "status Failed" in check.stdout
+    assert "status Failed" in check.stdout and "status Finished, verdict failed as expected" in check.stdout
 
 
 @pytest.mark.slow

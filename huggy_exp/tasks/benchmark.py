@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from huggy_exp import energy, plots, timing
+from huggy_exp import energy, loadgen, plots, timing
 from huggy_exp.config import BenchmarkMode, ran_dtype
 from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported, UserError, first_line
@@ -217,7 +217,8 @@ class BenchmarkTask(Task):
                               "threads": float(threads), "batch_size": float(b)}
             result.metrics.update({f"latency/{k}": v for k, v in result.latency.items()})
         verify_point(ctx, result, eager, feeds[b])
-        result.headline += f"; {ladder}"
+        said = loadgen.answer(result.metrics)  # LoadGen's and the control loop's own answer, on the first line too
+        result.headline += f"; {ladder}" + (f"; {said}" if said else "")
 
     def scenarios_on(self, ctx: Context, runners: dict, timings: dict, feeds: dict, points: list[int], result: Result) -> None:
         """LoadGen's scenarios and the control loop on the job's backend (skipped, with the reason, if it is not timed)."""
