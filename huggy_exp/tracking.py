@@ -652,14 +652,14 @@ def _per_dtype(key: str, dtype: str) -> bool:
 
 
 def verdict(record: dict) -> str:
-    """The verdict as the runs table's first column shows it: `passed`, `passed, p50 noisy`, `skipped: <why>`; a case's
+    """The verdict as the runs table's first column shows it: `passed`, `passed, noisy` (its p50), `skipped: <why>`; a case's
     point says whether it met its expected verdict: `failed as expected: <why>`, `passed, expected failed`."""
     status, reason, expect = record["status"], record.get("reason"), record.get("expect")
     if expect is not None:
         status += " as expected" if record.get("expectation_met") else f", expected {expect}"
     if record["status"] != "passed" and reason:
         return f"{status}: {reason}"
-    return f"{status}, p50 noisy" if noisy(record) else status
+    return f"{status}, noisy" if noisy(record) else status  # its p50: `passed, p50 noisy` was cut in 112 px
 
 
 def artifacts(record: dict, workdir: Path, inside_only: bool = True) -> list[Path]:

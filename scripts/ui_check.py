@@ -198,6 +198,8 @@ def _check_points(check: Check, name: str, children: list[dict], rows: dict, col
         cell = row.get("tags.`verdict`", {"text": "", "seen": False})
         if not cell["seen"] or not cell["text"].startswith(child["status"]):
             check.miss(name, f"{child['name']}: verdict {cell['text']!r} does not read {child['status']!r} in view")
+        elif cell.get("cut") and ": " not in child["verdict"]:  # a reason may run on (it is whole in `reason`)
+            check.miss(name, f"{child['name']}: its verdict {child['verdict']!r} is cut ({cell['text']!r})")
         if child["status"] == "skipped" and child["reason"] and child["reason"][:12] not in cell["text"]:
             check.miss(name, f"{child['name']}: skipped without its reason in view ({cell['text']!r})")
     child = next((c for c in children if c["headline"]), None)

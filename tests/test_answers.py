@@ -321,7 +321,7 @@ def test_a_point_is_noisy_where_its_own_p50_is_and_nowhere_else():
     assert "noisy" not in str(report.verdict_rows([row])[0])
     record["latency"]["noisy"] = record["metrics"]["latency/noisy"] = 1.0
     row["noisy"] = headline.noisy(record)
-    assert tracking.verdict(record) == "passed, p50 noisy" and "(noisy)" in sweep.point_figures(record)
+    assert tracking.verdict(record) == "passed, noisy" and "(noisy)" in sweep.point_figures(record)
     assert "noisy" in str(report.verdict_rows([row])[0])
 
 
