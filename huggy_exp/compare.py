@@ -231,7 +231,7 @@ def _pick(device: str, batch: int, here: list[dict]) -> dict:
     row = next((r for r in judged if r["job"] == choice["job"]), judged[0])  # the point that judged the dtype that ran
     rec.update({k: choice[k] for k in ("dtype", "backend", "p50_us", "obs_per_s", "job", "noisy", "jobs")})
     return {**rec, "tie": [o["label"] for o in tied if o is not choice],
-            "why": _why(choice, [o for o in eligible if o is not choice], tied, batch, row)}
+            "why": _why(choice, [o for o in eligible if o not in tied], tied, batch, row)}
 
 
 def tie(a: dict, b: dict) -> bool:
