@@ -34,7 +34,7 @@ from huggy_exp.errors import UserError
 from huggy_exp.headline import (ANSWER, ANSWER_ORDER, COSINE, ERROR, fastest_backend, judged_limits,
                                 first_screen_name, logged_metrics, logged_name, noisy, settings, timed_batch)
 from huggy_exp.report import OWN_ANSWERS, escape, fmt
-from huggy_exp.config import VERDICTS, modes
+from huggy_exp.config import VERDICTS, modes, ran_dtype
 from huggy_exp.results import update_result
 from huggy_exp.files import atomic_write, atomic_write_text, disk_full_message, flock, is_disk_full
 from huggy_exp.foreign import MAX_JSON_BYTES, read_capped, read_json
@@ -621,7 +621,9 @@ def run_tags(record: dict, parent: str | None) -> dict[str, str]:
     if record.get("overrides") is not None:
         tags["overrides"] = " ".join(record["overrides"])
     metrics = record.get("metrics") or {}
-    optional = {"best_backend": fastest_backend(metrics, timed_batch(metrics, record.get("batch_size"))[0]),  # benchmark
+    best = fastest_backend(metrics, timed_batch(metrics, record.get("batch_size"))[0])  # benchmark: named with the dtype
+    ran = best and ran_dtype(best, record["dtype"])  # it ran where that is not the point's (onnxruntime's fp32 graph)
+    optional = {"best_backend": best and (best if ran == record["dtype"] else f"{best} ({ran})"),
                 "case": record.get("case"), "emulated": record.get("emulated") and "true", "sweep_id": sweep.get("id"),
                 "job_num": str(sweep.get("num")) if sweep else None, "mlflow.parentRunId": parent}
     tags.update({k: v for k, v in optional.items() if v})

@@ -436,3 +436,11 @@ def test_obs_per_s_says_what_it_is_where_it_is_not_batch_over_p50():
     rows[0]["throughput_points"] = [["eager", 1, 1e6 / 77.6]]
     rec = recommend(rows)["cpu at batch 1"]
     assert report.OBS_PER_S not in rec["why"] and report.OBS_PER_S not in report.recommendation_section({"recommended": {"x": rec}})
+
+
+def test_a_bf16_runs_fastest_backend_is_named_with_the_dtype_it_ran():
+    metrics = {"eager/b8/p50_us": 200.0, "onnxruntime/b8/p50_us": 80.0, "eager/b8/obs_per_s": 4e4,
+               "onnxruntime/b8/obs_per_s": 1e5}
+    record = {"mode": "benchmark", "device": "cpu", "status": "passed", "batch_size": 8, "job_id": "j", "metrics": metrics}
+    assert tracking.run_tags({**record, "dtype": "bf16"}, None)["best_backend"] == "onnxruntime (fp32)"
+    assert tracking.run_tags({**record, "dtype": "fp32"}, None)["best_backend"] == "onnxruntime"
