@@ -28,6 +28,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 from browser import Browser, BrowserError, find_browser  # noqa: E402
 
 from huggy_exp import headline, tracking, ui  # noqa: E402
+from huggy_exp.config import ran_dtype  # noqa: E402
 from huggy_exp.errors import UserError  # noqa: E402
 
 WIDTH, HEIGHT = 1600, 1000
@@ -285,6 +286,22 @@ def check_parent(check: Check, sweep: dict) -> None:
         check.miss("parent", f"the tally ({tally!r}) is not in view in the parent's description")
     if parent["recommendation"] and not seen.get("Recommended"):
         check.miss("parent", "the recommendation is not in view in the parent's description")
+    check_recommended(check, sweep)
+
+
+def check_recommended(check: Check, sweep: dict) -> None:
+    """Every pick names a dtype that really ran its figure (config.ran_dtype: onnxruntime's fp32 graph in a bf16 job is
+    an fp32 figure), as the sweep's summary.json records the pick and its job."""
+    summary = Path(sweep["report"] or "").with_name("summary.json")
+    if not sweep["report"] or not summary.is_file():
+        return
+    found = json.loads(summary.read_text())
+    rows = {r["job"]: r for r in found["rows"]}
+    for where, rec in (found["comparison"].get("recommended") or {}).items():
+        row = rows.get(rec.get("job"))
+        if rec.get("dtype") and row and rec["dtype"].split("-")[0] != ran_dtype(rec["backend"], row["dtype"]):
+            check.miss("parent", f"{where}: recommends {rec['dtype']} {rec['backend']}, but job {row['job']}'s "
+                                 f"{rec['backend']} ran {ran_dtype(rec['backend'], row['dtype'])}")
 
 
 def check_images(check: Check, sweep: dict) -> None:

@@ -476,3 +476,20 @@ def test_ui_check_fails_when_the_store_has_no_sweep(tmp_path):
     proc = subprocess.run([PYTHON, "scripts/ui_check.py", "--store", f"sqlite:///{tmp_path / 'empty.db'}"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and ("no sweep" in proc.stderr or "Chromium" in proc.stderr)
+
+
+def test_the_browser_check_fails_on_a_recommendation_whose_dtype_did_not_run(tmp_path):
+    """What the issue's sweep recommended before: `bf16 onnxruntime` from the bf16 job, whose onnxruntime ran fp32."""
+    check_mod = _ui_check()
+    rec = {"dtype": "bf16", "backend": "onnxruntime", "job": "1", "batch_size": 1}
+    summary = {"rows": [{"job": "0", "dtype": "fp32"}, {"job": "1", "dtype": "bf16"}],
+               "comparison": {"recommended": {"cpu at batch 1": rec}}}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    check = check_mod.Check("chromium", "http://127.0.0.1:1", tmp_path, tmp_path)
+    check_mod.check_recommended(check, {"report": str(tmp_path / "report.html")})
+    assert check.missing == ["parent: cpu at batch 1: recommends bf16 onnxruntime, but job 1's onnxruntime ran fp32"]
+    rec.update(dtype="fp32")
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    check.missing.clear()
+    check_mod.check_recommended(check, {"report": str(tmp_path / "report.html")})
+    assert check.missing == []
