@@ -877,16 +877,21 @@ def sweep_list(store: Store) -> str:
                                                 for p in parents if p.data.tags.get("sweep_id")])
 
 
+LINK = " (runs)"  # each name's link: the name itself stays plain text
+
+
 def one_line(head: str, links: list[tuple[str, str]], chars: int = DESCRIPTION_CHARS) -> str:
-    """`head` and as many markdown links (text, url) as fit one line of `chars` visible characters, the first always
-    (its text cut with "…" where it alone is longer): a second line would show cut in half in MLflow's collapsed box."""
+    """`head` and as many names with their link (text, url) as fit one line of `chars` visible characters, the first
+    always (its text cut with "…" where it alone is longer): a second line would show cut in half in MLflow's collapsed
+    box. Each name is plain text followed by its `(runs)` link: MLflow's home page lists the description unrendered, and
+    it reads `Sweeps, newest first: sweep mode=…` there, not `[sweep mode=…](#/experiments/…`."""
     room, shown = chars - len(head), []
     for text, url in links:
-        if shown and len(text) + 3 > room:
+        if shown and len(text) + len(LINK) + 3 > room:
             break
-        text = text if len(text) <= room else text[:max(room - 1, 8)] + "…"
-        shown.append(f"[{escape(text)}]({url})")
-        room -= len(text) + 3
+        text = text if len(text) + len(LINK) <= room else text[:max(room - len(LINK) - 1, 8)] + "…"
+        shown.append(f"{escape(text)} ([{LINK.strip(' ()')}]({url}))")
+        room -= len(text) + len(LINK) + 3
     return head + " · ".join(shown)
 
 

@@ -139,12 +139,13 @@ def test_the_experiment_description_lists_only_the_sweeps_that_fit_its_one_line(
 
     long = [(f"sweep mode=precision dtype=fp32,fp16,bf16 device=cpu,npu:{i} · 12-02 01:5{i}", f"#/x{i}") for i in range(3)]
     text = tracking.one_line("Sweeps, newest first: ", long)
-    assert visible(text) == "Sweeps, newest first: " + long[0][0] and "#/x0" in text and "#/x1" not in text
-    short = [(f"sweep seed=1,2 · 0{i}:00", f"#/s{i}") for i in range(3)]
-    assert visible(tracking.one_line("Sweeps, newest first: ", short)).count("sweep seed") == 3
+    assert visible(text) == "Sweeps, newest first: " + long[0][0] + " (runs)" and "#/x0" in text and "#/x1" not in text
+    assert text.startswith("Sweeps, newest first: sweep mode=precision")  # MLflow's home page shows it unrendered
+    short = [(f"sweep s=1 · 0{i}:00", f"#/s{i}") for i in range(3)]
+    assert visible(tracking.one_line("Sweeps, newest first: ", short)).count("sweep s=1") == 3
     huge = [("sweep " + "dtype=fp32,fp16,bf16,int8,int8w " * 5, "#/h")]
     shown = visible(tracking.one_line("Sweeps, newest first: ", huge))
-    assert len(shown) <= tracking.DESCRIPTION_CHARS and shown.endswith("…") and "#/h" in tracking.one_line("", huge)
+    assert len(shown) <= tracking.DESCRIPTION_CHARS and shown.endswith("… (runs)") and "#/h" in tracking.one_line("", huge)
 
 
 @pytest.mark.slow
@@ -391,7 +392,8 @@ def ui_sweep(tmp_path_factory, huggy_exp_cache):
                             f"tracking.ui_port={port}"],
                            cwd=REPO, env=subprocess_env(huggy_exp_cache), capture_output=True, text=True, timeout=600)
     assert sweep.returncode == 0, sweep.stdout[-2000:] + sweep.stderr[-3000:]
-    return {"uri": uri, "port": port, "env": subprocess_env(huggy_exp_cache), "out": sweep.stdout}
+    return {"uri": uri, "port": port, "env": subprocess_env(huggy_exp_cache), "out": sweep.stdout,
+            "id": json.loads((tmp / "sweep" / tracking.SWEEP_FILE).read_text())["id"]}  # tests run in any order
 
 
 def _check(ui_sweep: dict, shots: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -404,7 +406,8 @@ def _check(ui_sweep: dict, shots: Path, *extra: str) -> subprocess.CompletedProc
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
 def test_the_ui_answers_which_dtype_is_safe_and_how_fast_on_its_first_screen(ui_sweep):
     assert "runs:       http://127.0.0.1:" in ui_sweep["out"] and "viewStateShareKey=" in ui_sweep["out"]
-    check = _check(ui_sweep, SHOTS / "passing", "--screenshot", str(REPO / "docs" / "ui_runs.png"))  # the docs' picture
+    check = _check(ui_sweep, SHOTS / "passing", "--sweep", ui_sweep["id"],  # not the newest: more_sweeps may be
+                   "--screenshot", str(REPO / "docs" / "ui_runs.png"))  # the docs' picture
     assert check.returncode == 0, check.stdout[-4000:] + check.stderr[-3000:]
     assert "ui check: passed" in check.stdout and "sections: answer (" in check.stdout
     for page in ("runs", "root", "experiment", "child", "metrics", "parent", "artifact-summary-md", "compare",
