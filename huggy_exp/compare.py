@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from huggy_exp import certify, loadgen, plots
-from huggy_exp.config import DTYPE_NAMES, GRAPH_BACKENDS, modes, numerics_label, ran_dtype
+from huggy_exp.config import DTYPE_NAMES, GRAPH_BACKENDS, PLAN_PREFIX, modes, numerics_label, ran_dtype
 from huggy_exp.headline import ERROR
 from huggy_exp.foreign import check_npy
 from huggy_exp.report import OBS_PER_S, fmt, obs_per_s_differs
@@ -56,7 +56,7 @@ def compare(rows: list[dict]) -> dict:
     # continuous actions, the share of discrete decisions equal to its (against another point only)
     for row, stem in ((row, stem) for row in rows for stem in ("actions", "discrete_actions")):
         mine = outputs[row["job"]].get(stem)
-        refs = [r for r in rows if r["device"] == "cpu" and r["dtype"] == "fp32" and inputs_key(r) == inputs_key(row)
+        refs = [r for r in rows if r["device"] == "cpu" and numerics(r) == "fp32" and inputs_key(r) == inputs_key(row)
                 and (stem == "actions" or r is not row) and mine is not None
                 and getattr(outputs[r["job"]].get(stem), "shape", None) == mine.shape]
         if not refs or len(refs) == 1 and refs[0] is row:
@@ -164,7 +164,8 @@ def timed_points(judged: list[dict]) -> list[dict]:
             if isinstance(p50, (int, float)) and math.isfinite(p50):
                 where = (backend, int(batch))
                 out.append({"row": r, "backend": backend, "batch": int(batch), "p50_us": float(p50),
-                            "dtype": numerics_label(ran_dtype(backend, r["dtype"]), r.get("precision_mode")),
+                            "dtype": numerics(r) if ran_dtype(backend, r["dtype"]) == r["dtype"]  # a plan stays one
+                            else numerics_label(ran_dtype(backend, r["dtype"]), r.get("precision_mode")),
                             "iqr_us": extra["iqr"].get(where), "obs_per_s": extra["throughput"].get(where),
                             "noisy": bool(extra["noisy"].get(where, r.get("noisy")))})
     return out
@@ -275,13 +276,18 @@ def _provenance(dtype: str, backend: str, timed: list[dict]) -> str:
 
 
 def _precise_first(numerics: str) -> tuple[int, bool]:
-    """The more precise of two choices sorts higher: the wider dtype, and within a dtype IEEE over tf32/hf32."""
+    """The more precise of two choices sorts higher: the wider dtype, and within a dtype IEEE over tf32/hf32; a precision
+    plan (several dtypes) lowest."""
+    if numerics.startswith(PLAN_PREFIX):
+        return -1, False
     dtype, _, mode = numerics.partition("-")
     return DTYPE_NAMES.index(dtype), not mode
 
 
 def _narrow_first(numerics: str) -> tuple[int, str]:
-    """Narrowest first (config.DTYPE_NAMES: int8 ... fp64); within a dtype, ieee before tf32/hf32."""
+    """Narrowest first (config.DTYPE_NAMES: int8 ... fp64); within a dtype, ieee before tf32/hf32; plans last."""
+    if numerics.startswith(PLAN_PREFIX):
+        return len(DTYPE_NAMES), numerics
     dtype, _, mode = numerics.partition("-")
     return DTYPE_NAMES.index(dtype), mode
 
@@ -295,7 +301,8 @@ def _why(choice: dict, others: list[dict], tied: list[dict], batch: int, row: di
     """The figures a pick rests on, all measured at one batch size; the error is that of the point that judged the dtype
     that ran (`row`)."""
     word = "fastest passing" + ("" if len(tied) == 1 else " within noise (a tie: their IQRs overlap), the more precise")
-    text = (f"{word} at batch {batch}: {choice['label']}, p50 {fmt(choice['p50_us'])} µs"
+    plan = " (a precision plan, compared like for like: same device, batch and backend)" * choice["dtype"].startswith(PLAN_PREFIX)
+    text = (f"{word} at batch {batch}: {choice['label']}{plan}, p50 {fmt(choice['p50_us'])} µs"
             + (f", {fmt(choice['obs_per_s'])} obs/s" if choice.get("obs_per_s") else "") + f" (job {choice['job']}, {choice['mode']})")
     if obs_per_s_differs(batch, choice["p50_us"], choice.get("obs_per_s")):
         text += f" ({OBS_PER_S})"
