@@ -146,6 +146,9 @@ def _auth_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
+# --- the store: where it is, whether it answers, its lock, MLflow imported once
+
+
 def _sqlite_path(uri: str) -> Path | None:
     return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
 
@@ -380,6 +383,8 @@ class Store:
         """The sweeps' parent runs, newest first."""
         return self.runs(f"tags.`{PARENT_TAG}` = 'true'" + also, n, order_by=["attributes.start_time DESC"])
 
+
+# --- the UI: run URLs and the columns a sweep's view opens on
 
 UI_VIEW = "workflowType=machine_learning"  # MLflow 3 UI: without it an experiment opens on its GenAI (traces) pages
 SHARED_VIEW = "mlflow.sharedViewState."  # experiment tag the UI reads for `?viewStateShareKey=<key>` (its Share button)
@@ -705,6 +710,9 @@ def artifacts(record: dict, workdir: Path, inside_only: bool = True) -> list[Pat
     home = workdir.resolve()
     return [p for p in dict.fromkeys([*paths, workdir / ".hydra" / "config.yaml"])
             if p.is_file() and (not inside_only or p.resolve().is_relative_to(home))]
+
+
+# --- who owns a RUNNING run: sync closes it only once its owner is gone
 
 
 def owner() -> str:
