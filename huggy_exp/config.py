@@ -70,6 +70,7 @@ ACTION_KINDS = ("deterministic", "sampled")  # mode=fingerprint: mode.actions (r
 MASKS = ("random", "feeds")  # onnx-compare, export-onnx: mode.masks
 MAX_SEED = 2**62  # fingerprint and stats add the step to the seed; torch generators take < 2^64
 MAX_BATCH = 2**24
+FLOAT32_MAX = 3.4028234663852886e38  # observations are float32: a scale past it is inf in every row it draws
 MAX_OBS_BYTES = 1 << 30  # 1 GiB of float32 observations (~4.5M Huggy rows); the random source needs ~3x that while drawing
 
 
@@ -145,7 +146,7 @@ class ModelConf:
 class ObsConf:
     source: str = rule(choices=OBS_SOURCES)
     rows: int = rule(lo=1)
-    scale: float = rule(lo=0)
+    scale: float = rule(lo=0, hi=FLOAT32_MAX)
     path: Optional[str] = MISSING
 
 
