@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO))
 
 from huggy_exp import energy  # noqa: E402
 from huggy_exp.errors import UserError  # noqa: E402
-from huggy_exp.files import atomic_write, atomic_write_text, check_unused, claim_folder  # noqa: E402
+from huggy_exp.files import CLAIM, REFUSED, atomic_write, atomic_write_text, check_unused, folder_in_use  # noqa: E402
 
 SHAPES = ("huggy", "huggy_lstm", "pyramids")  # what prepare.sh copies into .fx/
 # A step's budget is SLACK x its estimate; the constants were measured on the emulated npu (2 shared cores, 2026-12-02:
@@ -400,9 +400,13 @@ def _torch_version() -> str:
 
 
 def claim_outputs(outdir: Path, tar: Path | None) -> tuple[Path, Path | None]:
-    """OUTDIR taken as run.py takes a job folder (new or empty, then claimed: files.claim_folder), and the archive and
-    the SUMMARY.md beside it as new files (nothing replaced; the archive inside OUTDIR would pack itself)."""
+    """OUTDIR taken by run.py's rules for a folder (new or empty, not inside a run's claimed folder), claimed by its
+    SUMMARY.md created exclusively (run.py's claim file would make the steps' sweeps inside it another run's); the
+    archive and the SUMMARY.md beside it as new files (nothing replaced; the archive inside OUTDIR would pack itself)."""
     out = check_unused(outdir, "OUTDIR")
+    owner = next((parent for parent in out.parents if (parent / CLAIM).is_file()), None)
+    if owner is not None:
+        raise UserError(f"OUTDIR={outdir} is inside {owner}, which {folder_in_use(owner)}; {REFUSED}")
     if tar is not None:
         archive = tar.expanduser().absolute()
         if archive.resolve().is_relative_to(out.resolve()):
@@ -411,7 +415,11 @@ def claim_outputs(outdir: Path, tar: Path | None) -> tuple[Path, Path | None]:
             if path.exists() or path.is_symlink():
                 raise UserError(f"--tar {tar}: {path} already exists; refused to replace it: choose another place")
         tar = archive
-    return claim_folder(out, "OUTDIR"), tar
+    try:
+        atomic_write_text(out / "SUMMARY.md", "# accelerator check: starting\n", overwrite=False)
+    except UserError:
+        raise UserError(f"OUTDIR={outdir} was taken by another check first; {REFUSED}") from None
+    return out, tar
 
 
 def publish(out: Path, tar: Path | None, text: str) -> None:

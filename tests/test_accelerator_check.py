@@ -22,6 +22,8 @@ import pytest
 
 from conftest import REPO, SHARED, needs_shared, subprocess_env
 
+from huggy_exp import files
+
 SCRIPT = REPO / "scripts" / "accelerator_check.py"
 spec = importlib.util.spec_from_file_location("accelerator_check", SCRIPT)
 check = sys.modules.setdefault(spec.name, importlib.util.module_from_spec(spec))
@@ -355,7 +357,7 @@ def test_class_6_the_check_on_a_host_without_its_card_fails(tmp_path, huggy_exp_
     assert "| benchmark | " in summary and "- not run: no cuda point ran" in summary
 
 
-def test_class_13_the_check_replaces_no_file_and_packs_no_archive_into_itself(tmp_path):
+def test_class_13_the_check_replaces_no_file_and_packs_no_archive_into_itself(tmp_path, monkeypatch):
     """OUTDIR follows run.py's folder rules (new or empty: here it holds an earlier SUMMARY.md), --tar never replaces a
     file (the archive, the SUMMARY.md beside it), and an archive inside OUTDIR is refused: one line, exit 2, no step run,
     every file as it was."""
@@ -379,6 +381,17 @@ def test_class_13_the_check_replaces_no_file_and_packs_no_archive_into_itself(tm
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and done.stderr.count("\n") == 1 and said in done.stderr, (args, done.stderr)
         assert "Traceback" not in done.stderr and not (tmp_path / "new").exists(), args
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / files.CLAIM).write_text("pid 1 on host since now\n")  # a running sweep's folder: its points are its own
+    done = subprocess.run([sys.executable, str(SCRIPT), "cuda", str(sweep / "0"), "--no-fixtures", "--total-s", "1"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "is inside" in done.stderr and not (sweep / "0").exists(), done.stderr
+    out, _ = check.claim_outputs(tmp_path / "mine", None)  # taken; yet each step's sweep inside it is run.py's to claim
+    assert files.claim_folder(out / "modes", "hydra.sweep.dir") == out / "modes"
+    with monkeypatch.context() as m, pytest.raises(files.UserError, match="taken by another check first"):
+        m.setattr(check, "check_unused", lambda path, key: Path(path).absolute())  # a twin that looked before it was taken
+        check.claim_outputs(out, None)
     assert (held / "SUMMARY.md").read_text() == "an earlier check\n" and sorted(p.name for p in held.iterdir()) == ["SUMMARY.md"]
     assert (old / "acc.tgz").read_bytes() == b"an earlier archive"
     assert (beside / "SUMMARY.md").read_text() == "the summary of another archive\n"
