@@ -30,6 +30,9 @@ from huggy_exp.memory import check_job_memory
 JOB_LOG = "huggy_exp.job"  # conf/hydra/job_logging/huggy.yaml sends it to the job's run.log only
 
 
+# --- a job's output, context and task
+
+
 def say(line: str, error: bool = False) -> None:
     """Job output: printed as before on the terminal, and logged (Hydra's job log file, run.log, gets it); a password in
     a URI never shows."""
@@ -64,6 +67,9 @@ def make_task(mode: DictConfig):
     from hydra.utils import get_class
 
     return get_class(mode._target_)(OmegaConf.to_object(mode))
+
+
+# --- where a job sits in its sweep, and its name
 
 
 @dataclass(frozen=True)
@@ -120,6 +126,9 @@ def batch_label(mode: str, cfg: DictConfig) -> str:
     if mode != "benchmark":
         return str(cfg.batch_size)
     return "-".join(f"{b:0{BATCH_DIGITS}d}" for b in sorted(set(cfg.mode.batch_sizes or [cfg.batch_size])))
+
+
+# --- one job: run, written to result.json, then tracked
 
 
 def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = None) -> Result:
@@ -295,10 +304,15 @@ def _track(result: Result, settings: dict, workdir: Path, path: Path, job: JobIn
         result.status, result.reason = "error", disk_full_message(exc)
     if outcome["status"] == "logged":
         say(f"  mlflow: run {outcome['run_id']} in {outcome['uri']}, experiment {outcome['experiment']!r}")
+        if not job.sweep_dir:  # a sweep prints its runs' address at its end
+            say(f"  UI: {tracking.ui_link(settings, outcome['experiment_id'], outcome['run_id'])}")
     elif outcome["status"] == "pending":
         say(f"warning: not in MLflow yet ({outcome['reason']}); result kept in {path}; "
             "`python run.py mode=sync` logs it later", error=True)
     result.tracking = outcome["status"]
+
+
+# --- exit codes, the sync and ui commands, and what the terminal shows
 
 
 def exit_code(result: Result, expect: str | None = None) -> int:

@@ -38,6 +38,9 @@ JOBS_ENV = "HUGGY_EXP_SWEEP_JOBS"  # run.py's preflight counts the jobs; the swe
 MAX_SWEEP_POINTS = 10_000  # points one -m may launch: each is validated first and runs as a job (a day at 10 s each)
 
 
+# --- the host's checks of one composed job
+
+
 def validate(cfg: DictConfig, mode: str) -> None:
     """The schema's checks (config.validate), then the host's: a device name torch knows, LoadGen installed for its
     scenarios, the tracking store answering. placement and loadgen import torch: imported here, after run.py has
@@ -55,6 +58,9 @@ def validate(cfg: DictConfig, mode: str) -> None:
             check_uri(track["uri"])
         except StoreDown as exc:
             raise UserError(str(exc)) from None
+
+
+# --- resolvers and the config store, before anything is composed
 
 
 def unique_suffix() -> str:
@@ -86,6 +92,9 @@ def setup() -> None:
         OmegaConf.register_new_resolver("huggy_unique", unique_suffix, use_cache=True)
     if not OmegaConf.has_resolver("huggy_available"):
         OmegaConf.register_new_resolver("huggy_available", available)
+
+
+# --- the command line: argv rewritten, sweeps counted and expanded, every job composed and validated
 
 
 def group_options(group: str, dirs: list) -> list[str]:
@@ -293,6 +302,9 @@ def _is_text(path: Path) -> bool:
         return False
 
 
+# --- the tracking store and the job folder: checked, then claimed
+
+
 def _check_new_store(cfg: DictConfig, mode: str) -> None:
     """A SQLite store that does not exist yet: `mode=ui` would serve it empty (refused, one line); a job or sync creates
     it, and says so in one line (a typo in tracking.uri would otherwise start an empty store without a word)."""
@@ -336,6 +348,9 @@ def claim(cfg, multirun: bool) -> None:
         OmegaConf.update(cfg, key, folder)
     quoted = folder.replace("'", "\\'")  # Hydra's quoted value: only a quote is escaped
     sys.argv.append(f"{key}='{quoted}'")
+
+
+# --- Hydra's errors as one line naming the case file
 
 
 def _case_file(overrides: list[str], dirs: list):
@@ -386,6 +401,9 @@ def _mode_choice(overrides: list[str], case_file=None) -> str:
         defaults = []
     picked = [v for d in defaults if isinstance(d, dict) for k, v in d.items() if k.split()[-1] in ("/mode", "mode")]
     return str(picked[-1]) if picked else "action"
+
+
+# --- the single-run path: one job run from the config composed above
 
 
 def single_run(argv: list[str]) -> bool:
