@@ -43,11 +43,13 @@ class Target:
         return self.device.type
 
 
-def check_backend(name: str) -> str:
-    """A backend name (config.BACKENDS: eager, compile, fused, graphs, onnxruntime); whether it runs here is the
-    runner's to say."""
+def check_backend(name: str, target: Target | None = None) -> str:
+    """A backend name (config.BACKENDS), and with a target whether the backend runs that dtype and device kind at all
+    (Backend.refusal: Unsupported); whether it runs on this machine is the runner's to say."""
     if name not in BACKENDS:
         raise UserError(f"unknown backend {name!r}; valid: {', '.join(BACKENDS)}")
+    if target is not None and (why := BACKENDS[name].refusal(target.dtype_name, target.kind)):
+        raise Unsupported(why)
     return name
 
 
@@ -141,12 +143,9 @@ def resolve(device: str, dtype: str) -> Target:
     return Target(torch_device, DTYPES[dtype], str(device), dtype)
 
 
-def quantize_onnx(model, dtype: str, out: Path) -> Path:
-    """onnxruntime's own dynamic quantization of an fp32 .onnx (a path or ModelProto) for dtype int8 (int8 weights, uint8
-    activations quantized per call: MatMulInteger), written to `out`; int8w has no onnxruntime counterpart (Unsupported)."""
-    if dtype != "int8":
-        raise Unsupported(f"backend onnxruntime: dtype {dtype} has no onnxruntime counterpart (its dynamic quantization "
-                          "quantizes the activations too: that is dtype int8)")
+def quantize_onnx(model, out: Path) -> Path:
+    """onnxruntime's own dynamic quantization of an fp32 .onnx (a path or ModelProto) for a dtype whose peer it is (int8:
+    int8 weights, uint8 activations quantized per call, MatMulInteger; config.Dtype.peer), written to `out`."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     _quietly(lambda: quantize_dynamic(model, out, weight_type=QuantType.QInt8))
@@ -199,7 +198,7 @@ def set_precision(device: str, dtype: str, mode: str) -> dict[str, str]:
     if mode not in HONOURED[kind]:
         raise Unsupported(f"precision_mode={mode} cannot be honoured on {kind}: it has {', '.join(HONOURED[kind])} "
                           "(tf32 is CUDA's, hf32 Ascend's)")
-    if mode != "ieee" and dtype != "fp32":
+    if mode != "ieee" and not config.DTYPES[dtype].fp32_math:
         raise Unsupported(f"precision_mode={mode} changes fp32 math only; dtype={dtype} computes in {dtype} (use ieee)")
     values: dict[str, object] = {f"cpu_{op}": "ieee" for op in TORCH_OPS}  # oneDNN may otherwise run fp32 in bf16/tf32
     if kind == "cuda":
