@@ -24,7 +24,8 @@ from huggy_exp.preflight import validate
 from huggy_exp.report import write_job_report
 from huggy_exp.results import (EXIT_CODES, EXIT_PENDING, Result, expectation, held_result, read_result, update_result,
                                write_result)
-from huggy_exp.safety import check_job_memory, disk_full_message, is_disk_full
+from huggy_exp.files import disk_full_message, is_disk_full
+from huggy_exp.memory import check_job_memory
 
 JOB_LOG = "huggy_exp.job"  # conf/hydra/job_logging/huggy.yaml sends it to the job's run.log only
 

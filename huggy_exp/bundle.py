@@ -33,7 +33,8 @@ from huggy_exp.mlagents import sha256_file
 from huggy_exp import terminal
 from huggy_exp.mlagents.weights import weights_sha256  # noqa: F401 (the bundle's model identity)
 from huggy_exp.results import jsonable
-from huggy_exp.safety import MAX_LATENCY_SAMPLES, atomic_write, check_npz, check_unused, flock, read_json
+from huggy_exp.files import atomic_write, check_unused, flock
+from huggy_exp.foreign import MAX_LATENCY_SAMPLES, check_npz, read_json
 
 FORMAT = "huggy_exp-port-bundle"
 VERSION = 2  # 2: a point's `fingerprints` are verify.fingerprints' (1: per output {sha256, quantized}; re-record)

@@ -15,7 +15,7 @@ import numpy as np
 from huggy_exp import certify, plots
 from huggy_exp.config import DTYPE_NAMES, REFERENCE_BACKEND, SWEEP_REFERENCE, modes, numerics_label
 from huggy_exp.headline import ERROR
-from huggy_exp.safety import check_npy
+from huggy_exp.foreign import check_npy
 from huggy_exp.verify import DECLARED, FINGERPRINT
 
 VERDICT_KNOBS = ("relative", "rel_floor", "atol",

@@ -199,7 +199,7 @@ class Allocation(NamedTuple):
 
 
 class RowBytes(NamedTuple):
-    """What one row of the policy costs a job (safety.job_allocations measures it from the weights)."""
+    """What one row of the policy costs a job (memory.job_allocations measures it from the weights)."""
 
     feed: int  # a row drawn (float64), kept (float32), its outputs compared
     forward: int  # one row through a runner and the fp64 reference
@@ -325,6 +325,9 @@ class BenchmarkMode(ModeConf):
     budget_s: float = rule(lo=0, hi=3600, lo_open=True)
     warmup_s: float = rule(lo=0, hi=600)
     settle_s: float = rule(lo=0, hi=60)
+    energy: bool = MISSING
+    energy_window_s: float = rule(lo=5, hi=600)  # energy counters tick every ~100 ms: a shorter window is their noise
+    energy_idle_s: float = rule(lo=0.5, hi=60)
     chunk_rows: int = rule(lo=1, hi=MAX_BATCH)
     fp16_cpu_max_rows: int = rule(lo=1, hi=MAX_BATCH)
     fp16_cpu_samples: int = rule(lo=1, hi=1_000_000)

@@ -11,7 +11,7 @@ import numpy as np
 from huggy_exp.config import MAX_OBS_BYTES, OBS_SOURCES
 from huggy_exp.errors import UserError, first_line
 from huggy_exp.mlagents import ACTION_MASKS, Normalizer, PolicyWeights, obs_name
-from huggy_exp.safety import check_npz, npy_header
+from huggy_exp.foreign import check_npz, npy_header
 
 EXTREME = 1.0e4
 

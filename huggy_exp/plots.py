@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from huggy_exp.safety import atomic_write
+from huggy_exp.files import atomic_write
 
 
 def _pyplot():

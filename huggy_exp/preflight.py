@@ -29,11 +29,13 @@ from huggy_exp import config
 from huggy_exp.config import free_maps, unknown_key
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.results import held_result
-from huggy_exp.safety import check_free, check_sweep_size, check_unused, claim_folder
+from huggy_exp.files import check_unused, claim_folder
+from huggy_exp.host import check_free
 from huggy_exp.tracking import StoreDown, check_uri, default_uri, hide_secrets, local_store, redact
 
 GROUPS = ("mode", "model", "obs", "tracking", "case")
 JOBS_ENV = "HUGGY_EXP_SWEEP_JOBS"  # run.py's preflight counts the jobs; the sweep callback writes it to sweep.json
+MAX_SWEEP_POINTS = 10_000  # points one -m may launch: each is validated first and runs as a job (a day at 10 s each)
 
 
 def validate(cfg: DictConfig, mode: str) -> None:
@@ -105,6 +107,16 @@ def normalize_argv(argv: list[str]) -> list[str]:
             arg = f"{uri[1]}{uri[2]}{hide_secrets(uri[3])}{uri[2]}"
         out.append(arg)
     return out
+
+
+def check_sweep_size(counts: dict[str, int]) -> None:
+    """A sweep's points (the product of its swept values), counted before any is listed or composed."""
+    points = math.prod(counts.values())
+    if points > MAX_SWEEP_POINTS:
+        sizes = " × ".join(f"{what} ({n:,} values)" for what, n in counts.items())
+        raise UserError(f"-m {sizes}: {points:,} points, over the {MAX_SWEEP_POINTS:,} one sweep may launch (each is "
+                        "validated first, then runs as a job); sweep fewer values, or split the sweep")
+
 
 
 def expand(argv: list[str], conf_dirs: list) -> tuple[list[str], list[list[str]]]:
@@ -299,7 +311,7 @@ def _check_output_dir(path: str, key: str) -> None:
 
 
 def claim(cfg, multirun: bool) -> None:
-    """Claim the job (or sweep) folder before anything is written into it (safety.claim_folder), and pin it: Hydra
+    """Claim the job (or sweep) folder before anything is written into it (files.claim_folder), and pin it: Hydra
     composes again to run, and the default folder's name (`<time>-<µs>-<pid>`) would differ from the one claimed."""
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     folder = str(OmegaConf.select(cfg, key))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from huggy_exp.safety import atomic_write, atomic_write_text
+from huggy_exp.files import atomic_write, atomic_write_text
 
 EXIT_CODES = {"passed": 0, "skipped": 0, "failed": 1, "error": 2}
 EXIT_PENDING = 3  # every verdict passed, but some results are not in MLflow yet: `python run.py mode=sync`

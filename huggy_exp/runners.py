@@ -316,8 +316,11 @@ class GraphReplay:
     """Capture `fn` once per input shape on static buffers, then replay: copy inputs in, replay, clone outputs; through
     the device module's graph class and capture context (torch.cuda.CUDAGraph, torch_npu's NPUGraph).
 
-    The capture runs on a side stream of the current card, so the runner's card is made current first: a capture
-    while another card is current records none of this card's work, and its replays return stale outputs."""
+    Warm-up and capture run on a side stream made on the runner's card, with that card current, and the capture is
+    given it (`graph(g, stream=...)`): `graph`'s own capture stream is a class attribute (`default_capture_stream`,
+    torch/cuda/graphs.py and torch_npu/npu/graphs.py), made once per process on the card current at the first
+    capture, so a later capture on another card without `stream=` records none of that card's work and its replays
+    return the capture-time outputs."""
 
     def __init__(self, fn: Callable, target: Target):
         self.fn, self.device, self.mod = fn, target.device, torch.get_device_module(target.device)
@@ -325,20 +328,21 @@ class GraphReplay:
         if self.cls is None or not hasattr(self.mod, "graph"):
             raise Unsupported(f"backend graphs: torch.{target.kind} offers no graph capture here")
         self.captured: dict[tuple, tuple] = {}
+        self.side = None  # the capture stream, made on the card at the first capture
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         key = tuple((tuple(t.shape), t.dtype) for t in inputs)
         if key not in self.captured:
             use_device(self.device)
             static = [t.clone() for t in inputs]
-            side = self.mod.Stream()
-            side.wait_stream(self.mod.current_stream())
+            side = self.side = self.side or self.mod.Stream(self.device)
+            side.wait_stream(self.mod.current_stream(self.device))
             with self.mod.stream(side):
                 for _ in range(3):
                     self.fn(*static)
-            self.mod.current_stream().wait_stream(side)
+            self.mod.current_stream(self.device).wait_stream(side)
             graph = self.cls()
-            with self.mod.graph(graph):
+            with self.mod.graph(graph, stream=side):
                 out = self.fn(*static)
             self.captured[key] = (graph, static, out)
         graph, static, out = self.captured[key]

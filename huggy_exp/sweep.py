@@ -18,7 +18,7 @@ from huggy_exp.config import REFERENCE_BACKEND, numerics_label
 from huggy_exp.preflight import JOBS_ENV
 from huggy_exp.headline import judged_limits, ladder, noisy
 from huggy_exp.compare import compare, draw, errors_vs_fp64, verified
-from huggy_exp.safety import disk_full_message, is_disk_full
+from huggy_exp.files import disk_full_message, is_disk_full
 from huggy_exp.results import (EXIT_CODES, EXIT_INTERRUPTED, EXIT_PENDING, atomic_write_text, expectation, jsonable,
                                write_table)
 from huggy_exp.verify import FINGERPRINT

@@ -36,8 +36,9 @@ from huggy_exp.headline import (ANSWER, ANSWER_ORDER, COSINE, ERROR, fastest_bac
 from huggy_exp.report import escape
 from huggy_exp.config import VERDICTS
 from huggy_exp.results import update_result
-from huggy_exp.safety import (MAX_JSON_BYTES, atomic_write, atomic_write_text, disk_full_message, flock, free_bytes,
-                              is_disk_full, read_capped, read_json, size)
+from huggy_exp.files import atomic_write, atomic_write_text, disk_full_message, flock, is_disk_full
+from huggy_exp.foreign import MAX_JSON_BYTES, read_capped, read_json
+from huggy_exp.host import free_bytes, size
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_EXPERIMENT = "huggy_exp"
@@ -921,7 +922,7 @@ RECORD_FIELDS = {"metrics": dict, "series": dict, "params": dict, "tags": dict, 
 
 
 def read_record(path: Path) -> tuple[dict, str | None]:
-    """The sync reader for foreign results: a result.json read under safety's caps (a regular file, never a FIFO or a
+    """The sync reader for foreign results: a result.json read under foreign's caps (a regular file, never a FIFO or a
     device, at most MAX_JSON_BYTES, nested at most MAX_JSON_DEPTH), then checked field by field; with its tracking
     status (None: no `tracking` object). One line (UserError) naming the file and the first bad field, never a
     traceback, a hang or a retry that cannot succeed."""

@@ -72,7 +72,7 @@ MUTATIONS = (
         ("huggy_exp/verify.py", "    if count:\n        oc.failures.append(", "    if False:\n        oc.failures.append("),
     ), ("tests/test_verify.py::test_nan_or_inf_fails_whatever_the_limits",)),
     Mutation("non-atomic-result", "result.json written in place (truncate + write) instead of temp file + os.replace", (
-        ("huggy_exp/safety.py", "    atomic_write(path, lambda tmp: Path(tmp).write_text(text), overwrite)",
+        ("huggy_exp/files.py", "    atomic_write(path, lambda tmp: Path(tmp).write_text(text), overwrite)",
          "    Path(path).write_text(text)  # in place"),
     ), ("tests/test_trust.py::test_result_json_is_replaced_atomically_never_rewritten_in_place",)),
     Mutation("provider-unchecked", "onnxruntime's silent CPU fallback accepted (session providers not checked)", (

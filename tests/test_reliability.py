@@ -25,7 +25,7 @@ from conftest import (CONF, PYTHON, REPO, free_port, start_server, stop_server,
                       subprocess_env)
 from test_trust import _runs, _spawn, _wait_for, cli
 
-from huggy_exp import preflight, safety, tracking
+from huggy_exp import files, foreign, host, memory, preflight, tracking
 from huggy_exp.errors import UserError
 
 
@@ -64,16 +64,16 @@ def test_claim_output_protects_a_results_folder_and_follows_links(tmp_path):
     status = results / "Huggy" / "training_status.json"
     status.write_text("{}")
     with pytest.raises(UserError, match="model's own file"):
-        safety.claim_output(status, True, [results], "mode.path")
-    assert safety.claim_output(results / "Huggy" / "new.onnx", False, [results], "mode.path").name == "new.onnx"
+        files.claim_output(status, True, [results], "mode.path")
+    assert files.claim_output(results / "Huggy" / "new.onnx", False, [results], "mode.path").name == "new.onnx"
     link = tmp_path / "link.onnx"
     link.symlink_to(status)
     with pytest.raises(UserError, match="model's own file"):
-        safety.claim_output(link, True, [status], "mode.path")
+        files.claim_output(link, True, [status], "mode.path")
     with pytest.raises(UserError, match="already exists"):
-        safety.claim_output(link, False, [], "mode.path")
+        files.claim_output(link, False, [], "mode.path")
     with pytest.raises(UserError, match="already exists"):
-        safety.atomic_write_text(status, "x", overwrite=False)
+        files.atomic_write_text(status, "x", overwrite=False)
     assert status.read_text() == "{}"
 
 
@@ -181,11 +181,11 @@ def test_allocations_too_large_for_memory_are_refused_naming_the_users_keys(tmp_
 def test_the_estimate_is_checked_against_the_memory_left(monkeypatch, default_model):
     weights = default_model.weights
     cfg = config_plain(["mode=stats", "mode.steps=2000", "mode.envs=100"])
-    monkeypatch.setattr(safety, "available_memory", lambda: (8 << 30, "left under a test limit"))
-    safety.check_job_memory("stats", cfg, weights)  # 200,000 rows fit in 8 GiB
-    monkeypatch.setattr(safety, "available_memory", lambda: (64 << 20, "left under a test limit"))
+    monkeypatch.setattr(host, "available_memory", lambda: (8 << 30, "left under a test limit"))
+    memory.check_job_memory("stats", cfg, weights)  # 200,000 rows fit in 8 GiB
+    monkeypatch.setattr(host, "available_memory", lambda: (64 << 20, "left under a test limit"))
     with pytest.raises(UserError, match=r"mode.steps=2000 × mode.envs=100: .* only 64.0 MiB is left under a test limit"):
-        safety.check_job_memory("stats", cfg, weights)
+        memory.check_job_memory("stats", cfg, weights)
 
 
 def config_plain(overrides: list[str]) -> dict:
@@ -225,8 +225,8 @@ def test_a_deflated_archive_over_the_cap_is_refused(tmp_path):
             for _ in range(8):
                 fh.write(bytes(1 << 20))
     with pytest.raises(UserError, match="inflate"):
-        safety.check_zip(bomb, 4 << 20, "checkpoint")
-    safety.check_zip(bomb, 16 << 20, "checkpoint")
+        foreign.check_zip(bomb, 4 << 20, "checkpoint")
+    foreign.check_zip(bomb, 16 << 20, "checkpoint")
 
 
 def _onnx_with_external(tmp_path: Path, length: int | None, data_bytes: int, dims=(4, 4)) -> Path:
@@ -593,8 +593,8 @@ def fill(disk: Path, leave: int = 0) -> Path:
     filler = disk / "filler"
     with open(filler, "wb") as fh:
         try:
-            while safety.free_bytes(disk) > leave:
-                fh.write(bytes(min(1 << 20, max(safety.free_bytes(disk) - leave, 4096))))
+            while host.free_bytes(disk) > leave:
+                fh.write(bytes(min(1 << 20, max(host.free_bytes(disk) - leave, 4096))))
                 fh.flush()
         except OSError:
             pass
@@ -795,15 +795,15 @@ def test_the_tracking_helper_gets_the_credentials_moved_out_of_the_uri_after_it_
 def test_a_job_folder_is_claimed_once_and_the_second_claimant_is_refused(tmp_path):
     for key, folder in (("hydra.run.dir", tmp_path / "fresh" / "job"), ("hydra.sweep.dir", tmp_path / "empty")):
         folder.parent.mkdir(exist_ok=True)
-        assert safety.claim_folder(folder, key) == folder
+        assert files.claim_folder(folder, key) == folder
         with pytest.raises(UserError, match=rf"{key}=.* is already claimed by another run \(pid {os.getpid()} on "):
-            safety.claim_folder(folder, key)
-        assert [p.name for p in folder.iterdir()] == [safety.CLAIM]
+            files.claim_folder(folder, key)
+        assert [p.name for p in folder.iterdir()] == [files.CLAIM]
     claimed = tmp_path / "fresh" / "job"
     for args in (["mode=info"], ["-m", "mode=info", "seed=0,1", f"hydra.sweep.dir={claimed}"]):
         got = cli([*args, "tracking=none"], claimed if args[0] != "-m" else None)
         assert got.code == 2 and "is already claimed by another run" in one_line(got, str(claimed))
-    assert [p.name for p in claimed.iterdir()] == [safety.CLAIM]  # the loser wrote nothing
+    assert [p.name for p in claimed.iterdir()] == [files.CLAIM]  # the loser wrote nothing
 
 
 @pytest.mark.parametrize("key, users", [
@@ -883,19 +883,19 @@ def test_a_write_that_loses_its_errno_on_a_full_disk_is_a_full_disk(tmp_path, mo
         raise OSError("8388608 requested and 0 written")
 
     with pytest.raises(OSError) as exc:
-        safety.atomic_write(target, numpy_short_write)
-    assert safety.is_disk_full(exc.value) and exc.value.filename == str(target)
-    monkeypatch.setattr(safety, "free_bytes", lambda path: 0)
+        files.atomic_write(target, numpy_short_write)
+    assert files.is_disk_full(exc.value) and exc.value.filename == str(target)
+    monkeypatch.setattr(host, "free_bytes", lambda path: 0)
 
     def torch_failed(tmp):
         raise RuntimeError("[enforce fail at inline_container.cc:595] . PytorchStreamWriter failed writing file data/0")
 
     with pytest.raises(OSError) as exc:
-        safety.atomic_write(tmp_path / "model.pt", torch_failed)
-    assert safety.is_disk_full(exc.value) and not list(tmp_path.rglob(".model.pt.*"))
-    message = safety.disk_full_message(exc.value)
-    assert str(tmp_path / "model.pt") in message and f"({safety.mount_point(tmp_path)})" in message
-    assert "writing ." not in safety.disk_full_message(OSError(28, "No space left on device"))
+        files.atomic_write(tmp_path / "model.pt", torch_failed)
+    assert files.is_disk_full(exc.value) and not list(tmp_path.rglob(".model.pt.*"))
+    message = files.disk_full_message(exc.value)
+    assert str(tmp_path / "model.pt") in message and f"({host.mount_point(tmp_path)})" in message
+    assert "writing ." not in files.disk_full_message(OSError(28, "No space left on device"))
 
 
 def test_a_full_disk_while_writing_arrays_keeps_the_result_as_an_error(tmp_path, monkeypatch):
@@ -908,7 +908,7 @@ def test_a_full_disk_while_writing_arrays_keeps_the_result_as_an_error(tmp_path,
     got = cli(["obs.rows=4", "tracking=none"], tmp_path / "job")
     assert got.code == 2 and "Traceback" not in got.out + got.err, got.err[-2000:]
     assert got.record["status"] == "error" and got.record["reason"].startswith(f"no space left writing {tmp_path / 'job'}/")
-    assert got.record["reason"].endswith(f"({safety.mount_point(tmp_path)})") and got.record["arrays"] == {}
+    assert got.record["reason"].endswith(f"({host.mount_point(tmp_path)})") and got.record["arrays"] == {}
 
 
 def test_a_sweep_whose_summary_cannot_be_written_is_one_line_and_ends_its_parent(tmp_path, monkeypatch):
@@ -1054,7 +1054,7 @@ def test_ctrl_c_during_loadgens_server_scenario_ends_130_with_the_result_kept(tm
 
 @pytest.fixture
 def sixteen_gib(monkeypatch):
-    monkeypatch.setattr(safety, "available_memory", lambda: (16 << 30, "left under a test limit"))
+    monkeypatch.setattr(host, "available_memory", lambda: (16 << 30, "left under a test limit"))
 
 
 def _header_only_npy(path: Path, shape: tuple[int, ...]) -> Path:

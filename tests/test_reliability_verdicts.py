@@ -346,10 +346,10 @@ def test_sync_mode_exits_2_naming_a_missing_folder(tmp_path):
 
 
 def test_sync_reads_a_result_json_under_a_cap(tmp_path, monkeypatch):
-    from huggy_exp import safety
+    from huggy_exp import foreign
 
     job = pending_job(tmp_path)
-    monkeypatch.setattr(safety, "MAX_JSON_BYTES", 512)
+    monkeypatch.setattr(foreign, "MAX_JSON_BYTES", 512)
     lines = []
     counts = tracking.sync({"uri": store(tmp_path)}, [tmp_path / "runs"], say=lines.append)
     assert counts["skipped"] == 1 and f"{job / 'result.json'} is over the 512 B limit" in lines[0], lines
@@ -367,17 +367,17 @@ def test_a_bundle_npz_member_that_declares_a_huge_array_is_refused_unread(tmp_pa
 
 
 def test_a_bundle_npz_that_inflates_past_the_cap_is_refused(tmp_path, monkeypatch):
-    from huggy_exp import safety
+    from huggy_exp import foreign
 
     buffer = io.BytesIO()
     np.savez_compressed(buffer, a=np.zeros(1 << 20), b=np.zeros(1 << 20))  # 16 MiB of zeros in a few KiB
     (tmp_path / "x.npz").write_bytes(buffer.getvalue())
     assert (tmp_path / "x.npz").stat().st_size < 100_000
-    monkeypatch.setattr(safety, "MAX_ARRAY_BYTES", 4 << 20)
+    monkeypatch.setattr(foreign, "MAX_ARRAY_BYTES", 4 << 20)
     with pytest.raises(UserError, match="declares 8.0 MiB"):
         bundle.load_npz(tmp_path, "x.npz")
-    monkeypatch.setattr(safety, "MAX_ARRAY_BYTES", 8 << 20)
-    monkeypatch.setattr(safety, "MAX_NPZ_BYTES", 12 << 20)
+    monkeypatch.setattr(foreign, "MAX_ARRAY_BYTES", 8 << 20)
+    monkeypatch.setattr(foreign, "MAX_NPZ_BYTES", 12 << 20)
     with pytest.raises(UserError, match="16.0 MiB together"):
         bundle.load_npz(tmp_path, "x.npz")
 

@@ -11,7 +11,8 @@ import numpy as np
 
 from huggy_exp.errors import UserError
 from huggy_exp.mlagents.results import sibling_onnx
-from huggy_exp.safety import MAX_CHECKPOINT_BYTES, atomic_write, check_file_size, check_zip
+from huggy_exp.files import atomic_write
+from huggy_exp.foreign import MAX_CHECKPOINT_BYTES, check_file_size, check_zip
 from huggy_exp.mlagents.weights import (
     BODY_PREFIX, BRANCH_PREFIX, LOG_SIGMA, LSTM_FIELDS, LSTM_PREFIX, METADATA_KEYS, MU_PREFIX, NORMALIZER_FIELDS,
     PROCESSOR_PREFIXES, LoadedModel, Lstm, Normalizer, ObsInput, PolicyWeights, check_finite, check_shapes,

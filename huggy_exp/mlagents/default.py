@@ -12,7 +12,7 @@ import numpy as np
 from huggy_exp.mlagents.checkpoint import load_checkpoint, save_checkpoint
 from huggy_exp.mlagents.onnx_write import write_onnx
 from huggy_exp.errors import UserError
-from huggy_exp.safety import atomic_write, is_disk_full
+from huggy_exp.files import atomic_write, is_disk_full
 from huggy_exp.mlagents.weights import LoadedModel, Normalizer, PolicyWeights
 
 DEFAULT_NAME = "Huggy"

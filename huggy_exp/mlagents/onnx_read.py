@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from huggy_exp.errors import UserError
-from huggy_exp.safety import MAX_ONNX_BYTES, check_file_size, size
+from huggy_exp.foreign import MAX_ONNX_BYTES, check_file_size
+from huggy_exp.host import size
 from huggy_exp.mlagents.heads import read_heads
 from huggy_exp.mlagents.onnx_graph import RESHAPES, Graph, follow, linear, slice_start, value_info
 from huggy_exp.mlagents.results import step_from_name

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from huggy_exp.mlagents.heads import HEADS
-from huggy_exp.safety import atomic_write
+from huggy_exp.files import atomic_write
 from huggy_exp.mlagents.weights import (
     ACTION_MASKS, BODY_PREFIX, NORMALIZER_CLAMP, PROCESSOR_PREFIXES, RECURRENT_IN, RECURRENT_OUT, PolicyWeights,
     obs_name,

@@ -10,7 +10,7 @@ import numpy as np
 
 from huggy_exp.errors import UserError
 from huggy_exp.mlagents.weights import PolicyWeights, sha256_file
-from huggy_exp.safety import MAX_JSON_BYTES, read_capped
+from huggy_exp.foreign import MAX_JSON_BYTES, read_capped
 
 
 def step_from_name(path: Path) -> int | None:

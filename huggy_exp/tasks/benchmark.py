@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from huggy_exp import plots, timing
+from huggy_exp import energy, plots, timing
 from huggy_exp.config import BACKENDS, P50_RATIO, REFERENCE_BACKEND, BenchmarkMode, cpu_note
 from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported, UserError, first_line
@@ -49,6 +49,7 @@ class BenchmarkTask(Task):
             backends, runners = self.build_gated(ctx, timed_backends, feeds, points, chunk, result)
             timed = [b for b in timed_backends if b in runners]
             timings = self.time_backends(runners, timed, feeds, points, threads, slow, backends)
+            self.energy_of(ctx, runners, timed, feeds, job_batch(points, ctx.batch_size), backends, result)
             self.scenarios_on(ctx, runners, timings, feeds, points, result)
         # --- metrics, series, table
         result.tables["benchmark"] = self.tabulate(result, backends, timings, timed_backends, points, capped)
@@ -153,6 +154,35 @@ class BenchmarkTask(Task):
                     _note_peak(backends[name], runners[name])
                     timings[(name, b)].extend(t)
         return timings
+
+    def energy_of(self, ctx: Context, runners: dict, timed: list[str], feeds: dict, rows: int, backends: dict[str, dict],
+                  result: Result) -> None:
+        """Joules per action of each timed backend at the job's batch (energy.py), or the one reason it is not measured."""
+        if not (self.mode.energy and timed):
+            return
+        device = ctx.target().device
+        try:
+            meter = energy.meter_for(device)
+        except energy.NotMeasured as exc:
+            result.details["energy"] = f"not measured: {exc}"
+            result.summary.append(f"energy: not measured: {exc}")
+            return
+        said = []
+        for name in timed:
+            runner = runners[name]
+            try:
+                got = energy.per_action(lambda: runner.infer(feeds[rows]), rows, meter, self.mode.energy_window_s,
+                                        self.mode.energy_idle_s, sync=lambda: synchronize(device))
+            except energy.NotMeasured as exc:
+                backends[name]["energy"] = f"not measured: {exc}"
+                said.append(f"{name} not measured ({exc})")
+                continue
+            backends[name]["energy"] = got
+            result.metrics[f"{name}/b{rows}/j_per_action"] = got["j_per_action"]
+            said.append(f"{name} {got['j_per_action']:.3g} J (busy {got['busy_w']:,.1f} W, idle {got['idle_w']:,.1f} W, "
+                        f"{got['window_s']:.1f} s)")
+        result.details["energy"] = f"measured: {meter.name}"
+        result.summary.append(f"energy per action above idle, b{rows} ({meter.name}): " + "; ".join(said))
 
     def tabulate(self, result: Result, backends: dict, timings: dict, timed_backends: list[str],
                  points: list[int], capped: list[int]) -> list[dict]:

@@ -18,7 +18,8 @@ from huggy_exp.errors import UserError
 from huggy_exp.numerics import error_ratio
 from huggy_exp.report import escape
 from huggy_exp.results import Result
-from huggy_exp.safety import atomic_write_text, read_json
+from huggy_exp.files import atomic_write_text
+from huggy_exp.foreign import read_json
 from huggy_exp.tasks import Task
 from huggy_exp.verify import is_fingerprint, nonfinite_failures
 

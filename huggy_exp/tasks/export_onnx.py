@@ -20,7 +20,7 @@ from huggy_exp.mlagents.onnx_graph import value_info
 from huggy_exp.numerics import allowed_branches
 from huggy_exp.policy import Policy
 from huggy_exp.results import Result, first_nonfinite
-from huggy_exp.safety import atomic_write, claim_output
+from huggy_exp.files import atomic_write, claim_output
 from huggy_exp.runners import DISCRETE_SAMPLED, build, over_steps, reference, run_feeds
 from huggy_exp.tasks import Task, is_sequence
 from huggy_exp.tasks.compare import check_constants, compare_outputs, expected_constants, feeds_with_masks

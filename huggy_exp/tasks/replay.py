@@ -14,7 +14,7 @@ from huggy_exp.context import Context
 from huggy_exp.errors import UserError
 from huggy_exp.report import escape
 from huggy_exp.results import Result
-from huggy_exp.safety import atomic_write_text
+from huggy_exp.files import atomic_write_text
 from huggy_exp.runners import build, reference, run_feeds
 from huggy_exp.tasks import Task
 from huggy_exp.tasks.record import time_calls
