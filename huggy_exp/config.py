@@ -70,16 +70,18 @@ def cpu_note(dtype: str, kind: str) -> str:
 
 @dataclass(frozen=True)
 class Backend:
-    """What a backend is, declared once (docs/backends-and-timing.md; tables and comments are generated from it): its
-    help line; what runs it: the single-tensor forward it builds (`forward`: dotted path of a `(policy, target) ->
-    (forward, sample)` builder; None: Policy.act on every shape) or the .onnx graph it runs instead of the torch policy
-    (`graph`: the graph's dtype); whether it runs one chunk shape (`fixed_shape`: the last chunk padded); the device
-    kinds and dtypes it runs (None: all), whether it runs torchao's quantized layers, and whether it is the point's
-    reference (benchmark gates every other backend against it, its timing is the point's latency)."""
+    """What a backend is, declared once (docs/backends-and-timing.md; its list there and the YAML comments are generated
+    from it): its help line; what runs it, by dotted path: a torch backend's single-tensor forward (`forward`: a
+    `(policy, target) -> (forward, sample)` builder; None: Policy.act on every shape) or another engine's runner
+    (`runner`: `(ctx, target, batch, threads, provider, onnx) -> Runner`, running the .onnx graph of dtype `graph`);
+    whether it runs one chunk shape (`fixed_shape`: the last chunk padded); the device kinds and dtypes it runs (None:
+    all), whether it runs torchao's quantized layers, and whether it is the point's reference (benchmark gates every
+    other backend against it, its timing is the point's latency)."""
 
     name: str
     help: str
     forward: Optional[str] = None
+    runner: Optional[str] = None
     graph: Optional[str] = None
     fixed_shape: bool = False
     devices: Tuple[str, ...] = DEVICE_KINDS
@@ -111,14 +113,14 @@ class Backend:
 
 BACKENDS = {b.name: b for b in (
     Backend("eager", "the policy in torch.inference_mode, every shape", quantized=True, reference=True),
-    Backend("compile", "torch.compile, inductor freezing (npu: torchair)",
+    Backend("compile", "torch.compile: inductor with freezing, torchair on npu",
             forward="huggy_exp.runners.compiled", fixed_shape=True),
     Backend("fused", "one C++ kernel, CPU fp32, batch 1", forward="huggy_exp.runners.fused",
             devices=("cpu",), dtypes=("fp32",)),
     Backend("graphs", "CUDA/NPU graph replay, cuda/npu only", forward="huggy_exp.runners.graphs",
             fixed_shape=True, devices=("cuda", "npu")),
-    Backend("onnxruntime", "the fp32 .onnx on the device's provider (int8: its own quantization)",
-            graph=ONNX_DTYPE))}
+    Backend("onnxruntime", "the fp32 .onnx on the device's provider; int8: its own quantization",
+            runner="huggy_exp.runners.onnxruntime", graph=ONNX_DTYPE, devices=("cpu", "cuda", "npu")))}
 BACKEND_NAMES = tuple(BACKENDS)
 REFERENCE_BACKEND = next(n for n, b in BACKENDS.items() if b.reference)
 P50_RATIO = ("eager", "onnxruntime")  # benchmark's first line: eager's p50 over onnxruntime's (headline eager_vs_ort)

@@ -71,7 +71,7 @@ class TorchRunner:
         self.target, self.batch_size, self._on_cpu = target, batch_size, target.kind == "cpu"
         spec = BACKENDS[check_backend(backend)]
         self.backend, self.fixed_shape = backend, spec.fixed_shape  # fixed: the last chunk is padded to the chunk shape
-        if spec.graph is not None:
+        if spec.runner is not None:
             raise UserError(f"TorchRunner runs torch backends; build {backend} with runners.build()")
         policy = Policy(weights)
         if spec.forward is not None:  # a shape it cannot run is the job's error, before what this point can run
@@ -84,9 +84,8 @@ class TorchRunner:
         self._act: Callable = self.policy.act
         if spec.forward is None:
             return
-        module, _, name = spec.forward.rpartition(".")
         self._act = self._single
-        self._forward, self._sample = getattr(importlib.import_module(module), name)(self.policy, target)
+        self._forward, self._sample = declared(spec.forward)(self.policy, target)
 
     def _single(self, obs: list[torch.Tensor], masks: None, memory: None, noise: dict | None = None) -> dict[str, torch.Tensor]:
         """Policy.act's outputs from the backend's single-tensor forward (one input, continuous actions, no memory)."""
@@ -407,7 +406,7 @@ class OnnxRunner:
 
     @staticmethod
     def _torch_only(what: str) -> Unsupported:
-        torch_backends = ", ".join(n for n, b in BACKENDS.items() if b.graph is None)
+        torch_backends = ", ".join(n for n, b in BACKENDS.items() if b.runner is None)
         return Unsupported(f"backend onnxruntime: {what} only the torch backends ({torch_backends}) give; "
                            "onnxruntime runs the graph's outputs (compare it with mode=onnx-compare)")
 
@@ -448,21 +447,33 @@ def build(ctx: Context, backend: str | None = None, *, device: str | None = None
           onnx: Path | None = None) -> Runner:
     """The one factory: a runner for the context's (backend, device, dtype, batch size) or the overrides given."""
     backend = check_backend(backend or ctx.backend)  # an unknown name: one line listing the backends
-    batch = ctx.batch_size if batch_size is None else batch_size
-    if BACKENDS[backend].graph is not None:
-        target = ctx.target(device, dtype)
-        check_backend(backend, target)
-        provider = provider or PROVIDERS.get(target.kind)
-        if provider is None:
-            raise Unsupported(f"backend onnxruntime: no execution provider for device {target.device_name}")
-        options = onnxruntime_options(provider, target.device.index if target.kind != "cpu" else None, ctx.precision_mode)
-        path = onnx or ctx.onnx_path()
-        if target.dtype_name in QUANTIZED:  # onnxruntime's own int8: its dynamic quantization of the same graph
-            import onnx
+    batch, runner = ctx.batch_size if batch_size is None else batch_size, BACKENDS[backend].runner
+    if runner is None:
+        return TorchRunner(ctx.weights, ctx.target(device, dtype), batch, backend)
+    target = ctx.target(device, dtype)
+    check_backend(backend, target)
+    return declared(runner)(ctx, target, batch, ctx.threads if threads is None else threads, provider, onnx)
 
-            path = quantize_onnx(with_distributions(onnx.load(path)), ctx.workdir / f"{Path(path).stem}.{target.dtype_name}.onnx")
-        return OnnxRunner(path, provider, ctx.threads if threads is None else threads, ctx.seed, batch, options, target)
-    return TorchRunner(ctx.weights, ctx.target(device, dtype), batch, backend)
+
+def onnxruntime(ctx: Context, target: Target, batch: int, threads: int, provider: str | None, onnx: Path | None) -> OnnxRunner:
+    """Backend onnxruntime (config.Backend.runner): the ML-Agents .onnx, or onnxruntime's own quantization of it for a
+    dtype whose peer it is (int8: its dynamic quantization of the same graph), on the device's execution provider."""
+    provider = provider or PROVIDERS.get(target.kind)
+    if provider is None:
+        raise Unsupported(f"backend onnxruntime: no execution provider for device {target.device_name}")
+    options = onnxruntime_options(provider, target.device.index if target.kind != "cpu" else None, ctx.precision_mode)
+    path = onnx or ctx.onnx_path()
+    if target.dtype_name in QUANTIZED:
+        import onnx
+
+        path = quantize_onnx(with_distributions(onnx.load(path)), ctx.workdir / f"{Path(path).stem}.{target.dtype_name}.onnx")
+    return OnnxRunner(path, provider, threads, ctx.seed, batch, options, target)
+
+
+def declared(path: str) -> Callable:
+    """What a backend's declaration names by dotted path (config.Backend.forward, .runner): `module.function`."""
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
 
 
 def reference(ctx: Context, dtype: str = "fp64", batch_size: int = 0) -> TorchRunner:
