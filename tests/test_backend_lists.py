@@ -74,7 +74,7 @@ def test_a_declared_backend_appears_in_every_error_message_that_lists_backends(t
     with pytest.raises(UserError, match=r"unknown backend 'nope'; valid: .*\btoy\b"):
         check_backend("nope")
     with pytest.raises(Unsupported, match=r"only the torch backends \(.*\btoy\b.*\) give"):
-        OnnxRunner.trace(OnnxRunner, {})
+        OnnxRunner.distributions(OnnxRunner, {})
     with pytest.raises(Unsupported, match=r"runs backend eager only; backend toy does not apply"):
         check_backend("toy", resolve("cpu", "int8"))
     with pytest.raises(Unsupported, match=r"backend toy runs fp32 on cpu only; this job is cpu bf16"):
