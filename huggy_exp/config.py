@@ -89,6 +89,7 @@ class Backend:
     dtypes: Optional[Tuple[str, ...]] = None
     quantized: bool = False
     reference: bool = False
+    planless: str = ""  # why it cannot run a precision plan (conf/plan/): such a point is skipped with this reason
 
     def runs_dtype(self, dtype: str) -> str:
         """The dtype it really runs for a point of `dtype`: the graph's own for a graph backend (fp32), except for a
@@ -117,20 +118,27 @@ BACKENDS = {b.name: b for b in (
     Backend("compile", "torch.compile: inductor with freezing, torchair on npu",
             forward="huggy_exp.runners.compiled", fixed_shape=True),
     Backend("fused", "one C++ kernel, CPU fp32, batch 1", forward="huggy_exp.runners.fused",
-            devices=("cpu",), dtypes=("fp32",)),
+            devices=("cpu",), dtypes=("fp32",), planless="its one C++ kernel computes every layer in fp32"),
     Backend("graphs", "CUDA/NPU graph replay, cuda/npu only", forward="huggy_exp.runners.graphs",
             fixed_shape=True, devices=("cuda", "npu")),
     Backend("onnxruntime", "the fp32 .onnx on the device's provider; int8: its own quantization",
-            runner="huggy_exp.runners.onnxruntime", graph=ONNX_DTYPE, devices=("cpu", "cuda", "npu")))}
+            runner="huggy_exp.runners.onnxruntime", graph=ONNX_DTYPE, devices=("cpu", "cuda", "npu"),
+            planless="it runs the exported fp32 graph (or its own int8 quantization of it), one dtype throughout"))}
 BACKEND_NAMES = tuple(BACKENDS)
 REFERENCE_BACKEND = next(n for n, b in BACKENDS.items() if b.reference)
 P50_RATIO = ("eager", "onnxruntime")  # benchmark's first line: eager's p50 over onnxruntime's (headline eager_vs_ort)
 PRECISION_MODES = ("ieee", "tf32", "hf32")  # fp32 math: IEEE fp32, TF32 (CUDA), HF32 (Ascend): placement.set_precision
 
 
-def numerics_label(dtype: str, precision_mode: str | None = "ieee") -> str:
-    """What a point computes in, as run names and sweep comparisons show it: `fp32`, or `fp32-tf32` off IEEE."""
+def numerics_label(dtype: str, precision_mode: str | None = "ieee", plan: str | None = None) -> str:
+    """What a point computes in, as run names and sweep comparisons show it: `fp32`, `fp32-tf32` off IEEE, or a
+    precision plan's `plan:<name>`."""
+    if plan is not None:
+        return f"{PLAN_PREFIX}{plan}"
     return dtype if precision_mode in (None, "ieee") else f"{dtype}-{precision_mode}"
+
+
+PLAN_PREFIX = "plan:"
 VERDICTS = ("passed", "failed", "skipped", "error")
 SCENARIOS = ("single_stream", "multi_stream", "offline", "server", "control_loop")  # mode=benchmark
 OBS_SOURCES = ("random", "zeros", "extreme", "file")  # obs.source
@@ -217,6 +225,19 @@ class ObsConf:
     rows: int = rule(lo=1)
     scale: float = rule(lo=0)
     path: Optional[str] = MISSING
+
+
+@dataclass
+class PlanConf:
+    """A precision plan (conf/plan/<name>.yaml, docs/precision-plans.md): a dtype per part of the policy (the names
+    mode=precision's per-layer table prints: hidden_<i>, lstm, mu, logits); a part it leaves out takes the point's
+    dtype; `parts: null` (conf/plan/none.yaml) is no plan. `limits`: the dtype whose limits judge it (null: the
+    lowest-precision dtype it runs); `policy`: the policy shape it was made for (null: any with these parts)."""
+
+    name: str = MISSING
+    policy: Optional[str] = MISSING
+    limits: Optional[str] = rule(None, choices=DTYPE_NAMES)
+    parts: Optional[Dict[str, str]] = MISSING
 
 
 @dataclass
@@ -583,6 +604,13 @@ class SyncMode(OfflineMode):
 
 
 @dataclass
+class RejudgeMode(OfflineMode):
+    name: ClassVar[str] = "rejudge"
+    _target_: Optional[str] = None  # not a task: run.py hands it to app.rejudge (it reads results, runs no policy)
+    path: Optional[str] = MISSING
+
+
+@dataclass
 class UiMode(OfflineMode):
     name: ClassVar[str] = "ui"
     _target_: Optional[str] = None  # not a task: run.py hands it to huggy_exp.ui (the port is tracking.ui_port)
@@ -616,6 +644,7 @@ class Config:
     obs: ObsConf = MISSING
     tracking: TrackingConf = MISSING
     verify: VerifyConf = MISSING
+    plan: PlanConf = MISSING
 
 
 def register() -> None:
@@ -645,6 +674,10 @@ def validate(cfg: DictConfig, mode: str) -> dict:
     if mode == "stats" and plain["mode"]["source"] == "replay" and not plain["mode"]["trajectory"]:
         raise UserError("mode.source=replay needs mode.trajectory=<file.npy> (float32 [T, obs_dim]) or an .npz of obs_<i> [T, d_i]")
     _check_specialize((plain.get("verify") or {}).get("specialize"))
+    bad = next((k for k, v in (plain["plan"]["parts"] or {}).items() if v not in DTYPE_NAMES), None)
+    if bad is not None:
+        raise UserError(f"plan {plain['plan']['name']}: part {bad} has unknown dtype {plain['plan']['parts'][bad]!r}; "
+                        f"valid: {', '.join(DTYPE_NAMES)}")
     return plain
 
 

@@ -27,7 +27,8 @@ from huggy_exp.fused import FusedMLP, need_compiler
 from huggy_exp.mlagents import (ACTION_MASKS, ONNX_INPUT, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name, read_onnx,
                                 with_distributions, with_parts)
 from huggy_exp.placement import (
-    QUANTIZED, Target, check_backend, onnxruntime_options, quantize, quantize_onnx, resolve, synchronize, use_device,
+    DTYPES, QUANTIZED, Target, check_backend, onnxruntime_options, quantize, quantize_onnx, resolve, synchronize,
+    use_device,
 )
 from huggy_exp.policy import Policy, cpu_noise, cpu_uniform
 from huggy_exp.verify import CONTINUOUS_ACTIONS, DISCRETE_ACTIONS
@@ -74,13 +75,15 @@ class TorchRunner:
         self.backend, self.fixed_shape = backend, spec.fixed_shape  # fixed: the last chunk is padded to the chunk shape
         if spec.runner is not None:
             raise UserError(f"TorchRunner runs torch backends; build {backend} with runners.build()")
-        policy = Policy(weights)
+        self.policy = Policy(weights)
         if spec.forward is not None:  # a shape it cannot run is the job's error, before what this point can run
-            policy.check_single(f"backend {backend}")
+            self.policy.check_single(f"backend {backend}")
         check_backend(backend, target)
         use_device(target.device)
-        self.policy = policy.place(target.device, target.dtype, partial(quantize, dtype=target.dtype_name))
-        self.name = f"torch-{backend}-{target.device_name}-{target.dtype_name}"
+        plan = dict(target.plan.parts) if target.plan else None
+        self.policy.place(target.device, target.dtype, partial(_quantize, dtype=target.dtype_name, plan=plan),
+                          plan and {part: DTYPES[d] for part, d in plan.items()})
+        self.name = f"torch-{backend}-{target.device_name}-{target.label}"
         self.memory_size = self.policy.memory_size
         self._act: Callable = self.policy.act
         if spec.forward is None:
@@ -187,6 +190,14 @@ class TorchRunner:
     def _eager(self, fn: Callable, feeds: Feeds) -> dict[str, np.ndarray]:
         use_device(self.target.device)
         return self._collect([fn(obs, masks, memory) for obs, masks, memory, _ in self._chunks(feeds, pad=False)])
+
+
+def _quantize(policy: Policy, dtype: str, plan: dict[str, str] | None) -> None:
+    """placement.quantize for the whole policy, or part by part under a plan."""
+    if plan is None:
+        return quantize(policy, dtype)
+    for part, module in policy.parts().items():
+        quantize(module, plan[part])
 
 
 def sample_noise(policy: Policy, rows: int, seed: int) -> dict[str, torch.Tensor]:
