@@ -35,15 +35,8 @@ class Dtype:
     quantized: Optional[str] = None
     peer: Optional[str] = None
 
-    @property
-    def emulated_on_cpu(self) -> bool:
-        """float16: CPUs have no fp16 matmul kernels (emulated, ~50x slower): benchmark caps its points there."""
-        return self.torch == "float16"
-
-    @property
-    def fp32_math(self) -> bool:
-        """Its layers are float32 GEMMs, so precision_mode (tf32, hf32) applies to it."""
-        return self.torch == "float32" and not self.quantized
+    emulated_on_cpu = property(lambda self: self.torch == "float16")  # no CPU has fp16 matmul kernels: cpu_note
+    fp32_math = property(lambda self: self.torch == "float32" and not self.quantized)  # precision_mode applies to it
 
 
 # narrowest first, as a sweep's comparison lists them. int8 quantizes the activations per call and the weights per
@@ -99,11 +92,9 @@ class Backend:
     def refusal(self, dtype: str, kind: str) -> str:
         """Why it cannot run a point of `dtype` on a `kind` device ('' where it can): the gate runners.build reads."""
         ran, quantized = self.runs_dtype(dtype), DTYPES[dtype].quantized
-        if ran != dtype and quantized:
-            peers = ", ".join(d for d, t in DTYPES.items() if t.peer == self.name) or "none"
-            return f"backend {self.name}: dtype {dtype} has no {self.name} counterpart (its own quantization: {peers})"
         if ran != dtype:
-            return f"backend {self.name} runs the {ran} .onnx graph; dtype {dtype} does not apply"
+            peers = "".join(f" or its own {d}" for d, t in DTYPES.items() if t.peer == self.name)
+            return f"backend {self.name} runs the {ran} .onnx graph{peers}; dtype {dtype} does not apply"
         if quantized and not (self.quantized or self.graph):
             those = ", ".join(n for n, b in BACKENDS.items() if b.quantized)
             return f"dtype {dtype} (torchao {quantized}) runs backend {those} only; backend {self.name} does not apply"

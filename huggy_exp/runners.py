@@ -492,9 +492,7 @@ def build(ctx: Context, backend: str | None = None, *, device: str | None = None
 def onnxruntime(ctx: Context, target: Target, batch: int, threads: int, provider: str | None, onnx: Path | None) -> OnnxRunner:
     """Backend onnxruntime (config.Backend.runner): the ML-Agents .onnx, or onnxruntime's own quantization of it for a
     dtype whose peer it is (int8: its dynamic quantization of the same graph), on the device's execution provider."""
-    provider = provider or PROVIDERS.get(target.kind)
-    if provider is None:
-        raise Unsupported(f"backend onnxruntime: no execution provider for device {target.device_name}")
+    provider = provider or PROVIDERS[target.kind]  # config.BACKENDS: its device kinds
     options = onnxruntime_options(provider, target.device.index if target.kind != "cpu" else None, ctx.precision_mode)
     path = onnx or ctx.onnx_path()
     if target.dtype_name in QUANTIZED:

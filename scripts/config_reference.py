@@ -94,26 +94,15 @@ def reference(read: Callable[[Path], str] = Path.read_text) -> str:
 
 
 def backend_comments() -> dict[tuple[str, str], str]:
-    """(YAML file, top-level key) -> the comment that lists every backend."""
-    every = " | ".join(f"{n} ({b.help})" for n, b in BACKENDS.items())
-    return {("conf/config.yaml", "backend"): f"{every}; docs/backends-and-timing.md",
-            ("conf/mode/benchmark.yaml", "backends"): f"any of {' | '.join(BACKENDS)}, each gated against "
-            f"{REFERENCE_BACKEND} first; one that cannot run the point is skipped with its reason"}
+    """(YAML file, top-level key) -> the comment that lists every backend (their help lines: the docs list)."""
+    every = " | ".join(BACKENDS)
+    return {("conf/config.yaml", "backend"): f"{every}: what runs the policy (docs/backends-and-timing.md)",
+            ("conf/mode/benchmark.yaml", "backends"): f"any of {every}, each gated against {REFERENCE_BACKEND} first"}
 
 
 def with_comment(text: str, key: str, comment: str) -> str:
-    """`text` (YAML) with the comment of its top-level `key` (and the comment lines under it) set to `comment`, wrapped
-    at 120 characters in the key's comment column."""
-    lines = text.splitlines()
-    i = next(n for n, line in enumerate(lines) if line.startswith(f"{key}:"))
-    head = lines[i].split("#", 1)[0].rstrip()
-    column = max(len(head) + 1, lines[i].find("#"))
-    end = i + 1
-    while end < len(lines) and CONTINUED.match(lines[end]) and lines[end].find("#") == column:
-        end += 1
-    parts = textwrap.wrap(comment, 118 - column, break_long_words=False, break_on_hyphens=False)
-    lines[i:end] = [f"{head.ljust(column)}# {parts[0]}", *(f"{' ' * column}# {p}" for p in parts[1:])]
-    return "\n".join(lines) + "\n"
+    """`text` (YAML) with the comment on the line of its top-level `key` set to `comment`."""
+    return re.sub(rf"^({re.escape(key)}:[^#\n]*# ).*$", lambda m: m.group(1) + comment, text, count=1, flags=re.M)
 
 
 def backend_list() -> str:
