@@ -45,7 +45,18 @@ def build_context(cfg: DictConfig, workdir: Path) -> Context:
     conf = OmegaConf.to_object(cfg)
     settings = {f.name: getattr(conf, f.name) for f in fields(Context) if hasattr(conf, f.name)}
     return Context(**settings, model_spec=conf.model, workdir=workdir,
-                   owned=(workdir, mlagents.cache_dir(), *tracking.local_paths(conf.tracking.uri)))
+                   owned=(workdir, mlagents.cache_dir(), *tracking.local_paths(conf.tracking.uri), *job_inputs(cfg)))
+
+
+def job_inputs(cfg: DictConfig) -> list[Path]:
+    """What a job reads besides the model: every existing file or folder its config names (obs.path, a mode's input;
+    mode.path, an output, aside) and the config folders Hydra composed it from (conf/, --config-dir)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    named = [Path(v).expanduser() for k, v in environment.flatten(OmegaConf.to_container(cfg, resolve=True)).items()
+             if isinstance(v, str) and k != "mode.path" and v.strip()]
+    sources = HydraConfig.get().runtime.config_sources if HydraConfig.initialized() else []
+    return [p for p in named if p.exists()] + [Path(s.path) for s in sources if s.provider != "hydra" and s.schema == "file"]
 
 
 def make_task(mode: DictConfig):

@@ -152,7 +152,11 @@ def expand(argv: list[str], conf_dirs: list) -> tuple[list[str], list[list[str]]
             if not values:
                 raise UserError(f"{o.input_line} matches no {key} file; available: {', '.join(options) or 'none'}")
         else:
-            values = list(o.sweep_string_iterator())
+            try:
+                values = list(o.sweep_string_iterator())
+            except HydraException as exc:  # interval(): values drawn by a sampling sweeper (Optuna, Ax), never listed
+                raise UserError(f"{o.input_line}: {exc}; the basic sweeper runs listed values: use a,b,c or "
+                                "range(start,stop,step)") from None
             for v in values if group else ():
                 _known_choice(group, v, conf_dirs)
         sweeps.append([f"{key}={v}" for v in values])
@@ -266,6 +270,10 @@ def _composed(overrides: list[str], name: str, extra: list[str], dirs: list,
             pass  # composed below: Hydra's error, in one line
     try:
         cfg = compose(config_name=name, overrides=overrides + extra, return_hydra_config=True)
+    except UnicodeDecodeError as exc:  # Hydra read a config file that is not text, and does not say which
+        broken = next((p for p in sorted(f for d in dirs for f in Path(d).rglob("*.yaml")) if not _is_text(p)), "a config file")
+        raise UserError(f"{broken} is not UTF-8 text ({exc.reason} at byte {exc.start}); restore it (git checkout -- "
+                        "<file>, or a copy) or fix it") from None
     except (HydraException, OmegaConfBaseException, yaml.YAMLError) as exc:
         missing = re.search(r"Could not find '([\w/]+)/([^'/]+)'", str(exc))
         if missing:  # Hydra's own list leaves out the plugins' choices (hydra/launcher lists only basic)
@@ -275,6 +283,14 @@ def _composed(overrides: list[str], name: str, extra: list[str], dirs: list,
     if key is not None:
         first[key] = copy.deepcopy(cfg)  # the values after this one are set into the copy
     return cfg, False
+
+
+def _is_text(path: Path) -> bool:
+    try:
+        path.read_bytes().decode()
+        return True
+    except (UnicodeDecodeError, OSError):
+        return False
 
 
 def _check_new_store(cfg: DictConfig, mode: str) -> None:
