@@ -109,7 +109,7 @@ def test_graphs_on_the_cpu_are_unsupported_with_the_reason(small, tmp_path):
 
 
 def test_onnxruntime_in_half_precision_is_unsupported(small, tmp_path):
-    with pytest.raises(Unsupported, match="runs the fp32 .onnx graph; dtype bf16 does not apply"):
+    with pytest.raises(Unsupported, match="runs the fp32 .onnx graph or its own int8; dtype bf16 does not apply"):
         build(small_context(small, tmp_path, dtype="bf16"), "onnxruntime")
 
 
