@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from huggy_exp import config
-from huggy_exp.config import BACKENDS, DEVICE_KINDS, DTYPE_NAMES, PLANLESS, PlanConf
+from huggy_exp.config import BACKENDS, DEVICE_KINDS, DTYPE_NAMES, PlanConf
 from huggy_exp.errors import Unsupported, UserError, first_line
 
 DTYPES = {name: getattr(torch, d.torch) for name, d in config.DTYPES.items()}  # by name, what the layers compute in
@@ -87,17 +87,19 @@ class Target:
         """Every dtype the policy's layers run in."""
         return {d for _, d in self.plan.parts} if self.plan else {self.dtype_name}
 
-    def check_backend(self, backend: str) -> None:
-        """A plan on a backend that cannot honour one (config.PLANLESS) is Unsupported, with the reason."""
-        if self.plan is not None and backend in PLANLESS:
-            raise Unsupported(f"backend {backend} cannot run precision plan {self.plan.name}: {PLANLESS[backend]}")
 
-
-def check_backend(name: str) -> str:
-    """A backend name (config.BACKENDS: eager, compile, fused, graphs, onnxruntime); whether it runs here is the
+def check_backend(name: str, target: Target | None = None) -> str:
+    """A backend name (config.BACKENDS), and with a target whether the backend runs its dtypes (a plan's every part's),
+    device kind and plan at all (Backend.refusal, .planless: Unsupported); whether it runs on this machine is the
     runner's to say."""
     if name not in BACKENDS:
         raise UserError(f"unknown backend {name!r}; valid: {', '.join(BACKENDS)}")
+    spec = BACKENDS[name]
+    if target is not None and target.plan is not None and spec.planless:
+        raise Unsupported(f"backend {name} cannot run precision plan {target.plan.name}: {spec.planless}")
+    why = [spec.refusal(d, target.kind) for d in sorted({target.dtype_name, *target.dtypes()})] if target else []
+    if any(why):
+        raise Unsupported(next(filter(None, why)))
     return name
 
 
@@ -220,12 +222,9 @@ def _runs(torch_device: torch.device, device: str, dtype: str) -> bool:
     return True
 
 
-def quantize_onnx(model, dtype: str, out: Path) -> Path:
-    """onnxruntime's own dynamic quantization of an fp32 .onnx (a path or ModelProto) for dtype int8 (int8 weights, uint8
-    activations quantized per call: MatMulInteger), written to `out`; int8w has no onnxruntime counterpart (Unsupported)."""
-    if dtype != "int8":
-        raise Unsupported(f"backend onnxruntime: dtype {dtype} has no onnxruntime counterpart (its dynamic quantization "
-                          "quantizes the activations too: that is dtype int8)")
+def quantize_onnx(model, out: Path) -> Path:
+    """onnxruntime's own dynamic quantization of an fp32 .onnx (a path or ModelProto) for a dtype whose peer it is (int8:
+    int8 weights, uint8 activations quantized per call, MatMulInteger; config.Dtype.peer), written to `out`."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     _quietly(lambda: quantize_dynamic(model, out, weight_type=QuantType.QInt8))
@@ -278,7 +277,7 @@ def set_precision(device: str, dtype: str, mode: str) -> dict[str, str]:
     if mode not in HONOURED[kind]:
         raise Unsupported(f"precision_mode={mode} cannot be honoured on {kind}: it has {', '.join(HONOURED[kind])} "
                           "(tf32 is CUDA's, hf32 Ascend's)")
-    if mode != "ieee" and dtype != "fp32":
+    if mode != "ieee" and not config.DTYPES[dtype].fp32_math:
         raise Unsupported(f"precision_mode={mode} changes fp32 math only; dtype={dtype} computes in {dtype} (use ieee)")
     values: dict[str, object] = {f"cpu_{op}": "ieee" for op in TORCH_OPS}  # oneDNN may otherwise run fp32 in bf16/tf32
     if kind == "cuda":

@@ -13,7 +13,7 @@ import numpy as np
 from huggy_exp import bundle, environment
 from huggy_exp.certify import DUAL_RULES, bitwise, dual_benchmark, errors, latency_change, rule_verdict, test05_tolerance, worst
 from huggy_exp.compare import load_outputs
-from huggy_exp.config import DiffMode
+from huggy_exp.config import REFERENCE_BACKEND, DiffMode
 from huggy_exp.context import Context
 from huggy_exp.errors import UserError
 from huggy_exp.numerics import error_ratio
@@ -87,7 +87,7 @@ def bundle_point(b: bundle.Bundle, key: str) -> Point:
 
 def job_point(record: dict, workdir: Path) -> Point:
     params = record.get("params") or {}
-    mode, backend = record.get("mode"), params.get("backend", "eager")
+    mode, backend = record.get("mode"), params.get("backend", REFERENCE_BACKEND)
     key = f"{record.get('run_name')} {backend} seed {record.get('seed')}"  # case:mode-device-dtype-b<batch>[-obs]
     if mode == "record" and record.get("bundle") and record.get("point") and bundle.is_bundle(record["bundle"]):
         b = bundle.read(record["bundle"])

@@ -8,7 +8,7 @@ from dataclasses import asdict
 import numpy as np
 
 from huggy_exp import plots
-from huggy_exp.config import PrecisionMode
+from huggy_exp.config import BACKENDS, PrecisionMode
 from huggy_exp.context import Context
 from huggy_exp.mlagents import RECURRENT_OUT
 from huggy_exp.numerics import error_ratio, limits_for, ratio_verdict, rel_rmse
@@ -31,7 +31,7 @@ class PrecisionTask(Task):
         traced = run_feeds(device, feeds, trace=True)  # onnxruntime: its graph's parts (mlagents.with_parts)
         got = {**run_feeds(device, feeds, ctx.seed), **traced}
         want = run_feeds(reference(ctx, "fp64"), feeds, trace=True)
-        cpu_eager = ctx.target().kind == "cpu" and ctx.backend == "eager"
+        cpu_eager = ctx.target().kind == "cpu" and BACKENDS[ctx.backend].reference  # the CPU reference itself
         cpu_same = got if cpu_eager else run_feeds(build(ctx, "eager", device="cpu"), feeds, trace=True)
         result = Result()
         # --- compare and judge: every output (the engine), the layers, the relative verdict
