@@ -42,16 +42,6 @@ def limits_for(table: dict, dtype: str, device: str, specialize: dict | None, wh
     return limits
 
 
-def rel_rmse(actual: np.ndarray, expected: np.ndarray) -> float:
-    """RMSE divided by the RMS of the expected values: comparable across layers of different scale."""
-    a, e = as_rows(actual, expected)
-    if a.size == 0:
-        return float("nan")
-    scale = float(np.sqrt(np.mean(e**2)))
-    err = float(np.sqrt(np.mean((a - e) ** 2)))
-    return err / scale if scale > 0 else err
-
-
 def error_ratio(device_error: float, cpu_error: float) -> float:
     """Device error over CPU error at the same dtype; both exact counts as 1 (no worse than the CPU)."""
     if cpu_error == 0.0:
