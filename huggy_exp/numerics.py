@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+
 import numpy as np
 
 from huggy_exp.errors import UserError
-from huggy_exp.verify import as_rows, finite_limits, log_softmax
+from huggy_exp.verify import finite_limits, log_softmax
 
 ACTION_STATS = {"action_mean": np.mean, "action_std": np.std, "action_min": np.min, "action_max": np.max}
 

@@ -23,7 +23,8 @@ import torch
 
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.fused import FusedMLP, need_compiler
-from huggy_exp.mlagents import ACTION_MASKS, ONNX_INPUT, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name, with_distributions
+from huggy_exp.mlagents import (ACTION_MASKS, ONNX_INPUT, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name, read_onnx,
+                                with_distributions, with_parts)
 from huggy_exp.placement import (
     QUANTIZED, Target, check_backend, onnxruntime_options, quantize, quantize_onnx, resolve, synchronize,
     use_device,
@@ -302,8 +303,11 @@ class GraphReplay:
     """Capture `fn` once per input shape on static buffers, then replay: copy inputs in, replay, clone outputs; through
     the device module's graph class and capture context (torch.cuda.CUDAGraph, torch_npu's NPUGraph).
 
-    The capture runs on a side stream of the current card, so the runner's card is made current first: a capture
-    while another card is current records none of this card's work, and its replays return stale outputs."""
+    Warm-up and capture run on a side stream made on the runner's card, with that card current, and the capture is
+    given it (`graph(g, stream=...)`): `graph`'s own capture stream is a class attribute (`default_capture_stream`,
+    torch/cuda/graphs.py and torch_npu/npu/graphs.py), made once per process on the card current at the first
+    capture, so a later capture on another card without `stream=` records none of that card's work and its replays
+    return the capture-time outputs."""
 
     def __init__(self, fn: Callable, target: Target):
         if target.kind == "cpu":
@@ -313,20 +317,21 @@ class GraphReplay:
         if self.cls is None or not hasattr(self.mod, "graph"):
             raise Unsupported(f"backend graphs: torch.{target.kind} offers no graph capture here")
         self.captured: dict[tuple, tuple] = {}
+        self.side = None  # the capture stream, made on the card at the first capture
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         key = tuple((tuple(t.shape), t.dtype) for t in inputs)
         if key not in self.captured:
             use_device(self.device)
             static = [t.clone() for t in inputs]
-            side = self.mod.Stream()
-            side.wait_stream(self.mod.current_stream())
+            side = self.side = self.side or self.mod.Stream(self.device)
+            side.wait_stream(self.mod.current_stream(self.device))
             with self.mod.stream(side):
                 for _ in range(3):
                     self.fn(*static)
-            self.mod.current_stream().wait_stream(side)
+            self.mod.current_stream(self.device).wait_stream(side)
             graph = self.cls()
-            with self.mod.graph(graph):
+            with self.mod.graph(graph, stream=side):
                 out = self.fn(*static)
             self.captured[key] = (graph, static, out)
         graph, static, out = self.captured[key]
@@ -366,11 +371,8 @@ class OnnxRunner:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
         providers = [(provider, provider_options)] if provider_options else [provider]  # placement.onnxruntime_options
-        try:
-            self.session = ort.InferenceSession(str(path), options, providers=providers)
-        except Exception as exc:
-            raise UserError(f"onnxruntime could not load {path}: {str(exc).splitlines()[0]}") from None
-        check_provider(self.session, provider)
+        self.path, self._providers, self._tapped = Path(path), providers, None
+        self.session = self._open(options, str(path))
         self.inputs = {i.name: i.shape for i in self.session.get_inputs()}
         self.input = next(iter(self.inputs))
         shape = self.inputs.get(RECURRENT_IN)
@@ -383,8 +385,33 @@ class OnnxRunner:
     def sample(self, feeds: Feeds, seed: int) -> dict[str, np.ndarray]:
         raise self._torch_only("sampled actions take the seeded CPU noise, which")
 
+    def _open(self, options, model: str | bytes):
+        """A session of the model (a path, or a changed graph's bytes) on this runner's provider, never a fallback."""
+        import onnxruntime as ort
+
+        try:
+            session = ort.InferenceSession(model, options, providers=self._providers)
+        except Exception as exc:
+            raise UserError(f"onnxruntime could not load {self.path}: {str(exc).splitlines()[0]}") from None
+        check_provider(session, self._providers[0] if isinstance(self._providers[0], str) else self._providers[0][0])
+        return session
+
     def trace(self, feeds: Feeds) -> dict[str, np.ndarray]:
-        raise self._torch_only("per-layer attribution")
+        """Policy.trace's parts as the graph computes them (mlagents.with_parts names them), with the outputs of infer().
+        A second session runs with graph optimizations off, as onnxruntime's own qdq_loss_debug does: no fusion folds
+        a part away."""
+        if self._tapped is None:
+            import onnxruntime as ort
+
+            model = with_parts(read_onnx(self.path), f"onnx file {self.path}")
+            self.parts = [o.name for o in model.graph.output][len(self.outputs):]
+            plain = ort.SessionOptions()
+            plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            self._tapped = self._open(plain, model.SerializeToString())
+        given = self._given(feeds)
+        rows = len(next(iter(given.values())))
+        parts = {k: v.reshape(rows, -1) for k, v in zip(self.parts, self._tapped.run(self.parts, given))}
+        return {**parts, **self.infer(feeds)}
 
     def distributions(self, feeds: Feeds) -> dict[str, np.ndarray]:
         raise self._torch_only("the distributions (mu, log_sigma, masked logits)")

@@ -6,7 +6,8 @@ tensor holding its real values; every op runs on the CPU through `__torch_dispat
 and one op meeting tensors of two cards (or a CPU tensor that is not a scalar). `torch.npu` is the device module with
 the surface huggy_exp calls, torch_npu's names: is_available, device_count, set_device / current_device (per thread),
 synchronize, Event, Stream / stream / current_stream, memory statistics, NPUGraph / graph (a capture records the
-ops it sees on its own card, on its device and stream, and replays them on the current values), get_device_name,
+ops it sees on its own card, on its device and stream, and replays them on the current values; `graph`'s own capture
+stream is made once per process, on the card current at the first capture, as torch_npu's is), get_device_name,
 matmul.allow_hf32 / conv.allow_hf32 (HF32: fp32 matmul inputs rounded to 10 mantissa bits, as the cube unit does).
 Like torch_npu it registers the dynamo backend `npu` (torch.compile's backend on this device kind): the wrapper is
 traceable (`__tensor_flatten__`), and the backend runs AOTAutograd's graph of the card's ops with dynamo's aot_eager.
@@ -445,16 +446,30 @@ class NPUGraph:
         self.ops, self.recorded = [], False
 
 
-@contextlib.contextmanager
-def graph(npu_graph: NPUGraph, pool=None, stream: Stream | None = None, capture_error_mode: str = "global"):
-    """torch.npu.graph: capture on a side stream of the current card (`stream` if given)."""
-    side = stream or Stream()
-    with globals()["stream"](side):
-        npu_graph.capture_begin()
-        try:
-            yield npu_graph
-        finally:
-            npu_graph.capture_end()
+class graph:
+    """torch.npu.graph as torch_npu (torch_npu/npu/graphs.py) and torch.cuda (torch/cuda/graphs.py) write it: the
+    capture stream, unless `stream=` is given, is the class attribute `default_capture_stream`, made once per process
+    by the first `graph(...)` on the card current then; entering makes the capture stream's card current. So after a
+    capture on npu:0, `graph(g)` on npu:1 captures on npu:0's stream and records none of npu:1's ops."""
+
+    default_capture_stream: Stream | None = None
+
+    def __init__(self, npu_graph: NPUGraph, pool=None, stream: Stream | None = None, auto_dispatch_capture: bool = False,
+                 capture_error_mode: str = "global"):
+        if self.__class__.default_capture_stream is None:  # torch_npu makes it even when `stream` is given
+            self.__class__.default_capture_stream = Stream()
+        self.capture_stream = stream if stream is not None else self.__class__.default_capture_stream
+        self.stream_ctx = globals()["stream"](self.capture_stream)
+        self.npu_graph = npu_graph
+
+    def __enter__(self) -> None:
+        synchronize()
+        self.stream_ctx.__enter__()
+        self.npu_graph.capture_begin()
+
+    def __exit__(self, *exc) -> None:
+        self.npu_graph.capture_end()
+        self.stream_ctx.__exit__(*exc)
 
 
 def is_available() -> bool:

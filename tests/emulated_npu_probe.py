@@ -35,17 +35,21 @@ def graph_replay(card: int) -> dict:
 
 
 def capture_on_the_wrong_card() -> dict:
-    """A capture while card 0 is current, of y = x + 1 on card 1 (graphs on npu:1 without set_device): the op runs at
-    once on card 1, the graph records nothing, and a replay leaves y stale."""
-    npu.set_device(1)
-    x = torch.ones(2, 3).to("npu:1")
+    """After graph_replay(1), the process's capture stream is card 1's (torch_npu's `graph.default_capture_stream`, made
+    at the first capture): a capture of y = x + 1 on card 0 without `stream=` runs on card 1's stream, records nothing
+    of card 0, and a replay leaves y stale. With a stream of card 0 passed, the same capture records the op."""
     npu.set_device(0)
-    g = npu.NPUGraph()
-    with npu.graph(g):
-        y = x + 1
-    x.copy_(torch.full((2, 3), 3.0))
-    g.replay()
-    return {"card": g.card, "ops": len(g.ops), "replayed": y.cpu().tolist()[0][0]}
+    x = torch.ones(2, 3).to("npu:0")
+    found = {}
+    for how, stream in (("default", None), ("own_stream", npu.Stream(0))):
+        g = npu.NPUGraph()
+        with npu.graph(g, stream=stream):
+            y = x + 1
+        x.copy_(torch.full((2, 3), 3.0))
+        g.replay()
+        found[how] = {"card": g.card, "ops": len(g.ops), "replayed": y.cpu().tolist()[0][0]}
+        x.copy_(torch.ones(2, 3))
+    return found
 
 
 def memory() -> dict:

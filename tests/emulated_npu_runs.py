@@ -37,6 +37,24 @@ def graphs_against_eager() -> list[float]:
     return gaps
 
 
+def graphs_on_both_cards() -> dict:
+    """Graphs on npu:0, then on npu:1, in one process (a basic-launcher sweep `device=npu:0,npu:1 backend=graphs`):
+    the ops each card's capture recorded, and each card's largest gap to eager on three new inputs."""
+    w = mlagents.load_default().weights
+    rng = np.random.default_rng(2)
+    found = {}
+    for card in ("npu:0", "npu:1"):
+        target = resolve(card, "fp32")
+        graphs, eager = (runners.TorchRunner(w, target, batch_size=8, backend=b) for b in ("graphs", "eager"))
+        gaps = []
+        for _ in range(3):
+            obs = rng.standard_normal((8, w.obs_dim)).astype(np.float32)
+            gaps.append(float(np.abs(graphs.infer({runners.OBS: obs})[ACTIONS] - eager.infer({runners.OBS: obs})[ACTIONS]).max()))
+        (graph, _, _), = graphs._forward.captured.values()
+        found[card] = {"ops": len(graph.ops), "card": graph.card, "max_gap": max(gaps)}
+    return found
+
+
 def from_a_new_thread() -> str:
     """The policy on npu:1 called from a thread that never set a device (LoadGen's worker, its issue thread)."""
     w = mlagents.load_default().weights
@@ -143,11 +161,13 @@ def modes_on_the_card(scratch: Path) -> dict:
 
 
 def main(scratch: Path) -> dict:
+    both = graphs_on_both_cards()  # first: the process's first graph capture is npu:0's
     ctx = job_context(scratch, "device=npu:1")
     job = run_job(scratch / "benchmark", "benchmark", "device=npu:1", "backend=graphs", *SHORT,
                   "mode.backends=[eager,compile,graphs,onnxruntime]", "mode.scenarios=[single_stream,server,offline,control_loop]")
     r = job.record
     return {
+        "graphs_on_both_cards": both,
         "batch": batch_after_a_big_tensor(scratch),
         "graphs_vs_eager": graphs_against_eager(),
         "new_thread": from_a_new_thread(),

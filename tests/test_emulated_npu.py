@@ -60,6 +60,15 @@ def test_failure_7_graphs_on_the_second_card_replay_fresh_outputs(runs):
     assert runs["benchmark"]["backends"]["graphs"] == "passed"
 
 
+def test_row_1_graphs_on_a_second_card_in_one_process_capture_the_policy(runs):
+    """torch_npu's `graph` keeps one capture stream per process, made on the card current at the first capture; graphs
+    on npu:0 then npu:1 in one process each record the policy's ops on their own card and replay fresh values."""
+    both = runs["graphs_on_both_cards"]
+    assert both["npu:0"]["card"] == 0 and both["npu:1"]["card"] == 1
+    assert both["npu:0"]["ops"] == both["npu:1"]["ops"] > 5  # the same policy's ops on each card, not an empty capture
+    assert both["npu:0"]["max_gap"] == both["npu:1"]["max_gap"] == 0.0  # every replay computes the new inputs
+
+
 def test_failure_10_a_thread_that_never_set_the_card_runs_the_policy_on_it(runs):
     assert runs["new_thread"] == "equal"  # the runner makes its card current in whichever thread calls it
     bench = runs["benchmark"]  # LoadGen's server worker thread answered on npu:1, checked against eager
@@ -124,8 +133,10 @@ def test_the_emulated_card_refuses_and_records_what_a_card_does(huggy_exp_cache)
     # a capture records the ops of its current card on a side stream, computes nothing until replayed, then replays
     # them on new values ...
     assert got["graph"] == {"card": 1, "default_stream": False, "ops": 2, "unreplayed_is_nan": True, "replayed": 19.0}
-    # ... and captures nothing of another card's ops: the replay leaves stale values (failure #7)
-    assert got["graph_wrong_card"] == {"card": 0, "ops": 0, "replayed": 2.0}
+    # ... and, as torch_npu's `graph`, keeps the capture stream of the first capture for the process: a later capture
+    # of card 0's ops without `stream=` records nothing and replays stale values; with a card-0 stream it records them
+    assert got["graph_wrong_card"] == {"default": {"card": 1, "ops": 0, "replayed": 2.0},
+                                       "own_stream": {"card": 0, "ops": 1, "replayed": 4.0}}
     assert got["memory"] == {"peak": 2**20, "held_by_view": 2**20, "after": 0, "card0_peak_unchanged": True}
     assert got["hf32"] == {"exact": 2.0 + 2.0**-11 + 2.0**-9, "hf32": 2.0 + 2.0**-9}  # 10 mantissa bits, ties to even
     assert got["lstm_max_abs"] < 1e-6  # nn.LSTM on the card runs the device-only _thnn_fused_lstm_cell
