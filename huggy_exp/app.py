@@ -23,7 +23,7 @@ from huggy_exp.placement import set_precision
 from huggy_exp.preflight import validate
 from huggy_exp.report import write_job_report
 from huggy_exp.results import (EXIT_CODES, EXIT_PENDING, Result, expectation, held_result, read_result, update_result,
-                               write_result)
+                               write_json, write_result, write_table)
 from huggy_exp.files import disk_full_message, is_disk_full
 from huggy_exp.memory import check_job_memory
 
@@ -89,11 +89,17 @@ def run_name(mode: str, cfg: DictConfig, case: str | None = None) -> str:
 
     A benchmark is named by the batch sizes it times (its ladder, mode.batch_sizes, when it has one), zero-padded so
     that names sort numerically (b00001 < b00064 < b01024) in the MLflow runs table and in listings."""
-    name = f"{mode}-{cfg.device}-{numerics_label(cfg.dtype, cfg.get('precision_mode'))}-b{batch_label(mode, cfg)}"
+    name = f"{mode}-{cfg.device}-{numerics_label(cfg.dtype, cfg.get('precision_mode'), plan_name(cfg))}-b{batch_label(mode, cfg)}"
     source = (cfg.get("obs") or {}).get("source")
     if source and source != "random":
         name += f"-{source}"
     return f"{case}:{name}" if case else name
+
+
+def plan_name(cfg: DictConfig) -> str | None:
+    """The job's precision plan's name, None without one (conf/plan/none.yaml)."""
+    plan = cfg.get("plan")
+    return None if plan is None or plan.get("parts") is None else str(plan.name)
 
 
 BATCH_DIGITS = 5  # benchmark names: b00064 sorts before b01024 (and a batch of 100000 or more after both)
@@ -183,6 +189,7 @@ def _run_task(cfg: DictConfig, workdir: Path, mode: str,
             raise Unsupported(f"needs {missing[0]}, which is not on this host (shared fixtures: set HUGGY_EXP_SHARED)")
         ctx, switches = build_context(cfg, workdir), {}
         if modes()[mode].runs_policy:
+            ctx.precision_plan  # noqa: B018 (a bad plan is one line before anything runs)
             switches = set_precision(ctx.device, ctx.dtype, ctx.precision_mode)  # as read back; Unsupported: skipped
             check_job_memory(mode, OmegaConf.to_container(cfg, resolve=True), ctx.weights)
         result = make_task(cfg.mode).run(ctx)
@@ -235,6 +242,7 @@ def _job_record(cfg: DictConfig, mode: str, job: JobInfo, result: Result, ctx: C
         "batch_size": cfg.batch_size,
         "seed": cfg.seed,
         "model": loaded.describe() if loaded is not None else _model_stub(cfg),
+        "plan": _plan_record(cfg, ctx),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "start_time_ms": int(started * 1000),  # MLflow's run starts here, not when it is logged
         "duration_s": round(time.time() - started, 3),
@@ -250,6 +258,15 @@ def _job_record(cfg: DictConfig, mode: str, job: JobInfo, result: Result, ctx: C
         "expectation_met": None if cfg.get("expect") is None else result.status == cfg.get("expect"),
         "tracking": {"status": "pending", "reason": "not logged yet"} if settings["enabled"] else {"status": "off"},
     }
+
+
+def _plan_record(cfg: DictConfig, ctx: Context | None) -> dict | None:
+    """The plan the point ran: name, content hash, limits dtype and every part's dtype (its name alone where it was
+    refused before it ran); None without one."""
+    if plan_name(cfg) is None:
+        return None
+    resolved = ctx.__dict__.get("precision_plan") if ctx is not None else None
+    return resolved.describe() if resolved is not None else {"name": plan_name(cfg), "hash": None}
 
 
 def _track(result: Result, settings: dict, workdir: Path, path: Path, job: JobInfo) -> None:
@@ -296,6 +313,71 @@ def sync(cfg: DictConfig) -> int:
     if counts["skipped"]:
         return EXIT_CODES["error"]
     return EXIT_PENDING if counts["pending"] else 0
+
+
+def rejudge(cfg: DictConfig, out: Path) -> int:
+    """`mode=rejudge`: every result.json under mode.path judged again by the limits as composed now (huggy_exp/rejudge.py),
+    the policy never loaded: the re-judged points in `out` (a sweep folder of its own: summary.{json,csv,md},
+    report.html, changed.csv listing each verdict that changed), logged as a new MLflow parent whose children name the
+    runs they re-judge. The originals are read, never written. Exit: the worst re-judged verdict, 2 on a refusal."""
+    from huggy_exp import rejudge as judge
+    from huggy_exp import sweep
+
+    source = Path(cfg.mode.path).expanduser() if cfg.mode.path else None
+    try:
+        if source is None or not source.is_dir():
+            raise UserError(f"mode.path={cfg.mode.path}: {'required' if source is None else 'no such folder'}: a sweep "
+                            "folder (multirun/<date>/<time>), a job folder or a record job's folder")
+        found = sorted(source.rglob("result.json"), key=lambda p: (len(p.parts), str(p)))
+        if not found or out.resolve().is_relative_to(source.resolve()):
+            raise UserError(f"mode.path={source}: {'no result.json under it' if not found else 'holds this job folder'}")
+        table, specialize = (OmegaConf.to_container(cfg.verify[k], resolve=True) for k in ("limits", "specialize"))
+        records = [(path, read_result(path.parent)) for path in found]
+        verdicts = [judge.rejudge(record, table, specialize, str(path)) for path, record in records]
+    except UserError as exc:
+        say(f"error: {exc}", error=True)
+        return EXIT_CODES["error"]
+    settings = OmegaConf.to_container(cfg.tracking, resolve=True)
+    info = tracking.start_sweep(settings, out, uuid.uuid4().hex[:12], sys.argv[1:])
+    changed = [row for num, ((path, record), verdict) in enumerate(zip(records, verdicts))
+               if (row := _rejudged_point(out / str(num), num, path, record, verdict, info, settings))]
+    summary = sweep.summarize(out)
+    flips = ", ".join(f"{c['run_name']} {c['was']} → {c['now']}" for c in changed) or "no verdict changed"
+    summary["line"] = f"re-judged {len(records)} result(s) of {source} by the limits as composed now: {flips}. " + summary["line"]
+    summary["title"] = f"rejudge of {source.name} · {time.strftime('%m-%d %H:%M')}"
+    summary["changed"] = changed
+    write_table(out / "changed.csv", changed, ["point", "run_name", "was", "now", "why", "checks"])
+    tracking.end_sweep(settings, out, summary, sweep.write_summary(out, summary, bool(cfg.plots)) + [out / "changed.csv"])
+    say(summary["line"])
+    for c in changed:
+        say(f"  {c['run_name']}: {c['was']} → {c['now']}: {c['why']}")
+    say(f"summary, report and changed.csv in {out}")
+    return EXIT_CODES[max((v["status"] for v in verdicts), key=lambda s: (EXIT_CODES[s], s), default="passed")]
+
+
+def _rejudged_point(point: Path, num: int, path: Path, record: dict, verdict: dict, info: dict, settings: dict) -> dict | None:
+    """One re-judged point in `point` (its files copied, result.json with the new verdict, the limits it is now held to
+    and the run it re-judges), logged under the new parent; the row of changed.csv when its verdict changed."""
+    import shutil
+
+    shutil.copytree(path.parent, point, ignore=shutil.ignore_patterns("result.json", "*.lock", ".hydra"))
+    original = (record.get("tracking") or {}).get("run_id")
+    limits = verdict.pop("limits")  # the re-judged figures are shown beside the limits they now meet or miss
+    write_json(point / "result.json", {
+        **record, "status": verdict["status"], "reason": verdict["reason"], "job_id": uuid.uuid4().hex,
+        "metrics": {**(record.get("metrics") or {}), **limits},
+        "rejudged": {"from": str(path.parent), "run_id": original, "was": record["status"], **verdict},
+        "tags": {**(record.get("tags") or {}), "rejudged_from": str(path.parent), "rejudged_was": record["status"],
+                 **({"rejudged_from_run_id": original} if original else {})},
+        "sweep": {"dir": str(point.parent), "id": info["id"], "num": num, "parent_run_id": info.get("parent_run_id")},
+        "tracking": {"status": "pending" if settings.get("enabled") else "off"}})
+    if settings.get("enabled"):
+        update_result(point, tracking=tracking.log_job(settings, point))
+    if verdict["status"] == record["status"]:
+        return None
+    return {"point": str(path.parent), "run_name": record["run_name"], "was": record["status"], "now": verdict["status"],
+            "why": verdict["reason"] or "every re-judged check holds",
+            "checks": "; ".join(f"{c['check']} {c['value']:.3g}: limit {c['was']:g} → {c['now']:g}" for c in verdict["changed"])}
 
 
 def ui(cfg: DictConfig) -> int:

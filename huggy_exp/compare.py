@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from huggy_exp import certify, plots
-from huggy_exp.config import DTYPE_NAMES, modes, numerics_label
+from huggy_exp.config import DTYPE_NAMES, PLAN_PREFIX, modes, numerics_label
 from huggy_exp.headline import ERROR
 from huggy_exp.foreign import check_npy
 from huggy_exp.verify import DECLARED, FINGERPRINT
@@ -52,7 +52,7 @@ def compare(rows: list[dict]) -> dict:
     # continuous actions, the share of discrete decisions equal to its (against another point only)
     for row, stem in ((row, stem) for row in rows for stem in ("actions", "discrete_actions")):
         mine = outputs[row["job"]].get(stem)
-        refs = [r for r in rows if r["device"] == "cpu" and r["dtype"] == "fp32" and inputs_key(r) == inputs_key(row)
+        refs = [r for r in rows if r["device"] == "cpu" and numerics(r) == "fp32" and inputs_key(r) == inputs_key(row)
                 and (stem == "actions" or r is not row) and mine is not None
                 and getattr(outputs[r["job"]].get(stem), "shape", None) == mine.shape]
         if not refs or len(refs) == 1 and refs[0] is row:
@@ -227,7 +227,9 @@ def _pick(device: str, batch: int, here: list[dict]) -> dict:
 
 
 def _narrow_first(numerics: str) -> tuple[int, str]:
-    """Narrowest first (config.DTYPE_NAMES: int8 ... fp64); within a dtype, ieee before tf32/hf32."""
+    """Narrowest first (config.DTYPE_NAMES: int8 ... fp64); within a dtype, ieee before tf32/hf32; plans last."""
+    if numerics.startswith(PLAN_PREFIX):
+        return len(DTYPE_NAMES), numerics
     dtype, _, mode = numerics.partition("-")
     return DTYPE_NAMES.index(dtype), mode
 
@@ -239,7 +241,8 @@ def _model(row: dict) -> str:
 
 def _why(choice: dict, others: list[dict], batch: int, row: dict) -> str:
     """The figures a pick rests on, all measured at one batch size."""
-    text = (f"fastest passing at batch {batch}: {choice['dtype']} {choice['backend']}, p50 {choice['p50_us']:,.1f} µs"
+    plan = " (a precision plan, compared like for like: same device, batch and backend)" * choice["dtype"].startswith(PLAN_PREFIX)
+    text = (f"fastest passing at batch {batch}: {choice['dtype']}{plan} {choice['backend']}, p50 {choice['p50_us']:,.1f} µs"
             + (f", {choice['obs_per_s']:,.0f} obs/s" if choice.get("obs_per_s") else "") + f" (job {choice['job']}, {choice['mode']})")
     error, limit = row["metrics"].get("max_abs_vs_fp64"), row.get("max_abs_limit")
     if isinstance(error, (int, float)):

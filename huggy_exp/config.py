@@ -46,12 +46,21 @@ DTYPES = {"int8": Dtype("float32", 7, -126, 1.0, "Int8DynamicActivationInt8Weigh
           "fp64": Dtype("float64", 52, -1022, 32.0)}
 DTYPE_NAMES = tuple(DTYPES)
 BACKENDS = ("eager", "compile", "fused", "graphs", "onnxruntime")
+# backends that cannot run a precision plan (conf/plan/), and why: the point is skipped with this reason
+PLANLESS = {"fused": "its one C++ kernel computes every layer in fp32",
+            "onnxruntime": "it runs the exported fp32 graph (or its own int8 quantization of it), one dtype throughout"}
 PRECISION_MODES = ("ieee", "tf32", "hf32")  # fp32 math: IEEE fp32, TF32 (CUDA), HF32 (Ascend): placement.set_precision
 
 
-def numerics_label(dtype: str, precision_mode: str | None = "ieee") -> str:
-    """What a point computes in, as run names and sweep comparisons show it: `fp32`, or `fp32-tf32` off IEEE."""
+def numerics_label(dtype: str, precision_mode: str | None = "ieee", plan: str | None = None) -> str:
+    """What a point computes in, as run names and sweep comparisons show it: `fp32`, `fp32-tf32` off IEEE, or a
+    precision plan's `plan:<name>`."""
+    if plan is not None:
+        return f"{PLAN_PREFIX}{plan}"
     return dtype if precision_mode in (None, "ieee") else f"{dtype}-{precision_mode}"
+
+
+PLAN_PREFIX = "plan:"
 VERDICTS = ("passed", "failed", "skipped", "error")
 SCENARIOS = ("single_stream", "multi_stream", "offline", "server", "control_loop")  # mode=benchmark
 OBS_SOURCES = ("random", "zeros", "extreme", "file")  # obs.source
@@ -139,6 +148,19 @@ class ObsConf:
     rows: int = rule(lo=1)
     scale: float = rule(lo=0)
     path: Optional[str] = MISSING
+
+
+@dataclass
+class PlanConf:
+    """A precision plan (conf/plan/<name>.yaml, docs/precision-plans.md): a dtype per part of the policy (the names
+    mode=precision's per-layer table prints: hidden_<i>, lstm, mu, logits); a part it leaves out takes the point's
+    dtype; `parts: null` (conf/plan/none.yaml) is no plan. `limits`: the dtype whose limits judge it (null: the
+    lowest-precision dtype it runs); `policy`: the policy shape it was made for (null: any with these parts)."""
+
+    name: str = MISSING
+    policy: Optional[str] = MISSING
+    limits: Optional[str] = rule(None, choices=DTYPE_NAMES)
+    parts: Optional[Dict[str, str]] = MISSING
 
 
 @dataclass
@@ -518,6 +540,13 @@ class SyncMode(OfflineMode):
 
 
 @dataclass
+class RejudgeMode(OfflineMode):
+    name: ClassVar[str] = "rejudge"
+    _target_: Optional[str] = None  # not a task: run.py hands it to app.rejudge (it reads results, runs no policy)
+    path: Optional[str] = MISSING
+
+
+@dataclass
 class UiMode(OfflineMode):
     name: ClassVar[str] = "ui"
     _target_: Optional[str] = None  # not a task: run.py hands it to huggy_exp.ui (the port is tracking.ui_port)
@@ -551,6 +580,7 @@ class Config:
     obs: ObsConf = MISSING
     tracking: TrackingConf = MISSING
     verify: VerifyConf = MISSING
+    plan: PlanConf = MISSING
 
 
 def register() -> None:
@@ -580,6 +610,10 @@ def validate(cfg: DictConfig, mode: str) -> dict:
     if mode == "stats" and plain["mode"]["source"] == "replay" and not plain["mode"]["trajectory"]:
         raise UserError("mode.source=replay needs mode.trajectory=<file.npy> (float32 [T, obs_dim]) or an .npz of obs_<i> [T, d_i]")
     _check_specialize((plain.get("verify") or {}).get("specialize"))
+    bad = next((k for k, v in (plain["plan"]["parts"] or {}).items() if v not in DTYPE_NAMES), None)
+    if bad is not None:
+        raise UserError(f"plan {plain['plan']['name']}: part {bad} has unknown dtype {plain['plan']['parts'][bad]!r}; "
+                        f"valid: {', '.join(DTYPE_NAMES)}")
     return plain
 
 

@@ -122,7 +122,7 @@ class BenchmarkTask(Task):
         runner = build(ctx, name, batch_size=chunk, dtype="fp32" if name == "onnxruntime" else None)
         info["load_s"] = time.perf_counter() - started
         # a backend running another dtype (onnxruntime's fp32 graph in an fp64 job) is held to the looser
-        gate = Gate(w, ctx.atol(ctx.dtype, info["dtype"]))
+        gate = Gate(w, ctx.atol(ctx.judged_dtype, info["dtype"]))
         for i, b in enumerate(points):
             started = time.perf_counter()
             got = runner.infer(feeds[b])
@@ -236,7 +236,7 @@ class BenchmarkTask(Task):
             point.update(b1_p50_us=one["p50_us"], b1_min_us=one["min_us"])
         if set(wanted) & set(extra.LOADGEN):
             qsl = self.feeds(ctx, [self.mode.qsl_samples])[0][self.mode.qsl_samples]
-            tol = ctx.atol(ctx.dtype, "fp32" if ctx.backend == "onnxruntime" else ctx.dtype)
+            tol = ctx.atol(ctx.judged_dtype, "fp32" if ctx.backend == "onnxruntime" else ctx.judged_dtype)
             extra.run_loadgen(ctx, runner, runners["eager"], qsl, self.mode, tol, point, result, points)
         if extra.CONTROL_LOOP in wanted:
             extra.run_control_loop(ctx, runner, self.mode, result)
