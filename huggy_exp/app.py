@@ -30,6 +30,9 @@ from huggy_exp.memory import check_job_memory
 JOB_LOG = "huggy_exp.job"  # conf/hydra/job_logging/huggy.yaml sends it to the job's run.log only
 
 
+# --- a job's output, context and task
+
+
 def say(line: str, error: bool = False) -> None:
     """Job output: printed as before on the terminal, and logged (Hydra's job log file, run.log, gets it); a password in
     a URI never shows."""
@@ -45,7 +48,18 @@ def build_context(cfg: DictConfig, workdir: Path) -> Context:
     conf = OmegaConf.to_object(cfg)
     settings = {f.name: getattr(conf, f.name) for f in fields(Context) if hasattr(conf, f.name)}
     return Context(**settings, model_spec=conf.model, workdir=workdir,
-                   owned=(workdir, mlagents.cache_dir(), *tracking.local_paths(conf.tracking.uri)))
+                   owned=(workdir, mlagents.cache_dir(), *tracking.local_paths(conf.tracking.uri), *job_inputs(cfg)))
+
+
+def job_inputs(cfg: DictConfig) -> list[Path]:
+    """What a job reads besides the model: every existing file or folder its config names (obs.path, a mode's input;
+    mode.path, an output, aside) and the config folders Hydra composed it from (conf/, --config-dir)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    named = [Path(v).expanduser() for k, v in environment.flatten(OmegaConf.to_container(cfg, resolve=True)).items()
+             if isinstance(v, str) and k != "mode.path" and v.strip()]
+    sources = HydraConfig.get().runtime.config_sources if HydraConfig.initialized() else []
+    return [p for p in named if p.exists()] + [Path(s.path) for s in sources if s.provider != "hydra" and s.schema == "file"]
 
 
 def make_task(mode: DictConfig):
@@ -53,6 +67,9 @@ def make_task(mode: DictConfig):
     from hydra.utils import get_class
 
     return get_class(mode._target_)(OmegaConf.to_object(mode))
+
+
+# --- where a job sits in its sweep, and its name
 
 
 @dataclass(frozen=True)
@@ -109,6 +126,9 @@ def batch_label(mode: str, cfg: DictConfig) -> str:
     if mode != "benchmark":
         return str(cfg.batch_size)
     return "-".join(f"{b:0{BATCH_DIGITS}d}" for b in sorted(set(cfg.mode.batch_sizes or [cfg.batch_size])))
+
+
+# --- one job: run, written to result.json, then tracked
 
 
 def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = None) -> Result:
@@ -288,6 +308,9 @@ def _track(result: Result, settings: dict, workdir: Path, path: Path, job: JobIn
         say(f"warning: not in MLflow yet ({outcome['reason']}); result kept in {path}; "
             "`python run.py mode=sync` logs it later", error=True)
     result.tracking = outcome["status"]
+
+
+# --- exit codes, the sync and ui commands, and what the terminal shows
 
 
 def exit_code(result: Result, expect: str | None = None) -> int:

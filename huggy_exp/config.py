@@ -70,6 +70,7 @@ ACTION_KINDS = ("deterministic", "sampled")  # mode=fingerprint: mode.actions (r
 MASKS = ("random", "feeds")  # onnx-compare, export-onnx: mode.masks
 MAX_SEED = 2**62  # fingerprint and stats add the step to the seed; torch generators take < 2^64
 MAX_BATCH = 2**24
+FLOAT32_MAX = 3.4028234663852886e38  # observations are float32: a scale past it is inf in every row it draws
 MAX_OBS_BYTES = 1 << 30  # 1 GiB of float32 observations (~4.5M Huggy rows); the random source needs ~3x that while drawing
 
 
@@ -146,7 +147,7 @@ class ModelConf:
 class ObsConf:
     source: str = rule(choices=OBS_SOURCES)
     rows: int = rule(lo=1)
-    scale: float = rule(lo=0)
+    scale: float = rule(lo=0, hi=FLOAT32_MAX)
     path: Optional[str] = MISSING
 
 
@@ -372,13 +373,7 @@ class BenchmarkMode(ModeConf):
         top = max(int(b) for b in ladder)
         out = [Allocation(top * (row.feed + row.forward), f"the benchmark's largest batch ({top:,} rows)",
                           f"mode.batch_sizes={ladder}")]
-        if "server" in knobs["scenarios"]:
-            duration = (f"mode.min_duration_ms={knobs['min_duration_ms']}" if knobs.get("min_duration_ms")
-                        else f"mode.budget_s={knobs['budget_s']}")
-            seconds = (knobs.get("min_duration_ms") or knobs["budget_s"] * 1e3) / 1e3
-            queries = max(int(knobs["target_qps"] * seconds), int(knobs["min_query_count"]))
-            out.append(Allocation(queries * LOADGEN_QUERY_BYTES, f"LoadGen's server schedule of {queries:,} queries",
-                                  f"mode.target_qps={knobs['target_qps']} × {duration}"))
+        out += cls._loadgen_allocations(knobs)
         if "control_loop" in knobs["scenarios"]:
             ticks = int(knobs["rate_hz"] * knobs["duration_s"])
             out.append(Allocation(ticks * TICK_BYTES, f"the control loop's record of {ticks:,} ticks",
@@ -386,8 +381,48 @@ class BenchmarkMode(ModeConf):
         return out
 
 
+    @staticmethod
+    def _loadgen_allocations(knobs: dict) -> list[Allocation]:
+        """What LoadGen generates for each scenario asked before it issues a query, as far as the knobs alone decide it
+        (loadgen.Settings.check_schedule adds the measured rate before each run), and its accuracy run's one query."""
+        duration = (f"mode.min_duration_ms={knobs['min_duration_ms']}" if knobs.get("min_duration_ms")
+                    else f"mode.budget_s={knobs['budget_s']}")
+        seconds, least = (knobs.get("min_duration_ms") or knobs["budget_s"] * 1e3) / 1e3, int(knobs["min_query_count"])
+        out = []
+        for scenario in [s for s in knobs["scenarios"] if s != "control_loop"]:
+            per_query = int(knobs["samples_per_query"]) if scenario == "multi_stream" else 1
+            rate = float(knobs["target_qps"]) if scenario == "server" else 0.0
+            queries, samples, need = loadgen_schedule(scenario, seconds, least, per_query, rate)
+            keys = (f"mode.target_qps={knobs['target_qps']} × {duration}" if rate * seconds >= least else
+                    f"mode.samples_per_query={per_query} × mode.min_query_count={least}" if per_query > 1 else
+                    f"mode.min_query_count={least}")
+            out.append(Allocation(need, f"LoadGen's {scenario} schedule of {queries:,} queries"
+                                  + (f" ({samples:,} samples)" if samples != queries else ""), keys))
+        if out:
+            samples = int(knobs["qsl_samples"])
+            out.append(Allocation(samples * LOADGEN_QUERY_BYTES, f"LoadGen's accuracy run of {samples:,} samples",
+                                  f"mode.qsl_samples={samples}"))
+        return out
+
+
 LOADGEN_INSTALL = "pip install mlcommons-loadgen==6.0.17"
-LOADGEN_QUERY_BYTES = 512  # LoadGen's schedule and record of one query (measured: 360-390 B at 0.4-0.8 M queries)
+LOADGEN_QUERY_BYTES = 512  # LoadGen's schedule and record of one query (measured: 360-390 B at 0.4-0.8 M queries), or
+# of one sample of an offline query (its Python object in the issue callback: 480 B measured at 0.4 M samples)
+LOADGEN_SAMPLE_BYTES = 64  # each further sample of a multi_stream query (measured: 50-53 B at 0.8-1.3 M samples)
+MULTI_STREAM_MIN_QUERIES = 662  # LoadGen's early stopping cannot conclude on fewer MultiStream queries (mlperf.conf)
+
+
+def loadgen_schedule(scenario: str, seconds: float, least: int, per_query: int, rate: float) -> tuple[int, int, int]:
+    """(queries, samples, bytes) LoadGen generates before it issues a query (its GenerateQueries): queries at `rate` a second
+    for twice the run's `seconds` (server: once), at least `least` (multi_stream: its early-stopping minimum too),
+    `per_query` samples each; offline: one query of 1.1 x seconds x rate samples, at least `least`. `rate` 0: what the
+    knobs alone decide."""
+    if scenario == "offline":
+        samples = max(least, int(1.1 * seconds * rate))
+        return 1, samples, samples * LOADGEN_QUERY_BYTES
+    floor = max(least, MULTI_STREAM_MIN_QUERIES if scenario == "multi_stream" else 0)
+    queries = max(floor, int((1 if scenario == "server" else 2) * seconds * rate))
+    return queries, queries * per_query, queries * (LOADGEN_QUERY_BYTES + (per_query - 1) * LOADGEN_SAMPLE_BYTES)
 TICK_BYTES = 64  # the control loop's per-tick record: latency, compute and wake (float64) and their derived copies
 
 

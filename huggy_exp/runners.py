@@ -47,6 +47,9 @@ Feeds = Mapping[str, np.ndarray]
 _F32 = np.dtype(np.float32)
 
 
+# --- the contract every backend keeps
+
+
 class Runner(Protocol):
     """Every backend's contract: all that callers use, declared. `target` is where its work runs (timing synchronises
     on it); a backend that cannot sample, trace or give distributions raises Unsupported saying so."""
@@ -63,6 +66,9 @@ class Runner(Protocol):
     def trace(self, feeds: Feeds) -> dict[str, np.ndarray]: ...
 
     def distributions(self, feeds: Feeds) -> dict[str, np.ndarray]: ...
+
+
+# --- torch: one runner for eager and the backends that wrap the policy's forward
 
 
 class TorchRunner:
@@ -208,6 +214,9 @@ def _quantize(policy: Policy, dtype: str, plan: dict[str, str] | None) -> None:
         quantize(module, plan[part])
 
 
+# --- noise, recurrent steps and whole feeds through any runner
+
+
 def sample_noise(policy: Policy, rows: int, seed: int) -> dict[str, torch.Tensor]:
     """CPU noise for every head, keyed by its sampled output: Gaussian z (continuous), uniforms in (0, 1] (discrete)."""
     noise = {}
@@ -274,6 +283,9 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
     if not t.is_floating_point():
         return t.numpy()  # discrete actions: int64
     return (t.double() if t.dtype == torch.float64 else t.float()).numpy()
+
+
+# --- torch.compile and graph capture
 
 
 def _compiler(kind: str) -> str:
@@ -352,6 +364,9 @@ class GraphReplay:
             s.copy_(t)
         graph.replay()
         return out.clone()
+
+
+# --- onnxruntime: the ONNX graph on one execution provider, never a silent fallback
 
 
 def check_provider(session, provider: str) -> None:
@@ -464,6 +479,9 @@ class OnnxRunner:
             else:
                 raise UserError(f"feeds {sorted(feeds)} lack the graph input {name!r}")
         return given
+
+
+# --- the one factory, and the references
 
 
 def build(ctx: Context, backend: str | None = None, *, device: str | None = None, dtype: str | None = None,

@@ -59,8 +59,8 @@ class SweepCallback(Callback):
         one line and exit 2 here, and the parent run is ended FAILED all the same (every point's result.json stays)."""
         assert self.sweep_dir is not None
         try:
-            summary = summarize(self.sweep_dir, since=self.started)
             info = tracking.read_sweep(self.sweep_dir) or {}
+            summary = summarize(self.sweep_dir, since=self.started, sweep=info)
             summary["title"] = tracking.sweep_name(info.get("argv", sys.argv[1:]), info.get("started") or self.started)
             files = write_summary(self.sweep_dir, summary, self.plots)
         except Exception as exc:
@@ -93,6 +93,8 @@ class SweepCallback(Callback):
             return EXIT_INTERRUPTED
         worst = max((EXIT_CODES.get(r["status"], 2) if r["expect"] is None else int(not r["expectation_met"])
                      for r in summary["rows"]), default=0)
+        if summary["tally"]["no_result"]:  # a point that wrote no result of this sweep never passed
+            worst = max(worst, EXIT_CODES["error"])
         if any(g.get("cards_disagree") for g in summary["comparison"]["agreement"]):
             worst = max(worst, EXIT_CODES["failed"])  # the dual-card check: two cards of one kind gave different bytes
         if not worst and summary["tally"]["pending"]:
@@ -115,13 +117,16 @@ def interrupted(exc: BaseException) -> int:
     return terminal.exit_code(exc) if code == EXIT_INTERRUPTED else code
 
 
-def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
-    """One row per result.json written under the sweep dir since `since` (older ones are a reused dir's leftovers),
-    the tally, and the comparison of the points (compare.py)."""
+def summarize(sweep_dir: Path, since: float = 0.0, sweep: dict | None = None) -> dict:
+    """One row per result.json written under the sweep dir since `since` (older ones are a reused dir's leftovers) by
+    this `sweep` (its sweep.json: another run's result.json is never its point), the tally (with the points that wrote
+    none), and the comparison of the points (compare.py)."""
     rows = []
     found = [p for p in sweep_dir.rglob("result.json") if p.stat().st_mtime >= since]
     for path in sorted(found, key=lambda p: (len(str(p.parent)), str(p.parent))):
         r = json.loads(path.read_text())
+        if sweep is not None and (r.get("sweep") or {}).get("id") != sweep.get("id"):
+            continue
         note = r.get("reason") or r.get("headline") or ""
         track = (r.get("tracking") or {}).get("status", "off")
         is_verified = verified(r)  # record, replay, ...: their own headline is their answer
@@ -155,10 +160,12 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
     tally["pending"] = sum(r["tracking"] == "pending" for r in rows)
     tally["expected"] = sum(r["expect"] is not None for r in rows)
     tally["missed"] = sum(r["expectation_met"] is False for r in rows)
+    tally["no_result"] = max(0, int((sweep or {}).get("jobs") or 0) - len(rows))
     line = (f"{tally['expected'] - tally['missed']}/{tally['expected']} cases met their expected verdict; "
-            if tally["expected"] else "") + (f"{tally['passed']}/{len(rows)} passed, {tally['failed']} failed, {tally['skipped']} skipped, "
+            if tally["expected"] else "") + (f"{tally['passed']}/{len(rows) + tally['no_result']} passed, {tally['failed']} failed, {tally['skipped']} skipped, "
             f"{tally['error']} error" + (f"; {tally['pending']} not in MLflow yet (python run.py mode=sync)"
-                                         if tally["pending"] else ""))
+                                         if tally["pending"] else "")
+            + (f"; {tally['no_result']} of the sweep's points wrote no result" if tally["no_result"] else ""))
     return {"rows": rows, "tally": tally, "line": line, "comparison": compare(rows)}
 
 

@@ -68,7 +68,11 @@ def store_uri(uri: str | None) -> str:
 
 # --- credentials: never printed or stored; MLflow gets them from MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD
 
-USERINFO = re.compile(r"(?P<scheme>\b[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s'\"]*):(?P<password>[^@/\s'\"]*)@", re.I)
+# a URI's `user:password@`: the password runs to the last `@` before the host (a raw `@` or `/` in it is still masked)
+USERINFO = re.compile(r"(?P<scheme>\b[a-z][a-z0-9+.-]*://)(?P<user>[^:/\s'\"]*):(?P<password>[^\s'\"]*?)@"
+                      r"(?=[^@/?#\s'\"]*(?:[/?#\s'\"]|$))", re.I)
+# the password as SQLAlchemy's make_url reads a database URI (rfc1738: it ends at the first `@`)
+DRIVER_PASSWORD = re.compile(r"[\w+]+://[^:/]*:(?P<password>[^@]*)@")
 # a query parameter that carries a secret: ?token=, &password=, &api_key=, &X-Amz-Signature=, &sig=, ...
 SECRET_QUERY = re.compile(r"(?P<key>[?&;][\w.-]*(?:token|passw(?:or)?d|pwd|secret|key|auth|credential|signature|sig)[\w.-]*=)"
                           r"(?P<value>[^&;#\s'\"]+)", re.I)
@@ -90,10 +94,23 @@ def hide_secrets(uri: str) -> str:
     variables (use_credentials); any other secret (a database password, a `?token=`) kept in this process's
     environment (SECRETS_ENV, inherited by the jobs) under the redacted URI, which store_uri() maps back."""
     clean = use_credentials(uri)
+    found = USERINFO.search(clean)
+    if found and found["password"] != _client_password(clean):
+        raise UserError("tracking.uri: its password cannot be read as the store's client reads it (a raw '@', or a raw "
+                        "'/' in a server's); percent-encode them (@ as %40, / as %2F); the URI is not shown")
     shown = redact(clean)
     if shown != clean:
         os.environ[SECRETS_ENV] = json.dumps({**_secrets(), shown: clean})
     return shown
+
+
+def _client_password(uri: str) -> str | None:
+    """The raw password the store's client reads from a URI: urllib's for a server, SQLAlchemy's for a database."""
+    if urlparse(uri).scheme in ("http", "https"):
+        netloc = urlparse(uri).netloc
+        return netloc.rpartition("@")[0].partition(":")[2] if "@" in netloc else None
+    found = DRIVER_PASSWORD.match(uri)
+    return found["password"] if found else None
 
 
 def _secrets() -> dict:
@@ -127,6 +144,9 @@ def _auth_headers() -> dict[str, str]:
         return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
     token = os.environ.get("MLFLOW_TRACKING_TOKEN")
     return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+# --- the store: where it is, whether it answers, its lock, MLflow imported once
 
 
 def _sqlite_path(uri: str) -> Path | None:
@@ -364,6 +384,8 @@ class Store:
         return self.runs(f"tags.`{PARENT_TAG}` = 'true'" + also, n, order_by=["attributes.start_time DESC"])
 
 
+# --- the UI: run URLs and the columns a sweep's view opens on
+
 UI_VIEW = "workflowType=machine_learning"  # MLflow 3 UI: without it an experiment opens on its GenAI (traces) pages
 SHARED_VIEW = "mlflow.sharedViewState."  # experiment tag the UI reads for `?viewStateShareKey=<key>` (its Share button)
 PARENT_TAG = "huggy.parent"
@@ -446,9 +468,14 @@ def log_job(settings: dict, workdir: Path, retry_down: bool = False, foreign: bo
         if sweep and sweep.get("tracking", {}).get("status") == "down" and not retry_down:
             return {"status": "pending", "reason": sweep["tracking"]["reason"]}
         try:
+            values = run_values(record)
+            if foreign:  # before the store is touched: a value MLflow refuses is skipped in one line, not retried forever
+                check_loggable(record["run_name"], run_tags(record, None), *values)
             store = Store.open(settings)
             with store_lock(store.uri):
-                return _log_job(store, record, workdir, sweep, foreign)
+                return _log_job(store, record, workdir, sweep, values, foreign)
+        except UserError:
+            raise
         except Exception as exc:  # tracking is best effort; the job's result is already on disk
             reason = _explain(store_uri(settings.get("uri")), exc)
             if sweep and isinstance(exc, StoreDown):
@@ -456,24 +483,18 @@ def log_job(settings: dict, workdir: Path, retry_down: bool = False, foreign: bo
             return {"status": "pending", "reason": reason}
 
 
-def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None, foreign: bool) -> dict:
-    from mlflow.entities import Metric, Param
-
+def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None, values: tuple, foreign: bool) -> dict:
     for old in store.runs(f"tags.`huggy.job_id` = '{record['job_id']}'", 10):
         if old.data.tags.get("huggy.complete") == "true":  # exactly once: a complete copy is kept, a partial replaced
             return _logged(store, old.info.run_id, record)
         _end(store, old, "FAILED", "partial copy: logging stopped before it was complete; replaced by a complete one",
              delete=True)
+    params, metrics, started, ended = values
     parent = _parent_id(store, sweep)
-    started, ended = job_times(record)
-    run_id = store.client.create_run(store.experiment_id, run_name=record["run_name"], tags=run_tags(record, parent),
+    run_id = store.client.create_run(store.experiment_id, run_name=record["run_name"], tags=run_tags(record, parent, store.user),
                                      start_time=started).info.run_id
     logged = _logged(store, run_id, record, parent)
     try:
-        flat = {"mode": record["mode"], **flatten(settings(record.get("params", {}), record["dtype"])), **limit_params(record)}
-        params = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in flat.items()  # unset (None) settings: table noise
-                  if v is not None and not _per_dtype(k, record["dtype"])]
-        metrics = [Metric(k, v, ended, 0) for k, v in logged_metrics(record).items()]
         for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch (and 1000 metrics)
             store.client.log_batch(run_id, metrics=metrics if i == 0 else [], params=params[i:i + 100])
         # on disk "logging" (sync retries it) until the run is complete; the copy in MLflow says where it lives
@@ -517,6 +538,40 @@ def _stage_artifacts(record: dict, workdir: Path, stage: Path, foreign: bool) ->
             target.write_text(redact(text))  # Hydra's copy of a config file that holds a URI password
         else:
             target.symlink_to(path.resolve())
+
+
+def run_values(record: dict) -> tuple[list, list, int, int]:
+    """(params, metrics, start and end in epoch ms) of a job's MLflow run."""
+    from mlflow.entities import Metric, Param
+
+    started, ended = job_times(record)
+    flat = {"mode": record["mode"], **flatten(settings(record.get("params", {}), record["dtype"])), **limit_params(record)}
+    params = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in flat.items()  # unset (None) settings: table noise
+              if v is not None and not _per_dtype(k, record["dtype"])]
+    return params, [Metric(k, v, ended, 0) for k, v in logged_metrics(record).items()], started, ended
+
+
+def check_loggable(run_name: str, tags: dict[str, str], params: list, metrics: list, started: int, ended: int) -> None:
+    """A UserError naming the first value MLflow never takes, by MLflow's own validation (mlflow.utils.validation: key
+    characters and lengths, metric values and timestamps) and its stores' (UTF-8 text, 64-bit times)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.validation import _validate_metric, _validate_param, _validate_tag
+
+    for what, ms in (("start_time_ms", started), ("start_time_ms + duration_s", ended)):
+        if not 0 <= ms < 2**63:
+            raise UserError(f"{what} is {ms:.4g} ms: MLflow stores a time as epoch milliseconds in 0 .. 2^63-1; not logged")
+    checks = [("run_name", run_name, lambda: None), *((f"tag {k[:60]!r}", k + v, functools.partial(_validate_tag, k, v))
+                                                      for k, v in tags.items()),
+              *((f"param {p.key[:60]!r}", p.key + p.value, functools.partial(_validate_param, p.key, p.value)) for p in params),
+              *((f"metric {m.key[:60]!r}", m.key, functools.partial(_validate_metric, m.key, m.value, m.timestamp, m.step))
+                for m in metrics)]
+    for what, text, validate in checks:
+        try:
+            text.encode()  # a lone surrogate is no UTF-8: no store can hold it
+            validate()
+        except (MlflowException, UnicodeEncodeError) as exc:
+            reason = exc.reason if isinstance(exc, UnicodeEncodeError) else " ".join(exc.message.split())[:160]
+            raise UserError(f"{what}: MLflow never takes it ({reason}); not logged") from None
 
 
 def job_times(record: dict) -> tuple[int, int]:
@@ -588,7 +643,8 @@ def _in_store(store: Store, run_id: str | None) -> bool:
         return False
 
 
-def run_tags(record: dict, parent: str | None) -> dict[str, str]:
+def run_tags(record: dict, parent: str | None, user: str | None = None) -> dict[str, str]:
+    """A job's run tags; `mlflow.user` is the store's `tracking.user` (the config's, never a result.json's)."""
     model, sweep, env = (record.get(k) or {} for k in ("model", "sweep", "environment"))
     tags = {
         "mode": record["mode"], "device": record["device"], "dtype": record["dtype"], "status": record["status"],
@@ -598,8 +654,7 @@ def run_tags(record: dict, parent: str | None) -> dict[str, str]:
         "mlflow.note.content": escape(record.get("headline") or record.get("reason") or record["status"]),
         **{f"env.{k}": str(env[k]) for k in ENV_TAGS if k in env},
         **{f"host.{k}": str(v) for k, v in (record.get("host") or {}).items()},  # a launcher's placement (Ray)
-        **(record.get("tags") or {}),
-        **_source_tags(((record.get("params") or {}).get("tracking") or {}).get("user")),
+        **_source_tags(user),
     }
     if record.get("overrides") is not None:
         tags["overrides"] = " ".join(record["overrides"])
@@ -608,7 +663,9 @@ def run_tags(record: dict, parent: str | None) -> dict[str, str]:
                 "case": record.get("case"), "emulated": record.get("emulated") and "true", "sweep_id": sweep.get("id"),
                 "job_num": str(sweep.get("num")) if sweep else None, "mlflow.parentRunId": parent}
     tags.update({k: v for k, v in optional.items() if v})
-    return {k: str(v)[:MAX_TAG_CHARS] for k, v in tags.items()}
+    # a task's own tags, under the tool's: the system tags (mlflow.*, huggy.*) and the verdict come from the tool only
+    own = {k: v for k, v in (record.get("tags") or {}).items() if not str(k).startswith(("mlflow.", "huggy."))}
+    return {k: str(v)[:MAX_TAG_CHARS] for k, v in {**own, **tags}.items()}
 
 
 def _source_tags(user: str | None) -> dict[str, str]:
@@ -653,6 +710,9 @@ def artifacts(record: dict, workdir: Path, inside_only: bool = True) -> list[Pat
     home = workdir.resolve()
     return [p for p in dict.fromkeys([*paths, workdir / ".hydra" / "config.yaml"])
             if p.is_file() and (not inside_only or p.resolve().is_relative_to(home))]
+
+
+# --- who owns a RUNNING run: sync closes it only once its owner is gone
 
 
 def owner() -> str:
@@ -979,7 +1039,8 @@ def sync(settings: dict, roots: list[Path], say=print) -> dict[str, int]:
             outcome = log_job({**settings, "enabled": True}, path.parent, retry_down=True, foreign=True)
             update_result(path.parent, tracking=outcome)
         except (OSError, ValueError, KeyError, TypeError, UserError) as exc:  # a result.json of the wrong shape: name it, go on
-            skip(path, disk_full_message(exc) if is_disk_full(exc) else f"{type(exc).__name__}: {exc}")
+            skip(path, disk_full_message(exc) if is_disk_full(exc) else str(exc) if isinstance(exc, UserError)
+                 else f"{type(exc).__name__}: {exc}")
             continue
         counts["seen"] += 1
         counts["logged" if outcome["status"] == "logged" else "pending"] += 1
