@@ -304,6 +304,8 @@ def _track(result: Result, settings: dict, workdir: Path, path: Path, job: JobIn
         result.status, result.reason = "error", disk_full_message(exc)
     if outcome["status"] == "logged":
         say(f"  mlflow: run {outcome['run_id']} in {outcome['uri']}, experiment {outcome['experiment']!r}")
+        if not job.sweep_dir:  # a sweep prints its runs' address at its end
+            say(f"  UI: {tracking.ui_link(settings, outcome['experiment_id'], outcome['run_id'])}")
     elif outcome["status"] == "pending":
         say(f"warning: not in MLflow yet ({outcome['reason']}); result kept in {path}; "
             "`python run.py mode=sync` logs it later", error=True)

@@ -46,6 +46,13 @@ DTYPES = {"int8": Dtype("float32", 7, -126, 1.0, "Int8DynamicActivationInt8Weigh
           "fp64": Dtype("float64", 52, -1022, 32.0)}
 DTYPE_NAMES = tuple(DTYPES)
 BACKENDS = ("eager", "compile", "fused", "graphs", "onnxruntime")
+GRAPH_BACKENDS = ("onnxruntime",)  # run the exported float32 .onnx graph (or their own int8 of it), not the torch policy
+
+
+def ran_dtype(backend: str, dtype: str) -> str:
+    """The dtype a backend really runs for a point's dtype: a graph backend runs the fp32 .onnx (a quantized dtype: its
+    own int8 of that graph) whatever the point's dtype; a torch backend runs the point's dtype."""
+    return dtype if backend not in GRAPH_BACKENDS or DTYPES[dtype].quantized else "fp32"
 # backends that cannot run a precision plan (conf/plan/), and why: the point is skipped with this reason
 PLANLESS = {"fused": "its one C++ kernel computes every layer in fp32",
             "onnxruntime": "it runs the exported fp32 graph (or its own int8 quantization of it), one dtype throughout"}
@@ -216,6 +223,9 @@ class ModeConf:
     headline: ClassVar[Dict[str, Headline]] = {}  # short name -> the metrics it copies (tests/test_metrics.py: produced)
     per_batch: ClassVar[bool] = False  # verifies (and fingerprints) the job's batch of rows, not every observation row
     not_logged: ClassVar[Tuple[str, ...]] = ()  # headline names MLflow does not get as `answer/<name>`
+    # the metrics that answer the mode's own question, first on the runs page after the verdict (a headline name, logged
+    # as `answer/<name>`, or a logged metric's own name): where a verified point's error, cosine and p50 do not
+    first_screen: ClassVar[Tuple[str, ...]] = ()
 
     @classmethod
     def is_task(cls) -> bool:
@@ -317,6 +327,8 @@ class BenchmarkMode(ModeConf):
     per_batch: ClassVar[bool] = True
     not_logged: ClassVar[Tuple[str, ...]] = ("p50_us", "p99_us", "ort_p50_us", "eager_vs_ort", "obs_per_s", "server_qps",
                                              "miss_rate", "loop_hz_max")  # logged per backend at the job's batch instead
+    # with LoadGen's scenarios or the control loop: VALID/INVALID, the server's highest QPS, the deadline-miss rate
+    first_screen: ClassVar[Tuple[str, ...]] = ("loadgen/server/valid", "loadgen/server/max_qps", "control_loop/miss_rate")
     # at the job's own batch size (a ladder without it: its largest): eager's and onnxruntime's p50 and `eager_vs_ort` =
     # eager p50 / onnxruntime p50 (> 1: torch is slower); throughput at the largest batch timed; the LoadGen server's
     # highest QPS under its p99 bound, the control loop's miss rate and highest rate; the fastest backend's (`best_`)
@@ -544,6 +556,7 @@ class ReplayMode(ModeConf):
         "dual_ratio": own("dual/worst_ratio", "ratio", "msprobe's dual benchmark: the worst error ratio"),
         "lat_ratio": own("latency_change/median_ratio", "ratio", "median latency over the recording's"),
         "lat_p": own("latency_change/p_value", "p", "Mann-Whitney U p-value of the latency change")}
+    first_screen: ClassVar[Tuple[str, ...]] = ("bitwise", "dual_ratio", "lat_ratio")  # did the port hold
     bundle: Optional[str] = MISSING
     reference_point: Optional[str] = MISSING
     allow_other_model: bool = MISSING

@@ -25,6 +25,7 @@ from huggy_exp.config import LOADGEN_QUERY_BYTES, MULTI_STREAM_MIN_QUERIES, load
 from huggy_exp.config import SCENARIOS as CHOICES
 from huggy_exp.errors import UserError
 from huggy_exp.memory import require_memory
+from huggy_exp.report import fmt
 from huggy_exp.verify import DECLARED
 
 SCENARIOS = tuple(s for s in CHOICES if s != "control_loop")  # the control loop is LoadGen-free (control_loop.py)
@@ -32,6 +33,21 @@ LOGS = ("mlperf_log_summary.txt", "mlperf_log_detail.txt")
 PERCENTILES = {"p50_us": "50.00", "p90_us": "90.00", "p99_us": "99.00", "p999_us": "99.90"}
 
 Infer = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
+
+
+def answer(metrics: Mapping[str, float]) -> str:
+    """A point's LoadGen scenarios and control loop in one line, from its metrics: `server INVALID (highest QPS with p99
+    in bound 212), offline VALID; control loop: miss rate 97.9% at 500 Hz (highest rate within the miss budget 120 Hz)`
+    ('' where none ran)."""
+    said = [f"{s} {'VALID' if metrics[f'loadgen/{s}/valid'] else 'INVALID'}" for s in SCENARIOS if f"loadgen/{s}/valid" in metrics]
+    if "loadgen/server/max_qps" in metrics:
+        said = [f"{x} (highest QPS with p99 in bound {fmt(metrics['loadgen/server/max_qps'])})" if x.startswith("server ")
+                else x for x in said]
+    if "control_loop/miss_rate" in metrics:
+        said.append(f"control loop: miss rate {metrics['control_loop/miss_rate']:.1%} at {fmt(metrics['control_loop/rate_hz'])} Hz"
+                    + (f" (highest rate within the miss budget {fmt(metrics['control_loop/max_rate_hz'])} Hz)"
+                       if "control_loop/max_rate_hz" in metrics else ""))
+    return "; ".join(said)
 
 
 def require():

@@ -21,6 +21,7 @@ from huggy_exp.compare import compare, draw, errors_vs_fp64, verified
 from huggy_exp.files import disk_full_message, is_disk_full
 from huggy_exp.results import (EXIT_CODES, EXIT_INTERRUPTED, EXIT_PENDING, atomic_write_text, expectation, jsonable,
                                write_table)
+from huggy_exp.report import fmt
 from huggy_exp.verify import FINGERPRINT
 
 ORDER = ("passed", "failed", "skipped", "error")
@@ -148,7 +149,7 @@ def summarize(sweep_dir: Path, since: float = 0.0, sweep: dict | None = None) ->
             "seed": r.get("seed"), "obs": obs_label(params.get("obs") or {}), "model_sha256": model.get("sha256"),
             "weights_sha256": model.get("weights_sha256"), "model_name": _model_name(model),
             "latency_points": latency_points(r), "throughput_points": latency_points(r, "obs_per_s"),
-            "noisy_points": latency_points(r, "noisy"), "metrics": r.get("headline_metrics") or {},
+            "noisy_points": latency_points(r, "noisy"), "iqr_points": latency_points(r, "iqr_us"), "metrics": r.get("headline_metrics") or {},
             "shared_machine": r.get("shared_machine", False), "noisy": noisy(r),
             "run_id": (r.get("tracking") or {}).get("run_id"), "limits": judged_limits(r),
             "latency": r.get("latency") or {}, "max_abs_limit": _limit(metrics),
@@ -210,12 +211,12 @@ def point_figures(record: dict) -> str:
         parts.append(f"agree {head['agreement_vs_fp64']:.2%}")
     parts += [f"{name} {head[key]:.2g}" for key, name in (("kl_vs_fp64", "KL"), ("shift_vs_fp64", "|Δμ|/σ")) if key in head]
     if "p50_us" in head:
-        parts.append(f"p50 {head['p50_us']:,.0f} µs" + ("(noisy)" if (record.get("latency") or {}).get("noisy") else ""))
+        parts.append(f"p50 {fmt(head['p50_us'])} µs" + (" (noisy)" if noisy(record) else ""))
     if fp := (record.get("tags") or {}).get(FINGERPRINT):
         parts.append(f"{FINGERPRINT} {fp[:12]}")
     if "ort_int8_kl" in head:
         verdict = "PASSED" if (record.get("metrics") or {}).get("onnxruntime_int8/passed") else "FAILED"
-        parts.append(f"| onnxruntime int8 {verdict} KL {head['ort_int8_kl']:.2g} p50 {head['ort_int8_p50_us']:,.0f} µs")
+        parts.append(f"| onnxruntime int8 {verdict} KL {head['ort_int8_kl']:.2g} p50 {fmt(head['ort_int8_p50_us'])} µs")
     return (" " + " ".join(parts)) if parts else ""
 
 
@@ -266,6 +267,8 @@ def write_summary(sweep_dir: Path, summary: dict, plot: bool) -> list[Path]:
     advice = tracking.recommendation(summary["comparison"])
     if advice:
         md += [f"**Recommended:** {report.escape(advice)}", ""]
+    if found := tracking.own_answer(summary["comparison"]):  # record, replay, LoadGen: what they found, in view
+        md += [f"**Found:** {report.escape(found)}", ""]
     md += ["| " + " | ".join(report.VERDICT_HEAD) + " |", "|" + " --- |" * len(report.VERDICT_HEAD)]
     md += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in report.verdict_rows(summary["rows"])]
     comparison = summary["comparison"]

@@ -32,9 +32,9 @@ from urllib.parse import unquote, urlparse
 from huggy_exp.environment import flatten
 from huggy_exp.errors import UserError
 from huggy_exp.headline import (ANSWER, ANSWER_ORDER, COSINE, ERROR, fastest_backend, judged_limits,
-                                logged_metrics, logged_name, noisy, settings, timed_batch)
-from huggy_exp.report import escape
-from huggy_exp.config import VERDICTS
+                                first_screen_name, logged_metrics, logged_name, noisy, settings, timed_batch)
+from huggy_exp.report import OWN_ANSWERS, escape, fmt
+from huggy_exp.config import VERDICTS, modes, ran_dtype
 from huggy_exp.results import update_result
 from huggy_exp.files import atomic_write, atomic_write_text, disk_full_message, flock, is_disk_full
 from huggy_exp.foreign import MAX_JSON_BYTES, read_capped, read_json
@@ -400,6 +400,7 @@ FINGERPRINT_COLUMN = "tags.`fingerprint`"
 FIRST_COLUMNS = tuple(c if "`" in c else f"metrics.`{logged_name(c)}`" for c in (
     "best_p50_us", "tags.`best_backend`", "best_obs_per_s", "metrics.`eager/p50_us`", ERROR, f"params.`{LIMIT_PARAM}`",
     COSINE, "p50_us", FINGERPRINT_COLUMN))
+OWN_COLUMNS = tuple(dict.fromkeys(f"metrics.`{first_screen_name(n)}`" for m in modes().values() for n in m.first_screen))
 # px: the verdict's, then every other column as wide as its header needs (HEADER_PX), so that the verdict and the
 # next five fit in the 623 px MLflow leaves beside its own name column at 1600 px with its Assistant panel open; the
 # batch size's, alone under MLflow's "Parameters" group header, as wide as that needs
@@ -416,10 +417,23 @@ def run_url(uri: str, experiment_id: str, run_id: str | None = None, view: str |
     return f"{redact(uri).rstrip('/')}/{path}" if urlparse(uri).scheme in ("http", "https") else path
 
 
+def ui_link(settings: dict, experiment_id: str, run_id: str | None = None, view: str | None = None) -> str:
+    """Where a person opens a run or a sweep's runs: a server's own address, else mode=ui's on tracking.ui_port (with
+    the command that serves it)."""
+    uri = store_uri(settings.get("uri"))
+    url = run_url(uri, experiment_id, run_id, view)
+    if url.startswith("http"):
+        return url
+    store = "" if uri == default_uri() else f" tracking.uri={redact(uri)}"
+    return f"http://127.0.0.1:{int(settings.get('ui_port') or 5000)}/{url} (`python run.py mode=ui{store}` serves it)"
+
+
 def view_columns(present: set[str], batches: int = 1) -> list[str]:
     """The runs table's columns in display order (MLflow column ids) for a sweep whose runs have the columns `present`
-    (`metrics.<key>`, `params.<key>`, `tags.<key>`: `present_columns`) over `batches` distinct batch sizes."""
-    first = [c for c in FIRST_COLUMNS if c in present or c == FINGERPRINT_COLUMN]
+    (`metrics.<key>`, `params.<key>`, `tags.<key>`: `present_columns`) over `batches` distinct batch sizes: the verdict,
+    the modes' own answers (`first_screen`: a replay's bitwise agreement, a LoadGen run's validity), then the rest."""
+    own = [c for c in OWN_COLUMNS if c in present]
+    first = own + [c for c in FIRST_COLUMNS if (c in present or c == FINGERPRINT_COLUMN) and c not in own]
     answer = [f"metrics.`{logged_name(n)}`" for n in ANSWER_ORDER if n != "passed"]  # the verdict says passed in words
     rest = sorted((c for c in present if c.startswith(f"metrics.`{ANSWER}") and c not in first
                    and c != f"metrics.`{ANSWER}passed`"), key=lambda c: (c not in answer, answer.index(c) if c in answer else 0, c))
@@ -591,9 +605,12 @@ def _number(value) -> bool:
 
 def run_status(record: dict) -> str:
     """MLflow's status follows the verdict: failed or error is FAILED, an interrupted job KILLED, else FINISHED (the
-    verdict in words is the `verdict` tag)."""
+    verdict in words is the `verdict` tag); a case's point follows its expectation, as the sweep's exit code does: an
+    expected failure that failed is FINISHED, an expected pass that failed or an expected failure that passed FAILED."""
     if record.get("interrupted"):
         return "KILLED"
+    if record.get("expect") is not None and record.get("status") in ("passed", "failed"):
+        return "FINISHED" if record.get("expectation_met") else "FAILED"
     return "FAILED" if record.get("status") in ("failed", "error") else "FINISHED"
 
 
@@ -659,7 +676,9 @@ def run_tags(record: dict, parent: str | None, user: str | None = None) -> dict[
     if record.get("overrides") is not None:
         tags["overrides"] = " ".join(record["overrides"])
     metrics = record.get("metrics") or {}
-    optional = {"best_backend": fastest_backend(metrics, timed_batch(metrics, record.get("batch_size"))[0]),  # benchmark
+    best = fastest_backend(metrics, timed_batch(metrics, record.get("batch_size"))[0])  # benchmark: named with the dtype
+    ran = best and ran_dtype(best, record["dtype"])  # it ran where that is not the point's (onnxruntime's fp32 graph)
+    optional = {"best_backend": best and (best if ran == record["dtype"] else f"{best} ({ran})"),
                 "case": record.get("case"), "emulated": record.get("emulated") and "true", "sweep_id": sweep.get("id"),
                 "job_num": str(sweep.get("num")) if sweep else None, "mlflow.parentRunId": parent}
     tags.update({k: v for k, v in optional.items() if v})
@@ -692,11 +711,14 @@ def _per_dtype(key: str, dtype: str) -> bool:
 
 
 def verdict(record: dict) -> str:
-    """The verdict as the runs table's first column shows it: `passed`, `passed, p50 noisy`, `skipped: <why>`."""
-    status, reason = record["status"], record.get("reason")
-    if status != "passed" and reason:
+    """The verdict as the runs table's first column shows it: `passed`, `passed, noisy` (its p50), `skipped: <why>`; a case's
+    point says whether it met its expected verdict: `failed as expected: <why>`, `passed, expected failed`."""
+    status, reason, expect = record["status"], record.get("reason"), record.get("expect")
+    if expect is not None:
+        status += " as expected" if record.get("expectation_met") else f", expected {expect}"
+    if record["status"] != "passed" and reason:
         return f"{status}: {reason}"
-    return f"{status}, p50 noisy" if noisy(record) else status
+    return f"{status}, noisy" if noisy(record) else status  # its p50: `passed, p50 noisy` was cut in 112 px
 
 
 def artifacts(record: dict, workdir: Path, inside_only: bool = True) -> list[Path]:
@@ -845,12 +867,18 @@ def recommendation(comparison: dict) -> str:
     parts = []
     for where, rec in (comparison.get("recommended") or {}).items():
         if rec.get("dtype"):
-            figure = f"p50 {rec['p50_us']:,.0f} µs" + (" NOISY: re-measure before relying on it" if rec.get("noisy") else "")
+            figure = f"p50 {fmt(rec['p50_us'])} µs" + (" NOISY: re-measure before relying on it" if rec.get("noisy") else "")
             pick = rec["dtype"] + (f" {rec['backend']}" if rec.get("backend") else "")
             parts.append(f"{where}: {pick} ({figure}; passing {', '.join(rec.get('passing') or [rec['dtype']])})")
         else:
             parts.append(f"{where}: no pick ({rec.get('why', 'no passing dtype')})")
     return "; ".join(parts)
+
+
+def own_answer(comparison: dict) -> str:
+    """What a sweep's record, replay and LoadGen points found (compare.port_lines, loadgen_lines), in one line: the
+    parent's verdict where no dtype is recommended, beside the recommendation where one is."""
+    return "; ".join(line for line in comparison.get("lines", []) if line.startswith(OWN_ANSWERS))
 
 
 def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path], status: str = "FINISHED") -> dict | None:
@@ -867,11 +895,13 @@ def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path],
 
             run_id, stamp = info["parent_run_id"], int(time.time() * 1000)
             comparison = summary.get("comparison") or {}
-            advice = recommendation(comparison)
-            head = escape(summary.get("line", "")) + (f" · **Recommended** {escape(advice)}" if advice else "")  # in view
+            advice, found = recommendation(comparison), own_answer(comparison)
+            head = escape(summary.get("line", "")) + "".join(  # in view: the one-line answer, before "Show more"
+                f" · **{word}** {escape(text)}" for word, text in (("Recommended", advice), ("Found", found)) if text)
             note = "\n\n".join(filter(None, [head, "\n".join(f"- {escape(x)}" for x in comparison.get("lines", []))]))
-            tags = {"mlflow.note.content": note, **({"recommendation": advice, "verdict": f"recommends {advice}"}
-                                                    if advice else {})}
+            verdict = "; ".join(filter(None, [advice and f"recommends {advice}", found]))
+            tags = {"mlflow.note.content": note, **({"recommendation": advice} if advice else {}),
+                    **({"verdict": verdict} if verdict else {})}
             tally = [Metric(f"jobs_{k}", float(v), stamp, 0) for k, v in summary.get("tally", {}).items()]
             store.client.log_batch(run_id, metrics=tally, tags=[RunTag(k, v[:MAX_TAG_CHARS]) for k, v in tags.items()])
             if rows := comparison.get("table"):  # as the column dict log_table takes (shown in the UI's artifact view)
@@ -907,16 +937,21 @@ def sweep_list(store: Store) -> str:
                                                 for p in parents if p.data.tags.get("sweep_id")])
 
 
+LINK = " (runs)"  # each name's link: the name itself stays plain text
+
+
 def one_line(head: str, links: list[tuple[str, str]], chars: int = DESCRIPTION_CHARS) -> str:
-    """`head` and as many markdown links (text, url) as fit one line of `chars` visible characters, the first always
-    (its text cut with "…" where it alone is longer): a second line would show cut in half in MLflow's collapsed box."""
+    """`head` and as many names with their link (text, url) as fit one line of `chars` visible characters, the first
+    always (its text cut with "…" where it alone is longer): a second line would show cut in half in MLflow's collapsed
+    box. Each name is plain text followed by its `(runs)` link: MLflow's home page lists the description unrendered, and
+    it reads `Sweeps, newest first: sweep mode=…` there, not `[sweep mode=…](#/experiments/…`."""
     room, shown = chars - len(head), []
     for text, url in links:
-        if shown and len(text) + 3 > room:
+        if shown and len(text) + len(LINK) + 3 > room:
             break
-        text = text if len(text) <= room else text[:max(room - 1, 8)] + "…"
-        shown.append(f"[{escape(text)}]({url})")
-        room -= len(text) + 3
+        text = text if len(text) + len(LINK) <= room else text[:max(room - len(LINK) - 1, 8)] + "…"
+        shown.append(f"{escape(text)} ([{LINK.strip(' ()')}]({url}))")
+        room -= len(text) + len(LINK) + 3
     return head + " · ".join(shown)
 
 
@@ -958,6 +993,7 @@ def sweep_runs(settings: dict, sweep_id: str | None = None) -> dict:
                        "artifacts": [a.path for a in store.client.list_artifacts(parent.run_id)]},
             "children": [{"id": c.info.run_id, "name": c.info.run_name, "metrics": dict(c.data.metrics),
                           "status": c.data.tags.get("status", ""), "reason": c.data.tags.get("reason", ""),
+                          "verdict": c.data.tags.get("verdict", ""),
                           "params": dict(c.data.params),
                           "headline": [k for k in c.data.metrics if k.startswith((ANSWER, "best/"))]} for c in children]}
 

@@ -157,9 +157,9 @@ def test_a_plan_sweep_gives_every_point_a_verdict_and_picks_a_plan_like_for_like
     assert pick["failing"] == ["bf16"] and set(pick["passing"]) == {"plan:huggy_bf16_head_fp32", "fp32"}
     assert {(o["dtype"], o["backend"]) for o in pick["options"]} >= {("plan:huggy_bf16_head_fp32", "eager"), ("fp32", "eager")}
     choice = {"dtype": "plan:huggy_bf16_head_fp32", "backend": "eager", "p50_us": 1.0, "obs_per_s": None, "job": "0",
-              "mode": "precision", "noisy": False}
-    assert "plan:huggy_bf16_head_fp32 (a precision plan, compared like for like: same device, batch and backend)" in _why(
-        choice, [], 64, {"metrics": {}})
+              "mode": "precision", "noisy": False, "label": "plan:huggy_bf16_head_fp32 eager"}
+    assert "plan:huggy_bf16_head_fp32 eager (a precision plan, compared like for like: same device, batch and backend)" in _why(
+        choice, [], [choice], 64, {"metrics": {}, "job": "0"})
 
 
 def test_the_emulated_npu_runs_a_plan_and_still_catches_a_perturbed_card(tmp_path, huggy_exp_cache):
