@@ -18,7 +18,7 @@ CONF = Path(__file__).parent / "conf"
 
 
 def one_job(cfg: DictConfig, tracker=None) -> str:
-    from huggy_exp.app import JobInfo, execute, exit_code, point_info, sync, ui
+    from huggy_exp.app import JobInfo, execute, exit_code, point_info, rejudge, sync, ui
 
     preflight.setup()  # the resolvers, again: joblib and submitit run this function in fresh processes
     terminal.guard_output()
@@ -28,6 +28,8 @@ def one_job(cfg: DictConfig, tracker=None) -> str:
         sys.exit(sync(cfg))
     if mode == "ui":
         sys.exit(ui(cfg))
+    if mode == "rejudge":
+        sys.exit(rejudge(cfg, Path(hc.runtime.output_dir)))
     multirun = hc.mode == RunMode.MULTIRUN
     launcher = hc.runtime.choices.get("hydra/launcher", "basic")
     job = JobInfo(overrides=tuple(hc.overrides.task), case=hc.runtime.choices.get("case"),

@@ -23,7 +23,7 @@ from huggy_exp.placement import set_precision
 from huggy_exp.preflight import validate
 from huggy_exp.report import write_job_report
 from huggy_exp.results import (EXIT_CODES, EXIT_PENDING, Result, expectation, held_result, read_result, update_result,
-                               write_result)
+                               write_json, write_result, write_table)
 from huggy_exp.files import disk_full_message, is_disk_full
 from huggy_exp.memory import check_job_memory
 
@@ -296,6 +296,71 @@ def sync(cfg: DictConfig) -> int:
     if counts["skipped"]:
         return EXIT_CODES["error"]
     return EXIT_PENDING if counts["pending"] else 0
+
+
+def rejudge(cfg: DictConfig, out: Path) -> int:
+    """`mode=rejudge`: every result.json under mode.path judged again by the limits as composed now (huggy_exp/rejudge.py),
+    the policy never loaded: the re-judged points in `out` (a sweep folder of its own: summary.{json,csv,md},
+    report.html, changed.csv listing each verdict that changed), logged as a new MLflow parent whose children name the
+    runs they re-judge. The originals are read, never written. Exit: the worst re-judged verdict, 2 on a refusal."""
+    from huggy_exp import rejudge as judge
+    from huggy_exp import sweep
+
+    source = Path(cfg.mode.path).expanduser() if cfg.mode.path else None
+    try:
+        if source is None or not source.is_dir():
+            raise UserError(f"mode.path={cfg.mode.path}: {'required' if source is None else 'no such folder'}: a sweep "
+                            "folder (multirun/<date>/<time>), a job folder or a record job's folder")
+        found = sorted(source.rglob("result.json"), key=lambda p: (len(p.parts), str(p)))
+        if not found or out.resolve().is_relative_to(source.resolve()):
+            raise UserError(f"mode.path={source}: {'no result.json under it' if not found else 'holds this job folder'}")
+        table, specialize = (OmegaConf.to_container(cfg.verify[k], resolve=True) for k in ("limits", "specialize"))
+        records = [(path, read_result(path.parent)) for path in found]
+        verdicts = [judge.rejudge(record, table, specialize, str(path)) for path, record in records]
+    except UserError as exc:
+        say(f"error: {exc}", error=True)
+        return EXIT_CODES["error"]
+    settings = OmegaConf.to_container(cfg.tracking, resolve=True)
+    info = tracking.start_sweep(settings, out, uuid.uuid4().hex[:12], sys.argv[1:])
+    changed = [row for num, ((path, record), verdict) in enumerate(zip(records, verdicts))
+               if (row := _rejudged_point(out / str(num), num, path, record, verdict, info, settings))]
+    summary = sweep.summarize(out)
+    flips = ", ".join(f"{c['run_name']} {c['was']} → {c['now']}" for c in changed) or "no verdict changed"
+    summary["line"] = f"re-judged {len(records)} result(s) of {source} by the limits as composed now: {flips}. " + summary["line"]
+    summary["title"] = f"rejudge of {source.name} · {time.strftime('%m-%d %H:%M')}"
+    summary["changed"] = changed
+    write_table(out / "changed.csv", changed, ["point", "run_name", "was", "now", "why", "checks"])
+    tracking.end_sweep(settings, out, summary, sweep.write_summary(out, summary, bool(cfg.plots)) + [out / "changed.csv"])
+    say(summary["line"])
+    for c in changed:
+        say(f"  {c['run_name']}: {c['was']} → {c['now']}: {c['why']}")
+    say(f"summary, report and changed.csv in {out}")
+    return EXIT_CODES[max((v["status"] for v in verdicts), key=lambda s: (EXIT_CODES[s], s), default="passed")]
+
+
+def _rejudged_point(point: Path, num: int, path: Path, record: dict, verdict: dict, info: dict, settings: dict) -> dict | None:
+    """One re-judged point in `point` (its files copied, result.json with the new verdict, the limits it is now held to
+    and the run it re-judges), logged under the new parent; the row of changed.csv when its verdict changed."""
+    import shutil
+
+    shutil.copytree(path.parent, point, ignore=shutil.ignore_patterns("result.json", "*.lock", ".hydra"))
+    original = (record.get("tracking") or {}).get("run_id")
+    limits = verdict.pop("limits")  # the re-judged figures are shown beside the limits they now meet or miss
+    write_json(point / "result.json", {
+        **record, "status": verdict["status"], "reason": verdict["reason"], "job_id": uuid.uuid4().hex,
+        "metrics": {**(record.get("metrics") or {}), **limits},
+        "rejudged": {"from": str(path.parent), "run_id": original, "was": record["status"], **verdict},
+        "tags": {**(record.get("tags") or {}), "rejudged_from": str(path.parent), "rejudged_was": record["status"],
+                 **({"rejudged_from_run_id": original} if original else {})},
+        "sweep": {"dir": str(point.parent), "id": info["id"], "num": num, "parent_run_id": info.get("parent_run_id")},
+        "tracking": {"status": "pending" if settings.get("enabled") else "off"}})
+    if settings.get("enabled"):
+        update_result(point, tracking=tracking.log_job(settings, point))
+    if verdict["status"] == record["status"]:
+        return None
+    return {"point": str(path.parent), "run_name": record["run_name"], "was": record["status"], "now": verdict["status"],
+            "why": verdict["reason"] or "every re-judged check holds",
+            "checks": "; ".join(f"{c['check']} {c['value']:.3g}: limit {c['was']:g} → {c['now']:g}" for c in verdict["changed"])}
 
 
 def ui(cfg: DictConfig) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
 from typing import Any, ClassVar, Dict, List, NamedTuple, Optional, Tuple, get_type_hints
 
@@ -67,6 +68,55 @@ def rule(default: Any = MISSING, *, lo: float | None = None, hi: float | None = 
          lo_open: bool = False):
     """A field with its legal range or choices (checked by `validate`)."""
     return field(default=default, metadata={"lo": lo, "hi": hi, "choices": choices, "lo_open": lo_open})
+
+
+# --- metrics: what a run reports, declared once; producers write these paths, the headline and MLflow read them
+
+
+class Metric(NamedTuple):
+    """A metric: its path in result.json's `metrics` and MLflow (`{field}`: filled by `at` or by the headline: the output
+    `stem`, the reference `ref`, a benchmark's `backend` and `batch`), its unit and what it means."""
+
+    path: str
+    unit: str
+    means: str
+
+    def at(self, **fields: object) -> "Metric":
+        """This metric with some of its fields filled (`MAX_ABS.at(ref="fp64")`); a field it lacks is a KeyError."""
+        unknown = set(fields) - set(re.findall(r"\{(\w+)\}", self.path))
+        if unknown:
+            raise KeyError(f"{self.path} has no field {sorted(unknown)[0]}")
+        return self._replace(path=re.sub(r"\{(\w+)\}", lambda m: str(fields.get(m[1], m[0])), self.path))
+
+
+class Headline(NamedTuple):
+    """A short figure a run shows first: the first of `of` that the job produced, divided by the first of `over` when
+    given. Open fields: `stem` each output in verify.DECLARED's order, `batch` the job's timed batch (`top`: the largest
+    timed), `backend` the fastest one there (headline.py fills them)."""
+
+    of: Tuple[Metric, ...]
+    over: Tuple[Metric, ...] = ()
+    top: bool = False
+
+
+_OUT = "{stem}/vs_{ref}/"  # the engine's per-output metrics (verify.Comparison.metrics)
+MAX_ABS = Metric(_OUT + "max_abs", "output units", "largest |output - reference| of any element")
+COSINE_MIN_ROW = Metric(_OUT + "cosine_min_row", "1", "the worst row's cosine similarity to the reference")
+AGREEMENT = Metric(_OUT + "agreement", "share", "share of discrete actions equal to the reference's")
+KL_MAX = Metric(_OUT + "kl_max", "nats", "the worst row's KL(point || reference) of the action distribution")
+SHIFT_MAX = Metric(_OUT + "mean_shift_sigma_max", "σ", "the worst |Δμ| in the reference's standard deviations")
+SQNR = Metric(_OUT + "sqnr_db", "dB", "10·log10(Σref² / Σ(ref - x)²); +inf: identical outputs")
+ORT_INT8_KL = Metric("onnxruntime_int8/" + KL_MAX.path, "nats", "onnxruntime's own int8 of the .onnx: its worst KL")
+LATENCY = Metric("latency/{stat}", "µs, obs/s", "the point's own timing at its batch (timing.py): p50_us, p99_us, obs_per_s")
+ORT_INT8_P50 = Metric("onnxruntime_int8/latency/p50_us", "µs", "onnxruntime's int8 peer: median latency")
+BACKEND_P50 = Metric("{backend}/b{batch}/p50_us", "µs", "benchmark: a backend's median latency at a batch")
+BACKEND_P99 = Metric("{backend}/b{batch}/p99_us", "µs", "benchmark: a backend's 99th-percentile latency at a batch")
+BACKEND_OBS = Metric("{backend}/b{batch}/obs_per_s", "obs/s", "benchmark: a backend's throughput at a batch")
+
+
+def own(path: str, unit: str, means: str) -> Headline:
+    """The headline of one metric a mode alone reports."""
+    return Headline((Metric(path, unit, means),))
 
 
 # --- groups
@@ -139,7 +189,7 @@ class ModeConf:
     runs_policy: ClassVar[bool] = True  # loads and runs the policy (false: no memory pre-check)
     timed: ClassVar[bool] = True  # reports latency: a timed CPU point holds its Ray node alone; beside other jobs, tagged
     verified: ClassVar[bool] = True  # judged against CPU fp64: its points choose a sweep's recommended dtype
-    headline: ClassVar[Dict[str, str]] = {}  # short name -> the detailed metric it copies (`a | b`: the first found)
+    headline: ClassVar[Dict[str, Headline]] = {}  # short name -> the metrics it copies (tests/test_metrics.py: produced)
     per_batch: ClassVar[bool] = False  # verifies (and fingerprints) the job's batch of rows, not every observation row
     not_logged: ClassVar[Tuple[str, ...]] = ()  # headline names MLflow does not get as `answer/<name>`
 
@@ -166,7 +216,8 @@ class OfflineMode(ModeConf):
 @dataclass
 class ActionMode(ModeConf):
     name: ClassVar[str] = "action"
-    headline: ClassVar[Dict[str, str]] = {"act_mean": "action_mean", "act_std": "action_std"}
+    headline: ClassVar[Dict[str, Headline]] = {"act_mean": own("action_mean", "action units", "mean of every action"),
+                                               "act_std": own("action_std", "action units", "std of every action")}
 
 
 @dataclass
@@ -177,13 +228,16 @@ class SampleMode(ActionMode):
 @dataclass
 class InfoMode(OfflineMode):
     name: ClassVar[str] = "info"
-    headline: ClassVar[Dict[str, str]] = {"parameters": "parameters", "fp16_overflow_dims": "fp16_overflow_dims"}
+    headline: ClassVar[Dict[str, Headline]] = {
+        "parameters": own("parameters", "count", "the policy's parameters"),
+        "fp16_overflow_dims": own("fp16_overflow_dims", "count", "normalizer dimensions whose variance overflows fp16")}
 
 
 @dataclass
 class CheckpointsMode(OfflineMode):
     name: ClassVar[str] = "checkpoints"
-    headline: ClassVar[Dict[str, str]] = {"checkpoints": "checkpoints", "best_reward": "best_reward"}
+    headline: ClassVar[Dict[str, Headline]] = {"checkpoints": own("checkpoints", "count", "checkpoints in the results folder"),
+                                               "best_reward": own("best_reward", "reward", "the best checkpoint's reward")}
 
 
 @dataclass
@@ -220,8 +274,10 @@ class Relative:
 @dataclass
 class BatchMode(ModeConf):
     name: ClassVar[str] = "batch"
-    headline: ClassVar[Dict[str, str]] = {"invariance_max": "batch_invariance_max_abs", "rows_identical": "rows_bit_identical",
-                                          "rows_per_s": "batched_rows_per_s"}
+    headline: ClassVar[Dict[str, Headline]] = {
+        "invariance_max": own("batch_invariance_max_abs", "output units", "max |batched - single-row| of any output"),
+        "rows_identical": own("rows_bit_identical", "share", "rows whose batched outputs equal single-row ones bit for bit"),
+        "rows_per_s": own("batched_rows_per_s", "rows/s", "throughput in batches")}
     budget_s: float = rule(lo=0, hi=600, lo_open=True)
 
 
@@ -231,16 +287,18 @@ class BenchmarkMode(ModeConf):
     per_batch: ClassVar[bool] = True
     not_logged: ClassVar[Tuple[str, ...]] = ("p50_us", "p99_us", "ort_p50_us", "eager_vs_ort", "obs_per_s", "server_qps",
                                              "miss_rate", "loop_hz_max")  # logged per backend at the job's batch instead
-    # at the job's own batch size ({batch}; a ladder without it: its largest): eager's and onnxruntime's p50 and
-    # `eager_vs_ort` = eager p50 / onnxruntime p50 (> 1: torch is slower); throughput at the largest batch timed;
-    # the LoadGen server's highest QPS under its p99 bound, and the control loop's miss rate and highest rate
-    headline: ClassVar[Dict[str, str]] = {
-        "p50_us": "eager/b{batch}/p50_us", "p99_us": "eager/b{batch}/p99_us", "ort_p50_us": "onnxruntime/b{batch}/p50_us",
-        "eager_vs_ort": "eager/b{batch}/p50_us / onnxruntime/b{batch}/p50_us", "obs_per_s": "eager/b{top}/obs_per_s",
-        "server_qps": "loadgen/server/max_qps", "miss_rate": "control_loop/miss_rate",
-        "loop_hz_max": "control_loop/max_rate_hz",
-        # the fastest backend at the job's batch ({fastest}: least p50 there), its p50 and throughput
-        "best_p50_us": "{fastest}/b{batch}/p50_us", "best_obs_per_s": "{fastest}/b{batch}/obs_per_s"}
+    # at the job's own batch size (a ladder without it: its largest): eager's and onnxruntime's p50 and `eager_vs_ort` =
+    # eager p50 / onnxruntime p50 (> 1: torch is slower); throughput at the largest batch timed; the LoadGen server's
+    # highest QPS under its p99 bound, the control loop's miss rate and highest rate; the fastest backend's (`best_`)
+    headline: ClassVar[Dict[str, Headline]] = {
+        "p50_us": Headline((BACKEND_P50.at(backend="eager"),)), "p99_us": Headline((BACKEND_P99.at(backend="eager"),)),
+        "ort_p50_us": Headline((BACKEND_P50.at(backend="onnxruntime"),)),
+        "eager_vs_ort": Headline((BACKEND_P50.at(backend="eager"),), over=(BACKEND_P50.at(backend="onnxruntime"),)),
+        "obs_per_s": Headline((BACKEND_OBS.at(backend="eager"),), top=True),
+        "server_qps": own("loadgen/server/max_qps", "queries/s", "LoadGen server: highest QPS within its p99 bound"),
+        "miss_rate": own("control_loop/miss_rate", "share", "control loop: ticks that missed their deadline"),
+        "loop_hz_max": own("control_loop/max_rate_hz", "Hz", "control loop: highest rate within mode.max_miss_rate"),
+        "best_p50_us": Headline((BACKEND_P50,)), "best_obs_per_s": Headline((BACKEND_OBS,))}
     backends: List[str] = MISSING
     batch_sizes: Optional[List[int]] = MISSING
     scenarios: List[str] = MISSING
@@ -302,8 +360,9 @@ class ExportOnnxMode(ModeConf):
     name: ClassVar[str] = "export-onnx"
     timed: ClassVar[bool] = False
     verified: ClassVar[bool] = False
-    headline: ClassVar[Dict[str, str]] = {"max_abs_vs_torch": "actions/vs_torch/max_abs | memories/vs_torch/max_abs",
-                                          "src_identical": "graph/vs_source/bit_identical"}
+    headline: ClassVar[Dict[str, Headline]] = {
+        "max_abs_vs_torch": Headline((MAX_ABS.at(ref="torch"),)),
+        "src_identical": own("graph/vs_source/bit_identical", "1/0", "the export equals the source .onnx's outputs")}
     path: Optional[str] = MISSING
     opset: int = rule(lo=7, hi=21)
     atol: float = rule(lo=0)
@@ -314,7 +373,9 @@ class ExportOnnxMode(ModeConf):
 @dataclass
 class FingerprintMode(ModeConf):
     name: ClassVar[str] = "fingerprint"
-    headline: ClassVar[Dict[str, str]] = {"fp_match": "matches_cpu_fp32", "fp_qmatch": "quantized_matches_cpu_fp32"}
+    headline: ClassVar[Dict[str, Headline]] = {
+        "fp_match": own("matches_cpu_fp32", "1/0", "fingerprint equal to CPU fp32's"),
+        "fp_qmatch": own("quantized_matches_cpu_fp32", "1/0", "quantized fingerprint equal to CPU fp32's")}
     steps: int = rule(lo=1, hi=1_000_000)
     loop: str = rule(choices=LOOPS)
     actions: str = rule(choices=ACTION_KINDS)
@@ -331,8 +392,9 @@ class FingerprintMode(ModeConf):
 @dataclass
 class OnnxCompareMode(ModeConf):
     name: ClassVar[str] = "onnx-compare"
-    headline: ClassVar[Dict[str, str]] = {"max_abs_vs_ort": "actions/vs_onnxruntime/max_abs | memories/vs_onnxruntime/max_abs",
-                                          "sampled_z": "sampled/mean_z_max"}
+    headline: ClassVar[Dict[str, Headline]] = {
+        "max_abs_vs_ort": Headline((MAX_ABS.at(ref="onnxruntime"),)),
+        "sampled_z": own("sampled/mean_z_max", "z", "sampled actions: the largest |z| of a mean against the reference's")}
     provider: str = MISSING
     sample_rows: int = rule(lo=1, hi=100_000)
     samples: int = rule(lo=2, hi=1_000_000)
@@ -350,14 +412,18 @@ class OnnxCompareMode(ModeConf):
 @dataclass
 class PrecisionMode(ModeConf):
     name: ClassVar[str] = "precision"
-    headline: ClassVar[Dict[str, str]] = {"rel_ratio": "relative/ratio"}
+    headline: ClassVar[Dict[str, Headline]] = {
+        "rel_ratio": own("relative/ratio", "ratio", "the device's RMSE vs fp64 over the CPU's in the same dtype")}
     relative: Relative = MISSING
 
 
 @dataclass
 class StatsMode(ModeConf):
     name: ClassVar[str] = "stats"
-    headline: ClassVar[Dict[str, str]] = {"drift_max": "drift_max", "saturation": "saturation_rate", "smoothness": "smoothness"}
+    headline: ClassVar[Dict[str, Headline]] = {
+        "drift_max": own("drift_max", "action units", "the largest |action - CPU fp32's| over the rollout"),
+        "saturation": own("saturation_rate", "share", "actions at or beyond mode.saturation"),
+        "smoothness": own("smoothness", "action units", "mean |action change| between steps")}
     steps: int = rule(lo=1, hi=1_000_000)
     envs: int = rule(lo=1, hi=1_000_000)
     source: str = rule(choices=STATS_SOURCES)
@@ -391,7 +457,7 @@ class LatencySamples:
 class RecordMode(ModeConf):
     name: ClassVar[str] = "record"
     verified: ClassVar[bool] = False
-    headline: ClassVar[Dict[str, str]] = {"points": "bundle/points"}
+    headline: ClassVar[Dict[str, Headline]] = {"points": own("bundle/points", "count", "points in the bundle")}
     out: Optional[str] = MISSING
     latency: LatencySamples = MISSING
     decimals: int = rule(lo=0, hi=9)
@@ -401,9 +467,12 @@ class RecordMode(ModeConf):
 class ReplayMode(ModeConf):
     name: ClassVar[str] = "replay"
     verified: ClassVar[bool] = False
-    headline: ClassVar[Dict[str, str]] = {
-        "bitwise": "agreement/bitwise_share", "ulp_max": "agreement/ulp_max", "dual_ratio": "dual/worst_ratio",
-        "lat_ratio": "latency_change/median_ratio", "lat_p": "latency_change/p_value"}
+    headline: ClassVar[Dict[str, Headline]] = {
+        "bitwise": own("agreement/bitwise_share", "share", "the least share of bit-identical elements of an output"),
+        "ulp_max": own("agreement/ulp_max", "ULP", "the largest float32 ULP distance to the recording"),
+        "dual_ratio": own("dual/worst_ratio", "ratio", "msprobe's dual benchmark: the worst error ratio"),
+        "lat_ratio": own("latency_change/median_ratio", "ratio", "median latency over the recording's"),
+        "lat_p": own("latency_change/p_value", "p", "Mann-Whitney U p-value of the latency change")}
     bundle: Optional[str] = MISSING
     reference_point: Optional[str] = MISSING
     allow_other_model: bool = MISSING
@@ -417,8 +486,10 @@ class ReplayMode(ModeConf):
 @dataclass
 class DiffMode(OfflineMode):
     name: ClassVar[str] = "diff"
-    headline: ClassVar[Dict[str, str]] = {"changed": "diff/changed", "only_base": "diff/only_baseline",
-                                          "only_cand": "diff/only_candidate"}
+    headline: ClassVar[Dict[str, Headline]] = {
+        "changed": own("diff/changed", "count", "common points that changed"),
+        "only_base": own("diff/only_baseline", "count", "points only in the baseline"),
+        "only_cand": own("diff/only_candidate", "count", "points only in the candidate")}
     baseline: Optional[str] = MISSING
     candidate: Optional[str] = MISSING
     alpha: float = rule(lo=0, hi=1, lo_open=True)
@@ -430,6 +501,13 @@ class SyncMode(OfflineMode):
     name: ClassVar[str] = "sync"
     _target_: Optional[str] = None  # not a task: run.py hands it to tracking.sync
     paths: List[str] = MISSING
+
+
+@dataclass
+class RejudgeMode(OfflineMode):
+    name: ClassVar[str] = "rejudge"
+    _target_: Optional[str] = None  # not a task: run.py hands it to app.rejudge (it reads results, runs no policy)
+    path: Optional[str] = MISSING
 
 
 @dataclass

@@ -7,27 +7,31 @@ import math
 import re
 from itertools import product
 
-from huggy_exp.config import modes
+from huggy_exp.config import (AGREEMENT, COSINE_MIN_ROW, KL_MAX, LATENCY, MAX_ABS, ORT_INT8_KL, ORT_INT8_P50, SHIFT_MAX,
+                              Headline, Metric, modes)
+from huggy_exp.verify import DECLARED
 
-# every inference point (docs/verification.md): its errors vs CPU fp64 and fp32, and its latency; `a | b`: the first found.
-# These are the one headline error and cosine of every mode: no mode has a second name for them.
+# every inference point (docs/verification.md): its errors vs CPU fp64 and fp32, and its latency. These are the one
+# headline error and cosine of every mode: no mode has a second name for them.
 ANY_MODE = {
-    "max_abs_vs_fp64": "actions/vs_fp64/max_abs | sampled_actions/vs_fp64/max_abs | memories/vs_fp64/max_abs",
-    "cosine_vs_fp64": "actions/vs_fp64/cosine_min_row | sampled_actions/vs_fp64/cosine_min_row | memories/vs_fp64/cosine_min_row",
-    "agreement_vs_fp64": "discrete_actions/vs_fp64/agreement | sampled_discrete_actions/vs_fp64/agreement",
-    "max_abs_vs_fp32": "actions/vs_fp32/max_abs | sampled_actions/vs_fp32/max_abs | memories/vs_fp32/max_abs",
-    "kl_vs_fp64": "actions/vs_fp64/kl_max | discrete_actions/vs_fp64/kl_max",  # in the policy's units
-    "shift_vs_fp64": "actions/vs_fp64/mean_shift_sigma_max",  # |Δμ| / σ
-    "ort_int8_kl": "onnxruntime_int8/actions/vs_fp64/kl_max | onnxruntime_int8/discrete_actions/vs_fp64/kl_max",
-    "ort_int8_p50_us": "onnxruntime_int8/latency/p50_us",  # an int8 point's peer, onnxruntime's own int8
-    "p50_us": "latency/p50_us",
-    "p99_us": "latency/p99_us",
-    "obs_per_s": "latency/obs_per_s",
+    "max_abs_vs_fp64": Headline((MAX_ABS.at(ref="fp64"),)),
+    "cosine_vs_fp64": Headline((COSINE_MIN_ROW.at(ref="fp64"),)),
+    "agreement_vs_fp64": Headline((AGREEMENT.at(ref="fp64"),)),
+    "max_abs_vs_fp32": Headline((MAX_ABS.at(ref="fp32"),)),
+    "kl_vs_fp64": Headline((KL_MAX.at(ref="fp64"),)),  # in the policy's units
+    "shift_vs_fp64": Headline((SHIFT_MAX.at(ref="fp64"),)),  # |Δμ| / σ
+    "ort_int8_kl": Headline((ORT_INT8_KL.at(ref="fp64"),)),
+    "ort_int8_p50_us": Headline((ORT_INT8_P50,)),  # an int8 point's peer, onnxruntime's own int8
+    "p50_us": Headline((LATENCY.at(stat="p50_us"),)),
+    "p99_us": Headline((LATENCY.at(stat="p99_us"),)),
+    "obs_per_s": Headline((LATENCY.at(stat="obs_per_s"),)),
 }
 # the first screen's figures: the engine's error and cosine against CPU fp64
 ERROR = "max_abs_vs_fp64"
 COSINE = "cosine_vs_fp64"
-LIMIT_STEMS = ("actions", "sampled_actions", "memories")  # whose `<stem>/vs_fp64/<x>_limit` the verdict used
+OUTPUTS = tuple(o for out in DECLARED for o in (out, out.twin()) if o is not None)
+STEMS = tuple(o.stem for o in OUTPUTS)  # a headline's `{stem}`, in order
+LIMIT_STEMS = tuple(o.stem for o in OUTPUTS if o.rule in ("continuous", "memory"))  # the verdict's `_limit`s: the first
 NOISE = ("mode._target_", "tracking.http_retries", "tracking.http_timeout_s", "tracking.enabled")
 SIGNIFICANT = 3  # headline values are for reading (the UI prints every digit: 0.00942 not 0.0094211900...)
 
@@ -48,11 +52,21 @@ def headline_metrics(mode: str, metrics: dict[str, float], status: str, batch_si
     batch, top = timed_batch(metrics, batch_size)
     fastest = fastest_backend(metrics, batch)
     own = modes()[mode].headline if mode in modes() else {}  # the mode's schema declares its headline
-    for short, long in {**own, **{k: v for k, v in ANY_MODE.items() if k not in own}}.items():
-        value = _lookup(metrics, long.replace("{top}", str(top)).replace("{batch}", str(batch)).replace("{fastest}", str(fastest)))
+    for short, head in {**own, **{k: v for k, v in ANY_MODE.items() if k not in own}}.items():
+        fields = {"batch": top if head.top else batch, "backend": fastest}
+        value = first(metrics, head.of, fields)
+        if head.over:
+            under = first(metrics, head.over, fields)
+            value = value / under if _finite(value) and _finite(under) and under else None
         if _finite(value):
             out[short] = readable(short, float(value))
     return out
+
+
+def first(metrics: dict[str, float], of: tuple[Metric, ...], fields: dict):
+    """The value of the first metric of `of` the job produced, its open fields filled (`{stem}`: each in turn)."""
+    paths = (m.at(**{k: v for k, v in {**fields, "stem": s}.items() if f"{{{k}}}" in m.path}).path for m in of for s in STEMS)
+    return next((metrics[p] for p in paths if p in metrics), None)
 
 
 def timed_batch(metrics: dict[str, float], batch_size: int | None) -> tuple[int | None, int | None]:
@@ -79,7 +93,7 @@ MAX_LOGGED = 20
 # last): `answer/` sorts before every other section logged here (tests/test_ui.py checks the order)
 ANSWER = "answer/"
 ANSWER_ORDER = ("passed", ERROR, COSINE, "agreement_vs_fp64", "p50_us", "p99_us", "obs_per_s", "max_abs_vs_fp32")
-OUTPUT_STATS = ("max_abs", "cosine_min_row", "agreement")  # per output vs fp64, each with its `_limit`
+OUTPUT_STATS = (MAX_ABS, COSINE_MIN_ROW, AGREEMENT)  # per output vs fp64, each with its `_limit`
 BACKEND_STATS = ("p50_us", "obs_per_s")  # benchmark: per backend at the job's batch, as `<backend>/<stat>`
 LOADGEN_LATENCY = {"single_stream": "p90_us", "multi_stream": "p99_us", "server": "p99_us", "offline": "samples_per_s"}
 CONTROL_LOOP = ("control_loop/miss_rate", "control_loop/miss_rate_upper")  # the miss rate and its confidence bound
@@ -100,9 +114,10 @@ def logged_metrics(record: dict) -> dict[str, float]:
     keys += [(k, k) for s, latency in LOADGEN_LATENCY.items() for k in (f"loadgen/{s}/valid", f"loadgen/{s}/{latency}")]
     out.update({name: readable(key, metrics[key]) for name, key in keys if _finite(metrics.get(key))})
     stems = dict.fromkeys(k.split("/vs_fp64/")[0] for k in metrics if "/vs_fp64/" in k and k.count("/") == 2)
-    for stem, stat, suffix in product(stems, OUTPUT_STATS, ("", "_limit")):
-        value = metrics.get(f"{stem}/vs_fp64/{stat}{suffix}")
-        if _finite(value) and f"{stem}/vs_fp64/{stat}_limit" in metrics:  # judged outputs only
+    for stem, metric, suffix in product(stems, OUTPUT_STATS, ("", "_limit")):
+        path, stat = metric.at(stem=stem, ref="fp64").path, metric.path.rsplit("/", 1)[1]
+        value = metrics.get(path + suffix)
+        if _finite(value) and f"{path}_limit" in metrics:  # judged outputs only
             out[f"vs_fp64/{stem}/{stat}{suffix}"] = float(value) if suffix else readable(stat, float(value))
     return dict(list(out.items())[:MAX_LOGGED])
 
@@ -135,14 +150,6 @@ def noisy(record: dict) -> bool:
     """Whether a timing the job reported flagged itself noisy (IQR / median above timing.py's bound)."""
     metrics = record.get("metrics") or {}
     return bool(metrics.get("latency/noisy") or (record.get("latency") or {}).get("noisy")) or any(value for _, _, value in ladder(metrics, "noisy"))
-
-
-def _lookup(metrics: dict[str, float], name: str):
-    """A metric by name, `a | b` (the first present), or `a / b` of two metrics (None where either is missing or b is 0)."""
-    if " / " in name:
-        a, b = (metrics.get(n) for n in name.split(" / "))
-        return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
-    return next((metrics[n] for n in name.split(" | ") if n in metrics), None)
 
 
 def settings(params: dict, dtype: str) -> dict:

@@ -118,7 +118,7 @@ def write_result(workdir: Path, record: dict, result: Result) -> Path:
               "tags": result.tags, "arrays": {name: f"{name}.npy" for name in result.arrays},
               "tables": {name: f"{name}.csv" for name in result.tables}, "files": result.files,
               "details": result.details}
-    return _write_json(workdir / "result.json", record)
+    return write_json(workdir / "result.json", record)
 
 
 def _save_npy(tmp: str, array) -> None:
@@ -132,9 +132,9 @@ def read_result(workdir: Path) -> dict:
 
 def update_result(workdir: Path, **fields) -> None:
     """Rewrite result.json with some top-level keys replaced (atomically: a reader sees the old or the new file)."""
-    _write_json(Path(workdir) / "result.json", {**read_result(workdir), **fields})
+    write_json(Path(workdir) / "result.json", {**read_result(workdir), **fields})
 
 
-def _write_json(path: Path, record: dict) -> Path:
+def write_json(path: Path, record: dict) -> Path:
     atomic_write_text(path, json.dumps(jsonable(record), indent=2) + "\n")
     return path

@@ -23,7 +23,8 @@ import torch
 
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.fused import FusedMLP, need_compiler
-from huggy_exp.mlagents import ACTION_MASKS, ONNX_INPUT, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name, with_distributions
+from huggy_exp.mlagents import (ACTION_MASKS, ONNX_INPUT, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name, read_onnx,
+                                with_distributions, with_parts)
 from huggy_exp.placement import (
     QUANTIZED, Target, check_backend, onnxruntime_options, quantize, quantize_onnx, resolve, synchronize,
     use_device,
@@ -370,11 +371,8 @@ class OnnxRunner:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
         providers = [(provider, provider_options)] if provider_options else [provider]  # placement.onnxruntime_options
-        try:
-            self.session = ort.InferenceSession(str(path), options, providers=providers)
-        except Exception as exc:
-            raise UserError(f"onnxruntime could not load {path}: {str(exc).splitlines()[0]}") from None
-        check_provider(self.session, provider)
+        self.path, self._providers, self._tapped = Path(path), providers, None
+        self.session = self._open(options, str(path))
         self.inputs = {i.name: i.shape for i in self.session.get_inputs()}
         self.input = next(iter(self.inputs))
         shape = self.inputs.get(RECURRENT_IN)
@@ -387,8 +385,33 @@ class OnnxRunner:
     def sample(self, feeds: Feeds, seed: int) -> dict[str, np.ndarray]:
         raise self._torch_only("sampled actions take the seeded CPU noise, which")
 
+    def _open(self, options, model: str | bytes):
+        """A session of the model (a path, or a changed graph's bytes) on this runner's provider, never a fallback."""
+        import onnxruntime as ort
+
+        try:
+            session = ort.InferenceSession(model, options, providers=self._providers)
+        except Exception as exc:
+            raise UserError(f"onnxruntime could not load {self.path}: {str(exc).splitlines()[0]}") from None
+        check_provider(session, self._providers[0] if isinstance(self._providers[0], str) else self._providers[0][0])
+        return session
+
     def trace(self, feeds: Feeds) -> dict[str, np.ndarray]:
-        raise self._torch_only("per-layer attribution")
+        """Policy.trace's parts as the graph computes them (mlagents.with_parts names them), with the outputs of infer().
+        A second session runs with graph optimizations off, as onnxruntime's own qdq_loss_debug does: no fusion folds
+        a part away."""
+        if self._tapped is None:
+            import onnxruntime as ort
+
+            model = with_parts(read_onnx(self.path), f"onnx file {self.path}")
+            self.parts = [o.name for o in model.graph.output][len(self.outputs):]
+            plain = ort.SessionOptions()
+            plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            self._tapped = self._open(plain, model.SerializeToString())
+        given = self._given(feeds)
+        rows = len(next(iter(given.values())))
+        parts = {k: v.reshape(rows, -1) for k, v in zip(self.parts, self._tapped.run(self.parts, given))}
+        return {**parts, **self.infer(feeds)}
 
     def distributions(self, feeds: Feeds) -> dict[str, np.ndarray]:
         raise self._torch_only("the distributions (mu, log_sigma, masked logits)")

@@ -181,7 +181,7 @@ def _policy_units(oc: OutputComparison, lim: Limits, bad: int) -> None:
 def _memory(oc: OutputComparison, got: np.ndarray, ref: np.ndarray, actual: dict, expected: dict, rules: Rules) -> None:
     bad = _measure(oc, got, ref, rules)
     tol = rules.limits.atol * max(1.0, float(np.nanmax(np.abs(np.asarray(ref, np.float64)), initial=0.0)))
-    oc.metrics["max_abs_limit"] = tol
+    oc.metrics.update({"max_abs_limit": tol, "max_abs_scale": tol / rules.limits.atol})  # scale: for mode=rejudge
     if not bad and not oc.metrics["max_abs"] <= tol:
         oc.failures.append(f"max_abs {oc.metrics['max_abs']:.3g} > atol x max(1, max |memory|) = {tol:.3g}")
 
@@ -194,7 +194,7 @@ def _discrete(oc: OutputComparison, got: np.ndarray, ref: np.ndarray, actual: di
     else:  # no reference logits: no flip can be excused
         margin, best = np.full(ref.shape, np.inf), np.ones(ref.shape)
     d = discrete_agreement(got, ref, margin, rules.limits.margin, np.maximum(1.0, best))
-    oc.metrics.update(d)
+    oc.metrics.update({**d, "margin_limit": rules.limits.margin})
     if sizes is not None and "masked_logits" in actual and "masked_logits" in expected:
         oc.metrics.update(softmax_divergence(actual["masked_logits"], expected["masked_logits"], sizes))
         if judge:

@@ -42,7 +42,7 @@ class ToyMode(ModeConf):
     runs_policy: ClassVar[bool] = False
     timed: ClassVar[bool] = False
     verified: ClassVar[bool] = False
-    headline: ClassVar[Dict[str, str]] = {"value": "toy_value"}
+    headline: ClassVar[Dict[str, Headline]] = {"value": own("toy_value", "1", "scale x seed")}
     scale: float = rule(lo=0)
 '''
 

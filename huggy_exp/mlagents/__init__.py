@@ -16,7 +16,7 @@ from huggy_exp.mlagents.default import (DEFAULT_STEP, DEFAULT_VERSION, cache_dir
                                         load_default)
 from huggy_exp.mlagents.heads import with_distributions
 from huggy_exp.mlagents.hub import fetch_hub
-from huggy_exp.mlagents.onnx_read import check_onnx_pairing, load_onnx, weights_from_onnx
+from huggy_exp.mlagents.onnx_read import check_onnx_pairing, load_onnx, read_onnx, weights_from_onnx, with_parts
 from huggy_exp.mlagents.onnx_write import interface, write_onnx
 from huggy_exp.mlagents.results import (configuration_mismatches, latest_checkpoint, list_checkpoints,
                                         model_configuration, model_files, read_configuration, results_model, run_folder)

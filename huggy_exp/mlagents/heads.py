@@ -147,9 +147,10 @@ def with_distributions(model):
     return model
 
 
-def read_heads(g: Graph, cursor: str, masks: str | None) -> dict:
+def read_heads(g: Graph, cursor: str, masks: str | None) -> tuple[dict, dict[str, list[str]]]:
     """The heads on the features: Gemms whose logits are masked are discrete branches, a Gemm feeding Clip -> Exp is SAC's
-    log_sigma, the one left is mu. PolicyWeights fields: mu, log_sigma, tanh_squash, branches."""
+    log_sigma, the one left is mu. PolicyWeights fields: mu, log_sigma, tanh_squash, branches; and the tensors of
+    Policy.trace's `mu` and `logits` (the branches' Gemms in mask order)."""
     gemms = [n for n in g.consumers(cursor) if n.op_type == "Gemm" and n.output]
     branches = [(start, n) for n in gemms if (start := DiscreteHead.mask_start(g, n, masks)) is not None]
     claimed = {id(n) for _, n in branches}
@@ -158,9 +159,11 @@ def read_heads(g: Graph, cursor: str, masks: str | None) -> dict:
         raise g.fail(f"{len(mus)} Gemm heads on the last hidden layer that are neither masked branches nor log_sigma")
     if not mus and not branches:
         raise g.fail("no chain of Gemm -> Sigmoid -> Mul layers followed by a mu Gemm or discrete branch Gemms")
-    out = {"mu": None, "log_sigma": None, "tanh_squash": False, "branches": ()}
+    out, parts = {"mu": None, "log_sigma": None, "tanh_squash": False, "branches": ()}, {}
     if mus:
         out.update(ContinuousHead.read_onnx(g, mus[0]))
+        parts["mu"] = [mus[0].output[0]]
     if branches:
         out.update(DiscreteHead.read_onnx(g, branches))
-    return out
+        parts["logits"] = [n.output[0] for _, n in sorted(branches, key=lambda b: b[0])]
+    return out, parts

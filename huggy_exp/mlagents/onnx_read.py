@@ -159,9 +159,10 @@ def _normalizer_of(g: Graph, name: str) -> tuple[Normalizer | None, str]:
     return Normalizer(mean.reshape(-1), None, None, folded_std=std.reshape(-1)), clip.output[0]
 
 
-def _body(g: Graph, cursor: str) -> tuple[list, str]:
-    """The chain of Gemm -> Sigmoid -> Mul (Swish) layers from `cursor`; the layers and the last hidden tensor."""
-    gemms = []
+def _body(g: Graph, cursor: str) -> tuple[list, list[str], str]:
+    """The chain of Gemm -> Sigmoid -> Mul (Swish) layers from `cursor`; the layers, each one's output (Policy.trace's
+    hidden_<i>) and the last hidden tensor."""
+    gemms, hidden = [], []
     while True:
         layer = None
         for gemm in (n for n in g.consumers(cursor) if n.op_type == "Gemm" and n.output):
@@ -172,11 +173,12 @@ def _body(g: Graph, cursor: str) -> tuple[list, str]:
                 layer = (gemm, mul.output[0])
                 break
         if layer is None:
-            return gemms, cursor
+            return gemms, hidden, cursor
         if any(layer[0] is seen for seen in gemms):
             raise g.fail("the layer chain loops back on itself")
         gemms.append(layer[0])
         cursor = layer[1]
+        hidden.append(cursor)
 
 
 def _lstm(g: Graph, cursor: str, memory: str | None) -> tuple[Lstm | None, str]:
@@ -209,7 +211,13 @@ def _lstm(g: Graph, cursor: str, memory: str | None) -> tuple[Lstm | None, str]:
 
 def weights_from_onnx(model, origin: str) -> PolicyWeights:
     """Rebuild PolicyWeights from an ML-Agents graph: per-input normalizers, Concat, Swish MLP, optional LSTM, heads."""
-    g = Graph(model, origin)
+    return read_graph(Graph(model, origin))[0]
+
+
+def read_graph(g: Graph) -> tuple[PolicyWeights, dict[str, list[str]]]:
+    """The weights, and where each part Policy.trace names is computed in the graph: its tensor (several, side by side on
+    axis 1: the branches' logits). Found by the same walk that reads the weights, so a part is named only where the
+    walk identified it."""
     obs, masks, memory = _observation_inputs(g)
     processed = [_normalizer_of(g, name) for name in obs]
     concat = g.only(processed[0][1], "Concat")
@@ -219,12 +227,15 @@ def weights_from_onnx(model, origin: str) -> PolicyWeights:
         cursor = concat.output[0]
     else:
         cursor = concat.output[0] if concat is not None and len(concat.input) == 1 and concat.output else processed[0][1]
-    gemms, cursor = _body(g, cursor)
+    gemms, hidden, cursor = _body(g, cursor)
     if not gemms:
         raise g.fail("no chain of Gemm -> Sigmoid -> Mul layers followed by a mu Gemm")
     layers = tuple(linear(g, n) for n in gemms)
     lstm, cursor = _lstm(g, cursor, memory)
-    heads = read_heads(g, cursor, masks)
+    parts = {"normalized_obs": [processed[0][1]]} if len(obs) == 1 else {
+        f"normalized_obs_{i}": [tensor] for i, (_, tensor) in enumerate(processed)}
+    parts.update({f"hidden_{i}": [tensor] for i, tensor in enumerate(hidden)}, **({"lstm": [cursor]} if lstm else {}))
+    heads, head_parts = read_heads(g, cursor, masks)
     if heads["branches"] and masks is None:
         raise g.fail("discrete branches without ML-Agents' action_masks input")
     inputs = _input_widths(g, obs, layers[0][0].shape[1], processed)
@@ -235,8 +246,24 @@ def weights_from_onnx(model, origin: str) -> PolicyWeights:
         value = g.weight(name) if name in g.const else None
         scalars[out] = float(value.reshape(-1)[0]) if value is not None and value.size else default
     weights = PolicyWeights(layers, normalizer=None, inputs=inputs, lstm=lstm, **scalars, **heads)
-    check_shapes(weights, origin)
-    return weights
+    check_shapes(weights, g.origin)
+    return weights, {**parts, **head_parts}
+
+
+def with_parts(model, origin: str):
+    """The graph (an onnx ModelProto, changed in place) with the parts Policy.trace names as outputs too (normalized_obs,
+    hidden_<i>, lstm, mu, logits), so onnxruntime's intermediates line up with torch's per-layer attribution."""
+    from onnx import helper
+
+    _, parts = read_graph(Graph(model, origin))
+    outputs = {o.name for o in model.graph.output}
+    for name, tensors in parts.items():
+        if name in outputs:
+            continue
+        joined = {"op_type": "Concat", "axis": 1} if len(tensors) > 1 else {"op_type": "Identity"}
+        model.graph.node.append(helper.make_node(inputs=tensors, outputs=[name], **joined))
+        model.graph.output.append(helper.make_empty_tensor_value_info(name))
+    return model
 
 
 def _input_widths(g: Graph, obs: list[str], width: int, processed: list) -> tuple[ObsInput, ...]:

@@ -7,9 +7,15 @@ from __future__ import annotations
 import numpy as np
 
 from huggy_exp.context import Context
-from huggy_exp.mlagents import ACTION_MASKS, PolicyWeights, obs_name
+from huggy_exp.errors import UserError
+from huggy_exp.mlagents import ACTION_MASKS, RECURRENT_OUT, PolicyWeights, obs_name
+from huggy_exp.numerics import rel_rmse, sqnr_db
 from huggy_exp.observations import random_masks
-from huggy_exp.verify import DECLARED, Limits, Rules, compare
+from huggy_exp.results import Result
+from huggy_exp.runners import build, reference, run_feeds
+from huggy_exp.verify import DECLARED, Limits, Rules, compare, within
+
+LAYER_ORDER = ("lstm", RECURRENT_OUT, "mu", "logits")  # Policy.trace's parts after normalized_obs* and hidden_*
 
 
 def feeds_with_masks(ctx: Context, masks: str) -> dict[str, np.ndarray]:
@@ -60,3 +66,46 @@ def compare_outputs(actual: dict[str, np.ndarray], expected: dict[str, np.ndarra
                                                       branch_sizes=tuple(branch_sizes)))
     rows = [{"output": o.name, **c.outputs[o.stem].metrics} for o in wanted]
     return c.metrics(reference), c.failures, rows
+
+
+def layer_names(trace: dict) -> list[str]:
+    """Policy.trace's parts in the order the policy computes them: normalized_obs*, hidden_*, lstm, recurrent_out, heads."""
+    return [k for k in trace if k.startswith(("normalized_obs", "hidden_"))] + [k for k in LAYER_ORDER if k in trace]
+
+
+def first_divergence(ctx: Context, onnx, feeds: dict, result: Result) -> str | None:
+    """Where an .onnx run by onnxruntime leaves the policy: every part of Policy.trace that the graph computes
+    (mlagents.with_parts finds it by the walk that reads the weights) against CPU fp64's, in the order computed; max_abs,
+    SQNR and rel_rmse, the last judged by fp32's layer limit (the graph runs fp32). The first part over it, or None;
+    the reference's parts the graph has no tensor for are said, never guessed."""
+    ort = build(ctx, "onnxruntime", device="cpu", dtype="fp32", batch_size=0, threads=0, onnx=onnx)
+    try:
+        got = run_feeds(ort, feeds, trace=True)
+    except UserError as exc:  # a graph the walk cannot read part by part (its outputs were still compared)
+        result.details.update(first_divergence=None, unmapped_parts=None, divergence_not_located=str(exc))
+        result.summary.append(f"first divergence across the lowering boundary: not located: {exc}")
+        return None
+    want = run_feeds(reference(ctx, "fp64"), feeds, trace=True)
+    limit, rows, first = ctx.limits("fp32").layer_rel_rmse, [], None
+    for part in layer_names(want):
+        if part not in got:
+            rows.append({"part": part, "status": "no tensor in the graph: not compared"})
+            continue
+        err, finite = rel_rmse(got[part], want[part]), bool(np.all(np.isfinite(got[part])))
+        exceeds = not (finite and within(err, limit))
+        first = first or (part if exceeds else None)
+        row = {"part": part, "max_abs": float(np.max(np.abs(got[part].astype(np.float64) - want[part]))),
+               "sqnr_db": sqnr_db(got[part], want[part]), "rel_rmse": err, "limit": limit,
+               "status": "over the layer limit" if exceeds else "within"}
+        rows.append(row)
+        result.metrics.update({f"graph/{part}/{k}": row[k] for k in ("max_abs", "sqnr_db", "rel_rmse")})
+    unmapped = [r["part"] for r in rows if "max_abs" not in r]
+    result.tables["divergence"] = rows
+    result.tags["first_divergence"] = first or "none"
+    result.details.update(first_divergence=first, unmapped_parts=unmapped)
+    said = (f"{first} (rel_rmse {result.metrics[f'graph/{first}/rel_rmse']:.3g} > {limit:g}, max_abs "
+            f"{result.metrics[f'graph/{first}/max_abs']:.3g}, SQNR {result.metrics[f'graph/{first}/sqnr_db']:.1f} dB)"
+            if first else f"none: {len(rows) - len(unmapped)} parts within fp32's layer limit {limit:g}")
+    result.summary.append(f"first divergence across the lowering boundary (onnxruntime's intermediates vs CPU fp64): {said}"
+                          + (f"; not compared (no tensor in the graph): {', '.join(unmapped)}" if unmapped else ""))
+    return first

@@ -23,7 +23,7 @@ from huggy_exp.results import Result, first_nonfinite
 from huggy_exp.files import atomic_write, claim_output
 from huggy_exp.runners import DISCRETE_SAMPLED, build, over_steps, reference, run_feeds
 from huggy_exp.tasks import Task, is_sequence
-from huggy_exp.tasks.compare import check_constants, compare_outputs, expected_constants, feeds_with_masks
+from huggy_exp.tasks.compare import check_constants, compare_outputs, expected_constants, feeds_with_masks, first_divergence
 from huggy_exp.verify import DECLARED
 
 
@@ -101,6 +101,7 @@ class ExportOnnxTask(Task):
         result.tables["outputs"] = rows
         result.summary = [headline, f"interface: inputs {found['inputs']}, outputs {found['outputs']}",
                           f"onnx.checker: clean; written to {out}"]
+        first_divergence(ctx, out, feeds, result)  # the export's own intermediates: where it leaves the policy, if it does
         return result
 
     def export(self, ctx: Context) -> tuple[Path, dict]:

@@ -13,7 +13,7 @@ from huggy_exp.numerics import categorical_check, sampling_check
 from huggy_exp.results import Result, first_nonfinite
 from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, build, over_steps, reference, run_feeds
 from huggy_exp.tasks import Task, is_sequence, latency, verify_point
-from huggy_exp.tasks.compare import check_constants, compare_outputs, expected_constants, feeds_with_masks
+from huggy_exp.tasks.compare import check_constants, compare_outputs, expected_constants, feeds_with_masks, first_divergence
 from huggy_exp.verify import DECLARED
 
 VERSUS = "onnxruntime"  # metrics <output>/vs_onnxruntime/<metric>, as the engine names them
@@ -45,6 +45,7 @@ class OnnxCompareTask(Task):
         for reason in failures + c_failures:
             result.fail(reason)
         sampled = self.sampled(ort, w, feeds, dist, sequence, result)
+        first_divergence(ctx, onnx_path, feeds, result)
         # --- judge, Result
         versus = "vs onnxruntime: " + "; ".join(_deterministic_lines(result.metrics, mine, atol, constants) + sampled)
         result.details.update({"onnx": str(onnx_path), "provider": self.mode.provider, "atol": atol,

@@ -28,7 +28,7 @@ class PrecisionTask(Task):
         feeds = ctx.feeds
         # --- build runners, run the feeds (a sequence: step by step, each run carrying its own memory)
         device = build(ctx)
-        traced = run_feeds(device, feeds, trace=True)  # onnxruntime: Unsupported, per-layer attribution is torch's
+        traced = run_feeds(device, feeds, trace=True)  # onnxruntime: its graph's parts (mlagents.with_parts)
         got = {**run_feeds(device, feeds, ctx.seed), **traced}
         want = run_feeds(reference(ctx, "fp64"), feeds, trace=True)
         cpu_eager = ctx.target().kind == "cpu" and ctx.backend == "eager"

@@ -1,0 +1,99 @@
+"""Re-judge stored results under the limits table as composed now, without running the policy (`mode=rejudge`).
+
+What a point's verdict rests on is in its result.json: every figure the engine judged against CPU fp64 is stored with
+the limit beside it (`<stem>/vs_fp64/<metric>` and `<metric>_limit`, verify.py), and precision's layers likewise
+(`layer/<part>/rel_rmse`). Those checks are applied again with the limits of the point's dtype on its device kind;
+everything else a mode judged (NaN/inf, benchmark's gate against eager, onnx-compare's against onnxruntime, batch
+invariance, sampling tests, precision's relative ratio) stands as recorded. A check the stored figures cannot decide
+(an rtol > 0 needs every element; a new discrete margin needs every flip's margin) is an error naming what is missing.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from huggy_exp.errors import UserError
+from huggy_exp.numerics import limits_for
+from huggy_exp.verify import within
+
+# the engine's judged figures: metric -> (its limit in verify.limits, how it is held: "<=" at most, ">=" at least)
+CHECKS = {"max_abs": ("max_abs", "<="), "cosine_min_row": ("cosine_min", ">="), "kl_max": ("kl_max", "<="),
+          "mean_shift_sigma_max": ("mean_shift_max", "<="), "rel_rmse": ("layer_rel_rmse", "<=")}
+JUDGED = re.compile(r"^(?:(?P<stem>\w+)/vs_fp64|layer/(?P<layer>\w+))/(?P<metric>\w+)_limit$")
+OWN_FAILURES = ("vs cpu fp64: ", "layer ")  # how verify_point's and precision's layer failures begin (result.fail)
+
+
+def checks(metrics: dict) -> list[dict]:
+    """The stored judged figures: {key, metric (limit key), op, value, limit, scale} per `<...>_limit` the engine wrote."""
+    found = []
+    for key, limit in metrics.items():
+        match = JUDGED.match(key)
+        if match is None or match["metric"] not in CHECKS:
+            continue
+        value_key = key[: -len("_limit")]
+        name, op = CHECKS[match["metric"]]
+        scale = metrics.get(f"{match['stem']}/vs_fp64/max_abs_scale", 1.0) if match["stem"] == "memories" and name == "max_abs" else 1.0
+        found.append({"key": value_key, "limit_key": name, "op": op, "value": metrics.get(value_key), "limit": limit,
+                      "scale": scale, "memory": match["stem"] == "memories" and name == "max_abs"})
+    return found
+
+
+def holds(value, op: str, bound) -> bool:
+    """The engine's comparison: within(value, bound) for "<=", value >= bound for ">="; NaN or missing never holds."""
+    if op == "<=":
+        return within(value, bound)
+    v = float("nan") if value is None else float(value)
+    return math.isfinite(v) and v >= float(bound)
+
+
+def rejudge(record: dict, table: dict, specialize: dict, where: str) -> dict:
+    """A point's verdict under `table` (verify.limits as composed now): the new status, reason and the checks that
+    changed; raises UserError naming the figure a new limit needs and the record lacks."""
+    metrics = record.get("metrics") or {}
+    new = limits_for(table, record["dtype"], record["device"], specialize, "verify.limits")
+    found, failing_before, failing_now, changed = checks(metrics), [], [], []
+    for c in found:
+        if c["value"] is None:
+            raise UserError(f"{where}: {c['key']} is missing beside {c['key']}_limit: its verdict cannot be re-judged")
+        if c["memory"] and f"{c['key']}_scale" not in metrics:
+            raise UserError(f"{where}: {c['key']}_scale is missing (memories are held to max_abs x max(1, |memory|)): "
+                            "re-run the point to re-judge its memories under another limit")
+        bound = new[c["limit_key"]] * (c["scale"] if c["memory"] else 1.0)
+        before, now = holds(c["value"], c["op"], c["limit"]), holds(c["value"], c["op"], bound)
+        failing_before += [c] if not before else []
+        failing_now += [c] if not now else []
+        if before != now or bound != c["limit"]:
+            changed.append({"check": c["key"], "value": c["value"], "op": c["op"], "was": c["limit"], "now": bound,
+                            "held_before": before, "holds_now": now})
+    _decidable(metrics, new, failing_now, where)
+    status, reason = record["status"], record.get("reason") or ""
+    if status not in ("passed", "failed") or not found:
+        return {"status": status, "reason": reason, "checks": len(found), "changed": changed, "rejudged": False,
+                "limits": {}}
+    parts = [p for p in reason.split("; ") if p]
+    others = [p for p in parts if not p.startswith(OWN_FAILURES)]  # failures no limit of the table decided: they stand
+    if status == "failed" and len(parts) - len(others) != len(failing_before):
+        others = parts  # the stored failures do not line up with the stored checks: nothing is taken back
+    said = [f"{c['key']} {c['value']:.3g} {'>' if c['op'] == '<=' else '<'} {_bound(c, new):g} (re-judged)" for c in failing_now]
+    now_failed = bool(others or failing_now or (status == "failed" and not failing_before))
+    return {"status": "failed" if now_failed else "passed", "reason": "; ".join(others + said) if now_failed else "",
+            "checks": len(found), "changed": changed, "rejudged": True,
+            "limits": {f"{c['key']}_limit": _bound(c, new) for c in found}}
+
+
+def _bound(c: dict, new: dict) -> float:
+    return new[c["limit_key"]] * (c["scale"] if c["memory"] else 1.0)
+
+
+def _decidable(metrics: dict, new: dict, failing: list[dict], where: str) -> None:
+    """What the stored figures cannot decide: an element-wise rtol (its over-tolerance count needs the elements) where
+    max_abs alone does not hold, and a discrete margin that would excuse or condemn flips (each flip's margin)."""
+    if new.get("rtol", 0.0) and any(c["limit_key"] == "max_abs" and not c["memory"] for c in failing):
+        raise UserError(f"{where}: verify.limits rtol={new['rtol']:g} needs every element's error (|x - ref| <= atol + "
+                        "rtol |ref|), which result.json does not keep; re-judge with rtol 0 or re-run the point")
+    for key, flips in metrics.items():
+        stem = key.split("/vs_fp64/")[0]
+        if key.endswith("/vs_fp64/flips") and flips and metrics.get(f"{stem}/vs_fp64/margin_limit") != new["margin"]:
+            raise UserError(f"{where}: {key}={flips:g} and a new margin {new['margin']:g}: whether each flip is excused "
+                            "needs its masked-logit margin, which result.json does not keep; re-run the point")
