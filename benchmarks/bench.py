@@ -36,7 +36,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from huggy_exp import environment, timing  # noqa: E402
+from huggy_exp.config import MAX_BATCH, _check_value  # noqa: E402
 from huggy_exp.context import Context  # noqa: E402
+from huggy_exp.errors import UserError  # noqa: E402
+from huggy_exp.memory import check_job_memory, require_memory  # noqa: E402
 from huggy_exp.runners import ACTIONS, OBS, build  # noqa: E402
 from huggy_exp.tasks.benchmark import BenchmarkTask  # noqa: E402
 
@@ -45,11 +48,13 @@ TORCH_BACKENDS = ("eager", "compile", "fused")
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 ORT, EAGER = "onnxruntime (reference)", "eager backend: addmv chain (MKL gemv)"
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+FLAGS = {"--rows": (int, {"lo": 512, "hi": MAX_BATCH}), "--budget": (float, {"lo": 0, "hi": 3600, "lo_open": True}),
+         "--rounds": (int, {"lo": 1, "hi": 1000}), "--startup-runs": (int, {"lo": 1, "hi": 1000})}  # config.py's rules
 
 
-def context(model: str | None, dtype: str, workdir: Path) -> Context:
+def context(model: str | None, dtype: str, workdir: Path, knobs: list[str] = ()):
     """A job's context as run.py builds it from conf/ (its limits included: a dtype without one cannot be judged), at
-    one thread."""
+    one thread; with `knobs` (mode=benchmark's keys): (the context, the composed config)."""
     from hydra import compose, initialize_config_dir
 
     from huggy_exp.app import build_context
@@ -58,7 +63,27 @@ def context(model: str | None, dtype: str, workdir: Path) -> Context:
     setup()
     overrides = [f"dtype={dtype}", "threads=1", "tracking=none"] + ([f"model.checkpoint={model}"] if model else [])
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return build_context(compose(config_name="config", overrides=overrides), workdir)
+        cfg = compose(config_name="config", overrides=overrides + (["mode=benchmark", *knobs] if knobs else []))
+        ctx = build_context(cfg, workdir)
+        ctx.weights  # the model read now: a missing or broken file is one line before anything is measured
+        return (ctx, cfg) if knobs else ctx
+
+
+def checked_context(a: argparse.Namespace, workdir: Path) -> Context:
+    """The fp32 context, once every flag is in range (config.py's rules, as run.py's keys) and what --rows sizes fits in
+    memory (memory.py's estimate of a benchmark job, plus the GEMM peak's matrices): else a UserError naming the flag."""
+    from omegaconf import OmegaConf
+
+    for flag, (kind, rule) in FLAGS.items():
+        _check_value(kind, getattr(a, flag[2:].replace("-", "_")), flag, rule)
+    ctx, cfg = context(a.model, "fp32", workdir, [f"mode.batch_sizes=[{a.rows}]", "mode.scenarios=[single_stream,offline]"])
+    try:
+        check_job_memory("benchmark", OmegaConf.to_container(cfg, resolve=True), ctx.weights)
+        require_memory(a.rows * 1024 * 4 * 3, "the GEMM peak's [rows, 1024] matrices", f"--rows={a.rows}")
+    except UserError as exc:
+        raise UserError(str(exc).replace(f"mode.batch_sizes=[{a.rows}]", f"--rows={a.rows}")
+                        .replace("mode.batch_sizes", "--rows")) from None
+    return ctx
 
 
 def p50_us(fn: Callable[[], object], budget_s: float, warmup_s: float) -> float:
@@ -355,9 +380,13 @@ def main() -> None:
     parser.add_argument("--all-attempts", action="store_true", help="also inductor's GEMM template and AOTInductor (minutes)")
     parser.add_argument("--markdown", type=Path, help="write the table (and the attempts) as markdown here")
     parser.add_argument("--json", type=Path, help="write every figure as JSON here")
+    parser.error = refuse  # argparse would print its usage: one line, exit 2, as run.py
     a = parser.parse_args()
     started = time.time()
-    ctx = context(a.model, "fp32", Path(tempfile.mkdtemp()))
+    try:
+        ctx = checked_context(a, Path(tempfile.mkdtemp()))
+    except UserError as exc:
+        refuse(str(exc))
     flop = 2.0 * sum(weight.size for weight, _ in [*ctx.weights.layers, ctx.weights.mu])
     cpu = environment.cpu()
     flags = set(cpu["flags"].split())
@@ -377,6 +406,11 @@ def main() -> None:
                                       "gemm_peak_gflops": m["peak"], "gemms_only_obs_s": m["gemms"],
                                       "gemm_square_gflops": m["square"], "fp32": m["m32"], "bf16": m["m16"]},
                                      indent=2, default=float))
+
+
+def refuse(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 def measure_backends(ctx: Context, a: argparse.Namespace) -> dict:

@@ -30,6 +30,9 @@ from huggy_exp.memory import check_job_memory
 JOB_LOG = "huggy_exp.job"  # conf/hydra/job_logging/huggy.yaml sends it to the job's run.log only
 
 
+# --- a job's output, context and task
+
+
 def say(line: str, error: bool = False) -> None:
     """Job output: printed as before on the terminal, and logged (Hydra's job log file, run.log, gets it); a password in
     a URI never shows."""
@@ -45,7 +48,18 @@ def build_context(cfg: DictConfig, workdir: Path) -> Context:
     conf = OmegaConf.to_object(cfg)
     settings = {f.name: getattr(conf, f.name) for f in fields(Context) if hasattr(conf, f.name)}
     return Context(**settings, model_spec=conf.model, workdir=workdir,
-                   owned=(workdir, mlagents.cache_dir(), *tracking.local_paths(conf.tracking.uri)))
+                   owned=(workdir, mlagents.cache_dir(), *tracking.local_paths(conf.tracking.uri), *job_inputs(cfg)))
+
+
+def job_inputs(cfg: DictConfig) -> list[Path]:
+    """What a job reads besides the model: every existing file or folder its config names (obs.path, a mode's input;
+    mode.path, an output, aside) and the config folders Hydra composed it from (conf/, --config-dir)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    named = [Path(v).expanduser() for k, v in environment.flatten(OmegaConf.to_container(cfg, resolve=True)).items()
+             if isinstance(v, str) and k != "mode.path" and v.strip()]
+    sources = HydraConfig.get().runtime.config_sources if HydraConfig.initialized() else []
+    return [p for p in named if p.exists()] + [Path(s.path) for s in sources if s.provider != "hydra" and s.schema == "file"]
 
 
 def make_task(mode: DictConfig):
@@ -53,6 +67,9 @@ def make_task(mode: DictConfig):
     from hydra.utils import get_class
 
     return get_class(mode._target_)(OmegaConf.to_object(mode))
+
+
+# --- where a job sits in its sweep, and its name
 
 
 @dataclass(frozen=True)
@@ -89,11 +106,17 @@ def run_name(mode: str, cfg: DictConfig, case: str | None = None) -> str:
 
     A benchmark is named by the batch sizes it times (its ladder, mode.batch_sizes, when it has one), zero-padded so
     that names sort numerically (b00001 < b00064 < b01024) in the MLflow runs table and in listings."""
-    name = f"{mode}-{cfg.device}-{numerics_label(cfg.dtype, cfg.get('precision_mode'))}-b{batch_label(mode, cfg)}"
+    name = f"{mode}-{cfg.device}-{numerics_label(cfg.dtype, cfg.get('precision_mode'), plan_name(cfg))}-b{batch_label(mode, cfg)}"
     source = (cfg.get("obs") or {}).get("source")
     if source and source != "random":
         name += f"-{source}"
     return f"{case}:{name}" if case else name
+
+
+def plan_name(cfg: DictConfig) -> str | None:
+    """The job's precision plan's name, None without one (conf/plan/none.yaml)."""
+    plan = cfg.get("plan")
+    return None if plan is None or plan.get("parts") is None else str(plan.name)
 
 
 BATCH_DIGITS = 5  # benchmark names: b00064 sorts before b01024 (and a batch of 100000 or more after both)
@@ -103,6 +126,9 @@ def batch_label(mode: str, cfg: DictConfig) -> str:
     if mode != "benchmark":
         return str(cfg.batch_size)
     return "-".join(f"{b:0{BATCH_DIGITS}d}" for b in sorted(set(cfg.mode.batch_sizes or [cfg.batch_size])))
+
+
+# --- one job: run, written to result.json, then tracked
 
 
 def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = None) -> Result:
@@ -183,6 +209,7 @@ def _run_task(cfg: DictConfig, workdir: Path, mode: str,
             raise Unsupported(f"needs {missing[0]}, which is not on this host (shared fixtures: set HUGGY_EXP_SHARED)")
         ctx, switches = build_context(cfg, workdir), {}
         if modes()[mode].runs_policy:
+            ctx.precision_plan  # noqa: B018 (a bad plan is one line before anything runs)
             switches = set_precision(ctx.device, ctx.dtype, ctx.precision_mode)  # as read back; Unsupported: skipped
             check_job_memory(mode, OmegaConf.to_container(cfg, resolve=True), ctx.weights)
         result = make_task(cfg.mode).run(ctx)
@@ -235,6 +262,7 @@ def _job_record(cfg: DictConfig, mode: str, job: JobInfo, result: Result, ctx: C
         "batch_size": cfg.batch_size,
         "seed": cfg.seed,
         "model": loaded.describe() if loaded is not None else _model_stub(cfg),
+        "plan": _plan_record(cfg, ctx),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "start_time_ms": int(started * 1000),  # MLflow's run starts here, not when it is logged
         "duration_s": round(time.time() - started, 3),
@@ -252,6 +280,15 @@ def _job_record(cfg: DictConfig, mode: str, job: JobInfo, result: Result, ctx: C
     }
 
 
+def _plan_record(cfg: DictConfig, ctx: Context | None) -> dict | None:
+    """The plan the point ran: name, content hash, limits dtype and every part's dtype (its name alone where it was
+    refused before it ran); None without one."""
+    if plan_name(cfg) is None:
+        return None
+    resolved = ctx.__dict__.get("precision_plan") if ctx is not None else None
+    return resolved.describe() if resolved is not None else {"name": plan_name(cfg), "hash": None}
+
+
 def _track(result: Result, settings: dict, workdir: Path, path: Path, job: JobInfo) -> None:
     """Log the written result to MLflow (or leave it pending), record the outcome in result.json and say where it is."""
     if job.pending and settings["enabled"]:
@@ -267,10 +304,15 @@ def _track(result: Result, settings: dict, workdir: Path, path: Path, job: JobIn
         result.status, result.reason = "error", disk_full_message(exc)
     if outcome["status"] == "logged":
         say(f"  mlflow: run {outcome['run_id']} in {outcome['uri']}, experiment {outcome['experiment']!r}")
+        if not job.sweep_dir:  # a sweep prints its runs' address at its end
+            say(f"  UI: {tracking.ui_link(settings, outcome['experiment_id'], outcome['run_id'])}")
     elif outcome["status"] == "pending":
         say(f"warning: not in MLflow yet ({outcome['reason']}); result kept in {path}; "
             "`python run.py mode=sync` logs it later", error=True)
     result.tracking = outcome["status"]
+
+
+# --- exit codes, the sync and ui commands, and what the terminal shows
 
 
 def exit_code(result: Result, expect: str | None = None) -> int:

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
-from huggy_exp import certify, plots
-from huggy_exp.config import DTYPE_NAMES, modes, numerics_label
+from huggy_exp import certify, loadgen, plots
+from huggy_exp.config import DTYPE_NAMES, GRAPH_BACKENDS, PLAN_PREFIX, modes, numerics_label, ran_dtype
 from huggy_exp.headline import ERROR
 from huggy_exp.foreign import check_npy
+from huggy_exp.report import OBS_PER_S, fmt, obs_per_s_differs
 from huggy_exp.verify import DECLARED, FINGERPRINT
 
 VERDICT_KNOBS = ("relative", "rel_floor", "atol",
@@ -55,7 +56,7 @@ def compare(rows: list[dict]) -> dict:
     # continuous actions, the share of discrete decisions equal to its (against another point only)
     for row, stem in ((row, stem) for row in rows for stem in ("actions", "discrete_actions")):
         mine = outputs[row["job"]].get(stem)
-        refs = [r for r in rows if r["device"] == "cpu" and r["dtype"] == "fp32" and inputs_key(r) == inputs_key(row)
+        refs = [r for r in rows if r["device"] == "cpu" and numerics(r) == "fp32" and inputs_key(r) == inputs_key(row)
                 and (stem == "actions" or r is not row) and mine is not None
                 and getattr(outputs[r["job"]].get(stem), "shape", None) == mine.shape]
         if not refs or len(refs) == 1 and refs[0] is row:
@@ -86,7 +87,8 @@ def compare(rows: list[dict]) -> dict:
     replays = replay_agreement(rows)
     dual = dual_benchmarks(rows)
     return {"vs_cpu_fp32": vs_ref, "agreement": agreement, "recommended": recommended,
-            "lines": comparison_lines(rows, agreement, recommended) + dual_lines(dual) + replays["lines"] + port_lines(rows),
+            "lines": (comparison_lines(rows, agreement, recommended) + dual_lines(dual) + replays["lines"] + port_lines(rows)
+                      + loadgen_lines(rows)),
             "table": comparison_table(rows), "device_agreement": replays["table"], "dual_benchmark": dual}
 
 
@@ -153,15 +155,18 @@ def numerics(row: dict) -> str:
 
 
 def timed_points(judged: list[dict]) -> list[dict]:
-    """Every latency the judged points measured, one per (point, backend, batch): its p50, obs/s and noise flag."""
+    """Every latency the judged points measured, one per (point, backend, batch): its p50, IQR, obs/s, noise flag, and
+    the numerics that really ran it (config.ran_dtype: onnxruntime's fp32 graph in a bf16 job is an fp32 figure)."""
     out = []
     for r in judged:
-        extra = {stat: {(b, int(n)): v for b, n, v in r.get(f"{stat}_points") or ()} for stat in ("throughput", "noisy")}
+        extra = {stat: {(b, int(n)): v for b, n, v in r.get(f"{stat}_points") or ()} for stat in ("throughput", "noisy", "iqr")}
         for backend, batch, p50 in r.get("latency_points") or ():
             if isinstance(p50, (int, float)) and math.isfinite(p50):
                 where = (backend, int(batch))
                 out.append({"row": r, "backend": backend, "batch": int(batch), "p50_us": float(p50),
-                            "obs_per_s": extra["throughput"].get(where),
+                            "dtype": numerics(r) if ran_dtype(backend, r["dtype"]) == r["dtype"]  # a plan stays one
+                            else numerics_label(ran_dtype(backend, r["dtype"]), r.get("precision_mode")),
+                            "iqr_us": extra["iqr"].get(where), "obs_per_s": extra["throughput"].get(where),
                             "noisy": bool(extra["noisy"].get(where, r.get("noisy")))})
     return out
 
@@ -201,36 +206,88 @@ def recommend(rows: list[dict]) -> dict:
 
 def _no_pick(device: str, batch: int | None) -> dict:
     return {"device": device, "batch_size": batch, "dtype": None, "backend": None, "p50_us": None, "obs_per_s": None,
-            "job": None, "noisy": False, "options": [], "passing": [], "failing": [], "expected_failures": []}
+            "job": None, "jobs": [], "noisy": False, "options": [], "passing": [], "failing": [], "expected_failures": [],
+            "tie": []}
 
 
 def _pick(device: str, batch: int, here: list[dict]) -> dict:
-    """The fastest passing (dtype, backend) among the latencies measured at one batch size on one device."""
+    """The fastest passing (numerics that ran, backend) among the latencies measured at one batch size on one device; of
+    figures within each other's noise (a tie), the more precise choice."""
     failing = sorted({numerics(t["row"]) for t in here if t["row"]["status"] == "failed" and not negative_control(t["row"])},
                      key=_narrow_first)
-    fastest: dict[tuple, dict] = {}
-    for t in sorted(here, key=lambda t: t["p50_us"]):
-        verdict = "expected failure" if negative_control(t["row"]) else t["row"]["status"]
-        fastest.setdefault((numerics(t["row"]), t["backend"], verdict), t)
-    options = [{"dtype": d, "backend": b, "verdict": v, "p50_us": t["p50_us"], "obs_per_s": t["obs_per_s"],
-                "noisy": t["noisy"], "job": t["row"]["job"], "mode": t["row"]["mode"]} for (d, b, v), t in fastest.items()]
+    options = _options(here)
     eligible = [o for o in options if o["verdict"] == "passed" and o["dtype"] not in failing]
-    choice = min(eligible, key=lambda o: o["p50_us"]) if eligible else None
     rec = {**_no_pick(device, batch), "options": options, "failing": failing,
            "passing": [d for d in dict.fromkeys(numerics(t["row"]) for t in here) if d in {o["dtype"] for o in eligible}],
            "expected_failures": [f"{o['dtype']} (job {o['job']})" for o in options if o["verdict"] == "expected failure"]}
-    if choice is None:
+    if not eligible:
         failed = ", ".join(f"{o['dtype']} {o['backend']} (job {o['job']})" for o in options if o["verdict"] == "failed")
         passed = any(o["verdict"] == "passed" for o in options)
         return {**rec, "why": f"no pick at batch {batch}: " + (f"every dtype timed here also failed a point here ({failed})"
                                                                 if passed else f"no point timed here passed ({failed or 'expected failures only'})")}
-    row = next(t["row"] for t in here if t["row"]["job"] == choice["job"])
-    rec.update({k: choice[k] for k in ("dtype", "backend", "p50_us", "obs_per_s", "job", "noisy")})
-    return {**rec, "why": _why(choice, [o for o in eligible if o is not choice], batch, row)}
+    fastest = min(eligible, key=lambda o: o["p50_us"])
+    tied = [o for o in eligible if tie(o, fastest)]
+    choice = max(tied, key=lambda o: (_precise_first(o["dtype"]), -o["p50_us"]))
+    judged = [t["row"] for t in here if numerics(t["row"]) == choice["dtype"] and t["row"]["status"] == "passed"]
+    row = next((r for r in judged if r["job"] == choice["job"]), judged[0])  # the point that judged the dtype that ran
+    rec.update({k: choice[k] for k in ("dtype", "backend", "p50_us", "obs_per_s", "job", "noisy", "jobs")})
+    return {**rec, "tie": [o["label"] for o in tied if o is not choice],
+            "why": _why(choice, [o for o in eligible if o not in tied], tied, batch, row)}
+
+
+def tie(a: dict, b: dict) -> bool:
+    """Two p50s within their noise: their interquartile ranges, centred on them, overlap (no IQR: equal figures only)."""
+    return abs(a["p50_us"] - b["p50_us"]) <= ((a.get("iqr_us") or 0.0) + (b.get("iqr_us") or 0.0)) / 2
+
+
+def _options(here: list[dict]) -> list[dict]:
+    """One option per (numerics that ran, backend, verdict): the fastest of its figures, with every job that timed it
+    (two jobs timing onnxruntime's fp32 graph are one fp32 graph timed twice). A figure of another dtype than its point's
+    takes the verdict of the points that judged the dtype it ran here (none: `not judged`)."""
+    judged = {}
+    for t in here:
+        judged.setdefault(numerics(t["row"]), set()).add("expected failure" if negative_control(t["row"]) else t["row"]["status"])
+    grouped: dict[tuple, list[dict]] = {}
+    for t in sorted(here, key=lambda t: t["p50_us"]):
+        if t["dtype"] == numerics(t["row"]):
+            verdict = "expected failure" if negative_control(t["row"]) else t["row"]["status"]
+        else:
+            verdict = "passed" if "passed" in judged.get(t["dtype"], ()) else "not judged"
+        grouped.setdefault((t["dtype"], t["backend"], verdict), []).append(t)
+    options = []
+    for (dtype, backend, verdict), timed in grouped.items():
+        t = timed[0]
+        jobs = list(dict.fromkeys(x["row"]["job"] for x in timed))
+        label = f"{dtype} {backend}" + _provenance(dtype, backend, timed)
+        options.append({"dtype": dtype, "backend": backend, "verdict": verdict, "p50_us": t["p50_us"], "iqr_us": t["iqr_us"],
+                        "obs_per_s": t["obs_per_s"], "noisy": t["noisy"], "job": t["row"]["job"], "jobs": jobs,
+                        "mode": t["row"]["mode"], "label": label})
+    return options
+
+
+def _provenance(dtype: str, backend: str, timed: list[dict]) -> str:
+    """Where one option's figures came from when it is not simply its own job's: `(one fp32 graph, timed in jobs 1
+    (fp32) 76.1 µs, 3 (bf16) 76.2 µs)`, `(in the bf16 job 3)`."""
+    if len(timed) > 1:
+        what = f"{dtype} graph" if backend in GRAPH_BACKENDS else f"{dtype} {backend}"
+        return f" (one {what}, timed in jobs " + ", ".join(
+            f"{t['row']['job']} ({numerics(t['row'])}) {fmt(t['p50_us'])} µs" for t in timed) + ")"
+    return f" (in the {numerics(timed[0]['row'])} job {timed[0]['row']['job']})" if numerics(timed[0]["row"]) != dtype else ""
+
+
+def _precise_first(numerics: str) -> tuple[int, bool]:
+    """The more precise of two choices sorts higher: the wider dtype, and within a dtype IEEE over tf32/hf32; a precision
+    plan (several dtypes) lowest."""
+    if numerics.startswith(PLAN_PREFIX):
+        return -1, False
+    dtype, _, mode = numerics.partition("-")
+    return DTYPE_NAMES.index(dtype), not mode
 
 
 def _narrow_first(numerics: str) -> tuple[int, str]:
-    """Narrowest first (config.DTYPE_NAMES: int8 ... fp64); within a dtype, ieee before tf32/hf32."""
+    """Narrowest first (config.DTYPE_NAMES: int8 ... fp64); within a dtype, ieee before tf32/hf32; plans last."""
+    if numerics.startswith(PLAN_PREFIX):
+        return len(DTYPE_NAMES), numerics
     dtype, _, mode = numerics.partition("-")
     return DTYPE_NAMES.index(dtype), mode
 
@@ -240,18 +297,26 @@ def _model(row: dict) -> str:
     return row.get("model_name") or str(row.get("model_sha256"))
 
 
-def _why(choice: dict, others: list[dict], batch: int, row: dict) -> str:
-    """The figures a pick rests on, all measured at one batch size."""
-    text = (f"fastest passing at batch {batch}: {choice['dtype']} {choice['backend']}, p50 {choice['p50_us']:,.1f} µs"
-            + (f", {choice['obs_per_s']:,.0f} obs/s" if choice.get("obs_per_s") else "") + f" (job {choice['job']}, {choice['mode']})")
+def _why(choice: dict, others: list[dict], tied: list[dict], batch: int, row: dict) -> str:
+    """The figures a pick rests on, all measured at one batch size; the error is that of the point that judged the dtype
+    that ran (`row`)."""
+    word = "fastest passing" + ("" if len(tied) == 1 else " within noise (a tie: their IQRs overlap), the more precise")
+    plan = " (a precision plan, compared like for like: same device, batch and backend)" * choice["dtype"].startswith(PLAN_PREFIX)
+    text = (f"{word} at batch {batch}: {choice['label']}{plan}, p50 {fmt(choice['p50_us'])} µs"
+            + (f", {fmt(choice['obs_per_s'])} obs/s" if choice.get("obs_per_s") else "") + f" (job {choice['job']}, {choice['mode']})")
+    if obs_per_s_differs(batch, choice["p50_us"], choice.get("obs_per_s")):
+        text += f" ({OBS_PER_S})"
     error, limit = row["metrics"].get("max_abs_vs_fp64"), row.get("max_abs_limit")
     if isinstance(error, (int, float)):
-        text += f", max_abs vs fp64 {error:.2g}" + (f" (limit {limit:.2g})" if isinstance(limit, (int, float)) else "")
+        text += (f", {choice['dtype']} max_abs vs fp64 {error:.2g}" + (f" (limit {limit:.2g})" if isinstance(limit, (int, float)) else "")
+                 + (f" (job {row['job']})" if row["job"] != choice["job"] else ""))
+    if len(tied) > 1:
+        text += "; tied with " + ", ".join(f"{o['label']} {fmt(o['p50_us'])} µs" for o in tied if o is not choice)
     if others:
         text += f"; also passing at batch {batch}: " + ", ".join(
-            f"{o['dtype']} {o['backend']} {o['p50_us']:,.1f} µs" + (" (noisy)" if o["noisy"] else "") for o in others)
-    if choice["noisy"] or any(o["noisy"] for o in others):
-        text += "; NOTE: a latency this pick rests on is noisy (IQR/median > 0.1): re-measure on a quiet machine before relying on it"
+            f"{o['label']} {fmt(o['p50_us'])} µs" + (" (noisy)" if o["noisy"] else "") for o in others)
+    if choice["noisy"]:
+        text += "; NOTE: the picked latency is noisy (IQR/median > 0.1): re-measure on a quiet machine before relying on it"
     return text
 
 
@@ -264,7 +329,7 @@ def port_lines(rows: list[dict]) -> list[str]:
     for bundle in dict.fromkeys(_port(r).get("bundle") for r in recorded):
         mine = [r for r in recorded if _port(r).get("bundle") == bundle]
         lines.append(f"record into {bundle}: {len(mine)} point(s): " + "; ".join(
-            f"{r['port'].get('point')} p50 {r['metrics']['p50_us']:,.0f} µs" * ("p50_us" in r["metrics"])
+            f"{r['port'].get('point')} p50 {fmt(r['metrics']['p50_us'])} µs" * ("p50_us" in r["metrics"])
             + (f", max_abs vs fp64 {r['metrics'][ERROR]:.2g}" if ERROR in r["metrics"] else "") for r in mine))
     replays = [r for r in rows if r["mode"] == "replay" and r["status"] in ("passed", "failed")]
     if not replays:
@@ -284,6 +349,18 @@ def port_lines(rows: list[dict]) -> list[str]:
             text += f"; {word}: " + ", ".join(f"{v} {verdicts.count(v)}" for v in dict.fromkeys(verdicts))
             text += f" (ratios {min(ratios):.3g}..{max(ratios):.3g})" if ratios else ""
     return lines + [text]
+
+
+def loadgen_lines(rows: list[dict]) -> list[str]:
+    """What each benchmark point's LoadGen scenarios and control loop found, in their own terms (loadgen.answer)."""
+    found = [(row, loadgen.answer(_metrics(row))) for row in rows if row["mode"] == "benchmark" and row["status"] != "skipped"]
+    return [f"loadgen job {row['job']} ({row['device']} {numerics(row)} b{row['batch_size']}): {text}" for row, text in found if text]
+
+
+def _metrics(row: dict) -> dict:
+    """A point's every metric, from its result.json (a summary row holds the headline only)."""
+    path = Path(row.get("dir") or "") / "result.json"
+    return (json.loads(path.read_text()).get("metrics") or {}) if row.get("dir") and path.is_file() else {}
 
 
 def _port(row: dict) -> dict:

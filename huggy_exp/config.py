@@ -46,12 +46,28 @@ DTYPES = {"int8": Dtype("float32", 7, -126, 1.0, "Int8DynamicActivationInt8Weigh
           "fp64": Dtype("float64", 52, -1022, 32.0)}
 DTYPE_NAMES = tuple(DTYPES)
 BACKENDS = ("eager", "compile", "fused", "graphs", "onnxruntime")
+GRAPH_BACKENDS = ("onnxruntime",)  # run the exported float32 .onnx graph (or their own int8 of it), not the torch policy
+
+
+def ran_dtype(backend: str, dtype: str) -> str:
+    """The dtype a backend really runs for a point's dtype: a graph backend runs the fp32 .onnx (a quantized dtype: its
+    own int8 of that graph) whatever the point's dtype; a torch backend runs the point's dtype."""
+    return dtype if backend not in GRAPH_BACKENDS or DTYPES[dtype].quantized else "fp32"
+# backends that cannot run a precision plan (conf/plan/), and why: the point is skipped with this reason
+PLANLESS = {"fused": "its one C++ kernel computes every layer in fp32",
+            "onnxruntime": "it runs the exported fp32 graph (or its own int8 quantization of it), one dtype throughout"}
 PRECISION_MODES = ("ieee", "tf32", "hf32")  # fp32 math: IEEE fp32, TF32 (CUDA), HF32 (Ascend): placement.set_precision
 
 
-def numerics_label(dtype: str, precision_mode: str | None = "ieee") -> str:
-    """What a point computes in, as run names and sweep comparisons show it: `fp32`, or `fp32-tf32` off IEEE."""
+def numerics_label(dtype: str, precision_mode: str | None = "ieee", plan: str | None = None) -> str:
+    """What a point computes in, as run names and sweep comparisons show it: `fp32`, `fp32-tf32` off IEEE, or a
+    precision plan's `plan:<name>`."""
+    if plan is not None:
+        return f"{PLAN_PREFIX}{plan}"
     return dtype if precision_mode in (None, "ieee") else f"{dtype}-{precision_mode}"
+
+
+PLAN_PREFIX = "plan:"
 VERDICTS = ("passed", "failed", "skipped", "error")
 SCENARIOS = ("single_stream", "multi_stream", "offline", "server", "control_loop")  # mode=benchmark
 OBS_SOURCES = ("random", "zeros", "extreme", "file")  # obs.source
@@ -61,6 +77,7 @@ ACTION_KINDS = ("deterministic", "sampled")  # mode=fingerprint: mode.actions (r
 MASKS = ("random", "feeds")  # onnx-compare, export-onnx: mode.masks
 MAX_SEED = 2**62  # fingerprint and stats add the step to the seed; torch generators take < 2^64
 MAX_BATCH = 2**24
+FLOAT32_MAX = 3.4028234663852886e38  # observations are float32: a scale past it is inf in every row it draws
 MAX_OBS_BYTES = 1 << 30  # 1 GiB of float32 observations (~4.5M Huggy rows); the random source needs ~3x that while drawing
 
 
@@ -136,8 +153,21 @@ class ModelConf:
 class ObsConf:
     source: str = rule(choices=OBS_SOURCES)
     rows: int = rule(lo=1)
-    scale: float = rule(lo=0)
+    scale: float = rule(lo=0, hi=FLOAT32_MAX)
     path: Optional[str] = MISSING
+
+
+@dataclass
+class PlanConf:
+    """A precision plan (conf/plan/<name>.yaml, docs/precision-plans.md): a dtype per part of the policy (the names
+    mode=precision's per-layer table prints: hidden_<i>, lstm, mu, logits); a part it leaves out takes the point's
+    dtype; `parts: null` (conf/plan/none.yaml) is no plan. `limits`: the dtype whose limits judge it (null: the
+    lowest-precision dtype it runs); `policy`: the policy shape it was made for (null: any with these parts)."""
+
+    name: str = MISSING
+    policy: Optional[str] = MISSING
+    limits: Optional[str] = rule(None, choices=DTYPE_NAMES)
+    parts: Optional[Dict[str, str]] = MISSING
 
 
 @dataclass
@@ -192,6 +222,9 @@ class ModeConf:
     headline: ClassVar[Dict[str, Headline]] = {}  # short name -> the metrics it copies (tests/test_metrics.py: produced)
     per_batch: ClassVar[bool] = False  # verifies (and fingerprints) the job's batch of rows, not every observation row
     not_logged: ClassVar[Tuple[str, ...]] = ()  # headline names MLflow does not get as `answer/<name>`
+    # the metrics that answer the mode's own question, first on the runs page after the verdict (a headline name, logged
+    # as `answer/<name>`, or a logged metric's own name): where a verified point's error, cosine and p50 do not
+    first_screen: ClassVar[Tuple[str, ...]] = ()
 
     @classmethod
     def is_task(cls) -> bool:
@@ -287,6 +320,8 @@ class BenchmarkMode(ModeConf):
     per_batch: ClassVar[bool] = True
     not_logged: ClassVar[Tuple[str, ...]] = ("p50_us", "p99_us", "ort_p50_us", "eager_vs_ort", "obs_per_s", "server_qps",
                                              "miss_rate", "loop_hz_max")  # logged per backend at the job's batch instead
+    # with LoadGen's scenarios or the control loop: VALID/INVALID, the server's highest QPS, the deadline-miss rate
+    first_screen: ClassVar[Tuple[str, ...]] = ("loadgen/server/valid", "loadgen/server/max_qps", "control_loop/miss_rate")
     # at the job's own batch size (a ladder without it: its largest): eager's and onnxruntime's p50 and `eager_vs_ort` =
     # eager p50 / onnxruntime p50 (> 1: torch is slower); throughput at the largest batch timed; the LoadGen server's
     # highest QPS under its p99 bound, the control loop's miss rate and highest rate; the fastest backend's (`best_`)
@@ -337,13 +372,7 @@ class BenchmarkMode(ModeConf):
         top = max(int(b) for b in ladder)
         out = [Allocation(top * (row.feed + row.forward), f"the benchmark's largest batch ({top:,} rows)",
                           f"mode.batch_sizes={ladder}")]
-        if "server" in knobs["scenarios"]:
-            duration = (f"mode.min_duration_ms={knobs['min_duration_ms']}" if knobs.get("min_duration_ms")
-                        else f"mode.budget_s={knobs['budget_s']}")
-            seconds = (knobs.get("min_duration_ms") or knobs["budget_s"] * 1e3) / 1e3
-            queries = max(int(knobs["target_qps"] * seconds), int(knobs["min_query_count"]))
-            out.append(Allocation(queries * LOADGEN_QUERY_BYTES, f"LoadGen's server schedule of {queries:,} queries",
-                                  f"mode.target_qps={knobs['target_qps']} × {duration}"))
+        out += cls._loadgen_allocations(knobs)
         if "control_loop" in knobs["scenarios"]:
             ticks = int(knobs["rate_hz"] * knobs["duration_s"])
             out.append(Allocation(ticks * TICK_BYTES, f"the control loop's record of {ticks:,} ticks",
@@ -351,7 +380,47 @@ class BenchmarkMode(ModeConf):
         return out
 
 
-LOADGEN_QUERY_BYTES = 512  # LoadGen's schedule and record of one query (measured: 360-390 B at 0.4-0.8 M queries)
+    @staticmethod
+    def _loadgen_allocations(knobs: dict) -> list[Allocation]:
+        """What LoadGen generates for each scenario asked before it issues a query, as far as the knobs alone decide it
+        (loadgen.Settings.check_schedule adds the measured rate before each run), and its accuracy run's one query."""
+        duration = (f"mode.min_duration_ms={knobs['min_duration_ms']}" if knobs.get("min_duration_ms")
+                    else f"mode.budget_s={knobs['budget_s']}")
+        seconds, least = (knobs.get("min_duration_ms") or knobs["budget_s"] * 1e3) / 1e3, int(knobs["min_query_count"])
+        out = []
+        for scenario in [s for s in knobs["scenarios"] if s != "control_loop"]:
+            per_query = int(knobs["samples_per_query"]) if scenario == "multi_stream" else 1
+            rate = float(knobs["target_qps"]) if scenario == "server" else 0.0
+            queries, samples, need = loadgen_schedule(scenario, seconds, least, per_query, rate)
+            keys = (f"mode.target_qps={knobs['target_qps']} × {duration}" if rate * seconds >= least else
+                    f"mode.samples_per_query={per_query} × mode.min_query_count={least}" if per_query > 1 else
+                    f"mode.min_query_count={least}")
+            out.append(Allocation(need, f"LoadGen's {scenario} schedule of {queries:,} queries"
+                                  + (f" ({samples:,} samples)" if samples != queries else ""), keys))
+        if out:
+            samples = int(knobs["qsl_samples"])
+            out.append(Allocation(samples * LOADGEN_QUERY_BYTES, f"LoadGen's accuracy run of {samples:,} samples",
+                                  f"mode.qsl_samples={samples}"))
+        return out
+
+
+LOADGEN_QUERY_BYTES = 512  # LoadGen's schedule and record of one query (measured: 360-390 B at 0.4-0.8 M queries), or
+# of one sample of an offline query (its Python object in the issue callback: 480 B measured at 0.4 M samples)
+LOADGEN_SAMPLE_BYTES = 64  # each further sample of a multi_stream query (measured: 50-53 B at 0.8-1.3 M samples)
+MULTI_STREAM_MIN_QUERIES = 662  # LoadGen's early stopping cannot conclude on fewer MultiStream queries (mlperf.conf)
+
+
+def loadgen_schedule(scenario: str, seconds: float, least: int, per_query: int, rate: float) -> tuple[int, int, int]:
+    """(queries, samples, bytes) LoadGen generates before it issues a query (its GenerateQueries): queries at `rate` a second
+    for twice the run's `seconds` (server: once), at least `least` (multi_stream: its early-stopping minimum too),
+    `per_query` samples each; offline: one query of 1.1 x seconds x rate samples, at least `least`. `rate` 0: what the
+    knobs alone decide."""
+    if scenario == "offline":
+        samples = max(least, int(1.1 * seconds * rate))
+        return 1, samples, samples * LOADGEN_QUERY_BYTES
+    floor = max(least, MULTI_STREAM_MIN_QUERIES if scenario == "multi_stream" else 0)
+    queries = max(floor, int((1 if scenario == "server" else 2) * seconds * rate))
+    return queries, queries * per_query, queries * (LOADGEN_QUERY_BYTES + (per_query - 1) * LOADGEN_SAMPLE_BYTES)
 TICK_BYTES = 64  # the control loop's per-tick record: latency, compute and wake (float64) and their derived copies
 
 
@@ -473,6 +542,7 @@ class ReplayMode(ModeConf):
         "dual_ratio": own("dual/worst_ratio", "ratio", "msprobe's dual benchmark: the worst error ratio"),
         "lat_ratio": own("latency_change/median_ratio", "ratio", "median latency over the recording's"),
         "lat_p": own("latency_change/p_value", "p", "Mann-Whitney U p-value of the latency change")}
+    first_screen: ClassVar[Tuple[str, ...]] = ("bitwise", "dual_ratio", "lat_ratio")  # did the port hold
     bundle: Optional[str] = MISSING
     reference_point: Optional[str] = MISSING
     allow_other_model: bool = MISSING
@@ -544,6 +614,7 @@ class Config:
     obs: ObsConf = MISSING
     tracking: TrackingConf = MISSING
     verify: VerifyConf = MISSING
+    plan: PlanConf = MISSING
 
 
 def register() -> None:
@@ -573,6 +644,10 @@ def validate(cfg: DictConfig, mode: str) -> dict:
     if mode == "stats" and plain["mode"]["source"] == "replay" and not plain["mode"]["trajectory"]:
         raise UserError("mode.source=replay needs mode.trajectory=<file.npy> (float32 [T, obs_dim]) or an .npz of obs_<i> [T, d_i]")
     _check_specialize((plain.get("verify") or {}).get("specialize"))
+    bad = next((k for k, v in (plain["plan"]["parts"] or {}).items() if v not in DTYPE_NAMES), None)
+    if bad is not None:
+        raise UserError(f"plan {plain['plan']['name']}: part {bad} has unknown dtype {plain['plan']['parts'][bad]!r}; "
+                        f"valid: {', '.join(DTYPE_NAMES)}")
     return plain
 
 

@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 
 from huggy_exp import mlagents
-from huggy_exp.config import ModelConf, ObsConf, VerifyConf
+from huggy_exp.config import numerics_label, ModelConf, ObsConf, PlanConf, VerifyConf
 from huggy_exp.errors import UserError
 from huggy_exp.numerics import limits_for
 from huggy_exp.observations import make_feeds
-from huggy_exp.placement import Target, resolve
+from huggy_exp.placement import Plan, Target, plan_for, resolve
+from huggy_exp.policy import Policy
 from huggy_exp.verify import Limits, Rules
 
 
@@ -63,6 +64,7 @@ class Context:
     obs: ObsConf
     verify: VerifyConf
     workdir: Path
+    plan: PlanConf | None = None  # conf/plan/<name>.yaml (parts null: none); resolved for the policy: precision_plan
     owned: tuple[Path, ...] = ()  # what the tool owns besides the model (job folder, tracking store, cache): never an output
 
     @cached_property
@@ -78,23 +80,47 @@ class Context:
     def weights(self) -> mlagents.PolicyWeights:
         return self.model.weights
 
+    @cached_property
+    def precision_plan(self) -> Plan | None:
+        """The job's precision plan resolved for its policy (None: none); a bad one is UserError (one line)."""
+        if self.plan is None or self.plan.parts is None:
+            return None
+        return plan_for(self.plan, tuple(Policy(self.weights).parts()), self.dtype, self.policy_shape)
+
+    @property
+    def policy_shape(self) -> str:
+        """The policy's shape as a plan's `policy` key names it: inputs, heads, memory, and the body's widths."""
+        return f"{self.weights.describe_shape()}; body {[int(b.shape[0]) for _, b in self.weights.layers]}"
+
+    @property
+    def dtype_label(self) -> str:
+        """What the layers compute in, as points are named and matched: the dtype, or `plan:<name>`."""
+        return numerics_label(self.dtype, None, self.precision_plan and self.precision_plan.name)
+
+    @property
+    def judged_dtype(self) -> str:
+        """The dtype whose limits judge the point: its dtype, or its plan's limits dtype."""
+        return self.precision_plan.limits if self.precision_plan else self.dtype
+
     def target(self, device: str | None = None, dtype: str | None = None) -> Target:
-        """Raises Unsupported when the device or dtype is not available here."""
-        return resolve(device or self.device, dtype or self.dtype)
+        """Raises Unsupported when the device or dtype is not available here; the point's own dtype (`dtype` None) runs
+        its precision plan."""
+        return resolve(device or self.device, dtype or self.dtype, None if dtype else self.precision_plan)
 
     def limits(self, dtype: str | None = None) -> Limits:
         """The dtype's output limits on this device kind (`verify.limits`, `verify.specialize`)."""
         table = asdict(self.verify.limits)
-        return Limits.of(limits_for(table, dtype or self.dtype, self.device, self.verify.specialize, "verify.limits"))
+        return Limits.of(limits_for(table, dtype or self.judged_dtype, self.device, self.verify.specialize, "verify.limits"))
 
     def atol(self, *dtypes: str) -> float:
         """The loosest max_abs of these dtypes here: two sides computing in different dtypes (an fp32 .onnx beside an
         fp64 policy) are held to the looser one's limit."""
-        return max(self.limits(d).atol for d in dtypes or (self.dtype,))
+        return max(self.limits(d).atol for d in dtypes or (self.judged_dtype,))
 
     def rules(self, dtype: str | None = None) -> Rules:
         """How an output of this job is compared with a reference: the dtype's limits, its ULPs, the branch sizes."""
-        return Rules(self.limits(dtype), dtype or self.dtype, self.verify.rel_floor, branch_sizes=self.weights.branch_sizes)
+        dtype = dtype or self.judged_dtype
+        return Rules(self.limits(dtype), dtype, self.verify.rel_floor, branch_sizes=self.weights.branch_sizes)
 
     @cached_property
     def feeds(self) -> dict[str, np.ndarray]:

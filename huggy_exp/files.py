@@ -8,6 +8,7 @@ import fcntl
 import os
 import platform
 import re
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -89,8 +90,12 @@ def check_unused(path: str | Path, key: str) -> Path:
 def claim_folder(path: str | Path, key: str) -> Path:
     """Make `path` this process's job or sweep folder before anything is written into it: it must be absent or empty,
     and it is claimed by creating CLAIM exclusively, so that of two processes given one folder exactly one goes on and
-    the other is refused in one line, nothing of the first touched. Returns the absolute folder."""
+    the other is refused in one line, nothing of the first touched; a folder inside a claimed one is that run's.
+    Returns the absolute folder."""
     folder = check_unused(path, key)
+    owner = next((parent for parent in folder.parents if (parent / CLAIM).is_file()), None)
+    if owner is not None:  # a running sweep's point folder (<sweep dir>/0) belongs to that sweep
+        raise UserError(f"{key}={path} is inside {owner}, which {folder_in_use(owner)}; {REFUSED}")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(folder / CLAIM, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -108,17 +113,39 @@ def claim_folder(path: str | Path, key: str) -> Path:
 # --- output files
 
 
+def tool_paths() -> list[Path]:
+    """What this process is made of: its conf/ tree (beside the package, run.py's), the folder of every imported
+    package (huggy_exp, its plugins, torch, hydra, ...) and the file of every imported module (run.py among them)."""
+    found = [str(Path(__file__).resolve().parents[1] / "conf")]
+    for name, module in list(sys.modules.items()):
+        if "." not in name:
+            found += list(getattr(module, "__path__", None) or ()) or [getattr(module, "__file__", None)]
+    return [Path(p) for p in found if isinstance(p, str) and p]
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def claim_output(path: str | Path, overwrite: bool, protected: Iterable[str | Path | None], key: str) -> Path:
     """The output file `path`, once it is known not to replace anything unasked: an existing file is refused unless
-    `overwrite`; a file the tool owns or reads (`protected`: files, or folders whose files are all protected) and
-    anything that is not a regular file (a device, a FIFO, a socket) always."""
+    `overwrite`; a file the job reads or the tool owns (`protected`: files, or folders whose files are all protected),
+    one the tool is made of (tool_paths), and anything that is not a regular file (a device, a FIFO, a socket) always.
+    Files are known by what they are (the same file, through any path or link), not by their names."""
     out = Path(path).expanduser()
     target = out.resolve()
-    for p in filter(None, protected):
-        q = Path(p).expanduser().resolve()
-        if target == q or (q.is_dir() and target.is_relative_to(q) and target.exists()):
-            raise UserError(f"{key}={path} is the model's own file or one this tool owns ({q}: the model's, the job's, "
-                            "the tracking store's, the cache's); refused even with mode.overwrite=true: write it elsewhere")
+    owned = [Path(p).expanduser().resolve() for p in filter(None, protected)] + tool_paths()
+    known = {i: q for q in owned if (i := _identity(q))}
+    mine = [target, *target.parents] if target.exists() else []  # an existing file inside a protected folder too
+    hit = next((q for q in owned if q == target), None) or next((known[i] for p in mine if (i := _identity(p)) in known), None)
+    if hit is not None:
+        raise UserError(f"{key}={path} is the model's own file or one the job reads, the tool owns or is made of ({hit}: "
+                        "the model's, an input's, the job's, the tracking store's, the cache's, the code's or the "
+                        "config's); refused even with mode.overwrite=true: write it elsewhere")
     if out.is_dir():
         raise UserError(f"{key}={path} is a folder; give a file name")
     if target.exists() and not target.is_file():

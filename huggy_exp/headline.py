@@ -37,10 +37,11 @@ SIGNIFICANT = 3  # headline values are for reading (the UI prints every digit: 0
 
 
 def readable(name: str, value: float) -> float:
-    """`value` to 3 significant digits; a cosine to 3 significant digits of its distance from 1 (0.99999968, not 1.0)."""
+    """`value` to 3 significant digits, a figure of 100 and more to a whole number (1,449 µs, as report.fmt prints it,
+    not 1,450); a cosine to 3 significant digits of its distance from 1 (0.99999968, not 1.0)."""
     if "cosine" in name and 0 < value < 1:
         return 1 - float(f"{1 - value:.{SIGNIFICANT}g}")
-    return float(f"{value:.{SIGNIFICANT}g}")
+    return float(round(value)) if abs(value) >= 100 else float(f"{value:.{SIGNIFICANT}g}")
 
 
 def headline_metrics(mode: str, metrics: dict[str, float], status: str, batch_size: int | None = None) -> dict[str, float]:
@@ -96,7 +97,9 @@ ANSWER_ORDER = ("passed", ERROR, COSINE, "agreement_vs_fp64", "p50_us", "p99_us"
 OUTPUT_STATS = (MAX_ABS, COSINE_MIN_ROW, AGREEMENT)  # per output vs fp64, each with its `_limit`
 BACKEND_STATS = ("p50_us", "obs_per_s")  # benchmark: per backend at the job's batch, as `<backend>/<stat>`
 LOADGEN_LATENCY = {"single_stream": "p90_us", "multi_stream": "p99_us", "server": "p99_us", "offline": "samples_per_s"}
-CONTROL_LOOP = ("control_loop/miss_rate", "control_loop/miss_rate_upper")  # the miss rate and its confidence bound
+CONTROL_LOOP = ("control_loop/miss_rate", "control_loop/miss_rate_upper", "control_loop/max_rate_hz")  # the miss rate,
+# its confidence bound, the highest rate within the miss budget; and LoadGen's server search: its highest QPS
+SERVER_SEARCH = ("loadgen/server/max_qps",)
 
 
 def logged_metrics(record: dict) -> dict[str, float]:
@@ -110,7 +113,7 @@ def logged_metrics(record: dict) -> dict[str, float]:
     out = {logged_name(n): head[n] for n in names if n in head}
     batch, _ = timed_batch(metrics, record.get("batch_size"))
     keys = [(f"{backend}/{s}", f"{backend}/b{b}/{s}") for backend, b, _ in ladder(metrics, "p50_us") if b == batch
-            for s in BACKEND_STATS] + [(k, k) for k in CONTROL_LOOP]
+            for s in BACKEND_STATS] + [(k, k) for k in (*CONTROL_LOOP, *SERVER_SEARCH)]
     keys += [(k, k) for s, latency in LOADGEN_LATENCY.items() for k in (f"loadgen/{s}/valid", f"loadgen/{s}/{latency}")]
     out.update({name: readable(key, metrics[key]) for name, key in keys if _finite(metrics.get(key))})
     stems = dict.fromkeys(k.split("/vs_fp64/")[0] for k in metrics if "/vs_fp64/" in k and k.count("/") == 2)
@@ -119,7 +122,14 @@ def logged_metrics(record: dict) -> dict[str, float]:
         value = metrics.get(path + suffix)
         if _finite(value) and f"{path}_limit" in metrics:  # judged outputs only
             out[f"vs_fp64/{stem}/{stat}{suffix}"] = float(value) if suffix else readable(stat, float(value))
-    return dict(list(out.items())[:MAX_LOGGED])
+    own = [first_screen_name(n) for n in (modes()[mode].first_screen if mode in modes() else ())]
+    kept = {k: out[k] for k in [logged_name("passed"), *own] if k in out} | out  # the cap keeps the mode's own answer
+    return dict(list(kept.items())[:MAX_LOGGED])
+
+
+def first_screen_name(name: str) -> str:
+    """The MLflow metric a mode's `first_screen` entry is: a headline name as `answer/<name>`, a metric as itself."""
+    return name if "/" in name else logged_name(name)
 
 
 def logged_name(name: str) -> str:
@@ -147,9 +157,10 @@ def ladder(metrics: dict[str, float], stat: str) -> list[tuple[str, int, float]]
 
 
 def noisy(record: dict) -> bool:
-    """Whether a timing the job reported flagged itself noisy (IQR / median above timing.py's bound)."""
-    metrics = record.get("metrics") or {}
-    return bool(metrics.get("latency/noisy") or (record.get("latency") or {}).get("noisy")) or any(value for _, _, value in ladder(metrics, "noisy"))
+    """Whether the point's own latency (its p50, `latency/p50_us`) flagged itself noisy (IQR / median above timing.py's
+    bound): the one flag every screen shows beside that p50; a ladder's other figures carry their own
+    (`<backend>/b<N>/noisy`)."""
+    return bool((record.get("latency") or {}).get("noisy", (record.get("metrics") or {}).get("latency/noisy")))
 
 
 def settings(params: dict, dtype: str) -> dict:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from huggy_exp.config import MAX_OBS_BYTES, OBS_SOURCES
+from huggy_exp.config import FLOAT32_MAX, MAX_OBS_BYTES, OBS_SOURCES
 from huggy_exp.errors import UserError, first_line
 from huggy_exp.mlagents import ACTION_MASKS, Normalizer, PolicyWeights, obs_name
 from huggy_exp.foreign import check_npz, npy_header
@@ -43,7 +43,12 @@ def make_observations(source: str, obs_dim: int, rows: int = 64, seed: int = 0, 
     z = rng.standard_normal((rows, obs_dim)) * scale
     if normalizer is not None:
         z = normalizer.running_mean.astype(np.float64) + normalizer.std.astype(np.float64) * z
-    return z.astype(np.float32)
+    with np.errstate(over="ignore"):
+        drawn = z.astype(np.float32)
+    if not np.isfinite(drawn).all():  # refused as a file holding inf is: no mode ever runs on inf inputs
+        raise UserError(f"obs.scale={scale}: {int(np.sum(~np.isfinite(drawn)))} observations drawn at this scale overflow "
+                        f"float32 (|x| > {FLOAT32_MAX:.4g} with this policy's normalizer); lower obs.scale")
+    return drawn
 
 
 def load_observations(path: str | None, obs_dim: int, sequence: bool = False) -> np.ndarray:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
 import importlib.util
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -13,7 +15,7 @@ from pathlib import Path
 import torch
 
 from huggy_exp import config
-from huggy_exp.config import BACKENDS, DEVICE_KINDS
+from huggy_exp.config import BACKENDS, DEVICE_KINDS, DTYPE_NAMES, PLANLESS, PlanConf
 from huggy_exp.errors import Unsupported, UserError, first_line
 
 DTYPES = {name: getattr(torch, d.torch) for name, d in config.DTYPES.items()}  # by name, what the layers compute in
@@ -30,17 +32,65 @@ NPU_FALLBACK_ENV = "TORCH_NPU_FALLBACK_CPU_DISABLE"
 
 
 @dataclass(frozen=True)
+class Plan:
+    """A precision plan resolved for one policy: every part's dtype (by name), the dtype whose limits judge it, and a
+    content hash (of both) that two points running the same numerics share."""
+
+    name: str
+    parts: tuple[tuple[str, str], ...]
+    limits: str
+
+    @property
+    def hash(self) -> str:
+        text = json.dumps({"parts": dict(self.parts), "limits": self.limits}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def describe(self) -> dict:
+        return {"name": self.name, "hash": self.hash, "limits": self.limits, "parts": dict(self.parts)}
+
+
+def plan_for(conf: PlanConf, parts: tuple[str, ...], dtype: str, shape: str) -> Plan | None:
+    """The plan a config names, resolved for a policy with these parts (a part left out takes `dtype`); None for no
+    plan. A plan for another policy shape or naming a part this policy lacks is one line (UserError)."""
+    if conf.parts is None:
+        return None
+    if conf.policy is not None and conf.policy != shape:
+        raise UserError(f"plan {conf.name} was made for a policy with {conf.policy}; this policy has {shape}")
+    unknown = [p for p in conf.parts if p not in parts]
+    if unknown:
+        raise UserError(f"plan {conf.name}: unknown part {unknown[0]!r}; this policy's parts: {', '.join(parts)} "
+                        "(its normalizers always stay fp32)")
+    resolved = {part: conf.parts.get(part, dtype) for part in parts}
+    return Plan(conf.name, tuple(resolved.items()), conf.limits or min(resolved.values(), key=DTYPE_NAMES.index))
+
+
+@dataclass(frozen=True)
 class Target:
-    """A resolved (device, dtype) pair, checked to run a matmul."""
+    """A resolved (device, dtype) pair, checked to run a matmul; with a precision plan, each part's dtype too."""
 
     device: torch.device
     dtype: torch.dtype
     device_name: str
     dtype_name: str
+    plan: Plan | None = None
 
     @property
     def kind(self) -> str:
         return self.device.type
+
+    @property
+    def label(self) -> str:
+        """What the layers compute in, as runner names show it: the dtype, or `plan-<name>`."""
+        return f"plan-{self.plan.name}" if self.plan else self.dtype_name
+
+    def dtypes(self) -> set[str]:
+        """Every dtype the policy's layers run in."""
+        return {d for _, d in self.plan.parts} if self.plan else {self.dtype_name}
+
+    def check_backend(self, backend: str) -> None:
+        """A plan on a backend that cannot honour one (config.PLANLESS) is Unsupported, with the reason."""
+        if self.plan is not None and backend in PLANLESS:
+            raise Unsupported(f"backend {backend} cannot run precision plan {self.plan.name}: {PLANLESS[backend]}")
 
 
 def check_backend(name: str) -> str:
@@ -124,15 +174,31 @@ def card_index(kind: str, index: int | None) -> int:
     return index
 
 
-def resolve(device: str, dtype: str) -> Target:
-    """Check both names, then that a small matmul in that dtype runs on that device."""
+def resolve(device: str, dtype: str, plan: Plan | None = None) -> Target:
+    """Check both names, then that a small matmul in that dtype runs on that device; with a plan, in each of its
+    dtypes too: one the device cannot run is one line naming the part and the dtypes that run here (UserError)."""
     if dtype not in DTYPES:
         raise UserError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
-    if dtype in QUANTIZED and check_device(device)[0] != "cpu":
-        raise Unsupported(f"dtype {dtype} (torchao int8) runs on the CPU here, not on {device}: its kernels there are "
-                          "not verified (use device=cpu)")
+    if plan is None:  # an int8 point off the CPU is skipped before its device is looked for
+        _cpu_only(device, dtype)
     torch_device = resolve_device(device)
     use_device(torch_device)  # before the first op on the card (the probe)
+    if plan is None:
+        _probe(torch_device, device, dtype)
+        return Target(torch_device, DTYPES[dtype], str(device), dtype)
+    for part, wanted in plan.parts:
+        try:
+            _probe(torch_device, device, wanted)
+        except Unsupported as exc:
+            runs = [d for d in DTYPES if _runs(torch_device, device, d)]
+            raise UserError(f"plan {plan.name}: part {part} in {wanted}: {exc}; dtypes that run on {device}: "
+                            f"{', '.join(runs)}") from None
+    return Target(torch_device, DTYPES[dtype], str(device), dtype, plan)
+
+
+def _probe(torch_device: torch.device, device: str, dtype: str) -> None:
+    """A small matmul in `dtype` on the device, or Unsupported saying why not."""
+    _cpu_only(device, dtype)
     try:
         probe = torch.ones(4, 4, device=torch_device, dtype=DTYPES[dtype])
         (probe @ probe).sum().item()
@@ -140,7 +206,20 @@ def resolve(device: str, dtype: str) -> Target:
         raise Unsupported(f"dtype {dtype} is not supported on {device}: {first_line(exc)}") from None
     if torch_device.type == "npu":
         set_again("npu")  # after the card's first op: older torch_npu builds reset ACL's HF32 option when it starts
-    return Target(torch_device, DTYPES[dtype], str(device), dtype)
+
+
+def _cpu_only(device: str, dtype: str) -> None:
+    if dtype in QUANTIZED and check_device(device)[0] != "cpu":
+        raise Unsupported(f"dtype {dtype} (torchao int8) runs on the CPU here, not on {device}: its kernels there are "
+                          "not verified (use device=cpu)")
+
+
+def _runs(torch_device: torch.device, device: str, dtype: str) -> bool:
+    try:
+        _probe(torch_device, device, dtype)
+    except Unsupported:
+        return False
+    return True
 
 
 def quantize_onnx(model, dtype: str, out: Path) -> Path:

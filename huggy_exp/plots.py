@@ -89,8 +89,11 @@ def categories(path: Path, series: dict[str, dict[str, float]], order: tuple[str
 
 def versus_batch(path: Path, curves: dict[str, dict[str, list]], title: str) -> str:
     """Latency per call (`p50_us`, `p99_us` dashed where given) and throughput (`obs_per_s`) against batch size (log2
-    axis labelled with the sizes themselves), side by side, one line per label."""
-    fig, (lat, thr) = _figure((12, 4.4), 2)
+    axis labelled with the sizes themselves), side by side, one line per label; no throughput panel where no curve
+    has a throughput (record, replay)."""
+    throughput = any(c.get("obs_per_s") for c in curves.values())
+    fig, axes = _figure((12, 4.4) if throughput else (6.5, 4.4), 2 if throughput else 1)
+    lat, thr = axes if throughput else (axes, None)
     sizes = sorted({b for c in curves.values() for pts in c.values() for b, _ in pts})
     for label, c in curves.items():
         color = None  # one colour per label in every panel
@@ -98,7 +101,7 @@ def versus_batch(path: Path, curves: dict[str, dict[str, list]], title: str) -> 
             if c.get(key):
                 color = ax.plot(*zip(*sorted(c[key])), style, marker="o" if style == "-" else None, color=color,
                                 label=f"{label} {key[:3]}" if "p99_us" in c and ax is lat else label)[0].get_color()
-    for ax, ylabel in ((lat, "latency per call (µs)"), (thr, "throughput (observations / s)")):
+    for ax, ylabel in ((lat, "latency per call (µs)"), (thr, "throughput (observations / s)"))[:1 + throughput]:
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(sizes, [str(b) for b in sizes])

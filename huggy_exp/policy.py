@@ -28,6 +28,11 @@ def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t if t.dtype == dtype else t.to(dtype)
 
 
+def _in(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`x` in the dtype of `layer`'s weight: under a precision plan, neighbouring parts compute in different dtypes."""
+    return _cast(x, layer.weight.dtype)
+
+
 def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
     """The statistics', masking's, softmax's and squash's dtype: float64 for an fp64 reference, else float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
@@ -70,7 +75,11 @@ class ContinuousActions(nn.Module):
         """clamp(Linear(x), -20, 2) for conditional sigma (SAC); else mu * 0 + log_sigma, ML-Agents' broadcast."""
         if self.log_sigma is None:
             return mu * 0 + self.log_sigma_const
-        return torch.clamp(self.log_sigma(x), *LOG_SIGMA_RANGE)
+        return torch.clamp(self.log_sigma(_in(self.log_sigma, x)), *LOG_SIGMA_RANGE)
+
+    def mean(self, x: torch.Tensor) -> torch.Tensor:
+        """mu, in the head's own dtype."""
+        return self.mu(_in(self.mu, x))
 
     def squash(self, raw: torch.Tensor) -> torch.Tensor:
         return torch.clamp(raw, -ACTION_CLAMP, ACTION_CLAMP) / ACTION_CLAMP
@@ -80,12 +89,12 @@ class ContinuousActions(nn.Module):
         return self.squash(_cast(mu, _stat_dtype(mu.dtype)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.mu(x))
+        return self.head(self.mean(x))
 
     def sample(self, x: torch.Tensor, noise: torch.Tensor, mu: torch.Tensor | None = None) -> torch.Tensor:
         """z given (drawn on the CPU by the caller), so every device sees the same noise; `mu` when already computed
         (the deterministic path's own)."""
-        mu = self.mu(x) if mu is None else mu
+        mu = self.mean(x) if mu is None else mu
         log_sigma = self.log_sigma_of(x, mu)
         dtype = _stat_dtype(mu.dtype)
         mu, log_sigma = _cast(mu, dtype), _cast(log_sigma, dtype)
@@ -115,7 +124,7 @@ class DiscreteActions(nn.Module):
 
     def logits(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Per branch, the raw Linear outputs (compute dtype), before masking."""
-        return [branch(x) for branch in self.branches]
+        return [branch(_in(branch, x)) for branch in self.branches]
 
     def masked_logits(self, x: torch.Tensor, masks: torch.Tensor | None,
                       logits: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
@@ -160,6 +169,7 @@ class Memory(nn.Module):
         self.lstm.load_state_dict({name: torch.from_numpy(value) for name, value in zip(names, values)})
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = _cast(x, self.lstm.weight_ih_l0.dtype)
         mem = _cast(memory, x.dtype).transpose(0, 1)  # [1, N, m], as ML-Agents holds it
         h0, c0 = torch.split(mem, self.hidden, dim=-1)
         out, (h, c) = self.lstm(x.reshape(-1, 1, x.shape[-1]), (h0.contiguous(), c0.contiguous()))
@@ -188,6 +198,7 @@ class Policy(nn.Module):
         self.discrete = DiscreteActions(weights.branches) if weights.branches else None
         # plain tuples of the same Linear modules and Parameters (.to() converts Parameters in place): no per-call lookups
         self._linears = tuple(self.body)
+        self._stat = torch.float32
         self._cache_parameters()
         self.requires_grad_(False)
         self.eval()
@@ -198,23 +209,33 @@ class Policy(nn.Module):
         plain = all(type(m.weight) is nn.Parameter for m in layers)
         self._gemv = tuple((m.weight, m.bias) for m in layers) if plain else ()
 
-    def place(self, device: torch.device, dtype: torch.dtype, quantize: Callable[[nn.Module], None] | None = None) -> "Policy":
-        """Move to the device; the layers take `dtype`, the statistics stay fp32 (fp64 only for an fp64 run); then
-        `quantize` (placement.quantize) replaces the Linear weights in place.
+    def parts(self) -> dict[str, nn.Module]:
+        """What a precision plan names, as precision's per-layer table prints it: hidden_<i> (Linear + Swish), lstm, mu
+        (the continuous head, its log_sigma layer too), logits (every discrete branch). The normalizers are no part."""
+        named = {f"hidden_{i}": layer for i, layer in enumerate(self.body)}
+        named.update({k: m for k, m in (("lstm", self.memory), ("mu", self.continuous), ("logits", self.discrete)) if m is not None})
+        return named
+
+    def place(self, device: torch.device, dtype: torch.dtype, quantize: Callable[[nn.Module], None] | None = None,
+              parts: dict[str, torch.dtype] | None = None) -> "Policy":
+        """Move to the device; the layers take `dtype` (each part its own with a plan's `parts`), the statistics stay
+        fp32 (fp64 only where every layer is); then `quantize` (placement.quantize) replaces the Linear weights in place.
 
         Each tensor is converted once, straight from its float32 original (fp16 would round the statistics), and set as
         a new Parameter/buffer: no tensor is swapped in place, so FakeTensorMode can place the policy on a device that
         is not there (tests/test_placement_fake_device.py)."""
-        stat_dtype = _stat_dtype(dtype)
+        owner = {m: parts[name] for name, part in self.parts().items() if parts and name in parts for m in part.modules()}
+        self._stat = stat_dtype = _stat_dtype(dtype) if not parts else torch.float64 if all(
+            d == torch.float64 for d in parts.values()) else torch.float32
         self._gemv = ()
         for module in self.modules():
-            exempt = set(getattr(module, "stats", ()))
+            exempt, layer = set(getattr(module, "stats", ())), owner.get(module, dtype)
             for name, param in list(module._parameters.items()):
                 if param is not None:
-                    setattr(module, name, nn.Parameter(param.detach().to(device=device, dtype=dtype), requires_grad=False))
+                    setattr(module, name, nn.Parameter(param.detach().to(device=device, dtype=layer), requires_grad=False))
             for name, buffer in list(module._buffers.items()):
                 if buffer is not None:
-                    kind = stat_dtype if name in exempt else dtype if buffer.is_floating_point() else buffer.dtype
+                    kind = stat_dtype if name in exempt else layer if buffer.is_floating_point() else buffer.dtype
                     module._buffers[name] = buffer.to(device=device, dtype=kind)
         if self.memory is not None:  # cuDNN wants the LSTM's weights in one buffer, or it repacks them on every call
             self.memory.lstm.flatten_parameters()
@@ -236,7 +257,7 @@ class Policy(nn.Module):
 
     @property
     def stat_dtype(self) -> torch.dtype:
-        return _stat_dtype(self.compute_dtype)
+        return self._stat
 
     # --- the shared trunk: inputs -> features (and the next memory)
 
@@ -286,7 +307,7 @@ class Policy(nn.Module):
         x, memory_out = self.encode(obs, memory)
         out = {}
         if self.continuous is not None:
-            out["mu"] = self.continuous.mu(x)
+            out["mu"] = self.continuous.mean(x)
             out["log_sigma"] = self.continuous.log_sigma_of(x, out["mu"])
         if self.discrete is not None:
             out["masked_logits"] = torch.cat(self.discrete.masked_logits(x, masks), dim=1)
@@ -302,7 +323,7 @@ class Policy(nn.Module):
         """[Linear, Swish] x N in the compute dtype: the one trunk every output (deterministic, sampled, traced, every
         shape) comes from; the hidden layers into `record`. `row`: one CPU row as a vector (forward's fast path)."""
         for i, layer in enumerate(self._linears):
-            x = torch.addmv(self._gemv[i][1], self._gemv[i][0], x) if row else layer(x)
+            x = torch.addmv(self._gemv[i][1], self._gemv[i][0], _cast(x, self._gemv[i][0].dtype)) if row else layer(_in(layer, x))
             x = torch.sigmoid(x).mul_(x)  # Swish, as ML-Agents spells it (bit for bit); in place: one buffer less
             if record is not None:
                 record[f"hidden_{i}"] = x.unsqueeze(0) if row else x
@@ -323,7 +344,7 @@ class Policy(nn.Module):
             return out
         x, memory_out = self.encode(obs, memory, record=out)
         if self.continuous is not None:
-            out["mu"] = self.continuous.mu(x)
+            out["mu"] = self.continuous.mean(x)
             out["log_sigma"] = self.continuous.log_sigma_of(x, out["mu"])
             out[self.continuous.deterministic_name] = self.continuous.head(out["mu"])
         if self.discrete is not None:
@@ -343,7 +364,7 @@ class Policy(nn.Module):
         if record is not None:
             record["normalized_obs"] = keep(x)
         x = self._hidden(_cast(x, self.compute_dtype), record, row)
-        mu = torch.addmv(self._gemv[-1][1], self._gemv[-1][0], x) if row else self.continuous.mu(x)
+        mu = torch.addmv(self._gemv[-1][1], self._gemv[-1][0], _cast(x, self._gemv[-1][0].dtype)) if row else self.continuous.mean(x)
         return x, mu, keep
 
     def forward(self, obs: torch.Tensor, record: dict[str, torch.Tensor] | None = None) -> torch.Tensor:

@@ -38,6 +38,9 @@ JOBS_ENV = "HUGGY_EXP_SWEEP_JOBS"  # run.py's preflight counts the jobs; the swe
 MAX_SWEEP_POINTS = 10_000  # points one -m may launch: each is validated first and runs as a job (a day at 10 s each)
 
 
+# --- the host's checks of one composed job
+
+
 def validate(cfg: DictConfig, mode: str) -> None:
     """The schema's checks (config.validate), then the host's: a device name torch knows, LoadGen installed for its
     scenarios, the tracking store answering. placement and loadgen import torch: imported here, after run.py has
@@ -55,6 +58,9 @@ def validate(cfg: DictConfig, mode: str) -> None:
             check_uri(track["uri"])
         except StoreDown as exc:
             raise UserError(str(exc)) from None
+
+
+# --- resolvers and the config store, before anything is composed
 
 
 def unique_suffix() -> str:
@@ -86,6 +92,9 @@ def setup() -> None:
         OmegaConf.register_new_resolver("huggy_unique", unique_suffix, use_cache=True)
     if not OmegaConf.has_resolver("huggy_available"):
         OmegaConf.register_new_resolver("huggy_available", available)
+
+
+# --- the command line: argv rewritten, sweeps counted and expanded, every job composed and validated
 
 
 def group_options(group: str, dirs: list) -> list[str]:
@@ -152,7 +161,11 @@ def expand(argv: list[str], conf_dirs: list) -> tuple[list[str], list[list[str]]
             if not values:
                 raise UserError(f"{o.input_line} matches no {key} file; available: {', '.join(options) or 'none'}")
         else:
-            values = list(o.sweep_string_iterator())
+            try:
+                values = list(o.sweep_string_iterator())
+            except HydraException as exc:  # interval(): values drawn by a sampling sweeper (Optuna, Ax), never listed
+                raise UserError(f"{o.input_line}: {exc}; the basic sweeper runs listed values: use a,b,c or "
+                                "range(start,stop,step)") from None
             for v in values if group else ():
                 _known_choice(group, v, conf_dirs)
         sweeps.append([f"{key}={v}" for v in values])
@@ -266,6 +279,10 @@ def _composed(overrides: list[str], name: str, extra: list[str], dirs: list,
             pass  # composed below: Hydra's error, in one line
     try:
         cfg = compose(config_name=name, overrides=overrides + extra, return_hydra_config=True)
+    except UnicodeDecodeError as exc:  # Hydra read a config file that is not text, and does not say which
+        broken = next((p for p in sorted(f for d in dirs for f in Path(d).rglob("*.yaml")) if not _is_text(p)), "a config file")
+        raise UserError(f"{broken} is not UTF-8 text ({exc.reason} at byte {exc.start}); restore it (git checkout -- "
+                        "<file>, or a copy) or fix it") from None
     except (HydraException, OmegaConfBaseException, yaml.YAMLError) as exc:
         missing = re.search(r"Could not find '([\w/]+)/([^'/]+)'", str(exc))
         if missing:  # Hydra's own list leaves out the plugins' choices (hydra/launcher lists only basic)
@@ -275,6 +292,17 @@ def _composed(overrides: list[str], name: str, extra: list[str], dirs: list,
     if key is not None:
         first[key] = copy.deepcopy(cfg)  # the values after this one are set into the copy
     return cfg, False
+
+
+def _is_text(path: Path) -> bool:
+    try:
+        path.read_bytes().decode()
+        return True
+    except (UnicodeDecodeError, OSError):
+        return False
+
+
+# --- the tracking store and the job folder: checked, then claimed
 
 
 def _check_new_store(cfg: DictConfig, mode: str) -> None:
@@ -320,6 +348,9 @@ def claim(cfg, multirun: bool) -> None:
         OmegaConf.update(cfg, key, folder)
     quoted = folder.replace("'", "\\'")  # Hydra's quoted value: only a quote is escaped
     sys.argv.append(f"{key}='{quoted}'")
+
+
+# --- Hydra's errors as one line naming the case file
 
 
 def _case_file(overrides: list[str], dirs: list):
@@ -370,6 +401,9 @@ def _mode_choice(overrides: list[str], case_file=None) -> str:
         defaults = []
     picked = [v for d in defaults if isinstance(d, dict) for k, v in d.items() if k.split()[-1] in ("/mode", "mode")]
     return str(picked[-1]) if picked else "action"
+
+
+# --- the single-run path: one job run from the config composed above
 
 
 def single_run(argv: list[str]) -> bool:

@@ -11,11 +11,22 @@ import html
 import math
 from pathlib import Path
 
-from huggy_exp.headline import COSINE, ERROR, judged_limits
+from huggy_exp.headline import COSINE, ERROR, judged_limits, logged_metrics, logged_name, noisy
 from huggy_exp.results import atomic_write_text, expectation
 from huggy_exp.verify import FINGERPRINT
 
 REPORT = "report.html"
+# obs/s, defined once (timing.Timing.stats computes it): shown beside a figure whose obs/s is not batch / p50
+OBS_PER_S = ("obs/s = rows per call / the mean call time (every timed call counted, the slow ones too), so it is below "
+             "batch / p50 where a tail of slow calls lifts the mean above the median")
+
+
+def obs_per_s_differs(batch: int, p50_us: float | None, obs_per_s: float | None) -> bool:
+    """Whether a figure's obs/s is more than 10 % off batch / p50 (its definition then goes beside it)."""
+    return bool(p50_us and obs_per_s) and abs(obs_per_s * p50_us / (batch * 1e6) - 1) > 0.1
+
+
+OWN_ANSWERS = ("replay:", "record into", "loadgen job")  # compare.py's lines of sweeps that answer in their own terms
 STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1180px;color:#1f2328;padding:0 16px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #d0d7de;padding-bottom:4px}
 table{border-collapse:collapse;margin:6px 0;font-variant-numeric:tabular-nums}
@@ -29,15 +40,16 @@ img{max-width:100%;border:1px solid #d0d7de;margin:6px 0;display:block}code{font
 
 
 def fmt(value) -> str:
-    """Numbers with 3 significant digits (cosines with 6: they live next to 1), the rest as text."""
+    """A figure as every output prints it: 3 significant digits (cosines 6: they live next to 1), a figure of 100 and
+    more as a whole number with thousands separators (1,449 µs, never 1.45e+03 beside 1,200), the rest as text."""
     if isinstance(value, bool) or value is None:
         return "" if value is None else str(value).lower()
     if isinstance(value, (int, float)):
         v = float(value)
         if not math.isfinite(v):
             return str(v)
-        if v == int(v) and abs(v) < 1e7:
-            return f"{int(v):,}"
+        if 100 <= abs(v) < 1e7 or v == int(v) and abs(v) < 1e7:
+            return f"{round(v):,}"
         return f"{v:.6g}" if 0.999 <= v < 1 else f"{v:.3g}"
     return str(value)
 
@@ -132,11 +144,13 @@ def recommendation_section(comparison: dict) -> str:
         noisy = ' <span class=noisy>noisy p50: re-measure before relying on it</span>' if rec.get("noisy") else ""
         pick = " ".join(str(x) for x in (rec.get("dtype"), rec.get("backend")) if x) or "no pick"
         parts.append(f"<div class=rec><b>{escape(where)}: {escape(pick)}</b> &mdash; {escape(rec.get('why', ''))}{noisy}</div>")
-        rows = [[o["dtype"], o["backend"], outcome({"status": "failed", "expect": "failed", "expectation_met": True})
-                 if o["verdict"] == "expected failure" else verdict(o["verdict"]), o["p50_us"], o.get("obs_per_s"), o["job"]]
-                for o in rec.get("options") or []]
+        rows = [[o["label"], outcome({"status": "failed", "expect": "failed", "expectation_met": True})
+                 if o["verdict"] == "expected failure" else verdict(o["verdict"]), o["p50_us"], o.get("obs_per_s"),
+                 ", ".join(o.get("jobs") or [o["job"]])] for o in rec.get("options") or []]
         if rows:
-            parts.append(table(["dtype (precision mode)", "backend", "verdict", "p50 µs", "obs/s", "job"], rows, {3, 4}))
+            parts.append(table(["choice (the dtype that ran, backend)", "verdict", "p50 µs", "obs/s", "job"], rows, {2, 3}))
+        if any(obs_per_s_differs(rec["batch_size"] or 0, o["p50_us"], o.get("obs_per_s")) for o in rec.get("options") or []):
+            parts.append(f"<p class=muted>{escape(OBS_PER_S)}.</p>")
     return "\n".join(parts)
 
 
@@ -145,10 +159,17 @@ def comparison_section(rows: list[dict], comparison: dict) -> str:
                  (r.get(FINGERPRINT) or "")[:12]] for r in rows
                 if "vs_cpu_fp32_max_abs" in r or "vs_cpu_fp32_discrete_agreement" in r]
     head = ["job", "run", "max |Δaction| vs cpu fp32", "discrete actions equal", FINGERPRINT]
-    none = "<p class=muted>No point of this sweep has a CPU fp32 point on the same inputs to compare with.</p>"
+    if not any(r[3] is not None for r in compared):  # a policy without discrete actions: no such column
+        head, compared = head[:3] + head[4:], [r[:3] + r[4:] for r in compared]
+    references = [r["run_name"] for r in rows if r["device"] == "cpu" and r["dtype"] == "fp32" and r["status"] != "error"]
+    none = (f"<p class=muted>The CPU fp32 point(s) ({escape(', '.join(references))}) are the reference; no other point "
+            "ran the same inputs (mode and its knobs, observations, seed, model, and batch size where the mode verifies "
+            "per batch) to compare with them.</p>" if references else
+            "<p class=muted>No point of this sweep has a CPU fp32 point on the same inputs to compare with.</p>")
     parts = ["<h2>Against the reference point (CPU fp32, same inputs)</h2>",
              table(head, compared, {2, 3}) if compared else none]
-    lines = [line for line in comparison.get("lines", []) if line.startswith(("agreement", "device agreement", "dual benchmark", "record into", "replay:"))]
+    lines = [line for line in comparison.get("lines", []) if line.startswith(("agreement", "device agreement", "dual benchmark",
+                                                                           "record into", "replay:", "loadgen job"))]
     if lines:
         parts.append("<ul>" + "".join(f"<li><code>{escape(x)}</code></li>" for x in lines) + "</ul>")
     return "\n".join(parts)
@@ -158,7 +179,9 @@ def write_sweep_report(sweep_dir: Path, title: str, summary: dict, plots: list[P
     """report.html for a sweep: tally, verdicts with limits, reference comparison, recommendation, noise, plots."""
     rows = summary["rows"]
     noisy = [r for r in rows if r.get("noisy")]
+    found = [line for line in (summary.get("comparison") or {}).get("lines", []) if line.startswith(OWN_ANSWERS)]
     sections = [f"<h1>{escape(title)}</h1>", f"<p class=tally>{escape(summary['line'])}</p>",
+                *(f"<div class=rec><b>Found:</b> {escape(line)}</div>" for line in found),
                 recommendation_section(summary.get("comparison") or {}),
                 "<h2>Verdicts</h2>" + table(VERDICT_HEAD, verdict_rows(rows), {3, 4, 5, 6})]
     if noisy:
@@ -175,18 +198,18 @@ def write_sweep_report(sweep_dir: Path, title: str, summary: dict, plots: list[P
 def write_job_report(workdir: Path, record: dict, plots: list[Path]) -> Path:
     """report.html for one job: verdict and reason, headline figures with limits, every metric, environment, plots."""
     title = f"{record['run_name']}: {record['status'].upper()}"
-    head, metrics, model = record.get("headline_metrics") or {}, record.get("metrics") or {}, record.get("model") or {}
+    metrics, model = record.get("metrics") or {}, record.get("model") or {}
     sections = [f"<h1>{escape(record['run_name'])}</h1>",
                 f"<p class=tally>{verdict(record['status'])[1]} {escape(record.get('reason') or record.get('headline') or '')}</p>",
                 f"<p class=muted>mode {escape(record['mode'])} · device {escape(record['device'])} · dtype "
                 f"{escape(record['dtype'])} · batch {_e(record.get('batch_size'))} · model "
                 f"{escape('embedded synthetic default (not real Huggy weights)' if model.get('synthetic') else str(model.get('path')))}</p>"]
-    shown = dict(head)
-    if "p50_us" in head and metrics.get("latency/noisy"):
-        shown["p50_us"] = _noisy(head["p50_us"])
-    for h2, kind, pairs in (("Headline", "metric", [[k, v] for k, v in shown.items()]),
+    shown = logged_metrics(record)  # under the names MLflow shows them (`onnxruntime/p50_us`, not `ort_p50_us`)
+    if logged_name("p50_us") in shown and noisy(record):
+        shown[logged_name("p50_us")] = _noisy(shown[logged_name("p50_us")])
+    for h2, kind, pairs in (("Headline (as MLflow logs it)", "metric", [[k, v] for k, v in shown.items()]),
                             ("Limits this verdict used", "limit", [[k, v] for k, v in judged_limits(record).items()]),
-                            ("Every metric", "metric", [[k, v] for k, v in metrics.items() if k not in head])):
+                            ("Every metric", "metric", [[k, v] for k, v in metrics.items() if k not in shown])):
         if pairs:
             sections.append(f"<h2>{h2}</h2>" + table([kind, "value"], pairs, {1}))
     return _write(workdir, title, sections, plots, record.get("environment") or {})

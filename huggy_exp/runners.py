@@ -26,7 +26,7 @@ from huggy_exp.fused import FusedMLP, need_compiler
 from huggy_exp.mlagents import (ACTION_MASKS, ONNX_INPUT, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name, read_onnx,
                                 with_distributions, with_parts)
 from huggy_exp.placement import (
-    QUANTIZED, Target, check_backend, onnxruntime_options, quantize, quantize_onnx, resolve, synchronize,
+    DTYPES, QUANTIZED, Target, check_backend, onnxruntime_options, quantize, quantize_onnx, resolve, synchronize,
     use_device,
 )
 from huggy_exp.policy import Policy, cpu_noise, cpu_uniform
@@ -47,6 +47,9 @@ Feeds = Mapping[str, np.ndarray]
 _F32 = np.dtype(np.float32)
 
 
+# --- the contract every backend keeps
+
+
 class Runner(Protocol):
     """Every backend's contract: all that callers use, declared. `target` is where its work runs (timing synchronises
     on it); a backend that cannot sample, trace or give distributions raises Unsupported saying so."""
@@ -65,6 +68,9 @@ class Runner(Protocol):
     def distributions(self, feeds: Feeds) -> dict[str, np.ndarray]: ...
 
 
+# --- torch: one runner for eager and the backends that wrap the policy's forward
+
+
 class TorchRunner:
     """The rebuilt policy on one (device, dtype), fed in chunks of `batch_size` rows, run by one torch backend."""
 
@@ -74,11 +80,16 @@ class TorchRunner:
         self.fixed_shape = backend in ("compile", "graphs")  # one chunk shape: the last chunk is padded to it
         if backend == "onnxruntime":
             raise UserError("TorchRunner runs torch backends; build onnxruntime with runners.build()")
-        if target.dtype_name in QUANTIZED and backend != "eager":
-            raise Unsupported(f"dtype {target.dtype_name} (torchao int8) runs backend eager only; backend {backend} does not apply")
+        target.check_backend(backend)
+        int8 = target.dtypes() & set(QUANTIZED)
+        if int8 and backend != "eager":
+            raise Unsupported(f"dtype {min(int8)} (torchao int8) runs backend eager only; backend {backend} does not apply")
         use_device(target.device)
-        self.policy = Policy(weights).place(target.device, target.dtype, partial(quantize, dtype=target.dtype_name))
-        self.name = f"torch-{backend}-{target.device_name}-{target.dtype_name}"
+        self.policy = Policy(weights)
+        plan = dict(target.plan.parts) if target.plan else None
+        self.policy.place(target.device, target.dtype, partial(_quantize, dtype=target.dtype_name, plan=plan),
+                          plan and {part: DTYPES[d] for part, d in plan.items()})
+        self.name = f"torch-{backend}-{target.device_name}-{target.label}"
         self.memory_size = self.policy.memory_size
         self._act: Callable = self.policy.act
         if backend == "eager":
@@ -195,6 +206,17 @@ class TorchRunner:
         return self._collect([fn(obs, masks, memory) for obs, masks, memory, _ in self._chunks(feeds, pad=False)])
 
 
+def _quantize(policy: Policy, dtype: str, plan: dict[str, str] | None) -> None:
+    """placement.quantize for the whole policy, or part by part under a plan."""
+    if plan is None:
+        return quantize(policy, dtype)
+    for part, module in policy.parts().items():
+        quantize(module, plan[part])
+
+
+# --- noise, recurrent steps and whole feeds through any runner
+
+
 def sample_noise(policy: Policy, rows: int, seed: int) -> dict[str, torch.Tensor]:
     """CPU noise for every head, keyed by its sampled output: Gaussian z (continuous), uniforms in (0, 1] (discrete)."""
     noise = {}
@@ -261,6 +283,9 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
     if not t.is_floating_point():
         return t.numpy()  # discrete actions: int64
     return (t.double() if t.dtype == torch.float64 else t.float()).numpy()
+
+
+# --- torch.compile and graph capture
 
 
 def _compiler(kind: str) -> str:
@@ -339,6 +364,9 @@ class GraphReplay:
             s.copy_(t)
         graph.replay()
         return out.clone()
+
+
+# --- onnxruntime: the ONNX graph on one execution provider, never a silent fallback
 
 
 def check_provider(session, provider: str) -> None:
@@ -453,6 +481,9 @@ class OnnxRunner:
         return given
 
 
+# --- the one factory, and the references
+
+
 def build(ctx: Context, backend: str | None = None, *, device: str | None = None, dtype: str | None = None,
           batch_size: int | None = None, threads: int | None = None, provider: str | None = None,
           onnx: Path | None = None) -> Runner:
@@ -461,6 +492,7 @@ def build(ctx: Context, backend: str | None = None, *, device: str | None = None
     batch = ctx.batch_size if batch_size is None else batch_size
     if backend == "onnxruntime":
         target = ctx.target(device, dtype)
+        target.check_backend(backend)
         if target.dtype_name not in ("fp32", *QUANTIZED):
             raise Unsupported(f"backend onnxruntime runs the float32 .onnx graph; dtype {target.dtype_name} does not apply")
         provider = provider or PROVIDERS.get(target.kind)

@@ -21,6 +21,7 @@ from huggy_exp.compare import compare, draw, errors_vs_fp64, verified
 from huggy_exp.files import disk_full_message, is_disk_full
 from huggy_exp.results import (EXIT_CODES, EXIT_INTERRUPTED, EXIT_PENDING, atomic_write_text, expectation, jsonable,
                                write_table)
+from huggy_exp.report import fmt
 from huggy_exp.verify import FINGERPRINT
 
 ORDER = ("passed", "failed", "skipped", "error")
@@ -59,8 +60,8 @@ class SweepCallback(Callback):
         one line and exit 2 here, and the parent run is ended FAILED all the same (every point's result.json stays)."""
         assert self.sweep_dir is not None
         try:
-            summary = summarize(self.sweep_dir, since=self.started)
             info = tracking.read_sweep(self.sweep_dir) or {}
+            summary = summarize(self.sweep_dir, since=self.started, sweep=info)
             summary["title"] = tracking.sweep_name(info.get("argv", sys.argv[1:]), info.get("started") or self.started)
             files = write_summary(self.sweep_dir, summary, self.plots)
         except Exception as exc:
@@ -93,6 +94,8 @@ class SweepCallback(Callback):
             return EXIT_INTERRUPTED
         worst = max((EXIT_CODES.get(r["status"], 2) if r["expect"] is None else int(not r["expectation_met"])
                      for r in summary["rows"]), default=0)
+        if summary["tally"]["no_result"]:  # a point that wrote no result of this sweep never passed
+            worst = max(worst, EXIT_CODES["error"])
         if any(g.get("cards_disagree") for g in summary["comparison"]["agreement"]):
             worst = max(worst, EXIT_CODES["failed"])  # the dual-card check: two cards of one kind gave different bytes
         if not worst and summary["tally"]["pending"]:
@@ -115,13 +118,16 @@ def interrupted(exc: BaseException) -> int:
     return terminal.exit_code(exc) if code == EXIT_INTERRUPTED else code
 
 
-def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
-    """One row per result.json written under the sweep dir since `since` (older ones are a reused dir's leftovers),
-    the tally, and the comparison of the points (compare.py)."""
+def summarize(sweep_dir: Path, since: float = 0.0, sweep: dict | None = None) -> dict:
+    """One row per result.json written under the sweep dir since `since` (older ones are a reused dir's leftovers) by
+    this `sweep` (its sweep.json: another run's result.json is never its point), the tally (with the points that wrote
+    none), and the comparison of the points (compare.py)."""
     rows = []
     found = [p for p in sweep_dir.rglob("result.json") if p.stat().st_mtime >= since]
     for path in sorted(found, key=lambda p: (len(str(p.parent)), str(p.parent))):
         r = json.loads(path.read_text())
+        if sweep is not None and (r.get("sweep") or {}).get("id") != sweep.get("id"):
+            continue
         note = r.get("reason") or r.get("headline") or ""
         track = (r.get("tracking") or {}).get("status", "off")
         is_verified = verified(r)  # record, replay, ...: their own headline is their answer
@@ -136,13 +142,14 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
             "job": path.parent.name, "run_name": r["run_name"], "mode": r["mode"], "verified": is_verified,
             "device": r["device"], "port": port_details(r), "dtype": r["dtype"],
             "precision_mode": r.get("precision_mode", "ieee"),
-            "numerics": numerics_label(r["dtype"], r.get("precision_mode")), "batch_size": r["batch_size"],
+            "numerics": numerics_label(r["dtype"], r.get("precision_mode"), (r.get("plan") or {}).get("name")),
+            "plan": r.get("plan"), "batch_size": r["batch_size"],
             "case": r.get("case"), "status": r["status"], "note": note, "tracking": track, "expect": r.get("expect"),
             "expectation_met": r.get("expectation_met"), "line": line, "dir": str(path.parent),
             "seed": r.get("seed"), "obs": obs_label(params.get("obs") or {}), "model_sha256": model.get("sha256"),
             "weights_sha256": model.get("weights_sha256"), "model_name": _model_name(model),
             "latency_points": latency_points(r), "throughput_points": latency_points(r, "obs_per_s"),
-            "noisy_points": latency_points(r, "noisy"), "metrics": r.get("headline_metrics") or {},
+            "noisy_points": latency_points(r, "noisy"), "iqr_points": latency_points(r, "iqr_us"), "metrics": r.get("headline_metrics") or {},
             "shared_machine": r.get("shared_machine", False), "noisy": noisy(r),
             "run_id": (r.get("tracking") or {}).get("run_id"), "limits": judged_limits(r),
             "latency": r.get("latency") or {}, "max_abs_limit": _limit(metrics),
@@ -154,10 +161,12 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> dict:
     tally["pending"] = sum(r["tracking"] == "pending" for r in rows)
     tally["expected"] = sum(r["expect"] is not None for r in rows)
     tally["missed"] = sum(r["expectation_met"] is False for r in rows)
+    tally["no_result"] = max(0, int((sweep or {}).get("jobs") or 0) - len(rows))
     line = (f"{tally['expected'] - tally['missed']}/{tally['expected']} cases met their expected verdict; "
-            if tally["expected"] else "") + (f"{tally['passed']}/{len(rows)} passed, {tally['failed']} failed, {tally['skipped']} skipped, "
+            if tally["expected"] else "") + (f"{tally['passed']}/{len(rows) + tally['no_result']} passed, {tally['failed']} failed, {tally['skipped']} skipped, "
             f"{tally['error']} error" + (f"; {tally['pending']} not in MLflow yet (python run.py mode=sync)"
-                                         if tally["pending"] else ""))
+                                         if tally["pending"] else "")
+            + (f"; {tally['no_result']} of the sweep's points wrote no result" if tally["no_result"] else ""))
     return {"rows": rows, "tally": tally, "line": line, "comparison": compare(rows)}
 
 
@@ -202,12 +211,12 @@ def point_figures(record: dict) -> str:
         parts.append(f"agree {head['agreement_vs_fp64']:.2%}")
     parts += [f"{name} {head[key]:.2g}" for key, name in (("kl_vs_fp64", "KL"), ("shift_vs_fp64", "|Δμ|/σ")) if key in head]
     if "p50_us" in head:
-        parts.append(f"p50 {head['p50_us']:,.0f} µs" + ("(noisy)" if (record.get("latency") or {}).get("noisy") else ""))
+        parts.append(f"p50 {fmt(head['p50_us'])} µs" + (" (noisy)" if noisy(record) else ""))
     if fp := (record.get("tags") or {}).get(FINGERPRINT):
         parts.append(f"{FINGERPRINT} {fp[:12]}")
     if "ort_int8_kl" in head:
         verdict = "PASSED" if (record.get("metrics") or {}).get("onnxruntime_int8/passed") else "FAILED"
-        parts.append(f"| onnxruntime int8 {verdict} KL {head['ort_int8_kl']:.2g} p50 {head['ort_int8_p50_us']:,.0f} µs")
+        parts.append(f"| onnxruntime int8 {verdict} KL {head['ort_int8_kl']:.2g} p50 {fmt(head['ort_int8_p50_us'])} µs")
     return (" " + " ".join(parts)) if parts else ""
 
 
@@ -258,6 +267,8 @@ def write_summary(sweep_dir: Path, summary: dict, plot: bool) -> list[Path]:
     advice = tracking.recommendation(summary["comparison"])
     if advice:
         md += [f"**Recommended:** {report.escape(advice)}", ""]
+    if found := tracking.own_answer(summary["comparison"]):  # record, replay, LoadGen: what they found, in view
+        md += [f"**Found:** {report.escape(found)}", ""]
     md += ["| " + " | ".join(report.VERDICT_HEAD) + " |", "|" + " --- |" * len(report.VERDICT_HEAD)]
     md += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in report.verdict_rows(summary["rows"])]
     comparison = summary["comparison"]

@@ -38,7 +38,8 @@ def describe(exc: BaseException) -> str:
 
 class Output:
     """A text stream that outlives its reader: once the pipe is closed, writes go to /dev/null and PIPE_CLOSED is set
-    (no BrokenPipeError reaches the job); characters the terminal cannot encode are written escaped."""
+    (no BrokenPipeError reaches the job); output that cannot be written (a full device, `> /dev/full`; an I/O error)
+    goes to /dev/null too, and the job goes on; characters the terminal cannot encode are written escaped."""
 
     def __init__(self, stream):
         self._stream = stream
@@ -46,18 +47,21 @@ class Output:
     def write(self, text: str) -> int:
         try:
             return self._stream.write(text)
-        except BrokenPipeError:
-            self._closed()
+        except OSError as exc:
+            self._lost(exc)
             return len(text)
 
     def flush(self) -> None:
         try:
             self._stream.flush()
-        except BrokenPipeError:
-            self._closed()
+        except OSError as exc:
+            self._lost(exc)
 
-    def _closed(self) -> None:
-        PIPE_CLOSED.set()
+    def _lost(self, exc: OSError) -> None:
+        """Output lost: a closed pipe ends the run once the job is kept (check_pipe); any other failure loses only the
+        output, never the job."""
+        if isinstance(exc, BrokenPipeError):
+            PIPE_CLOSED.set()
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, self._stream.fileno())  # the buffered rest, and Python's flush at exit, go nowhere

@@ -50,7 +50,8 @@ class Timing:
         self.warmup_calls += other.warmup_calls
 
     def stats(self) -> dict[str, float]:
-        """p50/p90/p95/p99/mean/min/max/IQR in µs, obs/s (rows x calls / total time), noisy, samples, threads."""
+        """p50/p90/p95/p99/mean/min/max/IQR in µs, obs/s (rows x calls / total time: report.OBS_PER_S says it in
+        words), noisy, samples, threads."""
         if not self.samples:
             return {}
         us = np.asarray(self.samples, np.float64) * 1e6

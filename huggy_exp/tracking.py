@@ -32,9 +32,9 @@ from urllib.parse import unquote, urlparse
 from huggy_exp.environment import flatten
 from huggy_exp.errors import UserError
 from huggy_exp.headline import (ANSWER, ANSWER_ORDER, COSINE, ERROR, fastest_backend, judged_limits,
-                                logged_metrics, logged_name, noisy, settings, timed_batch)
-from huggy_exp.report import escape
-from huggy_exp.config import VERDICTS
+                                first_screen_name, logged_metrics, logged_name, noisy, settings, timed_batch)
+from huggy_exp.report import OWN_ANSWERS, escape, fmt
+from huggy_exp.config import VERDICTS, modes, ran_dtype
 from huggy_exp.results import update_result
 from huggy_exp.files import atomic_write, atomic_write_text, disk_full_message, flock, is_disk_full
 from huggy_exp.foreign import MAX_JSON_BYTES, read_capped, read_json
@@ -68,7 +68,11 @@ def store_uri(uri: str | None) -> str:
 
 # --- credentials: never printed or stored; MLflow gets them from MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD
 
-USERINFO = re.compile(r"(?P<scheme>\b[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s'\"]*):(?P<password>[^@/\s'\"]*)@", re.I)
+# a URI's `user:password@`: the password runs to the last `@` before the host (a raw `@` or `/` in it is still masked)
+USERINFO = re.compile(r"(?P<scheme>\b[a-z][a-z0-9+.-]*://)(?P<user>[^:/\s'\"]*):(?P<password>[^\s'\"]*?)@"
+                      r"(?=[^@/?#\s'\"]*(?:[/?#\s'\"]|$))", re.I)
+# the password as SQLAlchemy's make_url reads a database URI (rfc1738: it ends at the first `@`)
+DRIVER_PASSWORD = re.compile(r"[\w+]+://[^:/]*:(?P<password>[^@]*)@")
 # a query parameter that carries a secret: ?token=, &password=, &api_key=, &X-Amz-Signature=, &sig=, ...
 SECRET_QUERY = re.compile(r"(?P<key>[?&;][\w.-]*(?:token|passw(?:or)?d|pwd|secret|key|auth|credential|signature|sig)[\w.-]*=)"
                           r"(?P<value>[^&;#\s'\"]+)", re.I)
@@ -90,10 +94,23 @@ def hide_secrets(uri: str) -> str:
     variables (use_credentials); any other secret (a database password, a `?token=`) kept in this process's
     environment (SECRETS_ENV, inherited by the jobs) under the redacted URI, which store_uri() maps back."""
     clean = use_credentials(uri)
+    found = USERINFO.search(clean)
+    if found and found["password"] != _client_password(clean):
+        raise UserError("tracking.uri: its password cannot be read as the store's client reads it (a raw '@', or a raw "
+                        "'/' in a server's); percent-encode them (@ as %40, / as %2F); the URI is not shown")
     shown = redact(clean)
     if shown != clean:
         os.environ[SECRETS_ENV] = json.dumps({**_secrets(), shown: clean})
     return shown
+
+
+def _client_password(uri: str) -> str | None:
+    """The raw password the store's client reads from a URI: urllib's for a server, SQLAlchemy's for a database."""
+    if urlparse(uri).scheme in ("http", "https"):
+        netloc = urlparse(uri).netloc
+        return netloc.rpartition("@")[0].partition(":")[2] if "@" in netloc else None
+    found = DRIVER_PASSWORD.match(uri)
+    return found["password"] if found else None
 
 
 def _secrets() -> dict:
@@ -127,6 +144,9 @@ def _auth_headers() -> dict[str, str]:
         return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
     token = os.environ.get("MLFLOW_TRACKING_TOKEN")
     return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+# --- the store: where it is, whether it answers, its lock, MLflow imported once
 
 
 def _sqlite_path(uri: str) -> Path | None:
@@ -364,6 +384,8 @@ class Store:
         return self.runs(f"tags.`{PARENT_TAG}` = 'true'" + also, n, order_by=["attributes.start_time DESC"])
 
 
+# --- the UI: run URLs and the columns a sweep's view opens on
+
 UI_VIEW = "workflowType=machine_learning"  # MLflow 3 UI: without it an experiment opens on its GenAI (traces) pages
 SHARED_VIEW = "mlflow.sharedViewState."  # experiment tag the UI reads for `?viewStateShareKey=<key>` (its Share button)
 PARENT_TAG = "huggy.parent"
@@ -378,6 +400,7 @@ FINGERPRINT_COLUMN = "tags.`fingerprint`"
 FIRST_COLUMNS = tuple(c if "`" in c else f"metrics.`{logged_name(c)}`" for c in (
     "best_p50_us", "tags.`best_backend`", "best_obs_per_s", "metrics.`eager/p50_us`", ERROR, f"params.`{LIMIT_PARAM}`",
     COSINE, "p50_us", FINGERPRINT_COLUMN))
+OWN_COLUMNS = tuple(dict.fromkeys(f"metrics.`{first_screen_name(n)}`" for m in modes().values() for n in m.first_screen))
 # px: the verdict's, then every other column as wide as its header needs (HEADER_PX), so that the verdict and the
 # next five fit in the 623 px MLflow leaves beside its own name column at 1600 px with its Assistant panel open; the
 # batch size's, alone under MLflow's "Parameters" group header, as wide as that needs
@@ -394,10 +417,23 @@ def run_url(uri: str, experiment_id: str, run_id: str | None = None, view: str |
     return f"{redact(uri).rstrip('/')}/{path}" if urlparse(uri).scheme in ("http", "https") else path
 
 
+def ui_link(settings: dict, experiment_id: str, run_id: str | None = None, view: str | None = None) -> str:
+    """Where a person opens a run or a sweep's runs: a server's own address, else mode=ui's on tracking.ui_port (with
+    the command that serves it)."""
+    uri = store_uri(settings.get("uri"))
+    url = run_url(uri, experiment_id, run_id, view)
+    if url.startswith("http"):
+        return url
+    store = "" if uri == default_uri() else f" tracking.uri={redact(uri)}"
+    return f"http://127.0.0.1:{int(settings.get('ui_port') or 5000)}/{url} (`python run.py mode=ui{store}` serves it)"
+
+
 def view_columns(present: set[str], batches: int = 1) -> list[str]:
     """The runs table's columns in display order (MLflow column ids) for a sweep whose runs have the columns `present`
-    (`metrics.<key>`, `params.<key>`, `tags.<key>`: `present_columns`) over `batches` distinct batch sizes."""
-    first = [c for c in FIRST_COLUMNS if c in present or c == FINGERPRINT_COLUMN]
+    (`metrics.<key>`, `params.<key>`, `tags.<key>`: `present_columns`) over `batches` distinct batch sizes: the verdict,
+    the modes' own answers (`first_screen`: a replay's bitwise agreement, a LoadGen run's validity), then the rest."""
+    own = [c for c in OWN_COLUMNS if c in present]
+    first = own + [c for c in FIRST_COLUMNS if (c in present or c == FINGERPRINT_COLUMN) and c not in own]
     answer = [f"metrics.`{logged_name(n)}`" for n in ANSWER_ORDER if n != "passed"]  # the verdict says passed in words
     rest = sorted((c for c in present if c.startswith(f"metrics.`{ANSWER}") and c not in first
                    and c != f"metrics.`{ANSWER}passed`"), key=lambda c: (c not in answer, answer.index(c) if c in answer else 0, c))
@@ -446,9 +482,14 @@ def log_job(settings: dict, workdir: Path, retry_down: bool = False, foreign: bo
         if sweep and sweep.get("tracking", {}).get("status") == "down" and not retry_down:
             return {"status": "pending", "reason": sweep["tracking"]["reason"]}
         try:
+            values = run_values(record)
+            if foreign:  # before the store is touched: a value MLflow refuses is skipped in one line, not retried forever
+                check_loggable(record["run_name"], run_tags(record, None), *values)
             store = Store.open(settings)
             with store_lock(store.uri):
-                return _log_job(store, record, workdir, sweep, foreign)
+                return _log_job(store, record, workdir, sweep, values, foreign)
+        except UserError:
+            raise
         except Exception as exc:  # tracking is best effort; the job's result is already on disk
             reason = _explain(store_uri(settings.get("uri")), exc)
             if sweep and isinstance(exc, StoreDown):
@@ -456,24 +497,18 @@ def log_job(settings: dict, workdir: Path, retry_down: bool = False, foreign: bo
             return {"status": "pending", "reason": reason}
 
 
-def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None, foreign: bool) -> dict:
-    from mlflow.entities import Metric, Param
-
+def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None, values: tuple, foreign: bool) -> dict:
     for old in store.runs(f"tags.`huggy.job_id` = '{record['job_id']}'", 10):
         if old.data.tags.get("huggy.complete") == "true":  # exactly once: a complete copy is kept, a partial replaced
             return _logged(store, old.info.run_id, record)
         _end(store, old, "FAILED", "partial copy: logging stopped before it was complete; replaced by a complete one",
              delete=True)
+    params, metrics, started, ended = values
     parent = _parent_id(store, sweep)
-    started, ended = job_times(record)
-    run_id = store.client.create_run(store.experiment_id, run_name=record["run_name"], tags=run_tags(record, parent),
+    run_id = store.client.create_run(store.experiment_id, run_name=record["run_name"], tags=run_tags(record, parent, store.user),
                                      start_time=started).info.run_id
     logged = _logged(store, run_id, record, parent)
     try:
-        flat = {"mode": record["mode"], **flatten(settings(record.get("params", {}), record["dtype"])), **limit_params(record)}
-        params = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in flat.items()  # unset (None) settings: table noise
-                  if v is not None and not _per_dtype(k, record["dtype"])]
-        metrics = [Metric(k, v, ended, 0) for k, v in logged_metrics(record).items()]
         for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch (and 1000 metrics)
             store.client.log_batch(run_id, metrics=metrics if i == 0 else [], params=params[i:i + 100])
         # on disk "logging" (sync retries it) until the run is complete; the copy in MLflow says where it lives
@@ -519,6 +554,40 @@ def _stage_artifacts(record: dict, workdir: Path, stage: Path, foreign: bool) ->
             target.symlink_to(path.resolve())
 
 
+def run_values(record: dict) -> tuple[list, list, int, int]:
+    """(params, metrics, start and end in epoch ms) of a job's MLflow run."""
+    from mlflow.entities import Metric, Param
+
+    started, ended = job_times(record)
+    flat = {"mode": record["mode"], **flatten(settings(record.get("params", {}), record["dtype"])), **limit_params(record)}
+    params = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in flat.items()  # unset (None) settings: table noise
+              if v is not None and not _per_dtype(k, record["dtype"])]
+    return params, [Metric(k, v, ended, 0) for k, v in logged_metrics(record).items()], started, ended
+
+
+def check_loggable(run_name: str, tags: dict[str, str], params: list, metrics: list, started: int, ended: int) -> None:
+    """A UserError naming the first value MLflow never takes, by MLflow's own validation (mlflow.utils.validation: key
+    characters and lengths, metric values and timestamps) and its stores' (UTF-8 text, 64-bit times)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.validation import _validate_metric, _validate_param, _validate_tag
+
+    for what, ms in (("start_time_ms", started), ("start_time_ms + duration_s", ended)):
+        if not 0 <= ms < 2**63:
+            raise UserError(f"{what} is {ms:.4g} ms: MLflow stores a time as epoch milliseconds in 0 .. 2^63-1; not logged")
+    checks = [("run_name", run_name, lambda: None), *((f"tag {k[:60]!r}", k + v, functools.partial(_validate_tag, k, v))
+                                                      for k, v in tags.items()),
+              *((f"param {p.key[:60]!r}", p.key + p.value, functools.partial(_validate_param, p.key, p.value)) for p in params),
+              *((f"metric {m.key[:60]!r}", m.key, functools.partial(_validate_metric, m.key, m.value, m.timestamp, m.step))
+                for m in metrics)]
+    for what, text, validate in checks:
+        try:
+            text.encode()  # a lone surrogate is no UTF-8: no store can hold it
+            validate()
+        except (MlflowException, UnicodeEncodeError) as exc:
+            reason = exc.reason if isinstance(exc, UnicodeEncodeError) else " ".join(exc.message.split())[:160]
+            raise UserError(f"{what}: MLflow never takes it ({reason}); not logged") from None
+
+
 def job_times(record: dict) -> tuple[int, int]:
     """(start, end) of the job in epoch ms: MLflow's run shows the job's own duration, not the logging's."""
     started, duration = record.get("start_time_ms"), record.get("duration_s")
@@ -536,9 +605,12 @@ def _number(value) -> bool:
 
 def run_status(record: dict) -> str:
     """MLflow's status follows the verdict: failed or error is FAILED, an interrupted job KILLED, else FINISHED (the
-    verdict in words is the `verdict` tag)."""
+    verdict in words is the `verdict` tag); a case's point follows its expectation, as the sweep's exit code does: an
+    expected failure that failed is FINISHED, an expected pass that failed or an expected failure that passed FAILED."""
     if record.get("interrupted"):
         return "KILLED"
+    if record.get("expect") is not None and record.get("status") in ("passed", "failed"):
+        return "FINISHED" if record.get("expectation_met") else "FAILED"
     return "FAILED" if record.get("status") in ("failed", "error") else "FINISHED"
 
 
@@ -588,7 +660,8 @@ def _in_store(store: Store, run_id: str | None) -> bool:
         return False
 
 
-def run_tags(record: dict, parent: str | None) -> dict[str, str]:
+def run_tags(record: dict, parent: str | None, user: str | None = None) -> dict[str, str]:
+    """A job's run tags; `mlflow.user` is the store's `tracking.user` (the config's, never a result.json's)."""
     model, sweep, env = (record.get(k) or {} for k in ("model", "sweep", "environment"))
     tags = {
         "mode": record["mode"], "device": record["device"], "dtype": record["dtype"], "status": record["status"],
@@ -598,17 +671,20 @@ def run_tags(record: dict, parent: str | None) -> dict[str, str]:
         "mlflow.note.content": escape(record.get("headline") or record.get("reason") or record["status"]),
         **{f"env.{k}": str(env[k]) for k in ENV_TAGS if k in env},
         **{f"host.{k}": str(v) for k, v in (record.get("host") or {}).items()},  # a launcher's placement (Ray)
-        **(record.get("tags") or {}),
-        **_source_tags(((record.get("params") or {}).get("tracking") or {}).get("user")),
+        **_source_tags(user),
     }
     if record.get("overrides") is not None:
         tags["overrides"] = " ".join(record["overrides"])
     metrics = record.get("metrics") or {}
-    optional = {"best_backend": fastest_backend(metrics, timed_batch(metrics, record.get("batch_size"))[0]),  # benchmark
+    best = fastest_backend(metrics, timed_batch(metrics, record.get("batch_size"))[0])  # benchmark: named with the dtype
+    ran = best and ran_dtype(best, record["dtype"])  # it ran where that is not the point's (onnxruntime's fp32 graph)
+    optional = {"best_backend": best and (best if ran == record["dtype"] else f"{best} ({ran})"),
                 "case": record.get("case"), "emulated": record.get("emulated") and "true", "sweep_id": sweep.get("id"),
                 "job_num": str(sweep.get("num")) if sweep else None, "mlflow.parentRunId": parent}
     tags.update({k: v for k, v in optional.items() if v})
-    return {k: str(v)[:MAX_TAG_CHARS] for k, v in tags.items()}
+    # a task's own tags, under the tool's: the system tags (mlflow.*, huggy.*) and the verdict come from the tool only
+    own = {k: v for k, v in (record.get("tags") or {}).items() if not str(k).startswith(("mlflow.", "huggy."))}
+    return {k: str(v)[:MAX_TAG_CHARS] for k, v in {**own, **tags}.items()}
 
 
 def _source_tags(user: str | None) -> dict[str, str]:
@@ -635,11 +711,14 @@ def _per_dtype(key: str, dtype: str) -> bool:
 
 
 def verdict(record: dict) -> str:
-    """The verdict as the runs table's first column shows it: `passed`, `passed, p50 noisy`, `skipped: <why>`."""
-    status, reason = record["status"], record.get("reason")
-    if status != "passed" and reason:
+    """The verdict as the runs table's first column shows it: `passed`, `passed, noisy` (its p50), `skipped: <why>`; a case's
+    point says whether it met its expected verdict: `failed as expected: <why>`, `passed, expected failed`."""
+    status, reason, expect = record["status"], record.get("reason"), record.get("expect")
+    if expect is not None:
+        status += " as expected" if record.get("expectation_met") else f", expected {expect}"
+    if record["status"] != "passed" and reason:
         return f"{status}: {reason}"
-    return f"{status}, p50 noisy" if noisy(record) else status
+    return f"{status}, noisy" if noisy(record) else status  # its p50: `passed, p50 noisy` was cut in 112 px
 
 
 def artifacts(record: dict, workdir: Path, inside_only: bool = True) -> list[Path]:
@@ -653,6 +732,9 @@ def artifacts(record: dict, workdir: Path, inside_only: bool = True) -> list[Pat
     home = workdir.resolve()
     return [p for p in dict.fromkeys([*paths, workdir / ".hydra" / "config.yaml"])
             if p.is_file() and (not inside_only or p.resolve().is_relative_to(home))]
+
+
+# --- who owns a RUNNING run: sync closes it only once its owner is gone
 
 
 def owner() -> str:
@@ -785,12 +867,18 @@ def recommendation(comparison: dict) -> str:
     parts = []
     for where, rec in (comparison.get("recommended") or {}).items():
         if rec.get("dtype"):
-            figure = f"p50 {rec['p50_us']:,.0f} µs" + (" NOISY: re-measure before relying on it" if rec.get("noisy") else "")
+            figure = f"p50 {fmt(rec['p50_us'])} µs" + (" NOISY: re-measure before relying on it" if rec.get("noisy") else "")
             pick = rec["dtype"] + (f" {rec['backend']}" if rec.get("backend") else "")
             parts.append(f"{where}: {pick} ({figure}; passing {', '.join(rec.get('passing') or [rec['dtype']])})")
         else:
             parts.append(f"{where}: no pick ({rec.get('why', 'no passing dtype')})")
     return "; ".join(parts)
+
+
+def own_answer(comparison: dict) -> str:
+    """What a sweep's record, replay and LoadGen points found (compare.port_lines, loadgen_lines), in one line: the
+    parent's verdict where no dtype is recommended, beside the recommendation where one is."""
+    return "; ".join(line for line in comparison.get("lines", []) if line.startswith(OWN_ANSWERS))
 
 
 def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path], status: str = "FINISHED") -> dict | None:
@@ -807,11 +895,13 @@ def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path],
 
             run_id, stamp = info["parent_run_id"], int(time.time() * 1000)
             comparison = summary.get("comparison") or {}
-            advice = recommendation(comparison)
-            head = escape(summary.get("line", "")) + (f" · **Recommended** {escape(advice)}" if advice else "")  # in view
+            advice, found = recommendation(comparison), own_answer(comparison)
+            head = escape(summary.get("line", "")) + "".join(  # in view: the one-line answer, before "Show more"
+                f" · **{word}** {escape(text)}" for word, text in (("Recommended", advice), ("Found", found)) if text)
             note = "\n\n".join(filter(None, [head, "\n".join(f"- {escape(x)}" for x in comparison.get("lines", []))]))
-            tags = {"mlflow.note.content": note, **({"recommendation": advice, "verdict": f"recommends {advice}"}
-                                                    if advice else {})}
+            verdict = "; ".join(filter(None, [advice and f"recommends {advice}", found]))
+            tags = {"mlflow.note.content": note, **({"recommendation": advice} if advice else {}),
+                    **({"verdict": verdict} if verdict else {})}
             tally = [Metric(f"jobs_{k}", float(v), stamp, 0) for k, v in summary.get("tally", {}).items()]
             store.client.log_batch(run_id, metrics=tally, tags=[RunTag(k, v[:MAX_TAG_CHARS]) for k, v in tags.items()])
             if rows := comparison.get("table"):  # as the column dict log_table takes (shown in the UI's artifact view)
@@ -847,16 +937,21 @@ def sweep_list(store: Store) -> str:
                                                 for p in parents if p.data.tags.get("sweep_id")])
 
 
+LINK = " (runs)"  # each name's link: the name itself stays plain text
+
+
 def one_line(head: str, links: list[tuple[str, str]], chars: int = DESCRIPTION_CHARS) -> str:
-    """`head` and as many markdown links (text, url) as fit one line of `chars` visible characters, the first always
-    (its text cut with "…" where it alone is longer): a second line would show cut in half in MLflow's collapsed box."""
+    """`head` and as many names with their link (text, url) as fit one line of `chars` visible characters, the first
+    always (its text cut with "…" where it alone is longer): a second line would show cut in half in MLflow's collapsed
+    box. Each name is plain text followed by its `(runs)` link: MLflow's home page lists the description unrendered, and
+    it reads `Sweeps, newest first: sweep mode=…` there, not `[sweep mode=…](#/experiments/…`."""
     room, shown = chars - len(head), []
     for text, url in links:
-        if shown and len(text) + 3 > room:
+        if shown and len(text) + len(LINK) + 3 > room:
             break
-        text = text if len(text) <= room else text[:max(room - 1, 8)] + "…"
-        shown.append(f"[{escape(text)}]({url})")
-        room -= len(text) + 3
+        text = text if len(text) + len(LINK) <= room else text[:max(room - len(LINK) - 1, 8)] + "…"
+        shown.append(f"{escape(text)} ([{LINK.strip(' ()')}]({url}))")
+        room -= len(text) + len(LINK) + 3
     return head + " · ".join(shown)
 
 
@@ -898,6 +993,7 @@ def sweep_runs(settings: dict, sweep_id: str | None = None) -> dict:
                        "artifacts": [a.path for a in store.client.list_artifacts(parent.run_id)]},
             "children": [{"id": c.info.run_id, "name": c.info.run_name, "metrics": dict(c.data.metrics),
                           "status": c.data.tags.get("status", ""), "reason": c.data.tags.get("reason", ""),
+                          "verdict": c.data.tags.get("verdict", ""),
                           "params": dict(c.data.params),
                           "headline": [k for k in c.data.metrics if k.startswith((ANSWER, "best/"))]} for c in children]}
 
@@ -979,7 +1075,8 @@ def sync(settings: dict, roots: list[Path], say=print) -> dict[str, int]:
             outcome = log_job({**settings, "enabled": True}, path.parent, retry_down=True, foreign=True)
             update_result(path.parent, tracking=outcome)
         except (OSError, ValueError, KeyError, TypeError, UserError) as exc:  # a result.json of the wrong shape: name it, go on
-            skip(path, disk_full_message(exc) if is_disk_full(exc) else f"{type(exc).__name__}: {exc}")
+            skip(path, disk_full_message(exc) if is_disk_full(exc) else str(exc) if isinstance(exc, UserError)
+                 else f"{type(exc).__name__}: {exc}")
             continue
         counts["seen"] += 1
         counts["logged" if outcome["status"] == "logged" else "pending"] += 1

@@ -26,9 +26,11 @@ HOST = "127.0.0.1"  # loopback only: the UI has no authentication
 
 
 def free_port(preferred: int) -> int:
-    """`preferred` if nothing listens there, else the first free port above it."""
+    """`preferred` if nothing listens there, else the first free port above it. A port whose last connections wait in
+    TIME_WAIT is free: the probe binds as the server will (SO_REUSEADDR, as uvicorn and gunicorn do)."""
     for port in range(preferred, min(preferred + 100, 65536)):
         with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((HOST, port))
             except OSError:
@@ -87,7 +89,8 @@ def say(line: str) -> None:
 
 def serve(uri: str, runs_path: str | None, port: int, wait_s: float, out=say) -> int:
     """Start the UI on `uri`, print its address and the latest sweep's runs (`runs_path`, after the `/`), wait for
-    Ctrl-C (or SIGTERM, SIGHUP), stop it; 0 on a clean stop."""
+    Ctrl-C (or SIGTERM, SIGHUP), stop it; 0 on a clean stop. The server is stopped in a `finally` before anything else
+    is printed: a terminal that is gone (SIGHUP, then EIO on every write) cannot keep it running."""
     chosen = free_port(port)
     with terminal.handling(STOP_SIGNALS, terminal.interrupt), tempfile.TemporaryDirectory(prefix="huggy-ui-") as tmp:
         log = Path(tmp) / "mlflow-ui.log"
@@ -98,19 +101,26 @@ def serve(uri: str, runs_path: str | None, port: int, wait_s: float, out=say) ->
             out("stopped before it answered")
             return 0
         try:
-            base = f"http://{HOST}:{chosen}/"
-            out(f"MLflow UI: {base}")
-            out(f"latest sweep's runs: {base}{runs_path}" if runs_path
-                else "no sweep in this store yet: `python run.py -m dtype=fp32,fp16,bf16` makes one")
-            if chosen != port:
-                out(f"note: port {port} (tracking.ui_port) was taken; summary.md images in MLflow point at port {port}")
-            out("Ctrl-C stops it")
-            while server.poll() is None:
-                time.sleep(0.5)
-            out(f"mlflow ui exited by itself (code {server.returncode}); its log:\n{log.read_text(errors='replace')[-1500:]}")
-            return 1
+            code = wait(server, chosen, port, runs_path, log, out)
         except KeyboardInterrupt:
-            out("\nstopping mlflow ui ...")
-            stop(server)
-            out("stopped")
-            return 0
+            code = 0
+        finally:
+            with terminal.handling((signal.SIGINT, *STOP_SIGNALS), signal.SIG_IGN):  # a second signal cannot cut the stop
+                stop(server)
+        out("mlflow ui stopped")
+        return code
+
+
+def wait(server: subprocess.Popen, chosen: int, port: int, runs_path: str | None, log: Path, out) -> int:
+    """Print where the UI is and wait until it exits by itself (1) or a signal ends the wait (KeyboardInterrupt)."""
+    base = f"http://{HOST}:{chosen}/"
+    out(f"MLflow UI: {base}")
+    out(f"latest sweep's runs: {base}{runs_path}" if runs_path
+        else "no sweep in this store yet: `python run.py -m dtype=fp32,fp16,bf16` makes one")
+    if chosen != port:
+        out(f"note: port {port} (tracking.ui_port) was taken; summary.md images in MLflow point at port {port}")
+    out("Ctrl-C stops it")
+    while server.poll() is None:
+        time.sleep(0.5)
+    out(f"mlflow ui exited by itself (code {server.returncode}); its log:\n{log.read_text(errors='replace')[-1500:]}")
+    return 1

@@ -7,9 +7,14 @@ DEVICE: cuda | cuda:N | npu | npu:N (cpu: a dry run of every step on the CPU alo
 Hydra sweep (`run.py -m ... tracking=none`) into OUTDIR/<step>/, its log OUTDIR/<step>.log. The steps, their budgets,
 the fixture folder (.fx/, filled by ../shared/device/prepare.sh; required unless --no-fixtures) and the summary:
 docs/loadgen-and-control-loop.md, "Running on an accelerator". --python "CMD" runs run.py with another interpreter
-command (the CI rehearsal: "python tests/emulated_npu.py").
-Exit: 0 when every step ran and every device point met its verdict or failed as its CPU twin did (a dtype's limit the
-policy misses everywhere: listed apart), else the first failing step's exit status.
+command (the CI rehearsal: "python tests/emulated_npu.py"). OUTDIR must be new or empty and --tar FILE (and the
+SUMMARY.md beside it) must not exist, as run.py's folders and files: nothing is replaced.
+The whole run, every step's cap, kill and packing included, ends within --total-s (default TOTAL_S: the device call's
+420 s less its setup and a margin); SUMMARY.md and the archive are rewritten after every step, so a call cut at any
+moment returns every finished step.
+Exit: 0 when every step ran, each ran a point on DEVICE, and every device point met its verdict or failed as its CPU
+twin did (a dtype's limit the policy misses everywhere: listed apart); else the first failing step's exit status (1
+for a step that was not run or ran no device point); 2 for a bad argument or an output that exists.
 How to run it on the lent GPU: docs/hardware/cuda.md.
 """
 
@@ -18,11 +23,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import re
 import resource
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -33,6 +38,11 @@ from importlib import metadata
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from huggy_exp.errors import UserError  # noqa: E402
+from huggy_exp.files import atomic_write, atomic_write_text, check_unused, claim_folder  # noqa: E402
+
 SHAPES = ("huggy", "huggy_lstm", "pyramids")  # what prepare.sh copies into .fx/
 # A step's budget is SLACK x its estimate; the constants were measured on the emulated npu (2 shared cores, 2026-12-02:
 # docs/measurements/2026-12-02-accelerator-check.md), where a policy call costs more than on a card
@@ -42,7 +52,14 @@ CALL_S = 0.003  # each sequential policy call (rollouts of fingerprint and stats
 ROW_S = 3e-5  # each row of a call on the CPU or the emulated card (eager fp32, one thread: 35k rows/s); a card is faster
 COMPILE_S = 10.0  # each shape a compiled backend builds (torch.compile with freezing; graph capture is less)
 SLACK = 1.5  # budget = SLACK x the estimate: a loaded host, a slow first kernel load
-TOTAL_S = 400.0  # the whole run (the device call allows about 420 s)
+# The envelope: whatever happens, the device call ends by DEVICE_CALL_S - MARGIN_S (400 s), setup included (worst_case())
+DEVICE_CALL_S = 420.0  # the device call's limit (docs/hardware/cuda.md: timeout_s)
+MARGIN_S = 20.0  # kept free of the call's limit
+SETUP_S = 5.0  # the device command's work before this script: the wheels' install (0.4 s measured here), Python's start
+TERM_S = 5.0  # a step past its cap gets SIGTERM and this long to end (run.py then writes what it finished)...
+KILL_S = 2.0  # ...then SIGKILL, and this long for it to take
+PACK_S = 2.0  # SUMMARY.md and the archive rewritten once (after each step, and at the end; 4 steps' 11 MB: 0.65 s at load 13)
+TOTAL_S = DEVICE_CALL_S - MARGIN_S - SETUP_S  # this script's own run: every step, kill and packing included
 PROBE_TICKS = 50  # huggy_exp.control_loop.MIN_PROBE_TICKS: a control-loop search probe runs at least this many ticks
 MULTI_STREAM_QUERIES = 662  # huggy_exp.loadgen.MULTI_STREAM_MIN_QUERIES
 SCENARIOS = "[single_stream,multi_stream,offline,server,control_loop]"
@@ -70,6 +87,8 @@ class Step:
     cpu_s: float = 0.0  # CPU seconds its processes used (user + system)
     load: str = ""  # the host's 1-minute load average before and after it
     rows: list[dict] = field(default_factory=list)
+    device: str = ""  # the check's device, when the step runs points on it (then at least one must run)
+    note: str = ""  # why it was not run
 
     def plan(self) -> None:
         """Budget from the configured minimum durations: start-up, each point's own work, its timed minimum and compiles."""
@@ -158,7 +177,9 @@ def plan(device: str, quick: bool, onnx: list[Path]) -> list[Step]:
     per = len(devices.split(",")) * len(dtypes.split(","))
     knobs = [f"mode.{k}={v}" for k, v in bench.items()] + (["obs.rows=16"] if quick else [])
     calls = 2 * sum(int(_mode_knobs(m)["steps"]) for m in ("fingerprint", "stats"))  # the device's and the reference's
-    modes = Step("modes", [f"mode={MODES}", f"device={devices}", f"dtype={dtypes}", *(["obs.rows=16"] if quick else [])],
+    # the device first: Hydra's product runs the first override's values outermost, so every device point of every mode
+    # runs before the CPU's twins
+    modes = Step("modes", [f"device={devices}", f"mode={MODES}", f"dtype={dtypes}", *(["obs.rows=16"] if quick else [])],
                  per * len(MODES.split(",")), per * calls * CALL_S, why=f"{per} x {calls} rollout calls x {CALL_S:g} s")
 
     def benchmark(name: str, where: str, backend: str, timed: list[str], batches: list[int], scenarios: str,
@@ -185,15 +206,40 @@ def plan(device: str, quick: bool, onnx: list[Path]) -> list[Step]:
                                                  f"model.onnx={','.join(map(str, onnx))}"], len(onnx) * len(dtypes.split(","))))
         steps.append(benchmark("fixtures-benchmark", device, "eager", ["eager", "onnxruntime"], [1, 64],
                                "[single_stream,offline,control_loop]", onnx))
-    if device != "cpu":  # the same host's CPU beside the card: its ladder, single-stream latency and offline throughput
-        steps.append(benchmark("benchmark-cpu", "cpu", "eager", ["eager", "onnxruntime"], ladder, "[single_stream,offline]"))
+    if device != "cpu":  # the same host's CPU beside the card: its ladder, single-stream latency and offline throughput;
+        # the ladder up to 4 chunks of mode.chunk_rows: a bigger batch runs in chunks of that many, at the same cost a row
+        cpu = [b for b in ladder if b <= 4 * _mode_knobs("benchmark")["chunk_rows"]]
+        steps.append(benchmark("benchmark-cpu", "cpu", "eager", ["eager", "onnxruntime"], cpu, "[single_stream,offline]"))
     for step in steps:
         step.plan()
+        step.device = device if device in device_values(step) else ""
     return steps
 
 
-def run_step(step: Step, python: list[str], out: Path, budget_s: float) -> None:
-    """One sweep within `budget_s` (killed past it: exit 124), its rows read from its summary.json."""
+def device_values(step: Step) -> list[str]:
+    """The devices a step's sweep runs on, in order."""
+    return next(a.split("=", 1)[1].split(",") for a in step.args if a.startswith("device="))
+
+
+def cap_s(step: Step, left_s: float) -> float:
+    """The longest `step` may run with `left_s` seconds of the run left: its budget, less what killing it at that cap,
+    packing its results and packing the final summary take; 0 (not run) when that leaves less than a sweep's start."""
+    cap = min(step.budget_s, left_s - TERM_S - KILL_S - 2 * PACK_S)
+    return cap if cap >= START_S else 0.0
+
+
+def worst_case(steps: list[Step], total_s: float = TOTAL_S) -> tuple[list[float], float]:
+    """Each step's cap (main's: cap_s) when every step before it ran to its own cap, was killed with the whole grace
+    and packed; and the seconds the device call then lasts: setup, the first packing, every step, the last packing."""
+    used, caps = PACK_S, []
+    for step in steps:
+        caps.append(cap_s(step, total_s - used))
+        used += caps[-1] and caps[-1] + TERM_S + KILL_S + PACK_S
+    return caps, SETUP_S + used + PACK_S
+
+
+def run_step(step: Step, python: list[str], out: Path, cap: float) -> None:
+    """One sweep within `cap` seconds (killed past it: exit 124), its rows read from its summary.json."""
     cmd = [*python, "run.py", "-m", "tracking=none", *step.args, f"hydra.sweep.dir={out / step.name}"]
     started, cpu, load = time.monotonic(), _children_cpu_s(), os.getloadavg()[0]
     with open(out / f"{step.name}.log", "w") as log:
@@ -201,7 +247,7 @@ def run_step(step: Step, python: list[str], out: Path, budget_s: float) -> None:
         log.flush()
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            step.rc = proc.wait(timeout=max(budget_s, 1))
+            step.rc = proc.wait(timeout=max(cap, 1))
         except subprocess.TimeoutExpired:
             _kill(proc)
             step.rc = 124
@@ -216,7 +262,7 @@ def _children_cpu_s() -> float:
 
 
 def rows(folder: Path) -> list[dict]:
-    """The sweep's rows from its summary.json; a sweep stopped at its budget has none: each finished point's
+    """The sweep's rows from its summary.json; a sweep stopped at its cap has none: each finished point's
     result.json then, so that what ran before the cut is still reported."""
     summary = folder / "summary.json"
     if summary.is_file():
@@ -233,25 +279,43 @@ def rows(folder: Path) -> list[dict]:
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    """The sweep's whole process group: SIGTERM, then SIGKILL if it is still there 10 s later."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    """The sweep's whole process group: SIGTERM, then SIGKILL if it is still there TERM_S later (KILL_S to take)."""
+    for sig, grace in ((signal.SIGTERM, TERM_S), (signal.SIGKILL, KILL_S)):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
+            proc.wait(timeout=grace)
             return
 
 
+def on_device(step: Step) -> list[dict]:
+    """The step's points on the check's device (every point, in a dry run on the cpu)."""
+    return [r for r in step.rows if (r["device"] == "cpu") == (step.device == "cpu")]
+
+
+def absent(step: Step) -> str:
+    """Why a step that had to run points on the device ran none there ('' when it ran one)."""
+    mine = on_device(step)
+    if not step.device or step.rc is None or any(r["status"] != "skipped" for r in mine):
+        return ""
+    first = next((r for r in mine if r.get("note")), None)
+    return f"no {step.device} point ran" + (f": {len(mine)} skipped, e.g. job {first['job']}: {first['note']}" if first
+                                             else f": {len(mine)} skipped" if mine else "")
+
+
 def failures(step: Step) -> list[str]:
-    """What went wrong on the device in a step, first first: its device points that failed or erred where the CPU's
-    twin (same mode, dtype, precision mode) did not, or the step itself (its budget ran out, it crashed)."""
+    """What went wrong on the device in a step, first first: not run at all; its device points that failed or erred
+    where the CPU's twin (same mode, dtype, precision mode) did not; the step itself (its cap ran out, it crashed);
+    no point run on the device (an absent device skips every one)."""
+    if step.note:
+        return [step.note]
     bad = [f"job {r['job']} {r['run_name']} {r['status'].upper()}: {r.get('note') or ''}".rstrip(": ")
            for r in step.rows if r["status"] in ("failed", "error") and not _cpu_too(r, step.rows)]
     if step.rc == 124:
-        bad.append(f"stopped at its budget of {step.budget_s:.0f} s")
+        bad.append(f"stopped at its cap of {step.budget_s:.0f} s")
     elif step.rc and not step.rows:
         bad.append(f"exit {step.rc} with no summary: see {step.name}.log")
-    return bad
+    return bad + ([absent(step)] if absent(step) else [])
 
 
 def _cpu_too(row: dict, rows: list[dict]) -> bool:
@@ -267,24 +331,38 @@ def shared(step: Step) -> list[str]:
             for r in step.rows if r["status"] in ("failed", "error") and r["device"] != "cpu" and _cpu_too(r, step.rows)]
 
 
+def verdict(steps: list[Step]) -> str:
+    """SUMMARY.md's first line: incomplete while a step is still to run (the summary is rewritten after each), then
+    the first failure, or passed: every step ran a device point and none failed there."""
+    pending = [s for s in steps if s.rc is None and not s.note]
+    first = next(((s, f) for s in steps for f in failures(s)[:1]), None)
+    failed = f"step `{first[0].name}`: {first[1]}" if first else ""
+    if pending:
+        done = sum(s.rc is not None for s in steps)
+        return (f"**incomplete**: {done} of {len(steps)} step(s) finished, `{pending[0].name}` next (rewritten after each "
+                f"step: a call cut short returns the steps it finished)" + (f"; first failure: {failed}" if first else ""))
+    alike = sum(len(shared(s)) for s in steps)
+    return (f"**FAILED**: {failed}" if first else
+            f"**passed**: {len(steps)} step(s), every device point met its verdict or fails on the cpu alike"
+            + (f" ({alike} point(s): listed under their step)" if alike else ""))
+
+
 def summary(device: str, steps: list[Step], out: Path, quick: bool, started: float) -> str:
-    """SUMMARY.md: the first failure on top, then each step's budget, time, tally and points."""
-    ran = [s for s in steps if s.rc is not None]
-    first = next(((s, f) for s in ran for f in failures(s)[:1]), None)
-    alike = sum(len(shared(s)) for s in ran)
-    verdict = (f"**FAILED**: step `{first[0].name}`: {first[1]}" if first else
-               f"**passed**: {len(ran)} step(s), every device point met its verdict or fails on the cpu alike"
-               + (f" ({alike} point(s): listed under their step)" if alike else ""))
+    """SUMMARY.md: the verdict on top, then each step's budget, time, tally and points."""
     lines = [f"# accelerator check: {device} ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
-             f"{verdict}", "", f"{_torch_version()}; {time.monotonic() - started:.0f} s in all{', --quick' if quick else ''}",
+             verdict(steps), "", f"{_torch_version()}; {time.monotonic() - started:.0f} s in all{', --quick' if quick else ''}",
              "", "| step | budget s | took s | cpu s | load | exit | passed | failed | skipped | error |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in steps:
         tally = {k: sum(r["status"] == k for r in s.rows) for k in ("passed", "failed", "skipped", "error")}
-        took = f"{s.took_s:.0f} | {s.cpu_s:.0f} | {s.load}" if s.rc is not None else "not run | | "
+        took = (f"{s.took_s:.0f} | {s.cpu_s:.0f} | {s.load}" if s.rc is not None else
+                "not run | | " if s.note else "pending | | ")
         lines.append(f"| {s.name} | {s.budget_s:.0f} | {took} | {s.rc if s.rc is not None else ''} | "
                      + " | ".join(str(tally[k]) for k in ("passed", "failed", "skipped", "error")) + " |")
-    for s in ran:
+    for s in steps:
+        if s.rc is None:
+            lines += ["", f"## {s.name}", "", f"- {s.note}"] if s.note else []
+            continue
         lines += ["", f"## {s.name}", "", f"`{s.shown()}`", "", "`python run.py -m tracking=none " + " ".join(s.args) + "`", ""]
         lines += [f"- FIRST: {f}" if i == 0 else f"- {f}" for i, f in enumerate(failures(s))]
         lines += [f"- {f} (the policy's, not the device's)" for f in shared(s)]
@@ -302,51 +380,97 @@ def _torch_version() -> str:
         return "torch not installed here"
 
 
-def main(argv: list[str]) -> int:
+def claim_outputs(outdir: Path, tar: Path | None) -> tuple[Path, Path | None]:
+    """OUTDIR taken as run.py takes a job folder (new or empty, then claimed: files.claim_folder), and the archive and
+    the SUMMARY.md beside it as new files (nothing replaced; the archive inside OUTDIR would pack itself)."""
+    out = check_unused(outdir, "OUTDIR")
+    if tar is not None:
+        archive = tar.expanduser().absolute()
+        if archive.resolve().is_relative_to(out.resolve()):
+            raise UserError(f"--tar {tar} is inside OUTDIR {outdir}: the archive would pack itself; put it elsewhere")
+        for path in (archive, archive.parent / "SUMMARY.md"):
+            if path.exists() or path.is_symlink():
+                raise UserError(f"--tar {tar}: {path} already exists; refused to replace it: choose another place")
+        tar = archive
+    return claim_folder(out, "OUTDIR"), tar
+
+
+def publish(out: Path, tar: Path | None, text: str) -> None:
+    """SUMMARY.md into OUTDIR and, with --tar, OUTDIR into the archive and SUMMARY.md beside it, each replaced in one
+    step (a temporary file moved over it): a call cut at any moment returns the last archive whole."""
+    atomic_write_text(out / "SUMMARY.md", text)
+    if tar is not None:
+        def pack(tmp: str) -> None:
+            with tarfile.open(tmp, "w:gz", compresslevel=1) as archive:  # 6 or 9: 2-5x the time, 3 % smaller
+                archive.add(out, arcname=out.name)
+
+        atomic_write(tar, pack)
+        atomic_write_text(tar.parent / "SUMMARY.md", text)
+
+
+def arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("device")
     parser.add_argument("outdir", type=Path)
-    parser.add_argument("--tar", type=Path, help="pack OUTDIR into this .tgz and put SUMMARY.md beside it")
+    parser.add_argument("--tar", type=Path, help="pack OUTDIR into this new .tgz after every step, SUMMARY.md beside it")
     parser.add_argument("--fixtures", type=Path, default=REPO / ".fx", help="the fixture folder (default .fx/)")
     parser.add_argument("--no-fixtures", action="store_true", help="run without the genuine policies")
     parser.add_argument("--quick", action="store_true", help="two batch sizes, fp32 and bf16, millisecond runs")
     parser.add_argument("--python", default=sys.executable, help="the command that runs run.py (default: this Python)")
-    parser.add_argument("--total-s", type=float, default=TOTAL_S, help=f"the whole run's budget (default {TOTAL_S:g})")
+    parser.add_argument("--total-s", type=float, default=TOTAL_S,
+                        help=f"the whole run, kills and packing included (default {TOTAL_S:g})")
     args = parser.parse_args(argv)
     if not re.fullmatch(r"cpu|(cuda|npu)(:\d+)?", args.device):
-        print(f"error: unknown DEVICE {args.device!r}; valid: cpu, cuda, cuda:N, npu, npu:N", file=sys.stderr)
-        return 2
+        raise UserError(f"unknown DEVICE {args.device!r}; valid: cpu, cuda, cuda:N, npu, npu:N")
+    if not math.isfinite(args.total_s) or args.total_s <= 0:
+        raise UserError(f"--total-s {args.total_s:g}: the run's seconds must be a finite number above 0 (default {TOTAL_S:g})")
+    return args
+
+
+def run(args: argparse.Namespace, steps: list[Step], out: Path, tar: Path | None) -> None:
+    """Each step within its cap (cap_s), the summary and archive rewritten after each; a step that finds the device
+    absent (every point on it skipped) ends the run: the rest would skip as well."""
+    started = time.monotonic()
+    _, worst = worst_case(steps, args.total_s)
+    print(f"plan: {len(steps)} steps, {sum(s.budget_s for s in steps) / SLACK:.0f} s expected (each step's budget: "
+          f"{SLACK:g} x its own); at worst {worst:.0f} s of the device call's {DEVICE_CALL_S:g} (setup {SETUP_S:g} s, "
+          f"every step to its cap, killed and packed: within {args.total_s:.0f} s here)", flush=True)
+    publish(out, tar, summary(args.device, steps, out, args.quick, started))
+    for i, step in enumerate(steps):
+        left = args.total_s - (time.monotonic() - started)
+        cap = cap_s(step, left)
+        if step.note or not cap:
+            step.note = step.note or f"not run: {max(left, 0):.0f} s left of --total-s {args.total_s:g}"
+            print(f"{step.name}: {step.note}", flush=True)
+            continue
+        print(step.shown() + ("" if cap == step.budget_s else f"; capped at {cap:.0f} s: what is left"), flush=True)
+        run_step(step, shlex.split(args.python), out, cap)
+        print(f"{step.name}: exit {step.rc} in {step.took_s:.0f} s ({step.cpu_s:.0f} s cpu, load {step.load})", flush=True)
+        if on_device(step) and absent(step):
+            for later in steps[i + 1:]:
+                later.note = f"not run: {absent(step)} in step `{step.name}`"
+        if any(later.rc is None and not later.note for later in steps[i + 1:]):  # else the final summary follows at once
+            publish(out, tar, summary(args.device, steps, out, args.quick, started))
+    publish(out, tar, summary(args.device, steps, out, args.quick, started))
+
+
+def main(argv: list[str]) -> int:
     try:
+        args = arguments(argv)
         onnx = [] if args.no_fixtures else fixtures(args.fixtures)
-    except SystemExit as exc:
+        out, tar = claim_outputs(args.outdir, args.tar)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # fixtures(): its message
         print(exc, file=sys.stderr)
         return 2
-    out = args.outdir.absolute()
-    out.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
     steps = plan(args.device, args.quick, onnx)
-    expected = sum(s.budget_s for s in steps) / SLACK
-    print(f"plan: {len(steps)} steps, {expected:.0f} s expected (each step's budget: {SLACK:g} x its own) within "
-          f"{args.total_s:.0f} s" + ("" if expected <= args.total_s else " (over: the last steps get what is left)"), flush=True)
-    for step in steps:
-        left = args.total_s - (time.monotonic() - started)
-        budget = min(step.budget_s, left)
-        if budget < START_S:
-            print(f"{step.name}: not run ({left:.0f} s left of {args.total_s:.0f} s)", flush=True)
-            continue
-        print(step.shown() + ("" if budget == step.budget_s else f"; {budget:.0f} s left for it"), flush=True)
-        run_step(step, shlex.split(args.python), out, budget)
-        print(f"{step.name}: exit {step.rc} in {step.took_s:.0f} s ({step.cpu_s:.0f} s cpu, load {step.load})", flush=True)
-    text = summary(args.device, steps, out, args.quick, started)
-    (out / "SUMMARY.md").write_text(text)
-    if args.tar:
-        args.tar.parent.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(args.tar, "w:gz") as tar:
-            tar.add(out, arcname=out.name)
-        shutil.copy(out / "SUMMARY.md", args.tar.parent / "SUMMARY.md")
+    run(args, steps, out, tar)
+    text = (out / "SUMMARY.md").read_text()
     print(text.splitlines()[2])
-    print(f"summary: {out / 'SUMMARY.md'}" + (f"; everything: {args.tar}" if args.tar else ""))
-    return next((s.rc or 1 for s in steps if s.rc is not None and failures(s)), 0)
+    print(f"summary: {out / 'SUMMARY.md'}" + (f"; everything: {tar}" if tar else ""))
+    return next((s.rc or 1 for s in steps if failures(s)), 0)
 
 
 if __name__ == "__main__":

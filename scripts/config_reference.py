@@ -90,9 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     if BEGIN not in doc or END not in doc:
         print(f"{DOC} has no generated section ({BEGIN} … {END})", file=sys.stderr)
         return 2
-    head, rest = doc.split(BEGIN, 1)
-    DOC.write_text(f"{head}{BEGIN}\n\n{text}\n{END}{rest.split(END, 1)[1]}")
+    DOC.write_text(rendered(doc, text))
     return 0
+
+
+def rendered(doc: str, text: str) -> str:
+    """docs/configuration.md's text with its generated part replaced by `text` (tests/test_docs.py holds it equal)."""
+    head, rest = doc.split(BEGIN, 1)
+    return f"{head}{BEGIN}\n\n{text}\n{END}{rest.split(END, 1)[1]}"
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ Per mutation, on a fresh copy of the tree (tracked and untracked-but-not-ignored
    of the default run, found quickly;
 2. else the whole default run (`python -m pytest -q -x`, on every core as pyproject's `-n auto` says);
 3. else the slow run (`python -m pytest -q -x -m slow -n 0`).
+Each in file order (`-p no:randomly`), so that the first failing test it names is the same from run to run.
 It reports `default`, `slow only` or `MISSED`, with the first failing test, or `not applied` when the code it
 mutates is no longer spelled as below (then update the mutation). Before any mutation, the union of the hint tests
 runs on the unmutated copy: if one fails there, a "catch" would mean nothing, so the check stops.
@@ -249,8 +250,9 @@ def pytest(repo: Path, args: list[str], timeout: float) -> tuple[int, str, float
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     started = time.monotonic()
     try:
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *args], cwd=repo,
-                              env=env, capture_output=True, text=True, timeout=timeout, preexec_fn=_default_sigint)
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "no:randomly",
+                               *args], cwd=repo, env=env, capture_output=True, text=True, timeout=timeout,
+                              preexec_fn=_default_sigint)
         return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - started
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else str(exc.stdout or "")

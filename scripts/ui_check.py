@@ -28,6 +28,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 from browser import Browser, BrowserError, find_browser  # noqa: E402
 
 from huggy_exp import headline, tracking, ui  # noqa: E402
+from huggy_exp.config import ran_dtype  # noqa: E402
 from huggy_exp.errors import UserError  # noqa: E402
 
 WIDTH, HEIGHT = 1600, 1000
@@ -128,7 +129,8 @@ class Check:
 
 def first_screen(sweep: dict) -> list[tuple[str, str]]:
     """(column id, what it is) that must be in view on the runs page: verdict first, then the headline columns."""
-    wanted = {"tags.`verdict`": "the verdict", f"params.`{tracking.BATCH_PARAM}`": "the batch size", **dict(zip(
+    wanted = {"tags.`verdict`": "the verdict", f"params.`{tracking.BATCH_PARAM}`": "the batch size",
+              **{c: f"the mode's own answer {c.split('`')[1]}" for c in tracking.OWN_COLUMNS}, **dict(zip(
         tracking.FIRST_COLUMNS, ("the fastest backend's p50", "the fastest backend", "the fastest backend's obs/s",
                                  "eager's p50", "error vs fp64", "its limit", "cosine", "p50 at the job's batch",
                                  "fingerprint prefix")))}
@@ -197,6 +199,8 @@ def _check_points(check: Check, name: str, children: list[dict], rows: dict, col
         cell = row.get("tags.`verdict`", {"text": "", "seen": False})
         if not cell["seen"] or not cell["text"].startswith(child["status"]):
             check.miss(name, f"{child['name']}: verdict {cell['text']!r} does not read {child['status']!r} in view")
+        elif cell.get("cut") and ": " not in child["verdict"]:  # a reason may run on (it is whole in `reason`)
+            check.miss(name, f"{child['name']}: its verdict {child['verdict']!r} is cut ({cell['text']!r})")
         if child["status"] == "skipped" and child["reason"] and child["reason"][:12] not in cell["text"]:
             check.miss(name, f"{child['name']}: skipped without its reason in view ({cell['text']!r})")
     child = next((c for c in children if c["headline"]), None)
@@ -257,14 +261,21 @@ def check_metrics(check: Check, sweep: dict) -> None:
 
 
 def check_failed(check: Check, sweep: dict) -> None:
-    """A failed point's run reads Failed (MLflow's status follows the verdict), not MLflow's green Finished."""
-    child = next((c for c in sweep["children"] if c["status"] == "failed"), None)
-    if child is None:
+    """A failed point's run reads Failed (MLflow's status follows the verdict), not MLflow's green Finished; a case's
+    expected failure reads Finished, its verdict `failed as expected` (the answer the case asked for)."""
+    failed = [c for c in sweep["children"] if c["status"] == "failed"]
+    if not failed:
         print("  failed: no failed point in this sweep")
-    elif not re.search(r"Status\s+Failed", check.read("failed", run_path(sweep, child["id"]), shows(child["name"]))):
-        check.miss("failed", f"{child['name']}: failed, but its run's status does not read Failed")
-    else:
-        print(f"    {child['name']}: status Failed")
+    for child in failed:
+        expected = child["verdict"].startswith("failed as expected")
+        word = "Finished" if expected else "Failed"
+        text = check.read("failed" + "-expected" * expected, run_path(sweep, child["id"]), shows(child["name"]))
+        if not re.search(rf"Status\s+{word}", text):
+            check.miss("failed", f"{child['name']}: {child['verdict'][:40]!r}, but its run's status does not read {word}")
+        elif expected and "failed as expected" not in text:
+            check.miss("failed", f"{child['name']}: an expected failure whose page does not say `failed as expected`")
+        else:
+            print(f"    {child['name']}: status {word}" + (", verdict failed as expected" if expected else ""))
 
 
 def check_parent(check: Check, sweep: dict) -> None:
@@ -275,6 +286,22 @@ def check_parent(check: Check, sweep: dict) -> None:
         check.miss("parent", f"the tally ({tally!r}) is not in view in the parent's description")
     if parent["recommendation"] and not seen.get("Recommended"):
         check.miss("parent", "the recommendation is not in view in the parent's description")
+    check_recommended(check, sweep)
+
+
+def check_recommended(check: Check, sweep: dict) -> None:
+    """Every pick names a dtype that really ran its figure (config.ran_dtype: onnxruntime's fp32 graph in a bf16 job is
+    an fp32 figure), as the sweep's summary.json records the pick and its job."""
+    summary = Path(sweep["report"] or "").with_name("summary.json")
+    if not sweep["report"] or not summary.is_file():
+        return
+    found = json.loads(summary.read_text())
+    rows = {r["job"]: r for r in found["rows"]}
+    for where, rec in (found["comparison"].get("recommended") or {}).items():
+        row = rows.get(rec.get("job"))
+        if rec.get("dtype") and row and rec["dtype"].split("-")[0] != ran_dtype(rec["backend"], row["dtype"]):
+            check.miss("parent", f"{where}: recommends {rec['dtype']} {rec['backend']}, but job {row['job']}'s "
+                                 f"{rec['backend']} ran {ran_dtype(rec['backend'], row['dtype'])}")
 
 
 def check_images(check: Check, sweep: dict) -> None:

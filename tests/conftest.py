@@ -8,7 +8,9 @@ by accident.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -239,6 +241,140 @@ def huggy_exp_cache(tmp_path_factory) -> Path:
         os.environ.pop("HUGGY_EXP_CACHE", None)
     else:
         os.environ["HUGGY_EXP_CACHE"] = old
+
+
+# --- process-wide state: each test leaves it as it found it, or fails naming what it changed
+
+def _attribute(path: str) -> tuple:
+    """(getter, setter) of a torch attribute such as `backends.cudnn.rnn.fp32_precision`."""
+    holder, name = path.rsplit(".", 1)
+
+    def owner():
+        obj = torch
+        for part in holder.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+    return (lambda: getattr(owner(), name)), (lambda value: setattr(owner(), name, value))
+
+
+def _deterministic() -> tuple[bool, bool]:
+    return torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+
+
+# torch's global switches, restored in this order (the per-op fp32_precision switches after the global one they follow;
+# they are what the legacy allow_tf32 flags read and write, which raise once the per-op API was used)
+TORCH_STATE = {
+    "torch default dtype": (torch.get_default_dtype, torch.set_default_dtype),
+    "torch threads": (torch.get_num_threads, torch.set_num_threads),
+    "torch flush_denormal": (lambda: (torch.tensor([1e-40]) * 1).item() == 0, torch.set_flush_denormal),
+    "torch grad mode": (torch.is_grad_enabled, torch.set_grad_enabled),
+    "torch deterministic algorithms": (_deterministic, lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1])),
+    "torch float32_matmul_precision": (torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
+    **{f"torch.{path}": _attribute(path) for path in (
+        "backends.cudnn.benchmark", "backends.cudnn.deterministic", "backends.cudnn.enabled", "backends.mkldnn.enabled",
+        "backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
+        "backends.cuda.matmul.allow_bf16_reduced_precision_reduction", "backends.fp32_precision",
+        *(f"backends.{op}.fp32_precision" for op in ("cuda.matmul", "cudnn", "cudnn.conv", "cudnn.rnn", "mkldnn",
+                                                      "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")))},
+}
+
+
+def _root_logging() -> tuple:
+    """The root logger's level and handlers, pytest's own capture handlers (one set per test phase) left out."""
+    return logging.root.level, tuple(h for h in logging.root.handlers if type(h).__module__ != "_pytest.logging")
+
+
+# set once per process by a library on first use, the same each time after: the library's state, not a test's change
+LIBRARY_ENV = {"TORCHINDUCTOR_CACHE_DIR", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR", "RAY_CLIENT_MODE"}
+
+
+def process_state() -> dict[str, object]:
+    """Everything a test could change for the later tests of its process, by name: signal handlers, environment
+    variables, the working directory, sys.argv, the root logger, torch's global switches and what dynamo keeps (the
+    frames it compiled, which torch._dynamo.reset() clears, and its config, read once dynamo is imported)."""
+    state: dict[str, object] = {f"signal {s.name}": signal.getsignal(s) for s in signal.Signals
+                                if s not in (signal.SIGKILL, signal.SIGSTOP)}
+    state.update({f"env {k}": v for k, v in os.environ.items() if k not in LIBRARY_ENV and k != "PYTEST_CURRENT_TEST"})
+    state.update({"cwd": os.getcwd(), "sys.argv": tuple(sys.argv), "root logger": _root_logging()})
+    state.update({name: get() for name, (get, _) in TORCH_STATE.items()})
+    dynamo = sys.modules.get("torch._dynamo")
+    state["dynamo compiled frames"] = len(dynamo.convert_frame.output_codes.seen) if dynamo else 0
+    if dynamo:
+        state.update({f"dynamo config {k}": v for k, v in dynamo.config.get_config_copy().items()})
+    return state
+
+
+def a_commands_own_state() -> set[str]:
+    """What a command (run.py, a job) sets for its own process by design, which its process's end would undo: its
+    sweep size, a store's credentials, MLflow's HTTP limits, torch_npu's fallback switch, matplotlib's folder, a Ray
+    point's card, the fp32 switches every job sets (placement.SWITCHES), Hydra's job logging and run.py's sys.argv."""
+    from huggy_exp import app, placement, preflight, tracking
+
+    env = (preflight.JOBS_ENV, *tracking.CREDENTIAL_ENV, placement.NPU_FALLBACK_ENV, placement.ASSIGNED_CARD_ENV,
+           app.POINT_ENV, "MPLCONFIGDIR", "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
+           "MLFLOW_HTTP_REQUEST_TIMEOUT")
+    switches = {f"torch.{path}.{name}" for path, name in placement.SWITCHES.values()} & TORCH_STATE.keys()
+    return {*(f"env {name}" for name in env), *switches, "root logger", "sys.argv"}
+
+
+def restore_process_state(before: dict[str, object], after: dict[str, object], changed: list[str]) -> None:
+    """Put back every changed entry of `before` (a dynamo cache is cleared) so that one leak fails one test only."""
+    for key in changed:
+        if key.startswith("env ") and key not in before:
+            del os.environ[key[4:]]
+        elif key.startswith("env "):
+            os.environ[key[4:]] = before[key]
+        elif key.startswith("signal ") and before.get(key) is not None:
+            signal.signal(signal.Signals[key[7:]], before[key])
+        elif key == "cwd":
+            os.chdir(before[key])
+        elif key == "sys.argv":
+            sys.argv[:] = before[key]
+        elif key == "root logger":
+            logging.root.setLevel(before[key][0])
+            for handler in set(after[key][1]) - set(before[key][1]):
+                logging.root.removeHandler(handler)
+                handler.close()
+            for handler in set(before[key][1]) - set(after[key][1]):
+                logging.root.addHandler(handler)
+        elif key in TORCH_STATE:
+            TORCH_STATE[key][1](before[key])
+        elif key == "dynamo compiled frames":
+            sys.modules["torch._dynamo"].reset()
+        elif key.startswith("dynamo config "):
+            setattr(sys.modules["torch._dynamo"].config, key[14:], before[key])
+
+
+def _changed(before: dict[str, object], after: dict[str, object]) -> list[str]:
+    """The keys whose value differs (a dynamo config read for the first time, on dynamo's import, is no change)."""
+    return [k for k in {**before, **after} if before.get(k, "absent") != after.get(k, "absent")
+            and not (k.startswith("dynamo config ") and k not in before)]
+
+
+@pytest.fixture(scope="session")
+def process_baseline() -> tuple[dict[str, object], set[str]]:
+    """The process state before the first test, and the keys of it a command sets for its own process."""
+    return process_state(), a_commands_own_state()
+
+
+@pytest.fixture(autouse=True)
+def leaves_process_state_as_found(process_baseline):
+    """Fails the test that changes process-wide state without restoring it (a later test in its worker, in any order,
+    would inherit it): a test changes it through monkeypatch or a fixture that undoes it. What a command run in this
+    process sets for its own process (a_commands_own_state) is undone here, to the state before the first test, as
+    the end of the command's process would. This teardown runs after every other fixture's of the test."""
+    baseline, own = process_baseline
+    before = process_state()
+    yield
+    after = process_state()
+    changed = _changed(before, after)
+    restore_process_state(baseline, after, [k for k in _changed(baseline, after) if k in own])
+    restore_process_state(before, after, [k for k in changed if k not in own])
+    leaked = [k for k in changed if k not in own]
+    if leaked:
+        shown = "; ".join(f"{k}: {before.get(k, 'absent')!r} -> {after.get(k, 'absent')!r}" for k in leaked)
+        pytest.fail(f"left process-wide state changed (now restored): {shown}", pytrace=False)
 
 
 @pytest.fixture(scope="session")

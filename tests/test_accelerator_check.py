@@ -74,17 +74,20 @@ def test_each_step_has_its_own_budget_from_the_configured_minimum_durations():
 
 
 def test_the_planned_steps_fit_the_device_call_and_time_each_backend_once(tmp_path):
-    """The estimates (budget / SLACK) of every step add up to less than the whole run's budget, and the ladder is timed
-    once per backend: eager, compile, graphs and onnxruntime together in one job (their ratios from one run)."""
+    """When every step takes its estimate (budget / SLACK) and each packing its allowance, every step still gets a cap
+    of at least its estimate within the run's budget; and the ladder is timed once per backend: eager, compile, graphs
+    and onnxruntime together in one job (their ratios from one run)."""
     onnx = [tmp_path / f"{s}.onnx" for s in check.SHAPES]
     for device in ("cuda", "npu:1", "cpu"):
-        steps = check.plan(device, quick=False, onnx=onnx)
-        assert sum(s.budget_s for s in steps) / check.SLACK <= check.TOTAL_S, [s.shown() for s in steps]
+        used = check.PACK_S
+        for step in check.plan(device, quick=False, onnx=onnx):
+            assert check.cap_s(step, check.TOTAL_S - used) >= step.budget_s / check.SLACK, (device, step.shown(), used)
+            used += step.budget_s / check.SLACK + check.PACK_S
     steps = {s.name: s for s in check.plan("cuda", quick=False, onnx=onnx)}
     ladder = [s for s in steps.values() if "mode.batch_sizes=[1,8,64,512,4096,65536]" in s.args and "device=cuda" in s.args]
     assert [s.name for s in ladder] == ["benchmark"] and "mode.backends=[eager,compile,graphs,onnxruntime]" in ladder[0].args
     assert "backend=compile" in steps["loadgen"].args and "mode.backends=[eager]" in steps["loadgen"].args
-    assert steps["modes"].args[:2] == ["mode=action,precision,fingerprint,stats", "device=cuda,cpu"]  # one process
+    assert steps["modes"].args[:2] == ["device=cuda,cpu", "mode=action,precision,fingerprint,stats"]  # one process
     assert steps["modes"].jobs == 4 * 2 * 3
 
 
@@ -130,9 +133,10 @@ def test_the_summary_puts_the_first_failure_on_top(tmp_path):
                                                                     point("1", "cpu", "fp16", "passed")])
     cut = check.Step("benchmark", ["mode=benchmark"], 1, rc=124)
     (tmp_path / "benchmark.log").write_text("timing ...\n")
-    text = check.summary("cuda:0", [ok, bad, cut, check.Step("stats", [], 1)], tmp_path, False, time.monotonic())
+    late = check.Step("stats", [], 1, note="not run: 3 s left of --total-s 390")
+    text = check.summary("cuda:0", [ok, bad, cut, late], tmp_path, False, time.monotonic())
     assert text.splitlines()[2] == "**FAILED**: step `precision`: job 0 precision-cuda:0-fp16-b64 FAILED: max_abs 0.3 > 0.01"
-    assert "- FIRST: stopped at its budget" in text and "| stats | 0 | not run |" in text
+    assert "- FIRST: stopped at its cap" in text and "| stats | 0 | not run |" in text and "- not run: 3 s left" in text
 
 
 def test_a_point_that_fails_on_the_cpu_alike_is_the_policys_and_listed_apart(tmp_path):
@@ -157,7 +161,7 @@ def test_an_unknown_device_is_one_line_and_exit_2(tmp_path):
 def test_the_rehearsal_on_the_emulated_npu_with_full_settings_fits_in_420_s(tmp_path, huggy_exp_cache):
     """The whole check as the lent card runs it (full settings, the three genuine policies from the fixture folder),
     on the emulated `npu`: every device point passes or fails as its CPU twin does, device points first, one tarball
-    and SUMMARY.md beside it, in 420 s."""
+    and SUMMARY.md beside it, within its own --total-s (the device call's 420 s less setup and margin)."""
     out, box = tmp_path / "acc", tmp_path / "OUT"
     started = time.monotonic()
     done = subprocess.run([sys.executable, str(SCRIPT), "npu", str(out), "--tar", str(box / "acc.tgz"),
@@ -167,7 +171,7 @@ def test_the_rehearsal_on_the_emulated_npu_with_full_settings_fits_in_420_s(tmp_
     took = time.monotonic() - started
     summary = (box / "SUMMARY.md").read_text()
     assert done.returncode == 0, done.stdout[-3000:] + summary[:3000]
-    assert took < 420, f"{took:.0f} s: the check must fit the device call's 420 s\n{done.stdout}"
+    assert took < check.TOTAL_S + 5, f"{took:.0f} s: the check must end within {check.TOTAL_S:g} s\n{done.stdout}"
     assert summary.splitlines()[2].startswith("**passed**") and "- FIRST:" not in summary
     printed = done.stdout.splitlines()
     for step in ("modes", "benchmark", "loadgen", "fixtures-precision", "fixtures-benchmark", "benchmark-cpu"):
@@ -198,3 +202,179 @@ def test_a_step_stopped_at_its_budget_still_reports_the_points_it_finished(tmp_p
     found = check.rows(tmp_path / "stats")
     assert [(r["job"], r["status"], r["note"], r["precision_mode"]) for r in found] == [
         ("0", "failed", "max_abs 0.052 > 0.05", "ieee")]
+
+
+# --- issue 33 rows 2 and 10, issue 36 classes 6 and 13
+
+
+class Hung:
+    """A step's sweep that never ends, even on SIGKILL (a card stuck in the driver): each wait takes its whole timeout
+    on the test's clock."""
+
+    def __init__(self, clock: list[float]):
+        self.clock, self.pid = clock, -1
+
+    def wait(self, timeout=None):
+        self.clock[0] += timeout
+        raise subprocess.TimeoutExpired("run.py", timeout)
+
+
+def every_plan(tmp_path):
+    onnx = [tmp_path / f"{s}.onnx" for s in check.SHAPES]
+    return [(d, q, o) for d in ("cuda", "npu:1", "cpu") for q in (False, True) for o in ([], onnx)]
+
+
+def test_row_2_the_plan_with_every_cap_kill_and_packing_stays_under_400_s(tmp_path, monkeypatch):
+    """Every step hangs to its cap and needs the whole kill grace, and each packing takes its allowance: the device call
+    (setup included) still ends by 400 s, 20 s inside its 420 s; the caps main gives are worst_case()'s."""
+    assert check.DEVICE_CALL_S - check.MARGIN_S == 400
+    assert f"`timeout_s: {check.DEVICE_CALL_S:.0f}`" in (REPO / "docs" / "hardware" / "cuda.md").read_text()
+    clock, caps = [0.0], []
+    monkeypatch.setattr(check, "time", type("T", (), {"monotonic": staticmethod(lambda: clock[0]), "gmtime": time.gmtime,
+                                                      "strftime": time.strftime}))
+    monkeypatch.setattr(check, "subprocess", type("S", (), {"Popen": lambda *a, **k: Hung(clock), "STDOUT": subprocess.STDOUT,
+                                                           "TimeoutExpired": subprocess.TimeoutExpired}))
+    monkeypatch.setattr(check.os, "killpg", lambda pid, sig: None)
+    real_run, real_publish = check.run_step, getattr(check, "publish", None)
+    monkeypatch.setattr(check, "run_step", lambda step, python, out, cap: caps.append(cap) or real_run(step, python, out, cap))
+    if real_publish:
+        monkeypatch.setattr(check, "publish", lambda *a: (real_publish(*a), clock.__setitem__(0, clock[0] + check.PACK_S)))
+    for device, quick, onnx in every_plan(tmp_path):
+        clock[0], caps[:] = 0.0, []
+        monkeypatch.setattr(check, "fixtures", lambda folder, onnx=onnx: onnx)
+        out = tmp_path / f"{device}-{quick}-{len(onnx)}"
+        assert check.main([device, str(out), "--tar", f"{out}.d/acc.tgz", *(["--quick"] if quick else [])]) != 0  # all cut
+        took = check.SETUP_S + clock[0]
+        assert took <= 400, (device, quick, len(onnx), took, caps)
+        planned, worst = check.worst_case(check.plan(device, quick, onnx))
+        assert [c for c in planned if c] == caps and took <= worst <= 400, (planned, caps, took, worst)
+
+
+class Cut(BaseException):
+    """The device call's end: the check is killed where it stands."""
+
+
+def sweep_of(step, out: Path, status: str = "passed", device: str | None = None) -> None:
+    """What a step's sweep leaves: a point's result.json and the sweep's summary.json."""
+    device = device or device_values(step)[0]
+    record = {"run_name": f"{step.name}-{device}", "status": status, "mode": "precision", "device": device,
+              "dtype": "fp32", "reason": "no such card" if status == "skipped" else ""}
+    (out / step.name / "0").mkdir(parents=True)
+    (out / step.name / "0" / "result.json").write_text(json.dumps(record))
+    (out / step.name / "summary.json").write_text(json.dumps({"rows": check.rows(out / step.name)}))
+    step.rc, step.rows = 0, check.rows(out / step.name)
+
+
+@pytest.mark.parametrize("cut_at", range(6))
+def test_row_2_a_call_cut_at_any_step_returns_every_finished_steps_results(tmp_path, monkeypatch, cut_at):
+    """The device call ends while step `cut_at` runs: the archive beside SUMMARY.md already holds every step before it,
+    and the summary names them and the step that was running, never a verdict of passed."""
+    onnx = [tmp_path / f"{s}.onnx" for s in check.SHAPES]
+    monkeypatch.setattr(check, "fixtures", lambda folder: onnx)
+    names = [s.name for s in check.plan("cuda", False, onnx)]
+    assert len(names) == 6
+
+    def run_step(step, python, out, cap):
+        if step.name == names[cut_at]:
+            raise Cut
+        sweep_of(step, out)
+
+    monkeypatch.setattr(check, "run_step", run_step)
+    box = tmp_path / "OUT"
+    with pytest.raises(Cut):
+        check.main(["cuda", str(tmp_path / "acc"), "--tar", str(box / "acc.tgz")])
+    with tarfile.open(box / "acc.tgz") as tar:
+        held = {n.split("/")[1] for n in tar.getnames() if n.endswith("/0/result.json")}
+        inside = tar.extractfile("acc/SUMMARY.md").read().decode()
+    assert held == set(names[:cut_at])
+    summary = (box / "SUMMARY.md").read_text()
+    assert summary == inside and summary.splitlines()[2].startswith(
+        f"**incomplete**: {cut_at} of 6 step(s) finished, `{names[cut_at]}` next")
+
+
+def sweep_order(step) -> list[dict]:
+    """The jobs of a step's sweep in the order Hydra's basic sweeper runs them (its own code, on the step's overrides)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    jobs = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(step.args), None)[0]
+    return [dict(o.replace("\\:", ":").split("=", 1) for o in job) for job in jobs]
+
+
+def test_row_10_every_device_point_of_every_mode_runs_before_the_cpus_twins(tmp_path):
+    onnx = [tmp_path / f"{s}.onnx" for s in check.SHAPES]
+    for device in ("cuda", "npu:1"):
+        for step in check.plan(device, False, onnx):
+            order = [job["device"] for job in sweep_order(step)]
+            first_cpu = order.index("cpu") if "cpu" in order else len(order)
+            assert set(order[:first_cpu]) <= {device} and set(order[first_cpu:]) <= {"cpu"}, (step.name, order)
+    modes = sweep_order(check.plan("cuda", False, [])[0])
+    assert {job["mode"] for job in modes[:12]} == {"action", "precision", "fingerprint", "stats"}  # all, on the card first
+
+
+def test_class_6_a_check_that_ran_nothing_or_no_device_point_does_not_pass(tmp_path, monkeypatch):
+    """--total-s 0 is refused; a budget too short for any step runs none and fails; a device whose every point is
+    skipped (no card) fails the step, and the steps after it are not run (they would skip alike)."""
+    for bad in ("0", "-5", "nan", "inf"):
+        done = subprocess.run([sys.executable, str(SCRIPT), "cuda", str(tmp_path / f"o{bad}"), "--no-fixtures", "--total-s", bad],
+                              cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--total-s" in done.stderr, done.stderr
+        assert not (tmp_path / f"o{bad}").exists()
+    assert check.main(["cuda", str(tmp_path / "short"), "--no-fixtures", "--total-s", "3"]) == 1
+    text = (tmp_path / "short" / "SUMMARY.md").read_text()
+    assert text.splitlines()[2].startswith("**FAILED**: step `modes`: not run: 3 s left") and "passed" not in text.splitlines()[2]
+
+    monkeypatch.setattr(check, "run_step", lambda step, python, out, cap: sweep_of(step, out, "skipped"))
+    assert check.main(["cuda", str(tmp_path / "nocard"), "--no-fixtures"]) == 1
+    text = (tmp_path / "nocard" / "SUMMARY.md").read_text()
+    assert text.splitlines()[2] == ("**FAILED**: step `modes`: no cuda point ran: 1 skipped, e.g. job 0: no such card")
+    assert "- not run: no cuda point ran: 1 skipped" in text and "| benchmark-cpu | " in text and " not run |" in text
+
+    monkeypatch.setattr(check, "run_step", lambda step, python, out, cap: sweep_of(step, out, "passed", "cpu"))
+    assert check.main(["npu", str(tmp_path / "cpu-only"), "--no-fixtures"]) == 1  # a sweep that ran on the cpu alone
+    assert "no npu point ran" in (tmp_path / "cpu-only" / "SUMMARY.md").read_text().splitlines()[2]
+    monkeypatch.setattr(check, "run_step", lambda step, python, out, cap: sweep_of(step, out))
+    assert check.main(["npu", str(tmp_path / "ok"), "--no-fixtures"]) == 0
+
+
+@pytest.mark.slow
+def test_class_6_the_check_on_a_host_without_its_card_fails(tmp_path, huggy_exp_cache):
+    """accelerator_check.sh cuda on this machine (no GPU): every cuda point is skipped, so the check fails and runs
+    nothing more."""
+    done = subprocess.run(["bash", str(REPO / "scripts" / "accelerator_check.sh"), "cuda", str(tmp_path / "acc"), "--quick",
+                           "--no-fixtures"], capture_output=True, text=True, timeout=600,
+                          env={**subprocess_env(huggy_exp_cache), "PYTHON": sys.executable})
+    summary = (tmp_path / "acc" / "SUMMARY.md").read_text()
+    assert done.returncode in (1, 124), done.stdout[-3000:] + done.stderr[-3000:]  # 124: the CPU twins cut at a high load
+    assert summary.splitlines()[2].startswith("**FAILED**: step `modes`: "), summary
+    assert "no cuda point ran: 8 skipped, e.g. job 0: device cuda: no CUDA device" in summary
+    assert "| benchmark | " in summary and "- not run: no cuda point ran" in summary
+
+
+def test_class_13_the_check_replaces_no_file_and_packs_no_archive_into_itself(tmp_path):
+    """OUTDIR follows run.py's folder rules (new or empty: here it holds an earlier SUMMARY.md), --tar never replaces a
+    file (the archive, the SUMMARY.md beside it), and an archive inside OUTDIR is refused: one line, exit 2, no step run,
+    every file as it was."""
+    held = tmp_path / "held"
+    held.mkdir()
+    (held / "SUMMARY.md").write_text("an earlier check\n")
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "acc.tgz").write_bytes(b"an earlier archive")
+    beside = tmp_path / "beside"
+    beside.mkdir()
+    (beside / "SUMMARY.md").write_text("the summary of another archive\n")
+    (tmp_path / "file").write_text("a file\n")
+    cases = {(str(held),): "OUTDIR=", (str(tmp_path / "new"), "--tar", str(old / "acc.tgz")): "already exists",
+             (str(tmp_path / "new"), "--tar", str(beside / "acc.tgz")): "already exists",
+             (str(tmp_path / "new"), "--tar", str(tmp_path / "new" / "acc.tgz")): "inside OUTDIR",
+             (str(tmp_path / "new"), "--tar", str(tmp_path / "new")): "inside OUTDIR",
+             (str(tmp_path / "file"),): "is a file"}
+    for args, said in cases.items():
+        done = subprocess.run([sys.executable, str(SCRIPT), "cuda", *args, "--no-fixtures", "--total-s", "1"], cwd=REPO,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and said in done.stderr, (args, done.stderr)
+        assert "Traceback" not in done.stderr and not (tmp_path / "new").exists(), args
+    assert (held / "SUMMARY.md").read_text() == "an earlier check\n" and sorted(p.name for p in held.iterdir()) == ["SUMMARY.md"]
+    assert (old / "acc.tgz").read_bytes() == b"an earlier archive"
+    assert (beside / "SUMMARY.md").read_text() == "the summary of another archive\n"

@@ -115,3 +115,30 @@ def test_ci_runs_the_readmes_two_commands():
     assert install and any(line.endswith(f"pip install -q {install.group(1)}") for line in ci), setup
     assert setup.endswith("&& python run.py")
     assert tests in ci, f"{tests!r} is not a line of .ci/run"
+
+
+def test_the_configuration_reference_is_what_its_generator_writes():
+    """docs/configuration.md's key reference is generated from conf/*.yaml's comments: a key or comment changed without
+    rerunning the generator fails here, naming the first line that differs."""
+    import difflib
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("config_reference", REPO / "scripts" / "config_reference.py")
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    committed = generator.DOC.read_text()
+    expected = generator.rendered(committed, generator.reference())
+    diff = [line for line in difflib.unified_diff(committed.splitlines(), expected.splitlines(), "committed",
+                                                  "generated", n=0, lineterm="") if line[:1] in "+-"]
+    assert not diff, ("docs/configuration.md differs from its generator: run `python scripts/config_reference.py "
+                      f"--write`; first lines: {diff[2:6]}")
+
+
+def test_contributings_table_of_tests_names_every_test_file():
+    """A new test file gets its row in CONTRIBUTING's table of the tests (a pattern such as `test_shapes*.py` counts)."""
+    text = (REPO / "CONTRIBUTING.md").read_text()
+    rows = [line for line in text.split("## The tests", 1)[1].split("\n## ", 1)[0].splitlines() if line.startswith("| `")]
+    patterns = [name for row in rows for name in re.findall(r"`(test_[\w*]+\.py)`", row.split(" | ")[0])]
+    files = sorted(p.name for p in (REPO / "tests").glob("test_*.py"))
+    missing = [f for f in files if not any(re.fullmatch(p.replace(".", r"\.").replace("*", ".*"), f) for p in patterns)]
+    assert not missing, f"CONTRIBUTING.md's table of the tests has no row for {missing}"

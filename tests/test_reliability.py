@@ -956,13 +956,14 @@ def test_a_signal_inside_a_deferred_section_is_raised_once_it_is_over():
     from huggy_exp import terminal
 
     done, cut = [], []
+    before = {s: signal.getsignal(s) for s in terminal.ENDING}  # whatever the process started with (SIG_IGN under nohup)
     with pytest.raises(terminal.Interrupted) as exc:
         with terminal.deferred(on_signal=lambda: cut.append(True)):
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.05)
             done.append("the files and their manifest")
     assert done and cut and terminal.exit_code(exc.value) == 143
-    assert signal.getsignal(signal.SIGTERM) is not None and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert {s: signal.getsignal(s) for s in terminal.ENDING} == before  # the handlers it found, back
 
 
 def test_output_survives_a_closed_pipe_and_an_ascii_terminal(monkeypatch):

@@ -75,8 +75,30 @@ def test_the_first_screen_fits_beside_the_assistant_panel_with_every_header_whol
 
 def test_a_skipped_point_reads_its_reason_and_a_noisy_one_says_so():
     assert tracking.verdict({"status": "skipped", "reason": "npu needs torch_npu"}) == "skipped: npu needs torch_npu"
-    assert tracking.verdict({"status": "passed", "metrics": {"latency/noisy": 1.0}}) == "passed, p50 noisy"
+    assert tracking.verdict({"status": "passed", "metrics": {"latency/noisy": 1.0}}) == "passed, noisy"
     assert tracking.verdict({"status": "passed", "metrics": {"latency/noisy": 0.0}}) == "passed"
+
+
+def test_a_cases_expected_failure_reads_as_expected_in_mlflow_and_is_not_a_red_failed_run():
+    """Issue 35, row 5: the terminal and the report say `expected FAILED: met`; MLflow's verdict and run status too."""
+    met = {"status": "failed", "reason": "vs cpu fp64: KL 0.02 > 0.01", "expect": "failed", "expectation_met": True}
+    assert tracking.verdict(met) == "failed as expected: vs cpu fp64: KL 0.02 > 0.01"
+    assert tracking.run_status(met) == "FINISHED"
+    missed = {"status": "passed", "expect": "failed", "expectation_met": False, "metrics": {}}
+    assert tracking.verdict(missed) == "passed, expected failed" and tracking.run_status(missed) == "FAILED"
+    plain = {"status": "failed", "reason": "over its limit", "expect": None}
+    assert tracking.verdict(plain) == "failed: over its limit" and tracking.run_status(plain) == "FAILED"
+
+
+def test_a_single_run_prints_where_to_open_it(tmp_path, capsys):
+    """Issue 35, row 10: a sweep ends with its runs' address; a single run printed only its run id."""
+    from conftest import run_job
+
+    job = run_job(tmp_path / "job", "action", "obs.rows=4", tracking=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run_id = job.record["tracking"]["run_id"]
+    out = capsys.readouterr().out
+    assert f"UI: http://127.0.0.1:5000/#/experiments/{job.record['tracking']['experiment_id']}/runs/{run_id}?" in out
+    assert "`python run.py mode=ui tracking.uri=sqlite:///" in out
 
 
 def test_limits_are_params_under_keys_every_dtype_shares():
@@ -100,7 +122,7 @@ def test_a_parent_is_named_after_what_was_swept():
 
 def _summary(tmp_path: Path) -> dict:
     options = [{"dtype": d, "backend": "eager", "verdict": "passed", "p50_us": p50, "obs_per_s": 64e6 / p50, "noisy": True,
-                "job": job, "mode": "precision"} for d, p50, job in (("fp32", 1350.0, "0"), ("bf16", 2900.0, "2"))]
+                "job": job, "jobs": [job], "mode": "precision", "label": f"{d} eager"} for d, p50, job in (("fp32", 1350.0, "0"), ("bf16", 2900.0, "2"))]
     rec = {"cpu": {"dtype": "fp32", "backend": "eager", "batch_size": 64, "p50_us": 1350.0, "noisy": True,
                    "passing": ["fp32", "bf16"], "failing": [], "options": options, "why": "fastest passing"}}
     return {"rows": [], "tally": {"passed": 2, "failed": 0, "skipped": 1, "error": 0}, "title": "sweep dtype=fp32,bf16",
@@ -117,12 +139,13 @@ def test_the_experiment_description_lists_only_the_sweeps_that_fit_its_one_line(
 
     long = [(f"sweep mode=precision dtype=fp32,fp16,bf16 device=cpu,npu:{i} · 12-02 01:5{i}", f"#/x{i}") for i in range(3)]
     text = tracking.one_line("Sweeps, newest first: ", long)
-    assert visible(text) == "Sweeps, newest first: " + long[0][0] and "#/x0" in text and "#/x1" not in text
-    short = [(f"sweep seed=1,2 · 0{i}:00", f"#/s{i}") for i in range(3)]
-    assert visible(tracking.one_line("Sweeps, newest first: ", short)).count("sweep seed") == 3
+    assert visible(text) == "Sweeps, newest first: " + long[0][0] + " (runs)" and "#/x0" in text and "#/x1" not in text
+    assert text.startswith("Sweeps, newest first: sweep mode=precision")  # MLflow's home page shows it unrendered
+    short = [(f"sweep s=1 · 0{i}:00", f"#/s{i}") for i in range(3)]
+    assert visible(tracking.one_line("Sweeps, newest first: ", short)).count("sweep s=1") == 3
     huge = [("sweep " + "dtype=fp32,fp16,bf16,int8,int8w " * 5, "#/h")]
     shown = visible(tracking.one_line("Sweeps, newest first: ", huge))
-    assert len(shown) <= tracking.DESCRIPTION_CHARS and shown.endswith("…") and "#/h" in tracking.one_line("", huge)
+    assert len(shown) <= tracking.DESCRIPTION_CHARS and shown.endswith("… (runs)") and "#/h" in tracking.one_line("", huge)
 
 
 @pytest.mark.slow
@@ -161,10 +184,11 @@ def test_a_sweep_report_is_one_file_with_everything_embedded(tmp_path):
     png = tmp_path / plots.categories(tmp_path / "error_vs_dtype.png", {"cpu": {"fp32": 1e-6, "bf16": 0.01}},
                                       ("fp32", "bf16"), "max |Δaction|", "error", {"fp32": 1e-5, "bf16": 0.05})
     summary = _summary(tmp_path)
-    summary["rows"] = [{"job": "0", "run_name": "precision-cpu-fp32-b64", "status": "passed", "noisy": True,
+    summary["rows"] = [{"job": "0", "run_name": "precision-cpu-fp32-b64", "device": "cpu", "dtype": "fp32", "status": "passed", "noisy": True,
                         "metrics": {"max_abs_vs_fp64": 5.78e-7, "cosine_vs_fp64": 0.999968, "p50_us": 1350.0},
                         "limits": {"max_abs": 1e-5}, "fingerprint": "acbec772540e99", "note": ""},
-                       {"job": "1", "run_name": "precision-npu:0-fp32-b64", "status": "skipped", "metrics": {},
+                       {"job": "1", "run_name": "precision-npu:0-fp32-b64", "device": "npu:0", "dtype": "fp32",
+                        "status": "skipped", "metrics": {},
                         "note": "npu needs torch_npu"}]
     path = report.write_sweep_report(tmp_path, summary["title"], summary, [png], {"torch": "2.13.0+cpu"})
     page = path.read_text()
@@ -193,6 +217,22 @@ def test_the_ui_port_moves_past_a_taken_one():
         taken.listen()
         port = taken.getsockname()[1]
         assert ui.free_port(port) != port
+
+
+def test_a_port_whose_connections_wait_in_time_wait_is_free():
+    """A UI stopped a moment ago leaves its port's connections in TIME_WAIT: the next `mode=ui` takes the same port
+    (summary.md's image links name tracking.ui_port), as the server itself can bind it."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as mlflow's server (uvicorn) binds
+        listener.bind((ui.HOST, 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = socket.create_connection((ui.HOST, port))
+        served, _ = listener.accept()
+        served.close()  # the side that closes first waits in TIME_WAIT on the listening port
+        client.close()
+    assert "TIME-WAIT" in subprocess.run(["ss", "-tan", f"sport = :{port}"], capture_output=True, text=True).stdout
+    assert ui.free_port(port) == port
 
 
 FAKE_MLFLOW = """#!{python}
@@ -259,6 +299,49 @@ def test_mode_ui_stops_its_whole_server_group_on_sigterm_and_sighup(tmp_path, st
             os.killpg(group, signal.SIGKILL)
 
 
+def test_mode_ui_stops_its_whole_server_group_when_its_terminal_is_closed(tmp_path):
+    """An SSH session dropped: the terminal's master side closes, the UI gets SIGHUP and every later write fails (EIO).
+    The server group is stopped all the same (issue 35: it printed "stopping ..." first, and that print raised)."""
+    import pty
+    import signal
+
+    fake = tmp_path / "mlflow"
+    fake.write_text(FAKE_MLFLOW.replace("{python}", PYTHON))
+    fake.chmod(0o755)
+    with socket.socket() as s:
+        s.bind((ui.HOST, 0))
+        port = s.getsockname()[1]
+    serve = ("import sys; from huggy_exp import ui; ui.mlflow_command = lambda: sys.argv[1]; "
+             "sys.exit(ui.serve('sqlite:///unused.db', None, int(sys.argv[2]), 60))")
+    pid, master = pty.fork()  # the child: a session leader whose controlling terminal is the pty
+    if pid == 0:
+        os.chdir(REPO)
+        os.execve(PYTHON, [PYTHON, "-c", serve, str(fake), str(port)], {**os.environ, "PYTHONPATH": str(REPO)})
+    seen, deadline = b"", time.time() + 120
+    while b"Ctrl-C stops it" not in seen and time.time() < deadline:
+        try:
+            seen += os.read(master, 4096)
+        except OSError:
+            break
+    group = None
+    try:
+        assert b"Ctrl-C stops it" in seen, seen
+        group = int(subprocess.run(["ps", "-o", "pgid=", "--ppid", str(pid)], capture_output=True, text=True).stdout.split()[0])
+        os.close(master)  # the terminal is gone
+        end = time.time() + 60
+        while _group_alive(group) and time.time() < end:
+            time.sleep(0.2)
+        assert not _group_alive(group), f"the server's process group {group} still runs after its terminal closed"
+    finally:
+        if group is not None and _group_alive(group):
+            os.killpg(group, signal.SIGKILL)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(pid, 0)
+
+
 @pytest.mark.slow
 def test_mode_ui_prints_the_latest_sweeps_runs_and_stops_on_ctrl_c(tmp_path, huggy_exp_cache):
     import signal
@@ -309,7 +392,8 @@ def ui_sweep(tmp_path_factory, huggy_exp_cache):
                             f"tracking.ui_port={port}"],
                            cwd=REPO, env=subprocess_env(huggy_exp_cache), capture_output=True, text=True, timeout=600)
     assert sweep.returncode == 0, sweep.stdout[-2000:] + sweep.stderr[-3000:]
-    return {"uri": uri, "port": port, "env": subprocess_env(huggy_exp_cache), "out": sweep.stdout}
+    return {"uri": uri, "port": port, "env": subprocess_env(huggy_exp_cache), "out": sweep.stdout,
+            "id": json.loads((tmp / "sweep" / tracking.SWEEP_FILE).read_text())["id"]}  # tests run in any order
 
 
 def _check(ui_sweep: dict, shots: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -322,7 +406,8 @@ def _check(ui_sweep: dict, shots: Path, *extra: str) -> subprocess.CompletedProc
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
 def test_the_ui_answers_which_dtype_is_safe_and_how_fast_on_its_first_screen(ui_sweep):
     assert "runs:       http://127.0.0.1:" in ui_sweep["out"] and "viewStateShareKey=" in ui_sweep["out"]
-    check = _check(ui_sweep, SHOTS / "passing", "--screenshot", str(REPO / "docs" / "ui_runs.png"))  # the docs' picture
+    check = _check(ui_sweep, SHOTS / "passing", "--sweep", ui_sweep["id"],  # not the newest: more_sweeps may be
+                   "--screenshot", str(REPO / "docs" / "ui_runs.png"))  # the docs' picture
     assert check.returncode == 0, check.stdout[-4000:] + check.stderr[-3000:]
     assert "ui check: passed" in check.stdout and "sections: answer (" in check.stdout
     for page in ("runs", "root", "experiment", "child", "metrics", "parent", "artifact-summary-md", "compare",
@@ -337,7 +422,9 @@ def more_sweeps(ui_sweep):
     for name, args in (("benchmark", ["mode=benchmark", "batch_size=1,64,1024", "mode.backends=[eager,onnxruntime]",
                                       "mode.scenarios=[offline]", "mode.rounds=1", "mode.budget_s=0.1",
                                       "mode.warmup_s=0.02", "mode.settle_s=0"]),
-                       ("failed", ["case=precision_bf16_relative_fail", "obs.rows=4"])):
+                       # the same failing point twice: plainly, and as a case that expects it to fail
+                       ("failed", ["mode=precision", "dtype=bf16", "obs.rows=4", "mode.relative.warn=0.5",
+                                   "mode.relative.fail=0.5", "expect=null,failed"])):
         folder = Path(ui_sweep["uri"][len("sqlite:///"):]).parent / name
         done = subprocess.run([PYTHON, "run.py", "-m", *args, f"hydra.sweep.dir={folder}", f"tracking.uri={ui_sweep['uri']}"],
                               cwd=REPO, env=ui_sweep["env"], capture_output=True, text=True, timeout=600)
@@ -356,10 +443,10 @@ def test_a_benchmark_sweep_shows_each_batch_its_fastest_backend_and_eager_first(
 
 @pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
-def test_a_failed_point_reads_failed_in_the_ui(ui_sweep, more_sweeps):
+def test_a_failed_point_reads_failed_in_the_ui_and_an_expected_failure_reads_as_expected(ui_sweep, more_sweeps):
     check = _check(ui_sweep, SHOTS / "failed", "--sweep", more_sweeps["failed"], "--only", "failed", "metrics")
     assert check.returncode == 0, check.stdout[-4000:] + check.stderr[-3000:]
-    assert "status Failed" in check.stdout
+    assert "status Failed" in check.stdout and "status Finished, verdict failed as expected" in check.stdout
 
 
 @pytest.mark.slow
@@ -392,3 +479,20 @@ def test_ui_check_fails_when_the_store_has_no_sweep(tmp_path):
     proc = subprocess.run([PYTHON, "scripts/ui_check.py", "--store", f"sqlite:///{tmp_path / 'empty.db'}"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and ("no sweep" in proc.stderr or "Chromium" in proc.stderr)
+
+
+def test_the_browser_check_fails_on_a_recommendation_whose_dtype_did_not_run(tmp_path):
+    """What the issue's sweep recommended before: `bf16 onnxruntime` from the bf16 job, whose onnxruntime ran fp32."""
+    check_mod = _ui_check()
+    rec = {"dtype": "bf16", "backend": "onnxruntime", "job": "1", "batch_size": 1}
+    summary = {"rows": [{"job": "0", "dtype": "fp32"}, {"job": "1", "dtype": "bf16"}],
+               "comparison": {"recommended": {"cpu at batch 1": rec}}}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    check = check_mod.Check("chromium", "http://127.0.0.1:1", tmp_path, tmp_path)
+    check_mod.check_recommended(check, {"report": str(tmp_path / "report.html")})
+    assert check.missing == ["parent: cpu at batch 1: recommends bf16 onnxruntime, but job 1's onnxruntime ran fp32"]
+    rec.update(dtype="fp32")
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    check.missing.clear()
+    check_mod.check_recommended(check, {"report": str(tmp_path / "report.html")})
+    assert check.missing == []

@@ -204,12 +204,14 @@ def run_folder(model_file: Path) -> Path:
 
 
 def model_files(model_file: str | Path) -> list[Path]:
-    """What belongs with a model file and is read beside it: its results folder (when it sits in one), the behaviour's
-    final <Behavior>.onnx beside the checkpoint's folder, and the checkpoint's own .onnx. No output replaces these."""
+    """What belongs with a model file and is read beside it: its results folder (when it sits in one, the model given
+    as the folder's final <Behavior>.onnx too), the behaviour's final <Behavior>.onnx beside the checkpoint's folder and
+    its checkpoints' folder beside a final .onnx, and the checkpoint's own .onnx. No output replaces these."""
     path = Path(model_file).expanduser().absolute()
     folder = run_folder(path)
-    return [*([folder] if folder != path.parent else []), path.parent.parent / f"{path.parent.name}.onnx",
-            path.with_suffix(".onnx")]
+    results = folder != path.parent or (folder / "run_logs").is_dir() or (folder / "configuration.yaml").is_file()
+    return [*([folder] if results else []), path.parent.parent / f"{path.parent.name}.onnx", path.with_suffix(".onnx"),
+            path.with_suffix("")]
 
 
 def model_configuration(model_file: Path) -> tuple[str, dict | None]:

@@ -70,13 +70,13 @@ def verify_point(ctx: Context, result: Result, runner: Runner, feeds: Mapping[st
     `got`: the runner's outputs on `feeds` by ML-Agents name (run here when None); `seed`: they are sampled ones;
     `decimals`: the quantized fingerprint's rounding (None: verify.decimals)."""
     got = dict(run_feeds(runner, feeds, seed) if got is None else got)
-    got.update(_distributions(runner, feeds))
+    got.update(distributions(runner, feeds))
     rules = ctx.rules()
     vs, want = {}, {}
     for ref_dtype in ("fp64", "fp32"):
         ref = reference(ctx, ref_dtype)
         want[ref_dtype] = {**run_feeds(ref, feeds), **(run_feeds(ref, feeds, seed) if seed is not None else {}),
-                           **_distributions(ref, feeds)}
+                           **distributions(ref, feeds)}
         vs[ref_dtype] = verify.compare(got, want[ref_dtype], rules)
         result.metrics.update(vs[ref_dtype].metrics(ref_dtype))
     for reason in vs["fp64"].failures:
@@ -137,7 +137,7 @@ def verify_rollout(ctx: Context, result: Result, runner: Runner, feeds: Mapping[
     return verify_point(ctx, result, runner, feeds, got, seed, decimals)
 
 
-def _distributions(runner: Runner, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def distributions(runner: Runner, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """mu, log_sigma, masked_logits of a torch runner on the feeds (a sequence: its own memory carried); none for others."""
     try:
         out = over_steps(runner.distributions, feeds, runner.memory_size)
@@ -160,7 +160,8 @@ def point_line(vs64: Comparison, result: Result, ctx: Context) -> str:
             parts.append(f"{stem} agreement {m.get('agreement', float('nan')):.2%} "
                          f"({int(m.get('flips_beyond_margin', 0))} flips beyond margin {m.get('margin_limit', 0):g})" + _policy_units(m))
     verdict = "PASS" if vs64.passed else "FAIL"
-    line = f"{verdict} vs cpu fp64 ({ctx.dtype} limits): " + "; ".join(parts)
+    judged = f"plan {ctx.precision_plan.name}, {ctx.judged_dtype}" if ctx.precision_plan else ctx.dtype
+    line = f"{verdict} vs cpu fp64 ({judged} limits): " + "; ".join(parts)
     if result.latency:
         line += f"; p50 {result.latency['p50_us']:,.0f} µs" + (" (noisy)" if result.latency.get("noisy") else "")
     return line + f"; fingerprint {result.tags.get(verify.FINGERPRINT, '')[:12]}"

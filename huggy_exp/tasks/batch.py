@@ -46,7 +46,7 @@ class BatchTask(Task):
                     f"{metrics['rows_bit_identical']:.0%} rows bit-identical")
         if DISCRETE in out_batched:
             headline += f", {flips} discrete action{'s' * (flips != 1)} differ"
-        result.summary = _summary(metrics, rows, ctx.batch_size, tol, ctx.dtype, DISCRETE in out_batched)
+        result.summary = _summary(metrics, rows, ctx.batch_size, tol, ctx.dtype_label, DISCRETE in out_batched)
         result.details["invariance"] = headline
         result.details["peak_mem_source"] = peak_memory(target.device)[1]
         latency(batched, ctx, feeds, result)
@@ -55,7 +55,7 @@ class BatchTask(Task):
         if metrics["batch_invariance_max_abs"] > tol:
             result.fail(f"batch invariance: max diff {metrics['batch_invariance_max_abs']:.3g} > {tol:g} at row {int(metrics['worst_row'])}")
         if flips and tol <= FLIP_FAILS_UP_TO:
-            result.fail(f"batch invariance: {flips} discrete actions differ between batched and single-row inference in {ctx.dtype}")
+            result.fail(f"batch invariance: {flips} discrete actions differ between batched and single-row inference in {ctx.dtype_label}")
         return result
 
     def throughput(self, ctx: Context, batched, single, feeds: dict, rows: int) -> dict[str, float]:

@@ -7,12 +7,12 @@ import time
 
 import numpy as np
 
-from huggy_exp import energy, plots, timing
-from huggy_exp.config import BenchmarkMode
+from huggy_exp import energy, loadgen, plots, timing
+from huggy_exp.config import BenchmarkMode, ran_dtype
 from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported, UserError, first_line
 from huggy_exp.mlagents import ACTION_MASKS, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name
-from huggy_exp.placement import QUANTIZED, peak_memory, reset_peak_memory, synchronize
+from huggy_exp.placement import peak_memory, reset_peak_memory, synchronize
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, TorchRunner, build
 from huggy_exp.tasks import SLOW_FP16, Task, batch_of, is_sequence, verify_point
@@ -91,9 +91,7 @@ class BenchmarkTask(Task):
         backends: dict[str, dict] = {}
         runners, expected, margins = {}, {}, {}
         for name in dict.fromkeys(["eager", *timed_backends]):
-            info = backends[name] = {"status": "passed", "reason": "",
-                                     "dtype": "fp32" if name == "onnxruntime" and ctx.dtype not in QUANTIZED else ctx.dtype}
-            # the .onnx graph is fp32, or onnxruntime's own int8 of it (runners.build)
+            info = backends[name] = {"status": "passed", "reason": "", "dtype": ran_dtype(name, ctx.dtype)}
             try:
                 reset_peak_memory(ctx.target().device)  # each backend's peak alone: its build, capture, first calls
                 runner, gate = self.first_calls(ctx, name, info, feeds, points, chunk, expected, margins)
@@ -119,10 +117,10 @@ class BenchmarkTask(Task):
         (eager itself fills `expected` and, for discrete branches, the masked-logit `margins`)."""
         w = ctx.weights
         started = time.perf_counter()
-        runner = build(ctx, name, batch_size=chunk, dtype="fp32" if name == "onnxruntime" else None)
+        runner = build(ctx, name, batch_size=chunk, dtype=None if info["dtype"] == ctx.dtype else info["dtype"])  # None: its plan
         info["load_s"] = time.perf_counter() - started
         # a backend running another dtype (onnxruntime's fp32 graph in an fp64 job) is held to the looser
-        gate = Gate(w, ctx.atol(ctx.dtype, info["dtype"]))
+        gate = Gate(w, ctx.atol(ctx.judged_dtype, info["dtype"]))
         for i, b in enumerate(points):
             started = time.perf_counter()
             got = runner.infer(feeds[b])
@@ -219,7 +217,8 @@ class BenchmarkTask(Task):
                               "threads": float(threads), "batch_size": float(b)}
             result.metrics.update({f"latency/{k}": v for k, v in result.latency.items()})
         verify_point(ctx, result, eager, feeds[b])
-        result.headline += f"; {ladder}"
+        said = loadgen.answer(result.metrics)  # LoadGen's and the control loop's own answer, on the first line too
+        result.headline += f"; {ladder}" + (f"; {said}" if said else "")
 
     def scenarios_on(self, ctx: Context, runners: dict, timings: dict, feeds: dict, points: list[int], result: Result) -> None:
         """LoadGen's scenarios and the control loop on the job's backend (skipped, with the reason, if it is not timed)."""
@@ -236,7 +235,7 @@ class BenchmarkTask(Task):
             point.update(b1_p50_us=one["p50_us"], b1_min_us=one["min_us"])
         if set(wanted) & set(extra.LOADGEN):
             qsl = self.feeds(ctx, [self.mode.qsl_samples])[0][self.mode.qsl_samples]
-            tol = ctx.atol(ctx.dtype, "fp32" if ctx.backend == "onnxruntime" else ctx.dtype)
+            tol = ctx.atol(ctx.judged_dtype, ran_dtype(ctx.backend, ctx.judged_dtype))
             extra.run_loadgen(ctx, runner, runners["eager"], qsl, self.mode, tol, point, result, points)
         if extra.CONTROL_LOOP in wanted:
             extra.run_control_loop(ctx, runner, self.mode, result)
@@ -331,24 +330,26 @@ def job_batch(points: list[int], batch_size: int) -> int:
 
 
 def _summary(result: Result, backends: dict, points: list[int], order: list[str], batch_size: int) -> list[str]:
-    """First line (the headline): p50 at the job's own batch size per backend, and eager over onnxruntime."""
+    """First line (the headline): p50 at the job's own batch size per backend, and eager over onnxruntime; a backend
+    that ran another dtype than the job's is named with it (`onnxruntime (fp32)` in a bf16 job)."""
     m = result.metrics
     b = job_batch(points, batch_size)
+    named = {n: n + (f" ({backends[n]['dtype']})" if backends[n]["dtype"] != backends["eager"]["dtype"] else "") for n in order}
     p50 = {n: m[f"{n}/b{b}/p50_us"] for n in order if f"{n}/b{b}/p50_us" in m}
-    ratio = (f" (eager/onnxruntime {p50['eager'] / p50['onnxruntime']:.2f}x)"
+    ratio = (f" (eager/{named['onnxruntime']} {p50['eager'] / p50['onnxruntime']:.2f}x)"
              if {"eager", "onnxruntime"} <= set(p50) and p50["onnxruntime"] else "")
-    lines = [f"b{b} p50: " + (", ".join(f"{n} {v:,.1f} µs" for n, v in p50.items()) or "nothing timed") + ratio]
+    lines = [f"b{b} p50: " + (", ".join(f"{named[n]} {v:,.1f} µs" for n, v in p50.items()) or "nothing timed") + ratio]
     if 1 in points and b != 1:
         lines.append("single_stream b1 p50/p99: " + ", ".join(
-            f"{n} {m[f'{n}/b1/p50_us']:,.1f}/{m[f'{n}/b1/p99_us']:,.1f} µs" for n in order if f"{n}/b1/p50_us" in m))
+            f"{named[n]} {m[f'{n}/b1/p50_us']:,.1f}/{m[f'{n}/b1/p99_us']:,.1f} µs" for n in order if f"{n}/b1/p50_us" in m))
     top = max(points)
     if top != 1:
         lines.append(f"offline b{top}: " + ", ".join(
-            f"{n} {m[f'{n}/b{top}/obs_per_s']:,.0f} obs/s" for n in order if f"{n}/b{top}/obs_per_s" in m))
+            f"{named[n]} {m[f'{n}/b{top}/obs_per_s']:,.0f} obs/s" for n in order if f"{n}/b{top}/obs_per_s" in m))
     for n in order:
         info = backends[n]
         if info["status"] != "passed":
-            lines.append(f"{n}: {info['status'].upper()}: {info['reason']}")
+            lines.append(f"{named[n]}: {info['status'].upper()}: {info['reason']}")
         else:
             noisy = [f"b{b}" for b in points if m.get(f"{n}/b{b}/noisy")]
             gate = info["vs_eager"]
@@ -356,5 +357,3 @@ def _summary(result: Result, backends: dict, points: list[int], order: list[str]
                          f"{gate}" + (f", noisy at {', '.join(noisy)}" if noisy else ""))
     lines.append(f"peak memory {m['peak_mem_mb']:,.0f} MB ({result.details['peak_mem_source']})")
     return lines
-
-

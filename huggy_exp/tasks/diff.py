@@ -4,6 +4,7 @@ Described in docs/modes.md#diff and docs/port-certificate.md."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,7 +42,8 @@ class Point:
     model: str | None = None
     outputs: dict = field(default_factory=dict)
     fp64: dict | None = None
-    inputs: str | None = None  # sha256 of the inputs (bundles)
+    inputs: str | None = None  # what the inputs were: a bundle's computed sha256, a job's obs settings and seed
+    feeds: dict = field(default_factory=dict)  # a bundle's input arrays, read (a NaN in them fails the diff)
 
 
 def load_side(path: str | None, which: str) -> dict[str, Point]:
@@ -75,11 +77,12 @@ def load_side(path: str | None, which: str) -> dict[str, Point]:
 
 
 def bundle_point(b: bundle.Bundle, key: str) -> Point:
-    p = b.points[key]
+    """A bundle's point; its inputs read and hashed here, never taken from the manifest's declared digest."""
+    p, feeds = b.points[key], b.inputs()
     accuracy = {f"{name}/vs_fp64/{k}": v for name, m in b.comparison(key).get("outputs", {}).items() for k, v in m.items()}
     return Point(key, f"bundle {b.root}", None, accuracy, dict(p.get("fingerprints", {})),
                  b.latency(key), p.get("latency", {}).get("p50_us"), p.get("environment", {}), b.manifest["model"].get("sha256"),
-                 b.outputs(key), b.reference(), b.manifest["observations"].get("inputs_sha256"))
+                 b.outputs(key), b.reference(), bundle.arrays_sha256(feeds), feeds)
 
 
 def job_point(record: dict, workdir: Path) -> Point:
@@ -101,6 +104,16 @@ def job_point(record: dict, workdir: Path) -> Point:
     inputs = json.dumps({"obs": params.get("obs"), "seed": record.get("seed")}, sort_keys=True)
     return Point(key, str(workdir), record.get("status"), accuracy, prints, None, p50, record.get("environment") or {},
                  (record.get("model") or {}).get("sha256"), outputs, None, inputs)
+
+
+def nonfinite(side: str, p: Point) -> list[str]:
+    """Every figure of a point that is not a finite number: its inputs, outputs, fp64 reference, accuracy and p50."""
+    where = f"{side} {p.key}:"
+    figures = {**p.accuracy, **({"p50_us": p.p50_us} if p.p50_us is not None else {})}
+    return (nonfinite_failures(p.feeds, f"{where} inputs") + nonfinite_failures(p.outputs, where)
+            + nonfinite_failures(p.fp64 or {}, f"{where} fp64 reference")
+            + [f"{where} {k} is not a finite number ({v!r})" for k, v in figures.items()
+               if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)])
 
 
 def compare_points(base: Point, cand: Point, alpha: float) -> dict:
@@ -206,8 +219,8 @@ class DiffTask(Task):
     def run(self, ctx: Context) -> Result:
         m = self.mode
         base, cand = load_side(m.baseline, "baseline"), load_side(m.candidate, "candidate")
-        nonfinite = [why for side, points in (("baseline", base), ("candidate", cand)) for k, p in points.items()
-                     for why in nonfinite_failures(p.outputs, f"{side} {k}:") + nonfinite_failures(p.fp64 or {}, f"{side} {k}: fp64 reference")]
+        bad = [why for side, points in (("baseline", base), ("candidate", cand)) for p in points.values()
+               for why in nonfinite(side, p)]
         rows = [compare_points(base[k], cand[k], m.alpha) for k in base if k in cand]
         rows += [{"point": k, "side": "baseline only", "changed": True, "changes": ["only in the baseline"]} for k in base if k not in cand]
         rows += [{"point": k, "side": "candidate only", "changed": True, "changes": ["only in the candidate"]} for k in cand if k not in base]
@@ -218,7 +231,7 @@ class DiffTask(Task):
                   "only_candidate": sum(r["side"] == "candidate only" for r in rows)}
         result = Result(metrics={f"diff/{k}": float(v) for k, v in counts.items()},
                         tables={"diff": [{**r, "changes": " | ".join(r["changes"])} for r in rows]})
-        for why in nonfinite:  # nothing that is not finite passes, on either side
+        for why in bad:  # nothing that is not finite passes, on either side
             result.fail(why)
         for r in both:
             if r.get("regressed"):

@@ -37,7 +37,7 @@ class OnnxCompareTask(Task):
         dist = over_steps(reference(ctx, "fp32").distributions, feeds, w.memory)
         result = Result()
         # --- compare: deterministic outputs element-wise (discrete exactly), constants exactly, draws statistically
-        atol = ctx.atol(ctx.dtype, "fp32")  # the .onnx runs fp32: an fp64 policy is held to fp32's limit
+        atol = ctx.atol(ctx.judged_dtype, "fp32")  # the .onnx runs fp32: an fp64 policy is held to fp32's limit
         metrics, failures, rows = compare_outputs(mine, theirs, VERSUS, atol, self.mode.rel_floor,
                                                   dist.get("masked_logits"), w.branch_sizes)
         c_metrics, c_failures, constants = check_constants(theirs, expected_constants(w), sequence)

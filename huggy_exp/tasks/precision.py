@@ -32,14 +32,14 @@ class PrecisionTask(Task):
         got = {**run_feeds(device, feeds, ctx.seed), **traced}
         want = run_feeds(reference(ctx, "fp64"), feeds, trace=True)
         cpu_eager = ctx.target().kind == "cpu" and ctx.backend == "eager"
-        cpu_same = got if cpu_eager else run_feeds(reference(ctx, ctx.dtype, ctx.batch_size), feeds, trace=True)
+        cpu_same = got if cpu_eager else run_feeds(build(ctx, "eager", device="cpu"), feeds, trace=True)
         result = Result()
         # --- compare and judge: every output (the engine), the layers, the relative verdict
         latency(device, ctx, feeds, result)
         verify_point(ctx, result, device, feeds, got, ctx.seed)
         for name in ("mu", "logits"):
             if name in got:
-                m = elementwise(got[name], want[name], ctx.verify.rel_floor, ctx.dtype)
+                m = elementwise(got[name], want[name], ctx.verify.rel_floor, ctx.judged_dtype)
                 result.metrics.update({f"{name}/vs_fp64/{k}": v for k, v in m.items()})
         layers = self._layers(ctx, got, want, result)
         verdict = self._relative(ctx, got, want, cpu_same, result)
@@ -48,7 +48,7 @@ class PrecisionTask(Task):
             result.tables["step_errors"] = _step_errors(got, want)
         worst, first_bad = layers["worst_layer"], layers["first_failing_layer"]
         result.tags.update({"verdict_relative": verdict, "worst_layer": worst, "first_failing_layer": first_bad or "none"})
-        result.details.update({"limits": limits_for(asdict(ctx.verify.limits), ctx.dtype, ctx.device, ctx.verify.specialize,
+        result.details.update({"limits": limits_for(asdict(ctx.verify.limits), ctx.judged_dtype, ctx.device, ctx.verify.specialize,
                                                     "verify.limits"), "relative_verdict": verdict, **layers})
         result.summary.insert(1, f"worst layer {worst} (rel_rmse {result.metrics[f'layer/{worst}/rel_rmse']:.2e}), first failing "
                                  f"layer {first_bad or 'none'}, relative {result.metrics['relative/ratio']:.2f} -> {verdict}")
@@ -83,7 +83,7 @@ class PrecisionTask(Task):
         verdict = ratio_verdict(ratio, warn, fail)
         result.metrics.update({"relative/device_rmse": dev_err, "relative/cpu_rmse": cpu_err, "relative/ratio": ratio})
         if verdict == "fail":
-            result.fail(f"device error is {ratio:.2f}x the CPU's in {ctx.dtype} (fail above {fail:g})")
+            result.fail(f"device error is {ratio:.2f}x the CPU's in {ctx.dtype_label} (fail above {fail:g})")
         return verdict
 
     def _write(self, ctx: Context, got: dict, want: dict, result: Result) -> None:
@@ -97,13 +97,13 @@ class PrecisionTask(Task):
         primary = ACTIONS if ACTIONS in got else "logits"
         what = "action" if primary == ACTIONS else "logit"
         cpu32 = run_feeds(reference(ctx, "fp32"), ctx.feeds) if primary == ACTIONS else {}
-        diffs = {f"{ctx.dtype} vs fp64": got[primary] - want[primary]}
+        diffs = {f"{ctx.dtype_label} vs fp64": got[primary] - want[primary]}
         if primary in cpu32:
             diffs["cpu fp32 vs fp64"] = cpu32[primary] - want[primary]
-        result.files.append(plots.error_histogram(ctx.workdir / "error_histogram.png", diffs, f"{what} error, {ctx.device} {ctx.dtype}"))
+        result.files.append(plots.error_histogram(ctx.workdir / "error_histogram.png", diffs, f"{what} error, {ctx.device} {ctx.dtype_label}"))
         rows = result.tables["layer_errors"]
         result.files.append(plots.bars(ctx.workdir / "layer_errors.png", [r["layer"] for r in rows], [r["rel_rmse"] for r in rows],
-                                       [r["threshold"] for r in rows], "rel_rmse vs fp64", f"per-layer error, {ctx.device} {ctx.dtype}"))
+                                       [r["threshold"] for r in rows], "rel_rmse vs fp64", f"per-layer error, {ctx.device} {ctx.dtype_label}"))
 
 
 def _step_errors(got: dict, want: dict) -> list[dict]:

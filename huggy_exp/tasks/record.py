@@ -48,7 +48,7 @@ class RecordTask(Task):
         runner = build(ctx)
         outputs = named_outputs(run_feeds(runner, feeds))
         fp64 = named_outputs(run_feeds(reference(ctx, "fp64"), feeds), np.float64)
-        comparison = {name: errors(outputs[name], fp64[name], ctx.dtype) for name in outputs}
+        comparison = {name: errors(outputs[name], fp64[name], ctx.judged_dtype) for name in outputs}
         bad = {name: where for name, a in outputs.items() if (where := first_nonfinite(a)) is not None}
         if bad:  # a certificate of NaN outputs would hold every replay to them: the job fails, the bundle is untouched
             result = Result(arrays=dict(outputs))
@@ -56,7 +56,7 @@ class RecordTask(Task):
             return result
         timed = time_calls(runner, ctx, feeds, self.mode.latency)
         # --- into the bundle
-        key = bundle.point_key(ctx.device, ctx.dtype, ctx.backend, ctx.batch_size)
+        key = bundle.point_key(ctx.device, ctx.dtype_label, ctx.backend, ctx.batch_size)
         prints = fingerprints(outputs, self.mode.decimals)
         manifest, replaced = self.into_bundle(ctx, root, key, runner, feeds, fp64, outputs, comparison, prints,
                                               self.mode.decimals, timed)
@@ -90,7 +90,7 @@ class RecordTask(Task):
                         "seed": ctx.seed, "inputs_sha256": bundle.arrays_sha256(feeds),
                         "inputs": {k: list(v.shape) for k, v in feeds.items()}}
         stats = timed.stats()
-        point = {"device": ctx.device, "dtype": ctx.dtype, "backend": ctx.backend, "batch": ctx.batch_size,
+        point = {"device": ctx.device, "dtype": ctx.dtype_label, "backend": ctx.backend, "batch": ctx.batch_size,
                  "threads": timed.threads, "runner": runner.name, "environment": environment.capture(),
                  "fingerprints": prints, "decimals": decimals,
                  "outputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in outputs.items()},

@@ -30,7 +30,7 @@ class ReplayTask(Task):
             raise UserError("mode=replay needs mode.bundle=<folder written by mode=record>")
         b = bundle.read(m.bundle, bundle.weights_sha256(ctx.weights), m.allow_other_model)
         feeds, fp64 = b.inputs(), b.reference()
-        key = bundle.point_key(ctx.device, ctx.dtype, ctx.backend, ctx.batch_size)
+        key = bundle.point_key(ctx.device, ctx.dtype_label, ctx.backend, ctx.batch_size)
         # --- run here: outputs, latency, this host's own fp64 reference
         runner = build(ctx)
         here = named_outputs(run_feeds(runner, feeds))
@@ -38,7 +38,7 @@ class ReplayTask(Task):
         host64 = named_outputs(run_feeds(reference(ctx, "fp64"), feeds), np.float64)
         env_here = environment.capture()
         # --- the recorded points it is held to
-        match = same_dtype_point(b.points, ctx.device, ctx.dtype, ctx.backend, ctx.batch_size)
+        match = same_dtype_point(b.points, ctx.device, ctx.dtype_label, ctx.backend, ctx.batch_size)
         ref_key = self._reference_key(b, ctx, match)
         env_rows = environment.diff(b.points[match or ref_key or next(iter(b.points))]["environment"], env_here) if b.points else []
         result = Result(arrays=dict(here))
@@ -102,7 +102,7 @@ class ReplayTask(Task):
             if name not in recorded:
                 report.lines.append(f"{name}: not in the recording of {match}")
                 continue
-            row = {"output": name, **bitwise(here[name], recorded[name]), **errors(here[name], recorded[name], ctx.dtype)}
+            row = {"output": name, **bitwise(here[name], recorded[name]), **errors(here[name], recorded[name], ctx.judged_dtype)}
             rows.append(row)
             result.metrics.update({f"{name}/vs_recorded/{k}": float(v) for k, v in row.items() if k != "output"})
             if required and row["bitwise_share"] < 1.0:
@@ -110,7 +110,7 @@ class ReplayTask(Task):
                 result.fail(f"{name} is not bitwise identical to the recording {match} ({row['bitwise_share']:.2%} equal, "
                             f"max {row['ulp_max']:.0f} ULP; {why})")
             if "max_abs" in row and not within(row["max_abs"], limit):
-                result.fail(f"{name} max |replay - recorded {match}| {row['max_abs']:.3g} > tolerance {limit:g} ({ctx.dtype})")
+                result.fail(f"{name} max |replay - recorded {match}| {row['max_abs']:.3g} > tolerance {limit:g} ({ctx.judged_dtype})")
         if rows:
             result.metrics["agreement/bitwise_share"] = min(r["bitwise_share"] for r in rows)
             result.metrics["agreement/ulp_max"] = max(r["ulp_max"] for r in rows)
@@ -120,7 +120,7 @@ class ReplayTask(Task):
     def _against_fp64(self, result: Result, report: "Report", here: dict, fp64: dict, host64: dict, ctx: Context,
                       judge: bool) -> None:
         """Every output against the bundle's fp64 reference; this host's fp64 against the bundle's (how far fp64 moved)."""
-        dtype, limit = ctx.dtype, ctx.atol()
+        dtype, limit = ctx.judged_dtype, ctx.atol()
         for name in here:
             if name not in fp64:
                 continue
