@@ -39,6 +39,7 @@ from huggy_exp import environment, timing  # noqa: E402
 from huggy_exp.config import MAX_BATCH, _check_value  # noqa: E402
 from huggy_exp.context import Context  # noqa: E402
 from huggy_exp.errors import UserError  # noqa: E402
+from huggy_exp.files import atomic_write_text, claim_output  # noqa: E402
 from huggy_exp.memory import check_job_memory, require_memory  # noqa: E402
 from huggy_exp.runners import ACTIONS, OBS, build  # noqa: E402
 from huggy_exp.tasks.benchmark import BenchmarkTask  # noqa: E402
@@ -76,6 +77,9 @@ def checked_context(a: argparse.Namespace, workdir: Path) -> Context:
 
     for flag, (kind, rule) in FLAGS.items():
         _check_value(kind, getattr(a, flag[2:].replace("-", "_")), flag, rule)
+    for flag in ("--markdown", "--json"):  # never replaced, never the tool's own file: refused now, not after minutes
+        if getattr(a, flag[2:]) is not None:
+            claim_output(getattr(a, flag[2:]), False, [], flag)
     ctx, cfg = context(a.model, "fp32", workdir, [f"mode.batch_sizes=[{a.rows}]", "mode.scenarios=[single_stream,offline]"])
     try:
         check_job_memory("benchmark", OmegaConf.to_container(cfg, resolve=True), ctx.weights)
@@ -399,13 +403,13 @@ def main() -> None:
     text = report(header, rows, m, a.rounds, started)
     print("\n" + text)
     if a.markdown:
-        a.markdown.write_text(text + "\n")
+        atomic_write_text(a.markdown, text + "\n", overwrite=False)
     if a.json:
-        a.json.write_text(json.dumps({"header": header, "targets": rows, "attempts": m["tried"], "startup": m["startup"],
-                                      "mlflow": {**m["mlflow_cost"], "first_run_s": m["first_s"]}, "breakdown": m["parts"],
-                                      "gemm_peak_gflops": m["peak"], "gemms_only_obs_s": m["gemms"],
-                                      "gemm_square_gflops": m["square"], "fp32": m["m32"], "bf16": m["m16"]},
-                                     indent=2, default=float))
+        figures = {"header": header, "targets": rows, "attempts": m["tried"], "startup": m["startup"],
+                   "mlflow": {**m["mlflow_cost"], "first_run_s": m["first_s"]}, "breakdown": m["parts"],
+                   "gemm_peak_gflops": m["peak"], "gemms_only_obs_s": m["gemms"], "gemm_square_gflops": m["square"],
+                   "fp32": m["m32"], "bf16": m["m16"]}
+        atomic_write_text(a.json, json.dumps(figures, indent=2, default=float), overwrite=False)
 
 
 def refuse(message: str) -> None:

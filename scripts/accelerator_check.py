@@ -36,12 +36,14 @@ import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from huggy_exp import energy  # noqa: E402
 from huggy_exp.errors import UserError  # noqa: E402
-from huggy_exp.files import atomic_write, atomic_write_text, check_unused, claim_folder  # noqa: E402
+from huggy_exp.files import CLAIM, REFUSED, atomic_write, atomic_write_text, check_unused, folder_in_use  # noqa: E402
 
 SHAPES = ("huggy", "huggy_lstm", "pyramids")  # what prepare.sh copies into .fx/
 # A step's budget is SLACK x its estimate; the constants were measured on the emulated npu (2 shared cores, 2026-12-02:
@@ -67,6 +69,9 @@ MODES = "action,precision,fingerprint,stats"  # the verdict modes, one sweep: ev
 FULL = {"dtypes": "fp32,fp16,bf16", "ladder": [1, 8, 64, 512, 4096, 65536],
         "bench": {"rounds": 2, "budget_s": 0.4, "warmup_s": 0.2, "settle_s": 0.05, "min_duration_ms": 1000,
                   "search_steps": 5, "search_ms": 400, "duration_s": 2.0, "loop_search_s": 0.5, "rate_hz": 1000}}
+# energy per action: in the `benchmark` step alone (every backend timed on the device), over energy.py's shortest
+# window, budgeted where the device has a meter (energy_meter); the other steps measure none
+ENERGY = {"energy_window_s": 5.0, "energy_idle_s": 1.0}
 QUICK = {"dtypes": "fp32,bf16", "ladder": [1, 64],
          "bench": {"rounds": 1, "budget_s": 0.05, "warmup_s": 0.01, "settle_s": 0.0, "min_duration_ms": 50,
                    "min_query_count": 64, "qsl_samples": 64, "check_samples": 16, "search_steps": 2, "search_ms": 50,
@@ -112,7 +117,8 @@ def search_s(start: float, steps: int, probe_s: float, least: int) -> float:
 def benchmark_minimum(bench: dict, backends: int, batches: list[int], scenarios: str) -> tuple[float, str]:
     """The seconds one benchmark job times at least, from its knobs (conf/mode/benchmark.yaml's, overridden by
     `bench`): every (backend, batch) point (its warm-up, budget and settles, or its fewest calls of `rows` rows), each
-    LoadGen run, the server search, the control loop and its search (timing.py, loadgen.py, control_loop.py)."""
+    LoadGen run, the server search, the control loop and its search, each backend's energy window and the idle
+    before it (timing.py, loadgen.py, control_loop.py, energy.py)."""
     k = {**_mode_knobs("benchmark"), **bench}
     per_point = k["warmup_s"] + k["budget_s"] + k["rounds"] * k["settle_s"]
     # a batch too big to fit its budget still makes, per round, 2 warm-up calls and 1 timed (timing.measure)
@@ -127,9 +133,10 @@ def benchmark_minimum(bench: dict, backends: int, batches: list[int], scenarios:
         loadgen += search_s(k["target_qps"], k["search_steps"], k["search_ms"] / 1000, k["min_query_count"])
     loop = (k["duration_s"] + search_s(k["rate_hz"], k["search_steps"], k["loop_search_s"], PROBE_TICKS)
             if "control_loop" in names else 0.0)
+    energy = backends * (k["energy_idle_s"] + k["energy_window_s"]) if k["energy"] else 0.0  # where a meter answers
     why = (f"{backends} backend(s) x {len(batches)} batch(es) at >= {per_point:.2f} s + LoadGen {loadgen:.1f} s"
-           + (f" + control loop {loop:.1f} s" if loop else ""))
-    return timing + loadgen + loop, why
+           + (f" + control loop {loop:.1f} s" if loop else "") + (f" + energy {energy:.0f} s" if energy else ""))
+    return timing + loadgen + loop + energy, why
 
 
 def compiled_shapes(batches: list[int], scenarios: str) -> int:
@@ -145,6 +152,15 @@ def _mode_knobs(mode: str) -> dict:
     import yaml
 
     return yaml.safe_load((REPO / "conf" / "mode" / f"{mode}.yaml").read_text())
+
+
+def energy_meter(device: str) -> str:
+    """The energy meter energy.py would read on `device` ('' when none answers: no window is spent then)."""
+    kind, _, index = device.partition(":")
+    try:
+        return energy.meter_for(SimpleNamespace(type=kind, index=int(index or 0))).name
+    except energy.NotMeasured:
+        return ""
 
 
 def fixtures(folder: Path | None) -> list[Path]:
@@ -164,18 +180,18 @@ def fixtures(folder: Path | None) -> list[Path]:
     return found
 
 
-def plan(device: str, quick: bool, onnx: list[Path]) -> list[Step]:
+def plan(device: str, quick: bool, onnx: list[Path], metered: bool = False) -> list[Step]:
     """Every step, device points first; the CPU's benchmark last.
 
     `modes`: the verdict modes on the device then the CPU, every dtype, in one sweep (one process: torch, the model
     and the CPU references are loaded once). `benchmark`: one job times every backend over the ladder (eager, compile,
     graphs, onnxruntime: their ratios from one run) and runs LoadGen and the control loop on graphs; `loadgen` runs
-    them on compile (its own job: compiled at batch 64 and 1 only). Eager is timed once, beside the others."""
+    them on compile (its own job: compiled at batch 64 and 1 only). Eager is timed once, beside the others.
+    `metered`: the device has an energy meter (energy_meter), so `benchmark`'s energy windows are budgeted."""
     cfg = QUICK if quick else FULL
     dtypes, ladder, bench = cfg["dtypes"], cfg["ladder"], cfg["bench"]
     devices = device if device == "cpu" else f"{device},cpu"  # Hydra runs a sweep's values in the order given
     per = len(devices.split(",")) * len(dtypes.split(","))
-    knobs = [f"mode.{k}={v}" for k, v in bench.items()] + (["obs.rows=16"] if quick else [])
     calls = 2 * sum(int(_mode_knobs(m)["steps"]) for m in ("fingerprint", "stats"))  # the device's and the reference's
     # the device first: Hydra's product runs the first override's values outermost, so every device point of every mode
     # runs before the CPU's twins
@@ -183,12 +199,15 @@ def plan(device: str, quick: bool, onnx: list[Path]) -> list[Step]:
                  per * len(MODES.split(",")), per * calls * CALL_S, why=f"{per} x {calls} rollout calls x {CALL_S:g} s")
 
     def benchmark(name: str, where: str, backend: str, timed: list[str], batches: list[int], scenarios: str,
-                  models: list[Path] = ()) -> Step:
+                  models: list[Path] = (), joules: bool | None = None) -> Step:
         """A benchmark sweep: `timed` and `backend` over `batches` (and 1 for single_stream and server), the scenarios
-        on `backend`; one job a model."""
+        on `backend`; one job a model. `joules`: None, energy off; False, on but no meter answers (it says why, no
+        window is spent); True, measured and its windows budgeted."""
         names, jobs = set(scenarios.strip("[]").split(",")), max(len(models), 1)
         points = sorted({*batches, *([1] if {"single_stream", "server"} & names else [])})
-        t, why = benchmark_minimum(bench, len({*timed, backend}), points, scenarios)
+        k = {**bench, "energy": joules is not None, **(ENERGY if joules is not None else {})}
+        knobs = [f"mode.{key}={str(v).lower()}" for key, v in k.items()] + (["obs.rows=16"] if quick else [])
+        t, why = benchmark_minimum({**k, "energy": bool(joules)}, len({*timed, backend}), points, scenarios)
         args = ["mode=benchmark", f"device={where}", f"backend={backend}", f"mode.backends=[{','.join(timed)}]",
                 f"mode.batch_sizes=[{','.join(map(str, batches))}]", "batch_size=64", f"mode.scenarios={scenarios}",
                 *([f"model.onnx={','.join(map(str, models))}"] if models else []), *knobs]
@@ -198,7 +217,7 @@ def plan(device: str, quick: bool, onnx: list[Path]) -> list[Step]:
     on_card = not quick and device != "cpu"
     steps = [modes, benchmark("benchmark", device, "graphs" if on_card else "eager",
                               ["eager", "compile", "graphs", "onnxruntime"] if on_card else ["eager", "onnxruntime"],
-                              ladder, SCENARIOS)]
+                              ladder, SCENARIOS, joules=metered)]
     if on_card:
         steps.append(benchmark("loadgen", device, "compile", ["eager"], [64], SCENARIOS))
     if onnx:
@@ -381,9 +400,13 @@ def _torch_version() -> str:
 
 
 def claim_outputs(outdir: Path, tar: Path | None) -> tuple[Path, Path | None]:
-    """OUTDIR taken as run.py takes a job folder (new or empty, then claimed: files.claim_folder), and the archive and
-    the SUMMARY.md beside it as new files (nothing replaced; the archive inside OUTDIR would pack itself)."""
+    """OUTDIR taken by run.py's rules for a folder (new or empty, not inside a run's claimed folder), claimed by its
+    SUMMARY.md created exclusively (run.py's claim file would make the steps' sweeps inside it another run's); the
+    archive and the SUMMARY.md beside it as new files (nothing replaced; the archive inside OUTDIR would pack itself)."""
     out = check_unused(outdir, "OUTDIR")
+    owner = next((parent for parent in out.parents if (parent / CLAIM).is_file()), None)
+    if owner is not None:
+        raise UserError(f"OUTDIR={outdir} is inside {owner}, which {folder_in_use(owner)}; {REFUSED}")
     if tar is not None:
         archive = tar.expanduser().absolute()
         if archive.resolve().is_relative_to(out.resolve()):
@@ -392,7 +415,11 @@ def claim_outputs(outdir: Path, tar: Path | None) -> tuple[Path, Path | None]:
             if path.exists() or path.is_symlink():
                 raise UserError(f"--tar {tar}: {path} already exists; refused to replace it: choose another place")
         tar = archive
-    return claim_folder(out, "OUTDIR"), tar
+    try:
+        atomic_write_text(out / "SUMMARY.md", "# accelerator check: starting\n", overwrite=False)
+    except UserError:
+        raise UserError(f"OUTDIR={outdir} was taken by another check first; {REFUSED}") from None
+    return out, tar
 
 
 def publish(out: Path, tar: Path | None, text: str) -> None:
@@ -465,7 +492,9 @@ def main(argv: list[str]) -> int:
     except SystemExit as exc:  # fixtures(): its message
         print(exc, file=sys.stderr)
         return 2
-    steps = plan(args.device, args.quick, onnx)
+    meter = energy_meter(args.device)
+    print(f"energy: {f'measured in step `benchmark` ({meter})' if meter else f'no meter on {args.device}: not measured'}")
+    steps = plan(args.device, args.quick, onnx, bool(meter))
     run(args, steps, out, tar)
     text = (out / "SUMMARY.md").read_text()
     print(text.splitlines()[2])

@@ -10,6 +10,7 @@ whole check with its full settings on the emulated `npu` and holds it to 420 s, 
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import subprocess
 import sys
@@ -20,6 +21,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, SHARED, needs_shared, subprocess_env
+
+from huggy_exp import files
 
 SCRIPT = REPO / "scripts" / "accelerator_check.py"
 spec = importlib.util.spec_from_file_location("accelerator_check", SCRIPT)
@@ -49,7 +52,7 @@ def test_failure_1_device_points_run_before_the_cpu_jobs_in_every_step():
 
 
 def test_each_step_has_its_own_budget_from_the_configured_minimum_durations():
-    bench, ladder = dict(check.FULL["bench"]), check.FULL["ladder"]
+    bench, ladder = {**check.FULL["bench"], "energy": False}, check.FULL["ladder"]
     low, _ = check.benchmark_minimum(bench, 3, ladder, check.SCENARIOS)
     # per backend: 5 batches x (0.2 warm-up + 0.4 budget + 2 x 0.05 settle), and b65536, whose fewest calls (2 rounds
     # x 3) outlast that; LoadGen: single_stream, offline, server 1 s each, multi_stream's 662 queries, the server search
@@ -61,6 +64,8 @@ def test_each_step_has_its_own_budget_from_the_configured_minimum_durations():
     bench["min_duration_ms"] = 3000
     high, _ = check.benchmark_minimum(bench, 3, ladder, check.SCENARIOS)
     assert high == pytest.approx(low + 4 * 2 - (662 * check.CALL_S - 1))  # each LoadGen run lasts 3 s, multi_stream's too
+    metered, why = check.benchmark_minimum({**bench, "energy": True, **check.ENERGY}, 3, ladder, check.SCENARIOS)
+    assert metered == pytest.approx(high + 3 * (5 + 1)) and "energy 18 s" in why  # each backend: 1 s idle, a 5 s window
     steps = {s.name: s for s in check.plan("npu", quick=False, onnx=[])}
     timed = steps["benchmark"]
     # compiled once per chunk shape: 1, 8, 64, 512 and 1024 (4096 and 65536 rows run in chunks of mode.chunk_rows)
@@ -239,14 +244,15 @@ def test_row_2_the_plan_with_every_cap_kill_and_packing_stays_under_400_s(tmp_pa
     monkeypatch.setattr(check, "run_step", lambda step, python, out, cap: caps.append(cap) or real_run(step, python, out, cap))
     if real_publish:
         monkeypatch.setattr(check, "publish", lambda *a: (real_publish(*a), clock.__setitem__(0, clock[0] + check.PACK_S)))
-    for device, quick, onnx in every_plan(tmp_path):
+    for (device, quick, onnx), meter in itertools.product(every_plan(tmp_path), ("", "a meter")):
         clock[0], caps[:] = 0.0, []
         monkeypatch.setattr(check, "fixtures", lambda folder, onnx=onnx: onnx)
-        out = tmp_path / f"{device}-{quick}-{len(onnx)}"
+        monkeypatch.setattr(check, "energy_meter", lambda device, meter=meter: meter)
+        out = tmp_path / f"{device}-{quick}-{len(onnx)}-{bool(meter)}"
         assert check.main([device, str(out), "--tar", f"{out}.d/acc.tgz", *(["--quick"] if quick else [])]) != 0  # all cut
         took = check.SETUP_S + clock[0]
         assert took <= 400, (device, quick, len(onnx), took, caps)
-        planned, worst = check.worst_case(check.plan(device, quick, onnx))
+        planned, worst = check.worst_case(check.plan(device, quick, onnx, bool(meter)))
         assert [c for c in planned if c] == caps and took <= worst <= 400, (planned, caps, took, worst)
 
 
@@ -351,7 +357,7 @@ def test_class_6_the_check_on_a_host_without_its_card_fails(tmp_path, huggy_exp_
     assert "| benchmark | " in summary and "- not run: no cuda point ran" in summary
 
 
-def test_class_13_the_check_replaces_no_file_and_packs_no_archive_into_itself(tmp_path):
+def test_class_13_the_check_replaces_no_file_and_packs_no_archive_into_itself(tmp_path, monkeypatch):
     """OUTDIR follows run.py's folder rules (new or empty: here it holds an earlier SUMMARY.md), --tar never replaces a
     file (the archive, the SUMMARY.md beside it), and an archive inside OUTDIR is refused: one line, exit 2, no step run,
     every file as it was."""
@@ -375,6 +381,31 @@ def test_class_13_the_check_replaces_no_file_and_packs_no_archive_into_itself(tm
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and done.stderr.count("\n") == 1 and said in done.stderr, (args, done.stderr)
         assert "Traceback" not in done.stderr and not (tmp_path / "new").exists(), args
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / files.CLAIM).write_text("pid 1 on host since now\n")  # a running sweep's folder: its points are its own
+    done = subprocess.run([sys.executable, str(SCRIPT), "cuda", str(sweep / "0"), "--no-fixtures", "--total-s", "1"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "is inside" in done.stderr and not (sweep / "0").exists(), done.stderr
+    out, _ = check.claim_outputs(tmp_path / "mine", None)  # taken; yet each step's sweep inside it is run.py's to claim
+    assert files.claim_folder(out / "modes", "hydra.sweep.dir") == out / "modes"
+    with monkeypatch.context() as m, pytest.raises(files.UserError, match="taken by another check first"):
+        m.setattr(check, "check_unused", lambda path, key: Path(path).absolute())  # a twin that looked before it was taken
+        check.claim_outputs(out, None)
     assert (held / "SUMMARY.md").read_text() == "an earlier check\n" and sorted(p.name for p in held.iterdir()) == ["SUMMARY.md"]
     assert (old / "acc.tgz").read_bytes() == b"an earlier archive"
     assert (beside / "SUMMARY.md").read_text() == "the summary of another archive\n"
+
+
+def test_energy_per_action_is_measured_in_the_benchmark_step_alone_and_budgeted_where_a_meter_answers(tmp_path):
+    """energy.py's windows (idle, then at least 5 s of steady inference) cost seconds per timed backend: the check asks
+    for them in `benchmark` only (every backend on the device), and budgets them when the device has a meter."""
+    onnx = [tmp_path / f"{s}.onnx" for s in check.SHAPES]
+    for metered in (False, True):
+        steps = {s.name: s for s in check.plan("npu", False, onnx, metered)}
+        assert {"mode.energy=true", "mode.energy_window_s=5.0", "mode.energy_idle_s=1.0"} <= set(steps["benchmark"].args)
+        assert ("energy 24 s" in steps["benchmark"].why) is metered  # 4 backends x (1 + 5 s)
+        for name in ("loadgen", "fixtures-benchmark", "benchmark-cpu"):
+            assert "mode.energy=false" in steps[name].args and "energy" not in steps[name].why, name
+        assert check.worst_case(list(steps.values()))[1] <= 400
+    assert check.energy_meter("npu:0") == "" and check.energy_meter("cuda") == ""  # no npu-smi, no zeus here

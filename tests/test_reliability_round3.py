@@ -240,6 +240,10 @@ def test_class_9_a_password_the_driver_cannot_read_is_refused_without_echoing_it
     (["--startup-runs", "-3"], "--startup-runs=-3 is out of range"),
     (["--model", "/nonexistent/Huggy.pt"], "/nonexistent/Huggy.pt"),
     (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--markdown", "/etc/hostname"], "--markdown=/etc/hostname already exists"),  # never replaced, as run.py's outputs
+    (["--json", "/tmp"], "--json=/tmp is a folder"),
+    (["--json", "/dev/null"], "refused even with"),  # a device: never an output
+    (["--markdown", str(Path(__file__).parents[1] / "conf" / "config.yaml")], "refused even with"),  # the tool's own
 ])
 def test_class_11_bench_py_refuses_a_bad_flag_in_one_line(argv, fragment, monkeypatch, capsys):
     import importlib.util
