@@ -501,6 +501,23 @@ class PrecisionMode(ModeConf):
 
 
 @dataclass
+class SearchMode(ModeConf):
+    """The cheapest precision plan that passes every limit on one observation split, re-judged on another
+    (docs/precision-plans.md)."""
+
+    name: ClassVar[str] = "search"
+    verified: ClassVar[bool] = False  # its points are plans under trial, not a sweep's choices: mode=precision judges one
+    headline: ClassVar[Dict[str, Headline]] = {
+        "kept_fp32": own("search/kept_fp32", "parts", "parts of the plan found that stay in fp32"),
+        "low_share": own("search/low_flops_share", "1", "share of the policy's FLOPs the plan runs in a low dtype"),
+        "evaluations": own("search/evaluations", "plans", "plans judged on the search split to find it"),
+        "held_out": own("search/held_out_passed", "1 = yes", "the plan passes the held-out split too (0: overfit)"),
+        "plan_p50_us": own("search/plan_p50_us", "µs", "the plan's p50 latency at the job's batch size")}
+    candidates: Optional[List[str]] = MISSING
+    save_as: Optional[str] = MISSING
+
+
+@dataclass
 class StatsMode(ModeConf):
     name: ClassVar[str] = "stats"
     headline: ClassVar[Dict[str, Headline]] = {
@@ -737,7 +754,12 @@ def _check_value(kind: Any, value: Any, key: str, meta: dict) -> None:
     if origin in (list, List):
         if not isinstance(value, list):
             raise UserError(f"{key} must be a list, got {value!r}")
+<<<<<<< HEAD
         choices = meta.get("choices")
+=======
+        choices = {"mode.require_match": DTYPE_NAMES, "mode.candidates": DTYPE_NAMES, "mode.backends": BACKENDS,
+                   "mode.scenarios": SCENARIOS}.get(key)
+>>>>>>> main
         bad = [v for v in value if choices and v not in choices]
         if bad:
             raise UserError(f"{key}: unknown entry {bad[0]!r}; valid: {', '.join(choices)}")

@@ -385,6 +385,11 @@ class Policy(nn.Module):
         return self.continuous.sample(x, noise, mu).reshape(noise.shape)
 
 
+def has_linear(module: nn.Module) -> bool:
+    """Whether `module` holds an nn.Linear: what torchao's int8 quantizes (an LSTM has none)."""
+    return any(isinstance(m, nn.Linear) for m in module.modules())
+
+
 def cpu_noise(rows: int, act_dim: int, seed: int) -> torch.Tensor:
     """Standard normal noise from a seeded CPU generator: the same bytes whatever device consumes it."""
     gen = torch.Generator(device="cpu").manual_seed(int(seed))

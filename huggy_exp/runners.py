@@ -29,7 +29,7 @@ from huggy_exp.placement import (
     DTYPES, QUANTIZED, Target, check_backend, onnxruntime_options, quantize, quantize_onnx, resolve, synchronize,
     use_device,
 )
-from huggy_exp.policy import Policy, cpu_noise, cpu_uniform
+from huggy_exp.policy import Policy, cpu_noise, cpu_uniform, has_linear
 from huggy_exp.verify import CONTINUOUS_ACTIONS, DISCRETE_ACTIONS
 
 if TYPE_CHECKING:
@@ -211,6 +211,9 @@ def _quantize(policy: Policy, dtype: str, plan: dict[str, str] | None) -> None:
     if plan is None:
         return quantize(policy, dtype)
     for part, module in policy.parts().items():
+        if plan[part] in QUANTIZED and not has_linear(module):
+            raise UserError(f"plan: part {part} cannot be {plan[part]}: torchao quantizes nn.Linear layers and it has none "
+                            "(use bf16, fp16 or fp32 for it)")
         quantize(module, plan[part])
 
 

@@ -66,7 +66,7 @@ def table(rows: list[tuple[str, str, str]]) -> list[str]:
 
 def reference() -> str:
     out = ["### Top-level keys (`conf/config.yaml`)", "", *table(keys(CONF / "config.yaml")), ""]
-    for group, default in (("model", "default"), ("obs", "random"), ("tracking", "mlflow")):
+    for group, default in (("model", "default"), ("obs", "random"), ("tracking", "mlflow"), ("plan", "none")):
         presets = ", ".join(f"`{p.stem}`" for p in sorted((CONF / group).glob("*.yaml")))
         out += [f"### `{group}.*` (`conf/{group}/{default}.yaml`; presets: {presets})", "",
                 *table(keys(CONF / group / f"{default}.yaml", f"{group}.")), ""]

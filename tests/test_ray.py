@@ -104,6 +104,8 @@ def test_without_the_ray_extra_a_ray_sweep_is_one_line_naming_the_extra(monkeypa
 
 def test_an_unreachable_cluster_address_is_one_line_and_exit_2_in_seconds(monkeypatch, tmp_path):
     monkeypatch.setattr(cluster, "require_ray", lambda: None)  # the address is checked before Ray is imported
+    for name in [m for m in sys.modules if m == "ray" or m.startswith("ray.")]:  # another test of this worker's: set
+        monkeypatch.delitem(sys.modules, name)  # aside for this one (restored after), so the check below sees this run's
     port = free_port()  # nothing listens there
     started = time.monotonic()
     code, out, err = _cli(["-m", "hydra/launcher=ray", f"hydra.launcher.ray.init.address=127.0.0.1:{port}",

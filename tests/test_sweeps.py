@@ -54,7 +54,7 @@ def test_headline_metrics_copy_the_modes_detail_and_say_passed():
 
 def test_every_mode_with_a_task_declares_headline_metrics():
     tasks = {name for name, schema in config.modes().items() if schema.is_task()}
-    assert tasks == {p.stem for p in (CONF / "mode").glob("*.yaml")} - {n for n, s in config.modes().items() if not s.is_task()}
+    assert tasks == {p.stem for p in (CONF / "mode").glob("*.yaml")} - {"sync", "ui", "rejudge"}  # run.py's own
     assert all(config.modes()[name].headline for name in tasks), [n for n in tasks if not config.modes()[n].headline]
 
 
