@@ -513,7 +513,7 @@ class SearchMode(ModeConf):
         "evaluations": own("search/evaluations", "plans", "plans judged on the search split to find it"),
         "held_out": own("search/held_out_passed", "1 = yes", "the plan passes the held-out split too (0: overfit)"),
         "plan_p50_us": own("search/plan_p50_us", "µs", "the plan's p50 latency at the job's batch size")}
-    candidates: Optional[List[str]] = MISSING
+    candidates: Optional[List[str]] = rule(choices=DTYPE_NAMES)
     save_as: Optional[str] = MISSING
 
 
@@ -754,12 +754,7 @@ def _check_value(kind: Any, value: Any, key: str, meta: dict) -> None:
     if origin in (list, List):
         if not isinstance(value, list):
             raise UserError(f"{key} must be a list, got {value!r}")
-<<<<<<< HEAD
         choices = meta.get("choices")
-=======
-        choices = {"mode.require_match": DTYPE_NAMES, "mode.candidates": DTYPE_NAMES, "mode.backends": BACKENDS,
-                   "mode.scenarios": SCENARIOS}.get(key)
->>>>>>> main
         bad = [v for v in value if choices and v not in choices]
         if bad:
             raise UserError(f"{key}: unknown entry {bad[0]!r}; valid: {', '.join(choices)}")
