@@ -1,5 +1,5 @@
 """The judgements of a port certificate, as pure functions over arrays and samples: which recorded point a replay is held
-to, bitwise agreement and ULP distance, msprobe's dual benchmark, and the latency change with its test.
+to, bitwise agreement and ULP distance (verify.ulp's), msprobe's dual benchmark, and the latency change with its test.
 
 Sources of the rules (docs/port-certificate.md):
 - dual benchmark (msprobe's accuracy pre-check, "benchmark comparison"): the error of the device under test against a
@@ -16,7 +16,7 @@ import numpy as np
 
 from huggy_exp.errors import UserError
 from huggy_exp.numerics import error_ratio, ratio_verdict
-from huggy_exp.verify import DECLARED, elementwise
+from huggy_exp.verify import DECLARED, elementwise, ulp
 
 DUAL_RULES = {"rmse": (1.0, 2.0), "max_rel": (1.0, 10.0)}  # metric: (pass up to, warn up to); msprobe's thresholds
 TEST05_TOLERANCE, TEST05_SHORT_TOLERANCE, TEST05_SHORT_S = 0.05, 0.20, 0.2e-3
@@ -45,16 +45,9 @@ def errors(actual: np.ndarray, expected: np.ndarray, dtype: str = "fp32") -> dic
     return elementwise(actual, expected, dtype=dtype)
 
 
-def ordered_bits(a: np.ndarray) -> np.ndarray:
-    """float32 bit patterns as integers ordered like the floats (-0.0 and +0.0 both 0), for ULP distances."""
-    bits = np.ascontiguousarray(a, np.float32).view(np.int32).astype(np.int64)
-    return np.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
-
-
 def bitwise(actual: np.ndarray, expected: np.ndarray) -> dict[str, float]:
-    """Share of elements with identical bytes, and the float32 ULP distance (max, mean, share above 1 ULP).
-
-    NaN never counts as equal in ULPs (distance inf); discrete actions have distance |a - b| in action indices."""
+    """Share of elements with identical bytes, and the distance in float32 ULPs of `expected` (verify.ulp: max, mean,
+    share above 1 ULP). NaN never counts as equal in ULPs (distance inf); discrete actions: |a - b| in action indices."""
     a, e = np.asarray(actual), np.asarray(expected)
     if a.shape != e.shape:
         return {"bitwise_share": 0.0, "ulp_max": float("inf"), "ulp_mean": float("inf"), "ulp_over_1_share": 1.0}
@@ -64,8 +57,9 @@ def bitwise(actual: np.ndarray, expected: np.ndarray) -> dict[str, float]:
     else:
         a32, e32 = np.ascontiguousarray(a, np.float32), np.ascontiguousarray(e, np.float32)
         same = a32.view(np.uint32) == e32.view(np.uint32)
-        dist = np.abs(ordered_bits(a32) - ordered_bits(e32)).astype(np.float64)
-        dist[np.isnan(a32) | np.isnan(e32)] = np.inf
+        with np.errstate(invalid="ignore", over="ignore"):
+            dist = np.abs(a32.astype(np.float64) - e32) / ulp(e32, "fp32")
+        dist[~(np.isfinite(a32) & np.isfinite(e32))] = np.inf
         dist[same] = 0.0
     n = max(a.size, 1)
     return {"bitwise_share": float(same.sum() / n) if a.size else 1.0, "ulp_max": float(dist.max(initial=0.0)),

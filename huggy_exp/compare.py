@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -20,15 +21,11 @@ from huggy_exp.foreign import check_npy
 from huggy_exp.report import OBS_PER_S, fmt, obs_per_s_differs
 from huggy_exp.verify import DECLARED, FINGERPRINT
 
-VERDICT_KNOBS = ("relative", "rel_floor", "atol",
-                 "require_match", "drift_threshold", "drift_fail", "saturation", "confidence", "budget_s", "path",
-                 "decimals", "provider", "opset")  # mode knobs that judge or time the actions, not shape them
-
-
 def inputs_key(row: dict) -> tuple:
     """Points are comparable when the mode and its action-shaping knobs, the observations, seed and model agree (and,
     where the mode verifies only the job's batch of rows, the batch size)."""
-    knobs = {k: v for k, v in (row.get("knobs") or {}).items() if k not in VERDICT_KNOBS and k != "_target_"}
+    judges = {f.name for f in fields(modes()[row["mode"]]) if f.metadata.get("judges")}  # config.rule(judges=True)
+    knobs = {k: v for k, v in (row.get("knobs") or {}).items() if k not in judges and k != "_target_"}
     obs = f"{row['obs']}/b{row['batch_size']}" if modes()[row["mode"]].per_batch else row["obs"]
     return row["mode"], json.dumps(knobs, sort_keys=True, default=str), obs, row["seed"], row["model_sha256"]
 

@@ -153,9 +153,10 @@ MAX_OBS_BYTES = 1 << 30  # 1 GiB of float32 observations (~4.5M Huggy rows); the
 
 
 def rule(default: Any = MISSING, *, lo: float | None = None, hi: float | None = None, choices: tuple = (),
-         lo_open: bool = False):
-    """A field with its legal range or choices (checked by `validate`)."""
-    return field(default=default, metadata={"lo": lo, "hi": hi, "choices": choices, "lo_open": lo_open})
+         lo_open: bool = False, judges: bool = False):
+    """A field with its legal range or choices (a list's: of each entry; checked by `validate`). `judges`: a mode knob
+    that judges or times the outputs, never shapes them: points that differ only in it compare (compare.inputs_key)."""
+    return field(default=default, metadata={"lo": lo, "hi": hi, "choices": choices, "lo_open": lo_open, "judges": judges})
 
 
 # --- metrics: what a run reports, declared once; producers write these paths, the headline and MLflow read them
@@ -307,6 +308,12 @@ class ModeConf:
         """What the mode's own knobs allocate beyond a batch and the observations (`cfg`: the job's plain config)."""
         return []
 
+    @classmethod
+    def host_needs(cls, knobs: dict) -> dict[str, str]:
+        """The Python modules its knobs need on this host, each with why and how to install it: preflight refuses the
+        job in one line before any runs when one does not import."""
+        return {}
+
 
 @dataclass
 class OfflineMode(ModeConf):
@@ -382,7 +389,7 @@ class BatchMode(ModeConf):
         "invariance_max": own("batch_invariance_max_abs", "output units", "max |batched - single-row| of any output"),
         "rows_identical": own("rows_bit_identical", "share", "rows whose batched outputs equal single-row ones bit for bit"),
         "rows_per_s": own("batched_rows_per_s", "rows/s", "throughput in batches")}
-    budget_s: float = rule(lo=0, hi=600, lo_open=True)
+    budget_s: float = rule(lo=0, hi=600, lo_open=True, judges=True)
 
 
 @dataclass
@@ -405,11 +412,11 @@ class BenchmarkMode(ModeConf):
         "miss_rate": own("control_loop/miss_rate", "share", "control loop: ticks that missed their deadline"),
         "loop_hz_max": own("control_loop/max_rate_hz", "Hz", "control loop: highest rate within mode.max_miss_rate"),
         "best_p50_us": Headline((BACKEND_P50,)), "best_obs_per_s": Headline((BACKEND_OBS,))}
-    backends: List[str] = MISSING
+    backends: List[str] = rule(choices=BACKEND_NAMES)
     batch_sizes: Optional[List[int]] = MISSING
-    scenarios: List[str] = MISSING
+    scenarios: List[str] = rule(choices=SCENARIOS)
     rounds: int = rule(lo=1, hi=1000)
-    budget_s: float = rule(lo=0, hi=3600, lo_open=True)
+    budget_s: float = rule(lo=0, hi=3600, lo_open=True, judges=True)
     warmup_s: float = rule(lo=0, hi=600)
     settle_s: float = rule(lo=0, hi=60)
     energy: bool = MISSING
@@ -431,8 +438,14 @@ class BenchmarkMode(ModeConf):
     rate_hz: float = rule(lo=0, hi=100_000, lo_open=True)  # 10 µs a tick: beyond that no Python loop keeps time
     duration_s: float = rule(lo=0, hi=3600, lo_open=True)
     max_miss_rate: float = rule(lo=0, hi=1)
-    confidence: float = rule(lo=0, hi=1, lo_open=True)
+    confidence: float = rule(lo=0, hi=1, lo_open=True, judges=True)
     loop_search_s: float = rule(lo=0, hi=600, lo_open=True)
+
+    @classmethod
+    def host_needs(cls, knobs: dict) -> dict[str, str]:
+        """MLPerf LoadGen for its LoadGen scenarios (the control loop is LoadGen-free)."""
+        wanted = [s for s in knobs["scenarios"] if s != "control_loop"]
+        return {"mlperf_loadgen": f"mode.scenarios {wanted} run on MLPerf LoadGen: {LOADGEN_INSTALL}"} if wanted else {}
 
     @classmethod
     def allocations(cls, cfg: dict, row: RowBytes) -> list[Allocation]:
@@ -475,6 +488,7 @@ class BenchmarkMode(ModeConf):
         return out
 
 
+LOADGEN_INSTALL = "pip install mlcommons-loadgen==6.0.17"
 LOADGEN_QUERY_BYTES = 512  # LoadGen's schedule and record of one query (measured: 360-390 B at 0.4-0.8 M queries), or
 # of one sample of an offline query (its Python object in the issue callback: 480 B measured at 0.4 M samples)
 LOADGEN_SAMPLE_BYTES = 64  # each further sample of a multi_stream query (measured: 50-53 B at 0.8-1.3 M samples)
@@ -503,9 +517,9 @@ class ExportOnnxMode(ModeConf):
     headline: ClassVar[Dict[str, Headline]] = {
         "max_abs_vs_torch": Headline((MAX_ABS.at(ref="torch"),)),
         "src_identical": own("graph/vs_source/bit_identical", "1/0", "the export equals the source .onnx's outputs")}
-    path: Optional[str] = MISSING
-    opset: int = rule(lo=7, hi=21)
-    atol: float = rule(lo=0)
+    path: Optional[str] = rule(judges=True)
+    opset: int = rule(lo=7, hi=21, judges=True)
+    atol: float = rule(lo=0, judges=True)
     masks: str = rule(choices=MASKS)
     overwrite: bool = False
 
@@ -520,8 +534,8 @@ class FingerprintMode(ModeConf):
     loop: str = rule(choices=LOOPS)
     actions: str = rule(choices=ACTION_KINDS)
     envs: int = rule(lo=1, hi=1_000_000)
-    decimals: int = rule(lo=0, hi=9)
-    require_match: List[str] = MISSING
+    decimals: int = rule(lo=0, hi=9, judges=True)
+    require_match: List[str] = rule(choices=DTYPE_NAMES, judges=True)
     dynamics: Dynamics = MISSING
 
     @classmethod
@@ -535,11 +549,11 @@ class OnnxCompareMode(ModeConf):
     headline: ClassVar[Dict[str, Headline]] = {
         "max_abs_vs_ort": Headline((MAX_ABS.at(ref="onnxruntime"),)),
         "sampled_z": own("sampled/mean_z_max", "z", "sampled actions: the largest |z| of a mean against the reference's")}
-    provider: str = MISSING
+    provider: str = rule(judges=True)
     sample_rows: int = rule(lo=1, hi=100_000)
     samples: int = rule(lo=2, hi=1_000_000)
-    confidence: float = rule(lo=0, hi=1, lo_open=True)
-    rel_floor: float = rule(lo=0, lo_open=True)
+    confidence: float = rule(lo=0, hi=1, lo_open=True, judges=True)
+    rel_floor: float = rule(lo=0, lo_open=True, judges=True)
     masks: str = rule(choices=MASKS)
 
     @classmethod
@@ -554,7 +568,7 @@ class PrecisionMode(ModeConf):
     name: ClassVar[str] = "precision"
     headline: ClassVar[Dict[str, Headline]] = {
         "rel_ratio": own("relative/ratio", "ratio", "the device's RMSE vs fp64 over the CPU's in the same dtype")}
-    relative: Relative = MISSING
+    relative: Relative = rule(judges=True)
 
 
 @dataclass
@@ -570,7 +584,7 @@ class SearchMode(ModeConf):
         "evaluations": own("search/evaluations", "plans", "plans judged on the search split to find it"),
         "held_out": own("search/held_out_passed", "1 = yes", "the plan passes the held-out split too (0: overfit)"),
         "plan_p50_us": own("search/plan_p50_us", "µs", "the plan's p50 latency at the job's batch size")}
-    candidates: Optional[List[str]] = MISSING
+    candidates: Optional[List[str]] = rule(choices=DTYPE_NAMES)
     save_as: Optional[str] = MISSING
 
 
@@ -585,9 +599,9 @@ class StatsMode(ModeConf):
     envs: int = rule(lo=1, hi=1_000_000)
     source: str = rule(choices=STATS_SOURCES)
     trajectory: Optional[str] = MISSING
-    drift_threshold: float = rule(lo=0)
-    drift_fail: Optional[float] = rule(lo=0)
-    saturation: float = rule(lo=0, hi=1, lo_open=True)
+    drift_threshold: float = rule(lo=0, judges=True)
+    drift_fail: Optional[float] = rule(lo=0, judges=True)
+    saturation: float = rule(lo=0, hi=1, lo_open=True, judges=True)
     dynamics: Dynamics = MISSING
 
     @classmethod
@@ -617,7 +631,7 @@ class RecordMode(ModeConf):
     headline: ClassVar[Dict[str, Headline]] = {"points": own("bundle/points", "count", "points in the bundle")}
     out: Optional[str] = MISSING
     latency: LatencySamples = MISSING
-    decimals: int = rule(lo=0, hi=9)
+    decimals: int = rule(lo=0, hi=9, judges=True)
 
 
 @dataclass
@@ -638,7 +652,7 @@ class ReplayMode(ModeConf):
     latency: LatencySamples = MISSING
     alpha: float = rule(lo=0, hi=1, lo_open=True)
     fail_on_latency: bool = MISSING
-    decimals: int = rule(lo=0, hi=9)
+    decimals: int = rule(lo=0, hi=9, judges=True)
 
 
 @dataclass
@@ -811,8 +825,7 @@ def _check_value(kind: Any, value: Any, key: str, meta: dict) -> None:
     if origin in (list, List):
         if not isinstance(value, list):
             raise UserError(f"{key} must be a list, got {value!r}")
-        choices = {"mode.require_match": DTYPE_NAMES, "mode.candidates": DTYPE_NAMES, "mode.backends": BACKEND_NAMES,
-                   "mode.scenarios": SCENARIOS}.get(key)
+        choices = meta.get("choices")
         bad = [v for v in value if choices and v not in choices]
         if bad:
             raise UserError(f"{key}: unknown entry {bad[0]!r}; valid: {', '.join(choices)}")

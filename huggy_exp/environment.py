@@ -114,10 +114,9 @@ def _ascend_driver(root: Path = Path("/usr/local/Ascend/driver")) -> str:
 
 
 def runtime_flags() -> dict:
-    """The process's precision switches: fp32 math per op (placement.precision_switches: oneDNN, cuBLAS, cuDNN conv and
-    RNN, Ascend's HF32 and cube math type), reduced-precision reductions, deterministic algorithms (the point's thread
-    count is recorded with the point). torch's legacy allow_tf32 / float32_matmul_precision are not read: once the
-    per-op switches are set, reading them raises."""
+    """The process's precision switches: fp32 math (placement.precision_switches: oneDNN per op, cuBLAS's and cuDNN's
+    legacy allow_tf32 and per-op fp32_precision, Ascend's HF32 and cube math type), reduced-precision reductions,
+    deterministic algorithms (the point's thread count is recorded with the point)."""
     import torch
 
     from huggy_exp.placement import precision_switches
@@ -134,13 +133,16 @@ def runtime_flags() -> dict:
 
 def device_switches() -> dict[str, str]:
     """The device runtime's switches beside the fp32 ones (runtime_flags) that decide what runs where: torch_npu's
-    CPU fallback (placement.NPU_FALLBACK_ENV), jit-compile mode and internal formats, and the visible-devices variables
-    (which card `npu:0` is). Never imports torch_npu, never initialises a card."""
+    CPU fallback (placement.NPU_FALLBACK_ENV), jit-compile mode and internal formats, when it initialises ACL's operator
+    options (ACL_OP_INIT_MODE: unset or 0 when the card starts; 1 at the first ACL operator, where torch_npu builds
+    before 2025-09 reset the HF32 option after placement.set_again), and the visible-devices variables (which card
+    `npu:0` is). Never imports torch_npu, never initialises a card."""
     import sys
 
     from huggy_exp.placement import NPU_FALLBACK_ENV, VISIBLE_ENV
 
-    out = {"npu_fallback_cpu_disable": os.environ.get(NPU_FALLBACK_ENV, "unset")}
+    out = {"npu_fallback_cpu_disable": os.environ.get(NPU_FALLBACK_ENV, "unset"),
+           "npu_acl_op_init_mode": os.environ.get("ACL_OP_INIT_MODE", "unset")}
     npu = getattr(sys.modules.get("torch"), "npu", None)
     jit_off = getattr(npu, "is_jit_compile_false", None)
     started = jit_off is not None and bool(getattr(npu, "is_initialized", lambda: False)())

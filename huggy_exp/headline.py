@@ -7,7 +7,7 @@ import math
 import re
 from itertools import product
 
-from huggy_exp.config import (AGREEMENT, COSINE_MIN_ROW, KL_MAX, LATENCY, MAX_ABS, ORT_INT8_KL, ORT_INT8_P50, SHIFT_MAX,
+from huggy_exp.config import (AGREEMENT, COSINE_MIN_ROW, KL_MAX, LATENCY, MAX_ABS, ORT_INT8_KL, ORT_INT8_P50, SHIFT_MAX, SQNR,
                               Headline, Metric, modes)
 from huggy_exp.verify import DECLARED
 
@@ -122,6 +122,10 @@ def logged_metrics(record: dict) -> dict[str, float]:
         value = metrics.get(path + suffix)
         if _finite(value) and f"{path}_limit" in metrics:  # judged outputs only
             out[f"vs_fp64/{stem}/{stat}{suffix}"] = float(value) if suffix else readable(stat, float(value))
+    for stem in stems:  # SQNR last, reported not judged: only in the room the rest left under the cap (+inf: not logged)
+        value = metrics.get(SQNR.at(stem=stem, ref="fp64").path)
+        if _finite(value) and MAX_ABS.at(stem=stem, ref="fp64").path + "_limit" in metrics:
+            out[f"vs_fp64/{stem}/sqnr_db"] = readable("sqnr_db", float(value))
     own = [first_screen_name(n) for n in (modes()[mode].first_screen if mode in modes() else ())]
     kept = {k: out[k] for k in [logged_name("passed"), *own] if k in out} | out  # the cap keeps the mode's own answer
     return dict(list(kept.items())[:MAX_LOGGED])

@@ -8,7 +8,6 @@ the caller compares them with the reference.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import queue
@@ -21,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from huggy_exp import terminal, timing
+from huggy_exp.config import LOADGEN_INSTALL as INSTALL
 from huggy_exp.config import LOADGEN_QUERY_BYTES, MULTI_STREAM_MIN_QUERIES, loadgen_schedule
 from huggy_exp.config import SCENARIOS as CHOICES
 from huggy_exp.errors import UserError
@@ -29,7 +29,6 @@ from huggy_exp.report import fmt
 from huggy_exp.verify import DECLARED
 
 SCENARIOS = tuple(s for s in CHOICES if s != "control_loop")  # the control loop is LoadGen-free (control_loop.py)
-INSTALL = "pip install mlcommons-loadgen==6.0.17"
 LOGS = ("mlperf_log_summary.txt", "mlperf_log_detail.txt")
 PERCENTILES = {"p50_us": "50.00", "p90_us": "90.00", "p99_us": "99.00", "p999_us": "99.90"}
 
@@ -59,13 +58,6 @@ def require():
         raise UserError(f"the scenarios {', '.join(SCENARIOS)} run on MLPerf LoadGen, which is not installed here: "
                         f"{INSTALL}") from None
     return mlperf_loadgen
-
-
-def check_available(scenarios: list[str]) -> None:
-    """Before any job starts: LoadGen is importable when a LoadGen scenario is asked for (no import of it here)."""
-    wanted = [s for s in scenarios if s in SCENARIOS]
-    if wanted and importlib.util.find_spec("mlperf_loadgen") is None:
-        raise UserError(f"mode.scenarios {wanted} run on MLPerf LoadGen, which is not installed here: {INSTALL}")
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
 from huggy_exp.errors import UserError
-from huggy_exp.verify import as_rows, finite_limits, log_softmax
+from huggy_exp.verify import finite_limits, log_softmax
 
 ACTION_STATS = {"action_mean": np.mean, "action_std": np.std, "action_min": np.min, "action_max": np.max}
 
@@ -42,26 +41,6 @@ def limits_for(table: dict, dtype: str, device: str, specialize: dict | None, wh
     limits = finite_limits(dict(table[dtype]), f"{where}.{dtype}")
     limits.update(finite_limits(dict((specialize or {}).get(special) or {}), f"{where} specialize.{special}"))
     return limits
-
-
-def sqnr_db(actual: np.ndarray, expected: np.ndarray) -> float:
-    """Signal-to-quantization-noise ratio, 10 log10(sum ref^2 / sum (ref - x)^2) dB: +inf where they are equal, NaN
-    where either side is not finite (PyTorch's quantization tests gate at 30 dB)."""
-    a, e = as_rows(actual, expected)
-    noise, signal = float(np.sum((e - a) ** 2)), float(np.sum(e**2))
-    if not (np.isfinite(noise) and np.isfinite(signal)):
-        return float("nan")
-    return math.inf if noise == 0 else (10 * math.log10(signal / noise) if signal > 0 else -math.inf)
-
-
-def rel_rmse(actual: np.ndarray, expected: np.ndarray) -> float:
-    """RMSE divided by the RMS of the expected values: comparable across layers of different scale."""
-    a, e = as_rows(actual, expected)
-    if a.size == 0:
-        return float("nan")
-    scale = float(np.sqrt(np.mean(e**2)))
-    err = float(np.sqrt(np.mean((a - e) ** 2)))
-    return err / scale if scale > 0 else err
 
 
 def error_ratio(device_error: float, cpu_error: float) -> float:

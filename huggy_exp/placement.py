@@ -206,6 +206,8 @@ def _probe(torch_device: torch.device, device: str, dtype: str) -> None:
         (probe @ probe).sum().item()
     except (RuntimeError, TypeError) as exc:
         raise Unsupported(f"dtype {dtype} is not supported on {device}: {first_line(exc)}") from None
+    if torch_device.type == "npu":
+        set_again("npu")  # after the card's first op: older torch_npu builds reset ACL's HF32 option when it starts
 
 
 def _cpu_only(device: str, dtype: str) -> None:
@@ -258,54 +260,88 @@ def _quietly(call):
 # which precision modes each device kind honours: tf32 is CUDA's (cuBLAS, cuDNN), hf32 Ascend's (cube units)
 HONOURED = {"cpu": ("ieee",), "cuda": ("ieee", "tf32"), "npu": ("ieee", "hf32"), "mps": ("ieee",)}
 TORCH_OPS = ("matmul", "conv", "rnn")  # the ops torch's per-op fp32_precision switches name (mkldnn; cudnn: conv, rnn)
-# every fp32 switch by its recorded name: (its holder's path under torch, its attribute). The CPU's oneDNN per op, CUDA's
-# per op (torch >= 2.9; cuDNN's RNN is tf32 by default), torch_npu's HF32 (matmul off by default, conv on) and, where
-# it exists (CANN >= 8.5), the matmul cube math type, which outranks allow_hf32 when set
+# every fp32 switch by its recorded name: (its holder's path under torch, its attribute), in the order they are set.
+# The CPU's oneDNN per op; CUDA's legacy switches (every torch: cuBLAS, and cuDNN's conv and RNN together; inductor reads
+# them) before its per-op ones (torch >= 2.9; cuDNN's RNN is tf32 by default), so that both read the mode; torch_npu's
+# HF32 (matmul off by default, conv on; torch.npu.aclnn.allow_hf32 is conv's, under its aclnn name) and, where it
+# exists (CANN >= 8.5), the matmul cube math type, which outranks allow_hf32 when set
 SWITCHES = {**{f"cpu_{op}": (f"backends.mkldnn.{op}", "fp32_precision") for op in TORCH_OPS},
+            "cuda_matmul_allow_tf32": ("backends.cuda.matmul", "allow_tf32"),
+            "cudnn_allow_tf32": ("backends.cudnn", "allow_tf32"),
             "cuda_matmul": ("backends.cuda.matmul", "fp32_precision"),
             **{f"cudnn_{op}": (f"backends.cudnn.{op}", "fp32_precision") for op in ("conv", "rnn")},
-            **{f"npu_{op}_allow_hf32": (f"npu.{op}", "allow_hf32") for op in ("matmul", "conv")},
+            **{f"npu_{op}_allow_hf32": (f"npu.{op}", "allow_hf32") for op in ("matmul", "conv", "aclnn")},
             "npu_cube_math_type": ("npu.matmul", "cube_math_type")}
+# switches a build may lack whatever the mode (recorded `not present`): the CPU's before torch 2.4 (it stays IEEE),
+# CUDA's per-op ones before torch 2.9 (the legacy ones carry the mode), torch_npu's aclnn name and the cube math type
+OPTIONAL = {"cpu_matmul", "cpu_conv", "cpu_rnn", "cuda_matmul", "cudnn_conv", "cudnn_rnn", "npu_aclnn_allow_hf32",
+            "npu_cube_math_type"}
+# torch_npu's switch objects answer every attribute name (their __getattr__ returns None for a name they lack), so a
+# switch is present when it reads a value; one whose unset value is None is present when this companion exists
+PRESENT_WITH = {"npu_cube_math_type": "npu.CubeMathType"}
 
 
 def set_precision(device: str, dtype: str, mode: str) -> dict[str, str]:
     """Put the fp32 switches of the device's kind in `mode` (the CPU's in ieee always: the references run there) and
     return what every switch reads back. A mode the device cannot honour, or tf32/hf32 with another dtype, is
-    Unsupported (skipped), and so is a switch that does not read back what was set. Switches are process-wide: every
-    job sets them, so a sweep's earlier point never leaks its mode into the next."""
+    Unsupported (skipped), and so is a switch the mode needs that this build lacks, or one that does not read back what
+    was set. Switches are process-wide: every job sets them, so a sweep's earlier point never leaks its mode into the
+    next."""
     kind, _ = check_device(device)
     if mode not in HONOURED[kind]:
         raise Unsupported(f"precision_mode={mode} cannot be honoured on {kind}: it has {', '.join(HONOURED[kind])} "
                           "(tf32 is CUDA's, hf32 Ascend's)")
     if mode != "ieee" and not config.DTYPES[dtype].fp32_math:
         raise Unsupported(f"precision_mode={mode} changes fp32 math only; dtype={dtype} computes in {dtype} (use ieee)")
-    values: dict[str, object] = {f"cpu_{op}": "ieee" for op in TORCH_OPS}  # oneDNN may otherwise run fp32 in bf16/tf32
-    if kind == "cuda":
-        if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):
-            raise Unsupported(f"precision_mode={mode}: torch {torch.__version__} has no per-op fp32_precision switches (torch >= 2.9)")
-        values.update({"cuda_matmul": mode, "cudnn_conv": mode, "cudnn_rnn": mode})
-    elif kind == "npu":
-        _import_backend("npu")
-        hf32, cube = mode == "hf32", getattr(torch.npu, "CubeMathType", None)
-        values.update({"npu_matmul_allow_hf32": hf32, "npu_conv_allow_hf32": hf32})
-        if cube is not None:
-            values["npu_cube_math_type"] = cube.USE_HF32 if hf32 else cube.KEEP_DTYPE
+    values = {f"cpu_{op}": "ieee" for op in TORCH_OPS} | _device_values(kind, mode)
     asked = {}
     for key, value in values.items():
         holder, name = _holder(key)
-        if hasattr(holder, name):
+        if _present(key):
             _switch(holder, name, value, mode)
             asked[key] = _shown(value)
-        elif mode != "ieee" and not key.startswith(("cpu_", "npu_cube_math_type")):  # those two may be absent: the
-            # CPU's before torch 2.4 (it stays IEEE), the cube math type before CANN 8.5; a switch the mode needs may not
+        elif mode != "ieee" and key not in OPTIONAL:
             raise Unsupported(f"precision_mode={mode}: this build has no {SWITCHES[key][0]}.{name} switch to set")
     found = precision_switches()
     wrong = {k: found.get(k) for k, v in asked.items() if found.get(k) != v}
     if wrong:
         raise Unsupported(f"precision_mode={mode}: the switches read back {wrong}, not {({k: asked[k] for k in wrong})}")
-    if kind == "cuda":  # what this point's onnxruntime CUDA sessions are given (onnxruntime_options)
-        found["onnxruntime_cuda_use_tf32"] = onnxruntime_options("CUDAExecutionProvider", None, mode)["use_tf32"]
-    return found
+    return found | backend_options(kind, mode)
+
+
+def _device_values(kind: str, mode: str) -> dict[str, object]:
+    """The device kind's switch values for `mode`, in the order they are set."""
+    if kind == "cuda":
+        tf32 = mode == "tf32"
+        return {"cuda_matmul_allow_tf32": tf32, "cudnn_allow_tf32": tf32, "cuda_matmul": mode, "cudnn_conv": mode,
+                "cudnn_rnn": mode}
+    if kind != "npu":
+        return {}
+    _import_backend("npu")
+    hf32, cube = mode == "hf32", getattr(torch.npu, "CubeMathType", None)
+    values: dict[str, object] = {f"npu_{op}_allow_hf32": hf32 for op in ("matmul", "conv", "aclnn")}
+    if cube is not None:
+        values["npu_cube_math_type"] = cube.USE_HF32 if hf32 else cube.KEEP_DTYPE
+    return values
+
+
+def set_again(kind: str) -> None:
+    """Set the device kind's fp32 switches again to what they read, after the card's first op: torch_npu builds before
+    2025-09 set ACL's HF32 option to its default ("10": conv on, matmul off) when the card starts
+    (LazyInitAclops.cpp, SetHF32DefaultValue), over what set_precision set, while the getters still read the value
+    set; setting it again puts ACL's option back (torch_npu's option hooks)."""
+    for key in SWITCHES:
+        if key.startswith(f"{kind}_") and _present(key) and (value := _read(key)) is not None:
+            holder, name = _holder(key)
+            setattr(holder, name, value)
+
+
+def backend_options(kind: str, mode: str) -> dict[str, str]:
+    """What this point's onnxruntime sessions are given for `mode` on the device kind (onnxruntime_options), recorded
+    beside the switches."""
+    if kind == "cuda":
+        return {"onnxruntime_cuda_use_tf32": onnxruntime_options("CUDAExecutionProvider", None, mode)["use_tf32"]}
+    return {}
 
 
 def onnxruntime_options(provider: str, index: int | None, mode: str) -> dict[str, str]:
@@ -323,11 +359,29 @@ def _holder(key: str) -> tuple[object, str]:
     return functools.reduce(lambda obj, part: getattr(obj, part, None), path.split("."), torch), name
 
 
+def _read(key: str) -> object:
+    """A switch's value (None where absent); torch's legacy getters raise on a mix of legacy and per-op settings."""
+    holder, name = _holder(key)
+    return getattr(holder, name, None)
+
+
+def _present(key: str) -> bool:
+    """Whether this build has the switch: it reads a value (torch_npu's switch objects answer None for every name they
+    lack), or, for one whose unset value is None, its companion (PRESENT_WITH) exists."""
+    if key in PRESENT_WITH:
+        return _holder(key)[0] is not None and functools.reduce(
+            lambda obj, part: getattr(obj, part, None), PRESENT_WITH[key].split("."), torch) is not None
+    try:
+        return _read(key) is not None
+    except RuntimeError:
+        return True
+
+
 def _switch(holder, name: str, value: object, mode: str) -> None:
     """Set one switch; a torch whose switch refuses the value skips the point, saying so."""
     try:
         setattr(holder, name, value)
-    except (RuntimeError, ValueError, AssertionError) as exc:
+    except (RuntimeError, ValueError, AssertionError, TypeError) as exc:
         raise Unsupported(f"precision_mode={mode}: torch {torch.__version__} refused {name}={value!r} ({first_line(exc)})") from None
 
 
@@ -339,12 +393,15 @@ def _shown(value: object) -> str:
 
 
 def precision_switches() -> dict[str, str]:
-    """Every fp32 precision switch of this process (SWITCHES) as it reads now, `not present` where the switch does not
-    exist; never imports torch_npu (only an npu module imported already, or the emulated one, is read)."""
+    """Every fp32 precision switch of this process (SWITCHES) as it reads now, `not present` where this build lacks it
+    and `unreadable` where torch refuses to read it (a mix of its legacy and per-op settings, made outside
+    set_precision); never imports torch_npu (only an npu module imported already, or the emulated one, is read)."""
     out = {}
     for key in SWITCHES:
-        holder, name = _holder(key)
-        out[key] = _shown(getattr(holder, name)) if hasattr(holder, name) else "not present"
+        try:
+            out[key] = _shown(_read(key)) if _present(key) else "not present"
+        except RuntimeError as exc:
+            out[key] = f"unreadable: {first_line(exc)[:80]}"
     return out
 
 

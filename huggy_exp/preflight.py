@@ -4,6 +4,7 @@ and the host checks (device, LoadGen, tracking store, job folder and free disk).
 from __future__ import annotations
 
 import copy
+import importlib.util
 import math
 import os
 import re
@@ -42,16 +43,16 @@ MAX_SWEEP_POINTS = 10_000  # points one -m may launch: each is validated first a
 
 
 def validate(cfg: DictConfig, mode: str) -> None:
-    """The schema's checks (config.validate), then the host's: a device name torch knows, LoadGen installed for its
-    scenarios, the tracking store answering. placement and loadgen import torch: imported here, after run.py has
-    started MLflow's helper process."""
-    from huggy_exp.loadgen import check_available
+    """The schema's checks (config.validate), then the host's: a device name torch knows, the modules the mode's knobs
+    need (its `host_needs`: benchmark's LoadGen), the tracking store answering. placement imports torch: imported here,
+    after run.py has started MLflow's helper process."""
     from huggy_exp.placement import check_device
 
     plain = config.validate(cfg, mode)
     check_device(str(plain["device"]))
-    if mode == "benchmark":
-        check_available(plain["mode"]["scenarios"])
+    for module, why in config.modes()[mode].host_needs(plain["mode"]).items():  # the mode's declared needs
+        if importlib.util.find_spec(module) is None:
+            raise UserError(f"{module} is not installed here: {why}")
     track = plain["tracking"]
     if track.get("enabled") and track.get("uri"):
         try:

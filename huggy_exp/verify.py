@@ -272,7 +272,7 @@ def _number(value) -> float:
 
 
 def elementwise(actual: np.ndarray, expected: np.ndarray, rel_floor: float = REL_FLOOR, dtype: str = "fp32") -> dict[str, float]:
-    """max_abs, mean_abs, rmse, guarded max_rel, cosine (overall, worst row), the required atol/rtol (Polygraphy),
+    """max_abs, mean_abs, rmse, rel_rmse, SQNR, guarded max_rel, cosine (overall, worst row), required atol/rtol (Polygraphy),
     the error in ULPs of `dtype` (max, and the share above msprobe's standard), and NaN/inf mismatches."""
     a, e = as_rows(actual, expected)
     both = np.isfinite(a) & np.isfinite(e)
@@ -283,10 +283,13 @@ def elementwise(actual: np.ndarray, expected: np.ndarray, rel_floor: float = REL
     ulps = diff / ulp(ef, dtype)
     n = max(int(both.sum()), 1)
     row_cos = [cosine(x, y) for x, y in zip(af, ef)]
+    signal, noise = float((ef**2).sum()), float((diff**2).sum())
     out = {
         "max_abs": float(diff.max(initial=0.0)),
         "mean_abs": float(diff.sum() / n),
-        "rmse": float(np.sqrt((diff**2).sum() / n)),
+        "rmse": float(np.sqrt(noise / n)),
+        "rel_rmse": float(np.sqrt(noise / (signal if signal > 0 else n))),  # over the RMS of expected (zero: the rmse)
+        "sqnr_db": sqnr_db(signal, noise),
         "max_rel": float(rel.max(initial=0.0)),
         "cosine": cosine(af, ef),
         "cosine_min_row": float(min(row_cos, default=1.0)),
@@ -303,11 +306,20 @@ def elementwise(actual: np.ndarray, expected: np.ndarray, rel_floor: float = REL
     }
     if not both.all():  # a NaN/inf on either side is no agreement: the errors are infinite, the cosines undefined
         out.update({k: np.inf for k in POISONED_ERRORS})
-        out.update({"cosine": np.nan, "cosine_min_row": np.nan})
+        out.update({"cosine": np.nan, "cosine_min_row": np.nan, "sqnr_db": np.nan})
     return out
 
 
-POISONED_ERRORS = ("max_abs", "mean_abs", "rmse", "max_rel", "required_atol", "required_rtol", "ulp_max")
+POISONED_ERRORS = ("max_abs", "mean_abs", "rmse", "rel_rmse", "max_rel", "required_atol", "required_rtol", "ulp_max")
+
+
+def sqnr_db(signal: float, noise: float) -> float:
+    """Signal-to-quantization-noise ratio, 10·log10(Σref² / Σ(ref - x)²) in dB (PyTorch's quantization tests gate at
+    30 dB): +inf for identical outputs (no noise: result.json writes it "inf", MLflow never gets it), -inf for noise on
+    an all-zero reference. Reported, never judged."""
+    if noise == 0.0:
+        return math.inf
+    return 10.0 * math.log10(signal / noise) if signal > 0.0 else -math.inf
 
 
 def as_rows(actual: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -320,7 +332,8 @@ def as_rows(actual: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 def ulp(values: np.ndarray, dtype: str) -> np.ndarray:
-    """The unit in the last place of `dtype` at each value (subnormals: the smallest normal's ULP)."""
+    """The unit in the last place of `dtype` at each value (subnormals: the smallest normal's ULP): the one ULP, msprobe's
+    (an error in ULPs is |actual - expected| / ulp(expected); certify.bitwise's distances too)."""
     mantissa, emin = DTYPES[dtype].mantissa, DTYPES[dtype].emin
     x = np.abs(np.asarray(values, np.float64))
     exp = np.where(x > 0, np.frexp(x)[1] - 1, emin)

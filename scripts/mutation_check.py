@@ -91,13 +91,13 @@ MUTATIONS = (
     ), ("tests/test_policy_placement.py::test_normalizer_buffers_stay_float32_under_low_precision",
         "tests/test_placement_fake_device.py::test_every_shape_runs_on_the_device_with_cpu_noise_and_fp32_statistics")),
     Mutation("rnn-tf32", "precision_mode=ieee leaves CUDA's switches alone (cuDNN RNNs and convolutions stay TF32)", (
-        ("huggy_exp/placement.py", '    if kind == "cuda":\n        if not hasattr', '    if kind == "cuda" and mode != "ieee":\n        if not hasattr'),
+        ("huggy_exp/placement.py", '    if kind == "cuda":\n        tf32 = mode', '    if kind == "cuda" and mode != "ieee":\n        tf32 = mode'),
     ), ("tests/test_precision_mode.py::test_an_fp32_cuda_point_runs_cudnn_rnns_in_ieee_although_torch_defaults_them_to_tf32",)),
     Mutation("ort-tf32", "onnxruntime's CUDA provider keeps its TF32 default whatever precision_mode says", (
         ("huggy_exp/placement.py", 'options["use_tf32"] = "1" if mode == "tf32" else "0"', 'options["use_tf32"] = "1"'),
     ), ("tests/test_precision_mode.py::test_onnxruntime_cuda_runs_fp32_in_tf32_only_when_precision_mode_says_so",)),
     Mutation("conv-hf32", "precision_mode=ieee leaves torch_npu's conv HF32 (on by default) alone", (
-        ("huggy_exp/placement.py", ', "npu_conv_allow_hf32": hf32}', "}"),
+        ("huggy_exp/placement.py", 'hf32 for op in ("matmul", "conv", "aclnn")}', 'hf32 for op in ("matmul",)}'),
     ), ("tests/test_precision_mode.py::test_hf32_sets_ascends_switches_and_cube_math_type_and_ieee_turns_conv_hf32_off",)),
     Mutation("precision-unchecked", "a precision switch that did not take is reported as the mode asked", (
         ("huggy_exp/placement.py", "    if wrong:\n", "    if False:\n"),

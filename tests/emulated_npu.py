@@ -8,7 +8,10 @@ the surface huggy_exp calls, torch_npu's names: is_available, device_count, set_
 synchronize, Event, Stream / stream / current_stream, memory statistics, NPUGraph / graph (a capture records the
 ops it sees on its own card, on its device and stream, and replays them on the current values; `graph`'s own capture
 stream is made once per process, on the card current at the first capture, as torch_npu's is), get_device_name,
-matmul.allow_hf32 / conv.allow_hf32 (HF32: fp32 matmul inputs rounded to 10 mantissa bits, as the cube unit does).
+torch_npu's switch objects matmul / conv / aclnn (allow_hf32, cube_math_type, CubeMathType; like torch_npu's they
+answer every attribute name) over ACL's HF32 option, which the card computes with (HF32: fp32 matmul inputs rounded to
+10 mantissa bits, as the cube unit does); `HUGGY_EXP_EMULATED_NPU_BUILD=old` is a torch_npu build before 2025-09 (no
+cube math type or aclnn, ACL's HF32 option reset to its default when the card starts: AscendOptions).
 Like torch_npu it registers the dynamo backend `npu` (torch.compile's backend on this device kind): the wrapper is
 traceable (`__tensor_flatten__`), and the backend runs AOTAutograd's graph of the card's ops with dynamo's aot_eager.
 
@@ -26,6 +29,7 @@ agreement of two cards catches it).
 from __future__ import annotations
 
 import contextlib
+import enum
 import os
 import runpy
 import sys
@@ -41,6 +45,7 @@ from torch.utils._pytree import tree_map
 CARDS = 2
 NAME = "Ascend910B-emulated"
 PERTURB_ENV = "HUGGY_EXP_EMULATED_NPU_PERTURB"
+BUILD_ENV = "HUGGY_EXP_EMULATED_NPU_BUILD"  # "old": a torch_npu build before 2025-09 (AscendOptions)
 DEFAULT_PERTURBATION = 1e-7  # about one fp32 ulp: passes every limit, caught only by the cards' bitwise agreement
 aten = torch.ops.aten
 # ops whose result a perturbed card scales, and whose fp32 inputs HF32 rounds (the cube unit's ops)
@@ -70,6 +75,7 @@ def _on(card: int) -> int:
     """An op on `card` from a thread that never called set_device is refused unless it is card 0. torch_npu's current
     device is per thread: such a thread has no context (error 107002, "context is empty") or makes a stray one on
     card 0; the emulator refuses, so a missing set_device shows on the first op."""
+    _ASCEND.start()
     if _thread.device is None and card != 0:
         raise RuntimeError(f"npu:{card}: an op from a thread that never called torch.npu.set_device (emulated 107002, "
                            f"context is empty: call torch.npu.set_device({card}) in this thread first)")
@@ -199,7 +205,7 @@ def _dispatch(func, args, kwargs):
 
 def _compute(func, card: int, args, kwargs):
     """The op on the CPU values, with the card's numerics: HF32 inputs and a perturbed card's matmuls."""
-    if func in MATMULS and _hf32_on(matmul) or func in CONVS and _hf32_on(conv):
+    if func in MATMULS and _ASCEND.hf32("matmul") or func in CONVS and _ASCEND.hf32("conv"):
         args = tree_map(lambda a: _round_hf32(a) if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a, args)
     out = func(*args, **kwargs)
     rel = _perturbation(card)
@@ -297,19 +303,100 @@ def _fallback(op, *args, **kwargs):
 # --- the device module: torch.npu
 
 
-class _Flag:
-    """A switch object like torch_npu's torch.npu.matmul (attribute allow_hf32)."""
+class CubeMathType(enum.IntEnum):
+    """torch_npu.npu.CubeMathType (npu_config._CubeMathType): the matmul cube unit's math type (CANN >= 8.5)."""
 
-    def __init__(self, allow_hf32: bool):
-        self.allow_hf32 = allow_hf32
-
-
-matmul = _Flag(False)  # torch_npu's defaults: HF32 off for matmul, on for convolution
-conv = _Flag(True)
+    KEEP_DTYPE = 0
+    ALLOW_FP32_DOWN_PRECISION = 1
+    USE_FP16 = 2
+    USE_HF32 = 3
 
 
-def _hf32_on(flag: _Flag) -> bool:
-    return bool(flag.allow_hf32)
+class AscendOptions:
+    """torch_npu's registered options (ALLOW_MATMUL_HF32, ALLOW_CONV_HF32, CUBE_MATH_TYPE: what its getters read) and
+    ACL's HF32 compile option that the card's kernels use (`<conv><matmul>`, "10": conv on, matmul off). Setting an
+    HF32 option sets ACL's too (torch_npu's option hooks, EnvVariables.cpp). When the card starts, current builds set
+    ACL's from the options (LazyInitAclops.cpp, SetHF32DefaultValue); builds before 2025-09 (`build="old"`) set "10"
+    whatever was set before, while the getters go on reading the options; old builds have no cube math type either."""
+
+    def __init__(self, build: str = "current"):
+        self.build, self.options, self.started = build, {}, False
+        self.acl_hf32 = self._from_options()
+
+    def _from_options(self) -> str:
+        conv = "0" if self.options.get("ALLOW_CONV_HF32") == "disable" else "1"
+        return conv + ("1" if self.options.get("ALLOW_MATMUL_HF32") == "enable" else "0")
+
+    def set(self, name: str, value: str) -> None:
+        self.options[name] = value
+        if name in ("ALLOW_MATMUL_HF32", "ALLOW_CONV_HF32"):
+            self.acl_hf32 = self._from_options()
+
+    def start(self) -> None:
+        if not self.started:
+            self.started = True
+            self.acl_hf32 = "10" if self.build == "old" else self._from_options()
+
+    def hf32(self, op: str) -> bool:
+        """Whether the card's kernels run `op` ("matmul", "conv") in HF32 now."""
+        return self.acl_hf32[op == "matmul"] == "1"
+
+
+class MatmulSwitches:
+    """torch.npu.matmul (npu_config._allowHF32Matmul): allow_hf32 and cube_math_type through the options; like
+    torch_npu's, it answers every other name with None and ignores setting it."""
+
+    def __init__(self, opts: AscendOptions):
+        object.__setattr__(self, "_opts", opts)
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "allow_hf32":
+            if not isinstance(value, bool):
+                raise TypeError(f"allow_hf32 must be a bool, but got {type(value).__name__}")
+            self._opts.set("ALLOW_MATMUL_HF32", "enable" if value else "disable")
+        elif name == "cube_math_type" and self._opts.build != "old":
+            if not isinstance(value, CubeMathType):
+                raise TypeError(f"value should be one of Enum CubeMathType when setting cube_math_type, but got {type(value)}")
+            self._opts.set("CUBE_MATH_TYPE", str(int(value)))
+
+    def __getattr__(self, name: str):
+        if name == "allow_hf32":
+            return self._opts.options.get("ALLOW_MATMUL_HF32") == "enable"
+        if name == "cube_math_type" and self._opts.options.get("CUBE_MATH_TYPE"):
+            return CubeMathType(int(self._opts.options["CUBE_MATH_TYPE"]))
+        return None
+
+
+class ConvSwitches:
+    """torch.npu.conv (npu_config._allowHF32Conv) and, under `name`, torch.npu.aclnn (the same option): allow_hf32,
+    on unless disabled; every other name answers None."""
+
+    def __init__(self, opts: AscendOptions):
+        object.__setattr__(self, "_opts", opts)
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "allow_hf32":
+            if not isinstance(value, bool):
+                raise TypeError(f"allow_hf32 must be a bool, but got {type(value).__name__}")
+            self._opts.set("ALLOW_CONV_HF32", "enable" if value else "disable")
+
+    def __getattr__(self, name: str):
+        if name == "allow_hf32":
+            return self._opts.options.get("ALLOW_CONV_HF32", "enable") != "disable"
+        return None
+
+
+def switches(build: str = "current") -> dict:
+    """torch_npu's precision surface on torch.npu for a build: matmul, conv and, on current builds, aclnn and
+    CubeMathType; `_ascend` holds the options the card computes with."""
+    opts = AscendOptions(build)
+    found = {"matmul": MatmulSwitches(opts), "conv": ConvSwitches(opts), "_ascend": opts}
+    if build != "old":
+        found |= {"aclnn": ConvSwitches(opts), "CubeMathType": CubeMathType}
+    return found
+
+
+_ASCEND = AscendOptions()  # the options the cards compute with: device_module() puts its build's here
 
 
 class Stream:
@@ -490,6 +577,7 @@ def current_device() -> int:
 
 def set_device(device) -> None:
     _thread.device = _card(device)
+    _ASCEND.start()
 
 
 def synchronize(device=None) -> None:
@@ -541,8 +629,13 @@ def device_module() -> types.ModuleType:
     for name in ("is_available", "is_initialized", "device_count", "current_device", "set_device", "synchronize",
                  "get_device_name", "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
                  "reset_peak_memory_stats", "memory_stats", "manual_seed_all", "_is_in_bad_fork", "is_jit_compile_false",
-                 "Stream", "Event", "current_stream", "default_stream", "stream", "NPUGraph", "graph", "matmul", "conv"):
+                 "Stream", "Event", "current_stream", "default_stream", "stream", "NPUGraph", "graph"):
         setattr(mod, name, globals()[name])
+    global _ASCEND
+    surface = switches(os.environ.get(BUILD_ENV, "current"))
+    _ASCEND = surface.pop("_ascend")
+    for name, value in surface.items():
+        setattr(mod, name, value)
     mod.EMULATED = True  # the marker huggy_exp.environment reads
     return mod
 

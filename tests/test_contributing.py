@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 import subprocess
+from typing import List
 
 import pytest
 from conftest import PYTHON, REPO, subprocess_env
@@ -60,6 +61,55 @@ def test_contributing_names_the_three_code_files_of_a_mode():
     assert files_to_touch("Adding a mode") == ["huggy_exp/tasks/<name>.py", "conf/mode/<name>.yaml", "huggy_exp/config.py"]
 
 
+def section(name: str) -> str:
+    text = (REPO / "CONTRIBUTING.md").read_text()
+    return text.split(f"## {name}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_adding_a_mode_lists_every_trait_of_a_mode_and_its_default():
+    """Every class variable and class method of ModeConf that other modules read is a listed trait, with its default."""
+    from huggy_exp.config import ModeConf
+
+    traits = {n for n, v in vars(ModeConf).items() if isinstance(v, classmethod) and n != "is_task"}
+    traits |= {n for n in ModeConf.__annotations__ if "ClassVar" in str(ModeConf.__annotations__[n]) and n != "name"}
+    body = " ".join(section("Adding a mode").split())
+    listed = set(re.findall(r"- `(\w+)(?:\(.*?\))?` \(default (?:true|false|none)\)", body))
+    assert traits == listed, f"not listed: {sorted(traits - listed)}; not traits: {sorted(listed - traits)}"
+    assert "default to true" in body and "`verified = False`" in body and "`timed = False`" in body
+
+
+def test_a_knob_that_judges_is_declared_by_its_field_and_a_list_field_holds_its_choices():
+    from dataclasses import fields
+
+    from huggy_exp import compare, config
+    from huggy_exp.errors import UserError
+
+    judges = {f.name for f in fields(config.StatsMode) if f.metadata.get("judges")}
+    assert judges == {"drift_threshold", "drift_fail", "saturation"}
+    row = {"mode": "stats", "obs": "random/8/x1.0", "batch_size": 8, "seed": 0, "model_sha256": "m",
+           "knobs": {"steps": 10, "drift_threshold": 0.05}}
+    looser = {**row, "knobs": {"steps": 10, "drift_threshold": 0.5}}
+    longer = {**row, "knobs": {"steps": 20, "drift_threshold": 0.05}}
+    assert compare.inputs_key(row) == compare.inputs_key(looser) != compare.inputs_key(longer)
+    meta = {"choices": ("red", "blue")}  # any list field's choices, not three dotted paths
+    with pytest.raises(UserError, match=r"mode.colors: unknown entry 'green'; valid: red, blue"):
+        config._check_value(List[str], ["red", "green"], "mode.colors", meta)
+
+
+def test_a_modes_host_check_is_its_declared_trait_not_its_name():
+
+    from huggy_exp import config
+
+    assert config.BenchmarkMode.host_needs({"scenarios": ["control_loop"]}) == {}
+    assert set(config.BenchmarkMode.host_needs({"scenarios": ["server"]})) == {"mlperf_loadgen"}
+    assert all(not schema.host_needs({}) for name, schema in config.modes().items() if name != "benchmark")
+    import inspect
+
+    from huggy_exp import preflight
+
+    assert not re.search(r"mode == [\"']\w", inspect.getsource(preflight.validate)), "a host check keyed by a mode's name"
+
+
 def copy_tree(tree):
     for part in ("huggy_exp", "conf", "hydra_plugins", "scripts", "docs"):
         shutil.copytree(REPO / part, tree / part, ignore=shutil.ignore_patterns("__pycache__"))
@@ -84,7 +134,13 @@ def test_a_toy_mode_added_from_contributings_list_runs_through_a_sweep(tmp_path,
     assert out.returncode == 0, out.stderr[-2000:]
     records = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/result.json"))]
     assert [r["status"] for r in records] == ["passed", "passed"]
+    # no silent place: its headline metric was produced, its knob's rule holds, step 4's reference lists the knob
     assert [r["headline_metrics"]["value"] for r in records] == [2.0, 4.0]
+    bad = subprocess.run([PYTHON, "run.py", "mode=toy", "mode.scale=-1", "tracking=none", f"hydra.run.dir={tmp_path / 'bad'}"],
+                         cwd=tree, env=env, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "mode.scale=-1.0 is out of range: must be >= 0" in bad.stderr, bad.stderr[-2000:]
+    subprocess.run([PYTHON, "scripts/config_reference.py", "--write"], cwd=tree, env=env, check=True, timeout=120)
+    assert "`mode.scale` = `2.0`: multiplies the seed" in (tree / "docs" / "configuration.md").read_text()
 
 
 def test_contributing_names_the_two_code_files_of_a_backend():

@@ -177,6 +177,6 @@ def test_failure_12_rays_noset_variables_are_refused_in_one_line(two_cuda_cards)
 
 def test_failure_13_every_device_switch_is_in_result_json(tmp_path, default_model):
     record = run_job(tmp_path, "action", "obs.rows=2").record
-    assert set(record["switches"]) == {"npu_fallback_cpu_disable", "npu_jit_compile", "npu_allow_internal_format",
-                                       "visible_cuda", "visible_npu"}
+    assert set(record["switches"]) == {"npu_fallback_cpu_disable", "npu_acl_op_init_mode", "npu_jit_compile",
+                                       "npu_allow_internal_format", "visible_cuda", "visible_npu"}
     assert set(environment.capture()["switches"]) == set(record["switches"])

@@ -3,8 +3,10 @@ produced by a real job, so a misspelt or renamed path fails here, not silently i
 
 from __future__ import annotations
 
+import json
 import re
 
+import numpy as np
 import pytest
 
 from conftest import run_job
@@ -86,3 +88,48 @@ def test_a_metric_field_it_lacks_is_an_error():
     assert config.MAX_ABS.at(ref="fp64").path == "{stem}/vs_fp64/max_abs"
     with pytest.raises(KeyError, match="no field backend"):
         config.MAX_ABS.at(backend="eager")
+
+
+# --- SQNR: in every comparison and result.json; in MLflow only in the room the answer leaves
+
+
+def _precision_record(sqnr: float, extra: int = 0) -> dict:
+    metrics = {"actions/vs_fp64/max_abs": 1e-7, "actions/vs_fp64/max_abs_limit": 1e-5, "actions/vs_fp64/sqnr_db": sqnr,
+               "actions/vs_fp64/cosine_min_row": 0.9999999, "actions/vs_fp64/cosine_min_row_limit": 0.99999,
+               **{"eager/b64/p50_us": 10.0, "eager/b64/obs_per_s": 1e5}, **{f"x{i}/b64/p50_us": 20.0 + i for i in range(extra)},
+               **{f"x{i}/b64/obs_per_s": 1e3 for i in range(extra)}}
+    return {"mode": "precision", "status": "passed", "batch_size": 64, "metrics": metrics}
+
+
+def test_sqnr_goes_to_mlflow_only_where_it_replaces_nothing():
+    logged = headline.logged_metrics(_precision_record(42.123456))
+    assert logged["vs_fp64/actions/sqnr_db"] == 42.1 and list(logged)[-1] == "vs_fp64/actions/sqnr_db"
+    assert "vs_fp64/actions/sqnr_db" not in headline.logged_metrics(_precision_record(float("inf")))  # identical: not logged
+    crowded = headline.logged_metrics(_precision_record(42.0, extra=8))
+    assert len(crowded) == headline.MAX_LOGGED and "vs_fp64/actions/sqnr_db" not in crowded
+    assert {"answer/passed", "answer/max_abs", "answer/cosine"} <= set(crowded)  # the answer keeps its place
+
+
+def test_identical_outputs_have_infinite_sqnr_in_result_json_and_pass(tmp_path, small):
+    job = run_job(tmp_path, "precision", small.model, *ROWS)  # cpu fp32 eager: its own fp32 reference, bit for bit
+    m = job.record["metrics"]
+    assert job.record["status"] == "passed" and m["actions/vs_fp32/max_abs"] == 0.0
+    assert m["actions/vs_fp32/sqnr_db"] == "inf" and 60 < m["actions/vs_fp64/sqnr_db"] < 400  # JSON has no inf: "inf"
+    assert json.loads((tmp_path / "result.json").read_text(), parse_constant=_refuse)  # strict JSON, no Infinity token
+    rows = job.result.tables["layer_errors"]
+    assert all(r["sqnr_db"] > 60 for r in rows) and all(m[f"layer/{r['layer']}/sqnr_db"] == r["sqnr_db"] for r in rows)
+
+
+def _refuse(token: str):
+    raise AssertionError(f"result.json holds {token}, which JSON has not")
+
+
+def test_one_ulp_a_replay_and_the_engine_count_alike():
+    """One definition (verify.ulp): |a - e| in units of e's last place; below a power of two both say half a ULP."""
+    from huggy_exp import certify, verify
+
+    e = np.array([1.0, 3.0, -2.0, 0.0], np.float32)
+    a = np.array([np.nextafter(np.float32(1), np.float32(0)), np.nextafter(np.float32(3), np.float32(4)), -2.0, -0.0],
+                 np.float32)
+    assert certify.bitwise(a, e)["ulp_max"] == verify.elementwise(a, e, dtype="fp32")["ulp_max"] == 1.0
+    assert certify.bitwise(a[:1], e[:1])["ulp_max"] == 0.5

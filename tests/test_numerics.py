@@ -18,11 +18,11 @@ from huggy_exp.numerics import (
     error_ratio,
     limits_for,
     ratio_verdict,
-    rel_rmse,
     sampling_check,
 )
 from huggy_exp.errors import UserError
-from huggy_exp.verify import REL_FLOOR, cosine
+from huggy_exp import verify
+from huggy_exp.verify import CONTINUOUS_ACTIONS, REL_FLOOR, cosine, elementwise
 from huggy_exp.verify import elementwise as compare  # the one element-wise engine
 
 # --- compare()
@@ -105,8 +105,19 @@ def test_cosine_of_zero_vectors():
 def test_rel_rmse_is_rmse_over_rms_of_expected():
     expected = np.array([3.0, 4.0])  # rms = sqrt(12.5)
     actual = np.array([3.0, 5.0])  # rmse = sqrt(0.5)
-    assert rel_rmse(actual, expected) == pytest.approx(math.sqrt(0.5) / math.sqrt(12.5))
-    assert rel_rmse(np.array([0.1, 0.0]), np.zeros(2)) == pytest.approx(math.sqrt(0.005))  # zero scale: plain rmse
+    assert elementwise(actual, expected)["rel_rmse"] == pytest.approx(math.sqrt(0.5) / math.sqrt(12.5))
+    assert elementwise(np.array([0.1, 0.0]), np.zeros(2))["rel_rmse"] == pytest.approx(math.sqrt(0.005))  # zero scale: rmse
+
+
+def test_sqnr_is_signal_over_noise_in_db_and_identical_outputs_are_plus_infinity():
+    expected = np.array([[3.0, 4.0], [0.0, 5.0]])  # signal 50
+    actual = expected + np.array([[0.0, 0.5], [0.5, 0.0]])  # noise 0.5
+    assert elementwise(actual, expected)["sqnr_db"] == pytest.approx(20.0)  # 10 log10(100)
+    assert elementwise(expected, expected)["sqnr_db"] == math.inf  # no noise: identical, not a failure
+    assert elementwise(np.ones(2), np.zeros(2))["sqnr_db"] == -math.inf  # noise on a zero signal
+    assert math.isnan(elementwise(np.array([np.nan, 1.0]), np.ones(2))["sqnr_db"])  # undefined, like the cosine
+    assert verify.compare({CONTINUOUS_ACTIONS.name: actual}, {CONTINUOUS_ACTIONS.name: expected}).metrics("fp64")[
+        "actions/vs_fp64/sqnr_db"] == pytest.approx(20.0)  # every comparison of the engine
 
 
 def test_action_stats_by_hand():

@@ -24,11 +24,18 @@ from huggy_exp.errors import Unsupported
 
 @pytest.fixture(autouse=True)
 def restore_switches():
-    """The switches are process-wide: put back what the process had before each test."""
+    """The switches are process-wide: put back what the process had before each test, torch's legacy ones first (their
+    setters move the per-op ones), then the per-op ones."""
     holders = [torch.backends.cuda.matmul, torch.backends.cudnn.conv, torch.backends.cudnn.rnn,
                *(getattr(torch.backends.mkldnn, op) for op in placement.TORCH_OPS)]
     before = [h.fp32_precision for h in holders]
+    try:
+        legacy = torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision()
+    except RuntimeError:  # a mix of legacy and per-op settings: torch's own defaults
+        legacy = True, "highest"
     yield
+    torch.backends.cudnn.allow_tf32 = legacy[0]
+    torch.set_float32_matmul_precision(legacy[1])
     for holder, value in zip(holders, before):
         holder.fp32_precision = value
 
@@ -59,6 +66,32 @@ def test_an_fp32_cuda_point_runs_cudnn_rnns_in_ieee_although_torch_defaults_them
     placement.set_precision("cuda:0", "fp32", "ieee")
     assert torch.backends.cudnn.rnn.fp32_precision == "ieee" and torch.backends.cudnn.conv.fp32_precision == "ieee"
 
+
+def test_row_6_torchs_legacy_tf32_getters_read_the_mode_after_set_precision():
+    """inductor reads torch's legacy switches (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+    torch.get_float32_matmul_precision()); after set_precision they read the point's mode instead of raising."""
+    for mode, tf32, matmul in (("tf32", True, "high"), ("ieee", False, "highest"), ("tf32", True, "high")):
+        found = placement.set_precision("cuda:0", "fp32", mode)
+        assert torch.backends.cuda.matmul.allow_tf32 is tf32 and torch.backends.cudnn.allow_tf32 is tf32
+        assert torch.get_float32_matmul_precision() == matmul
+        assert (found["cuda_matmul_allow_tf32"], found["cudnn_allow_tf32"]) == (str(tf32).lower(),) * 2
+        assert found["cuda_matmul"] == found["cudnn_conv"] == found["cudnn_rnn"] == mode
+        assert torch.backends.mkldnn.matmul.fp32_precision == "ieee"  # the CPU references stay IEEE
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_row_7_a_cuda_torch_without_per_op_switches_runs_ieee_through_its_legacy_ones(monkeypatch, dtype):
+    """A CUDA torch before 2.9 has no fp32_precision switches (pyproject allows torch >= 2.4): an ieee point (every dtype)
+    runs there with cuBLAS's and cuDNN's allow_tf32 off, and records the per-op switches as not present."""
+    legacy = SimpleNamespace(matmul=SimpleNamespace(allow_tf32=True), cudnn=SimpleNamespace(allow_tf32=True))
+    monkeypatch.setattr(torch.backends.cuda, "matmul", legacy.matmul)
+    monkeypatch.setattr(torch.backends, "cudnn", legacy.cudnn)
+    found = placement.set_precision("cuda:0", dtype, "ieee")
+    assert legacy.matmul.allow_tf32 is False and legacy.cudnn.allow_tf32 is False
+    assert (found["cuda_matmul_allow_tf32"], found["cudnn_allow_tf32"]) == ("false", "false")
+    assert found["cuda_matmul"] == found["cudnn_conv"] == found["cudnn_rnn"] == "not present"
+    if dtype == "fp32":  # and TF32 through the same switches
+        assert placement.set_precision("cuda:0", dtype, "tf32")["cuda_matmul_allow_tf32"] == "true"
 
 def test_the_cpu_references_stay_ieee_whatever_the_point_asks():
     torch.backends.mkldnn.matmul.fp32_precision = "bf16"  # what a user's earlier setting could leave behind
@@ -244,3 +277,48 @@ def test_onnxruntime_cuda_runs_fp32_in_tf32_only_when_precision_mode_says_so(mon
         with pytest.raises(UserError, match="no CUDA on this host"):
             runners.build(job_context(tmp_path, "device=cuda:1", f"precision_mode={mode}"), "onnxruntime")
         assert given.pop() == [("CUDAExecutionProvider", {"device_id": "1", "use_tf32": tf32})]
+
+
+def test_row_9_torch_npus_switch_objects_answer_every_name_and_are_not_taken_for_switches(monkeypatch):
+    """torch_npu's torch.npu.matmul answers every attribute name (None for one it lacks) and ignores setting it, so
+    hasattr says nothing: a switch is present when it reads a value. torch.npu.aclnn.allow_hf32 is set and recorded."""
+    from emulated_npu import AscendOptions, ConvSwitches, MatmulSwitches, switches
+
+    old = SimpleNamespace(**switches("old"))  # a torch_npu without the cube math type and torch.npu.aclnn
+    assert hasattr(old.matmul, "cube_math_type") and old.matmul.cube_math_type is None
+    monkeypatch.setattr(torch, "npu", old, raising=False)
+    found = placement.set_precision("npu:0", "fp32", "hf32")
+    assert (found["npu_matmul_allow_hf32"], found["npu_conv_allow_hf32"]) == ("true", "true")
+    assert found["npu_cube_math_type"] == found["npu_aclnn_allow_hf32"] == "not present"
+    current = SimpleNamespace(**switches("current"))
+    monkeypatch.setattr(torch, "npu", current, raising=False)
+    found = placement.set_precision("npu:0", "fp32", "ieee")
+    assert (found["npu_aclnn_allow_hf32"], found["npu_cube_math_type"]) == ("false", "KEEP_DTYPE")
+    assert current.aclnn.allow_hf32 is False and current.conv.allow_hf32 is False
+
+    class WithoutHF32(MatmulSwitches):  # a build whose matmul object lacks allow_hf32: it answers None, ignores a set
+        def __setattr__(self, name, value):
+            pass
+
+        def __getattr__(self, name):
+            return None
+
+    bare = AscendOptions()
+    monkeypatch.setattr(torch, "npu", SimpleNamespace(matmul=WithoutHF32(bare), conv=ConvSwitches(bare)), raising=False)
+    with pytest.raises(Unsupported, match=r"^precision_mode=hf32: this build has no npu.matmul.allow_hf32 switch"):
+        placement.set_precision("npu:0", "fp32", "hf32")
+    assert placement.set_precision("npu:0", "fp32", "ieee")["npu_matmul_allow_hf32"] == "not present"
+
+
+def test_row_9_an_older_torch_npu_that_resets_hf32_when_the_card_starts_still_runs_hf32(tmp_path, huggy_exp_cache):
+    """torch_npu builds before 2025-09 set ACL's HF32 option to "10" when the card starts, after set_precision ran,
+    while their getters read what was set (the emulated `old` build does the same): the point sets the switches again
+    after the card's first op, so an hf32 point computes in HF32 and says so."""
+    from test_emulated_npu import emulated
+
+    done = emulated(["run.py", "device=npu:0", "precision_mode=hf32", "obs.rows=16", "plots=false", "tracking=none",
+                     f"hydra.run.dir={tmp_path / 'job'}"], huggy_exp_cache, HUGGY_EXP_EMULATED_NPU_BUILD="old")
+    record = json.loads((tmp_path / "job" / "result.json").read_text())
+    assert record["tags"]["fp32_precision/npu_matmul_allow_hf32"] == "true", done.stderr[-2000:]
+    assert 1e-4 < record["headline_metrics"]["max_abs_vs_fp64"] < 1e-2  # HF32's rounding, not IEEE's 1e-7
+    assert record["tags"]["fp32_precision/npu_cube_math_type"] == "not present"

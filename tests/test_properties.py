@@ -212,7 +212,7 @@ def test_compare_gives_metrics_or_a_user_error(actual, expected, rel_floor):
 @given(ARRAYS, ARRAYS)
 def test_other_metrics_give_numbers_or_a_user_error(a, b):
     with np.errstate(all="ignore"):
-        for call in (lambda: numerics.rel_rmse(a, b), lambda: verify.cosine(a.ravel(), b.ravel()), lambda: numerics.action_stats(a),
+        for call in (lambda: verify.cosine(a.ravel(), b.ravel()), lambda: numerics.action_stats(a),
                      lambda: numerics.ratio_verdict(numerics.error_ratio(float(np.nan_to_num(a).sum()), float(np.nan_to_num(b).sum())))):
             try:
                 value = call()

@@ -9,11 +9,10 @@ import numpy as np
 from huggy_exp.context import Context
 from huggy_exp.errors import UserError
 from huggy_exp.mlagents import ACTION_MASKS, RECURRENT_OUT, PolicyWeights, obs_name
-from huggy_exp.numerics import rel_rmse, sqnr_db
 from huggy_exp.observations import random_masks
 from huggy_exp.results import Result
 from huggy_exp.runners import build, reference, run_feeds
-from huggy_exp.verify import DECLARED, Limits, Rules, compare, within
+from huggy_exp.verify import DECLARED, Limits, Rules, compare, elementwise, within
 
 LAYER_ORDER = ("lstm", RECURRENT_OUT, "mu", "logits")  # Policy.trace's parts after normalized_obs* and hidden_*
 
@@ -91,11 +90,10 @@ def first_divergence(ctx: Context, onnx, feeds: dict, result: Result) -> str | N
         if part not in got:
             rows.append({"part": part, "status": "no tensor in the graph: not compared"})
             continue
-        err, finite = rel_rmse(got[part], want[part]), bool(np.all(np.isfinite(got[part])))
-        exceeds = not (finite and within(err, limit))
+        m, finite = elementwise(got[part], want[part], ctx.verify.rel_floor), bool(np.all(np.isfinite(got[part])))
+        exceeds = not (finite and within(m["rel_rmse"], limit))
         first = first or (part if exceeds else None)
-        row = {"part": part, "max_abs": float(np.max(np.abs(got[part].astype(np.float64) - want[part]))),
-               "sqnr_db": sqnr_db(got[part], want[part]), "rel_rmse": err, "limit": limit,
+        row = {"part": part, **{k: m[k] for k in ("max_abs", "sqnr_db", "rel_rmse")}, "limit": limit,
                "status": "over the layer limit" if exceeds else "within"}
         rows.append(row)
         result.metrics.update({f"graph/{part}/{k}": row[k] for k in ("max_abs", "sqnr_db", "rel_rmse")})

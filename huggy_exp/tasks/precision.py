@@ -11,12 +11,11 @@ from huggy_exp import plots
 from huggy_exp.config import BACKENDS, PrecisionMode
 from huggy_exp.context import Context
 from huggy_exp.mlagents import RECURRENT_OUT
-from huggy_exp.numerics import error_ratio, limits_for, ratio_verdict, rel_rmse
+from huggy_exp.numerics import error_ratio, limits_for, ratio_verdict
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, DISCRETE, build, reference, run_feeds
 from huggy_exp.tasks import Task, is_sequence, latency, verify_point
-from huggy_exp.verify import elementwise
-from huggy_exp.verify import DECLARED, outputs_of, within
+from huggy_exp.verify import DECLARED, elementwise, outputs_of, within
 
 LAYER_ORDER = ("lstm", RECURRENT_OUT, "mu", "logits")  # after normalized_obs* and hidden_*
 
@@ -56,17 +55,19 @@ class PrecisionTask(Task):
         return result
 
     def _layers(self, ctx: Context, got: dict, want: dict, result: Result) -> dict:
-        """rel_rmse and max_abs of every intermediate against fp64; the first one over the dtype's layer threshold fails."""
+        """rel_rmse, max_abs and SQNR of every intermediate against fp64 (the engine's); the first one over the dtype's
+        layer threshold fails."""
         limit = ctx.limits().layer_rel_rmse
         names = [k for k in got if k.startswith(("normalized_obs", "hidden_"))] + [k for k in LAYER_ORDER if k in got]
         rows, first_bad = [], None
         for name in names:
-            err, finite = rel_rmse(got[name], want[name]), bool(np.all(np.isfinite(got[name])))
-            exceeds = not (finite and within(err, limit))
+            m, finite = elementwise(got[name], want[name], ctx.verify.rel_floor, ctx.dtype), bool(np.all(np.isfinite(got[name])))
+            exceeds = not (finite and within(m["rel_rmse"], limit))
             first_bad = first_bad or (name if exceeds else None)
-            max_abs = float(np.max(np.abs(got[name].astype(np.float64) - want[name])))
-            result.metrics.update({f"layer/{name}/rel_rmse": err, f"layer/{name}/max_abs": max_abs, f"layer/{name}/rel_rmse_limit": limit})
-            rows.append({"layer": name, "rel_rmse": err, "max_abs": max_abs, "threshold": limit, "finite": finite, "exceeds": exceeds})
+            row = {"layer": name, **{k: m[k] for k in ("rel_rmse", "max_abs", "sqnr_db")}}
+            result.metrics.update({f"layer/{name}/{k}": v for k, v in row.items() if k != "layer"})
+            result.metrics[f"layer/{name}/rel_rmse_limit"] = limit
+            rows.append({**row, "threshold": limit, "finite": finite, "exceeds": exceeds})
         result.tables["layer_errors"] = rows
         if first_bad is not None:
             result.fail(f"layer {first_bad} rel_rmse {result.metrics[f'layer/{first_bad}/rel_rmse']:.3g} > {limit:g}")
@@ -76,8 +77,7 @@ class PrecisionTask(Task):
     def _relative(self, ctx: Context, got: dict, want: dict, cpu_same: dict, result: Result) -> str:
         """Device RMSE over the CPU's in the same dtype (both vs fp64): pass up to warn, warn up to fail, else fail."""
         primary = ACTIONS if ACTIONS in got else "logits"
-        dev_err = float(np.sqrt(np.mean((got[primary] - want[primary]) ** 2)))
-        cpu_err = float(np.sqrt(np.mean((cpu_same[primary] - want[primary]) ** 2)))
+        dev_err, cpu_err = (elementwise(side[primary], want[primary], dtype=ctx.dtype)["rmse"] for side in (got, cpu_same))
         ratio = error_ratio(dev_err, cpu_err)
         warn, fail = self.mode.relative.warn, self.mode.relative.fail
         verdict = ratio_verdict(ratio, warn, fail)
@@ -113,7 +113,7 @@ def _step_errors(got: dict, want: dict) -> list[dict]:
     for t in range(len(got["hidden_0"])):
         row = {"step": t}
         for o in outs:
-            row[f"{o.stem}_max_abs"] = float(np.max(np.abs(got[o.name][t].astype(np.float64) - want[o.name][t])))
+            row[f"{o.stem}_max_abs"] = elementwise(got[o.name][t], want[o.name][t])["max_abs"]
         if DISCRETE in got:
             row["discrete_flips"] = int(np.sum(got[DISCRETE][t] != want[DISCRETE][t]))
         steps.append(row)
