@@ -128,6 +128,14 @@ def ran_dtype(backend: str, dtype: str) -> str:
 
 P50_RATIO = ("eager", "onnxruntime")  # benchmark's first line: eager's p50 over onnxruntime's (headline eager_vs_ort)
 PRECISION_MODES = ("ieee", "tf32", "hf32")  # fp32 math: IEEE fp32, TF32 (CUDA), HF32 (Ascend): placement.set_precision
+# verify.limits has a row per dtype and one per reduced fp32 mode: fp32 computed in TF32 or HF32 (10 explicit mantissa
+# bits in the matmul and convolution inputs, fp32's range and accumulation) is judged by its mode's row, not IEEE fp32's
+LIMIT_ROWS = DTYPE_NAMES + tuple(m for m in PRECISION_MODES if m != "ieee")
+
+
+def limit_row(dtype: str, precision_mode: str | None = "ieee") -> str:
+    """The verify.limits row a point is judged by: its dtype's, or its mode's where fp32 runs in TF32 or HF32."""
+    return precision_mode if dtype == "fp32" and precision_mode not in (None, "ieee") else dtype
 
 
 def numerics_label(dtype: str, precision_mode: str | None = "ieee", plan: str | None = None) -> str:
@@ -363,9 +371,9 @@ class Threshold:
     layer_rel_rmse: float = rule(lo=0)  # mode=precision: each layer's RMSE / RMS of fp64's layer
 
 
-# the one per-dtype table, every mode's limits (docs/verification.md): a row per dtype, each required (a dtype left out
-# is `missing key verify.limits.bf16` at load, never a default)
-Thresholds = make_dataclass("Thresholds", [(d, Threshold, field(default=MISSING)) for d in DTYPE_NAMES])
+# the one per-dtype table, every mode's limits (docs/verification.md): a row per dtype and per reduced fp32 mode
+# (LIMIT_ROWS), each required (a row left out is `missing key verify.limits.bf16` at load, never a default)
+Thresholds = make_dataclass("Thresholds", [(d, Threshold, field(default=MISSING)) for d in LIMIT_ROWS])
 
 
 @dataclass
@@ -763,9 +771,9 @@ def _check_specialize(value: Any, key: str = "verify.specialize") -> None:
     hints, known = get_type_hints(Threshold), {f.name: f for f in fields(Threshold)}
     for name, limits in value.items():
         kind, _, dtype = str(name).partition("_")
-        if kind not in DEVICE_KINDS or dtype not in DTYPE_NAMES:
+        if kind not in DEVICE_KINDS or dtype not in LIMIT_ROWS:
             raise UserError(f"unknown key {key}.{name}: an entry is named <device kind>_<dtype> (device kinds "
-                            f"{', '.join(DEVICE_KINDS)}; dtypes {', '.join(DTYPE_NAMES)}), e.g. npu_fp16")
+                            f"{', '.join(DEVICE_KINDS)}; dtypes {', '.join(LIMIT_ROWS)}), e.g. npu_fp16")
         if not isinstance(limits, dict):
             raise UserError(f"{key}.{name} must be a mapping of {', '.join(known)}, got {limits!r}")
         for k, v in limits.items():

@@ -341,16 +341,41 @@ def backend_options(kind: str, mode: str) -> dict[str, str]:
     beside the switches."""
     if kind == "cuda":
         return {"onnxruntime_cuda_use_tf32": onnxruntime_options("CUDAExecutionProvider", None, mode)["use_tf32"]}
+    if kind == "npu":
+        return {"onnxruntime_cann_precision_mode": CANN_PRECISION.get(mode, f"none ({mode}: onnxruntime is skipped)")}
     return {}
 
 
+# onnxruntime's CANN provider builds whole graphs with CANN's graph engine, whose default precision_mode is force_fp16
+# (fp32 operators run in fp16 where both exist): a point asks for its precision_mode's CANN value. onnxruntime builds
+# that renamed the option take precision_mode_v2 (ATC's --precision_mode_v2 values: must_keep_origin_dtype is origin)
+CANN_PRECISION = {"ieee": "must_keep_origin_dtype"}
+CANN_RENAMED = ("precision_mode", "precision_mode_v2", {"must_keep_origin_dtype": "origin"})
+
+
 def onnxruntime_options(provider: str, index: int | None, mode: str) -> dict[str, str]:
-    """An onnxruntime execution provider's options for a point: its card and, for CUDA's provider, TF32 as
-    precision_mode says (onnxruntime's CUDA provider runs fp32 convolutions and matmuls in TF32 unless use_tf32=0)."""
+    """An onnxruntime execution provider's options for a point: its card and the precision_mode's fp32 math: CUDA's
+    provider runs fp32 convolutions and matmuls in TF32 unless use_tf32=0; CANN's keeps fp32 only when told
+    precision_mode=must_keep_origin_dtype, and has no HF32 option (hf32: Unsupported)."""
     options = {} if index is None else {"device_id": str(index)}
     if provider == "CUDAExecutionProvider":
         options["use_tf32"] = "1" if mode == "tf32" else "0"
+    elif provider == "CANNExecutionProvider":
+        if mode not in CANN_PRECISION:
+            raise Unsupported(f"backend onnxruntime: precision_mode={mode} has no CANNExecutionProvider option (its "
+                              "precision_mode keeps fp32 or lowers it to fp16); run hf32 with eager, compile or graphs")
+        options["precision_mode"] = CANN_PRECISION[mode]
     return options
+
+
+def option_spellings(options: dict[str, str] | None) -> list[dict[str, str] | None]:
+    """The provider options to try in turn: as given, then, where they name CANN's precision_mode, with the name and
+    value of onnxruntime builds that renamed it (CANN_RENAMED); onnxruntime refuses an option it does not know."""
+    old, new, values = CANN_RENAMED
+    if not options or old not in options:
+        return [options]
+    renamed = {k: v for k, v in options.items() if k != old} | {new: values.get(options[old], options[old])}
+    return [options, renamed]
 
 
 def _holder(key: str) -> tuple[object, str]:

@@ -27,8 +27,8 @@ from huggy_exp.fused import FusedMLP, need_compiler
 from huggy_exp.mlagents import (ACTION_MASKS, ONNX_INPUT, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name, read_onnx,
                                 with_distributions, with_parts)
 from huggy_exp.placement import (
-    DTYPES, QUANTIZED, Target, check_backend, onnxruntime_options, quantize, quantize_onnx, resolve, synchronize,
-    use_device,
+    DTYPES, QUANTIZED, Target, check_backend, onnxruntime_options, option_spellings, quantize, quantize_onnx, resolve,
+    synchronize, use_device,
 )
 from huggy_exp.policy import Policy, cpu_noise, cpu_uniform, has_linear
 from huggy_exp.verify import CONTINUOUS_ACTIONS, DISCRETE_ACTIONS
@@ -410,8 +410,9 @@ class OnnxRunner:
         if threads:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
-        providers = [(provider, provider_options)] if provider_options else [provider]  # placement.onnxruntime_options
-        self.path, self._providers, self._tapped = Path(path), providers, None
+        # placement.onnxruntime_options, in each spelling onnxruntime builds know (placement.option_spellings)
+        self.path, self.provider, self._tapped = Path(path), provider, None
+        self._spellings = option_spellings(provider_options)
         self.session = self._open(options, str(path))
         self.inputs = {i.name: i.shape for i in self.session.get_inputs()}
         self.input = next(iter(self.inputs))
@@ -429,12 +430,16 @@ class OnnxRunner:
         """A session of the model (a path, or a changed graph's bytes) on this runner's provider, never a fallback."""
         import onnxruntime as ort
 
-        try:
-            session = ort.InferenceSession(model, options, providers=self._providers)
-        except Exception as exc:
-            raise UserError(f"onnxruntime could not load {self.path}: {str(exc).splitlines()[0]}") from None
-        check_provider(session, self._providers[0] if isinstance(self._providers[0], str) else self._providers[0][0])
-        return session
+        for tried, given in enumerate(self._spellings, 1):
+            try:
+                session = ort.InferenceSession(model, options, providers=[(self.provider, given)] if given else [self.provider])
+            except Exception as exc:
+                if tried < len(self._spellings) and "Unknown provider option" in str(exc):
+                    continue  # an option this onnxruntime names otherwise: its next spelling
+                raise UserError(f"onnxruntime could not load {self.path}: {str(exc).splitlines()[0]}") from None
+            self._spellings = [given]  # the one this onnxruntime took, for the runner's later sessions
+            check_provider(session, self.provider)
+            return session
 
     def trace(self, feeds: Feeds) -> dict[str, np.ndarray]:
         """Policy.trace's parts as the graph computes them (mlagents.with_parts names them), with the outputs of infer().
