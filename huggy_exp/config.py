@@ -97,7 +97,7 @@ class Backend:
             return f"backend {self.name} runs the {ran} .onnx graph{peers}; dtype {dtype} does not apply"
         if quantized and not (self.quantized or self.graph):
             those = ", ".join(n for n, b in BACKENDS.items() if b.quantized)
-            return f"dtype {dtype} (torchao {quantized}) runs backend {those} only; backend {self.name} does not apply"
+            return f"dtype {dtype} (torchao int8) runs backend {those} only; backend {self.name} does not apply"
         if self.dtypes is not None and dtype not in self.dtypes or kind not in self.devices:
             return (f"backend {self.name} runs {'/'.join(self.dtypes or ())}{' ' if self.dtypes else ''}on "
                     f"{'/'.join(self.devices)} only; this job is {kind} {dtype}")
