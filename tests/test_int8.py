@@ -166,7 +166,11 @@ def test_a_benchmark_at_int8_gates_and_times_onnxruntimes_int8_and_skips_what_ca
     from huggy_exp.tasks import benchmark
 
     built = []
-    monkeypatch.setattr(benchmark, "build", lambda ctx, name, **kw: built.append((name, kw["dtype"])) or build(ctx, name, **kw))
+    def built_as(ctx, name, **kw):  # what each backend was built to run: its runner's own dtype
+        runner = build(ctx, name, **kw)
+        return built.append((name, runner.target.dtype_name)) or runner
+
+    monkeypatch.setattr(benchmark, "build", built_as)
     short = ("mode.budget_s=0.05", "mode.rounds=1", "mode.warmup_s=0.01", "mode.settle_s=0", "obs.rows=8", "batch_size=4",
              "mode.scenarios=[offline]", "mode.backends=[eager,fused,onnxruntime]")
     job = run_job(tmp_path, "benchmark", small.model, "dtype=int8", *short)
