@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from huggy_exp import environment, timing  # noqa: E402
-from huggy_exp.config import MAX_BATCH, _check_value  # noqa: E402
+from huggy_exp.config import BACKENDS, MAX_BATCH, _check_value  # noqa: E402
 from huggy_exp.context import Context  # noqa: E402
 from huggy_exp.errors import UserError  # noqa: E402
 from huggy_exp.files import atomic_write_text, claim_output  # noqa: E402
@@ -475,8 +475,8 @@ def targets(m: dict, rows_n: int, flop: float, flags: set) -> list[dict]:
     return [
         target("batch 1: fastest torch / onnxruntime (1 thread)", f"{best1} {p50(best1):.1f} µs vs onnxruntime {ort1:.1f} µs",
                ratio1, "<= 1.2x", ratio1 <= 1.2,
-               f"eager spends its time in MKL's sgemv ({eager_us:.0f} µs here); the fused kernel runs the whole "
-               f"forward in one call at memory bandwidth" if best1 == "fused" else "see the attempts below"),
+               f"eager spends its time in MKL's sgemv ({eager_us:.0f} µs here); the fastest is {best1}: "
+               f"{BACKENDS[best1].help}" if np.isfinite(p50(best1)) else "see the attempts below"),
         target("start-up: run.py mode=action tracking=none / import torch",
                f"{startup['a_s']:.2f} s / {startup['b_s']:.2f} s (medians of {startup['runs']} pairs; CPU "
                f"{startup['cpu_a_s']:.2f} / {startup['cpu_b_s']:.2f} s = {startup['cpu_ratio']:.2f}x)",

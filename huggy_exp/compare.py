@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from huggy_exp import certify, loadgen, plots
-from huggy_exp.config import DTYPE_NAMES, GRAPH_BACKENDS, PLAN_PREFIX, modes, numerics_label, ran_dtype
+from huggy_exp.config import (DTYPE_NAMES, GRAPH_BACKENDS, PLAN_PREFIX, REFERENCE_BACKEND, SWEEP_REFERENCE, modes,
+                              numerics_label, ran_dtype)
 from huggy_exp.headline import ERROR
 from huggy_exp.foreign import check_npy
 from huggy_exp.report import OBS_PER_S, fmt, obs_per_s_differs
@@ -53,7 +54,7 @@ def compare(rows: list[dict]) -> dict:
     # continuous actions, the share of discrete decisions equal to its (against another point only)
     for row, stem in ((row, stem) for row in rows for stem in ("actions", "discrete_actions")):
         mine = outputs[row["job"]].get(stem)
-        refs = [r for r in rows if r["device"] == "cpu" and numerics(r) == "fp32" and inputs_key(r) == inputs_key(row)
+        refs = [r for r in rows if r["device"] == "cpu" and numerics(r) == SWEEP_REFERENCE and inputs_key(r) == inputs_key(row)
                 and (stem == "actions" or r is not row) and mine is not None
                 and getattr(outputs[r["job"]].get(stem), "shape", None) == mine.shape]
         if not refs or len(refs) == 1 and refs[0] is row:
@@ -435,7 +436,7 @@ def comparison_lines(rows: list[dict], agreement: list[dict], recommended: dict)
     """The terminal's dtype comparison: one line per compared point, per agreement group, per device pick."""
     lines = []
     for r, (key, text) in ((r, kt) for r in rows for kt in VS_CPU_FP32):
-        if key in r and not (r["device"] == "cpu" and r["dtype"] == "fp32"):
+        if key in r and not (r["device"] == "cpu" and r["dtype"] == SWEEP_REFERENCE):
             lines.append(f"{r['job']:>3} {r['mode']} {r['device']} {r['numerics']} b{r['batch_size']} {r['obs']} "
                          f"seed {r['seed']}: " + text.format(r[key]))
     for g in agreement:
@@ -490,7 +491,7 @@ def draw(sweep_dir: Path, rows: list[dict], result: dict) -> list[Path]:
     curves: dict[str, dict[str, list]] = {}
     for r in rows:
         if r.get("latency_points") is None and isinstance(r["metrics"].get("p50_us"), (int, float)):
-            r = {**r, "latency_points": [["eager", r["batch_size"], r["metrics"]["p50_us"]]]}  # rows without a ladder
+            r = {**r, "latency_points": [[REFERENCE_BACKEND, r["batch_size"], r["metrics"]["p50_us"]]]}  # rows without a ladder
         for stat, key in (("latency_points", "p50_us"), ("throughput_points", "obs_per_s")):
             for backend, batch, value in r.get(stat) or ():
                 label = f"{r['device']} {r['numerics']} {backend}"

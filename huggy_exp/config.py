@@ -25,38 +25,117 @@ DEVICE_KINDS = ("cpu", "cuda", "npu", "mps")  # what `device` names before `:<in
 class Dtype:
     """What a dtype is, declared once: the torch dtype its layers compute in (placement.DTYPES), the torchao config that
     quantizes its Linear layers (placement.QUANTIZED; docs/verification.md#int8), its number format for ULPs (mantissa
-    bits, least normal exponent) and msprobe's ULP standard (a share of elements above it is reported; verify.ulp)."""
+    bits, least normal exponent), msprobe's ULP standard (a share of elements above it is reported; verify.ulp) and the
+    backend whose own quantization of the .onnx runs beside its points (`peer`: onnxruntime's W8A8 beside torchao's)."""
 
     torch: str
     mantissa: int
     emin: int
     ulp_standard: float
     quantized: Optional[str] = None
+    peer: Optional[str] = None
+
+    emulated_on_cpu = property(lambda self: self.torch == "float16")  # no CPU has fp16 matmul kernels: cpu_note
+    fp32_math = property(lambda self: self.torch == "float32" and not self.quantized)  # precision_mode applies to it
 
 
 # narrowest first, as a sweep's comparison lists them. int8 quantizes the activations per call and the weights per
 # channel (W8A8, int8 GEMMs); int8w only the weights (dequantized into the float32 GEMM); both are float32 between their
 # Linear layers, and count as bf16's 8 significant bits (7 and a sign per value, scaled per channel). A new dtype is a
 # line here and its row of limits in conf/config.yaml (`verify.limits`).
-DTYPES = {"int8": Dtype("float32", 7, -126, 1.0, "Int8DynamicActivationInt8WeightConfig"),
+DTYPES = {"int8": Dtype("float32", 7, -126, 1.0, "Int8DynamicActivationInt8WeightConfig", peer="onnxruntime"),
           "int8w": Dtype("float32", 7, -126, 1.0, "Int8WeightOnlyConfig"),
           "bf16": Dtype("bfloat16", 7, -126, 1.0),
           "fp16": Dtype("float16", 10, -14, 1.0),
           "fp32": Dtype("float32", 23, -126, 32.0),
           "fp64": Dtype("float64", 52, -1022, 32.0)}
 DTYPE_NAMES = tuple(DTYPES)
-BACKENDS = ("eager", "compile", "fused", "graphs", "onnxruntime")
-GRAPH_BACKENDS = ("onnxruntime",)  # run the exported float32 .onnx graph (or their own int8 of it), not the torch policy
+ONNX_DTYPE = "fp32"  # ML-Agents' .onnx graphs (and export-onnx's) are float32
+SWEEP_REFERENCE = "fp32"  # a sweep compares its points with the cpu point of this dtype on the same inputs
+
+
+def cpu_note(dtype: str, kind: str) -> str:
+    """Why a point's timing is capped ('' where it is not): a dtype the CPU emulates (Dtype.emulated_on_cpu)."""
+    if kind != "cpu" or not DTYPES[dtype].emulated_on_cpu:
+        return ""
+    return (f"{dtype} on a CPU without {DTYPES[dtype].torch} matmul kernels is far slower than fp32 (emulated): its "
+            "timing is capped and bounded")
+
+
+@dataclass(frozen=True)
+class Backend:
+    """What a backend is, declared once (docs/backends-and-timing.md; its list there and the YAML comments are generated
+    from it): its help line; what runs it, by dotted path: a torch backend's single-tensor forward (`forward`: a
+    `(policy, target) -> (forward, sample)` builder; None: Policy.act on every shape) or another engine's runner
+    (`runner`: `(ctx, target, batch, threads, provider, onnx) -> Runner`, running the .onnx graph of dtype `graph`);
+    whether it runs one chunk shape (`fixed_shape`: the last chunk padded); the device kinds and dtypes it runs (None:
+    all), whether it runs torchao's quantized layers, and whether it is the point's reference (benchmark gates every
+    other backend against it, its timing is the point's latency)."""
+
+    name: str
+    help: str
+    forward: Optional[str] = None
+    runner: Optional[str] = None
+    graph: Optional[str] = None
+    fixed_shape: bool = False
+    devices: Tuple[str, ...] = DEVICE_KINDS
+    dtypes: Optional[Tuple[str, ...]] = None
+    quantized: bool = False
+    reference: bool = False
+    planless: str = ""  # why it cannot run a precision plan (conf/plan/): such a point is skipped with this reason
+
+    def runs_dtype(self, dtype: str) -> str:
+        """The dtype it really runs for a point of `dtype`: the graph's own for a graph backend (fp32), except for a
+        dtype whose peer it is (int8: onnxruntime's own int8 of the graph); a torch backend runs the point's."""
+        return dtype if self.graph is None or DTYPES[dtype].peer == self.name else self.graph
+
+    def refusal(self, dtype: str, kind: str) -> str:
+        """Why it cannot run a point of `dtype` on a `kind` device ('' where it can): the gate runners.build reads."""
+        ran, quantized = self.runs_dtype(dtype), DTYPES[dtype].quantized
+        if ran != dtype:
+            peers = "".join(f" or its own {d}" for d, t in DTYPES.items() if t.peer == self.name)
+            return f"backend {self.name} runs the {ran} .onnx graph{peers}; dtype {dtype} does not apply"
+        if quantized and not (self.quantized or self.graph):
+            those = ", ".join(n for n, b in BACKENDS.items() if b.quantized)
+            return f"dtype {dtype} (torchao int8) runs backend {those} only; backend {self.name} does not apply"
+        if self.dtypes is not None and dtype not in self.dtypes or kind not in self.devices:
+            return (f"backend {self.name} runs {'/'.join(self.dtypes or ())}{' ' if self.dtypes else ''}on "
+                    f"{'/'.join(self.devices)} only; this job is {kind} {dtype}")
+        return ""
+
+
+BACKENDS = {b.name: b for b in (
+    Backend("eager", "the policy in torch.inference_mode, every shape", quantized=True, reference=True),
+    Backend("compile", "torch.compile: inductor with freezing, torchair on npu",
+            forward="huggy_exp.runners.compiled", fixed_shape=True),
+    Backend("fused", "one C++ kernel, CPU fp32, batch 1", forward="huggy_exp.runners.fused",
+            devices=("cpu",), dtypes=("fp32",), planless="its one C++ kernel computes every layer in fp32"),
+    Backend("graphs", "CUDA/NPU graph replay, cuda/npu only", forward="huggy_exp.runners.graphs",
+            fixed_shape=True, devices=("cuda", "npu")),
+    Backend("onnxruntime", "the fp32 .onnx on the device's provider; int8: its own quantization",
+            runner="huggy_exp.runners.onnxruntime", graph=ONNX_DTYPE, devices=("cpu", "cuda", "npu"),
+            planless="it runs the exported fp32 graph (or its own int8 quantization of it), one dtype throughout"))}
+BACKEND_NAMES = tuple(BACKENDS)
+REFERENCE_BACKEND = next(n for n, b in BACKENDS.items() if b.reference)
+GRAPH_BACKENDS = tuple(n for n, b in BACKENDS.items() if b.graph)  # they run the .onnx graph, not the torch policy
+PLANLESS = {n: b.planless for n, b in BACKENDS.items() if b.planless}  # backends that cannot run a precision plan, why
 
 
 def ran_dtype(backend: str, dtype: str) -> str:
-    """The dtype a backend really runs for a point's dtype: a graph backend runs the fp32 .onnx (a quantized dtype: its
-    own int8 of that graph) whatever the point's dtype; a torch backend runs the point's dtype."""
-    return dtype if backend not in GRAPH_BACKENDS or DTYPES[dtype].quantized else "fp32"
-# backends that cannot run a precision plan (conf/plan/), and why: the point is skipped with this reason
-PLANLESS = {"fused": "its one C++ kernel computes every layer in fp32",
-            "onnxruntime": "it runs the exported fp32 graph (or its own int8 quantization of it), one dtype throughout"}
+    """The dtype `backend` really runs for a point of `dtype` (Backend.runs_dtype): every figure is labelled with it."""
+    return BACKENDS[backend].runs_dtype(dtype)
+
+
+P50_RATIO = ("eager", "onnxruntime")  # benchmark's first line: eager's p50 over onnxruntime's (headline eager_vs_ort)
 PRECISION_MODES = ("ieee", "tf32", "hf32")  # fp32 math: IEEE fp32, TF32 (CUDA), HF32 (Ascend): placement.set_precision
+# verify.limits has a row per dtype and one per reduced fp32 mode: fp32 computed in TF32 or HF32 (10 explicit mantissa
+# bits in the matmul and convolution inputs, fp32's range and accumulation) is judged by its mode's row, not IEEE fp32's
+LIMIT_ROWS = DTYPE_NAMES + tuple(m for m in PRECISION_MODES if m != "ieee")
+
+
+def limit_row(dtype: str, precision_mode: str | None = "ieee") -> str:
+    """The verify.limits row a point is judged by: its dtype's, or its mode's where fp32 runs in TF32 or HF32."""
+    return precision_mode if dtype == "fp32" and precision_mode not in (None, "ieee") else dtype
 
 
 def numerics_label(dtype: str, precision_mode: str | None = "ieee", plan: str | None = None) -> str:
@@ -292,9 +371,9 @@ class Threshold:
     layer_rel_rmse: float = rule(lo=0)  # mode=precision: each layer's RMSE / RMS of fp64's layer
 
 
-# the one per-dtype table, every mode's limits (docs/verification.md): a row per dtype, each required (a dtype left out
-# is `missing key verify.limits.bf16` at load, never a default)
-Thresholds = make_dataclass("Thresholds", [(d, Threshold, field(default=MISSING)) for d in DTYPE_NAMES])
+# the one per-dtype table, every mode's limits (docs/verification.md): a row per dtype and per reduced fp32 mode
+# (LIMIT_ROWS), each required (a row left out is `missing key verify.limits.bf16` at load, never a default)
+Thresholds = make_dataclass("Thresholds", [(d, Threshold, field(default=MISSING)) for d in LIMIT_ROWS])
 
 
 @dataclass
@@ -341,7 +420,7 @@ class BenchmarkMode(ModeConf):
         "miss_rate": own("control_loop/miss_rate", "share", "control loop: ticks that missed their deadline"),
         "loop_hz_max": own("control_loop/max_rate_hz", "Hz", "control loop: highest rate within mode.max_miss_rate"),
         "best_p50_us": Headline((BACKEND_P50,)), "best_obs_per_s": Headline((BACKEND_OBS,))}
-    backends: List[str] = rule(choices=BACKENDS)
+    backends: List[str] = rule(choices=BACKEND_NAMES)
     batch_sizes: Optional[List[int]] = MISSING
     scenarios: List[str] = rule(choices=SCENARIOS)
     rounds: int = rule(lo=1, hi=1000)
@@ -635,7 +714,7 @@ class Config:
     precision_mode: str = rule(choices=PRECISION_MODES)
     batch_size: int = rule(lo=1, hi=MAX_BATCH)
     seed: int = rule(lo=0, hi=MAX_SEED)
-    backend: str = rule(choices=BACKENDS)
+    backend: str = rule(choices=BACKEND_NAMES)
     threads: int = rule(lo=1, hi=1024)
     plots: bool = MISSING
     expect: Optional[str] = rule(None, choices=VERDICTS)
@@ -692,9 +771,9 @@ def _check_specialize(value: Any, key: str = "verify.specialize") -> None:
     hints, known = get_type_hints(Threshold), {f.name: f for f in fields(Threshold)}
     for name, limits in value.items():
         kind, _, dtype = str(name).partition("_")
-        if kind not in DEVICE_KINDS or dtype not in DTYPE_NAMES:
+        if kind not in DEVICE_KINDS or dtype not in LIMIT_ROWS:
             raise UserError(f"unknown key {key}.{name}: an entry is named <device kind>_<dtype> (device kinds "
-                            f"{', '.join(DEVICE_KINDS)}; dtypes {', '.join(DTYPE_NAMES)}), e.g. npu_fp16")
+                            f"{', '.join(DEVICE_KINDS)}; dtypes {', '.join(LIMIT_ROWS)}), e.g. npu_fp16")
         if not isinstance(limits, dict):
             raise UserError(f"{key}.{name} must be a mapping of {', '.join(known)}, got {limits!r}")
         for k, v in limits.items():

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from huggy_exp import mlagents
-from huggy_exp.config import numerics_label, ModelConf, ObsConf, PlanConf, VerifyConf
+from huggy_exp.config import numerics_label, ModelConf, ObsConf, PlanConf, VerifyConf, limit_row
 from huggy_exp.errors import UserError
 from huggy_exp.numerics import limits_for
 from huggy_exp.observations import make_feeds
@@ -108,9 +108,10 @@ class Context:
         return resolve(device or self.device, dtype or self.dtype, None if dtype else self.precision_plan)
 
     def limits(self, dtype: str | None = None) -> Limits:
-        """The dtype's output limits on this device kind (`verify.limits`, `verify.specialize`)."""
-        table = asdict(self.verify.limits)
-        return Limits.of(limits_for(table, dtype or self.judged_dtype, self.device, self.verify.specialize, "verify.limits"))
+        """The dtype's output limits on this device kind (`verify.limits`, `verify.specialize`): fp32 computed in TF32
+        or HF32 (precision_mode) by its mode's row (config.limit_row)."""
+        table, row = asdict(self.verify.limits), limit_row(dtype or self.judged_dtype, self.precision_mode)
+        return Limits.of(limits_for(table, row, self.device, self.verify.specialize, "verify.limits"))
 
     def atol(self, *dtypes: str) -> float:
         """The loosest max_abs of these dtypes here: two sides computing in different dtypes (an fp32 .onnx beside an

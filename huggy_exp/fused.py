@@ -48,13 +48,10 @@ def source(dims: list[int], act: int, normalize: bool, clamp_actions: bool = Tru
 
 
 class FusedMLP:
-    """The policy's deterministic forward as one kernel call: float32 [N, obs] tensor in, [N, act] tensor out (a
-    policy that passed Policy.check_single)."""
+    """The policy's deterministic forward as one kernel call: float32 [N, obs] tensor in, [N, act] tensor out (a CPU
+    fp32 policy that passed Policy.check_single: config.BACKENDS declares fused's devices and dtypes)."""
 
     def __init__(self, policy):
-        if policy.compute_dtype != torch.float32 or policy.body[0].weight.device.type != "cpu":
-            raise Unsupported(f"backend fused runs fp32 on the CPU; this job is "
-                              f"{policy.body[0].weight.device.type} {str(policy.compute_dtype).removeprefix('torch.')}")
         need_compiler("fused")
         try:
             from torch._inductor.codecache import CppPythonBindingsCodeCache

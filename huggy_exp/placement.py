@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from huggy_exp import config
-from huggy_exp.config import BACKENDS, DEVICE_KINDS, DTYPE_NAMES, PLANLESS, PlanConf
+from huggy_exp.config import BACKENDS, DEVICE_KINDS, DTYPE_NAMES, PlanConf
 from huggy_exp.errors import Unsupported, UserError, first_line
 
 DTYPES = {name: getattr(torch, d.torch) for name, d in config.DTYPES.items()}  # by name, what the layers compute in
@@ -87,17 +87,19 @@ class Target:
         """Every dtype the policy's layers run in."""
         return {d for _, d in self.plan.parts} if self.plan else {self.dtype_name}
 
-    def check_backend(self, backend: str) -> None:
-        """A plan on a backend that cannot honour one (config.PLANLESS) is Unsupported, with the reason."""
-        if self.plan is not None and backend in PLANLESS:
-            raise Unsupported(f"backend {backend} cannot run precision plan {self.plan.name}: {PLANLESS[backend]}")
 
-
-def check_backend(name: str) -> str:
-    """A backend name (config.BACKENDS: eager, compile, fused, graphs, onnxruntime); whether it runs here is the
+def check_backend(name: str, target: Target | None = None) -> str:
+    """A backend name (config.BACKENDS), and with a target whether the backend runs its dtypes (a plan's every part's),
+    device kind and plan at all (Backend.refusal, .planless: Unsupported); whether it runs on this machine is the
     runner's to say."""
     if name not in BACKENDS:
         raise UserError(f"unknown backend {name!r}; valid: {', '.join(BACKENDS)}")
+    spec = BACKENDS[name]
+    if target is not None and target.plan is not None and spec.planless:
+        raise Unsupported(f"backend {name} cannot run precision plan {target.plan.name}: {spec.planless}")
+    why = [spec.refusal(d, target.kind) for d in sorted({target.dtype_name, *target.dtypes()})] if target else []
+    if any(why):
+        raise Unsupported(next(filter(None, why)))
     return name
 
 
@@ -222,12 +224,9 @@ def _runs(torch_device: torch.device, device: str, dtype: str) -> bool:
     return True
 
 
-def quantize_onnx(model, dtype: str, out: Path) -> Path:
-    """onnxruntime's own dynamic quantization of an fp32 .onnx (a path or ModelProto) for dtype int8 (int8 weights, uint8
-    activations quantized per call: MatMulInteger), written to `out`; int8w has no onnxruntime counterpart (Unsupported)."""
-    if dtype != "int8":
-        raise Unsupported(f"backend onnxruntime: dtype {dtype} has no onnxruntime counterpart (its dynamic quantization "
-                          "quantizes the activations too: that is dtype int8)")
+def quantize_onnx(model, out: Path) -> Path:
+    """onnxruntime's own dynamic quantization of an fp32 .onnx (a path or ModelProto) for a dtype whose peer it is (int8:
+    int8 weights, uint8 activations quantized per call, MatMulInteger; config.Dtype.peer), written to `out`."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     _quietly(lambda: quantize_dynamic(model, out, weight_type=QuantType.QInt8))
@@ -292,7 +291,7 @@ def set_precision(device: str, dtype: str, mode: str) -> dict[str, str]:
     if mode not in HONOURED[kind]:
         raise Unsupported(f"precision_mode={mode} cannot be honoured on {kind}: it has {', '.join(HONOURED[kind])} "
                           "(tf32 is CUDA's, hf32 Ascend's)")
-    if mode != "ieee" and dtype != "fp32":
+    if mode != "ieee" and not config.DTYPES[dtype].fp32_math:
         raise Unsupported(f"precision_mode={mode} changes fp32 math only; dtype={dtype} computes in {dtype} (use ieee)")
     values = {f"cpu_{op}": "ieee" for op in TORCH_OPS} | _device_values(kind, mode)
     asked = {}
@@ -342,16 +341,41 @@ def backend_options(kind: str, mode: str) -> dict[str, str]:
     beside the switches."""
     if kind == "cuda":
         return {"onnxruntime_cuda_use_tf32": onnxruntime_options("CUDAExecutionProvider", None, mode)["use_tf32"]}
+    if kind == "npu":
+        return {"onnxruntime_cann_precision_mode": CANN_PRECISION.get(mode, f"none ({mode}: onnxruntime is skipped)")}
     return {}
 
 
+# onnxruntime's CANN provider builds whole graphs with CANN's graph engine, whose default precision_mode is force_fp16
+# (fp32 operators run in fp16 where both exist): a point asks for its precision_mode's CANN value. onnxruntime builds
+# that renamed the option take precision_mode_v2 (ATC's --precision_mode_v2 values: must_keep_origin_dtype is origin)
+CANN_PRECISION = {"ieee": "must_keep_origin_dtype"}
+CANN_RENAMED = ("precision_mode", "precision_mode_v2", {"must_keep_origin_dtype": "origin"})
+
+
 def onnxruntime_options(provider: str, index: int | None, mode: str) -> dict[str, str]:
-    """An onnxruntime execution provider's options for a point: its card and, for CUDA's provider, TF32 as
-    precision_mode says (onnxruntime's CUDA provider runs fp32 convolutions and matmuls in TF32 unless use_tf32=0)."""
+    """An onnxruntime execution provider's options for a point: its card and the precision_mode's fp32 math: CUDA's
+    provider runs fp32 convolutions and matmuls in TF32 unless use_tf32=0; CANN's keeps fp32 only when told
+    precision_mode=must_keep_origin_dtype, and has no HF32 option (hf32: Unsupported)."""
     options = {} if index is None else {"device_id": str(index)}
     if provider == "CUDAExecutionProvider":
         options["use_tf32"] = "1" if mode == "tf32" else "0"
+    elif provider == "CANNExecutionProvider":
+        if mode not in CANN_PRECISION:
+            raise Unsupported(f"backend onnxruntime: precision_mode={mode} has no CANNExecutionProvider option (its "
+                              "precision_mode keeps fp32 or lowers it to fp16); run hf32 with eager, compile or graphs")
+        options["precision_mode"] = CANN_PRECISION[mode]
     return options
+
+
+def option_spellings(options: dict[str, str] | None) -> list[dict[str, str] | None]:
+    """The provider options to try in turn: as given, then, where they name CANN's precision_mode, with the name and
+    value of onnxruntime builds that renamed it (CANN_RENAMED); onnxruntime refuses an option it does not know."""
+    old, new, values = CANN_RENAMED
+    if not options or old not in options:
+        return [options]
+    renamed = {k: v for k, v in options.items() if k != old} | {new: values.get(options[old], options[old])}
+    return [options, renamed]
 
 
 def _holder(key: str) -> tuple[object, str]:

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from huggy_exp.config import BACKENDS
 from huggy_exp.errors import UserError
 from huggy_exp.mlagents import ACTION_CLAMP, LOG_SIGMA_RANGE, MASK_PENALTY, NORMALIZER_CLAMP, Lstm, Normalizer, PolicyWeights
 from huggy_exp.verify import CONTINUOUS_ACTIONS, DISCRETE_ACTIONS, MEMORY
@@ -249,7 +250,7 @@ class Policy(nn.Module):
         with several inputs, discrete branches or memory."""
         if not self._huggy_shaped:
             raise UserError(f"{what} runs Huggy's shape only (one input, continuous actions, no memory); this policy has "
-                            f"{self.shape}: use backend eager or onnxruntime")
+                            f"{self.shape}: use backend {' or '.join(n for n, b in BACKENDS.items() if b.forward is None)}")
 
     @property
     def compute_dtype(self) -> torch.dtype:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 
+from huggy_exp.config import limit_row
 from huggy_exp.errors import UserError
 from huggy_exp.numerics import limits_for
 from huggy_exp.verify import within
@@ -51,7 +52,12 @@ def rejudge(record: dict, table: dict, specialize: dict, where: str) -> dict:
     """A point's verdict under `table` (verify.limits as composed now): the new status, reason and the checks that
     changed; raises UserError naming the figure a new limit needs and the record lacks."""
     metrics = record.get("metrics") or {}
-    new = limits_for(table, record["dtype"], record["device"], specialize, "verify.limits")
+    plan = record.get("plan") or {}
+    if plan and not plan.get("limits"):
+        raise UserError(f"{where}: its precision plan {plan.get('name')} records no limits dtype: re-run the point")
+    judged = plan.get("limits") or record["dtype"]  # a plan is judged by its lowest dtype's limits (or its own)
+    row = limit_row(judged, record.get("precision_mode"))  # TF32/HF32 points: their mode's row
+    new = limits_for(table, row, record["device"], specialize, "verify.limits")
     found, failing_before, failing_now, changed = checks(metrics), [], [], []
     for c in found:
         if c["value"] is None:

@@ -11,6 +11,7 @@ import html
 import math
 from pathlib import Path
 
+from huggy_exp.config import SWEEP_REFERENCE
 from huggy_exp.headline import COSINE, ERROR, judged_limits, logged_metrics, logged_name, noisy
 from huggy_exp.results import atomic_write_text, expectation
 from huggy_exp.verify import FINGERPRINT
@@ -161,7 +162,8 @@ def comparison_section(rows: list[dict], comparison: dict) -> str:
     head = ["job", "run", "max |Δaction| vs cpu fp32", "discrete actions equal", FINGERPRINT]
     if not any(r[3] is not None for r in compared):  # a policy without discrete actions: no such column
         head, compared = head[:3] + head[4:], [r[:3] + r[4:] for r in compared]
-    references = [r["run_name"] for r in rows if r["device"] == "cpu" and r["dtype"] == "fp32" and r["status"] != "error"]
+    references = [r["run_name"] for r in rows
+                  if r["device"] == "cpu" and r["dtype"] == SWEEP_REFERENCE and r["status"] != "error"]
     none = (f"<p class=muted>The CPU fp32 point(s) ({escape(', '.join(references))}) are the reference; no other point "
             "ran the same inputs (mode and its knobs, observations, seed, model, and batch size where the mode verifies "
             "per batch) to compare with them.</p>" if references else

@@ -4,14 +4,14 @@ Feeds are a dict keyed by ML-Agents' ONNX input names: `obs_0` ... `obs_<k>` (fl
 (float32 [N, sum of branch sizes], 1 = allowed; all allowed when absent), `recurrent_in` (float32 [N, 1, memory]; zeros
 when absent). Outputs carry ML-Agents' output names. `Recurrent` carries the memory between steps.
 
-`build()` is the one factory: backend `eager`, `compile` (torch.compile, inductor freezing), `fused`
-(huggy_exp/fused.py), `graphs` (CUDA / NPU graph replay) or `onnxruntime` (the ML-Agents .onnx on the device's
-provider). Eager runs every shape through Policy.act; compile, graphs and fused run Policy's single-tensor forward
-(Policy.check_single).
+`build()` is the one factory of every backend config.BACKENDS declares: a torch backend runs Policy.act on every shape,
+or the single-tensor forward its `forward` builder makes (compiled, fused, graphs below; Policy.check_single refuses
+other shapes); a graph backend (onnxruntime) runs the ML-Agents .onnx on the device's provider.
 """
 
 from __future__ import annotations
 
+import importlib
 import itertools
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -21,13 +21,14 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import torch
 
+from huggy_exp.config import BACKENDS, ONNX_DTYPE, REFERENCE_BACKEND
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.fused import FusedMLP, need_compiler
 from huggy_exp.mlagents import (ACTION_MASKS, ONNX_INPUT, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name, read_onnx,
                                 with_distributions, with_parts)
 from huggy_exp.placement import (
-    DTYPES, QUANTIZED, Target, check_backend, onnxruntime_options, quantize, quantize_onnx, resolve, synchronize,
-    use_device,
+    DTYPES, QUANTIZED, Target, check_backend, onnxruntime_options, option_spellings, quantize, quantize_onnx, resolve,
+    synchronize, use_device,
 )
 from huggy_exp.policy import Policy, cpu_noise, cpu_uniform, has_linear
 from huggy_exp.verify import CONTINUOUS_ACTIONS, DISCRETE_ACTIONS
@@ -74,36 +75,27 @@ class Runner(Protocol):
 class TorchRunner:
     """The rebuilt policy on one (device, dtype), fed in chunks of `batch_size` rows, run by one torch backend."""
 
-    def __init__(self, weights: PolicyWeights, target: Target, batch_size: int = 0, backend: str = "eager"):
+    def __init__(self, weights: PolicyWeights, target: Target, batch_size: int = 0, backend: str = REFERENCE_BACKEND):
         self.target, self.batch_size, self._on_cpu = target, batch_size, target.kind == "cpu"
-        self.backend = check_backend(backend)
-        self.fixed_shape = backend in ("compile", "graphs")  # one chunk shape: the last chunk is padded to it
-        if backend == "onnxruntime":
-            raise UserError("TorchRunner runs torch backends; build onnxruntime with runners.build()")
-        target.check_backend(backend)
-        int8 = target.dtypes() & set(QUANTIZED)
-        if int8 and backend != "eager":
-            raise Unsupported(f"dtype {min(int8)} (torchao int8) runs backend eager only; backend {backend} does not apply")
-        use_device(target.device)
+        spec = BACKENDS[check_backend(backend)]
+        self.backend, self.fixed_shape = backend, spec.fixed_shape  # fixed: the last chunk is padded to the chunk shape
+        if spec.runner is not None:
+            raise UserError(f"TorchRunner runs torch backends; build {backend} with runners.build()")
         self.policy = Policy(weights)
+        if spec.forward is not None:  # a shape it cannot run is the job's error, before what this point can run
+            self.policy.check_single(f"backend {backend}")
+        check_backend(backend, target)
+        use_device(target.device)
         plan = dict(target.plan.parts) if target.plan else None
         self.policy.place(target.device, target.dtype, partial(_quantize, dtype=target.dtype_name, plan=plan),
                           plan and {part: DTYPES[d] for part, d in plan.items()})
         self.name = f"torch-{backend}-{target.device_name}-{target.label}"
         self.memory_size = self.policy.memory_size
         self._act: Callable = self.policy.act
-        if backend == "eager":
+        if spec.forward is None:
             return
-        self.policy.check_single(f"backend {backend}")
-        self._act, self._sample = self._single, self.policy.sample
-        if backend == "compile":
-            compiler = _compiler(target.kind)
-            self._forward, self._sample = _compiled(self.policy.forward, compiler), _compiled(self.policy.sample, compiler)
-        elif backend == "fused":
-            self._forward = FusedMLP(self.policy)  # deterministic actions; sampled ones run eager
-        else:  # graphs
-            self._forward = GraphReplay(self.policy.forward, target)
-            self._sample = GraphReplay(self.policy.sample, target)
+        self._act = self._single
+        self._forward, self._sample = declared(spec.forward)(self.policy, target)
 
     def _single(self, obs: list[torch.Tensor], masks: None, memory: None, noise: dict | None = None) -> dict[str, torch.Tensor]:
         """Policy.act's outputs from the backend's single-tensor forward (one input, continuous actions, no memory)."""
@@ -288,6 +280,25 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
     return (t.double() if t.dtype == torch.float64 else t.float()).numpy()
 
 
+# --- the single-tensor forwards a torch backend builds (config.Backend.forward): (policy, target) -> (forward, sample)
+
+
+def compiled(policy: Policy, target: Target) -> tuple[Callable, Callable]:
+    """Backend compile: forward and sample through torch.compile with the device kind's dynamo backend."""
+    compiler = _compiler(target.kind)
+    return _compiled(policy.forward, compiler), _compiled(policy.sample, compiler)
+
+
+def fused(policy: Policy, target: Target) -> tuple[Callable, Callable]:
+    """Backend fused: the deterministic forward as one C++ kernel (huggy_exp/fused.py); sampled actions run eager."""
+    return FusedMLP(policy), policy.sample
+
+
+def graphs(policy: Policy, target: Target) -> tuple[Callable, Callable]:
+    """Backend graphs: forward and sample captured once per shape and replayed (CUDA / NPU graphs)."""
+    return GraphReplay(policy.forward, target), GraphReplay(policy.sample, target)
+
+
 # --- torch.compile and graph capture
 
 
@@ -338,8 +349,6 @@ class GraphReplay:
     return the capture-time outputs."""
 
     def __init__(self, fn: Callable, target: Target):
-        if target.kind == "cpu":
-            raise Unsupported("backend graphs: the CPU has no graph replay (CUDA graphs / NPU graphs need cuda or npu)")
         self.fn, self.device, self.mod = fn, target.device, torch.get_device_module(target.device)
         self.cls = getattr(self.mod, "CUDAGraph", None) or getattr(self.mod, "NPUGraph", None)
         if self.cls is None or not hasattr(self.mod, "graph"):
@@ -388,7 +397,7 @@ class OnnxRunner:
                  batch_size: int = 0, provider_options: dict[str, str] | None = None, target: Target | None = None):
         import onnxruntime as ort
 
-        self.target = target or resolve("cpu", "fp32")  # the provider's device: the graph's own dtype, fp32 I/O
+        self.target = target or resolve("cpu", ONNX_DTYPE)  # the provider's device: the graph's own dtype, fp32 I/O
         if seed is not None:
             ort.set_seed(int(seed))  # RandomNormalLike draws become repeatable run to run (not equal to torch's)
 
@@ -401,8 +410,9 @@ class OnnxRunner:
         if threads:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
-        providers = [(provider, provider_options)] if provider_options else [provider]  # placement.onnxruntime_options
-        self.path, self._providers, self._tapped = Path(path), providers, None
+        # placement.onnxruntime_options, in each spelling onnxruntime builds know (placement.option_spellings)
+        self.path, self.provider, self._tapped = Path(path), provider, None
+        self._spellings = option_spellings(provider_options)
         self.session = self._open(options, str(path))
         self.inputs = {i.name: i.shape for i in self.session.get_inputs()}
         self.input = next(iter(self.inputs))
@@ -411,7 +421,7 @@ class OnnxRunner:
         self.outputs = [o.name for o in self.session.get_outputs()]
         self._batched = {i for i, o in enumerate(self.session.get_outputs()) if o.shape and not isinstance(o.shape[0], int)}
         self.batch_size = batch_size
-        self.name = f"onnxruntime-{provider}" + (f"-{target.dtype_name}" if target and target.dtype_name != "fp32" else "")
+        self.name = f"onnxruntime-{provider}" + (f"-{target.dtype_name}" if target and target.dtype_name != ONNX_DTYPE else "")
 
     def sample(self, feeds: Feeds, seed: int) -> dict[str, np.ndarray]:
         raise self._torch_only("sampled actions take the seeded CPU noise, which")
@@ -420,12 +430,16 @@ class OnnxRunner:
         """A session of the model (a path, or a changed graph's bytes) on this runner's provider, never a fallback."""
         import onnxruntime as ort
 
-        try:
-            session = ort.InferenceSession(model, options, providers=self._providers)
-        except Exception as exc:
-            raise UserError(f"onnxruntime could not load {self.path}: {str(exc).splitlines()[0]}") from None
-        check_provider(session, self._providers[0] if isinstance(self._providers[0], str) else self._providers[0][0])
-        return session
+        for tried, given in enumerate(self._spellings, 1):
+            try:
+                session = ort.InferenceSession(model, options, providers=[(self.provider, given)] if given else [self.provider])
+            except Exception as exc:
+                if tried < len(self._spellings) and "Unknown provider option" in str(exc):
+                    continue  # an option this onnxruntime names otherwise: its next spelling
+                raise UserError(f"onnxruntime could not load {self.path}: {str(exc).splitlines()[0]}") from None
+            self._spellings = [given]  # the one this onnxruntime took, for the runner's later sessions
+            check_provider(session, self.provider)
+            return session
 
     def trace(self, feeds: Feeds) -> dict[str, np.ndarray]:
         """Policy.trace's parts as the graph computes them (mlagents.with_parts names them), with the outputs of infer().
@@ -449,7 +463,8 @@ class OnnxRunner:
 
     @staticmethod
     def _torch_only(what: str) -> Unsupported:
-        return Unsupported(f"backend onnxruntime: {what} only the torch backends (eager, compile, fused, graphs) give; "
+        torch_backends = ", ".join(n for n, b in BACKENDS.items() if b.runner is None)
+        return Unsupported(f"backend onnxruntime: {what} only the torch backends ({torch_backends}) give; "
                            "onnxruntime runs the graph's outputs (compare it with mode=onnx-compare)")
 
     def infer(self, feeds: Feeds) -> dict[str, np.ndarray]:
@@ -491,27 +506,34 @@ def build(ctx: Context, backend: str | None = None, *, device: str | None = None
           batch_size: int | None = None, threads: int | None = None, provider: str | None = None,
           onnx: Path | None = None) -> Runner:
     """The one factory: a runner for the context's (backend, device, dtype, batch size) or the overrides given."""
-    backend = backend or ctx.backend  # an unknown name is refused by TorchRunner, listing the backends
-    batch = ctx.batch_size if batch_size is None else batch_size
-    if backend == "onnxruntime":
-        target = ctx.target(device, dtype)
-        target.check_backend(backend)
-        if target.dtype_name not in ("fp32", *QUANTIZED):
-            raise Unsupported(f"backend onnxruntime runs the float32 .onnx graph; dtype {target.dtype_name} does not apply")
-        provider = provider or PROVIDERS.get(target.kind)
-        if provider is None:
-            raise Unsupported(f"backend onnxruntime: no execution provider for device {target.device_name}")
-        options = onnxruntime_options(provider, target.device.index if target.kind != "cpu" else None, ctx.precision_mode)
-        path = onnx or ctx.onnx_path()
-        if target.dtype_name in QUANTIZED:  # onnxruntime's own int8: its dynamic quantization of the same graph
-            import onnx
+    backend = check_backend(backend or ctx.backend)  # an unknown name: one line listing the backends
+    batch, runner = ctx.batch_size if batch_size is None else batch_size, BACKENDS[backend].runner
+    if runner is None:
+        return TorchRunner(ctx.weights, ctx.target(device, dtype), batch, backend)
+    target = ctx.target(device, dtype)
+    check_backend(backend, target)
+    return declared(runner)(ctx, target, batch, ctx.threads if threads is None else threads, provider, onnx)
 
-            path = quantize_onnx(with_distributions(onnx.load(path)), target.dtype_name,
-                                 ctx.workdir / f"{Path(path).stem}.{target.dtype_name}.onnx")
-        return OnnxRunner(path, provider, ctx.threads if threads is None else threads, ctx.seed, batch, options, target)
-    return TorchRunner(ctx.weights, ctx.target(device, dtype), batch, backend)
+
+def onnxruntime(ctx: Context, target: Target, batch: int, threads: int, provider: str | None, onnx: Path | None) -> OnnxRunner:
+    """Backend onnxruntime (config.Backend.runner): the ML-Agents .onnx, or onnxruntime's own quantization of it for a
+    dtype whose peer it is (int8: its dynamic quantization of the same graph), on the device's execution provider."""
+    provider = provider or PROVIDERS[target.kind]  # config.BACKENDS: its device kinds
+    options = onnxruntime_options(provider, target.device.index if target.kind != "cpu" else None, ctx.precision_mode)
+    path = onnx or ctx.onnx_path()
+    if target.dtype_name in QUANTIZED:
+        import onnx
+
+        path = quantize_onnx(with_distributions(onnx.load(path)), ctx.workdir / f"{Path(path).stem}.{target.dtype_name}.onnx")
+    return OnnxRunner(path, provider, threads, ctx.seed, batch, options, target)
+
+
+def declared(path: str) -> Callable:
+    """What a backend's declaration names by dotted path (config.Backend.forward, .runner): `module.function`."""
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
 
 
 def reference(ctx: Context, dtype: str = "fp64", batch_size: int = 0) -> TorchRunner:
     """The CPU eager reference used by the comparing modes (fp64 by default)."""
-    return TorchRunner(ctx.weights, resolve("cpu", dtype), batch_size, "eager")
+    return TorchRunner(ctx.weights, resolve("cpu", dtype), batch_size)

@@ -14,7 +14,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from huggy_exp import report, terminal, tracking
-from huggy_exp.config import numerics_label
+from huggy_exp.config import REFERENCE_BACKEND, numerics_label
 from huggy_exp.preflight import JOBS_ENV
 from huggy_exp.headline import judged_limits, ladder, noisy
 from huggy_exp.compare import compare, draw, errors_vs_fp64, verified
@@ -234,7 +234,7 @@ def latency_points(record: dict, stat: str = "p50_us") -> list[list]:
     metrics = record.get("metrics") or {}
     points = [list(point) for point in ladder(metrics, stat)]
     if not points and isinstance(metrics.get(f"latency/{stat}"), (int, float)):
-        backend = (record.get("params") or {}).get("backend") or "eager"
+        backend = (record.get("params") or {}).get("backend") or REFERENCE_BACKEND
         points.append([backend, int(record.get("batch_size") or 0), float(metrics[f"latency/{stat}"])])
     return points
 

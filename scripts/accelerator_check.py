@@ -188,6 +188,7 @@ def plan(device: str, quick: bool, onnx: list[Path], metered: bool = False) -> l
     graphs, onnxruntime: their ratios from one run) and runs LoadGen and the control loop on graphs; `loadgen` runs
     them on compile (its own job: compiled at batch 64 and 1 only). Eager is timed once, beside the others.
     `metered`: the device has an energy meter (energy_meter), so `benchmark`'s energy windows are budgeted."""
+    from huggy_exp.config import BACKENDS  # the schema: omegaconf, no torch
     cfg = QUICK if quick else FULL
     dtypes, ladder, bench = cfg["dtypes"], cfg["ladder"], cfg["bench"]
     devices = device if device == "cpu" else f"{device},cpu"  # Hydra runs a sweep's values in the order given
@@ -211,7 +212,7 @@ def plan(device: str, quick: bool, onnx: list[Path], metered: bool = False) -> l
         args = ["mode=benchmark", f"device={where}", f"backend={backend}", f"mode.backends=[{','.join(timed)}]",
                 f"mode.batch_sizes=[{','.join(map(str, batches))}]", "batch_size=64", f"mode.scenarios={scenarios}",
                 *([f"model.onnx={','.join(map(str, models))}"] if models else []), *knobs]
-        compiled = compiled_shapes(batches, scenarios) if "compile" in (backend, *timed) else 0
+        compiled = compiled_shapes(batches, scenarios) if any(BACKENDS[b].fixed_shape for b in {*timed, backend}) else 0
         return Step(name, args, jobs, t * jobs, compiled, why if jobs == 1 else f"per job: {why}")
 
     on_card = not quick and device != "cpu"

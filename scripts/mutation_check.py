@@ -110,7 +110,7 @@ MUTATIONS = (
         ("huggy_exp/runners.py", "fail_on_recompile_limit_hit = True", "fail_on_recompile_limit_hit = False"),
     ), ("tests/test_first_run_failures.py::test_failure_2_past_the_recompile_limit_compile_is_an_error_not_eager",)),
     Mutation("backend-error-ends-point", "#3: a backend that fails to compile or capture raises out of the point", (
-        ("huggy_exp/tasks/benchmark.py", "                if name == \"eager\":\n                    raise\n",
+        ("huggy_exp/tasks/benchmark.py", "                if name == VERSUS:\n                    raise\n",
          "                raise\n"),
     ), ("tests/test_first_run_failures.py::test_failure_3_a_backend_that_fails_to_compile_fails_alone_and_the_others_run",)),
     Mutation("compile-inductor-on-npu", "#3: compile on the NPU through inductor, not torch_npu's backend", (

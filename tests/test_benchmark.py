@@ -109,7 +109,7 @@ def test_graphs_on_the_cpu_are_unsupported_with_the_reason(small, tmp_path):
 
 
 def test_onnxruntime_in_half_precision_is_unsupported(small, tmp_path):
-    with pytest.raises(Unsupported, match="float32"):
+    with pytest.raises(Unsupported, match="runs the fp32 .onnx graph or its own int8; dtype bf16 does not apply"):
         build(small_context(small, tmp_path, dtype="bf16"), "onnxruntime")
 
 
@@ -185,6 +185,24 @@ def test_benchmark_fp16_on_the_cpu_is_capped_and_says_so(small, tmp_path):
     assert run.record["status"] == "passed"
     assert "fp16" in run.record["details"]["fp16_cpu_note"] and "eager/b1/p50_us" in run.metrics and "eager/b1024/p50_us" not in run.metrics
     assert run.metrics["eager/b1/samples"] <= 2 * 3
+
+
+def test_a_float16_dtype_under_another_name_is_capped_on_the_cpu_with_its_note(monkeypatch):
+    """The cap reads Dtype.emulated_on_cpu (the torch dtype), never the name fp16: `half` is capped and says so."""
+    from huggy_exp import config
+    from huggy_exp.config import BenchmarkMode
+    from huggy_exp.results import Result
+    from huggy_exp.tasks.benchmark import BenchmarkTask
+
+    monkeypatch.setitem(config.DTYPES, "half", config.DTYPES["fp16"])
+    mode = SimpleNamespace(batch_sizes=[8, 1024], scenarios=["offline"], fp16_cpu_max_rows=64, fp16_cpu_samples=3)
+    task = BenchmarkTask(BenchmarkMode.__new__(BenchmarkMode))
+    task.mode = mode
+    for kind, dtype, capped in (("cpu", "half", [1024]), ("cpu", "bf16", []), ("cuda", "half", [])):
+        result = Result()
+        points, cut, slow = task.fp16_cap(SimpleNamespace(dtype=dtype, batch_size=8), SimpleNamespace(kind=kind), result)
+        assert (cut, slow) == (capped, bool(capped)), (kind, dtype)
+        assert ("half on a CPU without float16 matmul kernels" in result.details.get("fp16_cpu_note", "")) == bool(capped)
 
 
 def test_benchmark_bad_ladder_is_a_user_error(small, tmp_path):

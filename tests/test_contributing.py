@@ -1,5 +1,6 @@
-"""CONTRIBUTING's instructions cannot drift: a toy mode and a toy dtype, each added in a copy of the tree from its "Files
-to touch" list alone (nothing else edited), compose, validate and run through a small sweep."""
+"""CONTRIBUTING's instructions cannot drift: a toy mode, a toy backend and toy dtypes, each added in a copy of the tree
+from its "Files to touch" list alone (nothing else edited), compose, validate and run, and show up everywhere they
+should (no silent place: the backend in every list of backends, a float16 dtype with its CPU note)."""
 
 from __future__ import annotations
 
@@ -142,24 +143,75 @@ def test_a_toy_mode_added_from_contributings_list_runs_through_a_sweep(tmp_path,
     assert "`mode.scale` = `2.0`: multiplies the seed" in (tree / "docs" / "configuration.md").read_text()
 
 
+def test_contributing_names_the_two_code_files_of_a_backend():
+    assert files_to_touch("Adding a backend") == ["huggy_exp/config.py", "huggy_exp/runners.py"]
+
+
+TOY_BACKEND = '''    Backend("toy", "a test's backend: the policy's own single-tensor forward", forward="huggy_exp.runners.toy",
+            devices=("cpu",), dtypes=("fp32",)),
+'''
+TOY_FORWARD = '''
+
+def toy(policy: Policy, target: Target) -> tuple[Callable, Callable]:
+    """Backend toy (tests/test_contributing.py): the policy's own single-tensor forward and sample."""
+    return policy.forward, policy.sample
+'''
+BENCH = ["mode.rounds=1", "mode.budget_s=0.02", "mode.warmup_s=0.01", "mode.settle_s=0", "mode.scenarios=[offline]",
+         "obs.rows=16", "batch_size=8", "tracking=none", "plots=false"]
+
+
+@pytest.mark.slow
+def test_a_toy_backend_added_from_contributings_list_is_listed_everywhere_and_benchmarked(tmp_path, huggy_exp_cache):
+    """A torch backend declared in config.py with its forward builder in runners.py, then the generator run: every list
+    of backends names it, an unknown backend's line lists it, benchmark gates and times it, and a dtype it does not
+    run is skipped saying so (nothing else edited)."""
+    tree = tmp_path / "tree"
+    copy_tree(tree)
+    assert files_to_touch("Adding a backend") == ["huggy_exp/config.py", "huggy_exp/runners.py"]
+    schema = tree / "huggy_exp" / "config.py"
+    opening = "BACKENDS = {b.name: b for b in (\n"
+    schema.write_text(schema.read_text().replace(opening, opening + TOY_BACKEND))
+    runners = tree / "huggy_exp" / "runners.py"
+    runners.write_text(runners.read_text() + TOY_FORWARD)
+    env = {**subprocess_env(huggy_exp_cache), "PYTHONPATH": str(tree)}
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([PYTHON, *args], cwd=tree, env=env, capture_output=True, text=True, timeout=300)
+
+    assert run("scripts/config_reference.py", "--write").returncode == 0
+    for rel in ("conf/config.yaml", "conf/mode/benchmark.yaml", "docs/configuration.md", "docs/backends-and-timing.md"):
+        assert re.search(r"\btoy\b", (tree / rel).read_text()), rel
+    out = run("run.py", "backend=nope", "tracking=none")
+    assert out.returncode == 2 and re.search(r"unknown backend 'nope'; valid: .*\btoy\b", out.stderr), out.stderr[-2000:]
+    out = run("run.py", "mode=benchmark", "mode.backends=[eager,toy]", f"hydra.run.dir={tmp_path / 'bench'}", *BENCH)
+    record = json.loads((tmp_path / "bench" / "result.json").read_text())
+    assert record["status"] == "passed", (record["reason"], out.stderr[-2000:])
+    assert record["details"]["backends"]["toy"]["status"] == "passed" and record["metrics"]["toy/b8/p50_us"] > 0
+    run("run.py", "mode=action", "backend=toy", "dtype=bf16", f"hydra.run.dir={tmp_path / 'bf16'}", *BENCH[5:])
+    record = json.loads((tmp_path / "bf16" / "result.json").read_text())
+    assert record["status"] == "skipped" and "backend toy runs fp32 on cpu only" in record["reason"], record["reason"]
+
+
 def test_contributing_names_the_two_files_of_a_dtype():
     assert files_to_touch("Adding a dtype") == ["huggy_exp/config.py", "conf/config.yaml"]
 
 
 @pytest.mark.slow
 def test_a_toy_dtype_added_from_contributings_list_is_judged_in_every_mode_that_reads_the_limits(tmp_path, huggy_exp_cache):
-    """`fp32x`: fp32 under another name with a batch limit of its own. Declared in config.DTYPES and given a row of
-    verify.limits, nothing else: it sweeps beside fp32, computes fp32's bytes, and batch reads its own limit."""
+    """`fp32x`: fp32 under another name with a batch limit of its own, and `fp16x`: float16 under another name. Each
+    declared in config.DTYPES, given a row of verify.limits and named in the comment of `dtype`, nothing else: fp32x
+    sweeps beside fp32, computes fp32's bytes, and batch reads its own limit; fp16x is capped on the CPU with its note."""
     tree = tmp_path / "tree"
     copy_tree(tree)
     assert files_to_touch("Adding a dtype") == ["huggy_exp/config.py", "conf/config.yaml"]
-    schema = tree / "huggy_exp" / "config.py"
-    line = next(x for x in schema.read_text().splitlines() if '"fp32": Dtype(' in x)
-    schema.write_text(schema.read_text().replace(line, line.replace('"fp32"', '"fp32x"') + "\n" + line))
-    conf = tree / "conf" / "config.yaml"
-    row = re.search(r"^    fp32: \{.*?\}\n", conf.read_text(), re.S | re.M).group(0)
-    toy = row.replace("fp32:", "fp32x:").replace("batch_max_abs: 1.0e-05", "batch_max_abs: 0.0")
-    conf.write_text(conf.read_text().replace(row, row + toy))
+    schema, conf = tree / "huggy_exp" / "config.py", tree / "conf" / "config.yaml"
+    for name, toy in (("fp32", "fp32x"), ("fp16", "fp16x")):
+        line = next(x for x in schema.read_text().splitlines() if f'"{name}": Dtype(' in x)
+        schema.write_text(schema.read_text().replace(line, line.replace(f'"{name}"', f'"{toy}"') + "\n" + line))
+        row = re.search(rf"^    {name}: \{{.*?\}}\n", conf.read_text(), re.S | re.M).group(0)
+        conf.write_text(conf.read_text().replace(row, row + row.replace(f"{name}:", f"{toy}:")
+                                                 .replace("batch_max_abs: 1.0e-05", "batch_max_abs: 0.0")))
+    conf.write_text(conf.read_text().replace("# fp32 | fp16 |", "# fp32 | fp32x | fp16x | fp16 |", 1))
     env = {**subprocess_env(huggy_exp_cache), "PYTHONPATH": str(tree)}
     sweep = tmp_path / "sweep"
     out = subprocess.run([PYTHON, "run.py", "-m", "mode=precision,batch", "dtype=fp32,fp32x", "tracking=none",
@@ -174,3 +226,10 @@ def test_a_toy_dtype_added_from_contributings_list_is_judged_in_every_mode_that_
     batch = records["batch", "fp32x"]
     assert batch["metrics"]["batch_invariance_max_abs"] > 0 and batch["status"] == "failed", batch["reason"]
     assert records["batch", "fp32"]["status"] == "passed"
+    out = subprocess.run([PYTHON, "run.py", "mode=benchmark", "dtype=fp16x", "mode.batch_sizes=[8,1024]",
+                          "mode.fp16_cpu_max_rows=64", f"hydra.run.dir={tmp_path / 'fp16x'}", *BENCH], cwd=tree, env=env,
+                         capture_output=True, text=True, timeout=300)
+    record = json.loads((tmp_path / "fp16x" / "result.json").read_text())
+    assert record["status"] == "passed", (record["reason"], out.stderr[-2000:])
+    assert record["details"]["fp16_cpu_note"].startswith("fp16x on a CPU without float16 matmul kernels")
+    assert "eager/b8/p50_us" in record["metrics"] and "eager/b1024/p50_us" not in record["metrics"]

@@ -63,7 +63,7 @@ def test_fused_matches_eager_on_the_embedded_default(tmp_path):
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp64"])
 def test_fused_is_fp32_only(dtype):
-    with pytest.raises(Unsupported, match="backend fused runs fp32 on the CPU"):
+    with pytest.raises(Unsupported, match="backend fused runs fp32 on cpu only"):
         TorchRunner(small_weights(), resolve("cpu", dtype), 0, "fused")
 
 

@@ -11,6 +11,7 @@ from conftest import CONF, PYRAMIDS_PT, run_job, small_weights
 from huggy_exp import placement, preflight
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.policy import Policy
+from huggy_exp.runners import build
 from huggy_exp.verify import CONTINUOUS_ACTIONS, DISCRETE_ACTIONS, Limits, Rules, compare
 
 INT8 = ("int8", "int8w")
@@ -144,7 +145,7 @@ def test_backend_onnxruntime_at_int8_runs_onnxruntimes_quantized_graph_and_int8w
     assert job.record["status"] == "passed" and "actions/vs_fp64/mean_shift_sigma_max_limit" in job.record["metrics"]
     assert "onnxruntime_int8/passed" not in job.record["metrics"]  # the point is the peer: nothing beside it
     job = run_job(tmp_path / "w", "action", small.model, "dtype=int8w", "backend=onnxruntime", "obs.rows=4")
-    assert job.record["status"] == "skipped" and "dtype int8w has no onnxruntime counterpart" in job.record["reason"]
+    assert job.record["status"] == "skipped" and "or its own int8; dtype int8w does not apply" in job.record["reason"]
 
 
 def test_the_distributions_a_graph_exposes_are_the_policys_own(small, tmp_path):
@@ -161,12 +162,21 @@ def test_the_distributions_a_graph_exposes_are_the_policys_own(small, tmp_path):
         assert out[name].shape == (6, 3) and np.allclose(out[name], want[name].numpy(), atol=1e-5), name
 
 
-def test_a_benchmark_at_int8_gates_and_times_onnxruntimes_int8_and_skips_what_cannot_run_int8(small, tmp_path):
+def test_a_benchmark_at_int8_gates_and_times_onnxruntimes_int8_and_skips_what_cannot_run_int8(small, tmp_path, monkeypatch):
+    from huggy_exp.tasks import benchmark
+
+    built = []
+    def built_as(ctx, name, **kw):  # what each backend was built to run: its runner's own dtype
+        runner = build(ctx, name, **kw)
+        return built.append((name, runner.target.dtype_name)) or runner
+
+    monkeypatch.setattr(benchmark, "build", built_as)
     short = ("mode.budget_s=0.05", "mode.rounds=1", "mode.warmup_s=0.01", "mode.settle_s=0", "obs.rows=8", "batch_size=4",
              "mode.scenarios=[offline]", "mode.backends=[eager,fused,onnxruntime]")
     job = run_job(tmp_path, "benchmark", small.model, "dtype=int8", *short)
     backends = job.record["details"]["backends"]
     assert backends["onnxruntime"]["dtype"] == "int8" and backends["onnxruntime"]["status"] == "passed", backends
+    assert ("onnxruntime", "int8") in built  # what ran under the label int8: onnxruntime's own int8 graph, not fp32's
     assert backends["fused"]["status"] == "skipped" and "int8" in backends["fused"]["reason"]
 
 

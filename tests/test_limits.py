@@ -11,7 +11,7 @@ from omegaconf import MISSING, OmegaConf
 
 from huggy_exp import config, numerics, placement, preflight, verify
 from huggy_exp.app import execute
-from huggy_exp.config import DTYPE_NAMES
+from huggy_exp.config import DTYPE_NAMES, LIMIT_ROWS
 from huggy_exp.errors import UserError
 
 LIMIT_MODES = ("action", "batch", "benchmark", "replay", "onnx-compare", "precision")  # every mode judging by the table
@@ -22,7 +22,7 @@ def tables(plain: dict, prefix: str = "") -> list[str]:
     found = []
     for key, value in plain.items():
         if isinstance(value, dict):
-            if set(value) == set(DTYPE_NAMES):
+            if set(value) == set(LIMIT_ROWS):
                 found.append(f"{prefix}{key}")
             found += tables(value, f"{prefix}{key}.")
     return found
@@ -34,14 +34,14 @@ def entries() -> list[tuple[str, str]]:
     for mode in LIMIT_MODES[:1]:  # verify.limits is the same table in every mode; each mode's own field: below
         plain = OmegaConf.to_container(compose_config([f"mode={mode}"]), resolve=True)
         for table in tables(plain):
-            out += [(mode, f"{table}.{d}") for d in DTYPE_NAMES]
+            out += [(mode, f"{table}.{d}") for d in LIMIT_ROWS]
             fp32 = OmegaConf.select(OmegaConf.create(plain), f"{table}.fp32")
             out += [(mode, f"{table}.fp32.{f}") for f in (fp32 if OmegaConf.is_dict(fp32) else ())]
     return out
 
 
 def test_every_limit_table_is_found():
-    found = {key.rsplit(".", 1)[0] for _, key in entries() if key.rsplit(".", 1)[1] in DTYPE_NAMES}
+    found = {key.rsplit(".", 1)[0] for _, key in entries() if key.rsplit(".", 1)[1] in LIMIT_ROWS}
     assert found == {"verify.limits"}, found  # one per-dtype table: every mode's limits
 
 

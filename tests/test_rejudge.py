@@ -150,3 +150,11 @@ def test_rejudge_logs_a_new_parent_whose_children_name_the_runs_they_re_judge(tm
     parent = client.get_run(children[0].data.tags["mlflow.parentRunId"])
     assert "precision-cpu-fp16-b64 passed → failed" in parent.data.tags["mlflow.note.content"]
     assert client.get_run(original).data.tags["status"] == "passed"  # the original run is not touched
+
+
+def test_a_plan_point_is_re_judged_by_its_plans_limits_dtype():
+    planned = {**record(**{"actions/vs_fp64/max_abs": 5e-3}), "plan": {"name": "p", "hash": "h", "limits": "bf16"}}
+    table = {**limits(), "bf16": {**LIMITS["fp32"], "max_abs": 5e-2}}
+    assert rejudge(planned, table, {}, "p")["status"] == "passed"  # bf16's 5e-2, not the point's fp32 1e-5
+    with pytest.raises(UserError, match="records no limits dtype"):
+        rejudge({**planned, "plan": {"name": "p", "hash": None}}, table, {}, "p")

@@ -229,3 +229,61 @@ def test_every_mutation_of_the_mutation_check_still_applies_to_this_tree():
     stale = [f"{m.name}: {rel}" for m in module.MUTATIONS for rel, old, _ in m.edits
              if not (REPO / rel).is_file() or old not in (REPO / rel).read_text()]
     assert module.MUTATIONS and not stale
+
+
+def _trait_literals(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
+    """(line, code) of every place that keys behaviour on a backend or dtype name spelled as a literal: a comparison
+    (`==`, `!=`, `in`) with one or with a tuple, list or set holding one, a `match` case on one, and a dict literal keyed
+    by them that is indexed or looked up (`{"fp16": ...}[dtype]`, `.get`) or kept as a module's table."""
+    def named(node: ast.AST) -> bool:
+        items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return any(isinstance(n, ast.Constant) and n.value in names for n in items)
+
+    def keyed(node: ast.AST) -> bool:
+        return isinstance(node, ast.Dict) and any(isinstance(k, ast.Constant) and k.value in names for k in node.keys)
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and any(named(n) for n in (node.left, *node.comparators)):
+            found.append(node)
+        elif isinstance(node, ast.MatchValue) and named(node.value):
+            found.append(node)
+        elif isinstance(node, ast.Subscript) and keyed(node.value):
+            found.append(node)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and keyed(node.func.value):
+            found.append(node)
+    found += [n for n in getattr(tree, "body", []) if isinstance(n, (ast.Assign, ast.AnnAssign)) and keyed(n.value)]
+    return [(n.lineno, ast.unparse(n)[:120]) for n in found]
+
+
+def _trait_names() -> set[str]:
+    from huggy_exp.config import BACKENDS, DTYPES
+
+    return {*BACKENDS, *DTYPES}
+
+
+@pytest.mark.parametrize("path", [p for p in [*_modules(), *EDGES] if p.name != "config.py"],
+                         ids=lambda p: str(p.relative_to(REPO)))
+def test_no_module_compares_a_backend_or_dtype_name_to_a_literal(path):
+    """A backend's and a dtype's traits (its shapes, dtypes, devices, reference, peer, the CPU's emulation) are declared
+    once in config.BACKENDS and config.DTYPES: `ctx.backend == "compile"` or `dtype == "fp16"` elsewhere is a silent
+    place that a new backend or dtype misses."""
+    assert not _trait_literals(ast.parse(path.read_text()), _trait_names())
+
+
+def test_the_literal_check_sees_every_spelling_of_a_trait_keyed_by_name():
+    code = '''
+SLOW = {"fp16": 1}
+def f(ctx, backend, dtype):
+    a = backend in ("compile", "graphs")
+    b = ctx.dtype == "fp16"
+    c = "onnxruntime" != ctx.backend
+    d = {"eager": 1, "fused": 2}[backend]
+    e = {"int8": 1}.get(dtype)
+    match dtype:
+        case "bf16":
+            pass
+    return build(ctx, "eager"), {"fp32": 1.0}, dtype in DTYPES
+'''
+    found = [line for line, _ in _trait_literals(ast.parse(code), _trait_names())]
+    assert found == [4, 5, 6, 7, 8, 10, 2], found

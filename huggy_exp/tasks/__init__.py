@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from huggy_exp import timing
-from huggy_exp.config import ModeConf
+from huggy_exp.config import DTYPES, ModeConf, cpu_note
 from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported
 from huggy_exp.results import Result
@@ -16,7 +16,6 @@ from huggy_exp import verify
 from huggy_exp.verify import DECLARED, Comparison, outputs_of
 
 LATENCY_KEYS = ("p50_us", "p99_us", "mean_us", "obs_per_s")
-SLOW_FP16 = "fp16 on a CPU without fp16 matmul kernels is far slower than fp32 (emulated): its timing is capped and bounded"
 
 
 class Task:
@@ -55,9 +54,9 @@ def latency(runner: Runner, ctx: Context, feeds: Mapping[str, np.ndarray], resul
     line = (f"latency ({runner.name}, batch {ctx.batch_size}, {t.threads} thread(s)): "
             f"p50 {stats['p50_us']:,.1f} µs, p99 {stats['p99_us']:,.1f} µs, {stats['obs_per_s']:,.0f} obs/s")
     result.summary.append(line + (" (noisy)" if stats["noisy"] else ""))
-    if ctx.dtype == "fp16" and runner.target.device.type == "cpu":
-        result.summary.append(SLOW_FP16)
-        result.details["latency_note"] = SLOW_FP16
+    if note := cpu_note(ctx.dtype, runner.target.kind):
+        result.summary.append(note)
+        result.details["latency_note"] = note
 
 
 def verify_point(ctx: Context, result: Result, runner: Runner, feeds: Mapping[str, np.ndarray],
@@ -86,7 +85,7 @@ def verify_point(ctx: Context, result: Result, runner: Runner, feeds: Mapping[st
     arrays = {o.stem: got[o.name] for o in declared if not deterministic or o.sampled is not None or o.rule == "memory"}
     result.tags.update(verify.fingerprints(arrays, ctx.verify.decimals if decimals is None else decimals))
     result.headline = point_line(vs["fp64"], result, ctx)
-    if ctx.dtype == "int8" and ctx.backend != "onnxruntime" and seed is None:
+    if DTYPES[ctx.dtype].peer not in (None, ctx.backend) and seed is None:
         result.headline += "; " + onnxruntime_peer(ctx, result, feeds, want["fp64"], rules)
     result.summary.insert(0, result.headline)
     return vs["fp64"]
@@ -103,7 +102,7 @@ def onnxruntime_peer(ctx: Context, result: Result, feeds: Mapping[str, np.ndarra
         why = "no .onnx beside the model (model.onnx=<file.onnx>)"
     else:
         try:
-            peer = build(ctx, "onnxruntime")
+            peer = build(ctx, DTYPES[ctx.dtype].peer)
         except Unsupported as exc:
             why = str(exc)
         else:

@@ -8,21 +8,21 @@ import time
 import numpy as np
 
 from huggy_exp import energy, loadgen, plots, timing
-from huggy_exp.config import BenchmarkMode, ran_dtype
+from huggy_exp.config import P50_RATIO, REFERENCE_BACKEND, BenchmarkMode, cpu_note, ran_dtype
 from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported, UserError, first_line
 from huggy_exp.mlagents import ACTION_MASKS, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name
 from huggy_exp.placement import peak_memory, reset_peak_memory, synchronize
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, TorchRunner, build
-from huggy_exp.tasks import SLOW_FP16, Task, batch_of, is_sequence, verify_point
+from huggy_exp.tasks import Task, batch_of, is_sequence, verify_point
 from huggy_exp.tasks import scenarios as extra
 from huggy_exp.tasks.compare import compare_outputs
 from huggy_exp.verify import REL_FLOOR
 
 POINT_STATS = ("p50_us", "p90_us", "p95_us", "p99_us", "mean_us", "min_us", "max_us", "iqr_us", "obs_per_s", "noisy", "samples")
 SERIES_STATS = ("p50_us", "p99_us", "obs_per_s")
-VERSUS = "eager"  # the gate's metrics: <output>/vs_eager/<metric>, as the engine names them
+VERSUS = REFERENCE_BACKEND  # the gate's metrics: <output>/vs_eager/<metric>, as the engine names them
 
 
 class BenchmarkTask(Task):
@@ -37,7 +37,7 @@ class BenchmarkTask(Task):
     def sut(self, ctx: Context) -> list[str]:
         """The backends to build and time: mode.backends, and the job's backend when a scenario runs on it."""
         scenario = set(self.mode.scenarios) & set(extra.NAMES)  # eager, the gate, is always built
-        return list(dict.fromkeys([*(self.mode.backends or ["eager"]), *([ctx.backend] if scenario else [])]))
+        return list(dict.fromkeys([*(self.mode.backends or [VERSUS]), *([ctx.backend] if scenario else [])]))
 
     def run(self, ctx: Context) -> Result:
         target, w, result = ctx.target(), ctx.weights, Result()
@@ -68,21 +68,21 @@ class BenchmarkTask(Task):
             result.files.append(plots.versus_batch(ctx.workdir / "benchmark.png", {n: _curve(result, n) for n in timed},
                                               f"{ctx.device} {ctx.dtype}, {threads} thread(s)"))
         result.summary[:0] = _summary(result, backends, points, timed_backends, ctx.batch_size)
-        if "eager" in runners:
-            self.judge_point(ctx, result, runners["eager"], timings, feeds, points, threads)
+        if VERSUS in runners:
+            self.judge_point(ctx, result, runners[VERSUS], timings, feeds, points, threads)
         return result
 
     def fp16_cap(self, ctx: Context, target, result: Result) -> tuple[list[int], list[int], bool]:
-        """The batch points to time, those skipped, and whether fp16 on the CPU (emulated, slow) caps them."""
+        """The batch points to time, those skipped, and whether a dtype the CPU emulates (fp16: slow) caps them."""
         points, capped = self.points(ctx), []
-        slow = target.kind == "cpu" and ctx.dtype == "fp16"
-        if slow:
+        note = cpu_note(ctx.dtype, target.kind)
+        if note:
             top = self.mode.fp16_cpu_max_rows
             capped, points = [b for b in points if b > top], [b for b in points if b <= top] or [1]
-            result.summary.append(f"{SLOW_FP16}; points above {top} rows skipped ({capped or 'none'}), "
+            result.summary.append(f"{note}; points above {top} rows skipped ({capped or 'none'}), "
                                   f"at most {self.mode.fp16_cpu_samples} timed calls per point and round")
-            result.details["fp16_cpu_note"] = SLOW_FP16
-        return points, capped, slow
+            result.details["fp16_cpu_note"] = note
+        return points, capped, bool(note)
 
     def build_gated(self, ctx: Context, timed_backends: list[str], feeds: dict, points: list[int], chunk: int,
                     result: Result) -> tuple[dict[str, dict], dict]:
@@ -90,7 +90,7 @@ class BenchmarkTask(Task):
         each backend's info, and the runners that passed (only those are timed)."""
         backends: dict[str, dict] = {}
         runners, expected, margins = {}, {}, {}
-        for name in dict.fromkeys(["eager", *timed_backends]):
+        for name in dict.fromkeys([VERSUS, *timed_backends]):  # the dtype it really runs: onnxruntime's fp32 graph
             info = backends[name] = {"status": "passed", "reason": "", "dtype": ran_dtype(name, ctx.dtype)}
             try:
                 reset_peak_memory(ctx.target().device)  # each backend's peak alone: its build, capture, first calls
@@ -100,7 +100,7 @@ class BenchmarkTask(Task):
                 info.update(status="skipped", reason=str(exc))
                 continue
             except Exception as exc:  # a backend that fails to build, compile or capture: that backend fails, not the point
-                if name == "eager":
+                if name == VERSUS:
                     raise
                 info.update(status="failed", reason=f"{type(exc).__name__}: {first_line(exc)}")
             else:
@@ -127,7 +127,7 @@ class BenchmarkTask(Task):
             synchronize(runner.target.device)
             if i == 0:
                 info["cold_start_ms"] = (time.perf_counter() - started) * 1e3
-            if name == "eager":
+            if name == VERSUS:
                 expected[b] = got
                 if w.branches:  # the masked-logit margins that may excuse a discrete flip
                     margins[b] = runner.distributions(feeds[b])["masked_logits"]
@@ -211,8 +211,8 @@ class BenchmarkTask(Task):
         """The point's verdict and latency: eager on (device, dtype) at the job's batch size, verified by the engine."""
         ladder = result.summary[0]
         b = job_batch(points, ctx.batch_size)
-        if ("eager", b) in timings:
-            stats = timings[("eager", b)].stats()
+        if (VERSUS, b) in timings:
+            stats = timings[(VERSUS, b)].stats()
             result.latency = {**{k: stats[k] for k in ("p50_us", "p99_us", "mean_us", "obs_per_s", "noisy", "samples")},
                               "threads": float(threads), "batch_size": float(b)}
             result.metrics.update({f"latency/{k}": v for k, v in result.latency.items()})
@@ -236,7 +236,7 @@ class BenchmarkTask(Task):
         if set(wanted) & set(extra.LOADGEN):
             qsl = self.feeds(ctx, [self.mode.qsl_samples])[0][self.mode.qsl_samples]
             tol = ctx.atol(ctx.judged_dtype, ran_dtype(ctx.backend, ctx.judged_dtype))
-            extra.run_loadgen(ctx, runner, runners["eager"], qsl, self.mode, tol, point, result, points)
+            extra.run_loadgen(ctx, runner, runners[VERSUS], qsl, self.mode, tol, point, result, points)
         if extra.CONTROL_LOOP in wanted:
             extra.run_control_loop(ctx, runner, self.mode, result)
 
@@ -334,10 +334,11 @@ def _summary(result: Result, backends: dict, points: list[int], order: list[str]
     that ran another dtype than the job's is named with it (`onnxruntime (fp32)` in a bf16 job)."""
     m = result.metrics
     b = job_batch(points, batch_size)
-    named = {n: n + (f" ({backends[n]['dtype']})" if backends[n]["dtype"] != backends["eager"]["dtype"] else "") for n in order}
+    named = {n: n + (f" ({backends[n]['dtype']})" if backends[n]["dtype"] != backends[VERSUS]["dtype"] else "") for n in order}
     p50 = {n: m[f"{n}/b{b}/p50_us"] for n in order if f"{n}/b{b}/p50_us" in m}
-    ratio = (f" (eager/{named['onnxruntime']} {p50['eager'] / p50['onnxruntime']:.2f}x)"
-             if {"eager", "onnxruntime"} <= set(p50) and p50["onnxruntime"] else "")
+    top, bottom = P50_RATIO
+    ratio = (f" ({top}/{named[bottom]} {p50[top] / p50[bottom]:.2f}x)" if {top, bottom} <= set(p50) and p50[bottom]
+             else "")
     lines = [f"b{b} p50: " + (", ".join(f"{named[n]} {v:,.1f} µs" for n, v in p50.items()) or "nothing timed") + ratio]
     if 1 in points and b != 1:
         lines.append("single_stream b1 p50/p99: " + ", ".join(

@@ -13,7 +13,7 @@ import numpy as np
 from huggy_exp import bundle, environment
 from huggy_exp.certify import DUAL_RULES, bitwise, dual_benchmark, errors, latency_change, rule_verdict, test05_tolerance, worst
 from huggy_exp.compare import load_outputs
-from huggy_exp.config import DiffMode
+from huggy_exp.config import REFERENCE_BACKEND, SQNR, DiffMode
 from huggy_exp.context import Context
 from huggy_exp.errors import UserError
 from huggy_exp.numerics import error_ratio
@@ -25,6 +25,7 @@ from huggy_exp.tasks import Task
 from huggy_exp.verify import is_fingerprint, nonfinite_failures
 
 ACCURACY_MARKS = ("vs_fp64", "vs_fp32", "vs_cpu", "vs_torch", "deterministic", "agreement")
+REPORTED_ONLY = "/" + SQNR.path.rsplit("/", 1)[1]
 
 
 @dataclass
@@ -87,7 +88,7 @@ def bundle_point(b: bundle.Bundle, key: str) -> Point:
 
 def job_point(record: dict, workdir: Path) -> Point:
     params = record.get("params") or {}
-    mode, backend = record.get("mode"), params.get("backend", "eager")
+    mode, backend = record.get("mode"), params.get("backend", REFERENCE_BACKEND)
     key = f"{record.get('run_name')} {backend} seed {record.get('seed')}"  # case:mode-device-dtype-b<batch>[-obs]
     if mode == "record" and record.get("bundle") and record.get("point") and bundle.is_bundle(record["bundle"]):
         b = bundle.read(record["bundle"])
@@ -96,7 +97,8 @@ def job_point(record: dict, workdir: Path) -> Point:
             point.key, point.status, point.origin = key, record.get("status"), str(workdir)
             return point
     metrics = record.get("metrics") or {}
-    accuracy = {k: v for k, v in metrics.items() if any(mark in k for mark in ACCURACY_MARKS)}
+    accuracy = {k: v for k, v in metrics.items()  # SQNR is reported, never judged: +inf is two equal outputs
+                if any(mark in k for mark in ACCURACY_MARKS) and not k.endswith(REPORTED_ONLY)}
     prints = {k: v for k, v in {**(record.get("tags") or {}), **record}.items()
               if isinstance(v, str) and (k.endswith("sha256") or is_fingerprint(k)) and k != "job_id"}
     p50 = next((metrics[k] for k in ("latency.p50_us", "latency/p50_us", "p50_us") if isinstance(metrics.get(k), (int, float))), None)

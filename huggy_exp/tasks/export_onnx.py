@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from huggy_exp import mlagents
-from huggy_exp.config import ExportOnnxMode
+from huggy_exp.config import ONNX_DTYPE, ExportOnnxMode
 from huggy_exp.context import Context
 from huggy_exp.errors import UserError
 from huggy_exp.mlagents import PolicyWeights, interface
@@ -93,7 +93,7 @@ class ExportOnnxTask(Task):
                     + _brief(result.metrics, "torch"))
         headline += (self.versus_source(ctx, exported, run_feeds(graph(source), feeds), sequence, margins, rows, result)
                      if source is not None else "; no source .onnx to compare with")
-        if ctx.dtype != "fp32" or ctx.device != "cpu":
+        if ctx.dtype != ONNX_DTYPE or ctx.device != "cpu":
             headline += f" (the graph is float32 from the CPU; device={ctx.device} dtype={ctx.dtype} do not apply)"
         result.details.update({"exported": str(out), "source_onnx": str(source) if source else None, "interface": found,
                                "constants": constants, "sequence": sequence, "headline": headline})

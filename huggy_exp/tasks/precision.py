@@ -8,7 +8,7 @@ from dataclasses import asdict
 import numpy as np
 
 from huggy_exp import plots
-from huggy_exp.config import PrecisionMode
+from huggy_exp.config import BACKENDS, PrecisionMode, limit_row
 from huggy_exp.context import Context
 from huggy_exp.mlagents import RECURRENT_OUT
 from huggy_exp.numerics import error_ratio, limits_for, ratio_verdict
@@ -30,7 +30,7 @@ class PrecisionTask(Task):
         traced = run_feeds(device, feeds, trace=True)  # onnxruntime: its graph's parts (mlagents.with_parts)
         got = {**run_feeds(device, feeds, ctx.seed), **traced}
         want = run_feeds(reference(ctx, "fp64"), feeds, trace=True)
-        cpu_eager = ctx.target().kind == "cpu" and ctx.backend == "eager"
+        cpu_eager = ctx.target().kind == "cpu" and BACKENDS[ctx.backend].reference  # the CPU reference itself
         cpu_same = got if cpu_eager else run_feeds(build(ctx, "eager", device="cpu"), feeds, trace=True)
         result = Result()
         # --- compare and judge: every output (the engine), the layers, the relative verdict
@@ -47,8 +47,9 @@ class PrecisionTask(Task):
             result.tables["step_errors"] = _step_errors(got, want)
         worst, first_bad = layers["worst_layer"], layers["first_failing_layer"]
         result.tags.update({"verdict_relative": verdict, "worst_layer": worst, "first_failing_layer": first_bad or "none"})
-        result.details.update({"limits": limits_for(asdict(ctx.verify.limits), ctx.judged_dtype, ctx.device, ctx.verify.specialize,
-                                                    "verify.limits"), "relative_verdict": verdict, **layers})
+        row = limit_row(ctx.judged_dtype, ctx.precision_mode)
+        result.details.update({"limits": limits_for(asdict(ctx.verify.limits), row, ctx.device, ctx.verify.specialize,
+                                                    "verify.limits"), "limit_row": row, "relative_verdict": verdict, **layers})
         result.summary.insert(1, f"worst layer {worst} (rel_rmse {result.metrics[f'layer/{worst}/rel_rmse']:.2e}), first failing "
                                  f"layer {first_bad or 'none'}, relative {result.metrics['relative/ratio']:.2f} -> {verdict}")
         self._write(ctx, got, want, result)

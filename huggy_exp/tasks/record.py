@@ -9,11 +9,11 @@ import numpy as np
 
 from huggy_exp import bundle, environment, timing
 from huggy_exp.certify import errors, named_outputs
-from huggy_exp.config import LatencySamples, RecordMode
+from huggy_exp.config import LatencySamples, RecordMode, cpu_note
 from huggy_exp.context import Context
 from huggy_exp.results import Result, first_nonfinite
 from huggy_exp.runners import Runner, build, reference, run_feeds
-from huggy_exp.tasks import SLOW_FP16, Task, batch_of
+from huggy_exp.tasks import Task, batch_of
 from huggy_exp.verify import fingerprints
 
 
@@ -74,8 +74,8 @@ class RecordTask(Task):
         result.summary = [headline, f"latency: {len(timed.samples)} samples, p50 {stats['p50_us']:,.1f} µs, p99 {stats['p99_us']:,.1f} µs "
                                     f"at {timed.threads} thread(s)" + (" (noisy)" if stats["noisy"] else ""),
                           *([f"replaced the earlier recording of {key}"] if replaced else [])]
-        if ctx.dtype == "fp16" and runner.target.device.type == "cpu":
-            result.summary.append(SLOW_FP16)
+        if note := cpu_note(ctx.dtype, runner.target.kind):
+            result.summary.append(note)
         result.headline = headline
         result.details.update({"headline": headline, "bundle": str(root.resolve()), "point": key})
         return result
