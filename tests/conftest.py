@@ -285,6 +285,17 @@ def _root_logging() -> tuple:
     return logging.root.level, tuple(h for h in logging.root.handlers if type(h).__module__ != "_pytest.logging")
 
 
+@pytest.fixture
+def compiles():
+    """A test that compiles (backend compile): dynamo's compiled frames and the recompile switch runners._compiled sets
+    process-wide are put back, so the state check below does not fail it for what the backend must do."""
+    import torch._dynamo
+
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=torch._dynamo.config.fail_on_recompile_limit_hit):
+        yield
+    torch._dynamo.reset()
+
+
 # set once per process by a library on first use, the same each time after: the library's state, not a test's change
 LIBRARY_ENV = {"TORCHINDUCTOR_CACHE_DIR", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR", "RAY_CLIENT_MODE"}
 

@@ -89,7 +89,7 @@ def test_onnxruntime_matches_eager(small, tmp_path):
 
 
 @pytest.mark.slow
-def test_compile_matches_eager_with_a_padded_last_chunk(small, tmp_path):
+def test_compile_matches_eager_with_a_padded_last_chunk(small, tmp_path, compiles):
     ctx = small_context(small, tmp_path, batch_size=4)
     obs = ctx.make_feeds(6)[OBS]  # chunks of 4 and 2 -> the 2 is padded to 4
     try:
