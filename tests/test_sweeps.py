@@ -307,7 +307,8 @@ def test_case_library_runs_with_its_tally_parent_run_comparison_and_job_logs(tmp
     assert all(c.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for c in children)
     prec = next(c for c in children if c.data.tags["case"] == "precision_bf16_relative_fail")
     assert prec.data.metrics["answer/passed"] == 0.0 and prec.data.metrics["answer/max_abs"] > 0
-    assert prec.info.status == "FAILED"  # MLflow's status follows the verdict
+    # an expected failure met: MLflow says so and does not paint it a red Failed (a missed expectation is Failed)
+    assert prec.info.status == "FINISHED" and prec.data.tags["verdict"].startswith("failed as expected")
     import mlflow
 
     artifacts = {a.path for a in mlflow.MlflowClient(uri).list_artifacts(parents[0].info.run_id)}
