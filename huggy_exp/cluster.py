@@ -1,10 +1,7 @@
 """Ray across hosts as pure functions: what each sweep point asks of the cluster, whether any node can ever meet it,
-and whether the tracking store is one every node reaches (docs/tracking-and-sweeps.md#ray-across-hosts).
-
-No `import ray` here: `hydra_plugins/huggy_ray_launcher/_core.py` talks to Ray and hands these functions plain dicts
-(`ray.nodes()` as Ray returns them), so the rules are tested without a cluster and a sweep without Ray never pays
-Ray's import.
-"""
+and whether the tracking store is one every node reaches (docs/tracking-and-sweeps.md#ray-across-hosts). No `import
+ray`: hydra_plugins/huggy_ray_launcher/_core.py hands these functions plain dicts (`ray.nodes()`), so the rules are
+tested without a cluster and a sweep without Ray never pays Ray's import."""
 
 from __future__ import annotations
 
@@ -34,11 +31,9 @@ def require_ray() -> None:
 
 
 def request(device: str, mode: str, cpus_per_point: int, node_cpus: list[float]) -> dict:
-    """The Ray resources one point asks for: `{"num_cpus", "num_gpus", "resources"}` (ray.remote's options).
-
-    cuda:N -> one GPU, npu:N -> one NPU, mps -> one MPS (a whole card each: a card is never shared), each with one CPU to
-    drive it; cpu -> `cpus_per_point` CPUs, and a timed cpu point every CPU of the largest node (`node_cpus`: each alive
-    node's CPU count), so that nothing else that asks for a CPU runs beside it while it times."""
+    """The Ray resources (ray.remote's options) one point asks for: cuda:N, npu:N, mps -> one GPU, NPU or MPS (a card is
+    never shared) and one CPU to drive it; cpu -> `cpus_per_point` CPUs, and a timed cpu point every CPU of the largest
+    node (`node_cpus`: each alive node's count), so that nothing else asking for a CPU runs beside it while it times."""
     kind = str(device).split(":", 1)[0]
     if kind in ACCELERATOR:
         name = ACCELERATOR[kind]
