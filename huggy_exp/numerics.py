@@ -69,12 +69,10 @@ def clipped_normal_moments(mu: np.ndarray, sigma: np.ndarray, lo: float, hi: flo
 
 def sampling_check(samples: np.ndarray, mu: np.ndarray, sigma: np.ndarray, lo: float | None, hi: float | None,
                    confidence: float = 0.999) -> dict[str, float]:
-    """Do draws [R, rows, act] follow clip(N(mu, sigma^2), lo, hi)? Mean per cell (Bonferroni) and pooled spread.
-
-    Means: z = (empirical mean - exact clipped-normal mean) / sqrt(var / R) per cell; pass when max |z| stays under
-    the two-sided Bonferroni-corrected critical value at `confidence`. Spread: on cells clipped with probability
-    < 1e-3, standardized residuals (x - mu) / sigma must have a standard deviation within z * sqrt(1 / 2n) of 1.
-    """
+    """Do draws [R, rows, act] follow clip(N(mu, sigma^2), lo, hi)? Means: z = (empirical mean - exact clipped-normal
+    mean) / sqrt(var / R) per cell, max |z| under the two-sided Bonferroni-corrected critical value at `confidence`.
+    Spread: on cells clipped with probability < 1e-3, the standardized residuals (x - mu) / sigma have a standard
+    deviation within z * sqrt(1 / 2n) of 1."""
     from scipy.stats import norm
 
     x = np.asarray(samples, np.float64)
@@ -131,13 +129,11 @@ def allowed_branches(masks: np.ndarray, branch_sizes: tuple[int, ...]) -> np.nda
 
 def categorical_check(draws: np.ndarray, masked_logits: np.ndarray, branch_sizes: tuple[int, ...], masks: np.ndarray | None,
                       confidence: float = 0.999) -> dict[str, float]:
-    """Do discrete draws [S, rows, n_branches] follow softmax(masked logits [rows, sum of sizes]) per (row, branch)?
-
-    A chi-square goodness-of-fit test per cell (bins expected under 5 pooled), Bonferroni over the cells: pass when the
-    smallest p-value is at least (1 - confidence) / cells. A draw of a masked action or outside the branch is counted apart
-    (`masked_draws`, `out_of_range`) and is always a failure; a branch with every action masked is drawn uniformly
-    (ML-Agents), so its draws are checked against the uniform softmax, not counted as masked.
-    """
+    """Do discrete draws [S, rows, n_branches] follow softmax(masked logits [rows, sum of sizes]) per (row, branch)? A
+    chi-square test per cell (bins expected under 5 pooled), Bonferroni over the cells: the smallest p-value at least
+    (1 - confidence) / cells. A draw of a masked action or outside the branch is counted apart (`masked_draws`,
+    `out_of_range`), always a failure; a branch with every action masked is drawn uniformly (ML-Agents), so its draws
+    are checked against the uniform softmax, not counted as masked."""
     d, bounds = np.asarray(draws), np.cumsum(branch_sizes)[:-1]
     reps = d.shape[0]
     logits = np.split(np.asarray(masked_logits, np.float64), bounds, axis=-1)
