@@ -11,7 +11,7 @@ from huggy_exp.errors import UserError
 from huggy_exp.foreign import MAX_ONNX_BYTES, check_file_size
 from huggy_exp.host import size
 from huggy_exp.mlagents.heads import read_heads
-from huggy_exp.mlagents.onnx_graph import RESHAPES, Graph, follow, linear, slice_start, value_info
+from huggy_exp.mlagents.onnx_graph import RESHAPES, Graph, expose, follow, linear, slice_start, value_info
 from huggy_exp.mlagents.results import step_from_name
 from huggy_exp.mlagents.weights import (
     ACTION_MASKS, RECURRENT_IN, LoadedModel, Lstm, Normalizer, ObsInput, PolicyWeights, check_shapes, obs_name,
@@ -164,20 +164,18 @@ def _body(g: Graph, cursor: str) -> tuple[list, list[str], str]:
     hidden_<i>) and the last hidden tensor."""
     gemms, hidden = [], []
     while True:
-        layer = None
         for gemm in (n for n in g.consumers(cursor) if n.op_type == "Gemm" and n.output):
             sig = g.only(gemm.output[0], "Sigmoid")
             mul = next((n for n in g.consumers(gemm.output[0]) if n.op_type == "Mul" and sig is not None and sig.output
                         and sig.output[0] in n.input and n.output), None)
             if mul is not None:
-                layer = (gemm, mul.output[0])
                 break
-        if layer is None:
+        else:
             return gemms, hidden, cursor
-        if any(layer[0] is seen for seen in gemms):
+        if any(gemm is seen for seen in gemms):
             raise g.fail("the layer chain loops back on itself")
-        gemms.append(layer[0])
-        cursor = layer[1]
+        gemms.append(gemm)
+        cursor = mul.output[0]
         hidden.append(cursor)
 
 
@@ -253,16 +251,9 @@ def read_graph(g: Graph) -> tuple[PolicyWeights, dict[str, list[str]]]:
 def with_parts(model, origin: str):
     """The graph (an onnx ModelProto, changed in place) with the parts Policy.trace names as outputs too (normalized_obs,
     hidden_<i>, lstm, mu, logits), so onnxruntime's intermediates line up with torch's per-layer attribution."""
-    from onnx import helper
-
     _, parts = read_graph(Graph(model, origin))
     outputs = {o.name for o in model.graph.output}
-    for name, tensors in parts.items():
-        if name in outputs:
-            continue
-        joined = {"op_type": "Concat", "axis": 1} if len(tensors) > 1 else {"op_type": "Identity"}
-        model.graph.node.append(helper.make_node(inputs=tensors, outputs=[name], **joined))
-        model.graph.output.append(helper.make_empty_tensor_value_info(name))
+    expose(model, {name: tensors for name, tensors in parts.items() if name not in outputs}, typed=False)
     return model
 
 
