@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from huggy_exp.foreign import MAX_ONNX_BYTES, check_file_size
 from huggy_exp.host import size
 from huggy_exp.mlagents.heads import read_heads
 from huggy_exp.mlagents.onnx_graph import RESHAPES, Graph, expose, follow, linear, slice_start, value_info
+from huggy_exp.mlagents.onnx_write import interface
 from huggy_exp.mlagents.results import step_from_name
 from huggy_exp.mlagents.weights import (
     ACTION_MASKS, RECURRENT_IN, LoadedModel, Lstm, Normalizer, ObsInput, PolicyWeights, check_shapes, obs_name,
@@ -52,8 +54,6 @@ def read_onnx(path: Path):
 def check_external_sizes(model, path: Path) -> None:
     """Before any external data is read: each tensor's declared length must be what its shape and type hold, and the
     model with all of them within MAX_ONNX_BYTES (a data file's real size counts where no length is declared)."""
-    import math
-
     from onnx import TensorProto, external_data_helper, helper
 
     total = path.stat().st_size
@@ -84,8 +84,6 @@ def check_external_sizes(model, path: Path) -> None:
 def check_onnx_pairing(path: Path, w: PolicyWeights) -> None:
     """The .onnx compared with a policy must take ML-Agents' inputs (obs_<i>, action_masks, recurrent_in) at the policy's
     widths, in order, and expose its action outputs at the policy's widths."""
-    from huggy_exp.mlagents.onnx_write import interface
-
     model = read_onnx(Path(path))
     inits = {i.name for i in model.graph.initializer}
     inputs = [value_info(i) for i in model.graph.input if i.name not in inits]
@@ -97,10 +95,9 @@ def check_onnx_pairing(path: Path, w: PolicyWeights) -> None:
             name in outputs and list(outputs[name][1:]) == dims for name, dims in want_out.items()):
         return
     show = lambda items: ", ".join(f"{n} [{', '.join(str(d) if isinstance(d, int) else 'N' for d in dims)}]" for n, dims in items) or "none"  # noqa: E731
-    raise UserError(
-        f"onnx file {path} is not an ML-Agents policy for this checkpoint: expected inputs {show((n, ['N', *d]) for n, d in want_in)} "
-        f"and outputs {show((n, ['N', *d]) for n, d in want_out.items())}; found inputs {show(inputs)}; outputs {show(outputs.items())}"
-    )
+    raise UserError(f"onnx file {path} is not an ML-Agents policy for this checkpoint: expected inputs "
+                    f"{show((n, ['N', *d]) for n, d in want_in)} and outputs {show((n, ['N', *d]) for n, d in want_out.items())}; "
+                    f"found inputs {show(inputs)}; outputs {show(outputs.items())}")
 
 
 def onnx_input_sizes(path: Path) -> tuple[int, ...] | None:
