@@ -342,8 +342,18 @@ def backend_options(kind: str, mode: str) -> dict[str, str]:
     if kind == "cuda":
         return {"onnxruntime_cuda_use_tf32": onnxruntime_options("CUDAExecutionProvider", None, mode)["use_tf32"]}
     if kind == "npu":
-        return {"onnxruntime_cann_precision_mode": CANN_PRECISION.get(mode, f"none ({mode}: onnxruntime is skipped)")}
+        return {"onnxruntime_cann_precision_mode": CANN_PRECISION.get(mode, f"none ({mode}: onnxruntime is skipped)"),
+                "torchair_mode": TORCHAIR_MODE}
     return {}
+
+
+# torchair (backend compile on npu): CompilerConfig has no precision option (Ascend/torchair python/torchair/configs:
+# ge_config.py's options are GE's whole list). In its default mode, max-autotune, GE builds the graph: GE reads HF32 from
+# torch.npu.matmul/conv.allow_hf32 once per process, when it starts (core/_backend.py, _get_global_op_compile_config;
+# torchair/concrete_graph/session.cpp, Session::Initialize), and gets no ge.exec.precision_mode, so CANN's default
+# runs fp32 matmuls in fp16. reduce-overhead (torchair >= 2025-03) captures torch_npu's own kernels as an aclgraph, whose
+# fp32 math is the npu_* switches above, set for each point's precision_mode (ieee keeps fp32, hf32 allows HF32)
+TORCHAIR_MODE = "reduce-overhead"
 
 
 # onnxruntime's CANN provider builds whole graphs with CANN's graph engine, whose default precision_mode is force_fp16

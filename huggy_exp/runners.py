@@ -22,12 +22,12 @@ import numpy as np
 import torch
 
 from huggy_exp.config import BACKENDS, ONNX_DTYPE, REFERENCE_BACKEND
-from huggy_exp.errors import Unsupported, UserError
+from huggy_exp.errors import Unsupported, UserError, first_line
 from huggy_exp.fused import FusedMLP, need_compiler
 from huggy_exp.mlagents import (ACTION_MASKS, ONNX_INPUT, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name, read_onnx,
                                 with_distributions, with_parts)
 from huggy_exp.placement import (
-    DTYPES, QUANTIZED, Target, check_backend, onnxruntime_options, option_spellings, quantize, quantize_onnx, resolve,
+    DTYPES, QUANTIZED, TORCHAIR_MODE, Target, check_backend, onnxruntime_options, option_spellings, quantize, quantize_onnx, resolve,
     synchronize, use_device,
 )
 from huggy_exp.policy import Policy, cpu_noise, cpu_uniform, has_linear
@@ -41,7 +41,7 @@ DISCRETE, DISCRETE_SAMPLED = DISCRETE_ACTIONS.name, DISCRETE_ACTIONS.sampled
 OBS = ONNX_INPUT
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "npu": "CANNExecutionProvider"}
 # torch.compile's backend per device kind: inductor on the CPU and CUDA; on Ascend torch_npu's own dynamo backend
-# "npu" (torchair): inductor there needs triton-ascend and only warns when it is missing
+# "npu" (torchair, built in placement.TORCHAIR_MODE): inductor there needs triton-ascend and only warns when it is missing
 COMPILE_BACKENDS = {"cpu": "inductor", "cuda": "inductor", "mps": "inductor", "npu": "npu"}
 
 Feeds = Mapping[str, np.ndarray]
@@ -302,10 +302,10 @@ def graphs(policy: Policy, target: Target) -> tuple[Callable, Callable]:
 # --- torch.compile and graph capture
 
 
-def _compiler(kind: str) -> str:
+def _compiler(kind: str) -> str | Callable:
     """The dynamo backend for the device kind (COMPILE_BACKENDS), checked to be there, with dynamo reset: one runner's
     compilations never count against the next one's (each new policy's frozen weights are new guards, and past
-    dynamo's recompile_limit it would run eager)."""
+    dynamo's recompile_limit it would run eager). On npu: torchair's, in placement.TORCHAIR_MODE."""
     import torch._dynamo
 
     name = COMPILE_BACKENDS[kind]
@@ -318,10 +318,23 @@ def _compiler(kind: str) -> str:
         raise Unsupported("backend compile on npu: torch_npu was built without torchair, so its 'npu' dynamo backend runs "
                           "eager (it would time eager as compile)")
     torch._dynamo.reset()
-    return name
+    return _torchair() if name == "npu" else name
 
 
-def _compiled(fn: Callable, backend: str) -> Callable:
+def _torchair() -> Callable:
+    """torchair's backend in TORCHAIR_MODE (torchair.CompilerConfig().mode; placement.TORCHAIR_MODE says why)."""
+    try:
+        import torchair
+
+        config = torchair.CompilerConfig()
+        config.mode = TORCHAIR_MODE
+    except (ImportError, ValueError) as exc:
+        raise Unsupported(f"backend compile on npu: torchair cannot run mode {TORCHAIR_MODE} here ({first_line(exc)}): "
+                          "its default mode builds GE graphs, whose fp32 math precision_mode cannot set") from None
+    return torchair.get_npu_backend(compiler_config=config)
+
+
+def _compiled(fn: Callable, backend: str | Callable) -> Callable:
     """torch.compile of one graph (fullgraph: a graph break is an error, not a silent eager piece), past dynamo's
     recompile_limit an error too (never a silent eager fallback timed as `compile`). Inductor freezes the weights as
     constants: `options={"freezing": True}` is ignored on the CPU in torch 2.13, so the inductor config is set
