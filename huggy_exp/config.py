@@ -736,7 +736,7 @@ def validate(cfg: DictConfig, mode: str) -> dict:
     _check(modes()[mode], plain["mode"], "mode.")
     if mode == "stats" and plain["mode"]["source"] == "replay" and not plain["mode"]["trajectory"]:
         raise UserError("mode.source=replay needs mode.trajectory=<file.npy> (float32 [T, obs_dim]) or an .npz of obs_<i> [T, d_i]")
-    _check_specialize((plain.get("verify") or {}).get("specialize"))
+    _check_specialize(plain["verify"]["specialize"])  # a mapping: _check has seen to it
     bad = next((k for k, v in (plain["plan"]["parts"] or {}).items() if v not in DTYPE_NAMES), None)
     if bad is not None:
         raise UserError(f"plan {plain['plan']['name']}: part {bad} has unknown dtype {plain['plan']['parts'][bad]!r}; "
@@ -744,13 +744,9 @@ def validate(cfg: DictConfig, mode: str) -> dict:
     return plain
 
 
-def _check_specialize(value: Any, key: str = "verify.specialize") -> None:
+def _check_specialize(value: dict, key: str = "verify.specialize") -> None:
     """A free map of `<device kind>_<dtype>` entries (e.g. npu_fp16): each name a known device kind and dtype, each entry
     any keys of a verify.limits row, every number finite and in range; the first bad one is one line."""
-    if value is None:
-        return
-    if not isinstance(value, dict):
-        raise UserError(f"{key} must be a mapping of <device kind>_<dtype> entries, got {value!r}")
     hints, known = get_type_hints(Threshold), {f.name: f for f in fields(Threshold)}
     for name, limits in value.items():
         kind, _, dtype = str(name).partition("_")
