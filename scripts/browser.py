@@ -128,8 +128,7 @@ class Browser:
             except BrowserError:  # the page is still loading (no body yet, a navigation in flight)
                 value = None
             if value:
-                if settle_s:
-                    time.sleep(settle_s)
+                time.sleep(settle_s)
                 return value
             if time.time() > deadline:
                 return value

@@ -87,7 +87,7 @@ JS_GRID = JS_SEEN + """
     }
   }
   const groups = [...document.querySelectorAll('.ag-header-group-cell')].filter(g => __seen(g, clip) && __cut(g.querySelector('.ag-header-group-text') || g));
-  return {headers, rows: Object.values(rows), cutGroups: groups.map(g => g.innerText.trim()), assistant: !!document.querySelector('[data-assistant-ui]') || document.body.innerText.includes('MLflow Assistant')};
+  return {headers, rows: Object.values(rows), cutGroups: groups.map(g => g.innerText.trim())};
 })()
 """
 
@@ -144,10 +144,8 @@ def first_screen(sweep: dict) -> list[tuple[str, str]]:
     first = sweep["columns"][:sweep["columns"].index("tags.`reason`")]
     own = [c for c in first if c in tracking.OWN_COLUMNS]
     shown = [c for c in first if c in lead] + (own or [c for c in first if c in tracking.FIRST_COLUMNS])
-    return [(c, NAMED.get(c, "the " + c.split("`")[1])) for c in shown][:6]
-
-
-NAMED = {"tags.`verdict`": "the verdict", f"metrics.`{headline.logged_name(headline.ERROR)}`": "the error vs fp64"}
+    named = {"tags.`verdict`": "the verdict", f"metrics.`{headline.logged_name(headline.ERROR)}`": "the error vs fp64"}
+    return [(c, named.get(c, "the " + c.split("`")[1])) for c in shown][:6]
 
 
 def shows(text: str) -> str:

@@ -604,3 +604,15 @@ def test_the_browser_check_fails_on_a_recommendation_whose_dtype_did_not_run(tmp
     check.missing.clear()
     check_mod.check_recommended(check, {"report": str(tmp_path / "report.html")})
     assert check.missing == []
+
+
+def test_a_replay_jobs_report_marks_its_noisy_p50_where_it_now_follows_the_answer(tmp_path):
+    """The one noisy flag (issue 35 row 4) beside the p50 a replay logs after its own answer (`latency/p50_us`)."""
+    from huggy_exp import headline
+
+    metrics = {**_every_headline_metric("replay"), "latency/noisy": 1.0}
+    record = {"run_name": "replay-cpu-fp32-b64", "status": "passed", "mode": "replay", "device": "cpu", "dtype": "fp32",
+              "batch_size": 64, "metrics": metrics, "headline_metrics": headline.headline_metrics("replay", metrics, "passed")}
+    page = report.write_job_report(tmp_path, record, []).read_text()
+    assert "latency/p50_us" in page and "answer/p50_us" not in page
+    assert "<span class=noisy>noisy</span>" in page.split("latency/p50_us", 1)[1].split("</tr>", 1)[0]
