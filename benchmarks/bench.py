@@ -147,14 +147,13 @@ def gemms_only_obs_s(ctx: Context, rows: int, seconds: float = 1.5) -> float:
 
 
 def _chain(mean, std, linears: list[Callable], act: Callable) -> Callable:
-    """Huggy's forward on a tensor with its linears (mu last) spelled by the caller: normalize, act(linear) per hidden
-    layer, mu squashed."""
+    """Huggy's forward on obs with its linears (mu last) spelled by the caller: normalize, act(linear), mu squashed."""
 
-    def forward(x):
-        x = torch.clamp((x - mean) / std, -5, 5)
+    def forward(o):
+        x = torch.clamp((torch.from_numpy(o) - mean) / std, -5, 5)
         for linear in linears[:-1]:
             x = act(linear(x))
-        return torch.clamp(linears[-1](x), -3, 3) / 3
+        return (torch.clamp(linears[-1](x), -3, 3) / 3).numpy()
 
     return forward
 
@@ -194,9 +193,9 @@ def _by_hand(mean, std, layers, module) -> dict[str, Callable]:
     out["addmv + out= buffers, in place"] = preallocated
     # oneDNN's prepacked linear with SiLU fused (what inductor uses for bf16)
     onednn = [_onednn_linear(w, b, "swish" if i < len(layers) - 1 else "none") for i, (w, b) in enumerate(layers)]
-    out["oneDNN packed linear + fused swish"] = _on_numpy(_chain(mean, std, onednn, act=lambda x: x))
+    out["oneDNN packed linear + fused swish"] = _chain(mean, std, onednn, act=lambda x: x)
     if torch._C.has_mkl:  # MKL's packed sgemm (what inductor freezing uses for fp32 linears)
-        out["MKL packed sgemm + silu"] = _on_numpy(_chain(mean, std, [_mkl_linear(w, b) for w, b in layers], F.silu))
+        out["MKL packed sgemm + silu"] = _chain(mean, std, [_mkl_linear(w, b) for w, b in layers], F.silu)
     np_layers, np_mean, np_std = [(w.numpy(), b.numpy()) for w, b in layers], mean.numpy(), std.numpy()
 
     def numpy_forward(o):  # not torch: numpy's OpenBLAS sgemv, for scale
@@ -334,6 +333,7 @@ def time_attempts(ctx: Context, fns: dict[str, Callable | str], rounds: int, bud
 
 # --- whole processes: A B A B pairs
 
+PARTS = ("import_torch_s", "import_hydra_s", "compose_s", "import_mlflow_s")  # what BREAKDOWN times, in its order
 BREAKDOWN = """
 import json, sys, time
 t = [time.perf_counter()]
@@ -345,8 +345,7 @@ with initialize_config_dir(config_dir=sys.argv[1], version_base="1.3"):
     compose(config_name="config", overrides=["mode=action", "tracking=none"], return_hydra_config=True)
 t.append(time.perf_counter())
 import mlflow; t.append(time.perf_counter())
-print(json.dumps(dict(zip(["import_torch_s", "import_hydra_s", "compose_s", "import_mlflow_s"],
-                          [b - a for a, b in zip(t, t[1:])]))))
+print(json.dumps([b - a for a, b in zip(t, t[1:])]))
 """
 
 
@@ -358,9 +357,9 @@ def breakdown(runs: int = 3) -> dict[str, float]:
                               text=True)
         if proc.returncode:
             print(f"breakdown failed: {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
-            return dict.fromkeys(("import_torch_s", "import_hydra_s", "compose_s", "import_mlflow_s"), float("nan"))
+            return dict.fromkeys(PARTS, float("nan"))
         got.append(json.loads(proc.stdout))
-    return {k: statistics.median(g[k] for g in got) for k in got[0]}
+    return {part: statistics.median(times) for part, times in zip(PARTS, zip(*got))}
 
 
 def run_s(cmd: list[str], tmp: str) -> tuple[float, float]:
@@ -466,7 +465,7 @@ def targets(m: dict, rows_n: int, flop: float, flags: set) -> list[dict]:
     m32, m16, startup, mlflow_cost, parts = m["m32"], m["m16"], m["startup"], m["mlflow_cost"], m["parts"]
     p50 = lambda b: m32.get(f"{b}/b1/p50_us", float("nan"))  # noqa: E731
     ort1 = p50("onnxruntime")
-    best1 = min(cpu_backends("fp32", True), key=lambda b: p50(b) if np.isfinite(p50(b)) else float("inf"))
+    best1 = min(cpu_backends("fp32", True), key=lambda b: np.nan_to_num(p50(b), nan=np.inf))
     rate = lambda m, b: m.get(f"{b}/b{rows_n}/obs_per_s", float("nan"))  # noqa: E731
     ort_t = rate(m32, "onnxruntime")
     best32 = max(cpu_backends("fp32", True), key=lambda b: np.nan_to_num(rate(m32, b)))
