@@ -80,9 +80,8 @@ def context(model: str | None, dtype: str, workdir: Path, knobs: list[str] = ())
 
 
 def checked_context(a: argparse.Namespace, workdir: Path):
-    """The fp32 context and its config, once every flag is in range (config.py's rules, as run.py's keys) and what
-    --rows sizes fits in memory (memory.py's estimate of the benchmark job, plus the GEMM peak's matrices): else a
-    UserError naming the flag."""
+    """The fp32 context and its config, once every flag is in range (config.py's rules) and what --rows sizes fits in
+    memory (memory.py's estimate of the benchmark job, plus the GEMM peak's matrices): else a UserError naming it."""
     from omegaconf import OmegaConf
 
     for flag, (kind, rule) in FLAGS.items():

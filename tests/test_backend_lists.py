@@ -18,7 +18,11 @@ from huggy_exp.config import BACKENDS, DTYPES, Backend
 from huggy_exp.errors import Unsupported, UserError
 
 
-def _generator(name: str = "config_reference", rel: str = "scripts/config_reference.py"):
+def _generator():
+    return _load("config_reference", "scripts/config_reference.py")
+
+
+def _load(name: str, rel: str):
     spec = importlib.util.spec_from_file_location(name, REPO / rel)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -90,7 +94,7 @@ def test_bench_py_times_the_backends_the_schema_declares_for_the_cpu(toy_backend
     """benchmarks/bench.py reads the backends it times from config.BACKENDS (issue 34: it kept a literal tuple): a
     declared CPU fp32 backend joins its fp32 benchmark and the torch backends its targets compare, and bf16 runs only
     the backends that declare it."""
-    bench = _generator("bench_under_test", "benchmarks/bench.py")
+    bench = _load("bench_under_test", "benchmarks/bench.py")
     assert bench.cpu_backends("fp32") == ["eager", "compile", "fused", "onnxruntime", "toy"]
     assert bench.cpu_backends("fp32", torch_only=True) == ["eager", "compile", "fused", "toy"]
     assert bench.cpu_backends("bf16") == ["eager", "compile"]
