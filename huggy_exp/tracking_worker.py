@@ -48,13 +48,11 @@ class Helper:
         # the store's credentials as they are now: preflight moves them out of the URI after the helper has started
         env = {k: os.environ[k] for k in tracking.CREDENTIAL_ENV if k in os.environ}
         request = json.dumps({"settings": settings, "workdir": str(Path(workdir).absolute()), "env": env})
-        try:
+        with contextlib.suppress(OSError, ValueError, subprocess.TimeoutExpired):
             out, _ = self.proc.communicate(request + "\n", timeout=600)
             lines = [ln for ln in out.splitlines() if ln.startswith(ANSWER)]
             if lines and self.proc.returncode == 0:
                 return json.loads(lines[-1][len(ANSWER):])
-        except (OSError, ValueError, subprocess.TimeoutExpired):
-            pass
         self.close()
         return tracking.log_job(settings, workdir)  # the helper failed: the same call, in this process
 
