@@ -59,11 +59,9 @@ def ray_preflight(composed: list[DictConfig]) -> None:
 
 
 def cli(argv: list[str], mlflow_helper: bool = False) -> None:
-    """Validate every job first (one line, exit 2, on the first bad value), then let Hydra run them.
-
-    `mlflow_helper`: a single run imports mlflow in a helper process beside the job (the command line; in-process callers
-    that run many jobs pay mlflow's import once and need none). Output survives a closed pipe or an ASCII terminal, and
-    SIGTERM ends the jobs as Ctrl-C does (huggy_exp/terminal.py)."""
+    """Validate every job first (one line, exit 2, on the first bad value), then let Hydra run them. `mlflow_helper`: a
+    single run imports mlflow in a helper process beside the job (in-process callers pay mlflow's import once). Output
+    survives a closed pipe or an ASCII terminal, and SIGTERM ends the jobs as Ctrl-C does (huggy_exp/terminal.py)."""
     with terminal.guarded():
         _cli(argv, mlflow_helper)
 

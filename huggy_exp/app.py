@@ -187,11 +187,9 @@ def _write(workdir: Path, record: dict, result: Result) -> Path | None:
 
 def _run_task(cfg: DictConfig, workdir: Path, mode: str,
               preset: tuple[str, str] | None = None) -> tuple[Result, Context | None, KeyboardInterrupt | None]:
-    """Validate, build the context, run the task and check its outputs are finite: (result, context, interrupted).
-
-    Every failure becomes a result: a bad value `error`, a missing device or file `skipped`, a bug `error` with its
-    traceback printed, a full disk one line; Ctrl-C is recorded as interrupted for the caller to re-raise. `preset`: a
-    (status, reason) a launcher decided before the job could run (it runs nothing, after validation)."""
+    """Validate, build the context, run the task, check its outputs are finite: (result, context, interrupted). Every
+    failure becomes a result (a bad value `error`, a missing device or file `skipped`, a bug `error` with its traceback
+    printed); Ctrl-C is recorded for the caller to re-raise. `preset`: a launcher's (status, reason): nothing runs."""
     ctx = None
     try:
         validate(cfg, mode)
@@ -316,10 +314,9 @@ def sync(cfg: DictConfig, out: Path) -> int:
 
 
 def rejudge(cfg: DictConfig, out: Path) -> int:
-    """`mode=rejudge`: every result.json under mode.path judged again by the limits as composed now (huggy_exp/rejudge.py),
-    the policy never loaded: the re-judged points in `out` (a sweep folder of its own: summary.{json,csv,md},
-    report.html, changed.csv listing each verdict that changed), logged as a new MLflow parent whose children name the
-    runs they re-judge. The originals are read, never written. Exit: the worst re-judged verdict, 2 on a refusal."""
+    """`mode=rejudge`: every result.json under mode.path judged again by the limits as composed now (rejudge.py), the
+    policy never loaded, into `out` (summaries, report.html, changed.csv), logged as a new MLflow parent whose children
+    name the runs they re-judge; the originals are never written. Exit: the worst re-judged verdict, 2 on a refusal."""
     from huggy_exp import rejudge as judge, sweep
 
     source = Path(cfg.mode.path).expanduser() if cfg.mode.path else None

@@ -914,10 +914,9 @@ LINK = " (runs)"  # each name's link: the name itself stays plain text
 
 
 def one_line(head: str, links: list[tuple[str, str]], chars: int = DESCRIPTION_CHARS) -> str:
-    """`head` and as many names with their link (text, url) as fit one line of `chars` visible characters, the first
-    always (its text cut with "…" where it alone is longer): a second line would show cut in half in MLflow's collapsed
-    box. Each name is plain text followed by its `(runs)` link: MLflow's home page lists the description unrendered, and
-    it reads `Sweeps, newest first: sweep mode=…` there, not `[sweep mode=…](#/experiments/…`."""
+    """`head` and as many (text, url) links as fit one line of `chars` visible characters, the first always (cut with
+    "…" if it alone is longer): a second line shows cut in half in MLflow's collapsed box. Each name is plain text
+    before its `(runs)` link: MLflow's home page lists the description unrendered (`sweep x`, not `[sweep x](#/…`)."""
     room, shown = chars - len(head), []
     for text, url in links:
         if shown and len(text) + len(LINK) + 3 > room:

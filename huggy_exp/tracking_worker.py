@@ -1,10 +1,9 @@
 """A single run's MLflow connection, opened beside the job (`python -m huggy_exp.tracking_worker` is the helper).
 
-Importing mlflow and its SQLAlchemy store costs a single run 2-3 s of CPU, more than everything else it does over
-`import torch`. run.py starts this helper before it composes the config, so that import runs while the job imports
-torch and runs; the finished job directory is then handed over and the helper logs it with tracking.log_job, the
-function the job would have called. The outcome (logged, pending with its reason) is the same; if the helper is gone
-or answers nothing, the job logs in its own process as before. EOF on its stdin (the job ended first) ends it.
+Importing mlflow and its SQLAlchemy store costs a single run 2-3 s of CPU, more than the rest beyond `import torch`.
+run.py starts this helper first, so that import runs beside the job; the finished job folder is then handed over and
+logged with tracking.log_job, the same call and outcome. A helper that is gone or answers nothing: the job logs in its
+own process. EOF on its stdin (the job ended first) ends it.
 """
 
 from __future__ import annotations
