@@ -104,7 +104,7 @@ MUTATIONS = (
     ), ("tests/test_precision_mode.py::test_a_switch_that_does_not_take_is_skipped_naming_what_it_read",)),
     # issue 24's predicted first-run failures (#n: its row), each undone
     Mutation("compile-unreset", "#2: dynamo not reset per runner (a sweep's later policies hit recompile_limit)", (
-        ("huggy_exp/runners.py", "    torch._dynamo.reset()\n    return name", "    return name"),
+        ("huggy_exp/runners.py", "    torch._dynamo.reset()\n    return _torchair()", "    return _torchair()"),
     ), ("tests/test_first_run_failures.py::test_failure_2_compile_resets_dynamo_per_runner_so_each_new_policy_compiles",)),
     Mutation("compile-eager-fallback", "#2: past recompile_limit dynamo runs eager, timed as compile", (
         ("huggy_exp/runners.py", "fail_on_recompile_limit_hit = True", "fail_on_recompile_limit_hit = False"),
