@@ -23,17 +23,14 @@ DEVICE_KINDS = ("cpu", "cuda", "npu", "mps")  # what `device` names before `:<in
 
 @dataclass(frozen=True)
 class Dtype:
-    """What a dtype is, declared once: the torch dtype its layers compute in (placement.DTYPES), the torchao config that
-    quantizes its Linear layers (placement.QUANTIZED; docs/verification.md#int8), its number format for ULPs (mantissa
-    bits, least normal exponent), msprobe's ULP standard (a share of elements above it is reported; verify.ulp) and the
-    backend whose own quantization of the .onnx runs beside its points (`peer`: onnxruntime's W8A8 beside torchao's)."""
+    """What a dtype is, declared once."""
 
-    torch: str
-    mantissa: int
+    torch: str  # the torch dtype its layers compute in (placement.DTYPES)
+    mantissa: int  # its number format for ULPs: mantissa bits and the least normal exponent
     emin: int
-    ulp_standard: float
-    quantized: Optional[str] = None
-    peer: Optional[str] = None
+    ulp_standard: float  # msprobe's ULP standard: the share of elements above it is reported (verify.ulp)
+    quantized: Optional[str] = None  # torchao's config of its Linear layers (placement.QUANTIZED, docs/verification.md)
+    peer: Optional[str] = None  # the backend whose own quantization of the .onnx runs beside it (onnxruntime's W8A8)
 
     emulated_on_cpu = property(lambda self: self.torch == "float16")  # no CPU has fp16 matmul kernels: cpu_note
     fp32_math = property(lambda self: self.torch == "float32" and not self.quantized)  # precision_mode applies to it
@@ -64,24 +61,19 @@ def cpu_note(dtype: str, kind: str) -> str:
 
 @dataclass(frozen=True)
 class Backend:
-    """What a backend is, declared once (docs/backends-and-timing.md; its list there and the YAML comments are generated
-    from it): its help line; what runs it, by dotted path: a torch backend's single-tensor forward (`forward`: a
-    `(policy, target) -> (forward, sample)` builder; None: Policy.act on every shape) or another engine's runner
-    (`runner`: `(ctx, target, batch, threads, provider, onnx) -> Runner`, running the .onnx graph of dtype `graph`);
-    whether it runs one chunk shape (`fixed_shape`: the last chunk padded); the device kinds and dtypes it runs (None:
-    all), whether it runs torchao's quantized layers, and whether it is the point's reference (benchmark gates every
-    other backend against it, its timing is the point's latency)."""
+    """What a backend is, declared once (docs/backends-and-timing.md: its list there and the YAML comments come from
+    it). What runs it, by dotted path: a torch backend's `forward`, or another engine's `runner`."""
 
     name: str
     help: str
-    forward: Optional[str] = None
-    runner: Optional[str] = None
-    graph: Optional[str] = None
-    fixed_shape: bool = False
-    devices: Tuple[str, ...] = DEVICE_KINDS
-    dtypes: Optional[Tuple[str, ...]] = None
-    quantized: bool = False
-    reference: bool = False
+    forward: Optional[str] = None  # a `(policy, target) -> (forward, sample)` builder; None: Policy.act, every shape
+    runner: Optional[str] = None  # `(ctx, target, batch, threads, provider, onnx) -> Runner`, running the .onnx graph
+    graph: Optional[str] = None  # that graph's dtype
+    fixed_shape: bool = False  # it runs one chunk shape (the last chunk padded)
+    devices: Tuple[str, ...] = DEVICE_KINDS  # the device kinds it runs
+    dtypes: Optional[Tuple[str, ...]] = None  # the dtypes it runs (None: all)
+    quantized: bool = False  # it runs torchao's quantized layers
+    reference: bool = False  # the point's reference: benchmark gates the others on it; its timing is the point's
     planless: str = ""  # why it cannot run a precision plan (conf/plan/): such a point is skipped with this reason
 
     def runs_dtype(self, dtype: str) -> str:
@@ -179,8 +171,7 @@ class Metric(NamedTuple):
 
     def at(self, **fields: object) -> "Metric":
         """This metric with some of its fields filled (`MAX_ABS.at(ref="fp64")`); a field it lacks is a KeyError."""
-        unknown = set(fields) - set(re.findall(r"\{(\w+)\}", self.path))
-        if unknown:
+        if unknown := set(fields) - set(re.findall(r"\{(\w+)\}", self.path)):
             raise KeyError(f"{self.path} has no field {sorted(unknown)[0]}")
         return self._replace(path=re.sub(r"\{(\w+)\}", lambda m: str(fields.get(m[1], m[0])), self.path))
 
@@ -238,15 +229,13 @@ class ObsConf:
 
 @dataclass
 class PlanConf:
-    """A precision plan (conf/plan/<name>.yaml, docs/precision-plans.md): a dtype per part of the policy (the names
-    mode=precision's per-layer table prints: hidden_<i>, lstm, mu, logits); a part it leaves out takes the point's
-    dtype; `parts: null` (conf/plan/none.yaml) is no plan. `limits`: the dtype whose limits judge it (null: the
-    lowest-precision dtype it runs); `policy`: the policy shape it was made for (null: any with these parts)."""
+    """A precision plan (conf/plan/<name>.yaml, docs/precision-plans.md): a dtype per part of the policy; a part it
+    leaves out runs in the point's dtype."""
 
     name: str = MISSING
-    policy: Optional[str] = MISSING
-    limits: Optional[str] = rule(None, choices=DTYPE_NAMES)
-    parts: Optional[Dict[str, str]] = MISSING
+    policy: Optional[str] = MISSING  # the policy shape it was made for (null: any with these parts)
+    limits: Optional[str] = rule(None, choices=DTYPE_NAMES)  # whose limits judge it (null: the lowest dtype it runs)
+    parts: Optional[Dict[str, str]] = MISSING  # mode=precision's names: hidden_<i>, lstm, mu, logits; null: no plan
 
 
 @dataclass
@@ -748,7 +737,7 @@ def validate(cfg: DictConfig, mode: str) -> dict:
     _check(modes()[mode], plain["mode"], "mode.")
     if mode == "stats" and plain["mode"]["source"] == "replay" and not plain["mode"]["trajectory"]:
         raise UserError("mode.source=replay needs mode.trajectory=<file.npy> (float32 [T, obs_dim]) or an .npz of obs_<i> [T, d_i]")
-    _check_specialize((plain.get("verify") or {}).get("specialize"))
+    _check_specialize(plain["verify"]["specialize"])  # a mapping: _check has seen to it
     bad = next((k for k, v in (plain["plan"]["parts"] or {}).items() if v not in DTYPE_NAMES), None)
     if bad is not None:
         raise UserError(f"plan {plain['plan']['name']}: part {bad} has unknown dtype {plain['plan']['parts'][bad]!r}; "
@@ -756,13 +745,9 @@ def validate(cfg: DictConfig, mode: str) -> dict:
     return plain
 
 
-def _check_specialize(value: Any, key: str = "verify.specialize") -> None:
+def _check_specialize(value: dict, key: str = "verify.specialize") -> None:
     """A free map of `<device kind>_<dtype>` entries (e.g. npu_fp16): each name a known device kind and dtype, each entry
     any keys of a verify.limits row, every number finite and in range; the first bad one is one line."""
-    if value is None:
-        return
-    if not isinstance(value, dict):
-        raise UserError(f"{key} must be a mapping of <device kind>_<dtype> entries, got {value!r}")
     hints, known = get_type_hints(Threshold), {f.name: f for f in fields(Threshold)}
     for name, limits in value.items():
         kind, _, dtype = str(name).partition("_")
