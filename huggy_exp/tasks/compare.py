@@ -36,20 +36,26 @@ def expected_constants(w: PolicyWeights) -> dict[str, np.ndarray]:
     return out
 
 
-def check_constants(outputs: dict[str, np.ndarray], expected: dict[str, np.ndarray], sequence: bool,
-                    reference: str = "expected", origin: str = "onnx") -> tuple[dict[str, float], list[str], dict]:
-    """Each constant output exactly equal (shape and values); in a sequence, as output at the first step. Metrics
-    `<constant>/vs_<reference>/equal` (the expected values ML-Agents writes, or another graph's)."""
-    metrics, failures, details = {}, [], {}
-    for name, value in expected.items():
-        got = outputs.get(name)
+def judge_outputs(result: Result, say: str, w: PolicyWeights, actual: dict, expected: dict, reference: str, atol: float,
+                  rel_floor: float, margins: np.ndarray | None, graph: dict, constants: dict[str, np.ndarray],
+                  sequence: bool, constants_ref: str = "expected", origin: str = "onnx") -> tuple[list[dict], dict]:
+    """compare_outputs(actual, expected), and each constant output of `graph` exactly equal to `constants` (shape and
+    values; in a sequence, as output at the first step: metrics `<constant>/vs_<constants_ref>/equal`, against the
+    values ML-Agents writes or another graph's), into `result`, each failure led by `say`: (the rows, the constants)."""
+    metrics, failures, rows = compare_outputs(actual, expected, reference, atol, rel_floor, margins, w.branch_sizes)
+    details = {}
+    for name, value in constants.items():
+        got = graph.get(name)
         got = None if got is None else np.asarray(got[0] if sequence else got)
         same = got is not None and got.shape == value.shape and np.array_equal(got, value)
         details[name] = {origin: None if got is None else got.tolist(), "expected": value.tolist(), "equal": bool(same)}
-        metrics[f"{name}/vs_{reference}/equal"] = float(same)
+        metrics[f"{name}/vs_{constants_ref}/equal"] = float(same)
         if not same:
             failures.append(f"{name}: {origin} {details[name][origin]} != {value.tolist()}")
-    return metrics, failures, details
+    result.metrics.update(metrics)
+    for reason in failures:
+        result.fail(say + reason)
+    return rows, details
 
 
 def compare_outputs(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], reference: str, atol: float,

@@ -23,9 +23,8 @@ from huggy_exp.results import Result, first_nonfinite
 from huggy_exp.files import atomic_write, claim_output
 from huggy_exp.runners import DISCRETE_SAMPLED, build, over_steps, reference, run_feeds
 from huggy_exp.tasks import Task, is_sequence
-from huggy_exp.tasks.compare import check_constants, compare_outputs, expected_constants, feeds_with_masks, first_divergence
+from huggy_exp.tasks.compare import expected_constants, feeds_with_masks, first_divergence, judge_outputs
 from huggy_exp.verify import DECLARED
-
 
 
 class MLAgentsExport(nn.Module):
@@ -80,12 +79,9 @@ class ExportOnnxTask(Task):
         exported = run_feeds(graph(out), feeds)
         ref = reference(ctx, "fp32")
         margins = over_steps(ref.distributions, feeds, w.memory).get("masked_logits") if w.branches else None
-        metrics, failures, rows = compare_outputs(exported, run_feeds(ref, feeds), "torch", self.mode.atol, 1e-3,
-                                                  margins, w.branch_sizes)
-        c_metrics, c_failures, constants = check_constants(exported, expected_constants(w), sequence, "expected", "exported")
-        result.metrics.update({**metrics, **c_metrics})
-        for reason in failures + c_failures:
-            result.fail(f"exported graph vs torch fp32: {reason}")
+        rows, constants = judge_outputs(result, "exported graph vs torch fp32: ", w, exported, run_feeds(ref, feeds),
+                                        "torch", self.mode.atol, 1e-3, margins, exported, expected_constants(w),
+                                        sequence, origin="exported")
         self._sampled(exported, feeds, w, result)
         # --- ... and with the source .onnx, when there is one; judge
         source = ctx.model.onnx_path
@@ -151,17 +147,12 @@ class ExportOnnxTask(Task):
         """The exported graph against the source .onnx: every output (the constants exactly) and whether the two are
         bit-identical; adds the table rows, returns the headline phrase."""
         w, source = ctx.weights, ctx.model.onnx_path
-        consts = expected_constants(w)
-        m_src, f_src, rows_src = compare_outputs(exported, theirs, "source", self.mode.atol, 1e-3, margins,
-                                                 w.branch_sizes)
-        s_metrics, s_failures, _ = check_constants(exported, {k: np.asarray(theirs[k][0] if sequence else theirs[k])
-                                                               for k in consts if k in theirs}, sequence,
-                                                   "source", "exported")
-        compared = [k for k in (*(o.name for o in DECLARED), *consts) if k in theirs and k in exported]
+        consts = {k: np.asarray(theirs[k][0] if sequence else theirs[k]) for k in expected_constants(w) if k in theirs}
+        rows_src, _ = judge_outputs(result, "exported vs source .onnx: ", w, exported, theirs, "source", self.mode.atol,
+                                    1e-3, margins, exported, consts, sequence, "source", "exported")
+        compared = [k for k in (*(o.name for o in DECLARED), *expected_constants(w)) if k in theirs and k in exported]
         identical = bool(compared) and all(np.array_equal(exported[k], theirs[k]) for k in compared)
-        result.metrics.update({**m_src, **s_metrics, "graph/vs_source/bit_identical": float(identical)})
-        for reason in f_src + s_failures:
-            result.fail(f"exported vs source .onnx: {reason}")
+        result.metrics["graph/vs_source/bit_identical"] = float(identical)
         rows += [{**r, "output": f"{r['output']} (vs source)"} for r in rows_src]
         return f", vs source {source.name} {_brief(result.metrics, 'source')} ({'bit-identical' if identical else 'not bit-identical'})"
 
@@ -215,13 +206,10 @@ def _interface(model) -> dict:
     from onnx import TensorProto
 
     kind = {TensorProto.FLOAT: "float", TensorProto.INT64: "int64"}
-    return {
-        "opset": max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
-        "inputs": dict(map(value_info, model.graph.input)),
-        "outputs": dict(map(value_info, model.graph.output)),
-        "types": {v.name: kind.get(v.type.tensor_type.elem_type, str(v.type.tensor_type.elem_type))
-                  for v in (*model.graph.input, *model.graph.output)},
-    }
+    return {"opset": max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+            "inputs": dict(map(value_info, model.graph.input)), "outputs": dict(map(value_info, model.graph.output)),
+            "types": {v.name: kind.get(v.type.tensor_type.elem_type, str(v.type.tensor_type.elem_type))
+                      for v in (*model.graph.input, *model.graph.output)}}
 
 
 def _interface_problems(found: dict, io: dict, opset: int) -> list[str]:

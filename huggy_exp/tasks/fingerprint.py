@@ -17,7 +17,6 @@ from huggy_exp import verify
 from huggy_exp.verify import quantize
 
 
-
 def output_sequences(runner: Runner, ctx: Context, m: FingerprintMode) -> tuple[dict[str, np.ndarray], dict]:
     """The inputs the policy saw [T, envs, d] by ML-Agents name, and every output [T, envs, *] by file name (actions,
     discrete_actions, memories): open-loop over the observation source (steps x envs rows, or a file's [T, N, d]

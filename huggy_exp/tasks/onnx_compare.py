@@ -13,7 +13,7 @@ from huggy_exp.numerics import categorical_check, sampling_check
 from huggy_exp.results import Result, first_nonfinite
 from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, build, over_steps, reference, run_feeds
 from huggy_exp.tasks import Task, is_sequence, latency, verify_point
-from huggy_exp.tasks.compare import check_constants, compare_outputs, expected_constants, feeds_with_masks, first_divergence
+from huggy_exp.tasks.compare import expected_constants, feeds_with_masks, first_divergence, judge_outputs
 from huggy_exp.verify import DECLARED
 
 VERSUS = "onnxruntime"  # metrics <output>/vs_onnxruntime/<metric>, as the engine names them
@@ -38,12 +38,8 @@ class OnnxCompareTask(Task):
         result = Result()
         # --- compare: deterministic outputs element-wise (discrete exactly), constants exactly, draws statistically
         atol = ctx.atol(ctx.judged_dtype, "fp32")  # the .onnx runs fp32: an fp64 policy is held to fp32's limit
-        metrics, failures, rows = compare_outputs(mine, theirs, VERSUS, atol, self.mode.rel_floor,
-                                                  dist.get("masked_logits"), w.branch_sizes)
-        c_metrics, c_failures, constants = check_constants(theirs, expected_constants(w), sequence)
-        result.metrics.update({**metrics, **c_metrics})
-        for reason in failures + c_failures:
-            result.fail(reason)
+        rows, constants = judge_outputs(result, "", w, mine, theirs, VERSUS, atol, self.mode.rel_floor,
+                                        dist.get("masked_logits"), theirs, expected_constants(w), sequence)
         sampled = self.sampled(ort, w, feeds, dist, sequence, result)
         first_divergence(ctx, onnx_path, feeds, result)
         # --- judge, Result

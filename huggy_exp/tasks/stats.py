@@ -16,7 +16,6 @@ from huggy_exp.runners import Runner, build, reference
 from huggy_exp.tasks import Task, first_step, latency, verify_rollout
 
 
-
 class StatsTask(Task):
     mode: StatsMode
 
