@@ -213,8 +213,7 @@ class BenchmarkTask(Task):
         b = job_batch(points, ctx.batch_size)
         if (VERSUS, b) in timings:
             stats = timings[(VERSUS, b)].stats()
-            result.latency = {**{k: stats[k] for k in (*LATENCY_KEYS, "noisy", "samples", "threads")},
-                              "batch_size": float(b)}
+            result.latency = {**{k: stats[k] for k in LATENCY_KEYS}, "batch_size": float(b)}
             result.metrics.update({f"latency/{k}": v for k, v in result.latency.items()})
         verify_point(ctx, result, eager, feeds[b])
         said = loadgen.answer(result.metrics)  # LoadGen's and the control loop's own answer, on the first line too
@@ -243,7 +242,12 @@ class BenchmarkTask(Task):
     def feeds(self, ctx: Context, points: list[int]) -> tuple[dict[int, dict[str, np.ndarray]], str]:
         """Per batch point, every input of the policy at that many rows, and what is timed (in words)."""
         w, base = ctx.weights, ctx.feeds
-        feeds = {b: step_feeds(w, base, b) for b in points}
+        feeds = {b: batch_of(base, b) for b in points}  # a sequence: its first step
+        for b, step in feeds.items():  # one decision step of b agents: masks all allowed when not given, zero memory
+            if w.branches and ACTION_MASKS not in step:
+                step[ACTION_MASKS] = np.ones((b, sum(w.branch_sizes)), np.float32)
+            if w.memory:
+                step[RECURRENT_IN] = np.zeros((b, 1, w.memory), np.float32)
         said = [f"every input per batch point ({', '.join(obs_name(i) for i in range(len(w.inputs)))}"]
         if w.branches:
             said.append(f"action_masks {'from the observation file' if ACTION_MASKS in base else 'all allowed'}")
@@ -257,17 +261,6 @@ class BenchmarkTask(Task):
 
 
 GATE_METRICS = ("discrete_flips", "discrete_flips_beyond_margin", "recurrent_out_max_abs_vs_eager")
-
-
-def step_feeds(w: PolicyWeights, base: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
-    """One decision step of `rows` agents: every observation input (and the file's masks) cycled or cut to `rows` (of a
-    sequence, its first step), masks all allowed when not given, and zero memory."""
-    feeds = batch_of(base, rows)
-    if w.branches and ACTION_MASKS not in feeds:
-        feeds[ACTION_MASKS] = np.ones((rows, sum(w.branch_sizes)), np.float32)
-    if w.memory:
-        feeds[RECURRENT_IN] = np.zeros((rows, 1, w.memory), np.float32)
-    return feeds
 
 
 class Gate:
