@@ -34,8 +34,7 @@ JOB_LOG = "huggy_exp.job"  # conf/hydra/job_logging/huggy.yaml sends it to the j
 
 
 def say(line: str, error: bool = False) -> None:
-    """Job output: printed as before on the terminal, and logged (Hydra's job log file, run.log, gets it); a password in
-    a URI never shows."""
+    """Job output: printed, and logged to Hydra's run.log; a password in a URI never shows."""
     line = tracking.redact(line)
     print(line, file=sys.stderr if error else sys.stdout, flush=True)
     log = logging.getLogger(JOB_LOG)
@@ -47,8 +46,9 @@ def build_context(cfg: DictConfig, workdir: Path) -> Context:
     """The job's Context: the composed config as the schema's own objects (config.Config, OmegaConf.to_object)."""
     conf = OmegaConf.to_object(cfg)
     settings = {f.name: getattr(conf, f.name) for f in fields(Context) if hasattr(conf, f.name)}
+    db = tracking.local_store(conf.tracking.uri)  # its folder (database, lock, artifacts) is the tool's own
     return Context(**settings, model_spec=conf.model, workdir=workdir,
-                   owned=(workdir, mlagents.cache_dir(), *tracking.local_paths(conf.tracking.uri), *job_inputs(cfg)))
+                   owned=(workdir, mlagents.cache_dir(), *([db.parent] if db else []), *job_inputs(cfg)))
 
 
 def job_inputs(cfg: DictConfig) -> list[Path]:
@@ -101,11 +101,8 @@ def point_info() -> dict:
 
 
 def run_name(mode: str, cfg: DictConfig, case: str | None = None) -> str:
-    """What is special about the job first: the case, then mode, device, dtype (with its precision mode off IEEE:
-    `fp32-tf32`), batch, and obs when not random.
-
-    A benchmark is named by the batch sizes it times (its ladder, mode.batch_sizes, when it has one), zero-padded so
-    that names sort numerically (b00001 < b00064 < b01024) in the MLflow runs table and in listings."""
+    """What is special about the job first: the case, then mode, device, numerics (`fp32-tf32`, a plan), batch (a
+    benchmark's ladder, zero-padded to sort: b00064 < b01024), and obs when not random."""
     name = f"{mode}-{cfg.device}-{numerics_label(cfg.dtype, cfg.get('precision_mode'), plan_name(cfg))}-b{batch_label(mode, cfg)}"
     source = (cfg.get("obs") or {}).get("source")
     if source and source != "random":
@@ -132,11 +129,8 @@ def batch_label(mode: str, cfg: DictConfig) -> str:
 
 
 def execute(cfg: DictConfig, workdir: Path, mode: str, job: JobInfo | None = None) -> Result:
-    """Run the mode's task; user errors and unavailable devices become results, never tracebacks.
-
-    result.json is written before MLflow is touched (tracking `pending`), then updated with the outcome; Ctrl-C
-    during the task is recorded (status error, `interrupted`) and then re-raised so a sweep stops.
-    """
+    """Run the mode's task: result.json is written before MLflow is touched (tracking `pending`), then updated with the
+    outcome; Ctrl-C during the task is recorded (status error, `interrupted`), then re-raised so a sweep stops."""
     job = job or JobInfo()
     started = time.time()
     logging.raiseExceptions = False  # a full disk under run.log must not print a traceback per line logged
@@ -251,30 +245,17 @@ def _job_record(cfg: DictConfig, mode: str, job: JobInfo, result: Result, ctx: C
     params = OmegaConf.to_container(cfg, resolve=True)
     params["tracking"] = tracking.public_settings(params.get("tracking") or {})
     return {
-        "mode": mode,
-        "run_name": run_name(mode, cfg, job.case),
-        "job_id": job.job_id or uuid.uuid4().hex,
-        "case": job.case,
-        "overrides": [tracking.redact(o) for o in job.overrides],
-        "device": str(cfg.device),
-        "dtype": str(cfg.dtype),
-        "precision_mode": str(cfg.precision_mode),
-        "batch_size": cfg.batch_size,
-        "seed": cfg.seed,
-        "model": loaded.describe() if loaded is not None else _model_stub(cfg),
-        "plan": _plan_record(cfg, ctx),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "mode": mode, "run_name": run_name(mode, cfg, job.case), "job_id": job.job_id or uuid.uuid4().hex,
+        "case": job.case, "overrides": [tracking.redact(o) for o in job.overrides], "device": str(cfg.device),
+        "dtype": str(cfg.dtype), "precision_mode": str(cfg.precision_mode), "batch_size": cfg.batch_size,
+        "seed": cfg.seed, "model": loaded.describe() if loaded is not None else _model_stub(cfg),
+        "plan": _plan_record(cfg, ctx), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "start_time_ms": int(started * 1000),  # MLflow's run starts here, not when it is logged
-        "duration_s": round(time.time() - started, 3),
-        "environment": environment.summary(),
+        "duration_s": round(time.time() - started, 3), "environment": environment.summary(),
         "emulated": environment.emulated(str(cfg.device)),  # an emulated device (tests/emulated_npu.py), not a card
         "switches": environment.device_switches(),  # CPU fallback, jit compile, internal formats, visible devices
-        "params": params,
-        "interrupted": interrupted is not None,
-        "headline_metrics": head,
-        "launcher": job.launcher,
-        "shared_machine": job.shared_machine,
-        "expect": cfg.get("expect"),
+        "params": params, "interrupted": interrupted is not None, "headline_metrics": head, "launcher": job.launcher,
+        "shared_machine": job.shared_machine, "expect": cfg.get("expect"),
         "expectation_met": None if cfg.get("expect") is None else result.status == cfg.get("expect"),
         "tracking": {"status": "pending", "reason": "not logged yet"} if settings["enabled"] else {"status": "off"},
     }
@@ -317,18 +298,13 @@ def _track(result: Result, settings: dict, workdir: Path, path: Path, job: JobIn
 
 def exit_code(result: Result, expect: str | None = None) -> int:
     """0 passed/skipped (or the expected verdict), 1 failed (or a missed expectation), 2 error, 3 not in MLflow yet."""
-    if expect is not None:
-        code = 0 if result.status == expect else 1
-    else:
-        code = EXIT_CODES[result.status]
+    code = EXIT_CODES[result.status] if expect is None else int(result.status != expect)
     return code or (EXIT_PENDING if result.tracking == "pending" else 0)
 
 
 def sync(cfg: DictConfig) -> int:
-    """`mode=sync`: log every pending result.json under mode.paths and end RUNNING runs no live process owns.
-
-    Exit 0 when all is in, 2 when a file was skipped (named on its own line), else 3 while some result stays pending.
-    """
+    """`mode=sync`: log every pending result.json under mode.paths and end RUNNING runs no live process owns. Exit 0
+    when all is in, 2 when a file was skipped (named on its own line), else 3 while some result stays pending."""
     settings = {**OmegaConf.to_container(cfg.tracking, resolve=True), "enabled": True}
     roots = [Path(p).expanduser() for p in cfg.mode.paths]
     counts = tracking.sync(settings, roots, say=lambda line: say(line, error=line.startswith("sync: skipped")))

@@ -58,11 +58,8 @@ def default_uri() -> str:
 
 
 def store_uri(uri: str | None) -> str:
-    """The store's URI without a server's `user:password@` (those go where MLflow reads them: use_credentials); a URI
-    whose secrets hide_secrets() kept aside gets them back (only MLflow's client sees them; print it with redact())."""
-    if not uri:
-        return default_uri()
-    clean = use_credentials(uri)
+    """The URI MLflow's client gets: a server's `user:password@` moved out (use_credentials), hidden secrets back."""
+    clean = use_credentials(uri) if uri else default_uri()
     return _secrets().get(clean, clean)
 
 
@@ -83,8 +80,7 @@ CREDENTIAL_ENV = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLO
 
 
 def redact(text: object) -> str:
-    """Any `scheme://user:password@` in the text as `scheme://user:***@` (MLflow masks MLFLOW_TRACKING_PASSWORD alike),
-    and the value of a query parameter that carries a secret (`?token=***`)."""
+    """Any `scheme://user:password@` in the text as `scheme://user:***@`, and a secret query value as `?token=***`."""
     text = USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@", str(text))
     return SECRET_QUERY.sub(lambda m: f"{m['key']}***", text)
 
@@ -122,8 +118,7 @@ def _secrets() -> dict:
 
 
 def use_credentials(uri: str) -> str:
-    """A server URI's `user:password@` moved into MLflow's own variables (the URI's win); returns the URI without it.
-    Other schemes (databases) keep theirs."""
+    """A server URI's `user:password@` moved into MLflow's own variables (the URI's win); databases keep theirs."""
     p = urlparse(uri)
     if p.scheme not in ("http", "https") or "@" not in p.netloc:
         return uri
@@ -157,12 +152,6 @@ def local_store(uri: str | None) -> Path | None:
     """The database file of a SQLite store (absolute), None for a server."""
     db = _sqlite_path(store_uri(uri))
     return db.expanduser().absolute() if db else None
-
-
-def local_paths(uri: str | None) -> list[Path]:
-    """The folder a SQLite store lives in (the database, its lock and the artifacts beside it): the tool's own files."""
-    db = local_store(uri)
-    return [db.parent] if db else []
 
 
 def check_uri(uri: str) -> None:
@@ -248,8 +237,7 @@ def store_lock(uri: str):
 
 
 def http_limits(settings: dict) -> None:
-    """Bound MLflow's HTTP retries (its defaults wait about 4 minutes on a server that is down); variables already set
-    in the environment win."""
+    """Bound MLflow's HTTP retries (its defaults wait ~4 minutes on a server that is down); variables set win."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(int(settings.get("http_retries", 2))))
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(int(settings.get("http_timeout_s", 10))))
@@ -289,8 +277,7 @@ def _forget_stores() -> None:
 
 
 def _explain(uri: str, exc: BaseException) -> str:
-    """One line: a StoreDown's own, a full disk's; a SQLite store broken by an interrupted migration (or not a database
-    at all) names the fix."""
+    """One line; a full disk, or a SQLite store broken by an interrupted migration (or no database at all): the fix."""
     if isinstance(exc, StoreDown):
         return str(exc)
     if is_disk_full(exc):
@@ -418,8 +405,7 @@ def run_url(uri: str, experiment_id: str, run_id: str | None = None, view: str |
 
 
 def ui_link(settings: dict, experiment_id: str, run_id: str | None = None, view: str | None = None) -> str:
-    """Where a person opens a run or a sweep's runs: a server's own address, else mode=ui's on tracking.ui_port (with
-    the command that serves it)."""
+    """Where a person opens a run or a sweep's runs: a server's address, else mode=ui's (and the command serving it)."""
     uri = store_uri(settings.get("uri"))
     url = run_url(uri, experiment_id, run_id, view)
     if url.startswith("http"):
@@ -429,9 +415,8 @@ def ui_link(settings: dict, experiment_id: str, run_id: str | None = None, view:
 
 
 def view_columns(present: set[str], batches: int = 1) -> list[str]:
-    """The runs table's columns in display order (MLflow column ids) for a sweep whose runs have the columns `present`
-    (`metrics.<key>`, `params.<key>`, `tags.<key>`: `present_columns`) over `batches` distinct batch sizes: the verdict,
-    the modes' own answers (`first_screen`: a replay's bitwise agreement, a LoadGen run's validity), then the rest."""
+    """The runs table's MLflow column ids in display order for runs with the columns `present` (`present_columns`) over
+    `batches` batch sizes: the verdict, the modes' own answers (`first_screen`), FIRST_COLUMNS, then the rest."""
     own = [c for c in OWN_COLUMNS if c in present]
     first = own + [c for c in FIRST_COLUMNS if (c in present or c == FINGERPRINT_COLUMN) and c not in own]
     answer = [f"metrics.`{logged_name(n)}`" for n in ANSWER_ORDER if n != "passed"]  # the verdict says passed in words
@@ -443,18 +428,16 @@ def view_columns(present: set[str], batches: int = 1) -> list[str]:
 
 
 def present_columns(runs) -> tuple[set[str], int]:
-    """The MLflow column ids of what `runs` (MLflow Run objects) logged (metrics, params, tags), and how many distinct
-    batch sizes they ran: `view_columns`' arguments."""
+    """`view_columns`' arguments: the column ids of what MLflow `runs` logged, and how many batch sizes they ran."""
     kinds = ("metrics", "params", "tags")
     return ({f"{kind}.`{k}`" for run in runs for kind in kinds for k in getattr(run.data, kind)},
             len({run.data.params.get(BATCH_PARAM) for run in runs}))
 
 
 def sweep_view(sweep_id: str, present: set[str], batches: int = 1, names: list[str] = ()) -> str:
-    """The runs table of one sweep as MLflow's shared view state: its points flat (a filter un-nests children), sorted
-    by name, the columns of `view_columns` in that order and narrow enough to fit beside MLflow's Assistant panel
-    (it opens on a first visit to a local server and takes a quarter of the window); the name column as wide as the
-    longest point's name (`names`) needs, so a benchmark's batch size at its end is not cut."""
+    """One sweep's runs table as MLflow's shared view state: its points flat (a filter un-nests children), by name, the
+    columns narrow enough to fit beside MLflow's Assistant panel (a quarter of the window on a first visit); the name
+    column as wide as the longest point's name (`names`) needs, so a benchmark's batch size at its end is not cut."""
     columns = view_columns(present, batches)
     shown = columns[:columns.index("tags.`reason`") + 1]
     widths = {c: WIDTHS.get(h := c.split("`")[1], round(HEADER_PX[0] * len(h) + HEADER_PX[1])) for c in shown}
@@ -469,9 +452,9 @@ def sweep_view(sweep_id: str, present: set[str], batches: int = 1, names: list[s
 
 
 def log_job(settings: dict, workdir: Path, retry_down: bool = False, foreign: bool = False) -> dict:
-    """Copy the job's result.json (+ artifacts) into MLflow; returns the tracking outcome recorded in result.json.
-    `retry_down` (sync): try a store this sweep already found down (else the job goes straight to pending). `foreign`
-    (sync): a result.json this process did not write, read with the sync reader; only files inside its folder go up."""
+    """Copy the job's result.json (+ artifacts) into MLflow; returns the tracking outcome for result.json. For sync:
+    `retry_down` tries a store this sweep found down; `foreign`: a result.json this process did not write (only files
+    inside its folder go up)."""
     if not settings.get("enabled", True):
         return {"status": "off"}
     with flock(workdir):  # one logger per job at a time (a job and a sync, two syncs), on any store
@@ -509,8 +492,7 @@ def _log_job(store: Store, record: dict, workdir: Path, sweep: dict | None, valu
                                      start_time=started).info.run_id
     logged = _logged(store, run_id, record, parent)
     try:
-        for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch (and 1000 metrics)
-            store.client.log_batch(run_id, metrics=metrics if i == 0 else [], params=params[i:i + 100])
+        store.client.log_batch(run_id, metrics=metrics, params=params)  # the client splits it into MLflow's batches
         # on disk "logging" (sync retries it) until the run is complete; the copy in MLflow says where it lives
         update_result(workdir, tracking={**logged, "status": "logging"})
         with tempfile.TemporaryDirectory() as tmp:  # every artifact in one upload: one call, not one per file
@@ -532,10 +514,9 @@ METRICS_TABLE = "metrics.csv"  # every metric of the job (and each series point)
 
 
 def _stage_artifacts(record: dict, workdir: Path, stage: Path, foreign: bool) -> None:
-    """The run's artifacts in `stage` as the run shows them, as symbolic links to the checked files (the upload copies
-    what they point at): result.json as logged (`record`), metrics.csv, a config file holding a URI password redacted,
-    a file in a job-dir folder in that folder (loadgen/<scenario>/mlperf_log_summary.txt), Hydra's .hydra/config.yaml
-    and files outside the job dir at the top. `foreign`: only files inside the job's folder (`artifacts`)."""
+    """The run's artifacts in `stage` as links to the checked files (the upload copies what they point at): result.json
+    as logged, metrics.csv, a config file holding a URI password redacted, a file in a job-dir folder in that folder
+    (loadgen/<scenario>/...), the rest at the top. `foreign`: only files inside the job's folder (`artifacts`)."""
     (stage / "result.json").write_text(json.dumps(record, indent=2))
     metrics, series = record.get("metrics") or {}, record.get("series") or {}
     rows = [("name", "step", "value"), *((k, "", v) for k, v in metrics.items()),  # a series point has its step
@@ -615,9 +596,9 @@ def run_status(record: dict) -> str:
 
 
 def _logged(store: Store, run_id: str, record: dict, parent: str | None = None) -> dict:
+    parent = parent or (record.get("sweep") or {}).get("parent_run_id")
     return {"status": "logged", "run_id": run_id, "uri": redact(store.uri), "experiment": store.experiment,
-            "experiment_id": store.experiment_id,
-            "parent_run_id": parent or (record.get("sweep") or {}).get("parent_run_id")}
+            "experiment_id": store.experiment_id, "parent_run_id": parent}
 
 
 def _end(store: Store, run, status: str, reason: str, delete: bool = False) -> None:
@@ -634,9 +615,8 @@ def _end(store: Store, run, status: str, reason: str, delete: bool = False) -> N
 
 
 def _parent_id(store: Store, sweep: dict | None) -> str | None:
-    """The sweep's parent run in this store: the one sweep.json names if this store holds it, else one found by the
-    sweep id or created after the fact (a sweep whose store was down, or synced into another store than it started
-    in: its children never point at a run of a store they are not in)."""
+    """The sweep's parent run in this store: sweep.json's if this store holds it, else one found by the sweep id or
+    created after the fact (its store was down, or a sync into another store: no child points into another store)."""
     if not sweep:
         return None
     if _in_store(store, sweep.get("parent_run_id")):
@@ -722,10 +702,9 @@ def verdict(record: dict) -> str:
 
 
 def artifacts(record: dict, workdir: Path, inside_only: bool = True) -> list[Path]:
-    """The job's files to upload beside its result.json: report.html, its arrays, tables and files, Hydra's config.yaml;
-    regular files only. `inside_only` (always for sync): only files inside the job's own folder, symlinks resolved, so a
-    result.json naming `/etc/passwd`, `../x` or a link out of the folder uploads nothing of it. The job itself
-    (`inside_only=False`) also uploads a file it wrote elsewhere (export-onnx's mode.path)."""
+    """The job's regular files to upload beside its result.json: report.html, arrays, tables, files, .hydra/config.yaml.
+    `inside_only` (sync): only files inside the job's folder, symlinks resolved (a result.json naming `/etc/passwd` or
+    `../x` uploads nothing of it); the job itself also uploads a file it wrote elsewhere (export-onnx's mode.path)."""
     names = ["report.html", *(record.get("arrays") or {}).values(), *(record.get("tables") or {}).values(),
              *(record.get("files") or [])]
     paths = [p if p.is_absolute() else workdir / p for p in map(Path, filter(lambda n: isinstance(n, str), names))]
@@ -854,8 +833,7 @@ def _parent(store: Store, info: dict) -> dict:
         name = redact(sweep_name(argv, info.get("started") or time.time()))
         run_id = store.client.create_run(store.experiment_id, run_name=name, tags=tags).info.run_id
         params = [Param(k, redact(v)[:MAX_PARAM_CHARS]) for k, v in sweep_overrides(argv).items()]
-        if params:
-            store.client.log_batch(run_id, params=params)
+        store.client.log_batch(run_id, params=params)  # none: MLflow's client does nothing
     url = run_url(store.uri, store.experiment_id, run_id)
     return {"parent_run_id": run_id, "tracking": {"status": "logged", "uri": redact(store.uri),
                                                    "experiment_id": store.experiment_id, "url": url}}
@@ -882,9 +860,8 @@ def own_answer(comparison: dict) -> str:
 
 
 def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path], status: str = "FINISHED") -> dict | None:
-    """Close the parent run with the sweep's tally, recommendation, comparison and files (the HTML report among them)
-    and save the UI view of the sweep's runs; returns its UI addresses {"parent": ..., "runs": ...} (full URLs for a
-    server, else the part after the UI's address), or None if not logged."""
+    """Close the parent run with the sweep's tally, recommendation, comparison and files and save the UI view of its
+    runs; returns its UI addresses {"parent": ..., "runs": ...} (run_url), or None if not logged."""
     info = read_sweep(sweep_dir)
     if not info or not info.get("parent_run_id") or info.get("tracking", {}).get("status") == "down":
         return None
@@ -900,10 +877,10 @@ def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path],
                 f" · **{word}** {escape(text)}" for word, text in (("Recommended", advice), ("Found", found)) if text)
             note = "\n\n".join(filter(None, [head, "\n".join(f"- {escape(x)}" for x in comparison.get("lines", []))]))
             verdict = "; ".join(filter(None, [advice and f"recommends {advice}", found]))
-            tags = {"mlflow.note.content": note, **({"recommendation": advice} if advice else {}),
-                    **({"verdict": verdict} if verdict else {})}
+            tags = {"mlflow.note.content": note, "recommendation": advice, "verdict": verdict}
             tally = [Metric(f"jobs_{k}", float(v), stamp, 0) for k, v in summary.get("tally", {}).items()]
-            store.client.log_batch(run_id, metrics=tally, tags=[RunTag(k, v[:MAX_TAG_CHARS]) for k, v in tags.items()])
+            tags = [RunTag(k, v[:MAX_TAG_CHARS]) for k, v in tags.items() if v]
+            store.client.log_batch(run_id, metrics=tally, tags=tags)
             if rows := comparison.get("table"):  # as the column dict log_table takes (shown in the UI's artifact view)
                 columns = {n: [r.get(n) for r in rows] for n in dict.fromkeys(k for r in rows for k in r)}
                 store.client.log_table(run_id, data=columns, artifact_file="comparison_table.json")
@@ -961,22 +938,16 @@ def _log_markdown(store: Store, run_id: str, path: Path, ui_port: int) -> None:
     address: the server itself, or where mode=ui serves a SQLite store (tracking.ui_port)."""
     server = urlparse(store.uri).scheme in ("http", "https")
     base = redact(store.uri).rstrip("/") if server else f"http://127.0.0.1:{ui_port}"
-
-    def absolute(match: re.Match) -> str:
-        name = match.group(2)
-        if re.match(r"^[a-z][a-z0-9+.-]*:", name):
-            return match.group(0)
-        return f"![{match.group(1)}]({base}/get-artifact?path={name}&run_uuid={run_id})"
-
+    link = r"!\[([^\]]*)\]\((?![a-z][a-z0-9+.-]*:)([^)\s]+)\)"  # an image address with a scheme (http:, data:) stays
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / path.name
-        copy.write_text(re.sub(r"!\[([^\]]*)\]\(([^)\s]+)\)", absolute, path.read_text()))
+        copy.write_text(re.sub(link, lambda m: f"![{m[1]}]({base}/get-artifact?path={m[2]}&run_uuid={run_id})",
+                               path.read_text()))
         store.client.log_artifact(run_id, str(copy))
 
 
 def sweep_runs(settings: dict, sweep_id: str | None = None) -> dict:
-    """A sweep in a store (the latest, or `sweep_id`) as the UI should show it, for UI checks: ids, names, verdicts,
-    headline metrics, params, the parent's tally, recommendation and artifacts, the runs URL, the HTML report's path."""
+    """A sweep in a store (the latest, or `sweep_id`) as the UI should show it, for scripts/ui_check.py."""
     store = Store.open(settings)
     parents = store.sweeps(1, also=f" and tags.sweep_id = '{sweep_id}'" if sweep_id else "")
     if not parents:
@@ -984,23 +955,20 @@ def sweep_runs(settings: dict, sweep_id: str | None = None) -> dict:
     parent, tags = parents[0].info, parents[0].data.tags
     children, folder = store.children(parent.run_id), tags.get(SWEEP_DIR_TAG)
     return {"sweep_id": tags["sweep_id"], "experiment_id": store.experiment_id, "experiment": store.experiment,
-            "uri": redact(store.uri),
-            "runs": run_url(store.uri, store.experiment_id, view=tags["sweep_id"]),
+            "uri": redact(store.uri), "runs": run_url(store.uri, store.experiment_id, view=tags["sweep_id"]),
             "report": str(Path(folder) / "report.html") if folder else None,
             "columns": view_columns(*present_columns(children)),
             "parent": {"id": parent.run_id, "name": parent.run_name, "recommendation": tags.get("recommendation", ""),
                        "tally": tags.get("mlflow.note.content", "").split("\n")[0].split(" · ")[0],
                        "artifacts": [a.path for a in store.client.list_artifacts(parent.run_id)]},
             "children": [{"id": c.info.run_id, "name": c.info.run_name, "metrics": dict(c.data.metrics),
-                          "status": c.data.tags.get("status", ""), "reason": c.data.tags.get("reason", ""),
-                          "verdict": c.data.tags.get("verdict", ""),
-                          "params": dict(c.data.params),
+                          "params": dict(c.data.params), "status": c.data.tags.get("status", ""),
+                          "reason": c.data.tags.get("reason", ""), "verdict": c.data.tags.get("verdict", ""),
                           "headline": [k for k in c.data.metrics if k.startswith((ANSWER, "best/"))]} for c in children]}
 
 
 def latest_sweep_url(settings: dict) -> str | None:
-    """The runs view of the store's latest finished sweep (the part after the UI's address for SQLite, a full URL
-    for a server); None when the store has no sweep yet."""
+    """The runs view of the store's latest finished sweep (run_url); None when the store has no sweep yet."""
     store = Store.open(settings)
     views = store.client.get_experiment(store.experiment_id).tags or {}
     ids = [parent.data.tags.get("sweep_id") for parent in store.sweeps(20)]
@@ -1018,10 +986,8 @@ RECORD_FIELDS = {"metrics": dict, "series": dict, "params": dict, "tags": dict, 
 
 
 def read_record(path: Path) -> tuple[dict, str | None]:
-    """The sync reader for foreign results: a result.json read under foreign's caps (a regular file, never a FIFO or a
-    device, at most MAX_JSON_BYTES, nested at most MAX_JSON_DEPTH), then checked field by field; with its tracking
-    status (None: no `tracking` object). One line (UserError) naming the file and the first bad field, never a
-    traceback, a hang or a retry that cannot succeed."""
+    """A foreign result.json read under foreign.read_json's caps, then checked field by field, and its tracking status;
+    a UserError naming the file and the first bad field, never a traceback, a hang or a retry that cannot succeed."""
     record = read_json(path, "sync: result")
     if not isinstance(record, dict):
         raise UserError(f"sync: result {path} is a JSON {type(record).__name__}, not a job's result")
@@ -1049,9 +1015,8 @@ def read_record(path: Path) -> tuple[dict, str | None]:
 
 
 def sync(settings: dict, roots: list[Path], say=print) -> dict[str, int]:
-    """Log every result.json whose tracking is pending (a folder that does not exist, or a file that is not a result, is
-    named and skipped), then end every RUNNING run whose process is gone; returns counts (seen, logged, pending,
-    skipped, closed)."""
+    """Log every pending result.json (a missing folder or a file that is not a result is named and skipped), then end
+    every RUNNING run whose process is gone; returns the counts."""
     counts = {"logged": 0, "pending": 0, "seen": 0, "skipped": 0, "closed": 0}
 
     def skip(what: Path, why: str) -> None:

@@ -7,6 +7,7 @@ SIGHUP (its terminal closed) stops the server and everything it started.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -81,13 +82,10 @@ def stop(server: subprocess.Popen) -> None:
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # stop the server as Ctrl-C (SIGINT) does
+SAY = functools.partial(print, flush=True)  # a pipe (a test, `| tee`) sees each line as the server reaches it
 
 
-def say(line: str) -> None:
-    print(line, flush=True)  # a pipe (a test, `| tee`) sees each line as the server reaches it
-
-
-def serve(uri: str, runs_path: str | None, port: int, wait_s: float, out=say) -> int:
+def serve(uri: str, runs_path: str | None, port: int, wait_s: float, out=SAY) -> int:
     """Start the UI on `uri`, print its address and the latest sweep's runs (`runs_path`, after the `/`), wait for
     Ctrl-C (or SIGTERM, SIGHUP), stop it; 0 on a clean stop. The server is stopped in a `finally` before anything else
     is printed: a terminal that is gone (SIGHUP, then EIO on every write) cannot keep it running."""
