@@ -78,18 +78,18 @@ def layer_names(trace: dict) -> list[str]:
     return [k for k in trace if k.startswith(("normalized_obs", "hidden_"))] + [k for k in LAYER_ORDER if k in trace]
 
 
-def first_divergence(ctx: Context, onnx, feeds: dict, result: Result) -> str | None:
+def first_divergence(ctx: Context, onnx, feeds: dict, result: Result) -> None:
     """Where an .onnx run by onnxruntime leaves the policy: every part of Policy.trace that the graph computes
     (mlagents.with_parts finds it by the walk that reads the weights) against CPU fp64's, in the order computed; max_abs,
-    SQNR and rel_rmse, the last judged by fp32's layer limit (the graph runs fp32). The first part over it, or None;
-    the reference's parts the graph has no tensor for are said, never guessed."""
+    SQNR and rel_rmse, the last judged by fp32's layer limit (the graph runs fp32), and the first part over it; the
+    reference's parts the graph has no tensor for are said, never guessed."""
     ort = build(ctx, "onnxruntime", device="cpu", dtype="fp32", batch_size=0, threads=0, onnx=onnx)
     try:
         got = run_feeds(ort, feeds, trace=True)
     except UserError as exc:  # a graph the walk cannot read part by part (its outputs were still compared)
         result.details.update(first_divergence=None, unmapped_parts=None, divergence_not_located=str(exc))
         result.summary.append(f"first divergence across the lowering boundary: not located: {exc}")
-        return None
+        return
     want = run_feeds(reference(ctx, "fp64"), feeds, trace=True)
     limit, rows, first = ctx.limits("fp32").layer_rel_rmse, [], None
     for part in layer_names(want):
@@ -112,4 +112,3 @@ def first_divergence(ctx: Context, onnx, feeds: dict, result: Result) -> str | N
             if first else f"none: {len(rows) - len(unmapped)} parts within fp32's layer limit {limit:g}")
     result.summary.append(f"first divergence across the lowering boundary (onnxruntime's intermediates vs CPU fp64): {said}"
                           + (f"; not compared (no tensor in the graph): {', '.join(unmapped)}" if unmapped else ""))
-    return first

@@ -37,10 +37,8 @@ class MLAgentsExport(nn.Module):
         super().__init__()
         self.policy = Policy(weights)
         self.inputs = len(weights.inputs)
-        self.register_buffer("version_number", torch.tensor([weights.version_number], dtype=torch.float32))
-        self.register_buffer("memory_size", torch.tensor([weights.memory_size], dtype=torch.float32))
-        self.register_buffer("continuous_action_output_shape", torch.tensor([float(weights.act_dim)]))
-        self.register_buffer("discrete_action_output_shape", torch.tensor([[float(s) for s in weights.branch_sizes]]).reshape(1, -1))
+        for name, value in expected_constants(weights).items():  # the constant outputs, as ML-Agents writes them
+            self.register_buffer(name, torch.from_numpy(value))
 
     def forward(self, *inputs: torch.Tensor):
         p = self.policy
@@ -127,15 +125,37 @@ class ExportOnnxTask(Task):
                                   dynamic_axes=dynamic, opset_version=opset, dynamo=False)
         except Exception as exc:
             raise UserError(f"torch.onnx.export failed at opset {opset}: {str(exc).splitlines()[0]}") from None
-        model = _name_outputs(onnx.load(str(traced), format="protobuf"), output_names)
+        model = onnx.load(str(traced), format="protobuf")
         tmpdir.cleanup()
+        # the exporter folds the constant outputs into initializers with generated names: Identity nodes route them to
+        # ML-Agents' names, as ML-Agents' own graphs do
+        for output, name in zip(model.graph.output, output_names):
+            if output.name != name:
+                model.graph.node.append(onnx.helper.make_node("Identity", [output.name], [name],
+                                                              name=f"/{name}/Identity"))
+                output.name = name
         onnx.checker.check_model(model, full_check=True)
         atomic_write(out, lambda tmp: onnx.save(model, tmp, format="protobuf"), overwrite=self.mode.overwrite)
         return out, _interface(model)
 
     def judge_interface(self, found: dict, w: PolicyWeights, result: Result) -> None:
-        """The graph's inputs and outputs against ML-Agents' interface for these weights: each problem fails."""
-        problems = _interface_problems(found, interface(w), self.mode.opset)
+        """The graph's inputs and outputs against ML-Agents' interface for these weights (names and order, element
+        types, widths; a symbolic batch on every input and batched output): each problem fails."""
+        io, opset, problems = interface(w), self.mode.opset, []
+        if found["opset"] != opset:
+            problems.append(f"opset {found['opset']} is not {opset}")
+        for side in ("inputs", "outputs"):
+            want = [name for name, _, _ in io[side]]
+            if list(found[side]) != want:
+                problems.append(f"{side} {list(found[side])} are not ML-Agents' {want}")
+                continue
+            for name, kind, dims in io[side]:
+                got = found[side][name]
+                batched = dims[:1] == ["batch"]
+                if found["types"].get(name) != kind or len(got) != len(dims) or got[batched:] != dims[batched:] or (
+                        batched and not isinstance(got[0], str)):
+                    problems.append(f"{name} {found['types'].get(name)} {got} is not {kind} {dims}"
+                                    + (" with a dynamic batch" if batched else ""))
         for p in problems:
             result.fail(p)
         result.tags.update({"onnx_inputs": ",".join(found["inputs"]), "onnx_outputs": ",".join(found["outputs"])})
@@ -190,18 +210,6 @@ def _brief(metrics: dict, reference: str) -> str:
     return ", ".join(parts)
 
 
-def _name_outputs(model, names: list[str]):
-    """The exporter folds the constant outputs into initializers with generated names; route them through Identity
-    nodes to ML-Agents' names, as ML-Agents' own graphs do."""
-    from onnx import helper
-
-    for output, name in zip(model.graph.output, names):
-        if output.name != name:
-            model.graph.node.append(helper.make_node("Identity", [output.name], [name], name=f"/{name}/Identity"))
-            output.name = name
-    return model
-
-
 def _interface(model) -> dict:
     from onnx import TensorProto
 
@@ -210,22 +218,3 @@ def _interface(model) -> dict:
             "inputs": dict(map(value_info, model.graph.input)), "outputs": dict(map(value_info, model.graph.output)),
             "types": {v.name: kind.get(v.type.tensor_type.elem_type, str(v.type.tensor_type.elem_type))
                       for v in (*model.graph.input, *model.graph.output)}}
-
-
-def _interface_problems(found: dict, io: dict, opset: int) -> list[str]:
-    """ML-Agents' names and order, element types, widths; a symbolic batch on every input and batched output."""
-    problems = []
-    if found["opset"] != opset:
-        problems.append(f"opset {found['opset']} is not {opset}")
-    for side in ("inputs", "outputs"):
-        want = [name for name, _, _ in io[side]]
-        if list(found[side]) != want:
-            problems.append(f"{side} {list(found[side])} are not ML-Agents' {want}")
-            continue
-        for name, kind, dims in io[side]:
-            got = found[side][name]
-            batched = dims[:1] == ["batch"]
-            if found["types"].get(name) != kind or len(got) != len(dims) or got[batched:] != dims[batched:] or (
-                    batched and not isinstance(got[0], str)):
-                problems.append(f"{name} {found['types'].get(name)} {got} is not {kind} {dims}" + (" with a dynamic batch" if batched else ""))
-    return problems

@@ -64,9 +64,9 @@ class OnnxCompareTask(Task):
         last = {k: v[-1] for k, v in dist.items()} if sequence else dist
         n = min(self.mode.sample_rows, len(step["obs_0"]))
         rows_feeds = {k: v[:n] for k, v in step.items()}
-        if w.memory:
-            memory = dist[RECURRENT_OUT][-2] if sequence and len(dist[RECURRENT_OUT]) > 1 else np.zeros((len(step["obs_0"]), 1, w.memory), np.float32)
-            rows_feeds[RECURRENT_IN] = memory[:n]
+        if w.memory:  # the reference's memory at the step before the last, else zeros
+            rows_feeds[RECURRENT_IN] = (dist[RECURRENT_OUT][-2][:n] if sequence and len(dist[RECURRENT_OUT]) > 1
+                                        else np.zeros((n, 1, w.memory), np.float32))
         tiled = {k: np.tile(v, (samples,) + (1,) * (v.ndim - 1)) for k, v in rows_feeds.items()}
         draws = ort.infer(tiled)
         for name in (SAMPLED, DISCRETE_SAMPLED):

@@ -89,11 +89,10 @@ class PrecisionTask(Task):
     def _plot(self, ctx: Context, got: dict, want: dict, result: Result) -> None:
         """error_histogram.png (the point's and CPU fp32's error vs fp64) and layer_errors.png (rel_rmse per layer)."""
         primary = ACTIONS if ACTIONS in got else "logits"
-        what = "action" if primary == ACTIONS else "logit"
-        cpu32 = run_feeds(reference(ctx, "fp32"), ctx.feeds) if primary == ACTIONS else {}
         diffs = {f"{ctx.dtype_label} vs fp64": got[primary] - want[primary]}
-        if primary in cpu32:
-            diffs["cpu fp32 vs fp64"] = cpu32[primary] - want[primary]
+        if primary == ACTIONS:
+            diffs["cpu fp32 vs fp64"] = run_feeds(reference(ctx, "fp32"), ctx.feeds)[ACTIONS] - want[ACTIONS]
+        what = "action" if primary == ACTIONS else "logit"
         result.files.append(plots.error_histogram(ctx.workdir / "error_histogram.png", diffs, f"{what} error, {ctx.device} {ctx.dtype_label}"))
         rows = result.tables["layer_errors"]
         result.files.append(plots.bars(ctx.workdir / "layer_errors.png", [r["layer"] for r in rows], [r["rel_rmse"] for r in rows],

@@ -97,18 +97,15 @@ def lower(judge: Judge, plan: dict[str, str], ranked: list[str], low: str, flops
     for part in sorted(ranked[:lo], key=flops.__getitem__, reverse=True):  # most FLOPs first: each one tried low
         if judge({**found, part: low}).passed:
             found = {**found, part: low}
-    return cheaper(judge, found, [p for p in ranked if found[p] == HIGH], low, flops)
-
-
-def cheaper(judge: Judge, plan: dict[str, str], kept: list[str], low: str, flops: dict[str, int]) -> dict[str, str]:
-    """As few parts in fp32, fewer FLOPs: each kept part (most FLOPs first) swapped for a low part of fewer FLOPs
-    (fewest first) where that passes."""
-    for part in sorted(kept, key=flops.__getitem__, reverse=True):
-        for other in sorted((p for p, d in plan.items() if d == low and flops[p] < flops[part]), key=flops.__getitem__):
-            if judge({**plan, part: low, other: HIGH}).passed:
-                plan = {**plan, part: low, other: HIGH}
+    # as few parts in fp32, fewer FLOPs: each kept part (most FLOPs first) swapped for a low part of fewer FLOPs
+    # (fewest first) where that passes
+    for part in sorted([p for p in ranked if found[p] == HIGH], key=flops.__getitem__, reverse=True):
+        lighter = (p for p, d in found.items() if d == low and flops[p] < flops[part])
+        for other in sorted(lighter, key=flops.__getitem__):
+            if judge({**found, part: low, other: HIGH}).passed:
+                found = {**found, part: low, other: HIGH}
                 break
-    return plan
+    return found
 
 
 def splits(ctx: Context) -> tuple[dict, dict, str]:
