@@ -57,13 +57,6 @@ def slug(key: str) -> str:
     return key.replace(":", "").replace("/", "-")
 
 
-def parse_key(key: str) -> dict:
-    parts = str(key).split("/")
-    if len(parts) != 4 or not parts[3].startswith("b") or not parts[3][1:].isdigit():
-        raise UserError(f"point key {key!r} is not device/dtype/backend/b<batch> (e.g. cpu/fp32/eager/b64)")
-    return {"device": parts[0], "dtype": parts[1], "backend": parts[2], "batch": int(parts[3][1:])}
-
-
 def arrays_sha256(arrays: dict[str, np.ndarray]) -> str:
     """One digest of named arrays (names, dtypes, shapes and bytes, in name order)."""
     digest = hashlib.sha256()
@@ -75,10 +68,6 @@ def arrays_sha256(arrays: dict[str, np.ndarray]) -> str:
 
 
 # --- writing
-
-
-def _atomic_bytes(path: Path, data: bytes) -> None:
-    atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
 
 
 def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
@@ -98,17 +87,13 @@ def json_bytes(value) -> bytes:
 def record_point(root: Path, model: dict, observations: dict, inputs: dict[str, np.ndarray],
                  reference: dict[str, np.ndarray], key: str, point: dict, outputs: dict[str, np.ndarray],
                  latency_s: np.ndarray, comparison: dict) -> tuple[dict, bool]:
-    """Add (or replace) one point; the first point writes the inputs and the fp64 reference.
-
-    A bundle of another model, or of other inputs, is refused: one bundle certifies one policy on one set of inputs.
-    Returns the manifest written and whether an earlier recording of the key was replaced.
-    """
+    """Add (or replace) one point; the first point writes the inputs and the fp64 reference. A bundle of another model,
+    or of other inputs, is refused: one bundle certifies one policy on one set of inputs. Returns the manifest written
+    and whether an earlier recording of the key was replaced."""
     root = Path(root)
-    files = {
-        f"points/{slug(key)}/outputs.npz": npz_bytes(outputs),
-        f"points/{slug(key)}/latency.npz": npz_bytes({"seconds": np.asarray(latency_s, np.float64)}),
-        f"points/{slug(key)}/comparison.json": json_bytes(comparison),
-    }
+    folder = f"points/{slug(key)}"
+    files = {f"{folder}/outputs.npz": npz_bytes(outputs), f"{folder}/comparison.json": json_bytes(comparison),
+             f"{folder}/latency.npz": npz_bytes({"seconds": np.asarray(latency_s, np.float64)})}
     check_out(root)
     root.mkdir(parents=True, exist_ok=True)
     with flock(root / LOCK, create=True):  # one manifest merge at a time
@@ -116,19 +101,24 @@ def record_point(root: Path, model: dict, observations: dict, inputs: dict[str, 
             orphan.unlink()
         if (root / MANIFEST).exists():
             manifest = read(root, check_model=None).manifest
-            _same_subject(root, manifest, model, observations)
+            if (theirs := manifest["model"]["sha256"]) != model["sha256"]:
+                raise UserError(f"mode.out={root} holds a bundle of another model (weights sha256 {theirs[:16]}.., "
+                                f"this job's {model['sha256'][:16]}..): record into another folder")
+            if manifest["observations"].get("inputs_sha256") != observations["inputs_sha256"]:
+                raise UserError(f"mode.out={root} holds a bundle recorded on other inputs ("
+                                f"{_obs_label(manifest['observations'])}; this job's: {_obs_label(observations)}): "
+                                "record into another folder or use the same obs and seed")
         else:
             manifest = {"format": FORMAT, "format_version": VERSION, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                         "model": model, "observations": observations, "points": {}, "files": {}}
-            files[INPUTS] = npz_bytes(inputs)
-            files[REFERENCE] = npz_bytes(reference)
+            files.update({INPUTS: npz_bytes(inputs), REFERENCE: npz_bytes(reference)})
         replaced = key in manifest["points"]
         with terminal.deferred():  # the files and the manifest that lists them: Ctrl-C waits for both
             for name, data in files.items():
-                _atomic_bytes(root / name, data)
+                atomic_write(root / name, lambda tmp: Path(tmp).write_bytes(data))
                 manifest["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-            manifest["points"][key] = {**point, "dir": f"points/{slug(key)}", "recorded": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-            _atomic_bytes(root / MANIFEST, json_bytes(manifest))
+            manifest["points"][key] = {**point, "dir": folder, "recorded": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            atomic_write(root / MANIFEST, lambda tmp: Path(tmp).write_bytes(json_bytes(manifest)))
     return manifest, replaced
 
 
@@ -167,16 +157,6 @@ def leftovers(root: Path) -> list[Path]:
         return []  # a damaged manifest: read() names it; nothing is removed
     return [p for p in sorted(root.rglob("*")) if not p.is_dir() and p.name != LOCK and p.name != MANIFEST
             and _is_own(n := p.relative_to(root).as_posix()) and n not in listed]
-
-
-def _same_subject(root: Path, manifest: dict, model: dict, observations: dict) -> None:
-    theirs = manifest["model"]["sha256"]
-    if theirs != model["sha256"]:
-        raise UserError(f"mode.out={root} holds a bundle of another model (weights sha256 {theirs[:16]}.., this job's "
-                        f"{model['sha256'][:16]}..): record into another folder")
-    if manifest["observations"].get("inputs_sha256") != observations["inputs_sha256"]:
-        raise UserError(f"mode.out={root} holds a bundle recorded on other inputs ({_obs_label(manifest['observations'])}; "
-                        f"this job's: {_obs_label(observations)}): record into another folder or use the same obs and seed")
 
 
 def _obs_label(obs: dict) -> str:
@@ -262,7 +242,8 @@ def read(root: Path | str, check_model: str | None = None, allow_other_model: bo
         if name not in listed and name not in (MANIFEST, LOCK):
             raise UserError(f"{where}: {name} is not listed in {MANIFEST}: refused (a bundle holds only what it lists)")
     for key, point in manifest["points"].items():
-        parse_key(key)
+        if not re.fullmatch(r"[^/]*/[^/]*/[^/]*/b\d+", str(key)):
+            raise UserError(f"point key {key!r} is not device/dtype/backend/b<batch> (e.g. cpu/fp32/eager/b64)")
         for stem in ("outputs.npz", "latency.npz", "comparison.json"):
             if f"{point.get('dir')}/{stem}" not in listed:
                 raise UserError(f"{where}: point {key} has no {point.get('dir')}/{stem} listed in {MANIFEST}")

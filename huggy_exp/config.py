@@ -12,7 +12,7 @@ import functools
 import math
 import re
 from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
-from typing import Any, ClassVar, Dict, List, NamedTuple, Optional, Tuple, get_type_hints
+from typing import Any, ClassVar, Dict, List, NamedTuple, Optional, Tuple, get_args, get_origin, get_type_hints
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -23,17 +23,14 @@ DEVICE_KINDS = ("cpu", "cuda", "npu", "mps")  # what `device` names before `:<in
 
 @dataclass(frozen=True)
 class Dtype:
-    """What a dtype is, declared once: the torch dtype its layers compute in (placement.DTYPES), the torchao config that
-    quantizes its Linear layers (placement.QUANTIZED; docs/verification.md#int8), its number format for ULPs (mantissa
-    bits, least normal exponent), msprobe's ULP standard (a share of elements above it is reported; verify.ulp) and the
-    backend whose own quantization of the .onnx runs beside its points (`peer`: onnxruntime's W8A8 beside torchao's)."""
+    """What a dtype is, declared once."""
 
-    torch: str
-    mantissa: int
+    torch: str  # the torch dtype its layers compute in (placement.DTYPES)
+    mantissa: int  # its number format for ULPs: mantissa bits and the least normal exponent
     emin: int
-    ulp_standard: float
-    quantized: Optional[str] = None
-    peer: Optional[str] = None
+    ulp_standard: float  # msprobe's ULP standard: the share of elements above it is reported (verify.ulp)
+    quantized: Optional[str] = None  # torchao's config of its Linear layers (placement.QUANTIZED, docs/verification.md)
+    peer: Optional[str] = None  # the backend whose own quantization of the .onnx runs beside it (onnxruntime's W8A8)
 
     emulated_on_cpu = property(lambda self: self.torch == "float16")  # no CPU has fp16 matmul kernels: cpu_note
     fp32_math = property(lambda self: self.torch == "float32" and not self.quantized)  # precision_mode applies to it
@@ -64,24 +61,19 @@ def cpu_note(dtype: str, kind: str) -> str:
 
 @dataclass(frozen=True)
 class Backend:
-    """What a backend is, declared once (docs/backends-and-timing.md; its list there and the YAML comments are generated
-    from it): its help line; what runs it, by dotted path: a torch backend's single-tensor forward (`forward`: a
-    `(policy, target) -> (forward, sample)` builder; None: Policy.act on every shape) or another engine's runner
-    (`runner`: `(ctx, target, batch, threads, provider, onnx) -> Runner`, running the .onnx graph of dtype `graph`);
-    whether it runs one chunk shape (`fixed_shape`: the last chunk padded); the device kinds and dtypes it runs (None:
-    all), whether it runs torchao's quantized layers, and whether it is the point's reference (benchmark gates every
-    other backend against it, its timing is the point's latency)."""
+    """What a backend is, declared once (docs/backends-and-timing.md: its list there and the YAML comments come from
+    it). What runs it, by dotted path: a torch backend's `forward`, or another engine's `runner`."""
 
     name: str
     help: str
-    forward: Optional[str] = None
-    runner: Optional[str] = None
-    graph: Optional[str] = None
-    fixed_shape: bool = False
-    devices: Tuple[str, ...] = DEVICE_KINDS
-    dtypes: Optional[Tuple[str, ...]] = None
-    quantized: bool = False
-    reference: bool = False
+    forward: Optional[str] = None  # a `(policy, target) -> (forward, sample)` builder; None: Policy.act, every shape
+    runner: Optional[str] = None  # `(ctx, target, batch, threads, provider, onnx) -> Runner`, running the .onnx graph
+    graph: Optional[str] = None  # that graph's dtype
+    fixed_shape: bool = False  # it runs one chunk shape (the last chunk padded)
+    devices: Tuple[str, ...] = DEVICE_KINDS  # the device kinds it runs
+    dtypes: Optional[Tuple[str, ...]] = None  # the dtypes it runs (None: all)
+    quantized: bool = False  # it runs torchao's quantized layers
+    reference: bool = False  # the point's reference: benchmark gates the others on it; its timing is the point's
     planless: str = ""  # why it cannot run a precision plan (conf/plan/): such a point is skipped with this reason
 
     def runs_dtype(self, dtype: str) -> str:
@@ -118,7 +110,6 @@ BACKENDS = {b.name: b for b in (
 BACKEND_NAMES = tuple(BACKENDS)
 REFERENCE_BACKEND = next(n for n, b in BACKENDS.items() if b.reference)
 GRAPH_BACKENDS = tuple(n for n, b in BACKENDS.items() if b.graph)  # they run the .onnx graph, not the torch policy
-PLANLESS = {n: b.planless for n, b in BACKENDS.items() if b.planless}  # backends that cannot run a precision plan, why
 
 
 def ran_dtype(backend: str, dtype: str) -> str:
@@ -180,8 +171,7 @@ class Metric(NamedTuple):
 
     def at(self, **fields: object) -> "Metric":
         """This metric with some of its fields filled (`MAX_ABS.at(ref="fp64")`); a field it lacks is a KeyError."""
-        unknown = set(fields) - set(re.findall(r"\{(\w+)\}", self.path))
-        if unknown:
+        if unknown := set(fields) - set(re.findall(r"\{(\w+)\}", self.path)):
             raise KeyError(f"{self.path} has no field {sorted(unknown)[0]}")
         return self._replace(path=re.sub(r"\{(\w+)\}", lambda m: str(fields.get(m[1], m[0])), self.path))
 
@@ -239,15 +229,13 @@ class ObsConf:
 
 @dataclass
 class PlanConf:
-    """A precision plan (conf/plan/<name>.yaml, docs/precision-plans.md): a dtype per part of the policy (the names
-    mode=precision's per-layer table prints: hidden_<i>, lstm, mu, logits); a part it leaves out takes the point's
-    dtype; `parts: null` (conf/plan/none.yaml) is no plan. `limits`: the dtype whose limits judge it (null: the
-    lowest-precision dtype it runs); `policy`: the policy shape it was made for (null: any with these parts)."""
+    """A precision plan (conf/plan/<name>.yaml, docs/precision-plans.md): a dtype per part of the policy; a part it
+    leaves out runs in the point's dtype."""
 
     name: str = MISSING
-    policy: Optional[str] = MISSING
-    limits: Optional[str] = rule(None, choices=DTYPE_NAMES)
-    parts: Optional[Dict[str, str]] = MISSING
+    policy: Optional[str] = MISSING  # the policy shape it was made for (null: any with these parts)
+    limits: Optional[str] = rule(None, choices=DTYPE_NAMES)  # whose limits judge it (null: the lowest dtype it runs)
+    parts: Optional[Dict[str, str]] = MISSING  # mode=precision's names: hidden_<i>, lstm, mu, logits; null: no plan
 
 
 @dataclass
@@ -327,36 +315,36 @@ class ModeConf:
 class OfflineMode(ModeConf):
     """A mode that never runs the policy: nothing timed, nothing verified (info, checkpoints, diff, sync, ui)."""
 
-    runs_policy: ClassVar[bool] = False
-    timed: ClassVar[bool] = False
-    verified: ClassVar[bool] = False
+    runs_policy = False
+    timed = False
+    verified = False
 
 
 @dataclass
 class ActionMode(ModeConf):
-    name: ClassVar[str] = "action"
-    headline: ClassVar[Dict[str, Headline]] = {"act_mean": own("action_mean", "action units", "mean of every action"),
-                                               "act_std": own("action_std", "action units", "std of every action")}
+    name = "action"
+    headline = {"act_mean": own("action_mean", "action units", "mean of every action"),
+                "act_std": own("action_std", "action units", "std of every action")}
 
 
 @dataclass
 class SampleMode(ActionMode):
-    name: ClassVar[str] = "sample"
+    name = "sample"
 
 
 @dataclass
 class InfoMode(OfflineMode):
-    name: ClassVar[str] = "info"
-    headline: ClassVar[Dict[str, Headline]] = {
+    name = "info"
+    headline = {
         "parameters": own("parameters", "count", "the policy's parameters"),
         "fp16_overflow_dims": own("fp16_overflow_dims", "count", "normalizer dimensions whose variance overflows fp16")}
 
 
 @dataclass
 class CheckpointsMode(OfflineMode):
-    name: ClassVar[str] = "checkpoints"
-    headline: ClassVar[Dict[str, Headline]] = {"checkpoints": own("checkpoints", "count", "checkpoints in the results folder"),
-                                               "best_reward": own("best_reward", "reward", "the best checkpoint's reward")}
+    name = "checkpoints"
+    headline = {"checkpoints": own("checkpoints", "count", "checkpoints in the results folder"),
+                "best_reward": own("best_reward", "reward", "the best checkpoint's reward")}
 
 
 @dataclass
@@ -392,8 +380,8 @@ class Relative:
 
 @dataclass
 class BatchMode(ModeConf):
-    name: ClassVar[str] = "batch"
-    headline: ClassVar[Dict[str, Headline]] = {
+    name = "batch"
+    headline = {
         "invariance_max": own("batch_invariance_max_abs", "output units", "max |batched - single-row| of any output"),
         "rows_identical": own("rows_bit_identical", "share", "rows whose batched outputs equal single-row ones bit for bit"),
         "rows_per_s": own("batched_rows_per_s", "rows/s", "throughput in batches")}
@@ -402,16 +390,16 @@ class BatchMode(ModeConf):
 
 @dataclass
 class BenchmarkMode(ModeConf):
-    name: ClassVar[str] = "benchmark"
-    per_batch: ClassVar[bool] = True
-    not_logged: ClassVar[Tuple[str, ...]] = ("p50_us", "p99_us", "ort_p50_us", "eager_vs_ort", "obs_per_s", "server_qps",
-                                             "miss_rate", "loop_hz_max")  # logged per backend at the job's batch instead
+    name = "benchmark"
+    per_batch = True
+    not_logged = ("p50_us", "p99_us", "ort_p50_us", "eager_vs_ort", "obs_per_s", "server_qps", "miss_rate",
+                  "loop_hz_max")  # logged per backend at the job's batch instead
     # with LoadGen's scenarios or the control loop: VALID/INVALID, the server's highest QPS, the deadline-miss rate
-    first_screen: ClassVar[Tuple[str, ...]] = ("loadgen/server/valid", "loadgen/server/max_qps", "control_loop/miss_rate")
+    first_screen = ("loadgen/server/valid", "loadgen/server/max_qps", "control_loop/miss_rate")
     # at the job's own batch size (a ladder without it: its largest): eager's and onnxruntime's p50 and `eager_vs_ort` =
     # eager p50 / onnxruntime p50 (> 1: torch is slower); throughput at the largest batch timed; the LoadGen server's
     # highest QPS under its p99 bound, the control loop's miss rate and highest rate; the fastest backend's (`best_`)
-    headline: ClassVar[Dict[str, Headline]] = {
+    headline = {
         "p50_us": Headline((BACKEND_P50.at(backend="eager"),)), "p99_us": Headline((BACKEND_P99.at(backend="eager"),)),
         "ort_p50_us": Headline((BACKEND_P50.at(backend="onnxruntime"),)),
         "eager_vs_ort": Headline((BACKEND_P50.at(backend="eager"),), over=(BACKEND_P50.at(backend="onnxruntime"),)),
@@ -471,7 +459,6 @@ class BenchmarkMode(ModeConf):
                                   f"mode.rate_hz={knobs['rate_hz']} × mode.duration_s={knobs['duration_s']}"))
         return out
 
-
     @staticmethod
     def _loadgen_allocations(knobs: dict) -> list[Allocation]:
         """What LoadGen generates for each scenario asked before it issues a query, as far as the knobs alone decide it
@@ -519,10 +506,10 @@ TICK_BYTES = 64  # the control loop's per-tick record: latency, compute and wake
 
 @dataclass
 class ExportOnnxMode(ModeConf):
-    name: ClassVar[str] = "export-onnx"
-    timed: ClassVar[bool] = False
-    verified: ClassVar[bool] = False
-    headline: ClassVar[Dict[str, Headline]] = {
+    name = "export-onnx"
+    timed = False
+    verified = False
+    headline = {
         "max_abs_vs_torch": Headline((MAX_ABS.at(ref="torch"),)),
         "src_identical": own("graph/vs_source/bit_identical", "1/0", "the export equals the source .onnx's outputs")}
     path: Optional[str] = rule(judges=True)
@@ -534,10 +521,9 @@ class ExportOnnxMode(ModeConf):
 
 @dataclass
 class FingerprintMode(ModeConf):
-    name: ClassVar[str] = "fingerprint"
-    headline: ClassVar[Dict[str, Headline]] = {
-        "fp_match": own("matches_cpu_fp32", "1/0", "fingerprint equal to CPU fp32's"),
-        "fp_qmatch": own("quantized_matches_cpu_fp32", "1/0", "quantized fingerprint equal to CPU fp32's")}
+    name = "fingerprint"
+    headline = {"fp_match": own("matches_cpu_fp32", "1/0", "fingerprint equal to CPU fp32's"),
+                "fp_qmatch": own("quantized_matches_cpu_fp32", "1/0", "quantized fingerprint equal to CPU fp32's")}
     steps: int = rule(lo=1, hi=1_000_000)
     loop: str = rule(choices=LOOPS)
     actions: str = rule(choices=ACTION_KINDS)
@@ -553,8 +539,8 @@ class FingerprintMode(ModeConf):
 
 @dataclass
 class OnnxCompareMode(ModeConf):
-    name: ClassVar[str] = "onnx-compare"
-    headline: ClassVar[Dict[str, Headline]] = {
+    name = "onnx-compare"
+    headline = {
         "max_abs_vs_ort": Headline((MAX_ABS.at(ref="onnxruntime"),)),
         "sampled_z": own("sampled/mean_z_max", "z", "sampled actions: the largest |z| of a mean against the reference's")}
     provider: str = rule(judges=True)
@@ -573,9 +559,8 @@ class OnnxCompareMode(ModeConf):
 
 @dataclass
 class PrecisionMode(ModeConf):
-    name: ClassVar[str] = "precision"
-    headline: ClassVar[Dict[str, Headline]] = {
-        "rel_ratio": own("relative/ratio", "ratio", "the device's RMSE vs fp64 over the CPU's in the same dtype")}
+    name = "precision"
+    headline = {"rel_ratio": own("relative/ratio", "ratio", "the device's RMSE vs fp64 over the CPU's in the same dtype")}
     relative: Relative = rule(judges=True)
 
 
@@ -584,9 +569,9 @@ class SearchMode(ModeConf):
     """The cheapest precision plan that passes every limit on one observation split, re-judged on another
     (docs/precision-plans.md)."""
 
-    name: ClassVar[str] = "search"
-    verified: ClassVar[bool] = False  # its points are plans under trial, not a sweep's choices: mode=precision judges one
-    headline: ClassVar[Dict[str, Headline]] = {
+    name = "search"
+    verified = False  # its points are plans under trial, not a sweep's choices: mode=precision judges one
+    headline = {
         "kept_fp32": own("search/kept_fp32", "parts", "parts of the plan found that stay in fp32"),
         "low_share": own("search/low_flops_share", "1", "share of the policy's FLOPs the plan runs in a low dtype"),
         "evaluations": own("search/evaluations", "plans", "plans judged on the search split to find it"),
@@ -598,11 +583,10 @@ class SearchMode(ModeConf):
 
 @dataclass
 class StatsMode(ModeConf):
-    name: ClassVar[str] = "stats"
-    headline: ClassVar[Dict[str, Headline]] = {
-        "drift_max": own("drift_max", "action units", "the largest |action - CPU fp32's| over the rollout"),
-        "saturation": own("saturation_rate", "share", "actions at or beyond mode.saturation"),
-        "smoothness": own("smoothness", "action units", "mean |action change| between steps")}
+    name = "stats"
+    headline = {"drift_max": own("drift_max", "action units", "the largest |action - CPU fp32's| over the rollout"),
+                "saturation": own("saturation_rate", "share", "actions at or beyond mode.saturation"),
+                "smoothness": own("smoothness", "action units", "mean |action change| between steps")}
     steps: int = rule(lo=1, hi=1_000_000)
     envs: int = rule(lo=1, hi=1_000_000)
     source: str = rule(choices=STATS_SOURCES)
@@ -634,9 +618,9 @@ class LatencySamples:
 
 @dataclass
 class RecordMode(ModeConf):
-    name: ClassVar[str] = "record"
-    verified: ClassVar[bool] = False
-    headline: ClassVar[Dict[str, Headline]] = {"points": own("bundle/points", "count", "points in the bundle")}
+    name = "record"
+    verified = False
+    headline = {"points": own("bundle/points", "count", "points in the bundle")}
     out: Optional[str] = MISSING
     latency: LatencySamples = MISSING
     decimals: int = rule(lo=0, hi=9, judges=True)
@@ -644,15 +628,15 @@ class RecordMode(ModeConf):
 
 @dataclass
 class ReplayMode(ModeConf):
-    name: ClassVar[str] = "replay"
-    verified: ClassVar[bool] = False
-    headline: ClassVar[Dict[str, Headline]] = {
+    name = "replay"
+    verified = False
+    headline = {
         "bitwise": own("agreement/bitwise_share", "share", "the least share of bit-identical elements of an output"),
         "ulp_max": own("agreement/ulp_max", "ULP", "the largest float32 ULP distance to the recording"),
         "dual_ratio": own("dual/worst_ratio", "ratio", "msprobe's dual benchmark: the worst error ratio"),
         "lat_ratio": own("latency_change/median_ratio", "ratio", "median latency over the recording's"),
         "lat_p": own("latency_change/p_value", "p", "Mann-Whitney U p-value of the latency change")}
-    first_screen: ClassVar[Tuple[str, ...]] = ("bitwise", "dual_ratio", "lat_ratio")  # did the port hold
+    first_screen = ("bitwise", "dual_ratio", "lat_ratio")  # did the port hold
     bundle: Optional[str] = MISSING
     reference_point: Optional[str] = MISSING
     allow_other_model: bool = MISSING
@@ -665,11 +649,10 @@ class ReplayMode(ModeConf):
 
 @dataclass
 class DiffMode(OfflineMode):
-    name: ClassVar[str] = "diff"
-    headline: ClassVar[Dict[str, Headline]] = {
-        "changed": own("diff/changed", "count", "common points that changed"),
-        "only_base": own("diff/only_baseline", "count", "points only in the baseline"),
-        "only_cand": own("diff/only_candidate", "count", "points only in the candidate")}
+    name = "diff"
+    headline = {"changed": own("diff/changed", "count", "common points that changed"),
+                "only_base": own("diff/only_baseline", "count", "points only in the baseline"),
+                "only_cand": own("diff/only_candidate", "count", "points only in the candidate")}
     baseline: Optional[str] = MISSING
     candidate: Optional[str] = MISSING
     alpha: float = rule(lo=0, hi=1, lo_open=True)
@@ -678,21 +661,21 @@ class DiffMode(OfflineMode):
 
 @dataclass
 class SyncMode(OfflineMode):
-    name: ClassVar[str] = "sync"
+    name = "sync"
     _target_: Optional[str] = None  # not a task: run.py hands it to tracking.sync
     paths: List[str] = MISSING
 
 
 @dataclass
 class RejudgeMode(OfflineMode):
-    name: ClassVar[str] = "rejudge"
+    name = "rejudge"
     _target_: Optional[str] = None  # not a task: run.py hands it to app.rejudge (it reads results, runs no policy)
     path: Optional[str] = MISSING
 
 
 @dataclass
 class UiMode(OfflineMode):
-    name: ClassVar[str] = "ui"
+    name = "ui"
     _target_: Optional[str] = None  # not a task: run.py hands it to huggy_exp.ui (the port is tracking.ui_port)
     wait_s: float = rule(lo=1, hi=3600)
 
@@ -753,7 +736,7 @@ def validate(cfg: DictConfig, mode: str) -> dict:
     _check(modes()[mode], plain["mode"], "mode.")
     if mode == "stats" and plain["mode"]["source"] == "replay" and not plain["mode"]["trajectory"]:
         raise UserError("mode.source=replay needs mode.trajectory=<file.npy> (float32 [T, obs_dim]) or an .npz of obs_<i> [T, d_i]")
-    _check_specialize((plain.get("verify") or {}).get("specialize"))
+    _check_specialize(plain["verify"]["specialize"])  # a mapping: _check has seen to it
     bad = next((k for k, v in (plain["plan"]["parts"] or {}).items() if v not in DTYPE_NAMES), None)
     if bad is not None:
         raise UserError(f"plan {plain['plan']['name']}: part {bad} has unknown dtype {plain['plan']['parts'][bad]!r}; "
@@ -761,13 +744,9 @@ def validate(cfg: DictConfig, mode: str) -> dict:
     return plain
 
 
-def _check_specialize(value: Any, key: str = "verify.specialize") -> None:
+def _check_specialize(value: dict, key: str = "verify.specialize") -> None:
     """A free map of `<device kind>_<dtype>` entries (e.g. npu_fp16): each name a known device kind and dtype, each entry
     any keys of a verify.limits row, every number finite and in range; the first bad one is one line."""
-    if value is None:
-        return
-    if not isinstance(value, dict):
-        raise UserError(f"{key} must be a mapping of <device kind>_<dtype> entries, got {value!r}")
     hints, known = get_type_hints(Threshold), {f.name: f for f in fields(Threshold)}
     for name, limits in value.items():
         kind, _, dtype = str(name).partition("_")
@@ -787,87 +766,67 @@ def _check_specialize(value: Any, key: str = "verify.specialize") -> None:
 def _check(schema: type, values: Any, prefix: str) -> None:
     if not isinstance(values, dict):
         raise UserError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {values!r}")
-    known = {f.name: f for f in fields(schema)}
-    hints = get_type_hints(schema)
-    for key, value in values.items():
+    known, hints = {f.name: f for f in fields(schema)}, get_type_hints(schema)
+    for key in values:
         if key not in known:
-            names = sorted(k for k in known if k != "_target_")
-            where = prefix.rstrip(".") or "the config"
-            raise UserError(f"unknown key {prefix}{key}; valid keys of {where}: "
-                            f"{', '.join(names) if names else 'none (this mode has no knobs)'}")
+            raise UserError(_unknown(f"{prefix}{key}", prefix.rstrip(".") or "the config", sorted(known)))
     for name, f in known.items():
         key = f"{prefix}{name}"
         if values.get(name) == MISSING:  # `???`: a YAML file left it out
             raise UserError(f"missing key {key}")
+        if name == "mode" and schema is Config:  # checked by its own mode's schema (validate)
+            continue
         if name not in values:  # composition fills every schema key: only `~key` removes one
-            if name != "mode":
-                raise UserError(f"missing key {key}: every job reads it (a `~{key}` cannot delete it; set it instead)")
-            continue
-        value = values[name]
-        if name == "mode" and schema is Config:
-            continue
-        _check_value(hints[name], value, key, f.metadata)
+            raise UserError(f"missing key {key}: every job reads it (a `~{key}` cannot delete it; set it instead)")
+        _check_value(hints[name], values[name], key, f.metadata)
 
 
 def _check_value(kind: Any, value: Any, key: str, meta: dict) -> None:
     if kind is Any:
         return
-    origin = getattr(kind, "__origin__", None)
-    args = getattr(kind, "__args__", ())
-    if origin is type(None) or value is None:
-        if value is None and not _optional(kind):
+    if value is None:
+        if not _optional(kind):
             raise UserError(f"{key} must be set (got null)")
         return
     if _optional(kind):
-        kind = next(a for a in args if a is not type(None))
-        origin, args = getattr(kind, "__origin__", None), getattr(kind, "__args__", ())
+        kind = next(a for a in get_args(kind) if a is not type(None))
+    origin, args = get_origin(kind), get_args(kind)
     if is_dataclass(kind):
         _check(kind, value, key + ".")
-        return
-    if origin in (dict, Dict):
+    elif origin is dict:
         if not isinstance(value, dict):
             raise UserError(f"{key} must be a mapping, got {value!r}")
         for k, v in value.items():
             _check_value(args[1], v, f"{key}.{k}", {"lo": 0} if args[1] is float else {})
-        return
-    if origin in (list, List):
+    elif origin is list:
         if not isinstance(value, list):
             raise UserError(f"{key} must be a list, got {value!r}")
         choices = meta.get("choices")
-        bad = [v for v in value if choices and v not in choices]
-        if bad:
+        if bad := [v for v in value if choices and v not in choices]:
             raise UserError(f"{key}: unknown entry {bad[0]!r}; valid: {', '.join(choices)}")
-        item = getattr(kind, "__args__", (Any,))[0]
         for i, v in enumerate(value):
-            _check_value(item, v, f"{key}[{i}]", {"lo": 1, "hi": 2**31} if item is int else {})
-        return
-    if kind is bool:
-        if not isinstance(value, bool):
-            raise UserError(f"{key}={value!r} is not true/false")
-        return
-    if kind in (int, float):
+            _check_value(args[0], v, f"{key}[{i}]", {"lo": 1, "hi": 2**31} if args[0] is int else {})
+    elif kind is bool and not isinstance(value, bool):
+        raise UserError(f"{key}={value!r} is not true/false")
+    elif kind in (int, float):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
             raise UserError(f"{key}={value!r} is not {'an integer' if kind is int else 'a number'}")
         if not math.isfinite(value):
             raise UserError(f"{key}={value!r} must be a finite number")
-        lo, hi = meta.get("lo"), meta.get("hi")
-        low = f"{'>' if meta.get('lo_open') else '>='} {lo}" if lo is not None else ""
-        span = " and ".join(filter(None, [low, f"<= {hi}" if hi is not None else ""]))
-        if (lo is not None and (value < lo or (meta.get("lo_open") and value == lo))) or (hi is not None and value > hi):
+        lo, hi, lo_open = meta.get("lo"), meta.get("hi"), meta.get("lo_open")
+        span = " and ".join(filter(None, [f"{'>' if lo_open else '>='} {lo}" if lo is not None else "",
+                                          f"<= {hi}" if hi is not None else ""]))
+        if (lo is not None and (value < lo or (lo_open and value == lo))) or (hi is not None and value > hi):
             raise UserError(f"{key}={value!r} is out of range: must be {span}")
-        return
-    if kind is str:
-        choices = meta.get("choices") or ()
-        if choices and value not in choices:
-            raise UserError(f"unknown {key} {value!r}; valid: {', '.join(choices)}")
+    elif kind is str:
+        if meta.get("choices") and value not in meta["choices"]:
+            raise UserError(f"unknown {key} {value!r}; valid: {', '.join(meta['choices'])}")
         if not isinstance(value, str):
             raise UserError(f"{key}={value!r} is not a string")
-        return
 
 
 def _optional(kind: Any) -> bool:
     return type(None) in getattr(kind, "__args__", ())
-
 
 
 @functools.cache
@@ -878,26 +837,25 @@ def free_maps() -> tuple[str, ...]:
                          if get_type_hints(schema)[f.name] == Dict[str, Any]}))
 
 
-
 def unknown_key(key: str, mode: str) -> str:
     """`unknown key mode.tolerence; valid keys of mode (batch): budget_s, tolerance`."""
     parts = key.split(".")
     kind: Any = modes().get(mode, ModeConf) if parts[0] == "mode" else Config
     for part in (parts[1:] if parts[0] == "mode" else parts)[:-1]:
-        if getattr(kind, "__origin__", None) in (dict, Dict):  # per-dtype tables: the key is a dtype
-            kind = kind.__args__[1]
-            continue
-        if not is_dataclass(kind):
+        if get_origin(kind) is dict:  # per-dtype tables: the key is a dtype
+            kind = get_args(kind)[1]
+        elif not is_dataclass(kind):
             return f"unknown key {key}"
-        kind = get_type_hints(kind).get(part)
-        if _optional(kind):
-            kind = next(a for a in kind.__args__ if a is not type(None))
-    if getattr(kind, "__origin__", None) in (dict, Dict):
-        names = list(DTYPE_NAMES)
-    elif is_dataclass(kind):
-        names = sorted(f.name for f in fields(kind) if f.name != "_target_")
-    else:
+        else:
+            kind = get_type_hints(kind).get(part)
+            kind = next(a for a in get_args(kind) if a is not type(None)) if _optional(kind) else kind
+    if get_origin(kind) is not dict and not is_dataclass(kind):
         return f"unknown key {key}"
+    names = list(DTYPE_NAMES) if get_origin(kind) is dict else sorted(f.name for f in fields(kind))
     where = ".".join(parts[:-1]) or "the config"
-    where = f"{where} ({mode})" if parts[0] == "mode" and len(parts) == 2 else where
-    return f"unknown key {key}; valid keys of {where}: {', '.join(names) if names else 'none (this mode has no knobs)'}"
+    return _unknown(key, f"{where} ({mode})" if parts[0] == "mode" and len(parts) == 2 else where, names)
+
+
+def _unknown(key: str, where: str, names: list[str]) -> str:
+    names = [n for n in names if n != "_target_"]
+    return f"unknown key {key}; valid keys of {where}: {', '.join(names) or 'none (this mode has no knobs)'}"

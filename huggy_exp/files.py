@@ -81,17 +81,15 @@ def check_unused(path: str | Path, key: str) -> Path:
     folder = Path(path).expanduser().absolute()
     if folder.exists() and not folder.is_dir():
         raise UserError(f"{key}={path} is a file, not a folder; {REFUSED}")
-    why = folder_in_use(folder)
-    if why:
+    if why := folder_in_use(folder):
         raise UserError(f"{key}={path} {why}; {REFUSED}")
     return folder
 
 
 def claim_folder(path: str | Path, key: str) -> Path:
-    """Make `path` this process's job or sweep folder before anything is written into it: it must be absent or empty,
-    and it is claimed by creating CLAIM exclusively, so that of two processes given one folder exactly one goes on and
-    the other is refused in one line, nothing of the first touched; a folder inside a claimed one is that run's.
-    Returns the absolute folder."""
+    """Make `path` (absent or empty) this process's job or sweep folder, returned absolute, by creating CLAIM in it
+    exclusively: of two processes given one folder exactly one goes on, the other is refused in one line, nothing of
+    the first touched. A folder inside a claimed one is that run's."""
     folder = check_unused(path, key)
     owner = next((parent for parent in folder.parents if (parent / CLAIM).is_file()), None)
     if owner is not None:  # a running sweep's point folder (<sweep dir>/0) belongs to that sweep

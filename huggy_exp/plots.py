@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -10,10 +13,6 @@ from huggy_exp.files import atomic_write
 
 
 def _pyplot():
-    import logging
-    import os
-    import tempfile
-
     if "MPLCONFIGDIR" not in os.environ:  # a read-only HOME: matplotlib would warn in two lines, then use a temporary folder
         try:
             (Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "matplotlib").mkdir(parents=True, exist_ok=True)

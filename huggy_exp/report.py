@@ -170,9 +170,8 @@ def comparison_section(rows: list[dict], comparison: dict) -> str:
             "<p class=muted>No point of this sweep has a CPU fp32 point on the same inputs to compare with.</p>")
     parts = ["<h2>Against the reference point (CPU fp32, same inputs)</h2>",
              table(head, compared, {2, 3}) if compared else none]
-    lines = [line for line in comparison.get("lines", []) if line.startswith(("agreement", "device agreement", "dual benchmark",
-                                                                           "record into", "replay:", "loadgen job"))]
-    if lines:
+    own = ("agreement", "device agreement", "dual benchmark", *OWN_ANSWERS)
+    if lines := [line for line in comparison.get("lines", []) if line.startswith(own)]:
         parts.append("<ul>" + "".join(f"<li><code>{escape(x)}</code></li>" for x in lines) + "</ul>")
     return "\n".join(parts)
 

@@ -43,10 +43,8 @@ class Result:
         self.reason = f"{self.reason}; {reason}" if self.reason else reason
 
     def check_finite(self) -> None:
-        """Finite or failed: a NaN/inf in any array a task produced fails the job, with the count and first place.
-
-        Inputs are refused before they run (observations, weights), so a non-finite output is the job's own.
-        """
+        """Finite or failed: a NaN/inf in any array a task produced fails the job, with the count and first place
+        (inputs are refused before they run: observations, weights; so a non-finite output is the job's own)."""
         for name, array in self.arrays.items():
             if (where := first_nonfinite(array)) is not None:
                 count, index = where
@@ -78,12 +76,8 @@ def expectation(record: dict) -> str:
 def first_nonfinite(array) -> tuple[int, tuple[int, ...]] | None:
     """(count, index of the first) NaN/inf values of a float array; None when all are finite or it is not float."""
     a = np.asarray(array)
-    if a.dtype.kind not in "fc":
-        return None
-    bad = ~np.isfinite(a)
-    if not bad.any():
-        return None
-    return int(bad.sum()), tuple(int(i) for i in np.argwhere(bad)[0])
+    bad = ~np.isfinite(a) if a.dtype.kind in "fc" else np.zeros(0, bool)
+    return (int(bad.sum()), tuple(int(i) for i in np.argwhere(bad)[0])) if bad.any() else None
 
 
 def jsonable(value):

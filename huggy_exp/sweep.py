@@ -14,7 +14,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from huggy_exp import report, terminal, tracking
-from huggy_exp.config import REFERENCE_BACKEND, numerics_label
+from huggy_exp.config import REFERENCE_BACKEND, VERDICTS, numerics_label
 from huggy_exp.preflight import JOBS_ENV
 from huggy_exp.headline import judged_limits, ladder, noisy
 from huggy_exp.compare import compare, draw, errors_vs_fp64, verified
@@ -23,8 +23,6 @@ from huggy_exp.results import (EXIT_CODES, EXIT_INTERRUPTED, EXIT_PENDING, atomi
                                write_table)
 from huggy_exp.report import fmt
 from huggy_exp.verify import FINGERPRINT
-
-ORDER = ("passed", "failed", "skipped", "error")
 
 
 class SweepCallback(Callback):
@@ -138,35 +136,37 @@ def summarize(sweep_dir: Path, since: float = 0.0, sweep: dict | None = None) ->
                 + (f" {shown}" if shown else "") + (" [not in MLflow yet]" if track == "pending" else "")
                 + (f" [on {placed.get('hostname')} {placed.get('ray_node_ip', '')}]".replace(" ]", "]") if placed else ""))
         params, model, metrics = (r.get(k) or {} for k in ("params", "model", "metrics"))
+        numerics, card = r.get("precision_mode", "ieee"), placed.get("card") or "none"
+        named = "/".join(Path(str(model.get("path") or "?")).parts[-3:])  # huggy_lstm/Huggy/Huggy-2000049.pt
         rows.append({
             "job": path.parent.name, "run_name": r["run_name"], "mode": r["mode"], "verified": is_verified,
-            "device": r["device"], "port": port_details(r), "dtype": r["dtype"],
-            "precision_mode": r.get("precision_mode", "ieee"),
-            "numerics": numerics_label(r["dtype"], r.get("precision_mode"), (r.get("plan") or {}).get("name")),
-            "plan": r.get("plan"), "batch_size": r["batch_size"],
-            "case": r.get("case"), "status": r["status"], "note": note, "tracking": track, "expect": r.get("expect"),
-            "expectation_met": r.get("expectation_met"), "line": line, "dir": str(path.parent),
-            "seed": r.get("seed"), "obs": obs_label(params.get("obs") or {}), "model_sha256": model.get("sha256"),
-            "weights_sha256": model.get("weights_sha256"), "model_name": _model_name(model),
-            "latency_points": latency_points(r), "throughput_points": latency_points(r, "obs_per_s"),
-            "noisy_points": latency_points(r, "noisy"), "iqr_points": latency_points(r, "iqr_us"), "metrics": r.get("headline_metrics") or {},
-            "shared_machine": r.get("shared_machine", False), "noisy": noisy(r),
-            "run_id": (r.get("tracking") or {}).get("run_id"), "limits": judged_limits(r),
+            "device": r["device"], "port": port_details(r), "dtype": r["dtype"], "precision_mode": numerics,
+            "numerics": numerics_label(r["dtype"], numerics, (r.get("plan") or {}).get("name")),
+            "plan": r.get("plan"), "batch_size": r["batch_size"], "case": r.get("case"), "status": r["status"],
+            "note": note, "tracking": track, "expect": r.get("expect"), "expectation_met": r.get("expectation_met"),
+            "line": line, "dir": str(path.parent), "seed": r.get("seed"), "obs": obs_label(params.get("obs") or {}),
+            "model_sha256": model.get("sha256"), "weights_sha256": model.get("weights_sha256"),
+            "model_name": "embedded default" if model.get("synthetic") else named,
+            **{f"{name}_points": latency_points(r, stat) for name, stat in
+               (("latency", "p50_us"), ("throughput", "obs_per_s"), ("noisy", "noisy"), ("iqr", "iqr_us"))},
+            "metrics": r.get("headline_metrics") or {}, "shared_machine": r.get("shared_machine", False),
+            "noisy": noisy(r), "run_id": (r.get("tracking") or {}).get("run_id"), "limits": judged_limits(r),
             "latency": r.get("latency") or {}, "max_abs_limit": _limit(metrics),
             "fingerprint": (r.get("tags") or {}).get(FINGERPRINT), "knobs": params.get("mode") or {},
             "vs_fp64": errors_vs_fp64(metrics),
             "host": placed.get("hostname") or (r.get("environment") or {}).get("host"),
-            "node": placed.get("ray_node_ip"), "card": _card(placed)})
-    tally = {s: sum(r["status"] == s for r in rows) for s in ORDER}
+            "node": placed.get("ray_node_ip"),  # card: `a2/npu:3`, the host and the card a launcher placed it on
+            "card": None if card == "none" else f"{placed.get('hostname')}/{card}"})
+    tally = {s: sum(r["status"] == s for r in rows) for s in VERDICTS}
     tally["pending"] = sum(r["tracking"] == "pending" for r in rows)
     tally["expected"] = sum(r["expect"] is not None for r in rows)
     tally["missed"] = sum(r["expectation_met"] is False for r in rows)
     tally["no_result"] = max(0, int((sweep or {}).get("jobs") or 0) - len(rows))
     line = (f"{tally['expected'] - tally['missed']}/{tally['expected']} cases met their expected verdict; "
-            if tally["expected"] else "") + (f"{tally['passed']}/{len(rows) + tally['no_result']} passed, {tally['failed']} failed, {tally['skipped']} skipped, "
-            f"{tally['error']} error" + (f"; {tally['pending']} not in MLflow yet (python run.py mode=sync)"
-                                         if tally["pending"] else "")
-            + (f"; {tally['no_result']} of the sweep's points wrote no result" if tally["no_result"] else ""))
+            if tally["expected"] else "") + f"{tally['passed']}/{len(rows) + tally['no_result']} passed, "
+    line += ", ".join(f"{tally[s]} {s}" for s in VERDICTS[1:])  # failed, skipped, error
+    line += f"; {tally['pending']} not in MLflow yet (python run.py mode=sync)" if tally["pending"] else ""
+    line += f"; {tally['no_result']} of the sweep's points wrote no result" if tally["no_result"] else ""
     return {"rows": rows, "tally": tally, "line": line, "comparison": compare(rows)}
 
 
@@ -192,40 +192,32 @@ def painted(row: dict) -> str:
 
 
 COLOURS = {"passed": "32", "failed": "31", "error": "31", "skipped": "33"}  # ANSI: green, red, red, yellow
-def _card(host: dict) -> str | None:
-    """`a2/npu:3`: the host and the card a launcher says a point ran on (None when no launcher placed it on one)."""
-    card = host.get("card")
-    return f"{host.get('hostname')}/{card}" if card and card != "none" else None
+
+
+FIGURES = (("max_abs_vs_fp64", "max_abs"), ("cosine_vs_fp64", "cos"), ("agreement_vs_fp64", "agree"),
+           ("kl_vs_fp64", "KL"), ("shift_vs_fp64", "|Δμ|/σ"), ("p50_us", "p50"))  # a verified point's, in its line
 
 
 def point_figures(record: dict) -> str:
-    """` max_abs 5.9e-07/1e-05 cos 1.000000 p50 52 µs fingerprint 68a9080ce4d8` of a point (empty for other modes)."""
+    """` max_abs 5.9e-07/1e-05 cos 1 p50 52 µs fingerprint 68a9080ce4d8` of a point (empty for other modes)."""
     head, metrics = record.get("headline_metrics") or {}, record.get("metrics") or {}
-    parts = []
-    if "max_abs_vs_fp64" in head:
-        limit = _limit(metrics)
-        parts.append(f"max_abs {head['max_abs_vs_fp64']:.2g}" + (f"/{limit:.2g}" if limit is not None else ""))
-    if "cosine_vs_fp64" in head:
-        parts.append(f"cos {head['cosine_vs_fp64']:.6f}")
-    if "agreement_vs_fp64" in head:
-        parts.append(f"agree {head['agreement_vs_fp64']:.2%}")
-    parts += [f"{name} {head[key]:.2g}" for key, name in (("kl_vs_fp64", "KL"), ("shift_vs_fp64", "|Δμ|/σ")) if key in head]
-    if "p50_us" in head:
-        parts.append(f"p50 {fmt(head['p50_us'])} µs" + (" (noisy)" if noisy(record) else ""))
+    limit = _limit(metrics)
+    after = {"max_abs_vs_fp64": "" if limit is None else f"/{fmt(limit)}",
+             "p50_us": " µs" + (" (noisy)" if noisy(record) else "")}
+    parts = [f"{name} {fmt(head[key])}{after.get(key, '')}" for key, name in FIGURES if key in head]
     if fp := (record.get("tags") or {}).get(FINGERPRINT):
         parts.append(f"{FINGERPRINT} {fp[:12]}")
     if "ort_int8_kl" in head:
-        verdict = "PASSED" if (record.get("metrics") or {}).get("onnxruntime_int8/passed") else "FAILED"
-        parts.append(f"| onnxruntime int8 {verdict} KL {head['ort_int8_kl']:.2g} p50 {fmt(head['ort_int8_p50_us'])} µs")
+        verdict = "PASSED" if metrics.get("onnxruntime_int8/passed") else "FAILED"
+        parts.append(f"| onnxruntime int8 {verdict} KL {fmt(head['ort_int8_kl'])} "
+                     f"p50 {fmt(head['ort_int8_p50_us'])} µs")
     return (" " + " ".join(parts)) if parts else ""
 
 
 def _limit(metrics: dict) -> float | None:
     """The max_abs limit beside the headline max_abs vs fp64 (continuous actions, else memories)."""
-    for stem in ("actions", "sampled_actions", "memories"):
-        if f"{stem}/vs_fp64/max_abs_limit" in metrics:
-            return metrics[f"{stem}/vs_fp64/max_abs_limit"]
-    return None
+    keys = (f"{stem}/vs_fp64/max_abs_limit" for stem in ("actions", "sampled_actions", "memories"))
+    return next((metrics[k] for k in keys if k in metrics), None)
 
 
 def latency_points(record: dict, stat: str = "p50_us") -> list[list]:
@@ -237,13 +229,6 @@ def latency_points(record: dict, stat: str = "p50_us") -> list[list]:
         backend = (record.get("params") or {}).get("backend") or REFERENCE_BACKEND
         points.append([backend, int(record.get("batch_size") or 0), float(metrics[f"latency/{stat}"])])
     return points
-
-
-def _model_name(model: dict) -> str:
-    """A short name for a sweep's model: `embedded default`, or the file name."""
-    if model.get("synthetic"):
-        return "embedded default"
-    return "/".join(Path(str(model.get("path") or "?")).parts[-3:])  # huggy_lstm/Huggy/Huggy-2000049.pt
 
 
 def obs_label(obs: dict) -> str:
@@ -263,9 +248,9 @@ def write_summary(sweep_dir: Path, summary: dict, plot: bool) -> list[Path]:
     paths = [sweep_dir / "summary.json", sweep_dir / "summary.csv", sweep_dir / "summary.md"]
     atomic_write_text(paths[0], json.dumps(jsonable(summary), indent=2) + "\n")
     write_table(paths[1], flat, columns + [f"m.{k}" for k in metric_names])
-    md = [f"# {report.escape(summary.get('title') or 'Sweep ' + sweep_dir.name)}", "", report.escape(summary["line"]), ""]
-    advice = tracking.recommendation(summary["comparison"])
-    if advice:
+    title = summary.get("title") or f"Sweep {sweep_dir.name}"
+    md = [f"# {report.escape(title)}", "", report.escape(summary["line"]), ""]
+    if advice := tracking.recommendation(summary["comparison"]):
         md += [f"**Recommended:** {report.escape(advice)}", ""]
     if found := tracking.own_answer(summary["comparison"]):  # record, replay, LoadGen: what they found, in view
         md += [f"**Found:** {report.escape(found)}", ""]
@@ -285,7 +270,7 @@ def write_summary(sweep_dir: Path, summary: dict, plot: bool) -> list[Path]:
         md += ["", *(f"![{p.stem}]({p.name})" for p in plots)]
     atomic_write_text(paths[2], "\n".join(md) + "\n")
     env = next((json.loads((Path(r["dir"]) / "result.json").read_text()).get("environment") for r in summary["rows"]), {}) or {}
-    page = report.write_sweep_report(sweep_dir, summary.get("title") or f"Sweep {sweep_dir.name}", summary, plots, env)
+    page = report.write_sweep_report(sweep_dir, title, summary, plots, env)
     return paths + [table, page] + plots
 
 

@@ -1,15 +1,4 @@
-"""Unity ML-Agents file formats, one module per concern; the public names are re-exported here.
-
-weights      weights and normalizer types, ML-Agents' key names and constants, shared checks
-checkpoint   .pt reading (torch.load weights_only) and writing
-onnx_graph   lookups over an ONNX graph shared by the readers
-onnx_read    .onnx graphs read by structure (inputs, normalizers, MLP, LSTM)
-heads        the action heads' ONNX patterns, read and written (continuous PPO/SAC, discrete branches)
-onnx_write   .onnx graphs written with onnx.helper, as ML-Agents' exporter lays them out
-results      results folders, run_logs/training_status.json, configuration.yaml
-default      the embedded synthetic default
-hub          the Hugging Face Hub
-"""
+"""Unity ML-Agents file formats, one module per concern (docs/architecture.md); the public names are re-exported here."""
 
 from huggy_exp.mlagents.checkpoint import load_checkpoint, save_checkpoint, weights_from_state_dict
 from huggy_exp.mlagents.default import (DEFAULT_STEP, DEFAULT_VERSION, cache_dir, default_results_dir, default_weights,

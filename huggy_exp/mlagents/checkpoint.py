@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from huggy_exp.errors import UserError
+from huggy_exp.mlagents.onnx_read import onnx_input_sizes
 from huggy_exp.mlagents.results import sibling_onnx
 from huggy_exp.files import atomic_write
 from huggy_exp.foreign import MAX_CHECKPOINT_BYTES, check_file_size, check_zip
@@ -34,10 +35,8 @@ def load_checkpoint(path: str | Path, onnx: str | Path | None = None) -> LoadedM
     kind = _torch_container(path)
     if kind is None:
         raise UserError(f"checkpoint {path} is not a torch file: neither a zip archive (torch.save) nor a pickle stream")
-    if kind == "zip archive":
-        check_zip(path, MAX_CHECKPOINT_BYTES, "checkpoint")  # the storages' inflated sizes, before torch reads one
-    else:
-        check_file_size(path, MAX_CHECKPOINT_BYTES, "checkpoint")
+    # a zip's storages by their inflated sizes, before torch reads one
+    (check_zip if kind == "zip archive" else check_file_size)(path, MAX_CHECKPOINT_BYTES, "checkpoint")
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for bad files; all mean the same to the user
@@ -52,28 +51,23 @@ def load_checkpoint(path: str | Path, onnx: str | Path | None = None) -> LoadedM
     onnx_path = Path(onnx).expanduser() if onnx else sibling_onnx(path)
     sizes = None
     if onnx_path is not None and onnx_path.is_file() and not any(isinstance(k, str) and ".normalizer." in k for k in state):
-        from huggy_exp.mlagents.onnx_read import onnx_input_sizes
-
         sizes = onnx_input_sizes(onnx_path)
     weights = weights_from_state_dict(state, origin, sizes)
     return LoadedModel(weights, "pt", path, sha256_file(path), step=step, onnx_path=sibling_onnx(path))
 
 
 def _torch_container(path: Path) -> str | None:
-    """'zip archive' (torch.save), 'pickle stream' (legacy torch.save or a bare pickle), or None for anything else.
-
-    The pickle opcodes are only parsed (pickletools), never executed.
-    """
+    """'zip archive' (torch.save), 'pickle stream' (legacy torch.save or a bare pickle: its opcodes only parsed by
+    pickletools, never executed), or None for anything else."""
     with open(path, "rb") as fh:
         if fh.read(4) == b"PK\x03\x04" or zipfile.is_zipfile(fh):
             return "zip archive"
         fh.seek(0)
         try:
-            for opcode, _, _ in pickletools.genops(fh):
-                if opcode.name == "STOP":
-                    return "pickle stream"
+            if any(opcode.name == "STOP" for opcode, _, _ in pickletools.genops(fh)):
+                return "pickle stream"
         except Exception:  # any parse failure means: not a pickle
-            return None
+            pass
     return None
 
 
@@ -114,7 +108,6 @@ def _array(value: object, key: str, origin: str) -> np.ndarray:
     return value
 
 
-
 UNSUPPORTED_ENCODERS = (  # key fragments of ML-Agents encoders this package does not rebuild, and what they are
     (("conv_layers", "conv", "dense", "SimpleVisualEncoder", "NatureVisualEncoder", "ResNet", "resnet"), "a visual (CNN) encoder"),
     (("rsa", "entity", "ent_encoder", "x_self_encoder", "residual", "attention"), "attention over variable-length observations"),
@@ -125,11 +118,9 @@ CONTINUOUS_PREFIX = "action_model._continuous_distribution."
 
 
 def weights_from_state_dict(state: dict, origin: str, input_sizes: tuple[int, ...] | None = None) -> PolicyWeights:
-    """Rebuild PolicyWeights from ML-Agents actor keys; sizes come from tensor shapes, never assumed.
-
-    `input_sizes` splits the first layer among the observation inputs when there is no normalizer to tell their
-    widths (normalize: false); without it such a policy reads as one input of the concatenated width (the same numbers).
-    """
+    """Rebuild PolicyWeights from ML-Agents actor keys; sizes come from tensor shapes, never assumed. `input_sizes`
+    splits the first layer among the observation inputs when no normalizer tells their widths (normalize: false);
+    without it such a policy reads as one input of the concatenated width (the same numbers)."""
     odd = next((k for k in state if not isinstance(k, str)), None)
     if odd is not None:
         raise UserError(f"{origin}: Policy key {odd!r} is a {type(odd).__name__}, not a string")
@@ -142,22 +133,17 @@ def weights_from_state_dict(state: dict, origin: str, input_sizes: tuple[int, ..
         check_finite(arrays[k], f"Policy key {k}", origin)
     scalar = lambda k, default: float(arrays[k].reshape(-1)[0]) if k in arrays and arrays[k].size else default  # noqa: E731
     f32 = lambda k: arrays[k].astype(np.float32)  # noqa: E731
-    layers = tuple((f32(f"{BODY_PREFIX}{i}.weight"), f32(f"{BODY_PREFIX}{i}.bias")) for i in layer_ids)
+    linear = lambda prefix: (f32(prefix + "weight"), f32(prefix + "bias"))  # noqa: E731
+    layers = tuple(linear(f"{BODY_PREFIX}{i}.") for i in layer_ids)
     width = int(layers[0][0].shape[1]) if layers[0][0].ndim == 2 else 0
     conditional = len(sigma_keys) == 2  # SAC: log_sigma is a Linear of the features, the actions tanh-squashed
-    weights = PolicyWeights(
-        layers=layers,
-        mu=(f32(MU_PREFIX + "weight"), f32(MU_PREFIX + "bias")) if sigma_keys else None,
-        log_sigma=(tuple(map(f32, sigma_keys)) if conditional else f32(LOG_SIGMA).reshape(1, -1))
-        if sigma_keys else None,
-        normalizer=None,  # the one input's, when there is one (PolicyWeights takes it from `inputs`)
-        tanh_squash=conditional,
-        version_number=scalar("version_number", 3.0),
-        memory_size=scalar("memory_size_vector", 0.0),
+    sigma = (tuple(map(f32, sigma_keys)) if conditional else f32(LOG_SIGMA).reshape(1, -1)) if sigma_keys else None
+    weights = PolicyWeights(  # normalizer: the one input's, when there is one (PolicyWeights takes it from `inputs`)
+        layers, linear(MU_PREFIX) if sigma_keys else None, sigma, normalizer=None, tanh_squash=conditional,
+        version_number=scalar("version_number", 3.0), memory_size=scalar("memory_size_vector", 0.0),
         inputs=_inputs(normalizers, width, input_sizes),
-        branches=tuple((f32(f"{BRANCH_PREFIX}{b}.weight"), f32(f"{BRANCH_PREFIX}{b}.bias")) for b in branch_ids),
-        lstm=Lstm(*(f32(LSTM_PREFIX + f) for f in LSTM_FIELDS)) if memory else None,
-    )
+        branches=tuple(linear(f"{BRANCH_PREFIX}{b}.") for b in branch_ids),
+        lstm=Lstm(*(f32(LSTM_PREFIX + f) for f in LSTM_FIELDS)) if memory else None)
     check_shapes(weights, origin)
     _check_declared(arrays, weights, origin)
     return weights
@@ -234,56 +220,51 @@ def _check_declared(arrays: dict, w: PolicyWeights, origin: str) -> None:
 
 
 def _normalizers(arrays: dict, origin: str, known: set[str]) -> list[Normalizer]:
-    """One normalizer per observation input (processors.0, 1, ...), each under either key spelling."""
+    """One normalizer per observation input (processors.0, 1, ...), under either key spelling or both: each finite and
+    valid, and the two the same."""
     ids = sorted({int(m.group(1)) for k in arrays for prefix in PROCESSOR_PREFIXES
                   if (m := re.match(re.escape(prefix) + r"(\d+)\.normalizer\.", k))})
     if ids != list(range(len(ids))):
         raise UserError(f"{origin}: observation normalizers must be processors.0,1,2,...; found indices {ids}")
-    return [_normalizer(arrays, origin, known, i) for i in ids]
+    out = []
+    for index in ids:
+        found = []
+        for prefix in (f"{p}{index}.normalizer." for p in PROCESSOR_PREFIXES):
+            present = [f for f in NORMALIZER_FIELDS if prefix + f in arrays]
+            if not present:
+                continue
+            if len(present) != len(NORMALIZER_FIELDS):
+                raise UserError(f"{origin}: missing keys {[prefix + f for f in NORMALIZER_FIELDS if f not in present]}")
+            known.update(prefix + f for f in NORMALIZER_FIELDS)
+            for f in NORMALIZER_FIELDS:
+                check_finite(arrays[prefix + f], f"Policy key {prefix}{f}", origin)
+            mean, var, steps = (arrays[prefix + f] for f in NORMALIZER_FIELDS)
+            if (var <= 0).any():
+                first = int(np.argwhere(var.reshape(-1) <= 0)[0][0])
+                raise UserError(f"{origin}: Policy key {prefix}running_variance has {int((var <= 0).sum())} values <= 0 "
+                                f"(first at [{first}]: {float(var.reshape(-1)[first]):g}); ML-Agents starts it at 1 and "
+                                "only adds squared deviations")
+            found.append((prefix, [mean, var, read_count(steps, f"Policy key {prefix}normalization_steps", origin, 1)]))
+        (p0, first), *others = found
+        for p1, other in others:
+            if not all(np.shape(a) == np.shape(b) and np.array_equal(a, b) for a, b in zip(first, other)):
+                raise UserError(f"{origin}: normalizer statistics under '{p0}' and '{p1}' disagree")
+        mean, var, steps = first
+        if mean.ndim != 1:
+            raise UserError(f"{origin}: shape mismatch: {p0}running_mean {list(mean.shape)} (expected one vector per input)")
+        out.append(Normalizer(mean.astype(np.float32), var.astype(np.float32), steps))
+    return out
 
 
-def _normalizer(arrays: dict, origin: str, known: set[str], index: int) -> Normalizer:
-    """Read one input's normalizer under either key spelling; each must be finite and valid, and when both are present they must agree."""
-    found = []
-    for prefix in (f"{p}{index}.normalizer." for p in PROCESSOR_PREFIXES):
-        present = [f for f in NORMALIZER_FIELDS if prefix + f in arrays]
-        if not present:
-            continue
-        if len(present) != len(NORMALIZER_FIELDS):
-            raise UserError(f"{origin}: missing keys {[prefix + f for f in NORMALIZER_FIELDS if f not in present]}")
-        known.update(prefix + f for f in NORMALIZER_FIELDS)
-        for f in NORMALIZER_FIELDS:
-            check_finite(arrays[prefix + f], f"Policy key {prefix}{f}", origin)
-        mean, var, steps = (arrays[prefix + f] for f in NORMALIZER_FIELDS)
-        if (var <= 0).any():
-            first = int(np.argwhere(var.reshape(-1) <= 0)[0][0])
-            raise UserError(f"{origin}: Policy key {prefix}running_variance has {int((var <= 0).sum())} values <= 0 "
-                            f"(first at [{first}]: {float(var.reshape(-1)[first]):g}); ML-Agents starts it at 1 and only adds squared deviations")
-        n = read_count(steps, f"Policy key {prefix}normalization_steps", origin, minimum=1)
-        found.append((prefix, [mean, var, n]))
-    (p0, first), *others = found
-    for p1, other in others:
-        if not all(np.shape(a) == np.shape(b) and np.array_equal(a, b) for a, b in zip(first, other)):
-            raise UserError(f"{origin}: normalizer statistics under '{p0}' and '{p1}' disagree")
-    mean, var, steps = first
-    if mean.ndim != 1:
-        raise UserError(f"{origin}: shape mismatch: {p0}running_mean {list(mean.shape)} (expected one vector per input)")
-    return Normalizer(mean.astype(np.float32), var.astype(np.float32), steps)
-
-
-def state_dict_of(w: PolicyWeights) -> dict:
-    """The actor state_dict ML-Agents would save for these weights (both normalizer spellings)."""
+def save_checkpoint(w: PolicyWeights, path: Path, step: int) -> None:
+    """Write a .pt laid out as ML-Agents' TorchModelSaver does: the actor's state_dict (both normalizer spellings) as
+    `Policy`, and `global_step`."""
     import torch
 
     t = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
-    state = {
-        "version_number": t(np.array([w.version_number], np.float32)),
-        "is_continuous_int_deprecated": t(np.array([1.0 if not w.branches else 0.0], np.float32)),
-        "continuous_act_size_vector": t(np.array([w.act_dim], np.float32)),
-        "discrete_act_size_vector": t(np.array([w.branch_sizes], np.float32).reshape(1, -1)),
-        "act_size_vector_deprecated": t(np.array([w.act_dim + sum(w.branch_sizes)], np.float32)),
-        "memory_size_vector": t(np.array([w.memory_size], np.float32)),
-    }
+    metadata = (w.version_number, float(not w.branches), w.act_dim, w.branch_sizes, w.act_dim + sum(w.branch_sizes),
+                w.memory_size)  # as METADATA_KEYS name them; discrete_act_size_vector is [1, branches]
+    state = {key: t(np.array([value], np.float32)) for key, value in zip(METADATA_KEYS, metadata)}
     for i, obs in enumerate(w.inputs):
         n = obs.normalizer
         if n is None:
@@ -294,8 +275,7 @@ def state_dict_of(w: PolicyWeights) -> dict:
             state[prefix + "running_mean"] = t(n.running_mean)
             state[prefix + "running_variance"] = t(variance)
     for i, (weight, bias) in enumerate(w.layers):
-        state[f"{BODY_PREFIX}{2 * i}.weight"] = t(weight)
-        state[f"{BODY_PREFIX}{2 * i}.bias"] = t(bias)
+        state[f"{BODY_PREFIX}{2 * i}.weight"], state[f"{BODY_PREFIX}{2 * i}.bias"] = t(weight), t(bias)
     if w.lstm is not None:
         for field, value in zip(LSTM_FIELDS, (w.lstm.weight_ih, w.lstm.weight_hh, w.lstm.bias_ih, w.lstm.bias_hh)):
             state[LSTM_PREFIX + field] = t(value)
@@ -307,12 +287,5 @@ def state_dict_of(w: PolicyWeights) -> dict:
         state[MU_PREFIX + "weight"], state[MU_PREFIX + "bias"] = t(w.mu[0]), t(w.mu[1])
     for b, (weight, bias) in enumerate(w.branches):
         state[f"{BRANCH_PREFIX}{b}.weight"], state[f"{BRANCH_PREFIX}{b}.bias"] = t(weight), t(bias)
-    return state
-
-
-def save_checkpoint(w: PolicyWeights, path: Path, step: int) -> None:
-    """Write a .pt laid out as ML-Agents' TorchModelSaver does (Policy + global_step)."""
-    import torch
-
-    blob = {"Policy": state_dict_of(w), "global_step": {"_GlobalSteps__global_step": torch.tensor([step])}}
+    blob = {"Policy": state, "global_step": {"_GlobalSteps__global_step": torch.tensor([step])}}
     atomic_write(path, lambda tmp: torch.save(blob, tmp))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from huggy_exp.mlagents.onnx_graph import Graph, follow, linear, slice_start, source
+from huggy_exp.mlagents.onnx_graph import Graph, expose, follow, linear, slice_start, source
 from huggy_exp.mlagents.weights import (
     ACTION_CLAMP, ACTION_MASKS, BRANCH_PREFIX, CONTINUOUS_OUTPUTS, DISCRETE_OUTPUTS, LOG_SIGMA, LOG_SIGMA_RANGE, MASK_PENALTY,
     MU_PREFIX, PolicyWeights,
@@ -130,8 +130,6 @@ def with_distributions(model):
     Policy.distributions names them: `mu` (what the deterministic action clamps or passes on), `log_sigma` (what Exp
     takes), `masked_logits` (every branch's Softmax input, side by side); so a runner of the graph is judged in the
     policy's units (KL, |Δμ|/σ) like a torch one."""
-    from onnx import TensorProto, helper
-
     g = Graph(model, "graph")
     found, t = {}, "deterministic_continuous_actions"
     while t in g.producer and g.producer[t].op_type in ("Div", "Clip", "Identity"):
@@ -140,10 +138,7 @@ def with_distributions(model):
     if t != "deterministic_continuous_actions" and exps:
         found.update(mu=[t], log_sigma=exps[:1])
     found["masked_logits"] = [n.input[0] for n in g.nodes if n.op_type == "Softmax"]
-    for name, parts in ((k, v) for k, v in found.items() if v):
-        joined = {"op_type": "Concat", "axis": 1} if len(parts) > 1 else {"op_type": "Identity"}
-        model.graph.node.append(helper.make_node(inputs=parts, outputs=[name], **joined))
-        model.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", None]))
+    expose(model, {name: tensors for name, tensors in found.items() if tensors}, typed=True)
     return model
 
 

@@ -77,11 +77,11 @@ def follow(g: Graph, name: str, ops: tuple[str, ...] = PASSTHROUGH) -> str:
     return name
 
 
-def source(g: Graph, name: str, ops: tuple[str, ...] = PASSTHROUGH):
+def source(g: Graph, name: str):
     """The node producing `name`, looking through passthrough ops."""
     seen = set()
     node = g.producer.get(name)
-    while node is not None and node.op_type in ops and node.input and id(node) not in seen:
+    while node is not None and node.op_type in PASSTHROUGH and node.input and id(node) not in seen:
         seen.add(id(node))
         node = g.producer.get(node.input[0])
     return node
@@ -105,3 +105,14 @@ def slice_start(g: Graph, node) -> int | None:
     if starts is None and len(node.input) > 1 and node.input[1] in g.const:
         starts = g.const[node.input[1]].reshape(-1).tolist()
     return int(starts[0]) if starts else None
+
+
+def expose(model, parts: dict[str, list[str]], typed: bool) -> None:
+    """Each part's tensors (several side by side on axis 1) as a graph output of its name, `typed` float [batch, ?]."""
+    from onnx import TensorProto, helper
+
+    for name, tensors in parts.items():
+        joined = {"op_type": "Concat", "axis": 1} if len(tensors) > 1 else {"op_type": "Identity"}
+        model.graph.node.append(helper.make_node(inputs=tensors, outputs=[name], **joined))
+        model.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", None]) if typed
+                                  else helper.make_empty_tensor_value_info(name))

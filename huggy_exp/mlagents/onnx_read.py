@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -11,7 +12,8 @@ from huggy_exp.errors import UserError
 from huggy_exp.foreign import MAX_ONNX_BYTES, check_file_size
 from huggy_exp.host import size
 from huggy_exp.mlagents.heads import read_heads
-from huggy_exp.mlagents.onnx_graph import RESHAPES, Graph, follow, linear, slice_start, value_info
+from huggy_exp.mlagents.onnx_graph import RESHAPES, Graph, expose, follow, linear, slice_start, value_info
+from huggy_exp.mlagents.onnx_write import interface
 from huggy_exp.mlagents.results import step_from_name
 from huggy_exp.mlagents.weights import (
     ACTION_MASKS, RECURRENT_IN, LoadedModel, Lstm, Normalizer, ObsInput, PolicyWeights, check_shapes, obs_name,
@@ -52,8 +54,6 @@ def read_onnx(path: Path):
 def check_external_sizes(model, path: Path) -> None:
     """Before any external data is read: each tensor's declared length must be what its shape and type hold, and the
     model with all of them within MAX_ONNX_BYTES (a data file's real size counts where no length is declared)."""
-    import math
-
     from onnx import TensorProto, external_data_helper, helper
 
     total = path.stat().st_size
@@ -84,8 +84,6 @@ def check_external_sizes(model, path: Path) -> None:
 def check_onnx_pairing(path: Path, w: PolicyWeights) -> None:
     """The .onnx compared with a policy must take ML-Agents' inputs (obs_<i>, action_masks, recurrent_in) at the policy's
     widths, in order, and expose its action outputs at the policy's widths."""
-    from huggy_exp.mlagents.onnx_write import interface
-
     model = read_onnx(Path(path))
     inits = {i.name for i in model.graph.initializer}
     inputs = [value_info(i) for i in model.graph.input if i.name not in inits]
@@ -97,10 +95,9 @@ def check_onnx_pairing(path: Path, w: PolicyWeights) -> None:
             name in outputs and list(outputs[name][1:]) == dims for name, dims in want_out.items()):
         return
     show = lambda items: ", ".join(f"{n} [{', '.join(str(d) if isinstance(d, int) else 'N' for d in dims)}]" for n, dims in items) or "none"  # noqa: E731
-    raise UserError(
-        f"onnx file {path} is not an ML-Agents policy for this checkpoint: expected inputs {show((n, ['N', *d]) for n, d in want_in)} "
-        f"and outputs {show((n, ['N', *d]) for n, d in want_out.items())}; found inputs {show(inputs)}; outputs {show(outputs.items())}"
-    )
+    raise UserError(f"onnx file {path} is not an ML-Agents policy for this checkpoint: expected inputs "
+                    f"{show((n, ['N', *d]) for n, d in want_in)} and outputs {show((n, ['N', *d]) for n, d in want_out.items())}; "
+                    f"found inputs {show(inputs)}; outputs {show(outputs.items())}")
 
 
 def onnx_input_sizes(path: Path) -> tuple[int, ...] | None:
@@ -164,20 +161,18 @@ def _body(g: Graph, cursor: str) -> tuple[list, list[str], str]:
     hidden_<i>) and the last hidden tensor."""
     gemms, hidden = [], []
     while True:
-        layer = None
         for gemm in (n for n in g.consumers(cursor) if n.op_type == "Gemm" and n.output):
             sig = g.only(gemm.output[0], "Sigmoid")
             mul = next((n for n in g.consumers(gemm.output[0]) if n.op_type == "Mul" and sig is not None and sig.output
                         and sig.output[0] in n.input and n.output), None)
             if mul is not None:
-                layer = (gemm, mul.output[0])
                 break
-        if layer is None:
+        else:
             return gemms, hidden, cursor
-        if any(layer[0] is seen for seen in gemms):
+        if any(gemm is seen for seen in gemms):
             raise g.fail("the layer chain loops back on itself")
-        gemms.append(layer[0])
-        cursor = layer[1]
+        gemms.append(gemm)
+        cursor = mul.output[0]
         hidden.append(cursor)
 
 
@@ -253,16 +248,9 @@ def read_graph(g: Graph) -> tuple[PolicyWeights, dict[str, list[str]]]:
 def with_parts(model, origin: str):
     """The graph (an onnx ModelProto, changed in place) with the parts Policy.trace names as outputs too (normalized_obs,
     hidden_<i>, lstm, mu, logits), so onnxruntime's intermediates line up with torch's per-layer attribution."""
-    from onnx import helper
-
     _, parts = read_graph(Graph(model, origin))
     outputs = {o.name for o in model.graph.output}
-    for name, tensors in parts.items():
-        if name in outputs:
-            continue
-        joined = {"op_type": "Concat", "axis": 1} if len(tensors) > 1 else {"op_type": "Identity"}
-        model.graph.node.append(helper.make_node(inputs=tensors, outputs=[name], **joined))
-        model.graph.output.append(helper.make_empty_tensor_value_info(name))
+    expose(model, {name: tensors for name, tensors in parts.items() if name not in outputs}, typed=False)
     return model
 
 

@@ -24,10 +24,8 @@ def sibling_onnx(pt: Path) -> Path | None:
 
 
 def list_checkpoints(results_dir: str | Path) -> list[dict]:
-    """Every checkpoint of an ML-Agents results folder: files on disk joined with run_logs/training_status.json.
-
-    A bare copy of the run logs (training_status.json at the top) is read too; its files are then not present.
-    """
+    """Every checkpoint of an ML-Agents results folder: files on disk joined with run_logs/training_status.json (or a
+    bare copy of the run logs: training_status.json at the top, its files then not present)."""
     root = Path(results_dir).expanduser()
     if not root.is_dir():
         raise UserError(f"results folder not found: {root}")
@@ -63,10 +61,8 @@ def _parse_text(path: Path, parse, kind: str, error: type, utf8_hint: str = ""):
 
 
 def read_training_status(path: Path) -> dict[str, dict]:
-    """ML-Agents' run_logs/training_status.json, checked: {behavior: {"checkpoints": [entry, ...], "final": steps or None}}.
-
-    Behaviors without a "checkpoints" list (ML-Agents also records lesson numbers and ELO there) and "metadata" are skipped.
-    """
+    """ML-Agents' run_logs/training_status.json, checked: {behavior: {"checkpoints": [entry, ...], "final": steps or
+    None}}; "metadata" and behaviors without a "checkpoints" list (ML-Agents also records lessons and ELO) skipped."""
     doc = _parse_text(path, json.loads, "JSON", json.JSONDecodeError, "; ML-Agents writes it as UTF-8 JSON")
     if not isinstance(doc, dict):
         raise UserError(f"{path}: top level is a JSON {_json_kind(doc)}, expected an object of behaviors "
@@ -142,9 +138,8 @@ def read_configuration(root: Path) -> dict[str, dict]:
         if not isinstance(settings, dict) or not isinstance(net, dict):
             where, bad = (f"behaviors.{behavior}", settings) if not isinstance(settings, dict) else (f"behaviors.{behavior}.network_settings", net)
             raise UserError(f"{path}: {where} is a {type(bad).__name__}, expected a mapping")
-        out[str(behavior)] = {"trainer_type": settings.get("trainer_type"), "hidden_units": net.get("hidden_units"),
-                              "num_layers": net.get("num_layers"), "normalize": net.get("normalize"),
-                              "max_steps": settings.get("max_steps")}
+        out[str(behavior)] = {k: (settings if k in ("trainer_type", "max_steps") else net).get(k)
+                              for k in ("trainer_type", "hidden_units", "num_layers", "normalize", "max_steps")}
     return out
 
 
@@ -172,10 +167,8 @@ def latest_checkpoint(results_dir: Path, behavior: str | None = None, step: int 
 
 
 def results_model(results_dir: Path, behavior: str | None = None, step: int | None = None) -> Path:
-    """The model file a results folder offers: the behavior's checkpoint (newest, or at `step`), else its final <Behavior>.onnx.
-
-    An unknown behavior, or several behaviors and none chosen, is an error naming the behaviors found.
-    """
+    """The model file a results folder offers: the behavior's checkpoint (newest, or at `step`), else its final
+    <Behavior>.onnx. An unknown behavior, or several behaviors and none chosen, is an error naming the behaviors found."""
     root = Path(results_dir).expanduser()
     rows = list_checkpoints(root)
     finals = {p.stem: p for p in sorted(root.glob("*.onnx")) if p.is_file()}

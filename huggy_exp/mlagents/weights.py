@@ -19,14 +19,8 @@ LSTM_FIELDS = ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")
 MU_PREFIX = "action_model._continuous_distribution.mu."
 LOG_SIGMA = "action_model._continuous_distribution.log_sigma"
 BRANCH_PREFIX = "action_model._discrete_distribution.branches."
-METADATA_KEYS = (
-    "version_number",
-    "is_continuous_int_deprecated",
-    "continuous_act_size_vector",
-    "discrete_act_size_vector",
-    "act_size_vector_deprecated",
-    "memory_size_vector",
-)
+METADATA_KEYS = ("version_number", "is_continuous_int_deprecated", "continuous_act_size_vector",
+                 "discrete_act_size_vector", "act_size_vector_deprecated", "memory_size_vector")
 
 # --- ONNX names, exactly as ML-Agents' exporter writes them
 ONNX_INPUT = "obs_0"
@@ -56,11 +50,8 @@ class Normalizer:
 
     @property
     def std(self) -> np.ndarray:
-        """sqrt(running_variance / steps), computed by torch exactly as ML-Agents computes it (bit-identical).
-
-        torch divides a float32 tensor by an int64 step count differently from numpy's float32 division
-        (22% of Huggy's dimensions differ by one ulp), so numpy is not used here.
-        """
+        """sqrt(running_variance / steps) by torch, as ML-Agents computes it: numpy's float32 division by the int64
+        step count differs from torch's (by one ulp on 22% of Huggy's dimensions)."""
         if self.folded_std is not None:
             return self.folded_std
         import torch
@@ -105,12 +96,9 @@ class Lstm:
 
 @dataclass(frozen=True)
 class PolicyWeights:
-    """Everything needed to rebuild an ML-Agents actor, as float32 arrays.
-
-    Inputs: `inputs` (one ObsInput per `obs_<i>`; by default one input as wide as the first layer, with `normalizer`).
-    Action heads: continuous (`mu`, `log_sigma`; `tanh_squash` for SAC) and/or discrete (`branches`, one Linear each).
-    Memory: `lstm` between the MLP and the heads.
-    """
+    """Everything needed to rebuild an ML-Agents actor, as float32 arrays: `inputs` (one ObsInput per `obs_<i>`; by
+    default one as wide as the first layer, with `normalizer`), a continuous head (`mu`, `log_sigma`; `tanh_squash` for
+    SAC) and/or a discrete one (`branches`, one Linear each), and `lstm` between the MLP and the heads."""
 
     layers: tuple[tuple[np.ndarray, np.ndarray], ...]
     mu: tuple[np.ndarray, np.ndarray] | None
@@ -203,15 +191,9 @@ class LoadedModel:
     behavior: str | None = None
 
     def describe(self) -> dict:
-        return {
-            "source": self.source,
-            "path": str(self.path),
-            "sha256": self.sha256,
-            "synthetic": self.synthetic,
-            "step": self.step,
-            "onnx": str(self.onnx_path) if self.onnx_path else None,
-            "weights_sha256": weights_sha256(self.weights),  # the numbers this job ran, whatever the file holds now
-        }
+        return {"source": self.source, "path": str(self.path), "sha256": self.sha256, "synthetic": self.synthetic,
+                "step": self.step, "onnx": str(self.onnx_path) if self.onnx_path else None,
+                "weights_sha256": weights_sha256(self.weights)}  # the numbers this job ran, whatever the file holds now
 
 
 def weights_sha256(weights) -> str:
@@ -250,7 +232,6 @@ def require_file(path: Path, what: str) -> Path:
     return path
 
 
-
 def read_count(a: np.ndarray, key: str, origin: str, minimum: int) -> int:
     """A one-element integer entry (a step count, a size); empty, fractional or too small is refused."""
     flat = a.reshape(-1)
@@ -280,7 +261,6 @@ def nonfinite(a: np.ndarray) -> str | None:
 def check_finite(a: np.ndarray, name: str, origin: str) -> None:
     if (bad := nonfinite(a)) is not None:
         raise UserError(f"{origin}: {name} has {bad}")
-
 
 
 def check_shapes(w: PolicyWeights, origin: str) -> None:
