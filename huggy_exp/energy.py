@@ -1,10 +1,7 @@
-"""Energy per action: the joules a device spends per action computed, above its idle draw (docs/hardware/README.md#energy).
-
-A window of steady inference of at least 5 s (energy counters update every ~100 ms, and H100-class power sensors sample
-only part of the time), minus the idle power measured just before it, divided by the actions computed; what ais_bench
-reports on Ascend. Sources: a cumulative counter (NVML's and AMD SMI's total energy through Zeus; CPU RAPL, read here,
-wrap-corrected by reading it every `period_s`) or a power reading integrated over the window (Ascend's npu-smi: Ascend
-exposes power, not energy). Where none can be read, the reason, never a zero.
+"""Energy per action above the idle draw (docs/hardware/energy.md): at least 5 s of steady inference (counters update
+every ~100 ms; H100-class power sensors sample part of the time), minus the idle power just before, per action; what
+ais_bench reports on Ascend. Sources: a counter (NVML, AMD SMI through Zeus; CPU RAPL, wrap-corrected) or a power
+reading integrated over the window (Ascend's npu-smi: power, not energy). Where none can be read, the reason.
 """
 
 from __future__ import annotations
@@ -28,8 +25,7 @@ class NotMeasured(Exception):
 
 @dataclass
 class Meter:
-    """One source: `read()` gives joules since some origin (`kind` "energy"; `wrap_j`: where the counter wraps to 0) or
-    watts now (`kind` "power", integrated by the trapezoid rule)."""
+    """`read()`: joules since some origin (`kind` "energy", wrapping to 0 at `wrap_j`) or watts now ("power")."""
 
     name: str
     kind: str
@@ -38,7 +34,6 @@ class Meter:
 
 
 def meter_for(device) -> Meter:
-    """The energy source of a torch device, or NotMeasured with the reason."""
     kind, index = device.type, device.index or 0
     if kind == "cuda":
         return _zeus_gpu(index)
@@ -98,8 +93,8 @@ def _rapl() -> Meter:
 
 
 class Window:
-    """Joules over a window: `meter` read every `period_s` in a thread (a counter's wraps are caught between reads, a
-    power reading is integrated between them). A reading that fails ends the window as NotMeasured."""
+    """Joules over a window: `meter` read every `period_s` in a thread (catching a counter's wraps, integrating power
+    by the trapezoid rule); a failed reading ends it as NotMeasured."""
 
     def __init__(self, meter: Meter, period_s: float):
         self.meter, self.period_s = meter, period_s
@@ -153,8 +148,8 @@ class Window:
 
 def per_action(step: Callable[[], object], rows: int, meter: Meter, window_s: float, idle_s: float,
                period_s: float = 0.1, sync: Callable[[], object] = lambda: None) -> dict[str, float | str]:
-    """Joules per action of `step` (one call computes `rows` actions): idle power over `idle_s`, then calls for at least
-    `window_s`; (window's joules - idle power x its seconds) / actions. Raises NotMeasured with the reason."""
+    """Joules per action of `step` (`rows` actions a call): (joules over >= `window_s` of calls - the idle power over
+    `idle_s` just before x their seconds) / actions. NotMeasured with the reason."""
     sync()
     with Window(meter, period_s) as idle:
         time.sleep(idle_s)

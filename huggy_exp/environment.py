@@ -1,8 +1,5 @@
-"""What a host is, for a port certificate: CPU (model, ISA flags, torch's kernel level), OS, Python, the versions of the
-numeric stack (torch, onnxruntime, numpy, torch_npu, CANN, CUDA, drivers) and the runtime precision switches.
-
-`capture()` reads without importing torch_npu (only what is already imported is asked); `diff()` lists every field that
-differs between two captures, dotted (`versions.torch`, `cpu.flags`).
+"""What a host is, for a port certificate: CPU, OS, Python, the numeric stack's versions and the precision switches.
+`capture()` never imports torch_npu; `diff()` lists every field that differs between two captures, dotted.
 """
 
 from __future__ import annotations
@@ -33,8 +30,7 @@ def capture() -> dict:
 
 
 def emulated(device: str) -> bool:
-    """Whether the device kind of `device` ("npu:1") is an emulation: its device module, when already imported, carries
-    the marker `EMULATED` (tests/emulated_npu.py sets it). Never imports a backend."""
+    """Whether `device`'s kind ("npu:1") is emulated: its imported device module carries `EMULATED` (tests/emulated_npu.py)."""
     import sys
 
     return bool(getattr(getattr(sys.modules.get("torch"), str(device).split(":")[0], None), "EMULATED", False))
@@ -75,7 +71,7 @@ def _version(dist: str, missing: str = NOT_PRESENT) -> str:
 
 
 def summary() -> dict[str, str]:
-    """A job's versions for result.json and `info`, without importing the heavy packages (importlib.metadata only)."""
+    """A job's versions for result.json and `info` (importlib.metadata: nothing heavy imported)."""
     env = {"python": platform.python_version(), "platform": platform.platform(), "host": platform.node()}
     for dist in JOB_DISTRIBUTIONS:
         env[dist.replace("-", "_")] = _version(dist, "not installed")
@@ -114,9 +110,8 @@ def _ascend_driver(root: Path = Path("/usr/local/Ascend/driver")) -> str:
 
 
 def runtime_flags() -> dict:
-    """The process's precision switches: fp32 math (placement.precision_switches: oneDNN per op, cuBLAS's and cuDNN's
-    legacy allow_tf32 and per-op fp32_precision, Ascend's HF32 and cube math type), reduced-precision reductions,
-    deterministic algorithms (the point's thread count is recorded with the point)."""
+    """The process's precision switches: fp32 math (placement.precision_switches), reduced-precision reductions,
+    deterministic algorithms."""
     import torch
 
     from huggy_exp.placement import precision_switches
@@ -132,11 +127,9 @@ def runtime_flags() -> dict:
 
 
 def device_switches() -> dict[str, str]:
-    """The device runtime's switches beside the fp32 ones (runtime_flags) that decide what runs where: torch_npu's
-    CPU fallback (placement.NPU_FALLBACK_ENV), jit-compile mode and internal formats, when it initialises ACL's operator
-    options (ACL_OP_INIT_MODE: unset or 0 when the card starts; 1 at the first ACL operator, where torch_npu builds
-    before 2025-09 reset the HF32 option after placement.set_again), and the visible-devices variables (which card
-    `npu:0` is). Never imports torch_npu, never initialises a card."""
+    """The device runtime's switches that decide what runs where: torch_npu's CPU fallback, jit-compile mode, internal
+    formats, ACL_OP_INIT_MODE (1: ACL's options start at the first ACL operator, where torch_npu builds before 2025-09
+    reset HF32 after placement.set_again), the visible-devices variables. Never imports torch_npu or starts a card."""
     import sys
 
     from huggy_exp.placement import NPU_FALLBACK_ENV, VISIBLE_ENV
@@ -157,18 +150,13 @@ def device_switches() -> dict[str, str]:
 def flatten(tree: dict, prefix: str = "") -> dict:
     out = {}
     for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(flatten(value, name + "."))
-        else:
-            out[name] = value
+        out |= flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value}
     return out
 
 
 def diff(recorded: dict, here: dict) -> list[dict]:
-    """Every field that differs: {field, recorded, here}; a field on one side only shows the other as `absent`.
-
-    `cpu.flags` (a long string) is reported as the flags added and removed."""
+    """Every field that differs: {field, recorded, here} (`absent` on the side that lacks it; `cpu.flags` as the flags
+    added and removed)."""
     a, b = flatten(recorded or {}), flatten(here or {})
     rows = []
     for key in sorted(set(a) | set(b)):
@@ -184,4 +172,4 @@ def diff(recorded: dict, here: dict) -> list[dict]:
 
 def same_stack(rows: list[dict]) -> bool:
     """No difference that can change the bits: a host name alone (a renamed or cloned machine) does not count."""
-    return all(r["field"] in ("host",) for r in rows)
+    return all(r["field"] == "host" for r in rows)

@@ -89,9 +89,8 @@ class Target:
 
 
 def check_backend(name: str, target: Target | None = None) -> str:
-    """A backend name (config.BACKENDS), and with a target whether the backend runs its dtypes (a plan's every part's),
-    device kind and plan at all (Backend.refusal, .planless: Unsupported); whether it runs on this machine is the
-    runner's to say."""
+    """A backend name (config.BACKENDS); with a target, Unsupported where the backend refuses its dtypes (a plan's every
+    part's), device kind or plan (Backend.refusal, .planless). Whether it runs on this machine is the runner's to say."""
     if name not in BACKENDS:
         raise UserError(f"unknown backend {name!r}; valid: {', '.join(BACKENDS)}")
     spec = BACKENDS[name]
@@ -114,11 +113,8 @@ def check_device(name: str) -> tuple[str, int | None]:
 
 
 def _import_backend(kind: str) -> None:
-    """torch_npu registers the 'npu' device; import it only when an npu device is asked for.
-
-    torch >= 2.5 may have imported it already: it auto-loads an installed torch_npu at `import torch` (its device-backend
-    entry point; TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns that off), and without CANN `import torch` itself fails.
-    """
+    """torch_npu registers the 'npu' device: imported when an npu device is asked for, unless torch >= 2.5 auto-loaded
+    it at `import torch` (TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns that off; without CANN `import torch` itself fails)."""
     if kind != "npu" or hasattr(torch, "npu"):
         return
     try:
@@ -128,10 +124,9 @@ def _import_backend(kind: str) -> None:
 
 
 def use_device(device: torch.device) -> None:
-    """Make `device` the calling thread's current card. CUDA's and torch_npu's current device is per thread: a thread
-    that never set it runs on card 0 (torch_npu: error 107002 "context is empty", or a stray context on card 0), and a
-    graph capture records the current card's stream. Called before the first op, before any capture, and by every
-    thread that runs the policy. Nothing to do on the CPU and MPS."""
+    """Make `device` the calling thread's current card, before its first op, any capture, and in every thread that runs
+    the policy: CUDA's and torch_npu's current device is per thread, and one that never set it runs on card 0
+    (torch_npu: error 107002 "context is empty", or a stray context there)."""
     if device.type in ("cuda", "npu") and device.index is not None:
         mod = torch.get_device_module(device)
         if mod.current_device() != device.index:
@@ -177,8 +172,8 @@ def card_index(kind: str, index: int | None) -> int:
 
 
 def resolve(device: str, dtype: str, plan: Plan | None = None) -> Target:
-    """Check both names, then that a small matmul in that dtype runs on that device; with a plan, in each of its
-    dtypes too: one the device cannot run is one line naming the part and the dtypes that run here (UserError)."""
+    """Both names checked, and a small matmul in the dtype (with a plan, in each of its dtypes: one the device cannot run
+    is a UserError naming the part and the dtypes that run here)."""
     if dtype not in DTYPES:
         raise UserError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
     if plan is None:  # an int8 point off the CPU is skipped before its device is looked for
@@ -199,7 +194,6 @@ def resolve(device: str, dtype: str, plan: Plan | None = None) -> Target:
 
 
 def _probe(torch_device: torch.device, device: str, dtype: str) -> None:
-    """A small matmul in `dtype` on the device, or Unsupported saying why not."""
     _cpu_only(device, dtype)
     try:
         probe = torch.ones(4, 4, device=torch_device, dtype=DTYPES[dtype])
@@ -225,8 +219,7 @@ def _runs(torch_device: torch.device, device: str, dtype: str) -> bool:
 
 
 def quantize_onnx(model, out: Path) -> Path:
-    """onnxruntime's own dynamic quantization of an fp32 .onnx (a path or ModelProto) for a dtype whose peer it is (int8:
-    int8 weights, uint8 activations quantized per call, MatMulInteger; config.Dtype.peer), written to `out`."""
+    """onnxruntime's dynamic quantization (int8 weights, uint8 activations per call: config.Dtype.peer) into `out`."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     _quietly(lambda: quantize_dynamic(model, out, weight_type=QuantType.QInt8))
@@ -234,7 +227,7 @@ def quantize_onnx(model, out: Path) -> Path:
 
 
 def quantize(module: torch.nn.Module, dtype: str) -> None:
-    """Quantize every nn.Linear of `module` in place with torchao for an int8 dtype (QUANTIZED; others: nothing to do)."""
+    """Every nn.Linear of `module` quantized in place by torchao for a QUANTIZED dtype."""
     if dtype not in QUANTIZED:
         return
     try:
@@ -282,11 +275,9 @@ PRESENT_WITH = {"npu_cube_math_type": "npu.CubeMathType"}
 
 
 def set_precision(device: str, dtype: str, mode: str) -> dict[str, str]:
-    """Put the fp32 switches of the device's kind in `mode` (the CPU's in ieee always: the references run there) and
-    return what every switch reads back. A mode the device cannot honour, or tf32/hf32 with another dtype, is
-    Unsupported (skipped), and so is a switch the mode needs that this build lacks, or one that does not read back what
-    was set. Switches are process-wide: every job sets them, so a sweep's earlier point never leaks its mode into the
-    next."""
+    """The device kind's fp32 switches put in `mode` (the CPU's in ieee: the references run there), by every job, so a
+    sweep's earlier point never leaks its mode; returns what each reads back. Unsupported: a mode the device cannot
+    honour, tf32/hf32 with another dtype, a switch the mode needs that this build lacks, or one that does not read back."""
     kind, _ = check_device(device)
     if mode not in HONOURED[kind]:
         raise Unsupported(f"precision_mode={mode} cannot be honoured on {kind}: it has {', '.join(HONOURED[kind])} "
@@ -310,7 +301,6 @@ def set_precision(device: str, dtype: str, mode: str) -> dict[str, str]:
 
 
 def _device_values(kind: str, mode: str) -> dict[str, object]:
-    """The device kind's switch values for `mode`, in the order they are set."""
     if kind == "cuda":
         tf32 = mode == "tf32"
         return {"cuda_matmul_allow_tf32": tf32, "cudnn_allow_tf32": tf32, "cuda_matmul": mode, "cudnn_conv": mode,
@@ -337,13 +327,22 @@ def set_again(kind: str) -> None:
 
 
 def backend_options(kind: str, mode: str) -> dict[str, str]:
-    """What this point's onnxruntime sessions are given for `mode` on the device kind (onnxruntime_options), recorded
-    beside the switches."""
+    """What the point's onnxruntime sessions and torchair are given for `mode`, recorded beside the switches."""
     if kind == "cuda":
         return {"onnxruntime_cuda_use_tf32": onnxruntime_options("CUDAExecutionProvider", None, mode)["use_tf32"]}
     if kind == "npu":
-        return {"onnxruntime_cann_precision_mode": CANN_PRECISION.get(mode, f"none ({mode}: onnxruntime is skipped)")}
+        return {"onnxruntime_cann_precision_mode": CANN_PRECISION.get(mode, f"none ({mode}: onnxruntime is skipped)"),
+                "torchair_mode": TORCHAIR_MODE}
     return {}
+
+
+# torchair (backend compile on npu): CompilerConfig has no precision option (Ascend/torchair python/torchair/configs:
+# ge_config.py's options are GE's whole list). In its default mode, max-autotune, GE builds the graph: GE reads HF32 from
+# torch.npu.matmul/conv.allow_hf32 once per process, when it starts (core/_backend.py, _get_global_op_compile_config;
+# torchair/concrete_graph/session.cpp, Session::Initialize), and gets no ge.exec.precision_mode, so CANN's default
+# runs fp32 matmuls in fp16. reduce-overhead (torchair >= 2025-03) captures torch_npu's own kernels as an aclgraph, whose
+# fp32 math is the npu_* switches above, set for each point's precision_mode (ieee keeps fp32, hf32 allows HF32)
+TORCHAIR_MODE = "reduce-overhead"
 
 
 # onnxruntime's CANN provider builds whole graphs with CANN's graph engine, whose default precision_mode is force_fp16
@@ -354,9 +353,8 @@ CANN_RENAMED = ("precision_mode", "precision_mode_v2", {"must_keep_origin_dtype"
 
 
 def onnxruntime_options(provider: str, index: int | None, mode: str) -> dict[str, str]:
-    """An onnxruntime execution provider's options for a point: its card and the precision_mode's fp32 math: CUDA's
-    provider runs fp32 convolutions and matmuls in TF32 unless use_tf32=0; CANN's keeps fp32 only when told
-    precision_mode=must_keep_origin_dtype, and has no HF32 option (hf32: Unsupported)."""
+    """A provider's options for a point: its card and fp32 math (CUDA's runs TF32 unless use_tf32=0; CANN's keeps fp32
+    only with precision_mode=must_keep_origin_dtype, and has no HF32 option)."""
     options = {} if index is None else {"device_id": str(index)}
     if provider == "CUDAExecutionProvider":
         options["use_tf32"] = "1" if mode == "tf32" else "0"
@@ -369,8 +367,7 @@ def onnxruntime_options(provider: str, index: int | None, mode: str) -> dict[str
 
 
 def option_spellings(options: dict[str, str] | None) -> list[dict[str, str] | None]:
-    """The provider options to try in turn: as given, then, where they name CANN's precision_mode, with the name and
-    value of onnxruntime builds that renamed it (CANN_RENAMED); onnxruntime refuses an option it does not know."""
+    """The options to try in turn: as given, then with CANN's precision_mode as renamed builds spell it (CANN_RENAMED)."""
     old, new, values = CANN_RENAMED
     if not options or old not in options:
         return [options]
@@ -378,10 +375,13 @@ def option_spellings(options: dict[str, str] | None) -> list[dict[str, str] | No
     return [options, renamed]
 
 
+def _at(path: str) -> object:
+    """torch's attribute at a dotted path, None where absent (this torch, or no torch_npu imported yet)."""
+    return functools.reduce(lambda obj, part: getattr(obj, part, None), path.split("."), torch)
+
+
 def _holder(key: str) -> tuple[object, str]:
-    """A switch's holder (None where this torch, or no torch_npu imported yet, has none) and its attribute."""
-    path, name = SWITCHES[key]
-    return functools.reduce(lambda obj, part: getattr(obj, part, None), path.split("."), torch), name
+    return _at(SWITCHES[key][0]), SWITCHES[key][1]
 
 
 def _read(key: str) -> object:
@@ -391,11 +391,9 @@ def _read(key: str) -> object:
 
 
 def _present(key: str) -> bool:
-    """Whether this build has the switch: it reads a value (torch_npu's switch objects answer None for every name they
-    lack), or, for one whose unset value is None, its companion (PRESENT_WITH) exists."""
+    """Whether this build has the switch: it reads a value, or its companion (PRESENT_WITH) exists."""
     if key in PRESENT_WITH:
-        return _holder(key)[0] is not None and functools.reduce(
-            lambda obj, part: getattr(obj, part, None), PRESENT_WITH[key].split("."), torch) is not None
+        return _holder(key)[0] is not None and _at(PRESENT_WITH[key]) is not None
     try:
         return _read(key) is not None
     except RuntimeError:
@@ -418,9 +416,8 @@ def _shown(value: object) -> str:
 
 
 def precision_switches() -> dict[str, str]:
-    """Every fp32 precision switch of this process (SWITCHES) as it reads now, `not present` where this build lacks it
-    and `unreadable` where torch refuses to read it (a mix of its legacy and per-op settings, made outside
-    set_precision); never imports torch_npu (only an npu module imported already, or the emulated one, is read)."""
+    """Every switch (SWITCHES) as it reads now: `not present` where this build lacks it, `unreadable` where torch refuses
+    (a mix of its legacy and per-op settings, made outside set_precision). Never imports torch_npu."""
     out = {}
     for key in SWITCHES:
         try:
@@ -439,7 +436,7 @@ def synchronize(device: torch.device) -> None:
 
 
 def _card(device: torch.device, name: str):
-    """A card's (cuda, npu) device-module function `name`, or None: the CPU's and MPS's memory is the process's."""
+    """A card's (cuda, npu) device-module function, or None (the CPU's and MPS's memory is the process's)."""
     return getattr(torch.get_device_module(device), name, None) if device.type in ("cuda", "npu") else None
 
 
@@ -450,7 +447,7 @@ def memory_stats(device: torch.device) -> dict[str, float]:
 
 
 def reset_peak_memory(device: torch.device) -> None:
-    """Start a fresh allocator peak on a card (cuda, npu); the CPU's and MPS's figure is the process's, not resettable."""
+    """A fresh allocator peak on a card (cuda, npu)."""
     if (fn := _card(device, "reset_peak_memory_stats")) is not None:
         fn(device)
 
@@ -476,7 +473,7 @@ def _visible(kind: str) -> int | str:
 
 
 def inventory() -> dict[str, object]:
-    """What devices this process can see, without importing torch_npu unless it is installed."""
+    """The devices this process can see (torch_npu imported only where installed)."""
     npu = _visible("npu") if importlib.util.find_spec("torch_npu") is not None else "torch_npu not installed"
     return {"cpu": 1, "cuda": _visible("cuda"), "mps": int(torch.backends.mps.is_available()), "npu": npu}
 
@@ -497,8 +494,7 @@ def cann_version() -> str:
     roots = [os.environ.get(k) for k in ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")] + ["/usr/local/Ascend/ascend-toolkit/latest"]
     for root in filter(None, roots):
         for info in [Path(root) / "version.cfg", *sorted(Path(root).glob("*/ascend_toolkit_install.info"))]:
-            if info.is_file():
-                for line in info.read_text(errors="replace").splitlines():
-                    if line.strip().startswith(("version=", "Version=")):
-                        return line.split("=", 1)[1].strip()
+            found = info.is_file() and re.search(r"^\s*[vV]ersion=(.*)$", info.read_text(errors="replace"), re.M)
+            if found:
+                return found.group(1).strip()
     return "not found"

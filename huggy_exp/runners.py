@@ -1,12 +1,5 @@
-"""Every backend behind one contract (Polygraphy's): infer(feeds) -> {output name: ndarray}. References are runners.
-
-Feeds are a dict keyed by ML-Agents' ONNX input names: `obs_0` ... `obs_<k>` (float32 [N, d_i]), `action_masks`
-(float32 [N, sum of branch sizes], 1 = allowed; all allowed when absent), `recurrent_in` (float32 [N, 1, memory]; zeros
-when absent). Outputs carry ML-Agents' output names. `Recurrent` carries the memory between steps.
-
-`build()` is the one factory of every backend config.BACKENDS declares: a torch backend runs Policy.act on every shape,
-or the single-tensor forward its `forward` builder makes (compiled, fused, graphs below; Policy.check_single refuses
-other shapes); a graph backend (onnxruntime) runs the ML-Agents .onnx on the device's provider.
+"""Every backend behind one contract (Polygraphy's): infer(feeds) -> {output name: ndarray}, feeds and outputs under
+ML-Agents' ONNX names (docs/architecture.md, the runner contract). References are runners; `build()` is the one factory.
 """
 
 from __future__ import annotations
@@ -22,12 +15,12 @@ import numpy as np
 import torch
 
 from huggy_exp.config import BACKENDS, ONNX_DTYPE, REFERENCE_BACKEND
-from huggy_exp.errors import Unsupported, UserError
+from huggy_exp.errors import Unsupported, UserError, first_line
 from huggy_exp.fused import FusedMLP, need_compiler
 from huggy_exp.mlagents import (ACTION_MASKS, ONNX_INPUT, RECURRENT_IN, RECURRENT_OUT, PolicyWeights, obs_name, read_onnx,
                                 with_distributions, with_parts)
 from huggy_exp.placement import (
-    DTYPES, QUANTIZED, Target, check_backend, onnxruntime_options, option_spellings, quantize, quantize_onnx, resolve,
+    DTYPES, QUANTIZED, TORCHAIR_MODE, Target, check_backend, onnxruntime_options, option_spellings, quantize, quantize_onnx, resolve,
     synchronize, use_device,
 )
 from huggy_exp.policy import Policy, cpu_noise, cpu_uniform, has_linear
@@ -41,7 +34,7 @@ DISCRETE, DISCRETE_SAMPLED = DISCRETE_ACTIONS.name, DISCRETE_ACTIONS.sampled
 OBS = ONNX_INPUT
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "npu": "CANNExecutionProvider"}
 # torch.compile's backend per device kind: inductor on the CPU and CUDA; on Ascend torch_npu's own dynamo backend
-# "npu" (torchair): inductor there needs triton-ascend and only warns when it is missing
+# "npu" (torchair, built in placement.TORCHAIR_MODE): inductor there needs triton-ascend and only warns when it is missing
 COMPILE_BACKENDS = {"cpu": "inductor", "cuda": "inductor", "mps": "inductor", "npu": "npu"}
 
 Feeds = Mapping[str, np.ndarray]
@@ -52,8 +45,8 @@ _F32 = np.dtype(np.float32)
 
 
 class Runner(Protocol):
-    """Every backend's contract: all that callers use, declared. `target` is where its work runs (timing synchronises
-    on it); a backend that cannot sample, trace or give distributions raises Unsupported saying so."""
+    """All that callers use; `target` is where its work runs (timing synchronises on it). A backend that cannot
+    sample, trace or give distributions raises Unsupported saying so."""
 
     name: str
     target: Target
@@ -104,8 +97,8 @@ class TorchRunner:
         return {SAMPLED: self._sample(obs[0], noise[SAMPLED].to(self.target.device))}
 
     def _fit(self, feeds: Feeds) -> list[np.ndarray | None]:
-        """obs_0 .. obs_<k>, action_masks and recurrent_in (None where absent or not the policy's) checked against the
-        policy's inputs: one line naming what does not fit. A one-input policy fed obs_0 [N, d] alone: kept lean."""
+        """obs_0 .. obs_<k>, action_masks, recurrent_in (None where absent or not the policy's), checked: one line
+        naming what does not fit."""
         p = self.policy
         obs = feeds.get(OBS) if len(feeds) == 1 and len(p.obs_sizes) == 1 else None
         if obs is not None and obs.ndim == 2 and obs.shape[1] == p.obs_dim:
@@ -134,8 +127,7 @@ class TorchRunner:
         return arrays
 
     def _chunks(self, feeds: Feeds, noise: dict[str, torch.Tensor] | None = None, pad: bool | None = None) -> list:
-        """(obs list, masks, memory, noise) per chunk of `batch_size` rows: the inputs as float32 tensors on the device,
-        the noise as CPU tensors; a fixed-shape backend's last chunk padded to the chunk size."""
+        """(obs list, masks, memory, CPU noise) per chunk of `batch_size` rows; a fixed-shape backend's last one padded."""
         arrays = self._fit(feeds)
         rows = len(arrays[0])
         step = self.batch_size if 0 < self.batch_size < rows else rows
@@ -161,7 +153,7 @@ class TorchRunner:
         return t if self._on_cpu else t.to(self.target.device)
 
     def _collect(self, parts: list[dict[str, torch.Tensor]], rows: int | None = None) -> dict[str, np.ndarray]:
-        """The chunks' outputs as one array each (`rows` of them: a padded last chunk cut), once the device is done."""
+        """The chunks' outputs as one array each (`rows` of them: a padded last chunk cut)."""
         if not self._on_cpu:
             synchronize(self.target.device)
         if len(parts) == 1 and rows is None:
@@ -176,7 +168,6 @@ class TorchRunner:
         return self._collect(parts, len(feeds[OBS]) if self.fixed_shape and len(parts) > 1 else None)
 
     def infer(self, feeds: Feeds) -> dict[str, np.ndarray]:
-        """Deterministic outputs of every head (and `recurrent_out`) for the feeds."""
         return self._run(feeds)
 
     def sample(self, feeds: Feeds, seed: int) -> dict[str, np.ndarray]:
@@ -184,8 +175,7 @@ class TorchRunner:
         return self._run(feeds, sample_noise(self.policy, len(feeds[obs_name(0)]), seed))
 
     def trace(self, feeds: Feeds) -> dict[str, np.ndarray]:
-        """Every intermediate (Policy.trace, eager) for per-layer attribution, with the outputs of infer(): what is
-        verified is what runs."""
+        """Every intermediate (Policy.trace, eager) with the outputs of infer(): what is verified is what runs."""
         return {**self._eager(self.policy.trace, feeds), **self.infer(feeds)}
 
     def distributions(self, feeds: Feeds) -> dict[str, np.ndarray]:
@@ -223,10 +213,7 @@ def sample_noise(policy: Policy, rows: int, seed: int) -> dict[str, torch.Tensor
 
 
 class Recurrent:
-    """Any runner's infer (torch or onnxruntime) with the memory carried: recurrent_out of a step is the next recurrent_in.
-
-    The memory starts at zeros, as an agent's does in Unity; sequence() starts over.
-    """
+    """Any runner's infer with the memory carried: recurrent_out is the next recurrent_in, from zeros as in Unity."""
 
     def __init__(self, infer: Callable[[Feeds], dict[str, np.ndarray]], memory_size: int):
         self.infer, self.memory_size = infer, int(memory_size)
@@ -254,9 +241,7 @@ class Recurrent:
 
 def run_feeds(runner: TorchRunner | OnnxRunner, feeds: Mapping[str, np.ndarray], seed: int | None = None,
               trace: bool = False) -> dict[str, np.ndarray]:
-    """Deterministic outputs (sampled ones with `seed`; every intermediate too with `trace`) for single-step feeds
-    [N, d], or for a sequence [T, N, d] run step by step with the memory carried from zeros (step t sampled with
-    seed + t); sequence outputs lead with T."""
+    """over_steps of infer (sample with `seed`, step t with seed + t; trace with `trace`)."""
     if seed is None:
         return over_steps(runner.trace if trace else runner.infer, feeds, runner.memory_size)
     seeds = itertools.count(seed)
@@ -264,8 +249,7 @@ def run_feeds(runner: TorchRunner | OnnxRunner, feeds: Mapping[str, np.ndarray],
 
 
 def over_steps(infer: Callable[[Feeds], dict[str, np.ndarray]], feeds: Mapping[str, np.ndarray], memory_size: int) -> dict[str, np.ndarray]:
-    """Any runner's infer (torch, onnxruntime, distributions) on single-step feeds [N, d], or on a sequence [T, N, d] step by
-    step with its own memory carried from zeros (outputs lead with T)."""
+    """`infer` on feeds [N, d], or on a sequence [T, N, d] step by step with the memory carried (outputs lead with T)."""
     if feeds[obs_name(0)].ndim == 2:
         return infer(feeds)
     return Recurrent(infer, memory_size).sequence(feeds)
@@ -302,10 +286,10 @@ def graphs(policy: Policy, target: Target) -> tuple[Callable, Callable]:
 # --- torch.compile and graph capture
 
 
-def _compiler(kind: str) -> str:
+def _compiler(kind: str) -> str | Callable:
     """The dynamo backend for the device kind (COMPILE_BACKENDS), checked to be there, with dynamo reset: one runner's
     compilations never count against the next one's (each new policy's frozen weights are new guards, and past
-    dynamo's recompile_limit it would run eager)."""
+    dynamo's recompile_limit it would run eager). On npu: torchair's, in placement.TORCHAIR_MODE."""
     import torch._dynamo
 
     name = COMPILE_BACKENDS[kind]
@@ -318,10 +302,23 @@ def _compiler(kind: str) -> str:
         raise Unsupported("backend compile on npu: torch_npu was built without torchair, so its 'npu' dynamo backend runs "
                           "eager (it would time eager as compile)")
     torch._dynamo.reset()
-    return name
+    return _torchair() if name == "npu" else name
 
 
-def _compiled(fn: Callable, backend: str) -> Callable:
+def _torchair() -> Callable:
+    """torchair's backend in TORCHAIR_MODE (torchair.CompilerConfig().mode; placement.TORCHAIR_MODE says why)."""
+    try:
+        import torchair
+
+        config = torchair.CompilerConfig()
+        config.mode = TORCHAIR_MODE
+    except (ImportError, ValueError) as exc:
+        raise Unsupported(f"backend compile on npu: torchair cannot run mode {TORCHAIR_MODE} here ({first_line(exc)}): "
+                          "its default mode builds GE graphs, whose fp32 math precision_mode cannot set") from None
+    return torchair.get_npu_backend(compiler_config=config)
+
+
+def _compiled(fn: Callable, backend: str | Callable) -> Callable:
     """torch.compile of one graph (fullgraph: a graph break is an error, not a silent eager piece), past dynamo's
     recompile_limit an error too (never a silent eager fallback timed as `compile`). Inductor freezes the weights as
     constants: `options={"freezing": True}` is ignored on the CPU in torch 2.13, so the inductor config is set
@@ -339,14 +336,10 @@ def _compiled(fn: Callable, backend: str) -> Callable:
 
 
 class GraphReplay:
-    """Capture `fn` once per input shape on static buffers, then replay: copy inputs in, replay, clone outputs; through
-    the device module's graph class and capture context (torch.cuda.CUDAGraph, torch_npu's NPUGraph).
-
-    Warm-up and capture run on a side stream made on the runner's card, with that card current, and the capture is
-    given it (`graph(g, stream=...)`): `graph`'s own capture stream is a class attribute (`default_capture_stream`,
-    torch/cuda/graphs.py and torch_npu/npu/graphs.py), made once per process on the card current at the first
-    capture, so a later capture on another card without `stream=` records none of that card's work and its replays
-    return the capture-time outputs."""
+    """`fn` captured once per input shape on static buffers (torch.cuda.CUDAGraph, torch_npu's NPUGraph), then replayed.
+    Warm-up and capture run on a side stream made on the runner's card and given to `graph(g, stream=...)`: its own
+    capture stream is a class attribute (`default_capture_stream`, torch/cuda/graphs.py, torch_npu/npu/graphs.py) made
+    once per process on the card current then, so another card's later capture would record none of its work."""
 
     def __init__(self, fn: Callable, target: Target):
         self.fn, self.device, self.mod = fn, target.device, torch.get_device_module(target.device)
@@ -389,8 +382,6 @@ def check_provider(session, provider: str) -> None:
 
 
 class OnnxRunner:
-    """onnxruntime on one execution provider; a missing provider fails with the list of available ones."""
-
     fixed_shape = False
 
     def __init__(self, path: Path, provider: str = "CPUExecutionProvider", threads: int = 0, seed: int | None = None,
@@ -442,9 +433,8 @@ class OnnxRunner:
             return session
 
     def trace(self, feeds: Feeds) -> dict[str, np.ndarray]:
-        """Policy.trace's parts as the graph computes them (mlagents.with_parts names them), with the outputs of infer().
-        A second session runs with graph optimizations off, as onnxruntime's own qdq_loss_debug does: no fusion folds
-        a part away."""
+        """Policy.trace's parts as the graph computes them (mlagents.with_parts), with infer()'s outputs; in a second
+        session with graph optimizations off, as onnxruntime's qdq_loss_debug: no fusion folds a part away."""
         if self._tapped is None:
             import onnxruntime as ort
 
@@ -505,7 +495,7 @@ class OnnxRunner:
 def build(ctx: Context, backend: str | None = None, *, device: str | None = None, dtype: str | None = None,
           batch_size: int | None = None, threads: int | None = None, provider: str | None = None,
           onnx: Path | None = None) -> Runner:
-    """The one factory: a runner for the context's (backend, device, dtype, batch size) or the overrides given."""
+    """A runner for the context's (backend, device, dtype, batch size) or the overrides given."""
     backend = check_backend(backend or ctx.backend)  # an unknown name: one line listing the backends
     batch, runner = ctx.batch_size if batch_size is None else batch_size, BACKENDS[backend].runner
     if runner is None:

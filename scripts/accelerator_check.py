@@ -52,7 +52,10 @@ START_S = 8.0  # a sweep's own cost: python, torch, Hydra's composition, the swe
 POINT_S = 2.5  # each point's work beyond its timed minimum: model, references, verdict, result.json, plots
 CALL_S = 0.003  # each sequential policy call (rollouts of fingerprint and stats: the device's and the CPU reference's)
 ROW_S = 3e-5  # each row of a call on the CPU or the emulated card (eager fp32, one thread: 35k rows/s); a card is faster
-COMPILE_S = 10.0  # each shape a compiled backend builds (torch.compile with freezing; graph capture is less)
+# each shape a compiled backend builds: bench.py's first compile of a shape (inductor with freezing, Huggy at batch 1)
+# took 2.8 s on an idle 2-core CPU (docs/measurements/2026-12-02.md) and 4.5 s at load 4-7 (2026-12-01.md); the check
+# runs alone on its host. A card's own build (Triton on CUDA, torchair's aclgraph on npu) is unmeasured: cut at the cap
+COMPILE_S = 5.0
 SLACK = 1.5  # budget = SLACK x the estimate: a loaded host, a slow first kernel load
 # The envelope: whatever happens, the device call ends by DEVICE_CALL_S - MARGIN_S (400 s), setup included (worst_case())
 DEVICE_CALL_S = 420.0  # the device call's limit (docs/hardware/cuda.md: timeout_s)
@@ -96,7 +99,6 @@ class Step:
     note: str = ""  # why it was not run
 
     def plan(self) -> None:
-        """Budget from the configured minimum durations: start-up, each point's own work, its timed minimum and compiles."""
         self.budget_s = round(SLACK * (START_S + self.jobs * POINT_S + self.timed_s + self.compiled * COMPILE_S))
 
     def shown(self) -> str:
@@ -116,9 +118,7 @@ def search_s(start: float, steps: int, probe_s: float, least: int) -> float:
 
 def benchmark_minimum(bench: dict, backends: int, batches: list[int], scenarios: str) -> tuple[float, str]:
     """The seconds one benchmark job times at least, from its knobs (conf/mode/benchmark.yaml's, overridden by
-    `bench`): every (backend, batch) point (its warm-up, budget and settles, or its fewest calls of `rows` rows), each
-    LoadGen run, the server search, the control loop and its search, each backend's energy window and the idle
-    before it (timing.py, loadgen.py, control_loop.py, energy.py)."""
+    `bench`): its points, LoadGen's runs and server search, the control loop and its search, the energy windows."""
     k = {**_mode_knobs("benchmark"), **bench}
     per_point = k["warmup_s"] + k["budget_s"] + k["rounds"] * k["settle_s"]
     # a batch too big to fit its budget still makes, per round, 2 warm-up calls and 1 timed (timing.measure)
@@ -140,15 +140,14 @@ def benchmark_minimum(bench: dict, backends: int, batches: list[int], scenarios:
 
 
 def compiled_shapes(batches: list[int], scenarios: str) -> int:
-    """The chunk shapes a compiled backend builds, once each: every batch up to mode.chunk_rows rows (a bigger one runs
-    in chunks of that many), batch 1 for single_stream and server, multi_stream's samples per query."""
+    """The chunk shapes a compiled backend builds: each batch up to mode.chunk_rows (a bigger one runs in chunks of that
+    many), 1 for single_stream and server, multi_stream's samples per query."""
     k, names = _mode_knobs("benchmark"), set(scenarios.strip("[]").split(","))
     shapes = {min(b, k["chunk_rows"]) for b in batches} | ({1} if {"single_stream", "server"} & names else set())
     return len(shapes | ({k["samples_per_query"]} if "multi_stream" in names else set()))
 
 
 def _mode_knobs(mode: str) -> dict:
-    """conf/mode/<mode>.yaml's values (the defaults a step does not override)."""
     import yaml
 
     return yaml.safe_load((REPO / "conf" / "mode" / f"{mode}.yaml").read_text())
@@ -181,13 +180,10 @@ def fixtures(folder: Path | None) -> list[Path]:
 
 
 def plan(device: str, quick: bool, onnx: list[Path], metered: bool = False) -> list[Step]:
-    """Every step, device points first; the CPU's benchmark last.
-
-    `modes`: the verdict modes on the device then the CPU, every dtype, in one sweep (one process: torch, the model
-    and the CPU references are loaded once). `benchmark`: one job times every backend over the ladder (eager, compile,
-    graphs, onnxruntime: their ratios from one run) and runs LoadGen and the control loop on graphs; `loadgen` runs
-    them on compile (its own job: compiled at batch 64 and 1 only). Eager is timed once, beside the others.
-    `metered`: the device has an energy meter (energy_meter), so `benchmark`'s energy windows are budgeted."""
+    """Every step, device points first, the CPU's benchmark last. `modes`: the verdict modes, device then CPU, every
+    dtype, in one process. `benchmark`: one job times every backend over the ladder (their ratios from one run) and
+    runs LoadGen and the control loop on graphs; `loadgen` runs them on compile (batch 64 and 1 only). `metered`: the
+    device has an energy meter, so `benchmark`'s energy windows are budgeted."""
     from huggy_exp.config import BACKENDS  # the schema: omegaconf, no torch
     cfg = QUICK if quick else FULL
     dtypes, ladder, bench = cfg["dtypes"], cfg["ladder"], cfg["bench"]
@@ -201,9 +197,8 @@ def plan(device: str, quick: bool, onnx: list[Path], metered: bool = False) -> l
 
     def benchmark(name: str, where: str, backend: str, timed: list[str], batches: list[int], scenarios: str,
                   models: list[Path] = (), joules: bool | None = None) -> Step:
-        """A benchmark sweep: `timed` and `backend` over `batches` (and 1 for single_stream and server), the scenarios
-        on `backend`; one job a model. `joules`: None, energy off; False, on but no meter answers (it says why, no
-        window is spent); True, measured and its windows budgeted."""
+        """A benchmark sweep of `timed` and `backend` over `batches`, the scenarios on `backend`, one job a model.
+        `joules`: None, energy off; False, on but no meter answers (it says why); True, measured and budgeted."""
         names, jobs = set(scenarios.strip("[]").split(",")), max(len(models), 1)
         points = sorted({*batches, *([1] if {"single_stream", "server"} & names else [])})
         k = {**bench, "energy": joules is not None, **(ENERGY if joules is not None else {})}
@@ -237,20 +232,19 @@ def plan(device: str, quick: bool, onnx: list[Path], metered: bool = False) -> l
 
 
 def device_values(step: Step) -> list[str]:
-    """The devices a step's sweep runs on, in order."""
     return next(a.split("=", 1)[1].split(",") for a in step.args if a.startswith("device="))
 
 
 def cap_s(step: Step, left_s: float) -> float:
-    """The longest `step` may run with `left_s` seconds of the run left: its budget, less what killing it at that cap,
-    packing its results and packing the final summary take; 0 (not run) when that leaves less than a sweep's start."""
+    """The longest `step` may run with `left_s` left: its budget, less its kill and two packings; 0 (not run) when that
+    leaves less than a sweep's start."""
     cap = min(step.budget_s, left_s - TERM_S - KILL_S - 2 * PACK_S)
     return cap if cap >= START_S else 0.0
 
 
 def worst_case(steps: list[Step], total_s: float = TOTAL_S) -> tuple[list[float], float]:
-    """Each step's cap (main's: cap_s) when every step before it ran to its own cap, was killed with the whole grace
-    and packed; and the seconds the device call then lasts: setup, the first packing, every step, the last packing."""
+    """Each step's cap when every step before it ran to its cap, was killed with the whole grace and packed; and the
+    seconds the device call then lasts, setup included."""
     used, caps = PACK_S, []
     for step in steps:
         caps.append(cap_s(step, total_s - used))
@@ -259,7 +253,7 @@ def worst_case(steps: list[Step], total_s: float = TOTAL_S) -> tuple[list[float]
 
 
 def run_step(step: Step, python: list[str], out: Path, cap: float) -> None:
-    """One sweep within `cap` seconds (killed past it: exit 124), its rows read from its summary.json."""
+    """One sweep within `cap` seconds (killed past it: exit 124)."""
     cmd = [*python, "run.py", "-m", "tracking=none", *step.args, f"hydra.sweep.dir={out / step.name}"]
     started, cpu, load = time.monotonic(), _children_cpu_s(), os.getloadavg()[0]
     with open(out / f"{step.name}.log", "w") as log:
@@ -277,13 +271,12 @@ def run_step(step: Step, python: list[str], out: Path, cap: float) -> None:
 
 
 def _children_cpu_s() -> float:
-    """CPU seconds (user + system) of this process's finished children: a step's sweep and its workers."""
+    """CPU seconds (user + system) of this process's finished children."""
     return sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2])  # ru_utime, ru_stime
 
 
 def rows(folder: Path) -> list[dict]:
-    """The sweep's rows from its summary.json; a sweep stopped at its cap has none: each finished point's
-    result.json then, so that what ran before the cut is still reported."""
+    """The sweep's rows from its summary.json, or (stopped at its cap) from each finished point's result.json."""
     summary = folder / "summary.json"
     if summary.is_file():
         return json.loads(summary.read_text())["rows"]
@@ -299,7 +292,7 @@ def rows(folder: Path) -> list[dict]:
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    """The sweep's whole process group: SIGTERM, then SIGKILL if it is still there TERM_S later (KILL_S to take)."""
+    """The sweep's process group: SIGTERM, then SIGKILL TERM_S later."""
     for sig, grace in ((signal.SIGTERM, TERM_S), (signal.SIGKILL, KILL_S)):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
@@ -309,7 +302,6 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 def on_device(step: Step) -> list[dict]:
-    """The step's points on the check's device (every point, in a dry run on the cpu)."""
     return [r for r in step.rows if (r["device"] == "cpu") == (step.device == "cpu")]
 
 
@@ -324,9 +316,8 @@ def absent(step: Step) -> str:
 
 
 def failures(step: Step) -> list[str]:
-    """What went wrong on the device in a step, first first: not run at all; its device points that failed or erred
-    where the CPU's twin (same mode, dtype, precision mode) did not; the step itself (its cap ran out, it crashed);
-    no point run on the device (an absent device skips every one)."""
+    """What went wrong on the device in a step, first first: not run; device points that failed where their CPU twin
+    did not; its cap ran out or it crashed; no point run on the device."""
     if step.note:
         return [step.note]
     bad = [f"job {r['job']} {r['run_name']} {r['status'].upper()}: {r.get('note') or ''}".rstrip(": ")
@@ -339,7 +330,7 @@ def failures(step: Step) -> list[str]:
 
 
 def _cpu_too(row: dict, rows: list[dict]) -> bool:
-    """A point whose CPU twin failed as well: the policy's verdict under that dtype, not the device's (reported apart)."""
+    """A point whose CPU twin (same mode, dtype, precision mode) failed as well: the policy's verdict, not the device's."""
     twin = [r for r in rows if r["device"] == "cpu" and r["mode"] == row["mode"] and r["dtype"] == row["dtype"]
             and r.get("precision_mode") == row.get("precision_mode")]
     return bool(twin) and all(r["status"] == row["status"] for r in twin)
@@ -352,8 +343,7 @@ def shared(step: Step) -> list[str]:
 
 
 def verdict(steps: list[Step]) -> str:
-    """SUMMARY.md's first line: incomplete while a step is still to run (the summary is rewritten after each), then
-    the first failure, or passed: every step ran a device point and none failed there."""
+    """SUMMARY.md's first line: incomplete while a step is to run, then the first failure, or passed."""
     pending = [s for s in steps if s.rc is None and not s.note]
     first = next(((s, f) for s in steps for f in failures(s)[:1]), None)
     failed = f"step `{first[0].name}`: {first[1]}" if first else ""
@@ -368,7 +358,6 @@ def verdict(steps: list[Step]) -> str:
 
 
 def summary(device: str, steps: list[Step], out: Path, quick: bool, started: float) -> str:
-    """SUMMARY.md: the verdict on top, then each step's budget, time, tally and points."""
     lines = [f"# accelerator check: {device} ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
              verdict(steps), "", f"{_torch_version()}; {time.monotonic() - started:.0f} s in all{', --quick' if quick else ''}",
              "", "| step | budget s | took s | cpu s | load | exit | passed | failed | skipped | error |",
@@ -401,9 +390,8 @@ def _torch_version() -> str:
 
 
 def claim_outputs(outdir: Path, tar: Path | None) -> tuple[Path, Path | None]:
-    """OUTDIR taken by run.py's rules for a folder (new or empty, not inside a run's claimed folder), claimed by its
-    SUMMARY.md created exclusively (run.py's claim file would make the steps' sweeps inside it another run's); the
-    archive and the SUMMARY.md beside it as new files (nothing replaced; the archive inside OUTDIR would pack itself)."""
+    """OUTDIR by run.py's rules (new or empty, not in a claimed folder), claimed by creating its SUMMARY.md (run.py's
+    claim file would make the steps' sweeps another run's); the archive and the SUMMARY.md beside it as new files."""
     out = check_unused(outdir, "OUTDIR")
     owner = next((parent for parent in out.parents if (parent / CLAIM).is_file()), None)
     if owner is not None:
@@ -424,8 +412,8 @@ def claim_outputs(outdir: Path, tar: Path | None) -> tuple[Path, Path | None]:
 
 
 def publish(out: Path, tar: Path | None, text: str) -> None:
-    """SUMMARY.md into OUTDIR and, with --tar, OUTDIR into the archive and SUMMARY.md beside it, each replaced in one
-    step (a temporary file moved over it): a call cut at any moment returns the last archive whole."""
+    """SUMMARY.md, and with --tar the archive and SUMMARY.md beside it, each replaced atomically: a call cut at any
+    moment returns the last archive whole."""
     atomic_write_text(out / "SUMMARY.md", text)
     if tar is not None:
         def pack(tmp: str) -> None:
@@ -456,8 +444,8 @@ def arguments(argv: list[str]) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace, steps: list[Step], out: Path, tar: Path | None) -> None:
-    """Each step within its cap (cap_s), the summary and archive rewritten after each; a step that finds the device
-    absent (every point on it skipped) ends the run: the rest would skip as well."""
+    """Each step within its cap, the summary and archive rewritten after each; a step that finds the device absent
+    ends the run (the rest would skip as well)."""
     started = time.monotonic()
     _, worst = worst_case(steps, args.total_s)
     print(f"plan: {len(steps)} steps, {sum(s.budget_s for s in steps) / SLACK:.0f} s expected (each step's budget: "

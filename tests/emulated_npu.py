@@ -12,8 +12,12 @@ torch_npu's switch objects matmul / conv / aclnn (allow_hf32, cube_math_type, Cu
 answer every attribute name) over ACL's HF32 option, which the card computes with (HF32: fp32 matmul inputs rounded to
 10 mantissa bits, as the cube unit does); `HUGGY_EXP_EMULATED_NPU_BUILD=old` is a torch_npu build before 2025-09 (no
 cube math type or aclnn, ACL's HF32 option reset to its default when the card starts: AscendOptions).
-Like torch_npu it registers the dynamo backend `npu` (torch.compile's backend on this device kind): the wrapper is
-traceable (`__tensor_flatten__`), and the backend runs AOTAutograd's graph of the card's ops with dynamo's aot_eager.
+Like torch_npu it registers the dynamo backend `npu` (torch.compile's backend on this device kind), torchair's backend with
+its default config, and puts a `torchair` module in sys.modules (torch_npu/dynamo/__init__.py): CompilerConfig (`mode`:
+max-autotune, GE's graph; reduce-overhead, an aclgraph of torch_npu's kernels) and get_npu_backend. The wrapper is
+traceable (`__tensor_flatten__`), and a compiled graph runs dynamo's graph of the card's ops on the card: in an aclgraph
+with the card's own numerics, in GE's graph with GE's (its HF32 read once per process, fp32 matmuls in fp16: see
+_graph_engine).
 
 The rename happens once per process and cannot be undone, so it runs in a child process only:
 
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import os
 import runpy
 import sys
@@ -62,6 +67,7 @@ class _State(threading.local):
         self.device: int | None = None  # set_device not called in this thread: card 0 is current, no other card usable
         self.streams: dict[int, Stream] = {}
         self.capture: NPUGraph | None = None
+        self.ge: str | None = None  # GE's ge.exec.allow_hf32 ("<conv><matmul>") while one of its graphs runs
 
 
 _thread = _State()
@@ -204,14 +210,22 @@ def _dispatch(func, args, kwargs):
 
 
 def _compute(func, card: int, args, kwargs):
-    """The op on the CPU values, with the card's numerics: HF32 inputs and a perturbed card's matmuls."""
-    if func in MATMULS and _ASCEND.hf32("matmul") or func in CONVS and _ASCEND.hf32("conv"):
-        args = tree_map(lambda a: _round_hf32(a) if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a, args)
+    """The op on the CPU values, with the card's numerics: HF32 inputs, a perturbed card's matmuls, and in GE's graph
+    its precision_mode's fp16 matmuls and its own HF32 option."""
+    ge = _thread.ge
+    if ge is not None and func in MATMULS:
+        args = tree_map(lambda a: a.half().float() if _fp32(a) else a, args)
+    elif func in MATMULS and _ASCEND.hf32("matmul", ge) or func in CONVS and _ASCEND.hf32("conv", ge):
+        args = tree_map(lambda a: _round_hf32(a) if _fp32(a) else a, args)
     out = func(*args, **kwargs)
     rel = _perturbation(card)
     if rel and func in MATMULS and isinstance(out, torch.Tensor) and out.is_floating_point():
         out = (out.float() * (1.0 + rel)).to(out.dtype)
     return out
+
+
+def _fp32(a) -> bool:
+    return isinstance(a, torch.Tensor) and a.dtype == torch.float32
 
 
 def _rewrap(func, args, out, card: int):
@@ -337,9 +351,9 @@ class AscendOptions:
             self.started = True
             self.acl_hf32 = "10" if self.build == "old" else self._from_options()
 
-    def hf32(self, op: str) -> bool:
-        """Whether the card's kernels run `op` ("matmul", "conv") in HF32 now."""
-        return self.acl_hf32[op == "matmul"] == "1"
+    def hf32(self, op: str, option: str | None = None) -> bool:
+        """Whether the card's kernels run `op` ("matmul", "conv") in HF32 now (or under another `<conv><matmul>` option)."""
+        return (option or self.acl_hf32)[op == "matmul"] == "1"
 
 
 class MatmulSwitches:
@@ -662,23 +676,95 @@ def install() -> types.ModuleType:
     return mod
 
 
-def _emulated_npu_backend(gm, example_inputs):
-    """The dynamo backend `npu`: torch_npu's is torchair's graph compiler; here the graph AOTAutograd traces through
-    the card's ops, run by dynamo's `aot_eager` on the emulated card (no kernel generation, but every compile path of
-    the caller: tracing, guards, recompiles, fullgraph, the compiled call on the card)."""
-    from torch._dynamo import lookup_backend
-
-    return lookup_backend("aot_eager")(gm, example_inputs)
+# --- torchair (Ascend/torchair): torch_npu's graph compiler, the dynamo backend `npu`
 
 
-def register_backends(backend=_emulated_npu_backend) -> None:
+class OptionValue:
+    """torchair's option (configs/_option_base.py): a default, the values it takes (`optional`), and `value` as text."""
+
+    def __init__(self, default: str, optional: list[str]):
+        self.optional, self._value = optional, default
+
+    @property
+    def value(self) -> str:
+        return self._value
+
+    @value.setter
+    def value(self, v: str) -> None:
+        if v not in self.optional:
+            raise ValueError(f"Value {v!r} (type: {type(v)}) not in optional list {self.optional!r} (type: {type(self.optional[0])}).")
+        self._value = v
+
+
+class CompilerConfig:
+    """torchair.CompilerConfig (configs/compiler_config.py) as far as huggy_exp reaches: `mode`. As NpuBaseConfig, it
+    refuses an option it lacks, and setting an option sets its value (checked against its list)."""
+
+    def __init__(self):
+        object.__setattr__(self, "mode", OptionValue("max-autotune", ["max-autotune", "reduce-overhead", "npugraph_ex"]))
+
+    def __setattr__(self, key: str, value) -> None:
+        if key not in vars(self):
+            raise ValueError(f"CompilerConfig has no option {key}, all options {list(vars(self))}")
+        getattr(self, key).value = value
+
+
+_GE_OPTIONS: list[str] = []  # GE's ge.exec.allow_hf32, read at its one initialisation in the process
+
+
+def _graph_engine() -> str:
+    """GE's HF32 option: read from torch.npu's switches when GE starts, once per process (torchair core/_backend.py
+    _get_global_op_compile_config; session.cpp: Session::Initialize returns at once after the first). torchair passes
+    GE no ge.exec.precision_mode (CompilerConfig has no such option), so CANN's default applies: force_fp16 and
+    allow_fp32_to_fp16 alike run an fp32 matmul in fp16 on the cube unit."""
+    if not _GE_OPTIONS:
+        _GE_OPTIONS.append(("1" if torch.npu.conv.allow_hf32 else "0") + ("1" if torch.npu.matmul.allow_hf32 else "0"))
+    return _GE_OPTIONS[0]
+
+
+def _npu_backend(gm, example_inputs, compiler_config: CompilerConfig | None = None, **kwargs):
+    """torchair's backend (npu_fx_compiler._npu_backend): dynamo's graph of the card's ops, run op by op on the card
+    (every compile path of the caller: tracing, guards, recompiles, fullgraph; AOTAutograd would run a wrapper's CPU
+    values, past the card's numerics). max-autotune runs it as GE's graph, with GE's numerics; reduce-overhead and
+    npugraph_ex as an aclgraph of torch_npu's kernels, with the card's."""
+    compiled = gm.forward
+    if (compiler_config or CompilerConfig()).mode.value != "max-autotune":
+        return compiled
+    option = _graph_engine()
+
+    def ge_graph(*args):
+        before, _thread.ge = _thread.ge, option
+        try:
+            return compiled(*args)
+        finally:
+            _thread.ge = before
+
+    return ge_graph
+
+
+def get_npu_backend(*, compiler_config: CompilerConfig | None = None, custom_decompositions: dict | None = None):
+    """torchair.get_npu_backend: the backend with its config bound (a functools.partial, as torchair's)."""
+    return functools.partial(_npu_backend, compiler_config=compiler_config or CompilerConfig())
+
+
+def _lazy_exec(gm, example_inputs, **kwargs):
+    """torch_npu's `npu` backend: torchair's with its default config (max-autotune)."""
+    return get_npu_backend()(gm, example_inputs, **kwargs)
+
+
+def register_backends(backend=_lazy_exec) -> None:
     """Register the dynamo backend `npu` as torch_npu does at import (torch_npu/dynamo/__init__.py, _register_backends:
-    an earlier `npu` is replaced; without torchair torch_npu registers its eager stand-in `_eager_npu_backend`)."""
+    an earlier `npu` is replaced, and `torchair` put in sys.modules; without torchair torch_npu registers its eager
+    stand-in `_eager_npu_backend`, and no `torchair`)."""
     from torch._dynamo.backends import registry
 
     for table in (registry._BACKENDS, getattr(registry, "_COMPILER_FNS", {})):  # torch 2.13 keeps the functions apart
         table.pop("npu", None)
     registry.register_backend(backend, "npu")
+    sys.modules.pop("torchair", None)
+    if backend is _lazy_exec:
+        sys.modules["torchair"] = types.ModuleType("torchair", "torchair's surface: tests/emulated_npu.py")
+        sys.modules["torchair"].CompilerConfig, sys.modules["torchair"].get_npu_backend = CompilerConfig, get_npu_backend
 
 
 def main(argv: list[str]) -> None:

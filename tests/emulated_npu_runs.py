@@ -105,13 +105,36 @@ def compile_backends_that_fail(scratch: Path) -> dict:
     try:
         register_backends(_eager_npu_backend)
         stand_in = refusal(lambda: runners.TorchRunner(w, resolve("npu:1", "fp32"), backend="compile"))
-        register_backends(broken)
+        register_backends()
+        sys.modules["torchair"].get_npu_backend = lambda compiler_config: broken  # torchair's build fails on the card
         r = run_job(scratch / "compile-broken", "benchmark", "device=npu:1", *SHORT, "mode.backends=[eager,compile,graphs]",
                     "mode.scenarios=[offline]").record
     finally:
         register_backends()
     return {"stand_in": stand_in, "status": r["status"], "reason": r.get("reason", ""),
             "backends": {k: (v["status"], v["reason"]) for k, v in r["details"]["backends"].items()}}
+
+
+def torchair_follows_precision_mode() -> dict:
+    """compile on npu:1 under hf32, then ieee, in one process (a sweep `precision_mode=hf32,ieee backend=compile`):
+    each point's largest gap to eager under its own switches on three new inputs, and torchair's mode."""
+    from huggy_exp.placement import set_precision
+
+    w = mlagents.load_default().weights
+    rng = np.random.default_rng(3)
+    found = {}
+    try:
+        for mode in ("hf32", "ieee"):
+            set_precision("npu:1", "fp32", mode)
+            compiled, eager = (runners.TorchRunner(w, resolve("npu:1", "fp32"), batch_size=8, backend=b)
+                               for b in ("compile", "eager"))
+            obs = [rng.standard_normal((8, w.obs_dim)).astype(np.float32) for _ in range(3)]
+            found[mode] = max(float(np.abs(compiled.infer({runners.OBS: o})[ACTIONS] - eager.infer({runners.OBS: o})[ACTIONS]).max())
+                              for o in obs)
+    finally:
+        set_precision("npu:1", "fp32", "ieee")
+    found["recorded"] = set_precision("npu:1", "fp32", "ieee").get("torchair_mode", "not recorded")
+    return found
 
 
 def refusal(fn) -> str:
@@ -172,6 +195,7 @@ def main(scratch: Path) -> dict:
         "graphs_vs_eager": graphs_against_eager(),
         "new_thread": from_a_new_thread(),
         "compile": compiled_against_eager(),
+        "torchair": torchair_follows_precision_mode(),
         "compile_fails": compile_backends_that_fail(scratch),
         "onnxruntime": refusal(lambda: runners.build(ctx, "onnxruntime")),
         "fallback_switch": os.environ.get("TORCH_NPU_FALLBACK_CPU_DISABLE"),
@@ -182,7 +206,8 @@ def main(scratch: Path) -> dict:
                       "server_vs_eager": r["metrics"].get("loadgen/server/actions/vs_eager/max_abs"),
                       "loop": {k.removeprefix("control_loop/"): v for k, v in r["metrics"].items() if k.startswith("control_loop/")},
                       "peaks": {k: v for k, v in r["metrics"].items() if k.endswith("peak_mem_mb")},
-                      "peak_source": r["details"]["peak_mem_source"], "switches": r["switches"]},
+                      "peak_source": r["details"]["peak_mem_source"], "switches": r["switches"],
+                      "switches_recorded": {k: v for k, v in r["tags"].items() if k.startswith("fp32_precision/")}},
     }
 
 

@@ -83,9 +83,9 @@ def test_the_planned_steps_fit_the_device_call_and_time_each_backend_once(tmp_pa
     of at least its estimate within the run's budget; and the ladder is timed once per backend: eager, compile, graphs
     and onnxruntime together in one job (their ratios from one run)."""
     onnx = [tmp_path / f"{s}.onnx" for s in check.SHAPES]
-    for device in ("cuda", "npu:1", "cpu"):
+    for device, metered in itertools.product(("cuda", "npu:1", "cpu"), (False, True)):  # a meter: energy's windows too
         used = check.PACK_S
-        for step in check.plan(device, quick=False, onnx=onnx):
+        for step in check.plan(device, quick=False, onnx=onnx, metered=metered):
             assert check.cap_s(step, check.TOTAL_S - used) >= step.budget_s / check.SLACK, (device, step.shown(), used)
             used += step.budget_s / check.SLACK + check.PACK_S
     steps = {s.name: s for s in check.plan("cuda", quick=False, onnx=onnx)}
@@ -401,6 +401,7 @@ def test_energy_per_action_is_measured_in_the_benchmark_step_alone_and_budgeted_
     """energy.py's windows (idle, then at least 5 s of steady inference) cost seconds per timed backend: the check asks
     for them in `benchmark` only (every backend on the device), and budgets them when the device has a meter."""
     onnx = [tmp_path / f"{s}.onnx" for s in check.SHAPES]
+    caps = {}
     for metered in (False, True):
         steps = {s.name: s for s in check.plan("npu", False, onnx, metered)}
         assert {"mode.energy=true", "mode.energy_window_s=5.0", "mode.energy_idle_s=1.0"} <= set(steps["benchmark"].args)
@@ -408,4 +409,6 @@ def test_energy_per_action_is_measured_in_the_benchmark_step_alone_and_budgeted_
         for name in ("loadgen", "fixtures-benchmark", "benchmark-cpu"):
             assert "mode.energy=false" in steps[name].args and "energy" not in steps[name].why, name
         assert check.worst_case(list(steps.values()))[1] <= 400
+        caps[metered] = check.worst_case(list(steps.values()))[0][1]
+    assert caps[True] - caps[False] == check.SLACK * 24  # worst_case() gives the benchmark step its energy windows
     assert check.energy_meter("npu:0") == "" and check.energy_meter("cuda") == ""  # no npu-smi, no zeus here

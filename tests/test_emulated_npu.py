@@ -85,13 +85,22 @@ def test_failure_3_compile_on_the_npu_runs_torch_npus_dynamo_backend_on_the_card
 
 
 def test_failure_3_a_compile_backend_that_fails_on_the_card_fails_alone_with_its_first_line(runs):
-    """torch_npu without torchair registers an eager stand-in as `npu`: refused (never timed as compile). An `npu`
-    backend that raises while building: compile fails with the compiler's own first line, eager and graphs are timed."""
+    """torch_npu without torchair registers an eager stand-in as `npu`: refused (never timed as compile). torchair's
+    backend raising while it builds: compile fails with the compiler's own first line, eager and graphs are timed."""
     fails = runs["compile_fails"]
     assert fails["stand_in"].startswith("backend compile on npu: torch_npu was built without torchair")
     assert fails["status"] == "failed" and fails["backends"] == {
         "eager": ["passed", ""], "graphs": ["passed", ""],
-        "compile": ["failed", "BackendCompilerFailed: backend='npu' raised: RuntimeError: graph capture failed on the card"]}
+        "compile": ["failed", "BackendCompilerFailed: backend='broken' raised: RuntimeError: graph capture failed on the card"]}
+
+
+def test_row_5_compile_on_npu_runs_torchairs_aclgraph_with_each_points_fp32_math_and_records_it(runs):
+    """torch_npu's `npu` backend is torchair's default, GE's graph: its HF32 read once per process and no precision_mode
+    (CANN's default runs fp32 matmuls in fp16). compile on npu runs torchair's reduce-overhead: torch_npu's kernels, so
+    an hf32 point then an ieee point in one process each give eager's bytes under their own switches; it is recorded."""
+    found = runs["torchair"]
+    assert found == {"hf32": 0.0, "ieee": 0.0, "recorded": "reduce-overhead"}
+    assert runs["benchmark"]["switches_recorded"]["fp32_precision/torchair_mode"] == "reduce-overhead"
 
 
 def test_failure_8_onnxruntime_without_cann_is_skipped_naming_the_providers_found(runs):

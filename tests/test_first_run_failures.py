@@ -3,6 +3,7 @@ number in the issue's table. Those that need a card run on the emulated npu: tes
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -90,6 +91,20 @@ def test_failure_3_the_compile_backend_follows_the_device_kind():
     assert runners.COMPILE_BACKENDS == {"cpu": "inductor", "cuda": "inductor", "mps": "inductor", "npu": "npu"}
     with pytest.raises(Unsupported, match="'npu' is not registered here.*torch_npu registers it"):
         runners._compiler("npu")
+
+
+def test_row_5_a_torchair_without_the_aclgraph_mode_skips_compile_on_npu_saying_why(monkeypatch):
+    """torchair before 2025-03 has no reduce-overhead mode (CompilerConfig refuses the value): compile on npu would
+    build GE graphs, whose fp32 math precision_mode cannot set, so it is skipped with the reason, never run."""
+    import types
+
+    class Config:
+        def __setattr__(self, key, value):
+            raise ValueError(f"Value {value!r} (type: <class 'str'>) not in optional list ['max-autotune']")
+
+    monkeypatch.setitem(sys.modules, "torchair", types.SimpleNamespace(CompilerConfig=Config))
+    with pytest.raises(Unsupported, match="torchair cannot run mode reduce-overhead here .*not in optional list"):
+        runners._torchair()
 
 
 # --- 5: cuDNN repacks an LSTM's weights on every call

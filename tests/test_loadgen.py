@@ -312,8 +312,10 @@ def test_row_4_the_server_searchs_highest_qps_was_sustained_in_its_probe(tmp_pat
         time.sleep(0.005)
         return {"deterministic_continuous_actions": f["obs_0"] * 2.0}
 
+    # a p99 bound loose enough that a loaded machine (sleeps overshoot, the queue drains slower) still meets it above
+    # the service rate: what the test holds is the throughput rule, not the p99 one
     settings = _settings(min_duration_ms=200, max_duration_ms=5000, min_query_count=16, target_qps=400,
-                         latency_bound_ms=2000, check_samples=0)
+                         latency_bound_ms=20000, check_samples=0)
     out = loadgen.run_scenarios(["server"], slow, feeds, 1, settings, tmp_path, 0.005, 200.0,
                                 lambda index, got: ({}, []), search_steps=4, search_ms=200)
     best = out.metrics["loadgen/server/max_qps"]

@@ -50,6 +50,9 @@ def test_only_plain_overrides_take_the_single_compose_path(argv, single):
 
 
 def test_a_single_action_run_imports_no_tracking_plotting_or_onnx_packages(tmp_path, huggy_exp_cache):
+    from huggy_exp.mlagents.default import default_results_dir
+
+    default_results_dir()  # the first run ever writes the embedded default (its .onnx too); every later run only reads it
     probe = ("import runpy, sys; sys.argv = ['run.py', 'mode=action', 'tracking=none', 'hydra.run.dir=" + str(tmp_path / "job")
              + "']\ntry:\n    runpy.run_path('" + str(REPO / "run.py") + "', run_name='__main__')\nexcept SystemExit:\n    pass\n"
              "print(sorted(m for m in ('mlflow', 'matplotlib', 'scipy', 'onnx', 'onnxruntime', 'pandas', 'sqlalchemy', 'ray') "
