@@ -130,10 +130,9 @@ def _identity(path: Path) -> tuple[int, int] | None:
 
 
 def claim_output(path: str | Path, overwrite: bool, protected: Iterable[str | Path | None], key: str) -> Path:
-    """The output file `path`, once it is known not to replace anything unasked: an existing file is refused unless
-    `overwrite`; a file the job reads or the tool owns (`protected`: files, or folders whose files are all protected),
-    one the tool is made of (tool_paths), and anything that is not a regular file (a device, a FIFO, a socket) always.
-    Files are known by what they are (the same file, through any path or link), not by their names."""
+    """The output file `path`, once it is known not to replace anything unasked: an existing file unless `overwrite`;
+    always, a file the job reads or the tool owns (`protected`: files, or folders whose files all are) or is made of
+    (tool_paths), and what is not a regular file. Files are known by identity (through any path or link), not name."""
     out = Path(path).expanduser()
     target = out.resolve()
     owned = [Path(p).expanduser().resolve() for p in filter(None, protected)] + tool_paths()

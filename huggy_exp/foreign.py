@@ -65,9 +65,8 @@ def check_file_size(path: Path, cap: int, what: str) -> None:
 
 
 def read_capped(path: str | Path, cap: int, what: str) -> bytes:
-    """The bytes of a regular file of at most `cap` bytes. A FIFO, a device, a socket or a folder is refused before it
-    is opened (a symlink is followed to what it names: /dev/zero is a device), and no more than cap + 1 bytes are read
-    even if the file grows."""
+    """The bytes of a regular file of at most `cap` bytes, of which no more than cap + 1 are read even if it grows. A
+    FIFO, a device, a socket or a folder is refused before it is opened (a symlink is followed: /dev/zero is a device)."""
     path = Path(path)
     try:
         st = os.stat(path)
@@ -107,9 +106,8 @@ def json_depth(data: bytes) -> int:
 
 
 def read_json(path: str | Path, what: str):
-    """A foreign JSON file, parsed only once it is known to be a regular file under MAX_JSON_BYTES, nested at most
-    MAX_JSON_DEPTH deep (Python's parser recurses once per level: a deep file would stop the reader with a
-    RecursionError). Every refusal is a UserError of one line naming the file."""
+    """A foreign JSON file, parsed only once it is a regular file under MAX_JSON_BYTES nested at most MAX_JSON_DEPTH deep
+    (Python's parser recurses per level: a deeper file raises RecursionError); each refusal one line naming the file."""
     data = read_capped(path, MAX_JSON_BYTES, what)
     found = json_depth(data)
     if found > MAX_JSON_DEPTH:

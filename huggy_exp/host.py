@@ -44,8 +44,7 @@ def check_free(path: str | Path, key: str) -> None:
     free = free_bytes(path)
     if free < MIN_FREE_BYTES:
         raise UserError(f"{key}={path}: only {size(free)} free on its disk, a job needs at least "
-                        f"{size(MIN_FREE_BYTES)}; "
-                        "free some space or choose another folder")
+                        f"{size(MIN_FREE_BYTES)}; free some space or choose another folder")
 
 
 def available_memory() -> tuple[int, str]:

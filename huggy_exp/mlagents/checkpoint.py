@@ -22,11 +22,9 @@ from huggy_exp.mlagents.weights import (
 
 
 def load_checkpoint(path: str | Path, onnx: str | Path | None = None) -> LoadedModel:
-    """Read an ML-Agents .pt checkpoint with torch.load(weights_only=True); no pickled code ever runs.
-
-    Without normalizers the .pt does not record how the first layer splits among the observation inputs: the
-    `onnx` given (else the .onnx beside the .pt) tells it, else the policy reads as one input of the whole width.
-    """
+    """Read an ML-Agents .pt checkpoint with torch.load(weights_only=True); no pickled code ever runs. Without
+    normalizers the .pt does not record how the first layer splits among the observation inputs: the `onnx` given
+    (else the .onnx beside the .pt) tells it, else the policy reads as one input of the whole width."""
     import torch
 
     path = require_file(Path(path), "checkpoint")

@@ -12,7 +12,7 @@ import numpy as np
 from huggy_exp.mlagents.checkpoint import load_checkpoint, save_checkpoint
 from huggy_exp.mlagents.onnx_write import write_onnx
 from huggy_exp.errors import UserError
-from huggy_exp.files import atomic_write, is_disk_full
+from huggy_exp.files import atomic_write_text, is_disk_full
 from huggy_exp.mlagents.weights import LoadedModel, Normalizer, PolicyWeights
 
 DEFAULT_NAME = "Huggy"
@@ -67,12 +67,12 @@ def default_results_dir() -> Path:
              "auxillary_file_paths": [str(pt)]}
     doc = {DEFAULT_NAME: {"checkpoints": [entry], "final_checkpoint": entry},
            "metadata": {"stats_format_version": "0.3.0", "mlagents_version": "synthetic (huggy_exp embedded default)"}}
-    atomic_write(status, lambda tmp: Path(tmp).write_text(json.dumps(doc, indent=2)))
+    atomic_write_text(status, json.dumps(doc, indent=2))
     import yaml
 
     settings = {"behaviors": {DEFAULT_NAME: {"trainer_type": "ppo", "max_steps": 2_000_000, "network_settings": {
         "normalize": True, "hidden_units": w.hidden_units, "num_layers": w.num_layers}}}}
-    atomic_write(config, lambda tmp: Path(tmp).write_text("# synthetic: huggy_exp's embedded default\n" + yaml.safe_dump(settings)))
+    atomic_write_text(config, "# synthetic: huggy_exp's embedded default\n" + yaml.safe_dump(settings))
     return root
 
 

@@ -95,10 +95,9 @@ class DiscreteHead:
 
     @staticmethod
     def read_onnx(g: Graph, branches: list[tuple[int, object]]) -> dict:
-        """The branch Linears in mask order; each must read its own slice of `action_masks`."""
-        ordered = sorted(branches, key=lambda b: b[0])
-        weights = tuple(linear(g, n) for _, n in ordered)
-        starts = [s for s, _ in ordered]
+        """The branch Linears (in mask order); each must read its own slice of `action_masks`."""
+        weights = tuple(linear(g, n) for _, n in branches)
+        starts = [s for s, _ in branches]
         if starts != list(np.cumsum([0, *(w.shape[0] for w, _ in weights)])[:-1]):
             raise g.fail(f"discrete branches read action_masks from {starts}, not from the running sum of their sizes")
         return {"branches": weights}
@@ -126,10 +125,9 @@ HEADS = (ContinuousHead, DiscreteHead)  # ML-Agents' output order
 
 
 def with_distributions(model):
-    """The graph (an onnx ModelProto, changed in place) with what its actions come from as outputs too, named as
-    Policy.distributions names them: `mu` (what the deterministic action clamps or passes on), `log_sigma` (what Exp
-    takes), `masked_logits` (every branch's Softmax input, side by side); so a runner of the graph is judged in the
-    policy's units (KL, |Δμ|/σ) like a torch one."""
+    """The graph (an onnx ModelProto, changed in place) with what its actions come from as outputs too, as
+    Policy.distributions names them: `mu` (what the deterministic action clamps or passes on), `log_sigma` (Exp's
+    input), `masked_logits` (every branch's Softmax input): a runner of it is judged in KL, |Δμ|/σ like a torch one."""
     g = Graph(model, "graph")
     found, t = {}, "deterministic_continuous_actions"
     while t in g.producer and g.producer[t].op_type in ("Div", "Clip", "Identity"):
@@ -147,7 +145,8 @@ def read_heads(g: Graph, cursor: str, masks: str | None) -> tuple[dict, dict[str
     log_sigma, the one left is mu. PolicyWeights fields: mu, log_sigma, tanh_squash, branches; and the tensors of
     Policy.trace's `mu` and `logits` (the branches' Gemms in mask order)."""
     gemms = [n for n in g.consumers(cursor) if n.op_type == "Gemm" and n.output]
-    branches = [(start, n) for n in gemms if (start := DiscreteHead.mask_start(g, n, masks)) is not None]
+    branches = sorted(((start, n) for n in gemms if (start := DiscreteHead.mask_start(g, n, masks)) is not None),
+                      key=lambda b: b[0])
     claimed = {id(n) for _, n in branches}
     mus = [n for n in gemms if id(n) not in claimed and not ContinuousHead.is_log_sigma(g, n)]
     if len(mus) > 1:
@@ -160,5 +159,5 @@ def read_heads(g: Graph, cursor: str, masks: str | None) -> tuple[dict, dict[str
         parts["mu"] = [mus[0].output[0]]
     if branches:
         out.update(DiscreteHead.read_onnx(g, branches))
-        parts["logits"] = [n.output[0] for _, n in sorted(branches, key=lambda b: b[0])]
+        parts["logits"] = [n.output[0] for _, n in branches]
     return out, parts
