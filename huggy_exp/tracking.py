@@ -32,7 +32,7 @@ from urllib.parse import unquote, urlparse
 from huggy_exp.environment import flatten
 from huggy_exp.errors import UserError
 from huggy_exp.headline import (ANSWER, ANSWER_ORDER, COSINE, ERROR, fastest_backend, judged_limits,
-                                first_screen_name, logged_metrics, logged_name, noisy, settings, timed_batch)
+                                logged_metrics, logged_name, noisy, settings, timed_batch)
 from huggy_exp.report import OWN_ANSWERS, escape, fmt
 from huggy_exp.config import VERDICTS, modes, ran_dtype
 from huggy_exp.results import update_result
@@ -380,11 +380,12 @@ VIEW_PARAMS = ("device", "dtype", BATCH_PARAM, "mode", "obs.source", "seed")
 FINGERPRINT_COLUMN = "tags.`fingerprint`"
 # the runs table's first screen, after the run name and the verdict (and the batch size where the sweep's points
 # differ in it), those the sweep's runs have: a benchmark's fastest backend at the job's batch (p50, which, obs/s) and
-# eager's p50; the error vs fp64 with its limit, the cosine, the p50 and the fingerprint prefix; then the rest
-FIRST_COLUMNS = tuple(c if "`" in c else f"metrics.`{logged_name(c)}`" for c in (
+# eager's p50; the error vs fp64 with its limit, the cosine, the p50 (as the answer, or after a mode's own answer) and
+# the fingerprint prefix; then the rest
+FIRST_COLUMNS = tuple(dict.fromkeys(c if "`" in c else f"metrics.`{logged_name(c, answer)}`" for c in (
     "best_p50_us", "tags.`best_backend`", "best_obs_per_s", "metrics.`eager/p50_us`", ERROR, f"params.`{LIMIT_PARAM}`",
-    COSINE, "p50_us", FINGERPRINT_COLUMN))
-OWN_COLUMNS = tuple(dict.fromkeys(f"metrics.`{first_screen_name(n)}`" for m in modes().values() for n in m.first_screen))
+    COSINE, "p50_us", FINGERPRINT_COLUMN) for answer in (True, False)))
+OWN_COLUMNS = tuple(dict.fromkeys(f"metrics.`{logged_name(n)}`" for m in modes().values() for n in m.first_screen))
 # px: the verdict's, then every other column as wide as its header needs (HEADER_PX), so that the verdict and the
 # next five fit in the 623 px MLflow leaves beside its own name column at 1600 px with its Assistant panel open; the
 # batch size's, alone under MLflow's "Parameters" group header, as wide as that needs

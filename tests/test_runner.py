@@ -309,7 +309,7 @@ def test_a_benchmark_logs_each_backend_and_scenario_at_its_batch_within_twenty_m
     logged = headline.logged_metrics(_benchmark_record(("eager", "fused"), ("single_stream", "server")))
     assert len(logged) <= headline.MAX_LOGGED
     assert logged["best/p50_us"] == 90.0 * 64 and logged["eager/p50_us"] == 400.0 * 64  # at the job's batch
-    assert {"fused/obs_per_s", "loadgen/server/valid", "loadgen/server/p99_us", "loadgen/single_stream/p90_us",
+    assert {"fused/obs_per_s", "answer/server_valid", "loadgen/server/p99_us", "loadgen/single_stream/p90_us",
             "control_loop/miss_rate_upper", "vs_fp64/actions/max_abs_limit"} <= set(logged)
     assert min({_chart_section(k) for k in logged}, key=str.casefold) == "answer"
     # every backend and scenario at once: still at most twenty, the answer and every backend first
