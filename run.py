@@ -18,27 +18,23 @@ CONF = Path(__file__).parent / "conf"
 
 
 def one_job(cfg: DictConfig, tracker=None) -> str:
-    from huggy_exp.app import JobInfo, execute, exit_code, point_info, rejudge, sync, ui
+    from huggy_exp import app
 
     preflight.setup()  # the resolvers, again: joblib and submitit run this function in fresh processes
     terminal.guard_output()
     hc = HydraConfig.get()
     mode = hc.runtime.choices["mode"]
-    if mode == "sync":
-        sys.exit(sync(cfg))
-    if mode == "ui":
-        sys.exit(ui(cfg))
-    if mode == "rejudge":
-        sys.exit(rejudge(cfg, Path(hc.runtime.output_dir)))
+    if not config.modes()[mode].is_task():  # `_target_: null`: app's command of the mode's name, its exit code
+        sys.exit(getattr(app, mode)(cfg, Path(hc.runtime.output_dir)))
     multirun = hc.mode == RunMode.MULTIRUN
     launcher = hc.runtime.choices.get("hydra/launcher", "basic")
-    job = JobInfo(overrides=tuple(hc.overrides.task), case=hc.runtime.choices.get("case"),
-                  sweep_dir=Path(hc.sweep.dir) if multirun else None, num=hc.job.num if multirun else None,
-                  launcher=launcher, shared_machine=multirun and preflight.shares_machine(launcher, hc.launcher),
-                  tracker=tracker, **point_info())
-    result = execute(cfg, Path(hc.runtime.output_dir), mode, job)
+    job = app.JobInfo(overrides=tuple(hc.overrides.task), case=hc.runtime.choices.get("case"),
+                      sweep_dir=Path(hc.sweep.dir) if multirun else None, num=hc.job.num if multirun else None,
+                      launcher=launcher, shared_machine=multirun and preflight.shares_machine(launcher, hc.launcher),
+                      tracker=tracker, **app.point_info())
+    result = app.execute(cfg, Path(hc.runtime.output_dir), mode, job)
     terminal.check_pipe()  # output closed (`| head`): this job is kept, the sweep ends here
-    code = exit_code(result, cfg.get("expect"))
+    code = app.exit_code(result, cfg.get("expect"))
     if not multirun and code:
         sys.exit(code)
     return result.status
@@ -63,11 +59,9 @@ def ray_preflight(composed: list[DictConfig]) -> None:
 
 
 def cli(argv: list[str], mlflow_helper: bool = False) -> None:
-    """Validate every job first (one line, exit 2, on the first bad value), then let Hydra run them.
-
-    `mlflow_helper`: a single run imports mlflow in a helper process beside the job (the command line; in-process callers
-    that run many jobs pay mlflow's import once and need none). Output survives a closed pipe or an ASCII terminal, and
-    SIGTERM ends the jobs as Ctrl-C does (huggy_exp/terminal.py)."""
+    """Validate every job first (one line, exit 2, on the first bad value), then let Hydra run them. `mlflow_helper`: a
+    single run imports mlflow in a helper process beside the job (in-process callers pay mlflow's import once). Output
+    survives a closed pipe or an ASCII terminal, and SIGTERM ends the jobs as Ctrl-C does (huggy_exp/terminal.py)."""
     with terminal.guarded():
         _cli(argv, mlflow_helper)
 

@@ -24,7 +24,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -36,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from huggy_exp import environment, timing  # noqa: E402
-from huggy_exp.config import BACKENDS, MAX_BATCH, _check_value  # noqa: E402
+from huggy_exp.config import BACKENDS, GRAPH_BACKENDS, MAX_BATCH, REFERENCE_BACKEND, _check_value  # noqa: E402
 from huggy_exp.context import Context  # noqa: E402
 from huggy_exp.errors import UserError  # noqa: E402
 from huggy_exp.files import atomic_write_text, claim_output  # noqa: E402
@@ -45,12 +44,22 @@ from huggy_exp.runners import ACTIONS, OBS, build  # noqa: E402
 from huggy_exp.tasks.benchmark import BenchmarkTask  # noqa: E402
 
 HUGGY = REPO.parent / "shared" / "fixtures" / "mlagents" / "huggy" / "Huggy" / "Huggy-2000049.pt"
-TORCH_BACKENDS = ("eager", "compile", "fused")
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 ORT, EAGER = "onnxruntime (reference)", "eager backend: addmv chain (MKL gemv)"
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 FLAGS = {"--rows": (int, {"lo": 512, "hi": MAX_BATCH}), "--budget": (float, {"lo": 0, "hi": 3600, "lo_open": True}),
          "--rounds": (int, {"lo": 1, "hi": 1000}), "--startup-runs": (int, {"lo": 1, "hi": 1000})}  # config.py's rules
+
+
+def cpu_backends(dtype: str, torch_only: bool = False) -> list[str]:
+    """The backends config.BACKENDS declares for `dtype` on the CPU (Backend.refusal; `torch_only`: not a graph's)."""
+    return [n for n, b in BACKENDS.items() if not b.refusal(dtype, "cpu") and not (torch_only and n in GRAPH_BACKENDS)]
+
+
+def knobs(a: argparse.Namespace, dtype: str, scenarios: str) -> list[str]:
+    """mode=benchmark's keys for `dtype` at the flags: every backend the CPU runs it with, one rung of --rows."""
+    return [f"mode.backends=[{','.join(cpu_backends(dtype))}]", f"mode.batch_sizes=[{a.rows}]", "mode.rounds=3",
+            f"mode.scenarios=[{scenarios}]", f"mode.budget_s={a.budget}", "mode.warmup_s=0.5", "mode.settle_s=0.05"]
 
 
 def context(model: str | None, dtype: str, workdir: Path, knobs: list[str] = ()):
@@ -70,9 +79,9 @@ def context(model: str | None, dtype: str, workdir: Path, knobs: list[str] = ())
         return (ctx, cfg) if knobs else ctx
 
 
-def checked_context(a: argparse.Namespace, workdir: Path) -> Context:
-    """The fp32 context, once every flag is in range (config.py's rules, as run.py's keys) and what --rows sizes fits in
-    memory (memory.py's estimate of a benchmark job, plus the GEMM peak's matrices): else a UserError naming the flag."""
+def checked_context(a: argparse.Namespace, workdir: Path):
+    """The fp32 context and its config, once every flag is in range (config.py's rules) and what --rows sizes fits in
+    memory (memory.py's estimate of the benchmark job, plus the GEMM peak's matrices): else a UserError naming it."""
     from omegaconf import OmegaConf
 
     for flag, (kind, rule) in FLAGS.items():
@@ -80,14 +89,14 @@ def checked_context(a: argparse.Namespace, workdir: Path) -> Context:
     for flag in ("--markdown", "--json"):  # never replaced, never the tool's own file: refused now, not after minutes
         if getattr(a, flag[2:]) is not None:
             claim_output(getattr(a, flag[2:]), False, [], flag)
-    ctx, cfg = context(a.model, "fp32", workdir, [f"mode.batch_sizes=[{a.rows}]", "mode.scenarios=[single_stream,offline]"])
+    ctx, cfg = context(a.model, "fp32", workdir, knobs(a, "fp32", "single_stream,offline"))
     try:
         check_job_memory("benchmark", OmegaConf.to_container(cfg, resolve=True), ctx.weights)
         require_memory(a.rows * 1024 * 4 * 3, "the GEMM peak's [rows, 1024] matrices", f"--rows={a.rows}")
     except UserError as exc:
         raise UserError(str(exc).replace(f"mode.batch_sizes=[{a.rows}]", f"--rows={a.rows}")
                         .replace("mode.batch_sizes", "--rows")) from None
-    return ctx
+    return ctx, cfg
 
 
 def p50_us(fn: Callable[[], object], budget_s: float, warmup_s: float) -> float:
@@ -128,7 +137,7 @@ def bare_loop_us(session, feeds: dict, seconds: float) -> float:
 def gemms_only_obs_s(ctx: Context, rows: int, seconds: float = 1.5) -> float:
     """obs/s of the policy's GEMMs alone (torch.addmm per layer at [rows, in]) with nothing between them: the ceiling
     the elementwise work (normalizer, SiLU, clamp) and the runner bring the backends down from."""
-    policy = build(ctx, "eager").policy
+    policy = build(ctx, REFERENCE_BACKEND).policy
     xs = [torch.randn(rows, w.shape[1]) for w, _ in policy._gemv]
     return rows * 1e6 / p50_us(lambda: [torch.addmm(b, x, w.t()) for (w, b), x in zip(policy._gemv, xs)], seconds, 0.3)
 
@@ -137,14 +146,13 @@ def gemms_only_obs_s(ctx: Context, rows: int, seconds: float = 1.5) -> float:
 
 
 def _chain(mean, std, linears: list[Callable], act: Callable) -> Callable:
-    """Huggy's forward on a tensor with its linears (mu last) spelled by the caller: normalize, act(linear) per hidden
-    layer, mu squashed."""
+    """Huggy's forward on obs with its linears (mu last) spelled by the caller: normalize, act(linear), mu squashed."""
 
-    def forward(x):
-        x = torch.clamp((x - mean) / std, -5, 5)
+    def forward(o):
+        x = torch.clamp((torch.from_numpy(o) - mean) / std, -5, 5)
         for linear in linears[:-1]:
             x = act(linear(x))
-        return torch.clamp(linears[-1](x), -3, 3) / 3
+        return (torch.clamp(linears[-1](x), -3, 3) / 3).numpy()
 
     return forward
 
@@ -184,9 +192,9 @@ def _by_hand(mean, std, layers, module) -> dict[str, Callable]:
     out["addmv + out= buffers, in place"] = preallocated
     # oneDNN's prepacked linear with SiLU fused (what inductor uses for bf16)
     onednn = [_onednn_linear(w, b, "swish" if i < len(layers) - 1 else "none") for i, (w, b) in enumerate(layers)]
-    out["oneDNN packed linear + fused swish"] = _on_numpy(_chain(mean, std, onednn, act=lambda x: x))
+    out["oneDNN packed linear + fused swish"] = _chain(mean, std, onednn, act=lambda x: x)
     if torch._C.has_mkl:  # MKL's packed sgemm (what inductor freezing uses for fp32 linears)
-        out["MKL packed sgemm + silu"] = _on_numpy(_chain(mean, std, [_mkl_linear(w, b) for w, b in layers], F.silu))
+        out["MKL packed sgemm + silu"] = _chain(mean, std, [_mkl_linear(w, b) for w, b in layers], F.silu)
     np_layers, np_mean, np_std = [(w.numpy(), b.numpy()) for w, b in layers], mean.numpy(), std.numpy()
 
     def numpy_forward(o):  # not torch: numpy's OpenBLAS sgemv, for scale
@@ -202,8 +210,8 @@ def _by_hand(mean, std, layers, module) -> dict[str, Callable]:
 
 def attempts(ctx: Context, everything: bool) -> dict[str, Callable[[np.ndarray], np.ndarray] | str]:
     """name -> f(obs [1, d] float32) -> actions [1, act], each Huggy's forward spelled another way (or why it cannot run)."""
-    runners = {name: build(ctx, name, batch_size=1, threads=1) for name in ("onnxruntime", "eager", "fused")}
-    policy = runners["eager"].policy
+    runners = {name: build(ctx, name, batch_size=1, threads=1) for name in ("onnxruntime", REFERENCE_BACKEND, "fused")}
+    policy = runners[REFERENCE_BACKEND].policy
     mean, std, layers = policy.normalizers[0].running_mean, policy.normalizers[0].std, policy._gemv
     backend = lambda name: lambda o: runners[name].infer({OBS: o})[ACTIONS]  # noqa: E731
     example = torch.from_numpy(ctx.make_feeds(1)[OBS])
@@ -211,7 +219,7 @@ def attempts(ctx: Context, everything: bool) -> dict[str, Callable[[np.ndarray],
         module = _Forward(mean, std, layers).eval().requires_grad_(False)
         traced = torch.jit.freeze(torch.jit.trace(module, example).eval())
         optimized = torch.jit.optimize_for_inference(torch.jit.freeze(torch.jit.trace(module, example).eval()))
-    out = {ORT: backend("onnxruntime"), EAGER: backend("eager"), **_by_hand(mean, std, layers, module)}
+    out = {ORT: backend("onnxruntime"), EAGER: backend(REFERENCE_BACKEND), **_by_hand(mean, std, layers, module)}
     out["torch.jit.trace + freeze"] = _on_numpy(traced)
     out["jit.trace + freeze + optimize_for_inference"] = _on_numpy(optimized)
     out["torch.jit.script + freeze, NNC fuser on (SiLU fused)"] = _scripted(module, example)
@@ -324,6 +332,7 @@ def time_attempts(ctx: Context, fns: dict[str, Callable | str], rounds: int, bud
 
 # --- whole processes: A B A B pairs
 
+PARTS = ("import_torch_s", "import_hydra_s", "compose_s", "import_mlflow_s")  # what BREAKDOWN times, in its order
 BREAKDOWN = """
 import json, sys, time
 t = [time.perf_counter()]
@@ -335,8 +344,7 @@ with initialize_config_dir(config_dir=sys.argv[1], version_base="1.3"):
     compose(config_name="config", overrides=["mode=action", "tracking=none"], return_hydra_config=True)
 t.append(time.perf_counter())
 import mlflow; t.append(time.perf_counter())
-print(json.dumps(dict(zip(["import_torch_s", "import_hydra_s", "compose_s", "import_mlflow_s"],
-                          [b - a for a, b in zip(t, t[1:])]))))
+print(json.dumps([b - a for a, b in zip(t, t[1:])]))
 """
 
 
@@ -348,9 +356,9 @@ def breakdown(runs: int = 3) -> dict[str, float]:
                               text=True)
         if proc.returncode:
             print(f"breakdown failed: {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
-            return dict.fromkeys(("import_torch_s", "import_hydra_s", "compose_s", "import_mlflow_s"), float("nan"))
+            return dict.fromkeys(PARTS, float("nan"))
         got.append(json.loads(proc.stdout))
-    return {k: statistics.median(g[k] for g in got) for k in got[0]}
+    return {part: statistics.median(times) for part, times in zip(PARTS, zip(*got))}
 
 
 def run_s(cmd: list[str], tmp: str) -> tuple[float, float]:
@@ -388,7 +396,7 @@ def main() -> None:
     a = parser.parse_args()
     started = time.time()
     try:
-        ctx = checked_context(a, Path(tempfile.mkdtemp()))
+        ctx, cfg = checked_context(a, Path(tempfile.mkdtemp()))
     except UserError as exc:
         refuse(str(exc))
     flop = 2.0 * sum(weight.size for weight, _ in [*ctx.weights.layers, ctx.weights.mu])
@@ -398,7 +406,7 @@ def main() -> None:
               f"({', '.join(f for f in ('avx2', 'fma', 'avx512f', *BF16_FLAGS) if f in flags) or 'no avx flags read'}) · "
               f"torch {torch.__version__} · model {a.model or 'embedded synthetic default'} · {flop / 1e6:.2f} MFLOP/obs · 1 thread")
     print(f"# {header}", flush=True)
-    m = {**measure_backends(ctx, a), **measure_processes(a.startup_runs)}
+    m = {**measure_backends(ctx, cfg, a), **measure_processes(a.startup_runs)}
     rows = targets(m, a.rows, flop, flags)
     text = report(header, rows, m, a.rounds, started)
     print("\n" + text)
@@ -417,21 +425,14 @@ def refuse(message: str) -> None:
     sys.exit(2)
 
 
-def measure_backends(ctx: Context, a: argparse.Namespace) -> dict:
+def measure_backends(ctx: Context, cfg, a: argparse.Namespace) -> dict:
     """In this process: the backends as run.py mode=benchmark measures them, every batch-1 attempt, the harness against
     a bare loop, the GEMM peak."""
     from omegaconf import OmegaConf
 
-    from huggy_exp.config import BenchmarkMode
-
-    knobs = OmegaConf.load(REPO / "conf" / "mode" / "benchmark.yaml")  # the defaults, as the schema's object
-    knobs.pop("defaults")
-    mode = OmegaConf.to_object(OmegaConf.merge(BenchmarkMode, knobs, {
-        "rounds": 3, "budget_s": a.budget, "warmup_s": 0.5, "settle_s": 0.05, "batch_sizes": [a.rows],
-        "scenarios": ["single_stream", "offline"]}))
-    fp32 = BenchmarkTask(replace(mode, backends=[*TORCH_BACKENDS, "onnxruntime"])).run(ctx)
-    bf16_ctx = context(ctx.model_spec.checkpoint, "bf16", ctx.workdir)
-    bf16 = BenchmarkTask(replace(mode, backends=["eager", "compile"], scenarios=["offline"])).run(bf16_ctx)
+    fp32 = BenchmarkTask(OmegaConf.to_object(cfg.mode)).run(ctx)
+    bf16_ctx, bf16_cfg = context(ctx.model_spec.checkpoint, "bf16", ctx.workdir, knobs(a, "bf16", "offline"))
+    bf16 = BenchmarkTask(OmegaConf.to_object(bf16_cfg.mode)).run(bf16_ctx)
     for r in (fp32, bf16):
         print("\n".join("  " + line for line in r.summary), flush=True)
     tried = time_attempts(ctx, attempts(ctx, a.all_attempts), a.rounds, a.budget / a.rounds)
@@ -463,11 +464,11 @@ def targets(m: dict, rows_n: int, flop: float, flags: set) -> list[dict]:
     m32, m16, startup, mlflow_cost, parts = m["m32"], m["m16"], m["startup"], m["mlflow_cost"], m["parts"]
     p50 = lambda b: m32.get(f"{b}/b1/p50_us", float("nan"))  # noqa: E731
     ort1 = p50("onnxruntime")
-    best1 = min(TORCH_BACKENDS, key=lambda b: p50(b) if np.isfinite(p50(b)) else float("inf"))
+    best1 = min(cpu_backends("fp32", True), key=lambda b: np.nan_to_num(p50(b), nan=np.inf))
     rate = lambda m, b: m.get(f"{b}/b{rows_n}/obs_per_s", float("nan"))  # noqa: E731
     ort_t = rate(m32, "onnxruntime")
-    best32 = max(("eager", "compile"), key=lambda b: np.nan_to_num(rate(m32, b)))
-    best16 = max(("eager", "compile"), key=lambda b: np.nan_to_num(rate(m16, b)))
+    best32 = max(cpu_backends("fp32", True), key=lambda b: np.nan_to_num(rate(m32, b)))
+    best16 = max(cpu_backends("bf16", True), key=lambda b: np.nan_to_num(rate(m16, b)))
     gflops = lambda obs_s: obs_s * flop / 1e9  # noqa: E731
     has_bf16 = sorted(flags & set(BF16_FLAGS))
     eager_us = m["tried"][EAGER]["p50_us"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -186,11 +187,9 @@ def _write(workdir: Path, record: dict, result: Result) -> Path | None:
 
 def _run_task(cfg: DictConfig, workdir: Path, mode: str,
               preset: tuple[str, str] | None = None) -> tuple[Result, Context | None, KeyboardInterrupt | None]:
-    """Validate, build the context, run the task and check its outputs are finite: (result, context, interrupted).
-
-    Every failure becomes a result: a bad value `error`, a missing device or file `skipped`, a bug `error` with its
-    traceback printed, a full disk one line; Ctrl-C is recorded as interrupted for the caller to re-raise. `preset`: a
-    (status, reason) a launcher decided before the job could run (it runs nothing, after validation)."""
+    """Validate, build the context, run the task, check its outputs are finite: (result, context, interrupted). Every
+    failure becomes a result (a bad value `error`, a missing device or file `skipped`, a bug `error` with its traceback
+    printed); Ctrl-C is recorded for the caller to re-raise. `preset`: a launcher's (status, reason): nothing runs."""
     ctx = None
     try:
         validate(cfg, mode)
@@ -272,10 +271,8 @@ def _plan_record(cfg: DictConfig, ctx: Context | None) -> dict | None:
 
 def _track(result: Result, settings: dict, workdir: Path, path: Path, job: JobInfo) -> None:
     """Log the written result to MLflow (or leave it pending), record the outcome in result.json and say where it is."""
-    if job.pending and settings["enabled"]:
-        outcome = {"status": "pending", "reason": job.pending}
-    else:
-        outcome = (job.tracker or tracking).log_job(settings, workdir)
+    outcome = ({"status": "pending", "reason": job.pending} if job.pending and settings["enabled"]
+               else (job.tracker or tracking).log_job(settings, workdir))
     try:
         update_result(workdir, tracking=outcome)
     except OSError as exc:
@@ -293,7 +290,7 @@ def _track(result: Result, settings: dict, workdir: Path, path: Path, job: JobIn
     result.tracking = outcome["status"]
 
 
-# --- exit codes, the sync and ui commands, and what the terminal shows
+# --- exit codes, the commands (a mode without a task: run.py calls app.<mode>(cfg, job folder)), the terminal
 
 
 def exit_code(result: Result, expect: str | None = None) -> int:
@@ -302,7 +299,7 @@ def exit_code(result: Result, expect: str | None = None) -> int:
     return code or (EXIT_PENDING if result.tracking == "pending" else 0)
 
 
-def sync(cfg: DictConfig) -> int:
+def sync(cfg: DictConfig, out: Path) -> int:
     """`mode=sync`: log every pending result.json under mode.paths and end RUNNING runs no live process owns. Exit 0
     when all is in, 2 when a file was skipped (named on its own line), else 3 while some result stays pending."""
     settings = {**OmegaConf.to_container(cfg.tracking, resolve=True), "enabled": True}
@@ -317,12 +314,10 @@ def sync(cfg: DictConfig) -> int:
 
 
 def rejudge(cfg: DictConfig, out: Path) -> int:
-    """`mode=rejudge`: every result.json under mode.path judged again by the limits as composed now (huggy_exp/rejudge.py),
-    the policy never loaded: the re-judged points in `out` (a sweep folder of its own: summary.{json,csv,md},
-    report.html, changed.csv listing each verdict that changed), logged as a new MLflow parent whose children name the
-    runs they re-judge. The originals are read, never written. Exit: the worst re-judged verdict, 2 on a refusal."""
-    from huggy_exp import rejudge as judge
-    from huggy_exp import sweep
+    """`mode=rejudge`: every result.json under mode.path judged again by the limits as composed now (rejudge.py), the
+    policy never loaded, into `out` (summaries, report.html, changed.csv), logged as a new MLflow parent whose children
+    name the runs they re-judge; the originals are never written. Exit: the worst re-judged verdict, 2 on a refusal."""
+    from huggy_exp import rejudge as judge, sweep
 
     source = Path(cfg.mode.path).expanduser() if cfg.mode.path else None
     try:
@@ -359,8 +354,6 @@ def rejudge(cfg: DictConfig, out: Path) -> int:
 def _rejudged_point(point: Path, num: int, path: Path, record: dict, verdict: dict, info: dict, settings: dict) -> dict | None:
     """One re-judged point in `point` (its files copied, result.json with the new verdict, the limits it is now held to
     and the run it re-judges), logged under the new parent; the row of changed.csv when its verdict changed."""
-    import shutil
-
     shutil.copytree(path.parent, point, ignore=shutil.ignore_patterns("result.json", "*.lock", ".hydra"))
     original = (record.get("tracking") or {}).get("run_id")
     limits = verdict.pop("limits")  # the re-judged figures are shown beside the limits they now meet or miss
@@ -381,7 +374,7 @@ def _rejudged_point(point: Path, num: int, path: Path, record: dict, verdict: di
             "checks": "; ".join(f"{c['check']} {c['value']:.3g}: limit {c['was']:g} → {c['now']:g}" for c in verdict["changed"])}
 
 
-def ui(cfg: DictConfig) -> int:
+def ui(cfg: DictConfig, out: Path) -> int:
     """`mode=ui`: MLflow's UI on the store, on a free loopback port, at the latest sweep's runs; Ctrl-C stops it."""
     from huggy_exp import ui as mlflow_ui
 

@@ -21,6 +21,7 @@ from huggy_exp.foreign import check_npy
 from huggy_exp.report import OBS_PER_S, fmt, obs_per_s_differs
 from huggy_exp.verify import DECLARED, FINGERPRINT
 
+
 def inputs_key(row: dict) -> tuple:
     """Points are comparable when the mode and its action-shaping knobs, the observations, seed and model agree (and,
     where the mode verifies only the job's batch of rows, the batch size)."""
@@ -117,13 +118,12 @@ def errors_vs_fp64(metrics: dict) -> dict[str, dict[str, float]]:
     """A point's recorded errors vs fp64 per output, as certify.errors() names them (rmse, max_rel; mismatch_share)."""
     out: dict[str, dict[str, float]] = {}
     for stem in DUAL_STEMS:
-        if stem == "discrete_actions" and isinstance(metrics.get(f"{stem}/vs_fp64/agreement"), (int, float)):
-            out[stem] = {"mismatch_share": 1.0 - float(metrics[f"{stem}/vs_fp64/agreement"])}
-            continue
-        found = {m: float(metrics[f"{stem}/vs_fp64/{m}"]) for m in ("rmse", "max_rel")
-                 if isinstance(metrics.get(f"{stem}/vs_fp64/{m}"), (int, float))}
-        if found:
-            out[stem] = found
+        found = {m: float(v) for m in ("rmse", "max_rel", "agreement")
+                 if isinstance(v := metrics.get(f"{stem}/vs_fp64/{m}"), (int, float))}
+        if stem == "discrete_actions" and "agreement" in found:
+            out[stem] = {"mismatch_share": 1.0 - found["agreement"]}
+        elif found.keys() - {"agreement"}:
+            out[stem] = {m: v for m, v in found.items() if m != "agreement"}
     return out
 
 
@@ -276,18 +276,14 @@ def _provenance(dtype: str, backend: str, timed: list[dict]) -> str:
 def _precise_first(numerics: str) -> tuple[int, bool]:
     """The more precise of two choices sorts higher: the wider dtype, and within a dtype IEEE over tf32/hf32; a precision
     plan (several dtypes) lowest."""
-    if numerics.startswith(PLAN_PREFIX):
-        return -1, False
-    dtype, _, mode = numerics.partition("-")
-    return DTYPE_NAMES.index(dtype), not mode
+    width, mode = _narrow_first(numerics)
+    return (-1, False) if numerics.startswith(PLAN_PREFIX) else (width, not mode)
 
 
 def _narrow_first(numerics: str) -> tuple[int, str]:
     """Narrowest first (config.DTYPE_NAMES: int8 ... fp64); within a dtype, ieee before tf32/hf32; plans last."""
-    if numerics.startswith(PLAN_PREFIX):
-        return len(DTYPE_NAMES), numerics
     dtype, _, mode = numerics.partition("-")
-    return DTYPE_NAMES.index(dtype), mode
+    return (len(DTYPE_NAMES), numerics) if numerics.startswith(PLAN_PREFIX) else (DTYPE_NAMES.index(dtype), mode)
 
 
 def _model(row: dict) -> str:

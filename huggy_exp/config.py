@@ -290,8 +290,8 @@ class ModeConf:
     headline: ClassVar[Dict[str, Headline]] = {}  # short name -> the metrics it copies (tests/test_metrics.py: produced)
     per_batch: ClassVar[bool] = False  # verifies (and fingerprints) the job's batch of rows, not every observation row
     not_logged: ClassVar[Tuple[str, ...]] = ()  # headline names MLflow does not get as `answer/<name>`
-    # the metrics that answer the mode's own question, first on the runs page after the verdict (a headline name, logged
-    # as `answer/<name>`, or a logged metric's own name): where a verified point's error, cosine and p50 do not
+    # the headline names that answer the mode's own question (logged as `answer/<name>`), first on the runs page after
+    # the verdict and in the run's first chart section: where a verified point's error, cosine and p50 do not
     first_screen: ClassVar[Tuple[str, ...]] = ()
 
     @classmethod
@@ -392,10 +392,10 @@ class BatchMode(ModeConf):
 class BenchmarkMode(ModeConf):
     name = "benchmark"
     per_batch = True
-    not_logged = ("p50_us", "p99_us", "ort_p50_us", "eager_vs_ort", "obs_per_s", "server_qps", "miss_rate",
+    not_logged = ("p50_us", "p99_us", "ort_p50_us", "eager_vs_ort", "obs_per_s",
                   "loop_hz_max")  # logged per backend at the job's batch instead
     # with LoadGen's scenarios or the control loop: VALID/INVALID, the server's highest QPS, the deadline-miss rate
-    first_screen = ("loadgen/server/valid", "loadgen/server/max_qps", "control_loop/miss_rate")
+    first_screen = ("server_valid", "server_qps", "miss_rate")
     # at the job's own batch size (a ladder without it: its largest): eager's and onnxruntime's p50 and `eager_vs_ort` =
     # eager p50 / onnxruntime p50 (> 1: torch is slower); throughput at the largest batch timed; the LoadGen server's
     # highest QPS under its p99 bound, the control loop's miss rate and highest rate; the fastest backend's (`best_`)
@@ -404,6 +404,7 @@ class BenchmarkMode(ModeConf):
         "ort_p50_us": Headline((BACKEND_P50.at(backend="onnxruntime"),)),
         "eager_vs_ort": Headline((BACKEND_P50.at(backend="eager"),), over=(BACKEND_P50.at(backend="onnxruntime"),)),
         "obs_per_s": Headline((BACKEND_OBS.at(backend="eager"),), top=True),
+        "server_valid": own("loadgen/server/valid", "1/0", "LoadGen server: VALID (1) or INVALID (0)"),
         "server_qps": own("loadgen/server/max_qps", "queries/s", "LoadGen server: highest QPS within its p99 bound"),
         "miss_rate": own("control_loop/miss_rate", "share", "control loop: ticks that missed their deadline"),
         "loop_hz_max": own("control_loop/max_rate_hz", "Hz", "control loop: highest rate within mode.max_miss_rate"),

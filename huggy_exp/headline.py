@@ -22,9 +22,7 @@ ANY_MODE = {
     "shift_vs_fp64": Headline((SHIFT_MAX.at(ref="fp64"),)),  # |Δμ| / σ
     "ort_int8_kl": Headline((ORT_INT8_KL.at(ref="fp64"),)),
     "ort_int8_p50_us": Headline((ORT_INT8_P50,)),  # an int8 point's peer, onnxruntime's own int8
-    "p50_us": Headline((LATENCY.at(stat="p50_us"),)),
-    "p99_us": Headline((LATENCY.at(stat="p99_us"),)),
-    "obs_per_s": Headline((LATENCY.at(stat="obs_per_s"),)),
+    **{stat: Headline((LATENCY.at(stat=stat),)) for stat in ("p50_us", "p99_us", "obs_per_s")},
 }
 # the first screen's figures: the engine's error and cosine against CPU fp64
 ERROR = "max_abs_vs_fp64"
@@ -104,18 +102,25 @@ SERVER_SEARCH = ("loadgen/server/max_qps",)
 
 def logged_metrics(record: dict) -> dict[str, float]:
     """The first MAX_LOGGED metrics MLflow gets for a job, `readable` (its table prints every digit), under names every
-    dtype and batch share so that a compare view lines them up: the headline, each backend's p50 and obs/s at the job's
-    batch, the control loop's and LoadGen's figures, each judged output's error vs fp64 beside its limit."""
+    dtype and batch share so that a compare view lines them up: the mode's answer (`answer/`), each backend's p50 and
+    obs/s at the job's batch, the control loop's and LoadGen's figures, the rest of the headline, each judged output's
+    error vs fp64 beside its limit."""
     mode, metrics = record["mode"], record.get("metrics") or {}
     head = headline_metrics(mode, metrics, record["status"], record.get("batch_size"))
-    skip = modes()[mode].not_logged if mode in modes() else ()
-    names = [*(n for n in ANSWER_ORDER if n not in skip), *(n for n in head if n not in ANSWER_ORDER and n not in skip)]
-    out = {logged_name(n): head[n] for n in names if n in head}
+    conf = modes().get(mode)
+    ours = answers(mode)
+    skip = conf.not_logged if conf else ()
+    names = [n for n in dict.fromkeys((*ANSWER_ORDER, *head)) if n in head and n not in skip]
+    out = {logged_name(n): head[n] for n in names if n in ours}  # the answer first: the cap below keeps it
+    spec = {**ANY_MODE, **(conf.headline if conf else {})}
+    copied = {m.path for n in names if n in ours and n in spec for m in spec[n].of}  # the answer's, not logged twice
     batch, _ = timed_batch(metrics, record.get("batch_size"))
     keys = [(f"{backend}/{s}", f"{backend}/b{b}/{s}") for backend, b, _ in ladder(metrics, "p50_us") if b == batch
-            for s in BACKEND_STATS] + [(k, k) for k in (*CONTROL_LOOP, *SERVER_SEARCH)]
-    keys += [(k, k) for s, latency in LOADGEN_LATENCY.items() for k in (f"loadgen/{s}/valid", f"loadgen/{s}/{latency}")]
+            for s in BACKEND_STATS] + [(k, k) for k in (*CONTROL_LOOP, *SERVER_SEARCH) if k not in copied]
+    keys += [(k, k) for s, latency in LOADGEN_LATENCY.items() for k in (f"loadgen/{s}/valid", f"loadgen/{s}/{latency}")
+             if k not in copied]
     out.update({name: readable(key, metrics[key]) for name, key in keys if _finite(metrics.get(key))})
+    out.update({logged_name(n, answer=False): head[n] for n in names if n not in ours})
     stems = dict.fromkeys(k.split("/vs_fp64/")[0] for k in metrics if "/vs_fp64/" in k and k.count("/") == 2)
     for stem, metric, suffix in product(stems, OUTPUT_STATS, ("", "_limit")):
         path, stat = metric.at(stem=stem, ref="fp64").path, metric.path.rsplit("/", 1)[1]
@@ -126,20 +131,28 @@ def logged_metrics(record: dict) -> dict[str, float]:
         value = metrics.get(SQNR.at(stem=stem, ref="fp64").path)
         if _finite(value) and MAX_ABS.at(stem=stem, ref="fp64").path + "_limit" in metrics:
             out[f"vs_fp64/{stem}/sqnr_db"] = readable("sqnr_db", float(value))
-    own = [first_screen_name(n) for n in (modes()[mode].first_screen if mode in modes() else ())]
-    kept = {k: out[k] for k in [logged_name("passed"), *own] if k in out} | out  # the cap keeps the mode's own answer
-    return dict(list(kept.items())[:MAX_LOGGED])
+    return dict(list(out.items())[:MAX_LOGGED])
 
 
-def first_screen_name(name: str) -> str:
-    """The MLflow metric a mode's `first_screen` entry is: a headline name as `answer/<name>`, a metric as itself."""
-    return name if "/" in name else logged_name(name)
+def answers(mode: str) -> set[str]:
+    """The headline names that answer the mode's own question, logged as `answer/<name>` (the run page's first chart
+    section: MLflow 3.17 sorts sections by name): `passed`, the mode's own headline, and where the mode declares no
+    `first_screen` of its own, a verified point's error, cosine and p50 (ANY_MODE: precision's answer)."""
+    conf = modes().get(mode)
+    return {"passed", *(conf.headline if conf else ()), *(() if conf and conf.first_screen else ANY_MODE)}
 
 
-def logged_name(name: str) -> str:
-    """A headline's MLflow key, short for the runs table's first screen: `answer/<name>`, an error vs fp64 named as its
-    `limit/` param (`answer/max_abs` for `max_abs_vs_fp64`); the fastest backend's `best_<stat>` as `best/<stat>`."""
-    return "best/" + name[len("best_"):] if name.startswith("best_") else ANSWER + name.removesuffix("_vs_fp64")
+def logged_name(name: str, answer: bool = True) -> str:
+    """A headline's MLflow key: the answer's `answer/<name>`, an error vs fp64 named as its `limit/` param
+    (`answer/max_abs` for `max_abs_vs_fp64`), the fastest backend's `best_<stat>` as `best/<stat>`; a figure that is
+    not the mode's answer in the section of what it is measured against, after the answer (`vs_fp64/cosine`,
+    `latency/p50_us`)."""
+    if name.startswith("best_"):
+        return "best/" + name[len("best_"):]
+    if answer:
+        return ANSWER + name.removesuffix("_vs_fp64")
+    stem, vs, ref = name.rpartition("_vs_")
+    return f"vs_{ref}/{stem}" if vs else f"{ANY_MODE[name].of[0].path.split('/')[0]}/{name}"
 
 
 def judged_limits(record: dict) -> dict:
@@ -161,23 +174,14 @@ def ladder(metrics: dict[str, float], stat: str) -> list[tuple[str, int, float]]
 
 
 def noisy(record: dict) -> bool:
-    """Whether the point's own latency (its p50, `latency/p50_us`) flagged itself noisy (IQR / median above timing.py's
-    bound): the one flag every screen shows beside that p50; a ladder's other figures carry their own
-    (`<backend>/b<N>/noisy`)."""
+    """Whether the point's own p50 (`latency/p50_us`) flagged itself noisy (IQR / median above timing.py's bound): the
+    one flag every screen shows beside that p50; a ladder's other figures carry their own (`<backend>/b<N>/noisy`)."""
     return bool((record.get("latency") or {}).get("noisy", (record.get("metrics") or {}).get("latency/noisy")))
 
 
-def settings(params: dict, dtype: str) -> dict:
+def settings(params: dict, dtype: str, prefix: str = "") -> dict:
     """The resolved config minus what does not describe this run: other dtypes' thresholds and plumbing keys."""
-    def prune(tree: dict, prefix: str) -> dict:
-        kept = {}
-        for key, value in tree.items():
-            name = f"{prefix}{key}"
-            if name in NOISE:
-                continue
-            if isinstance(value, dict) and name == "verify.limits":
-                value = {k: v for k, v in value.items() if k == dtype}
-            kept[key] = prune(value, name + ".") if isinstance(value, dict) else value
-        return kept
-
-    return prune(params, "")
+    if prefix == "verify.limits.":
+        params = {k: v for k, v in params.items() if k == dtype}
+    return {k: settings(v, dtype, f"{prefix}{k}.") if isinstance(v, dict) else v for k, v in params.items()
+            if f"{prefix}{k}" not in NOISE}

@@ -33,8 +33,7 @@ NPU_FALLBACK_ENV = "TORCH_NPU_FALLBACK_CPU_DISABLE"
 
 @dataclass(frozen=True)
 class Plan:
-    """A precision plan resolved for one policy: every part's dtype (by name), the dtype whose limits judge it, and a
-    content hash (of both) that two points running the same numerics share."""
+    """A precision plan resolved for one policy: each part's dtype, the dtype whose limits judge it, a hash of both."""
 
     name: str
     parts: tuple[tuple[str, str], ...]
@@ -50,8 +49,8 @@ class Plan:
 
 
 def plan_for(conf: PlanConf, parts: tuple[str, ...], dtype: str, shape: str) -> Plan | None:
-    """The plan a config names, resolved for a policy with these parts (a part left out takes `dtype`); None for no
-    plan. A plan for another policy shape or naming a part this policy lacks is one line (UserError)."""
+    """The plan a config names (None: none) for a policy with these parts (one left out takes `dtype`); UserError for a
+    plan of another policy shape or naming a part this policy lacks."""
     if conf.parts is None:
         return None
     if conf.policy is not None and conf.policy != shape:
@@ -155,11 +154,9 @@ def resolve_device(name: str) -> torch.device:
 
 
 def card_index(kind: str, index: int | None) -> int:
-    """The index in this process of the card that `kind:index` names. Under Ray (ASSIGNED_CARD_ENV) and under SLURM with
-    one visible card (CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES of one entry), the point's card is that one
-    card, index 0, whatever index the sweep wrote (a label: result.json records the visible-devices variable);
-    elsewhere the index as the runtime numbers the visible cards. Ray's RAY_EXPERIMENTAL_NOSET_* variables leave every
-    card visible, so the assigned one cannot be found: refused."""
+    """The index in this process of the card `kind:index` names: 0 under Ray (ASSIGNED_CARD_ENV) and under SLURM with one
+    visible card (the sweep's index is then a label; result.json records the visible-devices variable), else `index`.
+    Ray's RAY_EXPERIMENTAL_NOSET_* variables leave every card visible, so the assigned one cannot be found: refused."""
     variable = VISIBLE_ENV[kind]
     noset = f"RAY_EXPERIMENTAL_NOSET_{variable}"
     if os.environ.get(noset):

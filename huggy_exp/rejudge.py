@@ -65,7 +65,7 @@ def rejudge(record: dict, table: dict, specialize: dict, where: str) -> dict:
         if c["memory"] and f"{c['key']}_scale" not in metrics:
             raise UserError(f"{where}: {c['key']}_scale is missing (memories are held to max_abs x max(1, |memory|)): "
                             "re-run the point to re-judge its memories under another limit")
-        bound = new[c["limit_key"]] * (c["scale"] if c["memory"] else 1.0)
+        bound = new[c["limit_key"]] * c["scale"]
         before, now = holds(c["value"], c["op"], c["limit"]), holds(c["value"], c["op"], bound)
         failing_before += [c] if not before else []
         failing_now += [c] if not now else []
@@ -81,15 +81,12 @@ def rejudge(record: dict, table: dict, specialize: dict, where: str) -> dict:
     others = [p for p in parts if not p.startswith(OWN_FAILURES)]  # failures no limit of the table decided: they stand
     if status == "failed" and len(parts) - len(others) != len(failing_before):
         others = parts  # the stored failures do not line up with the stored checks: nothing is taken back
-    said = [f"{c['key']} {c['value']:.3g} {'>' if c['op'] == '<=' else '<'} {_bound(c, new):g} (re-judged)" for c in failing_now]
+    said = [f"{c['key']} {c['value']:.3g} {'>' if c['op'] == '<=' else '<'} {new[c['limit_key']] * c['scale']:g} (re-judged)"
+            for c in failing_now]
     now_failed = bool(others or failing_now or (status == "failed" and not failing_before))
     return {"status": "failed" if now_failed else "passed", "reason": "; ".join(others + said) if now_failed else "",
             "checks": len(found), "changed": changed, "rejudged": True,
-            "limits": {f"{c['key']}_limit": _bound(c, new) for c in found}}
-
-
-def _bound(c: dict, new: dict) -> float:
-    return new[c["limit_key"]] * (c["scale"] if c["memory"] else 1.0)
+            "limits": {f"{c['key']}_limit": new[c["limit_key"]] * c["scale"] for c in found}}
 
 
 def _decidable(metrics: dict, new: dict, failing: list[dict], where: str) -> None:

@@ -287,9 +287,8 @@ def graphs(policy: Policy, target: Target) -> tuple[Callable, Callable]:
 
 
 def _compiler(kind: str) -> str | Callable:
-    """The dynamo backend for the device kind (COMPILE_BACKENDS), checked to be there, with dynamo reset: one runner's
-    compilations never count against the next one's (each new policy's frozen weights are new guards, and past
-    dynamo's recompile_limit it would run eager). On npu: torchair's, in placement.TORCHAIR_MODE."""
+    """The device kind's dynamo backend (COMPILE_BACKENDS; npu: torchair's), checked, with dynamo reset: one runner's
+    compilations never count against the next one's (new weights are new guards; past recompile_limit: eager)."""
     import torch._dynamo
 
     name = COMPILE_BACKENDS[kind]
@@ -506,8 +505,7 @@ def build(ctx: Context, backend: str | None = None, *, device: str | None = None
 
 
 def onnxruntime(ctx: Context, target: Target, batch: int, threads: int, provider: str | None, onnx: Path | None) -> OnnxRunner:
-    """Backend onnxruntime (config.Backend.runner): the ML-Agents .onnx, or onnxruntime's own quantization of it for a
-    dtype whose peer it is (int8: its dynamic quantization of the same graph), on the device's execution provider."""
+    """Backend onnxruntime: the .onnx (or, for a dtype whose peer it is, its own quantization) on the device's provider."""
     provider = provider or PROVIDERS[target.kind]  # config.BACKENDS: its device kinds
     options = onnxruntime_options(provider, target.device.index if target.kind != "cpu" else None, ctx.precision_mode)
     path = onnx or ctx.onnx_path()
@@ -525,5 +523,5 @@ def declared(path: str) -> Callable:
 
 
 def reference(ctx: Context, dtype: str = "fp64", batch_size: int = 0) -> TorchRunner:
-    """The CPU eager reference used by the comparing modes (fp64 by default)."""
+    """The CPU eager reference of the comparing modes."""
     return TorchRunner(ctx.weights, resolve("cpu", dtype), batch_size)

@@ -32,7 +32,7 @@ from urllib.parse import unquote, urlparse
 from huggy_exp.environment import flatten
 from huggy_exp.errors import UserError
 from huggy_exp.headline import (ANSWER, ANSWER_ORDER, COSINE, ERROR, fastest_backend, judged_limits,
-                                first_screen_name, logged_metrics, logged_name, noisy, settings, timed_batch)
+                                logged_metrics, logged_name, noisy, settings, timed_batch)
 from huggy_exp.report import OWN_ANSWERS, escape, fmt
 from huggy_exp.config import VERDICTS, modes, ran_dtype
 from huggy_exp.results import update_result
@@ -102,19 +102,17 @@ def hide_secrets(uri: str) -> str:
 
 def _client_password(uri: str) -> str | None:
     """The raw password the store's client reads from a URI: urllib's for a server, SQLAlchemy's for a database."""
-    if urlparse(uri).scheme in ("http", "https"):
-        netloc = urlparse(uri).netloc
-        return netloc.rpartition("@")[0].partition(":")[2] if "@" in netloc else None
+    if (p := urlparse(uri)).scheme in ("http", "https"):
+        return p.netloc.rpartition("@")[0].partition(":")[2] if "@" in p.netloc else None
     found = DRIVER_PASSWORD.match(uri)
     return found["password"] if found else None
 
 
 def _secrets() -> dict:
-    try:
+    with contextlib.suppress(ValueError):
         found = json.loads(os.environ.get(SECRETS_ENV) or "{}")
-    except ValueError:
-        return {}
-    return found if isinstance(found, dict) else {}
+        return found if isinstance(found, dict) else {}
+    return {}
 
 
 def use_credentials(uri: str) -> str:
@@ -156,8 +154,7 @@ def local_store(uri: str | None) -> Path | None:
 
 def check_uri(uri: str) -> None:
     """MLflow >= 3.13 refuses a plain folder store; say so before any job runs."""
-    scheme = urlparse(uri).scheme
-    shown = redact(uri)
+    scheme, shown = urlparse(uri).scheme, redact(uri)
     if scheme in ("", "file"):
         raise StoreDown(f"tracking.uri={shown!r}: MLflow 3 needs a database or server store, e.g. sqlite:///path/mlflow.db")
     if scheme not in ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks"):
@@ -383,11 +380,12 @@ VIEW_PARAMS = ("device", "dtype", BATCH_PARAM, "mode", "obs.source", "seed")
 FINGERPRINT_COLUMN = "tags.`fingerprint`"
 # the runs table's first screen, after the run name and the verdict (and the batch size where the sweep's points
 # differ in it), those the sweep's runs have: a benchmark's fastest backend at the job's batch (p50, which, obs/s) and
-# eager's p50; the error vs fp64 with its limit, the cosine, the p50 and the fingerprint prefix; then the rest
-FIRST_COLUMNS = tuple(c if "`" in c else f"metrics.`{logged_name(c)}`" for c in (
+# eager's p50; the error vs fp64 with its limit, the cosine, the p50 (as the answer, or after a mode's own answer) and
+# the fingerprint prefix; then the rest
+FIRST_COLUMNS = tuple(dict.fromkeys(c if "`" in c else f"metrics.`{logged_name(c, answer)}`" for c in (
     "best_p50_us", "tags.`best_backend`", "best_obs_per_s", "metrics.`eager/p50_us`", ERROR, f"params.`{LIMIT_PARAM}`",
-    COSINE, "p50_us", FINGERPRINT_COLUMN))
-OWN_COLUMNS = tuple(dict.fromkeys(f"metrics.`{first_screen_name(n)}`" for m in modes().values() for n in m.first_screen))
+    COSINE, "p50_us", FINGERPRINT_COLUMN) for answer in (True, False)))
+OWN_COLUMNS = tuple(dict.fromkeys(f"metrics.`{logged_name(n)}`" for m in modes().values() for n in m.first_screen))
 # px: the verdict's, then every other column as wide as its header needs (HEADER_PX), so that the verdict and the
 # next five fit in the 623 px MLflow leaves beside its own name column at 1600 px with its Assistant panel open; the
 # batch size's, alone under MLflow's "Parameters" group header, as wide as that needs
@@ -811,8 +809,7 @@ def sweep_name(argv: list[str], started: float) -> str:
     overrides = sweep_overrides(argv)
     shown = {k: v for k, v in overrides.items() if k == "mode" or "," in v or v.startswith(SWEEP_FUNCTIONS)} or overrides
     what = " ".join(f"{k}={v}" for k, v in shown.items()) or "(defaults)"
-    if len(what) > 110:
-        what = what[:109] + "…"
+    what = what if len(what) <= 110 else what[:109] + "…"
     return f"sweep {what} · {time.strftime('%m-%d %H:%M', time.localtime(started))}"
 
 
@@ -918,10 +915,9 @@ LINK = " (runs)"  # each name's link: the name itself stays plain text
 
 
 def one_line(head: str, links: list[tuple[str, str]], chars: int = DESCRIPTION_CHARS) -> str:
-    """`head` and as many names with their link (text, url) as fit one line of `chars` visible characters, the first
-    always (its text cut with "…" where it alone is longer): a second line would show cut in half in MLflow's collapsed
-    box. Each name is plain text followed by its `(runs)` link: MLflow's home page lists the description unrendered, and
-    it reads `Sweeps, newest first: sweep mode=…` there, not `[sweep mode=…](#/experiments/…`."""
+    """`head` and as many (text, url) links as fit one line of `chars` visible characters, the first always (cut with
+    "…" if it alone is longer): a second line shows cut in half in MLflow's collapsed box. Each name is plain text
+    before its `(runs)` link: MLflow's home page lists the description unrendered (`sweep x`, not `[sweep x](#/…`)."""
     room, shown = chars - len(head), []
     for text, url in links:
         if shown and len(text) + len(LINK) + 3 > room:

@@ -1,10 +1,9 @@
 """A single run's MLflow connection, opened beside the job (`python -m huggy_exp.tracking_worker` is the helper).
 
-Importing mlflow and its SQLAlchemy store costs a single run 2-3 s of CPU, more than everything else it does over
-`import torch`. run.py starts this helper before it composes the config, so that import runs while the job imports
-torch and runs; the finished job directory is then handed over and the helper logs it with tracking.log_job, the
-function the job would have called. The outcome (logged, pending with its reason) is the same; if the helper is gone
-or answers nothing, the job logs in its own process as before. EOF on its stdin (the job ended first) ends it.
+Importing mlflow and its SQLAlchemy store costs a single run 2-3 s of CPU, more than the rest beyond `import torch`.
+run.py starts this helper first, so that import runs beside the job; the finished job folder is then handed over and
+logged with tracking.log_job, the same call and outcome. A helper that is gone or answers nothing: the job logs in its
+own process. EOF on its stdin (the job ended first) ends it.
 """
 
 from __future__ import annotations
@@ -48,13 +47,11 @@ class Helper:
         # the store's credentials as they are now: preflight moves them out of the URI after the helper has started
         env = {k: os.environ[k] for k in tracking.CREDENTIAL_ENV if k in os.environ}
         request = json.dumps({"settings": settings, "workdir": str(Path(workdir).absolute()), "env": env})
-        try:
+        with contextlib.suppress(OSError, ValueError, subprocess.TimeoutExpired):
             out, _ = self.proc.communicate(request + "\n", timeout=600)
             lines = [ln for ln in out.splitlines() if ln.startswith(ANSWER)]
             if lines and self.proc.returncode == 0:
                 return json.loads(lines[-1][len(ANSWER):])
-        except (OSError, ValueError, subprocess.TimeoutExpired):
-            pass
         self.close()
         return tracking.log_job(settings, workdir)  # the helper failed: the same call, in this process
 

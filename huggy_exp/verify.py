@@ -1,13 +1,10 @@
 """The one comparison engine: compare(actual, expected, rules) -> Comparison, pure numpy (computed in float64).
 
 Outputs are objects (`Output`): each head and the memory declares its ML-Agents name, its sampled twin, the file stem
-its arrays are written under and the rule that compares it. `compare` takes two dicts of outputs by ML-Agents name
-(and, when both sides have them, the distributions `mu`, `log_sigma`, `masked_logits` behind the outputs) and returns,
-per output, the metrics, the limits beside them and the checks that failed. Nothing here knows a task or a mode.
-
-The rules (continuous, memory, discrete with its one margin rule, constant) are docs/verification.md's. NaN or inf in
-an output or in the reference it is held to always fails, and a limit that is not a finite number is an error
-(`within`, `finite_limits`): nothing that is not finite passes.
+its arrays are written under and the rule that compares it (docs/verification.md's rules). `compare` takes two dicts of
+outputs by ML-Agents name (and, when both sides have them, the distributions `mu`, `log_sigma`, `masked_logits` behind
+them) and returns per output the metrics, the limits beside them and the checks that failed. Nothing here knows a task
+or a mode, and nothing that is not finite passes: neither an output, nor its reference, nor a limit.
 """
 
 from __future__ import annotations
@@ -101,10 +98,6 @@ class OutputComparison:
     metrics: dict[str, float] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
 
-    @property
-    def passed(self) -> bool:
-        return not self.failures
-
 
 @dataclass
 class Comparison:
@@ -114,7 +107,7 @@ class Comparison:
 
     @property
     def passed(self) -> bool:
-        return all(o.passed for o in self.outputs.values())
+        return not any(o.failures for o in self.outputs.values())
 
     @property
     def failures(self) -> list[str]:
@@ -284,25 +277,17 @@ def elementwise(actual: np.ndarray, expected: np.ndarray, rel_floor: float = REL
     n = max(int(both.sum()), 1)
     row_cos = [cosine(x, y) for x, y in zip(af, ef)]
     signal, noise = float((ef**2).sum()), float((diff**2).sum())
+    max_abs, max_rel, standard = float(diff.max(initial=0.0)), float(rel.max(initial=0.0)), DTYPES[dtype].ulp_standard
     out = {
-        "max_abs": float(diff.max(initial=0.0)),
-        "mean_abs": float(diff.sum() / n),
-        "rmse": float(np.sqrt(noise / n)),
+        "max_abs": max_abs, "mean_abs": float(diff.sum() / n), "rmse": float(np.sqrt(noise / n)),
         "rel_rmse": float(np.sqrt(noise / (signal if signal > 0 else n))),  # over the RMS of expected (zero: the rmse)
-        "sqnr_db": sqnr_db(signal, noise),
-        "max_rel": float(rel.max(initial=0.0)),
-        "cosine": cosine(af, ef),
-        "cosine_min_row": float(min(row_cos, default=1.0)),
-        "worst_row": float(np.argmin(row_cos)) if row_cos else 0.0,
-        "required_atol": float(diff.max(initial=0.0)),
-        "required_rtol": float(rel.max(initial=0.0)),
-        "ulp_max": float(ulps.max(initial=0.0)),
-        "ulp_share_over": float(np.mean(ulps > DTYPES[dtype].ulp_standard)) if ulps.size else 0.0,
-        "ulp_standard": DTYPES[dtype].ulp_standard,
+        "sqnr_db": sqnr_db(signal, noise), "max_rel": max_rel, "cosine": cosine(af, ef),
+        "cosine_min_row": float(min(row_cos, default=1.0)), "worst_row": float(np.argmin(row_cos)) if row_cos else 0.0,
+        "required_atol": max_abs, "required_rtol": max_rel, "ulp_max": float(ulps.max(initial=0.0)),
+        "ulp_share_over": float(np.mean(ulps > standard)) if ulps.size else 0.0, "ulp_standard": standard,
         "nan_mismatch": float(np.sum(np.isnan(a) != np.isnan(e))),
         "inf_mismatch": float(np.sum(np.isinf(a) != np.isinf(e)) + np.sum(np.isinf(a) & np.isinf(e) & (np.sign(a) != np.sign(e)))),
-        "nonfinite_actual": float(np.sum(~np.isfinite(a))),
-        "nonfinite_expected": float(np.sum(~np.isfinite(e))),
+        "nonfinite_actual": float(np.sum(~np.isfinite(a))), "nonfinite_expected": float(np.sum(~np.isfinite(e))),
     }
     if not both.all():  # a NaN/inf on either side is no agreement: the errors are infinite, the cosines undefined
         out.update({k: np.inf for k in POISONED_ERRORS})
@@ -412,19 +397,11 @@ def discrete_agreement(actual: np.ndarray, expected: np.ndarray, margin: np.ndar
     ratio = np.divide(m, allowed, out=np.where(m > 0, np.inf, 0.0), where=allowed > 0)  # over a bound of 0: inf
     bands = {"within": ratio <= FLIP_BANDS[0], "to_10x": (ratio > FLIP_BANDS[0]) & (ratio <= FLIP_BANDS[1]),
              "beyond_10x": ~(ratio <= FLIP_BANDS[1])}
-    out = {
-        "decisions": float(e.size),
-        "agreement": float(np.mean(~flips)) if e.size else 1.0,
-        "flips": float(flips.sum()),
-        "flips_beyond_margin": float(np.sum(flips & ~near)),
-        "near_ties": float(near.sum()),
-        "flip_margin_max": float(m[flips].max(initial=0.0)),
-        "margin_min": float(m.min(initial=np.inf)),
-        "margin_limit": float(bound),
-    }
-    for band, where in bands.items():
-        out[f"flip_rate_margin_{band}"] = float(np.sum(flips & where) / max(np.sum(where), 1))
-    return out
+    rates = {f"flip_rate_margin_{band}": float(np.sum(flips & b) / max(np.sum(b), 1)) for band, b in bands.items()}
+    return {"decisions": float(e.size), "agreement": float(np.mean(~flips)) if e.size else 1.0,
+            "flips": float(flips.sum()), "flips_beyond_margin": float(np.sum(flips & ~near)),
+            "near_ties": float(near.sum()), "flip_margin_max": float(m[flips].max(initial=0.0)),
+            "margin_min": float(m.min(initial=np.inf)), "margin_limit": float(bound), **rates}
 
 
 # --- fingerprints

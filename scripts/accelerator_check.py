@@ -8,10 +8,8 @@ Hydra sweep (`run.py -m ... tracking=none`) into OUTDIR/<step>/, its log OUTDIR/
 the fixture folder (.fx/, filled by ../shared/device/prepare.sh; required unless --no-fixtures) and the summary:
 docs/loadgen-and-control-loop.md, "Running on an accelerator". --python "CMD" runs run.py with another interpreter
 command (the CI rehearsal: "python tests/emulated_npu.py"). OUTDIR must be new or empty and --tar FILE (and the
-SUMMARY.md beside it) must not exist, as run.py's folders and files: nothing is replaced.
-The whole run, every step's cap, kill and packing included, ends within --total-s (default TOTAL_S: the device call's
-420 s less its setup and a margin); SUMMARY.md and the archive are rewritten after every step, so a call cut at any
-moment returns every finished step.
+SUMMARY.md beside it) must not exist: nothing is replaced. The run ends within --total-s (TOTAL_S: the device call's
+420 s less setup and margin), kills and packing included; the archive is rewritten after every step.
 Exit: 0 when every step ran, each ran a point on DEVICE, and every device point met its verdict or failed as its CPU
 twin did (a dtype's limit the policy misses everywhere: listed apart); else the first failing step's exit status (1
 for a step that was not run or ran no device point); 2 for a bad argument or an output that exists.

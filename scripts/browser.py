@@ -29,7 +29,7 @@ class BrowserError(RuntimeError):
 
 
 class Browser:
-    """One Chromium process with one page of `width`×`height` CSS pixels; use as a context manager."""
+    """One Chromium process with one page of `width`×`height` CSS pixels (`contextlib.closing` closes it)."""
 
     def __init__(self, chrome: str, profile: Path, width: int = 1600, height: int = 1000, timeout_s: float = 60.0):
         self.timeout_s = timeout_s
@@ -65,12 +65,6 @@ class Browser:
         except BaseException:
             self.close()
             raise
-
-    def __enter__(self) -> Browser:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -134,8 +128,7 @@ class Browser:
             except BrowserError:  # the page is still loading (no body yet, a navigation in flight)
                 value = None
             if value:
-                if settle_s:
-                    time.sleep(settle_s)
+                time.sleep(settle_s)
                 return value
             if time.time() > deadline:
                 return value

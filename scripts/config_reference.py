@@ -151,10 +151,5 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if stale and args.check else 0
 
 
-def rendered(doc: str, text: str) -> str:
-    """docs/configuration.md's text with its generated part replaced by `text` (tests/test_docs.py holds it equal)."""
-    return between(doc, BEGIN, END, text)
-
-
 if __name__ == "__main__":
     sys.exit(main())

@@ -205,11 +205,9 @@ def copy_tree(dest: Path, rev: str | None) -> Path:
     else:
         listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard", "-z"], check=True,
                                 capture_output=True).stdout.decode().split("\0")
-        for rel in filter(None, listed):
-            src = REPO / rel
-            if src.is_file():
-                (repo / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(src, repo / rel)
+        for rel in (rel for rel in listed if rel and (REPO / rel).is_file()):  # a tracked file deleted here: not copied
+            (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, repo / rel)
     shared = REPO.parent / "shared"
     if shared.is_dir():
         (dest / "shared").symlink_to(shared.resolve())
@@ -232,27 +230,20 @@ def present(repo: Path, hints) -> list[str]:
     found = []
     for hint in hints:
         file, _, test = hint.partition("::")
-        path = repo / file
-        if path.is_file() and (not test or f"def {test}(" in path.read_text()):
+        if (repo / file).is_file() and (not test or f"def {test}(" in (repo / file).read_text()):
             found.append(hint)
     return found
 
 
-def _default_sigint() -> None:
-    """Started in the background (`&` without job control), this process ignores SIGINT, and so would the suite's
-    Ctrl-C test: its failure would read as a catch. The suite gets a terminal's default."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def pytest(repo: Path, args: list[str], timeout: float) -> tuple[int, str, float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_"))}
-    env["PYTHONPATH"] = str(repo)
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.update(PYTHONPATH=str(repo), PYTHONDONTWRITEBYTECODE="1")
     started = time.monotonic()
-    try:
+    try:  # SIGINT as a terminal leaves it: started in the background (`&` without job control), this process ignores
+        # it, and so would the suite's Ctrl-C test, whose failure would then read as a catch
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "no:randomly",
                                *args], cwd=repo, env=env, capture_output=True, text=True, timeout=timeout,
-                              preexec_fn=_default_sigint)
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - started
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else str(exc.stdout or "")

@@ -13,6 +13,7 @@ run (no Chromium: Debian `apt-get install chromium`; no such sweep or store).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
@@ -44,9 +45,15 @@ window.__textSeen = t => {  // is some element whose own text contains t on scre
   for (let n = walk.nextNode(); n; n = walk.nextNode()) if (n.nodeValue.includes(t) && __seen(n.parentElement)) return true;
   return false;
 };
-window.__cut = el => {  // a text of it laid out past its right edge (an ellipsis, or clipped), not its other boxes (a resize handle)
-  const walk = document.createTreeWalker(el, NodeFilter.SHOW_TEXT), right = el.getBoundingClientRect().right + 1, range = document.createRange();
-  for (let n = walk.nextNode(); n; n = walk.nextNode()) { range.selectNode(n); const r = range.getBoundingClientRect(); if (r.width > 0 && r.right > right) return true; }
+window.__cut = (el, head) => {  // a text of it (or its first `head` characters) laid out past its right edge (an
+  const walk = document.createTreeWalker(el, NodeFilter.SHOW_TEXT), right = el.getBoundingClientRect().right + 1;
+  const range = document.createRange();  // ellipsis, or clipped), not its other boxes (a resize handle)
+  for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+    range.selectNode(n);
+    if (head !== undefined) range.setEnd(n, Math.min(head, n.length));
+    const r = range.getBoundingClientRect();
+    if (r.width > 0 && r.right > right) return true;
+  }
   return false;
 };
 window.__seen = (el, clip) => {
@@ -74,11 +81,13 @@ JS_GRID = JS_SEEN + """
     rows[i] = rows[i] || {};
     for (const cell of row.querySelectorAll('.ag-cell[col-id]')) {
       const pinned = !!cell.closest('.ag-pinned-left-cols-container');
-      rows[i][cell.getAttribute('col-id')] = {text: cell.innerText.trim(), seen: __seen(cell, pinned ? null : clip), cut: __cut(cell)};
+      const text = cell.innerText.trim(), head = text.indexOf(': ');  // a verdict's words before its reason
+      rows[i][cell.getAttribute('col-id')] = {text, seen: __seen(cell, pinned ? null : clip), cut: __cut(cell),
+                                              headCut: __cut(cell, head < 0 ? text.length : head)};
     }
   }
   const groups = [...document.querySelectorAll('.ag-header-group-cell')].filter(g => __seen(g, clip) && __cut(g.querySelector('.ag-header-group-text') || g));
-  return {headers, rows: Object.values(rows), cutGroups: groups.map(g => g.innerText.trim()), assistant: !!document.querySelector('[data-assistant-ui]') || document.body.innerText.includes('MLflow Assistant')};
+  return {headers, rows: Object.values(rows), cutGroups: groups.map(g => g.innerText.trim())};
 })()
 """
 
@@ -114,7 +123,7 @@ class Check:
             self.miss(name, f"the page did not get ready within {timeout_s:g} s ({ready}) at {url}")
         shot = browser.screenshot(self.shots / f"{name}.png")
         print(f"  {name}: {url}\n    screenshot {shot}")
-        return browser
+        return contextlib.closing(browser)
 
     def read(self, name: str, path: str, ready: str, expression: str = "document.body.innerText",
              timeout_s: float = LOAD_S):
@@ -128,14 +137,15 @@ class Check:
 
 
 def first_screen(sweep: dict) -> list[tuple[str, str]]:
-    """(column id, what it is) that must be in view on the runs page: verdict first, then the headline columns."""
-    wanted = {"tags.`verdict`": "the verdict", f"params.`{tracking.BATCH_PARAM}`": "the batch size",
-              **{c: f"the mode's own answer {c.split('`')[1]}" for c in tracking.OWN_COLUMNS}, **dict(zip(
-        tracking.FIRST_COLUMNS, ("the fastest backend's p50", "the fastest backend", "the fastest backend's obs/s",
-                                 "eager's p50", "error vs fp64", "its limit", "cosine", "p50 at the job's batch",
-                                 "fingerprint prefix")))}
+    """(column id, what it is) that must be in view on the runs page: the verdict (and the batch size where the points
+    differ in it), then the mode's own answer (`ModeConf.first_screen`: replay's, LoadGen's) where its points have
+    one, else the verified point's (tracking.FIRST_COLUMNS: the fastest backend, the error, its limit, cosine, p50)."""
+    lead = ["tags.`verdict`", f"params.`{tracking.BATCH_PARAM}`"]
     first = sweep["columns"][:sweep["columns"].index("tags.`reason`")]
-    return [(c, wanted[c]) for c in first if c in wanted][:6]
+    own = [c for c in first if c in tracking.OWN_COLUMNS]
+    shown = [c for c in first if c in lead] + (own or [c for c in first if c in tracking.FIRST_COLUMNS])
+    named = {"tags.`verdict`": "the verdict", f"metrics.`{headline.logged_name(headline.ERROR)}`": "the error vs fp64"}
+    return [(c, named.get(c, "the " + c.split("`")[1])) for c in shown][:6]
 
 
 def shows(text: str) -> str:
@@ -171,10 +181,10 @@ def check_runs(check: Check, sweep: dict) -> None:
         if column not in headers:
             check.miss(name, f"no {what} column ({column}) on the first screen")  # not drawn: off-screen
         elif not headers[column]["seen"]:
-            check.miss(name, f"the {what} column ({column}) is not within the {WIDTH}x{HEIGHT} viewport "
+            check.miss(name, f"{what} column ({column}) is not within the {WIDTH}x{HEIGHT} viewport "
                              f"(x {headers[column]['left']}..{headers[column]['right']})")
         elif headers[column]["cut"]:
-            check.miss(name, f"the {what} column's header ({column}) is cut")
+            check.miss(name, f"{what} column's header ({column}) is cut")
     for group in grid["cutGroups"]:
         check.miss(name, f"the column group header {group!r} is cut")
     data = {c: h for c, h in headers.items() if c.startswith(("metrics.", "params.", "tags."))}
@@ -199,7 +209,7 @@ def _check_points(check: Check, name: str, children: list[dict], rows: dict, col
         cell = row.get("tags.`verdict`", {"text": "", "seen": False})
         if not cell["seen"] or not cell["text"].startswith(child["status"]):
             check.miss(name, f"{child['name']}: verdict {cell['text']!r} does not read {child['status']!r} in view")
-        elif cell.get("cut") and ": " not in child["verdict"]:  # a reason may run on (it is whole in `reason`)
+        elif cell.get("headCut"):  # its words before a reason (`failed as expected`); the reason may run on (`reason`)
             check.miss(name, f"{child['name']}: its verdict {child['verdict']!r} is cut ({cell['text']!r})")
         if child["status"] == "skipped" and child["reason"] and child["reason"][:12] not in cell["text"]:
             check.miss(name, f"{child['name']}: skipped without its reason in view ({cell['text']!r})")
@@ -211,6 +221,13 @@ def _check_points(check: Check, name: str, children: list[dict], rows: dict, col
         cell = (rows.get(child["name"]) or {}).get(column)
         if column.startswith("metrics.") and (cell is None or cell["text"] in ("", "-") or not cell["seen"]):
             check.miss(name, f"{child['name']}: {what} shows {cell and cell['text']!r}, not its value, in view")
+
+
+def lacks(check: Check, name: str, text: str, wanted: dict[str, str]) -> None:
+    """Says each finding of `wanted` ({what the page must show: the finding}) whose text the page lacks."""
+    for want, finding in wanted.items():
+        if want not in text:
+            check.miss(name, finding)
 
 
 def check_root(check: Check, sweep: dict) -> None:
@@ -231,9 +248,7 @@ def check_child(check: Check, sweep: dict) -> None:
     if (child := with_metrics(check, "child", sweep)) is None:
         return
     text = check.read("child", run_path(sweep, child["id"]), shows(child["headline"][0]))
-    for metric in child["headline"]:
-        if metric not in text:
-            check.miss("child", f"{child['name']}: headline metric {metric} not on its page")
+    lacks(check, "child", text, {m: f"{child['name']}: headline metric {m} not on its page" for m in child["headline"]})
 
 
 JS_SECTIONS = """(() => {  // the run page's chart sections, top to bottom: [name, charts] of each "<name> (<n>)" header
@@ -247,15 +262,17 @@ JS_SECTIONS = """(() => {  // the run page's chart sections, top to bottom: [nam
 
 
 def check_metrics(check: Check, sweep: dict) -> None:
-    """A child's "Model metrics" tab: at most MAX_LOGGED charts, and the answer's section first."""
+    """A child's "Model metrics" tab: at most MAX_LOGGED charts, and first the section of the mode's answer, holding
+    every `answer/` metric the run logged (accuracy after it where it is not the mode's answer: headline.answers)."""
     name = "metrics"
     if (child := with_metrics(check, name, sweep)) is None:
         return
     sections = check.read(name, run_path(sweep, child["id"], "model-metrics"), f"{JS_SECTIONS}.length > 0", JS_SECTIONS)
-    charts = sum(n for _, n in sections)
+    charts, answer = sum(n for _, n in sections), [k for k in child["metrics"] if k.startswith(tracking.ANSWER)]
     print(f"    sections: {', '.join(f'{s} ({n})' for s, n in sections)}")
-    if not sections or sections[0][0] != tracking.ANSWER.rstrip("/"):
-        check.miss(name, f"{child['name']}: the first chart section is {sections[0][0] if sections else 'none'!r}, not the answer")
+    if (sections[0] if sections else None) != [tracking.ANSWER.rstrip("/"), len(answer)]:
+        check.miss(name, f"{child['name']}: the first chart section is {sections[0] if sections else 'none'!r}, not "
+                         f"the answer's {len(answer)} charts ({', '.join(answer)})")
     if charts > headline.MAX_LOGGED or charts != len(child["metrics"]):
         check.miss(name, f"{child['name']}: {charts} charts for {len(child['metrics'])} metrics (at most {headline.MAX_LOGGED})")
 
@@ -279,13 +296,16 @@ def check_failed(check: Check, sweep: dict) -> None:
 
 
 def check_parent(check: Check, sweep: dict) -> None:
+    """The parent's description, in view: its tally, the recommendation where there is one, and what the sweep found
+    where it says (`Found`: replay's bitwise, dual benchmark and latency change; LoadGen's validity)."""
     parent, tally = sweep["parent"], sweep["parent"]["tally"]
-    seen = check.read("parent", run_path(sweep, parent["id"]), shows(tally[:20]), JS_SEEN
-                      + "Object.fromEntries(%s.map(t => [t, __textSeen(t)]))" % json.dumps([tally[:20], "Recommended"]))
-    if not seen.get(tally[:20]):
-        check.miss("parent", f"the tally ({tally!r}) is not in view in the parent's description")
-    if parent["recommendation"] and not seen.get("Recommended"):
-        check.miss("parent", "the recommendation is not in view in the parent's description")
+    wanted = [tally[:20], "Recommended", "Found"]
+    seen = check.read("parent", run_path(sweep, parent["id"]), shows(tally[:20]), JS_SEEN + "Object.fromEntries(%s.map("
+                      "t => [t, __textSeen(t) || !document.body.innerText.includes(t) && null]))" % json.dumps(wanted))
+    for text, what, needed in zip(wanted, (f"the tally ({tally!r})", "the recommendation", "what the sweep found "
+                                           "(`Found ...`)"), (True, bool(parent["recommendation"]), False)):
+        if seen.get(text) is False or needed and not seen.get(text):
+            check.miss("parent", f"{what} is not in view in the parent's description")
     check_recommended(check, sweep)
 
 
@@ -336,12 +356,8 @@ def check_compare(check: Check, sweep: dict) -> None:
     if sweep["uri"].startswith("http"):
         path = f"{sweep['uri'].rstrip('/')}/{path}"
     text = check.read(name, path, " && ".join(shows(c["name"]) for c in passing), JS_SCROLLED_TEXT)
-    for child in passing:
-        if child["name"] not in text:
-            check.miss(name, f"{child['name']} is not in the compare view")
-    for metric in dict.fromkeys(m for c in passing for m in c["headline"]):
-        if metric not in text:
-            check.miss(name, f"headline metric {metric} is not in the compare view")
+    lacks(check, name, text, {c["name"]: f"{c['name']} is not in the compare view" for c in passing}
+          | {m: f"headline metric {m} is not in the compare view" for c in passing for m in c["headline"]})
     if tracking.LIMIT_PARAM in {p for c in passing for p in c["params"]} and tracking.LIMIT_PARAM not in text:
         check.miss(name, f"the {tracking.LIMIT_PARAM} row is not in the compare view")
 
@@ -368,18 +384,15 @@ def check_report_artifact(check: Check, sweep: dict) -> None:
         return
     path = run_path(sweep, parent["id"], "artifacts/report.html")
     with check.visit(name, path, "!!document.querySelector('iframe')") as page:
-        frames = page.call("Page.getFrameTree")["frameTree"].get("childFrames", [])  # one tree: browser.py's flags
-        text, images = "", []
-        deadline = time.time() + 30
-        while frames and time.time() < deadline:
+        text, images, deadline = "", [], time.time() + 30
+        while frames := page.call("Page.getFrameTree")["frameTree"].get("childFrames", []):  # one tree (browser.py)
             world = page.call("Page.createIsolatedWorld", frameId=frames[0]["frame"]["id"])["executionContextId"]
             result = page.call("Runtime.evaluate", expression="JSON.stringify([document.body ? document.body.innerText : '', "
                                + JS_IMAGES + "])", contextId=world, returnByValue=True)
             text, images = json.loads(result["result"].get("value") or '["", []]')
-            if sweep["parent"]["tally"][:20] in text and all(i[2] for i in images):
+            if sweep["parent"]["tally"][:20] in text and all(i[2] for i in images) or time.time() > deadline:
                 break
             time.sleep(1)
-            frames = page.call("Page.getFrameTree")["frameTree"].get("childFrames", [])
         page.screenshot(check.shots / f"{name}.png")
         seen = page.evaluate(JS_SEEN + "(() => { const f = document.querySelector('iframe'); const r = f.getBoundingClientRect(); return r.height > 300 && r.width > 500; })()")
     if not frames:
@@ -392,13 +405,10 @@ def check_report_artifact(check: Check, sweep: dict) -> None:
 
 def _report_content(check: Check, name: str, sweep: dict, text: str, images: list) -> None:
     parent = sweep["parent"]
-    for want, what in ((parent["name"][:30], "the sweep's name"), (parent["tally"][:20], "the tally"),
-                       ("Verdicts", "the verdict table"), ("Environment", "the environment")):
-        if want not in text:
-            check.miss(name, f"the report lacks {what} ({want!r})")
-    for child in sweep["children"]:
-        if child["name"] not in text:
-            check.miss(name, f"the report's verdict table lacks {child['name']}")
+    wanted = ((parent["name"][:30], "the sweep's name"), (parent["tally"][:20], "the tally"),
+              ("Verdicts", "the verdict table"), ("Environment", "the environment"))
+    lacks(check, name, text, {want: f"the report lacks {what} ({want!r})" for want, what in wanted}
+          | {c["name"]: f"the report's verdict table lacks {c['name']}" for c in sweep["children"]})
     if parent["recommendation"] and "Recommendation" not in text:
         check.miss(name, "the report lacks the recommendation")
     plots = [a for a in parent["artifacts"] if a.endswith(".png")]
@@ -430,16 +440,12 @@ def main(argv: list[str]) -> int:
         print("error: needs a headless Chromium (Debian: apt-get install chromium); none of chromium, "
               "chromium-browser, google-chrome is on PATH", file=sys.stderr)
         return 2
-    try:
-        sweep = tracking.sweep_runs({"uri": args.store, "experiment": args.experiment}, args.sweep)
-    except tracking.StoreDown as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     with tempfile.TemporaryDirectory(prefix="huggy-ui-") as tmp:
         shots = args.shots or Path(tmp) / "shots"
         shots.mkdir(parents=True, exist_ok=True)
         server, base = None, ""
         try:
+            sweep = tracking.sweep_runs({"uri": args.store, "experiment": args.experiment}, args.sweep)
             if args.ui:
                 base = args.ui.rstrip("/")
             elif not sweep["uri"].startswith("http"):
@@ -453,7 +459,7 @@ def main(argv: list[str]) -> int:
             check = Check(chrome, base, shots, Path(tmp), args.screenshot)
             for page in args.only or PAGES:
                 PAGES[page](check, sweep)
-        except (UserError, BrowserError) as exc:
+        except (UserError, BrowserError, tracking.StoreDown) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         finally:

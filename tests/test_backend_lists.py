@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,7 +19,11 @@ from huggy_exp.errors import Unsupported, UserError
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("config_reference", REPO / "scripts" / "config_reference.py")
+    return _load("config_reference", "scripts/config_reference.py")
+
+
+def _load(name: str, rel: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / rel)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     try:
@@ -83,3 +88,15 @@ def test_a_declared_backend_appears_in_every_error_message_that_lists_backends(t
     toy, eager = TorchRunner(weights, resolve("cpu", "fp32"), 0, "toy"), TorchRunner(weights, resolve("cpu", "fp32"))
     feeds = {OBS: np.ones((3, toy.policy.obs_dim), np.float32)}
     assert toy.name == "torch-toy-cpu-fp32" and np.array_equal(toy.infer(feeds)[ACTIONS], eager.infer(feeds)[ACTIONS])
+
+
+def test_bench_py_times_the_backends_the_schema_declares_for_the_cpu(toy_backend):
+    """benchmarks/bench.py reads the backends it times from config.BACKENDS (issue 34: it kept a literal tuple): a
+    declared CPU fp32 backend joins its fp32 benchmark and the torch backends its targets compare, and bf16 runs only
+    the backends that declare it."""
+    bench = _load("bench_under_test", "benchmarks/bench.py")
+    assert bench.cpu_backends("fp32") == ["eager", "compile", "fused", "onnxruntime", "toy"]
+    assert bench.cpu_backends("fp32", torch_only=True) == ["eager", "compile", "fused", "toy"]
+    assert bench.cpu_backends("bf16") == ["eager", "compile"]
+    args = SimpleNamespace(rows=512, budget=2.0)
+    assert "mode.backends=[eager,compile,fused,onnxruntime,toy]" in bench.knobs(args, "fp32", "offline")

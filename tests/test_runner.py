@@ -56,6 +56,18 @@ def test_every_mode_composes_and_instantiates(mode):
     assert {"device", "dtype", "batch_size", "seed", "model", "obs", "tracking"} <= set(cfg)
 
 
+def test_every_mode_without_a_task_is_a_command_of_app_taking_the_config_and_job_folder():
+    """run.py runs a mode whose `_target_` is null as `app.<mode>(cfg, job folder)`: each has one, with that shape."""
+    import inspect
+
+    from huggy_exp import app
+
+    commands = [name for name, schema in config.modes().items() if not schema.is_task()]
+    assert {"sync", "ui", "rejudge"} <= set(commands)
+    for name in commands:
+        assert list(inspect.signature(getattr(app, name)).parameters) == ["cfg", "out"], name
+
+
 def test_a_context_holds_the_schemas_own_objects(tmp_path):
     from huggy_exp.config import ModelConf, ObsConf, VerifyConf
 
@@ -258,6 +270,21 @@ def test_a_failed_point_is_failed_in_mlflow_with_the_jobs_own_start_and_end(tmp_
     assert tracking.run_status({"status": "error", "interrupted": True}) == "KILLED"
 
 
+def test_a_job_with_more_params_than_one_mlflow_batch_takes_gets_every_one(tmp_path):
+    """MLflow takes at most 100 params per request: a job's run still holds all of them, and its metrics."""
+    from huggy_exp import tracking
+    from huggy_exp.results import read_result, update_result
+
+    job = run_job(tmp_path / "job", "action", "obs.rows=4")
+    extra = {f"k{i:03d}": i for i in range(250)}
+    update_result(tmp_path / "job", params={**read_result(tmp_path / "job")["params"], "extra": extra},
+                  tracking={"status": "pending", "reason": "x"})
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    run = _mlflow_client(uri).get_run(tracking.log_job({"uri": uri}, tmp_path / "job")["run_id"])
+    assert {f"extra.{k}": str(v) for k, v in extra.items()}.items() <= run.data.params.items()
+    assert set(job.record["headline_metrics"]) and len(run.data.metrics) >= len(job.record["headline_metrics"])
+
+
 def _benchmark_record(backends: tuple[str, ...], scenarios: tuple[str, ...]) -> dict:
     from huggy_exp import headline
 
@@ -282,7 +309,7 @@ def test_a_benchmark_logs_each_backend_and_scenario_at_its_batch_within_twenty_m
     logged = headline.logged_metrics(_benchmark_record(("eager", "fused"), ("single_stream", "server")))
     assert len(logged) <= headline.MAX_LOGGED
     assert logged["best/p50_us"] == 90.0 * 64 and logged["eager/p50_us"] == 400.0 * 64  # at the job's batch
-    assert {"fused/obs_per_s", "loadgen/server/valid", "loadgen/server/p99_us", "loadgen/single_stream/p90_us",
+    assert {"fused/obs_per_s", "answer/server_valid", "loadgen/server/p99_us", "loadgen/single_stream/p90_us",
             "control_loop/miss_rate_upper", "vs_fp64/actions/max_abs_limit"} <= set(logged)
     assert min({_chart_section(k) for k in logged}, key=str.casefold) == "answer"
     # every backend and scenario at once: still at most twenty, the answer and every backend first

@@ -101,6 +101,38 @@ def test_a_single_run_prints_where_to_open_it(tmp_path, capsys):
     assert "`python run.py mode=ui tracking.uri=sqlite:///" in out
 
 
+def _every_headline_metric(mode: str) -> dict[str, float]:
+    """A metric for every path the mode's headline (and every mode's: error, cosine, p50) copies, fields filled."""
+    import re
+
+    from huggy_exp import headline
+    from huggy_exp.config import modes
+
+    fields = {"stem": "actions", "ref": "fp64", "backend": "eager", "batch": "8"}
+    specs = {**headline.ANY_MODE, **modes()[mode].headline}.values()
+    return {re.sub(r"\{(\w+)\}", lambda f: fields[f[1]], m.path): 0.5 for h in specs for m in (*h.of, *h.over)}
+
+
+@pytest.mark.parametrize("mode", ["precision", "benchmark", "replay", "action"])
+def test_each_modes_first_chart_section_is_its_own_answer_and_accuracy_comes_after(mode):
+    """Issue 35, row 6: MLflow 3.17 draws a run's chart sections sorted by name (`answer/` held the error and cosine of
+    every mode, so benchmark, LoadGen and replay pages opened on accuracy charts)."""
+    from huggy_exp import headline
+    from huggy_exp.config import modes
+
+    logged = headline.logged_metrics({"mode": mode, "status": "passed", "batch_size": 8,
+                                      "metrics": _every_headline_metric(mode)})
+    sections = sorted({k.rsplit("/", 1)[0] for k in logged})  # the UI's Array.sort(): code-unit order
+    first = {k for k in logged if k.rsplit("/", 1)[0] == sections[0]}
+    own = {headline.logged_name(n) for n in modes()[mode].first_screen}
+    accuracy = {headline.logged_name(n) for n in ("max_abs_vs_fp64", "cosine_vs_fp64", "kl_vs_fp64")}
+    assert sections[0] == "answer" and own <= first, (sections, first)
+    if own:  # a mode with its own answer: accuracy follows it, under what it is measured against
+        assert not first & accuracy and {"vs_fp64/max_abs", "vs_fp64/cosine"} <= set(logged), sorted(logged)
+    else:  # precision's (and every verified mode's) answer is the error, the cosine and the p50
+        assert accuracy | {"answer/p50_us"} <= first
+
+
 def test_limits_are_params_under_keys_every_dtype_shares():
     record = {"dtype": "bf16", "limits": {"max_abs": 0.05, "cosine_min": 0.99}, "layer_threshold": 0.02}
     assert tracking.limit_params(record) == {"limit/max_abs": "0.05", "limit/cosine_min": "0.99",
@@ -396,18 +428,26 @@ def ui_sweep(tmp_path_factory, huggy_exp_cache):
             "id": json.loads((tmp / "sweep" / tracking.SWEEP_FILE).read_text())["id"]}  # tests run in any order
 
 
-def _check(ui_sweep: dict, shots: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "scripts/ui_check.py", "--store", ui_sweep["uri"], "--port", str(ui_sweep["port"]),
+@pytest.fixture(scope="module")
+def ui_server(ui_sweep, tmp_path_factory):
+    """One `mlflow ui` on the sweeps' store for every check of this module, on the port summary.md's images name."""
+    server = ui.start(ui_sweep["uri"], ui_sweep["port"], tmp_path_factory.mktemp("ui-server") / "mlflow-ui.log", 240)
+    yield f"http://{ui.HOST}:{ui_sweep['port']}"
+    ui.stop(server)
+
+
+def _check(ui_sweep: dict, ui_server: str, shots: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "scripts/ui_check.py", "--store", ui_sweep["uri"], "--ui", ui_server,
                            "--shots", str(shots), *extra], cwd=REPO, env=ui_sweep["env"], capture_output=True,
                           text=True, timeout=900)
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
-def test_the_ui_answers_which_dtype_is_safe_and_how_fast_on_its_first_screen(ui_sweep):
+def test_the_ui_answers_which_dtype_is_safe_and_how_fast_on_its_first_screen(ui_sweep, ui_server):
     assert "runs:       http://127.0.0.1:" in ui_sweep["out"] and "viewStateShareKey=" in ui_sweep["out"]
-    check = _check(ui_sweep, SHOTS / "passing", "--sweep", ui_sweep["id"],  # not the newest: more_sweeps may be
-                   "--screenshot", str(REPO / "docs" / "ui_runs.png"))  # the docs' picture
+    check = _check(ui_sweep, ui_server, SHOTS / "passing", "--sweep", ui_sweep["id"],  # not the newest: more_sweeps
+                   "--screenshot", str(REPO / "docs" / "ui_runs.png"))  # may be; the docs' picture
     assert check.returncode == 0, check.stdout[-4000:] + check.stderr[-3000:]
     assert "ui check: passed" in check.stdout and "sections: answer (" in check.stdout
     for page in ("runs", "root", "experiment", "child", "metrics", "parent", "artifact-summary-md", "compare",
@@ -415,63 +455,131 @@ def test_the_ui_answers_which_dtype_is_safe_and_how_fast_on_its_first_screen(ui_
         assert (SHOTS / "passing" / f"{page}.png").stat().st_size > 10_000, page
 
 
+CHEAP = ["mode.rounds=1", "mode.budget_s=0.1", "mode.warmup_s=0.02", "mode.settle_s=0", "mode.energy=false"]
+# each sweep small (a few seconds of CPU): what every mode's first screen answers, in the precision sweep's store
+SWEEPS = {"benchmark": ["mode=benchmark", "batch_size=1,64", "dtype=fp32,bf16", "mode.scenarios=[offline]", *CHEAP],
+          "record": ["mode=record", "dtype=fp32,bf16", "obs.rows=8", "mode.out={tmp}/bundle"],
+          "replay": ["mode=replay", "dtype=fp32,bf16", "mode.bundle={tmp}/bundle"],
+          "loadgen": ["mode=benchmark", "batch_size=8", "dtype=fp32,bf16", "obs.rows=64", "mode.backends=[eager]",
+                      "mode.scenarios=[server,control_loop]", "mode.qsl_samples=64", "mode.search_steps=2",
+                      "mode.search_ms=200", "mode.min_duration_ms=300", "mode.max_duration_ms=600",
+                      "mode.duration_s=0.3", "mode.loop_search_s=0.2", *CHEAP],
+          "cases": ["case=bf16_extreme,action_zeros,precision_fp16_tight"],
+          # the same failing point twice: plainly, and as a case that expects it to fail
+          "failed": ["mode=precision", "dtype=bf16", "obs.rows=4", "mode.relative.warn=0.5", "mode.relative.fail=0.5",
+                     "expect=null,failed"]}
+
+
 @pytest.fixture(scope="module")
 def more_sweeps(ui_sweep):
-    """Into the same store: a benchmark sweep over three batch sizes, and a one-point case sweep whose point fails."""
-    ids = {}
-    for name, args in (("benchmark", ["mode=benchmark", "batch_size=1,64,1024", "mode.backends=[eager,onnxruntime]",
-                                      "mode.scenarios=[offline]", "mode.rounds=1", "mode.budget_s=0.1",
-                                      "mode.warmup_s=0.02", "mode.settle_s=0"]),
-                       # the same failing point twice: plainly, and as a case that expects it to fail
-                       ("failed", ["mode=precision", "dtype=bf16", "obs.rows=4", "mode.relative.warn=0.5",
-                                   "mode.relative.fail=0.5", "expect=null,failed"])):
-        folder = Path(ui_sweep["uri"][len("sqlite:///"):]).parent / name
-        done = subprocess.run([PYTHON, "run.py", "-m", *args, f"hydra.sweep.dir={folder}", f"tracking.uri={ui_sweep['uri']}"],
+    """Into the same store, one sweep of each kind whose first screen answers its own question (SWEEPS)."""
+    ids, tmp = {}, Path(ui_sweep["uri"][len("sqlite:///"):]).parent
+    for name, args in SWEEPS.items():
+        done = subprocess.run([PYTHON, "run.py", "-m", *(a.format(tmp=tmp) for a in args),
+                               f"hydra.sweep.dir={tmp / name}", f"tracking.uri={ui_sweep['uri']}",
+                               f"tracking.ui_port={ui_sweep['port']}"],
                               cwd=REPO, env=ui_sweep["env"], capture_output=True, text=True, timeout=600)
         assert done.returncode in (0, 1), done.stdout[-2000:] + done.stderr[-3000:]
-        ids[name] = json.loads((folder / tracking.SWEEP_FILE).read_text())["id"]
+        ids[name] = json.loads((tmp / name / tracking.SWEEP_FILE).read_text())["id"]
     return ids
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
-def test_a_benchmark_sweep_shows_each_batch_its_fastest_backend_and_eager_first(ui_sweep, more_sweeps):
-    check = _check(ui_sweep, SHOTS / "benchmark", "--sweep", more_sweeps["benchmark"], "--only", "runs", "metrics")
+def _sweep_check(ui_sweep, ui_server, more_sweeps, name: str, *pages: str) -> str:
+    """The browser check of one of more_sweeps' sweeps on `pages`, its runs page saved as docs/ui_<name>_runs.png."""
+    check = _check(ui_sweep, ui_server, SHOTS / name, "--sweep", more_sweeps[name], "--only", *pages,
+                   "--screenshot", str(REPO / "docs" / f"ui_{name}_runs.png"))
     assert check.returncode == 0, check.stdout[-4000:] + check.stderr[-3000:]
-    assert "params.`batch_size`, metrics.`best/p50_us`, tags.`best_backend`" in check.stdout
+    return check.stdout
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
-def test_a_failed_point_reads_failed_in_the_ui_and_an_expected_failure_reads_as_expected(ui_sweep, more_sweeps):
-    check = _check(ui_sweep, SHOTS / "failed", "--sweep", more_sweeps["failed"], "--only", "failed", "metrics")
+def test_a_benchmark_sweep_shows_each_batch_its_fastest_backend_and_eager_first(ui_sweep, ui_server, more_sweeps):
+    """The issue's sweep: at each batch the fastest backend, and a recommendation whose dtype really ran (parent)."""
+    out = _sweep_check(ui_sweep, ui_server, more_sweeps, "benchmark", "runs", "metrics", "parent")
+    assert "params.`batch_size`, metrics.`best/p50_us`, tags.`best_backend`" in out
+    assert "sections: answer (1), best (" in out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
+def test_a_replay_sweep_answers_did_the_port_hold_on_its_runs_charts_and_parent(ui_sweep, ui_server, more_sweeps):
+    out = _sweep_check(ui_sweep, ui_server, more_sweeps, "replay", "runs", "metrics", "parent")
+    assert "tags.`verdict`, metrics.`answer/bitwise`, metrics.`answer/dual_ratio`, metrics.`answer/lat_ratio`" in out
+    assert "sections: answer (6), latency (" in out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
+def test_a_loadgen_sweep_answers_valid_highest_qps_and_miss_rate_first(ui_sweep, ui_server, more_sweeps):
+    out = _sweep_check(ui_sweep, ui_server, more_sweeps, "loadgen", "runs", "metrics")
+    assert "metrics.`answer/server_valid`, metrics.`answer/server_qps`, metrics.`answer/miss_rate`" in out
+    assert "sections: answer (4), best (" in out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
+@pytest.mark.xfail(strict=True, reason="case points are named <case>:<run name> (43 characters here): the name column "
+                   "leaves ~490 px beside the Assistant panel for the verdict and five columns that need 620, so p50 "
+                   "and fingerprint are off-screen and `passed as expected` is cut (docs/ui-and-reports.md)")
+def test_a_cases_sweep_shows_each_case_met_and_its_expected_failures_as_expected(ui_sweep, ui_server, more_sweeps):
+    out = _sweep_check(ui_sweep, ui_server, more_sweeps, "cases", "runs", "failed", "metrics")
+    assert "status Finished, verdict failed as expected" in out and "tags.`fingerprint`" in out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
+def test_a_failed_point_reads_failed_in_the_ui_and_an_expected_failure_reads_as_expected(ui_sweep, ui_server,
+                                                                                          more_sweeps):
+    check = _check(ui_sweep, ui_server, SHOTS / "failed", "--sweep", more_sweeps["failed"], "--only", "failed",
+                   "metrics")
     assert check.returncode == 0, check.stdout[-4000:] + check.stderr[-3000:]
     assert "status Failed" in check.stdout and "status Finished, verdict failed as expected" in check.stdout
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
-def test_the_check_fails_when_the_verdict_column_is_moved_out_of_view_or_a_header_is_cut(ui_sweep):
+def _check_tampered(ui_sweep, ui_server, sweep_id: str, change) -> subprocess.CompletedProcess:
+    """The runs page check of one sweep after `change(view)` altered its shared view (restored after)."""
     import mlflow
 
     client = mlflow.MlflowClient(ui_sweep["uri"])
     experiment = client.get_experiment_by_name(tracking.DEFAULT_EXPERIMENT)
-    keys = [k for k in experiment.tags if k.startswith(tracking.SHARED_VIEW)]  # every sweep's view: the store may
-    for key in keys:                                                          # hold other tests' sweeps, the check reads the newest
-        view = json.loads(experiment.tags[key])
+    key, view = tracking.SHARED_VIEW + sweep_id, json.loads(experiment.tags[tracking.SHARED_VIEW + sweep_id])
+    change(view)
+    client.set_experiment_tag(experiment.experiment_id, key, json.dumps(view))
+    try:
+        check = _check(ui_sweep, ui_server, SHOTS / f"tampered-{sweep_id}", "--sweep", sweep_id, "--only", "runs")
+    finally:
+        client.set_experiment_tag(experiment.experiment_id, key, experiment.tags[key])
+    assert check.returncode == 1, check.stdout[-3000:] + check.stderr[-2000:]
+    return check
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
+def test_the_check_fails_when_the_verdict_column_is_moved_out_of_view_or_a_header_is_cut(ui_sweep, ui_server):
+    def change(view):
         view["columnOrder"] = [c for c in view["columnOrder"] if c != "tags.`verdict`"] + ["tags.`verdict`"]
         view["columnWidths"]["metrics.`answer/max_abs`"] = 84  # the width that cut `answer/max_abs_vs_fp64`
-        client.set_experiment_tag(experiment.experiment_id, key, json.dumps(view))
-    try:
-        check = _check(ui_sweep, SHOTS / "verdict-moved", "--only", "runs")
-    finally:
-        for key in keys:
-            client.set_experiment_tag(experiment.experiment_id, key, experiment.tags[key])
-    assert check.returncode == 1, check.stdout[-3000:] + check.stderr[-2000:]
+
+    check = _check_tampered(ui_sweep, ui_server, ui_sweep["id"], change)
     # off-screen columns are either drawn outside the viewport or not drawn at all (the grid virtualises them)
     assert ("the verdict column (tags.`verdict`) is not within the 1600x1000 viewport" in check.stdout
             or "no the verdict column (tags.`verdict`) on the first screen" in check.stdout), check.stdout[-3000:]
     assert "the error vs fp64 column's header (metrics.`answer/max_abs`) is cut" in check.stdout, check.stdout[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
+def test_the_check_fails_on_a_cut_verdict_cell_or_a_missing_answer_column(ui_sweep, ui_server, more_sweeps):
+    def change(view):  # replay's bitwise agreement dropped, its verdict column too narrow for `passed, noisy`
+        view["selectedColumns"].remove("metrics.`answer/bitwise`")
+        view["columnOrder"].remove("metrics.`answer/bitwise`")
+        view["columnWidths"]["tags.`verdict`"] = 56
+
+    check = _check_tampered(ui_sweep, ui_server, more_sweeps["replay"], change)
+    assert "no the answer/bitwise column (metrics.`answer/bitwise`) on the first screen" in check.stdout, \
+        check.stdout[-3000:]
+    assert "replay-cpu-fp32-b64: its verdict 'passed" in check.stdout and "is cut" in check.stdout, check.stdout[-3000:]
 
 
 @pytest.mark.slow
@@ -496,3 +604,15 @@ def test_the_browser_check_fails_on_a_recommendation_whose_dtype_did_not_run(tmp
     check.missing.clear()
     check_mod.check_recommended(check, {"report": str(tmp_path / "report.html")})
     assert check.missing == []
+
+
+def test_a_replay_jobs_report_marks_its_noisy_p50_where_it_now_follows_the_answer(tmp_path):
+    """The one noisy flag (issue 35 row 4) beside the p50 a replay logs after its own answer (`latency/p50_us`)."""
+    from huggy_exp import headline
+
+    metrics = {**_every_headline_metric("replay"), "latency/noisy": 1.0}
+    record = {"run_name": "replay-cpu-fp32-b64", "status": "passed", "mode": "replay", "device": "cpu", "dtype": "fp32",
+              "batch_size": 64, "metrics": metrics, "headline_metrics": headline.headline_metrics("replay", metrics, "passed")}
+    page = report.write_job_report(tmp_path, record, []).read_text()
+    assert "latency/p50_us" in page and "answer/p50_us" not in page
+    assert "<span class=noisy>noisy</span>" in page.split("latency/p50_us", 1)[1].split("</tr>", 1)[0]

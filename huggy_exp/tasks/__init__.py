@@ -15,7 +15,7 @@ from huggy_exp.runners import OBS, Runner, build, over_steps, reference, run_fee
 from huggy_exp import verify
 from huggy_exp.verify import DECLARED, Comparison, outputs_of
 
-LATENCY_KEYS = ("p50_us", "p99_us", "mean_us", "obs_per_s")
+LATENCY_KEYS = ("p50_us", "p99_us", "mean_us", "obs_per_s", "noisy", "samples", "threads")  # result.latency's
 
 
 class Task:
@@ -46,12 +46,10 @@ def latency(runner: Runner, ctx: Context, feeds: Mapping[str, np.ndarray], resul
 
     Every input of the policy (obs_0.. and masks) at that batch size; a sequence is timed as its first step."""
     feeds = batch_of(feeds, ctx.batch_size)
-    t = timing.quick(lambda: runner.infer(feeds), runner.target.device, ctx.batch_size, ctx.threads)
-    stats = t.stats()
-    result.latency = {k: stats[k] for k in (*LATENCY_KEYS, "noisy", "samples", "threads")}
-    result.latency["batch_size"] = float(ctx.batch_size)
+    stats = timing.quick(lambda: runner.infer(feeds), runner.target.device, ctx.batch_size, ctx.threads).stats()
+    result.latency = {**{k: stats[k] for k in LATENCY_KEYS}, "batch_size": float(ctx.batch_size)}
     result.metrics.update({f"latency/{k}": v for k, v in result.latency.items()})
-    line = (f"latency ({runner.name}, batch {ctx.batch_size}, {t.threads} thread(s)): "
+    line = (f"latency ({runner.name}, batch {ctx.batch_size}, {stats['threads']:g} thread(s)): "
             f"p50 {stats['p50_us']:,.1f} µs, p99 {stats['p99_us']:,.1f} µs, {stats['obs_per_s']:,.0f} obs/s")
     result.summary.append(line + (" (noisy)" if stats["noisy"] else ""))
     if note := cpu_note(ctx.dtype, runner.target.kind):

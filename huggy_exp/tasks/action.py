@@ -35,8 +35,7 @@ def _actions_result(feeds: dict, actions: np.ndarray | None, discrete: np.ndarra
     first = next(iter(arrays.values()))
     sequence = is_sequence(feeds)
     rows = first.shape[1] if sequence else first.shape[0]
-    metrics = {"rows": float(rows)}
-    summary = []
+    metrics, summary, table = {"rows": float(rows)}, [], []
     if sequence:
         metrics["steps"] = float(first.shape[0])
         summary.append(f"sequence of {first.shape[0]} steps x {rows} agents, memory carried from zeros")
@@ -45,7 +44,6 @@ def _actions_result(feeds: dict, actions: np.ndarray | None, discrete: np.ndarra
         metrics.update(stats)
         summary.append(f"{kind} actions {'x'.join(map(str, actions.shape))}: mean {stats['action_mean']:+.4f}, std {stats['action_std']:.4f}, "
                        f"range [{stats['action_min']:+.4f}, {stats['action_max']:+.4f}], saturated {stats['saturated_share']:.1%}")
-    table = []
     if discrete is not None:
         shares, table = discrete_histogram(discrete)
         metrics.update(shares)
@@ -55,7 +53,5 @@ def _actions_result(feeds: dict, actions: np.ndarray | None, discrete: np.ndarra
         metrics["memory_abs_max"] = float(np.abs(memory).max())
         summary.append(f"memories {'x'.join(map(str, arrays['memories'].shape))}: max |memory| {metrics['memory_abs_max']:.3g}")
     inputs = {"obs": feeds["obs_0"]} if list(feeds) == ["obs_0"] else dict(feeds)
-    result = Result(metrics=metrics, arrays={**arrays, **inputs}, summary=summary)  # its fingerprint: verify_point's
-    if table:
-        result.tables["discrete_histogram"] = table
-    return result
+    return Result(metrics=metrics, arrays={**arrays, **inputs}, summary=summary,  # its fingerprint: verify_point's
+                  tables={"discrete_histogram": table} if table else {})

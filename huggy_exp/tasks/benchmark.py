@@ -15,7 +15,7 @@ from huggy_exp.mlagents import ACTION_MASKS, RECURRENT_IN, RECURRENT_OUT, Policy
 from huggy_exp.placement import peak_memory, reset_peak_memory, synchronize
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, TorchRunner, build
-from huggy_exp.tasks import Task, batch_of, is_sequence, verify_point
+from huggy_exp.tasks import LATENCY_KEYS, Task, batch_of, is_sequence, verify_point
 from huggy_exp.tasks import scenarios as extra
 from huggy_exp.tasks.compare import compare_outputs
 from huggy_exp.verify import REL_FLOOR
@@ -65,11 +65,12 @@ class BenchmarkTask(Task):
             result.status = "skipped" if result.status == "passed" else result.status
             result.reason = result.reason or "; ".join(f"{n}: {backends[n]['reason']}" for n in timed_backends)
         elif ctx.plots:
-            result.files.append(plots.versus_batch(ctx.workdir / "benchmark.png", {n: _curve(result, n) for n in timed},
-                                              f"{ctx.device} {ctx.dtype}, {threads} thread(s)"))
+            curves = {n: {k: result.series[f"{n}/{k}"] for k in SERIES_STATS} for n in timed}
+            result.files.append(plots.versus_batch(ctx.workdir / "benchmark.png", curves,
+                                                   f"{ctx.device} {ctx.dtype}, {threads} thread(s)"))
         result.summary[:0] = _summary(result, backends, points, timed_backends, ctx.batch_size)
         if VERSUS in runners:
-            self.judge_point(ctx, result, runners[VERSUS], timings, feeds, points, threads)
+            self.judge_point(ctx, result, runners[VERSUS], timings, feeds, points)
         return result
 
     def fp16_cap(self, ctx: Context, target, result: Result) -> tuple[list[int], list[int], bool]:
@@ -88,8 +89,7 @@ class BenchmarkTask(Task):
                     result: Result) -> tuple[dict[str, dict], dict]:
         """Build each backend (eager first), call it once per shape (compilation included) and gate it against eager:
         each backend's info, and the runners that passed (only those are timed)."""
-        backends: dict[str, dict] = {}
-        runners, expected, margins = {}, {}, {}
+        backends, runners, expected, margins = {}, {}, {}, {}
         for name in dict.fromkeys([VERSUS, *timed_backends]):  # the dtype it really runs: onnxruntime's fp32 graph
             info = backends[name] = {"status": "passed", "reason": "", "dtype": ran_dtype(name, ctx.dtype)}
             try:
@@ -107,7 +107,8 @@ class BenchmarkTask(Task):
                 if not gate.failures:
                     runners[name] = runner
                     continue
-                info.update(status="failed", reason=gate.reason(ctx.dtype))
+                info.update(status="failed", reason=f"{'; '.join(gate.failures.values())} (vs eager, {ctx.dtype}): "
+                                                    "not timed")
             result.fail(f"backend {name}: {info['reason']}")
         return backends, runners
 
@@ -206,15 +207,13 @@ class BenchmarkTask(Task):
                 rows.append(row)
         return rows
 
-    def judge_point(self, ctx: Context, result: Result, eager, timings: dict, feeds: dict, points: list[int],
-                    threads: int) -> None:
+    def judge_point(self, ctx: Context, result: Result, eager, timings: dict, feeds: dict, points: list[int]) -> None:
         """The point's verdict and latency: eager on (device, dtype) at the job's batch size, verified by the engine."""
         ladder = result.summary[0]
         b = job_batch(points, ctx.batch_size)
         if (VERSUS, b) in timings:
             stats = timings[(VERSUS, b)].stats()
-            result.latency = {**{k: stats[k] for k in ("p50_us", "p99_us", "mean_us", "obs_per_s", "noisy", "samples")},
-                              "threads": float(threads), "batch_size": float(b)}
+            result.latency = {**{k: stats[k] for k in LATENCY_KEYS}, "batch_size": float(b)}
             result.metrics.update({f"latency/{k}": v for k, v in result.latency.items()})
         verify_point(ctx, result, eager, feeds[b])
         said = loadgen.answer(result.metrics)  # LoadGen's and the control loop's own answer, on the first line too
@@ -243,32 +242,25 @@ class BenchmarkTask(Task):
     def feeds(self, ctx: Context, points: list[int]) -> tuple[dict[int, dict[str, np.ndarray]], str]:
         """Per batch point, every input of the policy at that many rows, and what is timed (in words)."""
         w, base = ctx.weights, ctx.feeds
-        sequence = is_sequence(base)
-        feeds = {b: step_feeds(w, base, b) for b in points}
+        feeds = {b: batch_of(base, b) for b in points}  # a sequence: its first step
+        for b, step in feeds.items():  # one decision step of b agents: masks all allowed when not given, zero memory
+            if w.branches and ACTION_MASKS not in step:
+                step[ACTION_MASKS] = np.ones((b, sum(w.branch_sizes)), np.float32)
+            if w.memory:
+                step[RECURRENT_IN] = np.zeros((b, 1, w.memory), np.float32)
         said = [f"every input per batch point ({', '.join(obs_name(i) for i in range(len(w.inputs)))}"]
         if w.branches:
             said.append(f"action_masks {'from the observation file' if ACTION_MASKS in base else 'all allowed'}")
         if w.memory:
             said.append(f"recurrent_in zeros [b, 1, {w.memory}]")
         text = ", ".join(said) + "): one step per call, as an agent runs per decision"
-        if sequence:
+        if is_sequence(base):
             steps, agents = base[obs_name(0)].shape[:2]
             text += f"; the {steps}-step x {agents}-agent sequence is timed on its first step (zero memory)"
         return feeds, text
 
 
 GATE_METRICS = ("discrete_flips", "discrete_flips_beyond_margin", "recurrent_out_max_abs_vs_eager")
-
-
-def step_feeds(w: PolicyWeights, base: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
-    """One decision step of `rows` agents: every observation input (and the file's masks) cycled or cut to `rows` (of a
-    sequence, its first step), masks all allowed when not given, and zero memory."""
-    feeds = batch_of(base, rows)
-    if w.branches and ACTION_MASKS not in feeds:
-        feeds[ACTION_MASKS] = np.ones((rows, sum(w.branch_sizes)), np.float32)
-    if w.memory:
-        feeds[RECURRENT_IN] = np.zeros((rows, 1, w.memory), np.float32)
-    return feeds
 
 
 class Gate:
@@ -279,14 +271,13 @@ class Gate:
     """
 
     def __init__(self, w: PolicyWeights, tol: float):
-        self.continuous, self.branches, self.memory = w.mu is not None, bool(w.branches), bool(w.memory)
-        self.branch_sizes = w.branch_sizes
-        self.tol, self.failures = tol, {}
+        self.w, self.tol, self.failures = w, tol, {}
         self.worst = {ACTIONS: 0.0, RECURRENT_OUT: 0.0, "max_abs_limit": 0.0}
         self.counts = {"flips": 0.0, "flips_beyond_margin": 0.0}
 
     def add(self, rows: int, got: dict, expected: dict, masked_logits: np.ndarray | None) -> None:
-        metrics, failures, _ = compare_outputs(got, expected, VERSUS, self.tol, REL_FLOOR, masked_logits, self.branch_sizes)
+        metrics, failures, _ = compare_outputs(got, expected, VERSUS, self.tol, REL_FLOOR, masked_logits,
+                                               self.w.branch_sizes)
         for name, stem in ((ACTIONS, "actions"), (RECURRENT_OUT, "memories")):
             self.worst[name] = max(self.worst[name], metrics.get(f"{stem}/vs_{VERSUS}/max_abs", 0.0))
         self.worst["max_abs_limit"] = max(self.worst["max_abs_limit"], metrics.get(f"memories/vs_{VERSUS}/max_abs_limit", 0.0))
@@ -297,19 +288,17 @@ class Gate:
 
     def info(self) -> dict:
         """max_abs_vs_eager: continuous actions (absent for a discrete-only policy); the other outputs' figures too."""
-        out = {"max_abs_vs_eager": self.worst[ACTIONS]} if self.continuous else {}
-        said = [f"max |Δ| vs eager {self.worst[ACTIONS]:.2e}"] if self.continuous else []
-        if self.branches:
+        continuous = self.w.mu is not None
+        out = {"max_abs_vs_eager": self.worst[ACTIONS]} if continuous else {}
+        said = [f"max |Δ| vs eager {self.worst[ACTIONS]:.2e}"] if continuous else []
+        if self.w.branches:
             out.update({f"discrete_{k}": v for k, v in self.counts.items()})
             excused = int(self.counts["flips"] - self.counts["flips_beyond_margin"])
             said.append(f"discrete actions: {int(self.counts['flips'])} differ ({excused} excused near-ties)")
-        if self.memory:
+        if self.w.memory:
             out["recurrent_out_max_abs_vs_eager"] = self.worst[RECURRENT_OUT]
             said.append(f"recurrent_out max |Δ| {self.worst[RECURRENT_OUT]:.2e} (tolerance {self.worst['max_abs_limit']:.2g})")
         return {**out, "vs_eager": ", ".join(said)}
-
-    def reason(self, dtype: str) -> str:
-        return f"{'; '.join(self.failures.values())} (vs eager, {dtype}): not timed"
 
 
 def _note_peak(info: dict, runner) -> None:
@@ -318,10 +307,6 @@ def _note_peak(info: dict, runner) -> None:
     device = runner.target.device
     if device.type in ("cuda", "npu") and isinstance(runner, TorchRunner):
         info["peak_mem_mb"] = max(info.get("peak_mem_mb", 0.0), peak_memory(device)[0])
-
-
-def _curve(result: Result, name: str) -> dict[str, list]:
-    return {k: result.series[f"{name}/{k}"] for k in SERIES_STATS}
 
 
 def job_batch(points: list[int], batch_size: int) -> int:
@@ -353,8 +338,7 @@ def _summary(result: Result, backends: dict, points: list[int], order: list[str]
             lines.append(f"{named[n]}: {info['status'].upper()}: {info['reason']}")
         else:
             noisy = [f"b{b}" for b in points if m.get(f"{n}/b{b}/noisy")]
-            gate = info["vs_eager"]
             lines.append(f"{n} ({info['dtype']}): load {info['load_s']:.3f} s, first call {info['cold_start_ms']:,.1f} ms, "
-                         f"{gate}" + (f", noisy at {', '.join(noisy)}" if noisy else ""))
+                         f"{info['vs_eager']}" + (f", noisy at {', '.join(noisy)}" if noisy else ""))
     lines.append(f"peak memory {m['peak_mem_mb']:,.0f} MB ({result.details['peak_mem_source']})")
     return lines

@@ -36,20 +36,26 @@ def expected_constants(w: PolicyWeights) -> dict[str, np.ndarray]:
     return out
 
 
-def check_constants(outputs: dict[str, np.ndarray], expected: dict[str, np.ndarray], sequence: bool,
-                    reference: str = "expected", origin: str = "onnx") -> tuple[dict[str, float], list[str], dict]:
-    """Each constant output exactly equal (shape and values); in a sequence, as output at the first step. Metrics
-    `<constant>/vs_<reference>/equal` (the expected values ML-Agents writes, or another graph's)."""
-    metrics, failures, details = {}, [], {}
-    for name, value in expected.items():
-        got = outputs.get(name)
+def judge_outputs(result: Result, say: str, w: PolicyWeights, actual: dict, expected: dict, reference: str, atol: float,
+                  rel_floor: float, margins: np.ndarray | None, graph: dict, constants: dict[str, np.ndarray],
+                  sequence: bool, constants_ref: str = "expected", origin: str = "onnx") -> tuple[list[dict], dict]:
+    """compare_outputs(actual, expected), and each constant output of `graph` exactly equal to `constants` (shape and
+    values; in a sequence, as output at the first step: metrics `<constant>/vs_<constants_ref>/equal`, against the
+    values ML-Agents writes or another graph's), into `result`, each failure led by `say`: (the rows, the constants)."""
+    metrics, failures, rows = compare_outputs(actual, expected, reference, atol, rel_floor, margins, w.branch_sizes)
+    details = {}
+    for name, value in constants.items():
+        got = graph.get(name)
         got = None if got is None else np.asarray(got[0] if sequence else got)
         same = got is not None and got.shape == value.shape and np.array_equal(got, value)
         details[name] = {origin: None if got is None else got.tolist(), "expected": value.tolist(), "equal": bool(same)}
-        metrics[f"{name}/vs_{reference}/equal"] = float(same)
+        metrics[f"{name}/vs_{constants_ref}/equal"] = float(same)
         if not same:
             failures.append(f"{name}: {origin} {details[name][origin]} != {value.tolist()}")
-    return metrics, failures, details
+    result.metrics.update(metrics)
+    for reason in failures:
+        result.fail(say + reason)
+    return rows, details
 
 
 def compare_outputs(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], reference: str, atol: float,
@@ -72,18 +78,18 @@ def layer_names(trace: dict) -> list[str]:
     return [k for k in trace if k.startswith(("normalized_obs", "hidden_"))] + [k for k in LAYER_ORDER if k in trace]
 
 
-def first_divergence(ctx: Context, onnx, feeds: dict, result: Result) -> str | None:
+def first_divergence(ctx: Context, onnx, feeds: dict, result: Result) -> None:
     """Where an .onnx run by onnxruntime leaves the policy: every part of Policy.trace that the graph computes
     (mlagents.with_parts finds it by the walk that reads the weights) against CPU fp64's, in the order computed; max_abs,
-    SQNR and rel_rmse, the last judged by fp32's layer limit (the graph runs fp32). The first part over it, or None;
-    the reference's parts the graph has no tensor for are said, never guessed."""
+    SQNR and rel_rmse, the last judged by fp32's layer limit (the graph runs fp32), and the first part over it; the
+    reference's parts the graph has no tensor for are said, never guessed."""
     ort = build(ctx, "onnxruntime", device="cpu", dtype="fp32", batch_size=0, threads=0, onnx=onnx)
     try:
         got = run_feeds(ort, feeds, trace=True)
     except UserError as exc:  # a graph the walk cannot read part by part (its outputs were still compared)
         result.details.update(first_divergence=None, unmapped_parts=None, divergence_not_located=str(exc))
         result.summary.append(f"first divergence across the lowering boundary: not located: {exc}")
-        return None
+        return
     want = run_feeds(reference(ctx, "fp64"), feeds, trace=True)
     limit, rows, first = ctx.limits("fp32").layer_rel_rmse, [], None
     for part in layer_names(want):
@@ -106,4 +112,3 @@ def first_divergence(ctx: Context, onnx, feeds: dict, result: Result) -> str | N
             if first else f"none: {len(rows) - len(unmapped)} parts within fp32's layer limit {limit:g}")
     result.summary.append(f"first divergence across the lowering boundary (onnxruntime's intermediates vs CPU fp64): {said}"
                           + (f"; not compared (no tensor in the graph): {', '.join(unmapped)}" if unmapped else ""))
-    return first

@@ -198,9 +198,7 @@ def _latency(base: Point, cand: Point, alpha: float, row: dict) -> None:
                "verdict": "within tolerance" if abs(ratio - 1) <= tol else ("slower (untested)" if ratio > 1 else "faster (untested)")}
     else:
         lat = {"verdict": "not measured"}
-    row["latency"] = lat["verdict"]
-    row["latency_ratio"] = lat.get("median_ratio")
-    row["latency_p_value"] = lat.get("p_value")
+    row.update(latency=lat["verdict"], latency_ratio=lat.get("median_ratio"), latency_p_value=lat.get("p_value"))
     if lat["verdict"] not in ("within tolerance", "not measured", "not significant"):
         p = f", p = {lat['p_value']:.2g}" if "p_value" in lat else ""
         row["changes"].append(f"latency {lat['verdict']}: {lat['median_ratio']:.2f}x median{p}")

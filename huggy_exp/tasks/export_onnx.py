@@ -23,9 +23,8 @@ from huggy_exp.results import Result, first_nonfinite
 from huggy_exp.files import atomic_write, claim_output
 from huggy_exp.runners import DISCRETE_SAMPLED, build, over_steps, reference, run_feeds
 from huggy_exp.tasks import Task, is_sequence
-from huggy_exp.tasks.compare import check_constants, compare_outputs, expected_constants, feeds_with_masks, first_divergence
+from huggy_exp.tasks.compare import expected_constants, feeds_with_masks, first_divergence, judge_outputs
 from huggy_exp.verify import DECLARED
-
 
 
 class MLAgentsExport(nn.Module):
@@ -38,10 +37,8 @@ class MLAgentsExport(nn.Module):
         super().__init__()
         self.policy = Policy(weights)
         self.inputs = len(weights.inputs)
-        self.register_buffer("version_number", torch.tensor([weights.version_number], dtype=torch.float32))
-        self.register_buffer("memory_size", torch.tensor([weights.memory_size], dtype=torch.float32))
-        self.register_buffer("continuous_action_output_shape", torch.tensor([float(weights.act_dim)]))
-        self.register_buffer("discrete_action_output_shape", torch.tensor([[float(s) for s in weights.branch_sizes]]).reshape(1, -1))
+        for name, value in expected_constants(weights).items():  # the constant outputs, as ML-Agents writes them
+            self.register_buffer(name, torch.from_numpy(value))
 
     def forward(self, *inputs: torch.Tensor):
         p = self.policy
@@ -80,12 +77,9 @@ class ExportOnnxTask(Task):
         exported = run_feeds(graph(out), feeds)
         ref = reference(ctx, "fp32")
         margins = over_steps(ref.distributions, feeds, w.memory).get("masked_logits") if w.branches else None
-        metrics, failures, rows = compare_outputs(exported, run_feeds(ref, feeds), "torch", self.mode.atol, 1e-3,
-                                                  margins, w.branch_sizes)
-        c_metrics, c_failures, constants = check_constants(exported, expected_constants(w), sequence, "expected", "exported")
-        result.metrics.update({**metrics, **c_metrics})
-        for reason in failures + c_failures:
-            result.fail(f"exported graph vs torch fp32: {reason}")
+        rows, constants = judge_outputs(result, "exported graph vs torch fp32: ", w, exported, run_feeds(ref, feeds),
+                                        "torch", self.mode.atol, 1e-3, margins, exported, expected_constants(w),
+                                        sequence, origin="exported")
         self._sampled(exported, feeds, w, result)
         # --- ... and with the source .onnx, when there is one; judge
         source = ctx.model.onnx_path
@@ -131,15 +125,37 @@ class ExportOnnxTask(Task):
                                   dynamic_axes=dynamic, opset_version=opset, dynamo=False)
         except Exception as exc:
             raise UserError(f"torch.onnx.export failed at opset {opset}: {str(exc).splitlines()[0]}") from None
-        model = _name_outputs(onnx.load(str(traced), format="protobuf"), output_names)
+        model = onnx.load(str(traced), format="protobuf")
         tmpdir.cleanup()
+        # the exporter folds the constant outputs into initializers with generated names: Identity nodes route them to
+        # ML-Agents' names, as ML-Agents' own graphs do
+        for output, name in zip(model.graph.output, output_names):
+            if output.name != name:
+                model.graph.node.append(onnx.helper.make_node("Identity", [output.name], [name],
+                                                              name=f"/{name}/Identity"))
+                output.name = name
         onnx.checker.check_model(model, full_check=True)
         atomic_write(out, lambda tmp: onnx.save(model, tmp, format="protobuf"), overwrite=self.mode.overwrite)
         return out, _interface(model)
 
     def judge_interface(self, found: dict, w: PolicyWeights, result: Result) -> None:
-        """The graph's inputs and outputs against ML-Agents' interface for these weights: each problem fails."""
-        problems = _interface_problems(found, interface(w), self.mode.opset)
+        """The graph's inputs and outputs against ML-Agents' interface for these weights (names and order, element
+        types, widths; a symbolic batch on every input and batched output): each problem fails."""
+        io, opset, problems = interface(w), self.mode.opset, []
+        if found["opset"] != opset:
+            problems.append(f"opset {found['opset']} is not {opset}")
+        for side in ("inputs", "outputs"):
+            want = [name for name, _, _ in io[side]]
+            if list(found[side]) != want:
+                problems.append(f"{side} {list(found[side])} are not ML-Agents' {want}")
+                continue
+            for name, kind, dims in io[side]:
+                got = found[side][name]
+                batched = dims[:1] == ["batch"]
+                if found["types"].get(name) != kind or len(got) != len(dims) or got[batched:] != dims[batched:] or (
+                        batched and not isinstance(got[0], str)):
+                    problems.append(f"{name} {found['types'].get(name)} {got} is not {kind} {dims}"
+                                    + (" with a dynamic batch" if batched else ""))
         for p in problems:
             result.fail(p)
         result.tags.update({"onnx_inputs": ",".join(found["inputs"]), "onnx_outputs": ",".join(found["outputs"])})
@@ -151,17 +167,12 @@ class ExportOnnxTask(Task):
         """The exported graph against the source .onnx: every output (the constants exactly) and whether the two are
         bit-identical; adds the table rows, returns the headline phrase."""
         w, source = ctx.weights, ctx.model.onnx_path
-        consts = expected_constants(w)
-        m_src, f_src, rows_src = compare_outputs(exported, theirs, "source", self.mode.atol, 1e-3, margins,
-                                                 w.branch_sizes)
-        s_metrics, s_failures, _ = check_constants(exported, {k: np.asarray(theirs[k][0] if sequence else theirs[k])
-                                                               for k in consts if k in theirs}, sequence,
-                                                   "source", "exported")
-        compared = [k for k in (*(o.name for o in DECLARED), *consts) if k in theirs and k in exported]
+        consts = {k: np.asarray(theirs[k][0] if sequence else theirs[k]) for k in expected_constants(w) if k in theirs}
+        rows_src, _ = judge_outputs(result, "exported vs source .onnx: ", w, exported, theirs, "source", self.mode.atol,
+                                    1e-3, margins, exported, consts, sequence, "source", "exported")
+        compared = [k for k in (*(o.name for o in DECLARED), *expected_constants(w)) if k in theirs and k in exported]
         identical = bool(compared) and all(np.array_equal(exported[k], theirs[k]) for k in compared)
-        result.metrics.update({**m_src, **s_metrics, "graph/vs_source/bit_identical": float(identical)})
-        for reason in f_src + s_failures:
-            result.fail(f"exported vs source .onnx: {reason}")
+        result.metrics["graph/vs_source/bit_identical"] = float(identical)
         rows += [{**r, "output": f"{r['output']} (vs source)"} for r in rows_src]
         return f", vs source {source.name} {_brief(result.metrics, 'source')} ({'bit-identical' if identical else 'not bit-identical'})"
 
@@ -199,45 +210,11 @@ def _brief(metrics: dict, reference: str) -> str:
     return ", ".join(parts)
 
 
-def _name_outputs(model, names: list[str]):
-    """The exporter folds the constant outputs into initializers with generated names; route them through Identity
-    nodes to ML-Agents' names, as ML-Agents' own graphs do."""
-    from onnx import helper
-
-    for output, name in zip(model.graph.output, names):
-        if output.name != name:
-            model.graph.node.append(helper.make_node("Identity", [output.name], [name], name=f"/{name}/Identity"))
-            output.name = name
-    return model
-
-
 def _interface(model) -> dict:
     from onnx import TensorProto
 
     kind = {TensorProto.FLOAT: "float", TensorProto.INT64: "int64"}
-    return {
-        "opset": max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
-        "inputs": dict(map(value_info, model.graph.input)),
-        "outputs": dict(map(value_info, model.graph.output)),
-        "types": {v.name: kind.get(v.type.tensor_type.elem_type, str(v.type.tensor_type.elem_type))
-                  for v in (*model.graph.input, *model.graph.output)},
-    }
-
-
-def _interface_problems(found: dict, io: dict, opset: int) -> list[str]:
-    """ML-Agents' names and order, element types, widths; a symbolic batch on every input and batched output."""
-    problems = []
-    if found["opset"] != opset:
-        problems.append(f"opset {found['opset']} is not {opset}")
-    for side in ("inputs", "outputs"):
-        want = [name for name, _, _ in io[side]]
-        if list(found[side]) != want:
-            problems.append(f"{side} {list(found[side])} are not ML-Agents' {want}")
-            continue
-        for name, kind, dims in io[side]:
-            got = found[side][name]
-            batched = dims[:1] == ["batch"]
-            if found["types"].get(name) != kind or len(got) != len(dims) or got[batched:] != dims[batched:] or (
-                    batched and not isinstance(got[0], str)):
-                problems.append(f"{name} {found['types'].get(name)} {got} is not {kind} {dims}" + (" with a dynamic batch" if batched else ""))
-    return problems
+    return {"opset": max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+            "inputs": dict(map(value_info, model.graph.input)), "outputs": dict(map(value_info, model.graph.output)),
+            "types": {v.name: kind.get(v.type.tensor_type.elem_type, str(v.type.tensor_type.elem_type))
+                      for v in (*model.graph.input, *model.graph.output)}}

@@ -12,10 +12,9 @@ from huggy_exp.dynamics import Dynamics
 from huggy_exp.errors import UserError
 from huggy_exp.results import Result
 from huggy_exp.runners import Runner, build, reference
-from huggy_exp.tasks import Task, first_step, latency, verify_rollout
+from huggy_exp.tasks import Task, first_step, is_sequence, latency, verify_rollout
 from huggy_exp import verify
 from huggy_exp.verify import quantize
-
 
 
 def output_sequences(runner: Runner, ctx: Context, m: FingerprintMode) -> tuple[dict[str, np.ndarray], dict]:
@@ -25,7 +24,7 @@ def output_sequences(runner: Runner, ctx: Context, m: FingerprintMode) -> tuple[
     w, steps, envs = ctx.weights, m.steps, m.envs
     if m.loop == "open":
         feeds = ctx.make_feeds(steps * envs)
-        if feeds["obs_0"].ndim == 2:
+        if not is_sequence(feeds):
             rows = len(feeds["obs_0"])
             if rows % envs:
                 raise UserError(f"mode.envs={envs} does not divide the {rows} observation rows of the file")
@@ -59,7 +58,7 @@ class FingerprintTask(Task):
         quant = {n: first_divergence(quantize(mine[n], decimals), quantize(ref[n], decimals)) for n in names}
         fp = verify.fingerprint(mine, decimals)  # the point's tags are verify_rollout's: the same hashes
         fp.update({f"cpu_fp32_{k}": v for k, v in verify.fingerprint(ref, decimals).items()})
-        steps = len(mine[names[0]])
+        steps, envs = mine[names[0]].shape[:2]
         first_exact, first_quant = _first(exact), _first(quant)
         result = Result(arrays={n: (a.reshape(len(a), -1) if m.envs == 1 and a.shape[1] == 1 else a) for n, a in mine.items()})
         result.metrics = {"steps": float(steps),
@@ -74,7 +73,6 @@ class FingerprintTask(Task):
         as_dict = lambda d: None if d is None else dict(zip(("step", "dim", "abs"), d[1]), **({"output": d[0]} if len(names) > 1 else {}))  # noqa: E731
         result.details.update({**fp, "loop": m.loop, "actions": m.actions, "decimals": decimals,
                                "outputs": names, "first_divergence": as_dict(first_exact), "first_quantized_divergence": as_dict(first_quant)})
-        envs = mine[names[0]].shape[1]
         latency(runner, ctx, ctx.feeds, result)
         verify_rollout(ctx, result, runner, seen, mine, ctx.seed if m.actions == "sampled" else None, m.loop == "open",
                        decimals)
@@ -97,8 +95,8 @@ def _where(first_exact, first_quant, names: list[str]) -> tuple[str, str]:
 
 def _first(found: dict[str, tuple | None]) -> tuple[str, tuple[int, int, float]] | None:
     """The (output, divergence) at the earliest step, the first output in order at a tie."""
-    hits = [(d[0], i, name, d) for i, (name, d) in enumerate(found.items()) if d is not None]
-    return (min(hits)[2], min(hits)[3]) if hits else None
+    hit = min(((d[0], i, name, d) for i, (name, d) in enumerate(found.items()) if d is not None), default=None)
+    return None if hit is None else hit[2:]
 
 
 def _what(output: str, names: list[str]) -> str:

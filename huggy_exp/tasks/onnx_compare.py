@@ -13,7 +13,7 @@ from huggy_exp.numerics import categorical_check, sampling_check
 from huggy_exp.results import Result, first_nonfinite
 from huggy_exp.runners import ACTIONS, DISCRETE, DISCRETE_SAMPLED, SAMPLED, build, over_steps, reference, run_feeds
 from huggy_exp.tasks import Task, is_sequence, latency, verify_point
-from huggy_exp.tasks.compare import check_constants, compare_outputs, expected_constants, feeds_with_masks, first_divergence
+from huggy_exp.tasks.compare import expected_constants, feeds_with_masks, first_divergence, judge_outputs
 from huggy_exp.verify import DECLARED
 
 VERSUS = "onnxruntime"  # metrics <output>/vs_onnxruntime/<metric>, as the engine names them
@@ -38,12 +38,8 @@ class OnnxCompareTask(Task):
         result = Result()
         # --- compare: deterministic outputs element-wise (discrete exactly), constants exactly, draws statistically
         atol = ctx.atol(ctx.judged_dtype, "fp32")  # the .onnx runs fp32: an fp64 policy is held to fp32's limit
-        metrics, failures, rows = compare_outputs(mine, theirs, VERSUS, atol, self.mode.rel_floor,
-                                                  dist.get("masked_logits"), w.branch_sizes)
-        c_metrics, c_failures, constants = check_constants(theirs, expected_constants(w), sequence)
-        result.metrics.update({**metrics, **c_metrics})
-        for reason in failures + c_failures:
-            result.fail(reason)
+        rows, constants = judge_outputs(result, "", w, mine, theirs, VERSUS, atol, self.mode.rel_floor,
+                                        dist.get("masked_logits"), theirs, expected_constants(w), sequence)
         sampled = self.sampled(ort, w, feeds, dist, sequence, result)
         first_divergence(ctx, onnx_path, feeds, result)
         # --- judge, Result
@@ -68,9 +64,9 @@ class OnnxCompareTask(Task):
         last = {k: v[-1] for k, v in dist.items()} if sequence else dist
         n = min(self.mode.sample_rows, len(step["obs_0"]))
         rows_feeds = {k: v[:n] for k, v in step.items()}
-        if w.memory:
-            memory = dist[RECURRENT_OUT][-2] if sequence and len(dist[RECURRENT_OUT]) > 1 else np.zeros((len(step["obs_0"]), 1, w.memory), np.float32)
-            rows_feeds[RECURRENT_IN] = memory[:n]
+        if w.memory:  # the reference's memory at the step before the last, else zeros
+            rows_feeds[RECURRENT_IN] = (dist[RECURRENT_OUT][-2][:n] if sequence and len(dist[RECURRENT_OUT]) > 1
+                                        else np.zeros((n, 1, w.memory), np.float32))
         tiled = {k: np.tile(v, (samples,) + (1,) * (v.ndim - 1)) for k, v in rows_feeds.items()}
         draws = ort.infer(tiled)
         for name in (SAMPLED, DISCRETE_SAMPLED):

@@ -10,14 +10,12 @@ import numpy as np
 from huggy_exp import plots
 from huggy_exp.config import BACKENDS, PrecisionMode, limit_row
 from huggy_exp.context import Context
-from huggy_exp.mlagents import RECURRENT_OUT
 from huggy_exp.numerics import error_ratio, limits_for, ratio_verdict
 from huggy_exp.results import Result
 from huggy_exp.runners import ACTIONS, DISCRETE, build, reference, run_feeds
 from huggy_exp.tasks import Task, is_sequence, latency, verify_point
+from huggy_exp.tasks.compare import layer_names
 from huggy_exp.verify import DECLARED, elementwise, outputs_of, within
-
-LAYER_ORDER = ("lstm", RECURRENT_OUT, "mu", "logits")  # after normalized_obs* and hidden_*
 
 
 class PrecisionTask(Task):
@@ -52,16 +50,17 @@ class PrecisionTask(Task):
                                                     "verify.limits"), "limit_row": row, "relative_verdict": verdict, **layers})
         result.summary.insert(1, f"worst layer {worst} (rel_rmse {result.metrics[f'layer/{worst}/rel_rmse']:.2e}), first failing "
                                  f"layer {first_bad or 'none'}, relative {result.metrics['relative/ratio']:.2f} -> {verdict}")
-        self._write(ctx, got, want, result)
+        if ctx.plots:
+            self._plot(ctx, got, want, result)
+        result.arrays.update({o.stem: o.stored(got[o.name]) for o in DECLARED if o.name in got})
         return result
 
     def _layers(self, ctx: Context, got: dict, want: dict, result: Result) -> dict:
         """rel_rmse, max_abs and SQNR of every intermediate against fp64 (the engine's); the first one over the dtype's
         layer threshold fails."""
         limit = ctx.limits().layer_rel_rmse
-        names = [k for k in got if k.startswith(("normalized_obs", "hidden_"))] + [k for k in LAYER_ORDER if k in got]
         rows, first_bad = [], None
-        for name in names:
+        for name in layer_names(got):
             m, finite = elementwise(got[name], want[name], ctx.verify.rel_floor, ctx.dtype), bool(np.all(np.isfinite(got[name])))
             exceeds = not (finite and within(m["rel_rmse"], limit))
             first_bad = first_bad or (name if exceeds else None)
@@ -87,20 +86,13 @@ class PrecisionTask(Task):
             result.fail(f"device error is {ratio:.2f}x the CPU's in {ctx.dtype_label} (fail above {fail:g})")
         return verdict
 
-    def _write(self, ctx: Context, got: dict, want: dict, result: Result) -> None:
-        """The outputs (actions.npy, discrete_actions.npy, memories.npy) and, with `plots`, the plots."""
-        if ctx.plots:
-            self._plot(ctx, got, want, result)
-        result.arrays.update({o.stem: o.stored(got[o.name]) for o in DECLARED if o.name in got})
-
     def _plot(self, ctx: Context, got: dict, want: dict, result: Result) -> None:
         """error_histogram.png (the point's and CPU fp32's error vs fp64) and layer_errors.png (rel_rmse per layer)."""
         primary = ACTIONS if ACTIONS in got else "logits"
-        what = "action" if primary == ACTIONS else "logit"
-        cpu32 = run_feeds(reference(ctx, "fp32"), ctx.feeds) if primary == ACTIONS else {}
         diffs = {f"{ctx.dtype_label} vs fp64": got[primary] - want[primary]}
-        if primary in cpu32:
-            diffs["cpu fp32 vs fp64"] = cpu32[primary] - want[primary]
+        if primary == ACTIONS:
+            diffs["cpu fp32 vs fp64"] = run_feeds(reference(ctx, "fp32"), ctx.feeds)[ACTIONS] - want[ACTIONS]
+        what = "action" if primary == ACTIONS else "logit"
         result.files.append(plots.error_histogram(ctx.workdir / "error_histogram.png", diffs, f"{what} error, {ctx.device} {ctx.dtype_label}"))
         rows = result.tables["layer_errors"]
         result.files.append(plots.bars(ctx.workdir / "layer_errors.png", [r["layer"] for r in rows], [r["rel_rmse"] for r in rows],

@@ -26,16 +26,6 @@ def time_calls(runner: Runner, ctx: Context, feeds: dict[str, np.ndarray], setti
                               min_samples=5)
 
 
-def model_entry(ctx: Context) -> dict:
-    """The manifest's model: the weights' own sha256 (what replay checks), the file's, and the dims."""
-    w, m = ctx.weights, ctx.model
-    return {"sha256": bundle.weights_sha256(w), "file_sha256": m.sha256, "path": str(m.path), "synthetic": m.synthetic,
-            "step": m.step, "shape": w.describe_shape(),
-            "dims": {"inputs": list(w.obs_sizes), "continuous_actions": w.act_dim, "branch_sizes": list(w.branch_sizes),
-                     "memory_size": w.memory, "hidden_units": w.hidden_units, "num_layers": w.num_layers,
-                     "parameters": w.parameter_count}}
-
-
 class RecordTask(Task):
     mode: RecordMode
 
@@ -89,11 +79,16 @@ class RecordTask(Task):
         observations = {"source": ctx.obs.source, "rows": ctx.obs.rows, "scale": ctx.obs.scale, "path": ctx.obs.path,
                         "seed": ctx.seed, "inputs_sha256": bundle.arrays_sha256(feeds),
                         "inputs": {k: list(v.shape) for k, v in feeds.items()}}
-        stats = timed.stats()
+        w, m, stats = ctx.weights, ctx.model, timed.stats()
+        model = {"sha256": bundle.weights_sha256(w), "file_sha256": m.sha256, "path": str(m.path),  # sha256: replay's
+                 "synthetic": m.synthetic, "step": m.step, "shape": w.describe_shape(),
+                 "dims": {"inputs": list(w.obs_sizes), "continuous_actions": w.act_dim,
+                          "branch_sizes": list(w.branch_sizes), "memory_size": w.memory, "hidden_units": w.hidden_units,
+                          "num_layers": w.num_layers, "parameters": w.parameter_count}}
         point = {"device": ctx.device, "dtype": ctx.dtype_label, "backend": ctx.backend, "batch": ctx.batch_size,
                  "threads": timed.threads, "runner": runner.name, "environment": environment.capture(),
                  "fingerprints": prints, "decimals": decimals,
                  "outputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in outputs.items()},
                  "latency": {k: stats[k] for k in ("p50_us", "p90_us", "p99_us", "mean_us", "iqr_us", "samples", "noisy")}}
-        return bundle.record_point(root, model_entry(ctx), observations, feeds, fp64, key, point, outputs,
+        return bundle.record_point(root, model, observations, feeds, fp64, key, point, outputs,
                                    np.asarray(timed.samples), {"against": "cpu fp64 eager", "outputs": comparison})

@@ -94,8 +94,8 @@ class ReplayTask(Task):
             result.details["no_recording"] = True
             return
         recorded, limit = b.outputs(match), ctx.atol()
-        point = b.points[match]
-        same_point = match == report.key and int(point.get("threads", 1)) == threads and environment.same_stack(env_rows)
+        same_point = (match == report.key and int(b.points[match].get("threads", 1)) == threads
+                      and environment.same_stack(env_rows))
         required = self.mode.require_bitwise or same_point
         rows = []
         for name in here:
@@ -158,8 +158,7 @@ class ReplayTask(Task):
             report.lines.append(f"latency not compared: no recorded point at batch {ctx.batch_size} of this dtype or the reference")
             return
         report.recorded_latency = b.latency(against)
-        change = latency_change(report.recorded_latency, timed.samples, self.mode.alpha)
-        change["against"] = against
+        change = {**latency_change(report.recorded_latency, timed.samples, self.mode.alpha), "against": against}
         result.metrics.update({f"latency_change/{k}": float(v) for k, v in change.items() if isinstance(v, (int, float))})
         result.tags["latency_change"] = change["verdict"]
         result.details["latency_change"] = change
@@ -174,10 +173,7 @@ class Report:
 
     def __init__(self, key: str, b: bundle.Bundle, match: str | None, ref_key: str | None, result: Result):
         self.key, self.bundle, self.match, self.ref_key, self.result = key, b, match, ref_key, result
-        self.lines: list[str] = []
-        self.bitwise_required = False
-        self.fp64: list[dict] = []
-        self.recorded_latency = None
+        self.lines, self.fp64, self.bitwise_required, self.recorded_latency = [], [], False, None
 
     def headline(self) -> str:
         r, parts = self.result, [f"replay {self.key}"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -38,11 +39,6 @@ def lowest(dtypes: Iterable[str]) -> str:
     return min(dtypes, key=DTYPE_NAMES.index)
 
 
-def default_candidate(dtype: str) -> str:
-    """The job's dtype when it is below fp32, else bf16 (`mode=search` alone, dtype=fp32, searches bf16)."""
-    return dtype if DTYPE_NAMES.index(dtype) < DTYPE_NAMES.index(HIGH) else "bf16"
-
-
 def uniform(parts: dict, dtype: str) -> dict[str, str]:
     """Every part in `dtype`, but for an int8 dtype the parts without a Linear layer (an LSTM), which stay fp32."""
     return {p: dtype if dtype not in QUANTIZED or has_linear(m) else HIGH for p, m in parts.items()}
@@ -56,10 +52,6 @@ class Judge:
         self.ctx, self.feeds, self.seen = ctx, feeds, {}
         ref = reference(ctx, "fp64")
         self.want = {**run_feeds(ref, feeds), **distributions(ref, feeds)}
-
-    @property
-    def evaluations(self) -> int:
-        return len(self.seen)
 
     def runner(self, parts: dict[str, str]) -> TorchRunner:
         plan = Plan("search", tuple(parts.items()), lowest(parts.values()))
@@ -105,18 +97,15 @@ def lower(judge: Judge, plan: dict[str, str], ranked: list[str], low: str, flops
     for part in sorted(ranked[:lo], key=flops.__getitem__, reverse=True):  # most FLOPs first: each one tried low
         if judge({**found, part: low}).passed:
             found = {**found, part: low}
-    return cheaper(judge, found, [p for p in ranked if found[p] == HIGH], low, flops)
-
-
-def cheaper(judge: Judge, plan: dict[str, str], kept: list[str], low: str, flops: dict[str, int]) -> dict[str, str]:
-    """As few parts in fp32, fewer FLOPs: each kept part (most FLOPs first) swapped for a low part of fewer FLOPs
-    (fewest first) where that passes."""
-    for part in sorted(kept, key=flops.__getitem__, reverse=True):
-        for other in sorted((p for p, d in plan.items() if d == low and flops[p] < flops[part]), key=flops.__getitem__):
-            if judge({**plan, part: low, other: HIGH}).passed:
-                plan = {**plan, part: low, other: HIGH}
+    # as few parts in fp32, fewer FLOPs: each kept part (most FLOPs first) swapped for a low part of fewer FLOPs
+    # (fewest first) where that passes
+    for part in sorted([p for p in ranked if found[p] == HIGH], key=flops.__getitem__, reverse=True):
+        lighter = (p for p, d in found.items() if d == low and flops[p] < flops[part])
+        for other in sorted(lighter, key=flops.__getitem__):
+            if judge({**found, part: low, other: HIGH}).passed:
+                found = {**found, part: low, other: HIGH}
                 break
-    return plan
+    return found
 
 
 def splits(ctx: Context) -> tuple[dict, dict, str]:
@@ -140,7 +129,9 @@ class SearchTask(Task):
     mode: SearchMode
 
     def run(self, ctx: Context) -> Result:
-        asked = sorted(set(self.mode.candidates or [default_candidate(ctx.dtype)]), key=DTYPE_NAMES.index)
+        # the job's dtype when it is below fp32, else bf16 (`mode=search` alone, dtype=fp32, searches bf16)
+        default = ctx.dtype if DTYPE_NAMES.index(ctx.dtype) < DTYPE_NAMES.index(HIGH) else "bf16"
+        asked = sorted(set(self.mode.candidates or [default]), key=DTYPE_NAMES.index)
         name = self.mode.save_as or f"search_{ctx.target().kind}_{'_'.join(asked)}"
         if not PLAN_NAME.match(name):
             raise UserError(f"mode.save_as={name!r}: a plan's name is letters, digits and _ (it names conf/plan/<name>.yaml)")
@@ -151,8 +142,7 @@ class SearchTask(Task):
         flops = {p: sum(2 * w.numel() for w in m.parameters() if w.dim() == 2) for p, m in parts.items()}
         candidates, notes = self._candidates(judge, parts, asked)
         # --- search: everything low first; else rank the parts and keep the fewest in fp32
-        ranking: dict[str, dict] = {}
-        low = candidates[0]
+        ranking, low = {}, candidates[0]
         fits = {c: [p for p, d in uniform(parts, c).items() if d == c] for c in candidates}
         plan, ranked = uniform(parts, low), fits[low]
         if not judge(plan).passed:
@@ -163,7 +153,7 @@ class SearchTask(Task):
             todo = [p for p in dict.fromkeys((*ranked, *parts)) if plan and plan[p] == HIGH and p in fits[low]]
             plan = plan and lower(judge, plan, todo, low, flops) if todo else plan
         plan = plan and {p: plan[p] for p in parts}
-        evaluations = judge.evaluations
+        evaluations = len(judge.seen)
         result = Result()
         if plan is None:
             result.fail(f"no plan passes: every part in {HIGH} fails {HIGH}'s own limits here")
@@ -241,8 +231,8 @@ class SearchTask(Task):
         result.metrics.update({"search/evaluations": float(evaluations), "search/kept_fp32": float(len(kept)),
                                "search/low_flops_share": share, "search/held_out_passed": float(held_out.passed),
                                "search/plan_p50_us": chosen["p50_us"], "search/parts": float(len(parts))})
-        result.tables["parts"] = [{"part": p, **{k: v for k, v in ranking.get(p, {}).items()}, "dtype": parts[p],
-                                   "flops_per_row": flops[p]} for p in parts]
+        result.tables["parts"] = [{"part": p, **ranking.get(p, {}), "dtype": parts[p], "flops_per_row": flops[p]}
+                                  for p in parts]
         result.tables["points"] = [{k: v for k, v in p.items() if k != "parts"} for p in points]
         result.details.update({"plan": {"name": name, "parts": parts}, "command": cmd, "decided_by": decided,
                                "splits": split_words, "notes": notes, "held_out_failures": held_out.failures,
@@ -270,8 +260,6 @@ def plan_yaml(ctx: Context, name: str, parts: dict[str, str], how: str) -> str:
 
 def command(ctx: Context, name: str, parts: dict[str, str], saved: bool) -> str:
     """The command that runs the plan (mode=precision) on the same device, backend, batch, model and observations."""
-    import shlex
-
     uniform = len(set(parts.values())) == 1
     args = ["python", "run.py", "mode=precision", f"device={ctx.device}",
             f"dtype={next(iter(parts.values())) if uniform else ctx.dtype}", f"backend={ctx.backend}",

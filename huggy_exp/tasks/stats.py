@@ -16,7 +16,6 @@ from huggy_exp.runners import Runner, build, reference
 from huggy_exp.tasks import Task, first_step, latency, verify_rollout
 
 
-
 class StatsTask(Task):
     mode: StatsMode
 
@@ -43,9 +42,8 @@ class StatsTask(Task):
         obs, ref_obs = rollout.side_by_side(seen, w), rollout.side_by_side(ref_seen, w)
         steps, envs = obs.shape[:2]
         # --- compare: each output's drift against the reference, step by step
-        metrics: dict[str, float] = {"steps": float(steps), "envs": float(envs)}
-        tables: dict[str, list[dict]] = {}
-        parts, rows = [], [{"step": t} for t in range(steps)]
+        metrics = {"steps": float(steps), "envs": float(envs)}
+        tables, parts, rows = {}, [], [{"step": t} for t in range(steps)]
         drift, first = self.continuous(out, ref, metrics, tables, rows) if "actions" in out else (None, -1)
         clamp_rate = self.normalizers(w, obs, ref_obs, drift, first, metrics)
         discrete_drift = discrete(w, out, ref, metrics, tables, rows, parts) if "discrete_actions" in out else None
@@ -93,12 +91,10 @@ class StatsTask(Task):
     def normalizers(w, obs: np.ndarray, ref_obs: np.ndarray, drift: np.ndarray | None, first: int, metrics: dict) -> float:
         """How often each input's ±5 normalizer clamp is hit (returned), the action drift's figures, and how far the
         observations drifted (in the normalizer's standard deviations)."""
-        scale, normalized = rollout.input_scale(w), rollout.normalized_dims(w)
+        scale, normalized, clamp_rate = rollout.input_scale(w), rollout.normalized_dims(w), 0.0
         if scale is not None and normalized.any():
             z = np.clip((obs.astype(np.float32) - scale.running_mean) / scale.std, -NORMALIZER_CLAMP, NORMALIZER_CLAMP)
             clamp_rate = float(np.mean(np.abs(z[..., normalized]) >= NORMALIZER_CLAMP))
-        else:
-            clamp_rate = 0.0
         metrics["normalizer_clamp_rate"] = clamp_rate
         if drift is not None:
             metrics.update({"drift_max": float(drift.max()), "drift_first_step": float(first), "drift_final": float(drift[-1])})

@@ -300,8 +300,7 @@ def _run_point(hydra_context: Any, sweep_config: DictConfig, task_function: Any,
     sweep_dir = Path(str(sweep_config.hydra.sweep.dir))
     if sweep_info and tracking.read_sweep(sweep_dir) is None:  # no shared storage: the parent run's id comes with us
         tracking.write_sweep(sweep_dir, sweep_info)
-    job_dir = _job_dir(sweep_config)
-    job_dir.mkdir(parents=True, exist_ok=True)
+    job_dir = _job_dir(sweep_config)  # made by the atomic write of WORKER_FILE
     device = str(sweep_config.device)
     host = host_facts(device)
     atomic_write_text(job_dir / WORKER_FILE, json.dumps({"pid": os.getpid(), "hostname": host["hostname"],
