@@ -1,10 +1,7 @@
 """Ray across hosts as pure functions: what each sweep point asks of the cluster, whether any node can ever meet it,
-and whether the tracking store is one every node reaches (docs/tracking-and-sweeps.md#ray-across-hosts).
-
-No `import ray` here: `hydra_plugins/huggy_ray_launcher/_core.py` talks to Ray and hands these functions plain dicts
-(`ray.nodes()` as Ray returns them), so the rules are tested without a cluster and a sweep without Ray never pays
-Ray's import.
-"""
+and whether the tracking store is one every node reaches (docs/tracking-and-sweeps.md#ray-across-hosts). No `import
+ray`: hydra_plugins/huggy_ray_launcher/_core.py hands these functions plain dicts (`ray.nodes()`), so the rules are
+tested without a cluster and a sweep without Ray never pays Ray's import."""
 
 from __future__ import annotations
 
@@ -34,19 +31,15 @@ def require_ray() -> None:
 
 
 def request(device: str, mode: str, cpus_per_point: int, node_cpus: list[float]) -> dict:
-    """The Ray resources one point asks for: `{"num_cpus", "num_gpus", "resources"}` (ray.remote's options).
-
-    cuda:N -> one GPU, npu:N -> one NPU, mps -> one MPS (a whole card each: a card is never shared), each with one CPU to
-    drive it; cpu -> `cpus_per_point` CPUs, and a timed cpu point every CPU of the largest node (`node_cpus`: each alive
-    node's CPU count), so that nothing else that asks for a CPU runs beside it while it times."""
-    kind = str(device).split(":", 1)[0]
-    if kind in ACCELERATOR:
-        name = ACCELERATOR[kind]
-        return {"num_cpus": 1, "num_gpus": 1, "resources": {}} if name == "GPU" else \
-            {"num_cpus": 1, "num_gpus": 0, "resources": {name: 1}}
+    """The Ray resources (ray.remote's options) one point asks for: cuda:N, npu:N, mps -> one GPU, NPU or MPS (a card is
+    never shared) and one CPU to drive it; cpu -> `cpus_per_point` CPUs, and a timed cpu point every CPU of the largest
+    node (`node_cpus`: each alive node's count), so that nothing else asking for a CPU runs beside it while it times."""
+    name = ACCELERATOR.get(str(device).split(":", 1)[0])
+    if name is not None:
+        return {"num_cpus": 1, "num_gpus": int(name == "GPU"), "resources": {} if name == "GPU" else {name: 1}}
     cpus = float(cpus_per_point)
-    if modes()[mode].timed and node_cpus:  # a mode that times nothing may share a node's CPUs
-        cpus = max(cpus, max(node_cpus))
+    if modes()[mode].timed:  # a mode that times nothing may share a node's CPUs
+        cpus = max([cpus, *node_cpus])
     return {"num_cpus": cpus, "num_gpus": 0, "resources": {}}
 
 
@@ -117,8 +110,7 @@ def split_address(address: str) -> tuple[str, int] | None:
     text = str(address).strip()
     if text in ("auto", "local", ""):
         return None
-    if "://" in text:
-        text = text.split("://", 1)[1]
+    text = text.split("://", 1)[-1]
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit():
         raise UserError(f"hydra.launcher.ray.init.address={address!r}: not a cluster address; give <head host>:<port> "

@@ -7,13 +7,11 @@ action vector back out), and the world steps with that action. The tick's latenc
 action in hand, so a late wake-up or a previous overrun counts, as it does for the robot; it misses when the latency
 exceeds the period (the next tick is due). A tick whose deadline has passed before it could start is skipped and
 counted as missed; the world then steps with the last action held (an actuator keeps its last command), so an
-overloaded loop ends on time instead of falling ever further behind. The memory of an LSTM policy is carried from
-tick to tick (from zeros); discrete branches act as one-hots, hybrid policies as both (rollout.action_vector).
+overloaded loop ends on time instead of falling ever further behind. An LSTM's memory is carried from tick to tick
+(from zeros); discrete branches act as one-hots, hybrid policies as both (rollout.action_vector).
 
-The miss rate comes with a one-sided Clopper-Pearson upper bound at `confidence` (the exact binomial bound: with k
-misses in n ticks, the true rate is below it with that confidence). The sustainable rate is searched for as the
-highest rate whose observed miss rate stays at or under `max_miss_rate`.
-"""
+The miss rate comes with a one-sided Clopper-Pearson (exact binomial) upper bound at `confidence`. The sustainable
+rate is the highest whose observed miss rate stays at or under `max_miss_rate`."""
 
 from __future__ import annotations
 
@@ -29,9 +27,8 @@ from huggy_exp.config import BenchmarkMode
 from huggy_exp.dynamics import World
 
 SPIN_S = 2e-4  # sleep until this close to a tick, then spin: time.sleep alone wakes 50-100 µs late
-
-
 MIN_PROBE_TICKS = 50
+MAX_RATE_HZ = 100_000.0  # 10 µs a tick: more than a Python loop around a policy call keeps (the config's bound too)
 
 
 def miss_upper_bound(misses: int, ticks: int, confidence: float) -> float:
@@ -48,14 +45,6 @@ def longest_run(flags: np.ndarray) -> int:
     return max((len(list(run)) for flag, run in itertools.groupby(flags) if flag), default=0)
 
 
-def wait_until(deadline: float) -> None:
-    left = deadline - time.perf_counter()
-    if left > SPIN_S:
-        time.sleep(left - SPIN_S)
-    while time.perf_counter() < deadline:
-        pass
-
-
 def run(tick: Callable[[np.ndarray], np.ndarray], world: World, rate_hz: float, ticks: int, act_width: int,
         confidence: float) -> dict[str, float]:
     """Run `ticks` ticks at `rate_hz`; the figures of the run (µs, rates as shares)."""
@@ -68,7 +57,10 @@ def run(tick: Callable[[np.ndarray], np.ndarray], world: World, rate_hz: float, 
         if time.perf_counter() > due + period:  # its deadline passed before it could start: skipped, the action held
             world.step(action)
             continue
-        wait_until(due)
+        if (left := due - time.perf_counter()) > SPIN_S:
+            time.sleep(left - SPIN_S)
+        while time.perf_counter() < due:
+            pass
         started = time.perf_counter()
         action = tick(world.observe())
         done = time.perf_counter()
@@ -79,23 +71,19 @@ def run(tick: Callable[[np.ndarray], np.ndarray], world: World, rate_hz: float, 
     misses = int(late.sum())
     us = latency[ran] * 1e6
     p50, p99 = (np.percentile(us, [50, 99]) if us.size else (math.nan, math.nan))
-    return {
-        "rate_hz": float(rate_hz), "period_us": period * 1e6, "ticks": float(ticks), "misses": float(misses),
-        "skipped": float((~ran).sum()), "miss_rate": misses / ticks,
-        "miss_rate_upper": miss_upper_bound(misses, ticks, confidence), "confidence": float(confidence),
-        "p50_us": float(p50), "p99_us": float(p99), "max_us": float(us.max()) if us.size else math.nan,
-        "jitter_us": float(p99 - p50), "late_run_max": float(longest_run(late)),
-        "compute_p50_us": float(np.median(compute[ran]) * 1e6) if us.size else math.nan,
-        "wake_p99_us": float(np.percentile(wake[ran], 99) * 1e6) if us.size else math.nan,
-    }
+    return {"rate_hz": float(rate_hz), "period_us": period * 1e6, "ticks": float(ticks), "misses": float(misses),
+            "skipped": float((~ran).sum()), "miss_rate": misses / ticks,
+            "miss_rate_upper": miss_upper_bound(misses, ticks, confidence), "confidence": float(confidence),
+            "p50_us": float(p50), "p99_us": float(p99), "max_us": float(us.max()) if us.size else math.nan,
+            "jitter_us": float(p99 - p50), "late_run_max": float(longest_run(late)),
+            "compute_p50_us": float(np.median(compute[ran]) * 1e6) if us.size else math.nan,
+            "wake_p99_us": float(np.percentile(wake[ran], 99) * 1e6) if us.size else math.nan}
 
 
 def measure(make_tick: Callable[[], Callable[[np.ndarray], np.ndarray]], make_world: Callable[[], World],
             act_width: int, loop: BenchmarkMode) -> tuple[dict[str, float], list[dict[str, float]]]:
-    """The loop at `loop.rate_hz` for `loop.duration_s`, then the search for the highest sustainable rate.
-
-    make_tick() gives a fresh policy tick (the memory from zeros), make_world() a fresh world (from the same start).
-    """
+    """The loop at `loop.rate_hz` for `loop.duration_s`, then the search for the highest sustainable rate; make_tick()
+    gives a fresh policy tick (the memory from zeros), make_world() a fresh world (from the same start)."""
     ticks = max(int(round(loop.rate_hz * loop.duration_s)), 1)
     m = run(make_tick(), make_world(), loop.rate_hz, ticks, act_width, loop.confidence)
     m["sustainable"] = float(m["miss_rate"] <= loop.max_miss_rate)
@@ -112,6 +100,3 @@ def measure(make_tick: Callable[[], Callable[[np.ndarray], np.ndarray]], make_wo
         best, _ = timing.highest_rate(probe, loop.rate_hz, loop.search_steps, lo=1.0, hi=MAX_RATE_HZ)
         m["max_rate_hz"] = best
     return m, tried
-
-
-MAX_RATE_HZ = 100_000.0  # 10 µs a tick: beyond what a Python loop around a policy call can keep (the config's bound too)

@@ -4,11 +4,10 @@ In normalized units z = (obs - mean) / std (mean 0, std 1 without a normalizer),
 
     z[t+1] = decay * z[t] + gain * B @ a[t] + noise * e[t]
 
-with B a fixed [obs_dim, act_dim] matrix of unit-norm columns and e[t] standard normal; B and e come from
-numpy's PCG64 seeded by `seed`, so every device sees the same world. The dynamics run in float64 numpy on
-the CPU: only the policy differs between the runs being compared. Actions feed back into what the policy
-sees next, so error that accumulates in a loop shows up as drift.
-"""
+with B a fixed [obs_dim, act_dim] matrix of unit-norm columns and e[t] standard normal; B and e come from numpy's PCG64
+seeded by `seed`, so every device sees the same world. The dynamics run in float64 numpy on the CPU: only the policy
+differs between the runs compared. Actions feed back into what the policy sees next, so accumulated error shows as
+drift."""
 
 from __future__ import annotations
 

@@ -8,9 +8,9 @@ network in one call: four weight rows at a time with eight FMA chains in flight,
 inductor's vector library (at::vec, AVX2 or AVX-512 as the CPU allows). It is compiled once per network shape into
 inductor's cache (about 20 s the first time, milliseconds after) and verified against eager like every backend.
 
-Scope: CPU, fp32, Huggy's shape (one input, continuous actions: PPO's clamp or SAC's raw mu, no memory); rows run one at a time, so it is the
-batch-1 / control-loop backend, not a GEMM (large batches belong to eager or compile). Sampled actions run eager.
-"""
+Scope: CPU, fp32, Huggy's shape (one input, continuous actions: PPO's clamp or SAC's raw mu, no memory); rows run one
+at a time: the batch-1 / control-loop backend, not a GEMM (large batches belong to eager or compile). Sampled actions
+run eager."""
 
 from __future__ import annotations
 
@@ -69,8 +69,7 @@ class FusedMLP:
             raise Unsupported(f"backend fused: the kernel did not build ({first_line(exc)[:300]})") from None
 
     def __call__(self, obs: torch.Tensor) -> torch.Tensor:
-        obs = obs.contiguous() if obs.dtype == torch.float32 else obs.to(torch.float32).contiguous()
-        rows = obs.shape[0]
-        out = torch.empty(rows, self.act)
-        self.kernel(obs, out, *self.args, rows)
+        obs = obs.to(torch.float32).contiguous()
+        out = torch.empty(obs.shape[0], self.act)
+        self.kernel(obs, out, *self.args, obs.shape[0])
         return out

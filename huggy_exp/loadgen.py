@@ -1,10 +1,8 @@
 """MLPerf LoadGen drives the benchmark's scenarios (single_stream, multi_stream, offline, server and the server's QPS
-search; docs/loadgen-and-control-loop.md): the project's runner is its system under test (SUT) and the benchmark's
-feeds are its query sample library (QSL). VALID/INVALID, the early-stopping estimates and the percentiles come from
-LoadGen's own detail log, as LoadGen computed them. Accuracy is checked on what was timed (the spirit of LoadGen's
-TEST01): every performance run logs a sample of its responses, and an AccuracyOnly run one response per QSL sample;
-the caller compares them with the reference.
-"""
+search; docs/loadgen-and-control-loop.md): the runner is its system under test (SUT), the benchmark's feeds its query
+sample library (QSL). VALID/INVALID, the early-stopping estimates and the percentiles are read from LoadGen's detail
+log. Accuracy is checked on what was timed (LoadGen's TEST01): every performance run logs a sample of its responses,
+an AccuracyOnly run one per QSL sample; the caller compares them with the reference."""
 
 from __future__ import annotations
 
@@ -36,9 +34,8 @@ Infer = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
 
 
 def answer(metrics: Mapping[str, float]) -> str:
-    """A point's LoadGen scenarios and control loop in one line, from its metrics: `server INVALID (highest QPS with p99
-    in bound 212), offline VALID; control loop: miss rate 97.9% at 500 Hz (highest rate within the miss budget 120 Hz)`
-    ('' where none ran)."""
+    """A point's LoadGen scenarios and control loop in one line, from its metrics ('' where none ran): `server INVALID
+    (highest QPS with p99 in bound 212), offline VALID; control loop: miss rate 97.9% at 500 Hz (...)`."""
     said = [f"{s} {'VALID' if metrics[f'loadgen/{s}/valid'] else 'INVALID'}" for s in SCENARIOS if f"loadgen/{s}/valid" in metrics]
     if "loadgen/server/max_qps" in metrics:
         said = [f"{x} (highest QPS with p99 in bound {fmt(metrics['loadgen/server/max_qps'])})" if x.startswith("server ")
@@ -62,8 +59,7 @@ def require():
 
 @dataclass(frozen=True)
 class Settings:
-    """How long LoadGen runs and what it aims at (TestSettings), in the mode's units: mode=benchmark's keys of the same
-    names (their values: conf/mode/benchmark.yaml, their ranges: config.BenchmarkMode)."""
+    """How long LoadGen runs and what it aims at (TestSettings): mode=benchmark's keys of the same names and units."""
 
     min_duration_ms: int
     max_duration_ms: int
@@ -109,8 +105,7 @@ class Settings:
 
 
 class Layout:
-    """How a sample's outputs travel as one LoadGen response: each output row's values as float64 (exact for fp64, fp32,
-    fp16, bf16 and the discrete indices), back to back."""
+    """A sample's outputs as one LoadGen response: their values as float64 (exact for every dtype), back to back."""
 
     def __init__(self, outputs: Mapping[str, np.ndarray], names: tuple[str, ...]):
         rows = len(next(iter(outputs.values())))
@@ -130,11 +125,9 @@ class Layout:
 
 
 class System:
-    """The SUT and QSL LoadGen calls: samples are rows of `feeds`, answered by `infer` on the rows a query names.
-
-    A Python exception inside a LoadGen callback would leave LoadGen waiting for answers that never come, so every
-    query is answered (empty, on failure) and the first error is re-raised once the test has ended.
-    """
+    """The SUT and QSL LoadGen calls: samples are rows of `feeds`, answered by `infer` on the rows a query names. A
+    Python exception inside a LoadGen callback would leave LoadGen waiting for answers that never come, so every query
+    is answered (empty, on failure) and the first error is re-raised once the test has ended."""
 
     def __init__(self, lg, infer: Infer, feeds: Mapping[str, np.ndarray], layout: Layout, batch_size: int,
                  buckets: list[int] | None = None):
@@ -235,7 +228,7 @@ def read_detail(path: Path) -> dict:
 
 def metrics_of(detail: dict, scenario: str) -> dict[str, float]:
     """VALID/INVALID, the constraints LoadGen checked, its percentiles (µs), throughput and early-stopping figures."""
-    m: dict[str, float] = {"valid": float(detail.get("result_validity") == "VALID")}
+    m = {"valid": float(detail.get("result_validity") == "VALID")}
     for key, name in (("result_min_duration_met", "min_duration_met"), ("result_min_queries_met", "min_queries_met"),
                       ("early_stopping_met", "early_stopping_met"), ("result_perf_constraints_met", "constraints_met")):
         if key in detail:
@@ -255,8 +248,8 @@ def metrics_of(detail: dict, scenario: str) -> dict[str, float]:
 
 
 def early_stopping(text: str) -> dict[str, float]:
-    """LoadGen's early-stopping estimates (`Early stopping 90.0th percentile estimate: <ns>`) in µs, and how many
-    more queries it says a conclusive run needs."""
+    """LoadGen's early-stopping estimates (`Early stopping 90.0th percentile estimate: <ns>`) in µs, and the further
+    queries it says a conclusive run needs."""
     m = {}
     for pct, ns in re.findall(r"Early stopping (\d+(?:\.\d+)?)th percentile estimate: (\d+)", text):
         m[f"early_stopping_p{pct.rstrip('0').rstrip('.').replace('.', '')}_us"] = int(ns) / 1e3
@@ -301,9 +294,8 @@ def run_scenarios(scenarios: list[str], infer: Infer, feeds: Mapping[str, np.nda
                   search_steps: int = 6, search_ms: int = 500, min_latency_s: float = 0.0,
                   buckets: list[int] | None = None) -> Outcome:
     """Each LoadGen scenario in performance mode (its logged responses checked), one AccuracyOnly run over every QSL
-    sample, and the server's QPS search. `check(qsl_index, outputs)` compares responses with the reference and returns
-    (metrics named `<output>/vs_<reference>/<metric>`, failures). `buckets`: the row counts a fixed-shape runner was
-    built for."""
+    sample, and the server's QPS search. `check(qsl_index, outputs)` -> (metrics `<output>/vs_<reference>/<metric>`,
+    failures). `buckets`: the row counts a fixed-shape runner was built for."""
     lg = require()
     layout = Layout(infer({k: v[:1] for k, v in feeds.items()}), CHECKED)
     system = System(lg, infer, feeds, layout, batch_size, buckets)
@@ -345,9 +337,8 @@ def _server_search(one: Callable[..., dict[str, float]], out: Outcome, settings:
     probe holds when LoadGen's p99 meets the bound and the samples completed per second reach SUSTAINED of those it
     scheduled (a short probe on a slow runner meets its p99 before the queue grows). A bound below the fastest call
     ever timed is said at once, with no search."""
-    bound = settings.latency_bound_ms
-    if min_latency_s * 1e3 > bound:  # below the fastest call ever timed: no rate can meet it, nothing to search
-        m = out.metrics
+    bound, m = settings.latency_bound_ms, out.metrics
+    if min_latency_s * 1e3 > bound:
         out.error = (f"mode.latency_bound_ms={bound:g} can never be met: one call alone takes {min_latency_s * 1e3:.3g} ms "
                      f"at the fastest; LoadGen server at {settings.target_qps:g} QPS: "
                      f"{'VALID' if m.get('loadgen/server/valid') else 'INVALID'}, "

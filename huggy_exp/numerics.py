@@ -2,26 +2,23 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from huggy_exp.errors import UserError
 from huggy_exp.verify import finite_limits, log_softmax
 
-ACTION_STATS = {"action_mean": np.mean, "action_std": np.std, "action_min": np.min, "action_max": np.max}
-
 
 def action_stats(actions: np.ndarray, saturation: float = 0.999) -> dict[str, float]:
     """Mean, spread, range and the share of saturated values of some actions (NaN for none)."""
-    stats = {**ACTION_STATS, "saturated_share": lambda a: np.mean(np.abs(a) >= saturation)}
+    stats = {"action_mean": np.mean, "action_std": np.std, "action_min": np.min, "action_max": np.max,
+             "saturated_share": lambda a: np.mean(np.abs(a) >= saturation)}
     a = np.asarray(actions, np.float64)
     return {name: float(stat(a)) if a.size else float("nan") for name, stat in stats.items()}
 
 
 def discrete_histogram(actions: np.ndarray, sizes: tuple[int, ...] | None = None) -> tuple[dict[str, float], list[dict]]:
-    """Share of each action per branch of int [..., branches] discrete actions: metrics
-    `discrete.branch_<b>.action_<k>_share` and table rows (branch, action, count, share); every action of a branch of
-    known size is listed, else up to the largest one taken."""
+    """Share of each action per branch of int [..., branches] actions: metrics `discrete.branch_<b>.action_<k>_share`
+    and table rows (branch, action, count, share); every action of a known-size branch, else up to the largest taken."""
     flat = np.asarray(actions).reshape(-1, np.shape(actions)[-1])
     table = []
     for b in range(flat.shape[1]):
@@ -31,9 +28,8 @@ def discrete_histogram(actions: np.ndarray, sizes: tuple[int, ...] | None = None
 
 
 def limits_for(table: dict, dtype: str, device: str, specialize: dict | None, where: str) -> dict:
-    """Thresholds for a dtype, overridden by a `<device kind>_<dtype>` entry of `specialize` (e.g. npu_fp16); a dtype
-    without an entry is an error naming the key (tables fail closed), and every value a finite number
-    (`verify.finite_limits`: a NaN limit would switch its check off)."""
+    """Thresholds for a dtype, overridden by `specialize`'s `<device kind>_<dtype>` entry (e.g. npu_fp16); a dtype
+    without an entry is an error naming the key (tables fail closed); every value finite (a NaN limit is no check)."""
     if dtype not in table:
         raise UserError(f"{where}.{dtype} is missing: a dtype without a limit cannot be judged; set it "
                         f"(the table has {', '.join(sorted(table)) or 'nothing'})")
@@ -73,12 +69,10 @@ def clipped_normal_moments(mu: np.ndarray, sigma: np.ndarray, lo: float, hi: flo
 
 def sampling_check(samples: np.ndarray, mu: np.ndarray, sigma: np.ndarray, lo: float | None, hi: float | None,
                    confidence: float = 0.999) -> dict[str, float]:
-    """Do draws [R, rows, act] follow clip(N(mu, sigma^2), lo, hi)? Mean per cell (Bonferroni) and pooled spread.
-
-    Means: z = (empirical mean - exact clipped-normal mean) / sqrt(var / R) per cell; pass when max |z| stays under
-    the two-sided Bonferroni-corrected critical value at `confidence`. Spread: on cells clipped with probability
-    < 1e-3, standardized residuals (x - mu) / sigma must have a standard deviation within z * sqrt(1 / 2n) of 1.
-    """
+    """Do draws [R, rows, act] follow clip(N(mu, sigma^2), lo, hi)? Means: z = (empirical mean - exact clipped-normal
+    mean) / sqrt(var / R) per cell, max |z| under the two-sided Bonferroni-corrected critical value at `confidence`.
+    Spread: on cells clipped with probability < 1e-3, the standardized residuals (x - mu) / sigma have a standard
+    deviation within z * sqrt(1 / 2n) of 1."""
     from scipy.stats import norm
 
     x = np.asarray(samples, np.float64)
@@ -89,25 +83,17 @@ def sampling_check(samples: np.ndarray, mu: np.ndarray, sigma: np.ndarray, lo: f
         mean, var = clipped_normal_moments(mu, sigma, lo, hi)
     se = np.sqrt(var / reps) + 1e-6  # + float32 resolution: fully clipped cells have var 0 and mean exactly at the bound
     z = (x.mean(axis=0) - mean) / se
-    cells = z.size
-    alpha = 1.0 - confidence
+    cells, alpha = z.size, 1.0 - confidence
     z_crit = norm.ppf(1 - alpha / (2 * cells))
     free = np.broadcast_to(norm.cdf((lo - mu) / sigma) + norm.sf((hi - mu) / sigma) < 1e-3, z.shape)  # rarely clipped
     resid = ((x - mu) / sigma)[:, free]
     n = resid.size
     spread = float(resid.std()) if n > 1 else float("nan")
     spread_tol = norm.ppf(1 - alpha / 2) * np.sqrt(1.0 / (2 * n)) if n > 1 else float("nan")
-    return {
-        "mean_z_max": float(np.max(np.abs(z))),
-        "mean_z_rms": float(np.sqrt(np.mean(z**2))),
-        "mean_z_crit": float(z_crit),
-        "spread_ratio": spread,
-        "spread_tolerance": float(spread_tol),
-        "spread_cells": float(np.sum(free)),
-        "cells": float(cells),
-        "samples_per_cell": float(reps),
-        "confidence": float(confidence),
-    }
+    return {"mean_z_max": float(np.max(np.abs(z))), "mean_z_rms": float(np.sqrt(np.mean(z**2))),
+            "mean_z_crit": float(z_crit), "spread_ratio": spread, "spread_tolerance": float(spread_tol),
+            "spread_cells": float(np.sum(free)), "cells": float(cells), "samples_per_cell": float(reps),
+            "confidence": float(confidence)}
 
 
 # --- discrete actions: sampled draws against the masked softmax
@@ -143,13 +129,11 @@ def allowed_branches(masks: np.ndarray, branch_sizes: tuple[int, ...]) -> np.nda
 
 def categorical_check(draws: np.ndarray, masked_logits: np.ndarray, branch_sizes: tuple[int, ...], masks: np.ndarray | None,
                       confidence: float = 0.999) -> dict[str, float]:
-    """Do discrete draws [S, rows, n_branches] follow softmax(masked logits [rows, sum of sizes]) per (row, branch)?
-
-    A chi-square goodness-of-fit test per cell (bins expected under 5 pooled), Bonferroni over the cells: pass when the
-    smallest p-value is at least (1 - confidence) / cells. A draw of a masked action or outside the branch is counted apart
-    (`masked_draws`, `out_of_range`) and is always a failure; a branch with every action masked is drawn uniformly
-    (ML-Agents), so its draws are checked against the uniform softmax, not counted as masked.
-    """
+    """Do discrete draws [S, rows, n_branches] follow softmax(masked logits [rows, sum of sizes]) per (row, branch)? A
+    chi-square test per cell (bins expected under 5 pooled), Bonferroni over the cells: the smallest p-value at least
+    (1 - confidence) / cells. A draw of a masked action or outside the branch is counted apart (`masked_draws`,
+    `out_of_range`), always a failure; a branch with every action masked is drawn uniformly (ML-Agents), so its draws
+    are checked against the uniform softmax, not counted as masked."""
     d, bounds = np.asarray(draws), np.cumsum(branch_sizes)[:-1]
     reps = d.shape[0]
     logits = np.split(np.asarray(masked_logits, np.float64), bounds, axis=-1)
@@ -166,13 +150,6 @@ def categorical_check(draws: np.ndarray, masked_logits: np.ndarray, branch_sizes
             freq_max = max(freq_max, float(np.max(np.abs(counts / reps - p[r]))))
             pvalues.append(_chi2_pvalue(counts, reps * p[r]))
     cells = len(pvalues)
-    return {
-        "p_min": float(min(pvalues, default=1.0)),
-        "p_crit": float((1.0 - confidence) / max(cells, 1)),
-        "cells": float(cells),
-        "samples_per_cell": float(reps),
-        "masked_draws": float(masked),
-        "out_of_range": float(out_of_range),
-        "freq_max_abs": freq_max,
-        "confidence": float(confidence),
-    }
+    return {"p_min": float(min(pvalues, default=1.0)), "p_crit": float((1.0 - confidence) / max(cells, 1)),
+            "cells": float(cells), "samples_per_cell": float(reps), "masked_draws": float(masked),
+            "out_of_range": float(out_of_range), "freq_max_abs": freq_max, "confidence": float(confidence)}

@@ -52,7 +52,7 @@ def make_observations(source: str, obs_dim: int, rows: int = 64, seed: int = 0, 
 
 
 def load_observations(path: str | None, obs_dim: int, sequence: bool = False) -> np.ndarray:
-    """A float32 [N, obs_dim] .npy ([T, N, obs_dim] too when `sequence`); the header is checked against the file and the
+    """A float32 [N, obs_dim] .npy ([T, N, obs_dim] too when `sequence`), its header checked against the file and the
     size limit before any data is read."""
     if not path:
         raise UserError("obs.source=file needs obs.path=<file.npy> (float32 [N, obs_dim])")
@@ -101,12 +101,10 @@ def load_observations(path: str | None, obs_dim: int, sequence: bool = False) ->
 
 def make_feeds(source: str, weights: PolicyWeights, rows: int = 64, seed: int = 0, scale: float = 1.0,
                path: str | None = None) -> dict[str, np.ndarray]:
-    """{'obs_0': [N, d_0], ...} (plus 'action_masks' when a file gives them) for every input of the policy.
-
-    random/zeros/extreme draw each input like `make_observations` (input 0 from `seed` itself, so a single-input policy
-    sees the same rows as before; input i > 0 from the stream (seed, i)); all actions are allowed. A file is a .npy
-    (single-input policies) or an .npz of obs_0..obs_<k> [and action_masks]; [T, N, d] arrays are a sequence.
-    """
+    """{'obs_0': [N, d_0], ...} (plus 'action_masks' when a file gives them) for every input of the policy. Drawn like
+    `make_observations`, input 0 from `seed` itself (a single-input policy sees the same rows as before), input i > 0
+    from the stream (seed, i); all actions allowed. A file is a .npy (one input) or an .npz of obs_0..obs_<k> [and
+    action_masks]; [T, N, d] arrays are a sequence."""
     if source == "file":
         return load_feeds(path, weights)
     seeds = [seed] + [int(np.random.SeedSequence([int(seed), i]).generate_state(1, np.uint64)[0] >> 1)  # (seed, i)

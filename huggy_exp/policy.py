@@ -1,6 +1,5 @@
 """The ML-Agents actor in torch, as its parts: per-input fp32 normalizers, N x [Linear + Swish], an optional LSTM, and
-action heads (continuous PPO, tanh-squashed SAC, discrete branches; a hybrid policy has both kinds) that own their forward.
-"""
+action heads (continuous PPO, tanh-squashed SAC, discrete branches; a hybrid policy has both) that own their forward."""
 
 from __future__ import annotations
 
@@ -78,8 +77,7 @@ class ContinuousActions(nn.Module):
             return mu * 0 + self.log_sigma_const
         return torch.clamp(self.log_sigma(_in(self.log_sigma, x)), *LOG_SIGMA_RANGE)
 
-    def mean(self, x: torch.Tensor) -> torch.Tensor:
-        """mu, in the head's own dtype."""
+    def mean(self, x: torch.Tensor) -> torch.Tensor:  # mu, in the head's own dtype
         return self.mu(_in(self.mu, x))
 
     def squash(self, raw: torch.Tensor) -> torch.Tensor:
@@ -93,8 +91,7 @@ class ContinuousActions(nn.Module):
         return self.head(self.mean(x))
 
     def sample(self, x: torch.Tensor, noise: torch.Tensor, mu: torch.Tensor | None = None) -> torch.Tensor:
-        """z given (drawn on the CPU by the caller), so every device sees the same noise; `mu` when already computed
-        (the deterministic path's own)."""
+        """z drawn on the CPU by the caller, so every device sees the same noise; `mu` when already computed."""
         mu = self.mean(x) if mu is None else mu
         log_sigma = self.log_sigma_of(x, mu)
         dtype = _stat_dtype(mu.dtype)
@@ -129,8 +126,7 @@ class DiscreteActions(nn.Module):
 
     def masked_logits(self, x: torch.Tensor, masks: torch.Tensor | None,
                       logits: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
-        """Per branch, logits * mask - 1e8 * (1 - mask) (stat dtype); the raw logits without masks; `logits` when
-        already computed."""
+        """Per branch, logits * mask - 1e8 * (1 - mask) (stat dtype), raw without masks; `logits` when computed."""
         out, start = [], 0
         for size, logits in zip(self.sizes, self.logits(x) if logits is None else logits):
             logits = _cast(logits, _stat_dtype(logits.dtype))
@@ -165,9 +161,8 @@ class Memory(nn.Module):
         super().__init__()
         self.hidden = weights.hidden_size
         self.lstm = nn.LSTM(weights.weight_ih.shape[1], self.hidden, batch_first=True)
-        names = ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")
-        values = (weights.weight_ih, weights.weight_hh, weights.bias_ih, weights.bias_hh)
-        self.lstm.load_state_dict({name: torch.from_numpy(value) for name, value in zip(names, values)})
+        self.lstm.load_state_dict({f"{name}_l0": torch.from_numpy(getattr(weights, name))
+                                   for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")})
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = _cast(x, self.lstm.weight_ih_l0.dtype)
@@ -199,7 +194,7 @@ class Policy(nn.Module):
         self.discrete = DiscreteActions(weights.branches) if weights.branches else None
         # plain tuples of the same Linear modules and Parameters (.to() converts Parameters in place): no per-call lookups
         self._linears = tuple(self.body)
-        self._stat = torch.float32
+        self.stat_dtype = torch.float32
         self._cache_parameters()
         self.requires_grad_(False)
         self.eval()
@@ -221,12 +216,10 @@ class Policy(nn.Module):
               parts: dict[str, torch.dtype] | None = None) -> "Policy":
         """Move to the device; the layers take `dtype` (each part its own with a plan's `parts`), the statistics stay
         fp32 (fp64 only where every layer is); then `quantize` (placement.quantize) replaces the Linear weights in place.
-
-        Each tensor is converted once, straight from its float32 original (fp16 would round the statistics), and set as
-        a new Parameter/buffer: no tensor is swapped in place, so FakeTensorMode can place the policy on a device that
-        is not there (tests/test_placement_fake_device.py)."""
+        Each tensor is converted once from its float32 original (fp16 would round the statistics) and set anew, never
+        swapped in place, so FakeTensorMode can place the policy on an absent device (test_placement_fake_device.py)."""
         owner = {m: parts[name] for name, part in self.parts().items() if parts and name in parts for m in part.modules()}
-        self._stat = stat_dtype = _stat_dtype(dtype) if not parts else torch.float64 if all(
+        self.stat_dtype = stat_dtype = _stat_dtype(dtype) if not parts else torch.float64 if all(
             d == torch.float64 for d in parts.values()) else torch.float32
         self._gemv = ()
         for module in self.modules():
@@ -246,8 +239,7 @@ class Policy(nn.Module):
         return self
 
     def check_single(self, what: str) -> None:
-        """`what` runs forward() and sample(), the single-tensor path: refused (one line naming the shape) for a policy
-        with several inputs, discrete branches or memory."""
+        """`what` runs forward() and sample(), the single-tensor path: refused for any other shape, in one line."""
         if not self._huggy_shaped:
             raise UserError(f"{what} runs Huggy's shape only (one input, continuous actions, no memory); this policy has "
                             f"{self.shape}: use backend {' or '.join(n for n, b in BACKENDS.items() if b.forward is None)}")
@@ -255,10 +247,6 @@ class Policy(nn.Module):
     @property
     def compute_dtype(self) -> torch.dtype:
         return self.body[0].weight.dtype
-
-    @property
-    def stat_dtype(self) -> torch.dtype:
-        return self._stat
 
     # --- the shared trunk: inputs -> features (and the next memory)
 
@@ -315,7 +303,6 @@ class Policy(nn.Module):
         return self._with_memory(out, memory_out)
 
     def _with_memory(self, out: dict[str, torch.Tensor], memory: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        """`out` with recurrent_out (stat dtype) for a policy with memory."""
         if memory is not None:
             out[MEMORY.name] = _cast(memory, self.stat_dtype)
         return out
@@ -334,10 +321,9 @@ class Policy(nn.Module):
 
     def trace(self, obs: torch.Tensor | list[torch.Tensor], masks: torch.Tensor | None = None,
               memory: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """Every intermediate, for per-layer attribution: normalized_obs (normalized_obs_<i> for several inputs),
-        hidden_0.., lstm (the LSTM output the heads read), mu and log_sigma (continuous), logits (every branch's raw
-        logits side by side), with the deterministic outputs and recurrent_out from the same values. Huggy's shape runs
-        forward() itself, recording on the way: what is verified is what runs."""
+        """Every intermediate, for per-layer attribution: normalized_obs(_<i>), hidden_<i>, lstm, mu, log_sigma, logits
+        (every branch's, side by side), and the deterministic outputs and recurrent_out from the same values. Huggy's
+        shape runs forward() itself, recording on the way: what is verified is what runs."""
         out: dict[str, torch.Tensor] = {}
         obs = [obs] if isinstance(obs, torch.Tensor) else obs
         if self._huggy_shaped:
@@ -355,10 +341,9 @@ class Policy(nn.Module):
         return self._with_memory(out, memory_out)
 
     def _mu(self, obs: torch.Tensor, record: dict[str, torch.Tensor] | None = None):
-        """normalize (stat dtype) -> the trunk (compute dtype) -> mu, for Huggy's shape (one input, continuous actions,
-        no memory; Policy.act runs every shape): (last hidden, mu, keep), intermediates into `record`. One row on the
-        CPU runs as a vector through addmv (MKL's gemv): addmm's one-row path is ~2x slower there; `keep` gives a
-        vector back its row dimension."""
+        """normalize (stat dtype) -> trunk (compute dtype) -> mu for Huggy's shape: (last hidden, mu, keep), the
+        intermediates into `record`. One CPU row runs as a vector through addmv (MKL's gemv; addmm's one-row path is
+        ~2x slower there); `keep` gives a vector back its row dimension."""
         row = obs.dim() == 2 and obs.shape[0] == 1 and obs.device.type == "cpu" and bool(self._gemv)
         keep = (lambda t: t.unsqueeze(0)) if row else (lambda t: t)  # noqa: E731
         x = self.normalize(obs[0] if row else obs)
@@ -369,8 +354,7 @@ class Policy(nn.Module):
         return x, mu, keep
 
     def forward(self, obs: torch.Tensor, record: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-        """Deterministic continuous actions of a single-input policy without memory, from _mu's trunk; mu and log_sigma
-        into `record` too."""
+        """Huggy's shape's deterministic actions, from _mu's trunk; mu and log_sigma into `record` too."""
         head = self.continuous
         x, mu, keep = self._mu(obs, record)
         if record is not None:
@@ -380,8 +364,7 @@ class Policy(nn.Module):
         return keep(head.head(mu))
 
     def sample(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """Sampled continuous actions of a single-input policy without memory: the mu forward() computes (the same
-        trunk, the same fast path), plus sigma times the CPU noise."""
+        """Huggy's shape's sampled actions: forward()'s mu (same trunk and fast path) plus sigma times CPU noise."""
         x, mu, _ = self._mu(obs)
         return self.continuous.sample(x, noise, mu).reshape(noise.shape)
 

@@ -43,14 +43,13 @@ MAX_SWEEP_POINTS = 10_000  # points one -m may launch: each is validated first a
 
 
 def validate(cfg: DictConfig, mode: str) -> None:
-    """The schema's checks (config.validate), then the host's: a device name torch knows, the modules the mode's knobs
-    need (its `host_needs`: benchmark's LoadGen), the tracking store answering. placement imports torch: imported here,
-    after run.py has started MLflow's helper process."""
+    """The schema's checks (config.validate), then the host's: the device, the modules of the mode's `host_needs`, the
+    tracking store answering. placement (torch) is imported here, after run.py has started MLflow's helper process."""
     from huggy_exp.placement import check_device
 
     plain = config.validate(cfg, mode)
     check_device(str(plain["device"]))
-    for module, why in config.modes()[mode].host_needs(plain["mode"]).items():  # the mode's declared needs
+    for module, why in config.modes()[mode].host_needs(plain["mode"]).items():
         if importlib.util.find_spec(module) is None:
             raise UserError(f"{module} is not installed here: {why}")
     track = plain["tracking"]
@@ -71,10 +70,8 @@ def unique_suffix() -> str:
 
 
 def available(what: str, yes: str, no: str) -> str:
-    """`${huggy_available:<device or file>,<if here>,<if not>}`: an expectation that holds on every host.
-
-    A device (cpu, cuda[:N], npu[:N], mps) is here when torch can place on it; anything else is a path that exists.
-    """
+    """`${huggy_available:<device or file>,<if here>,<if not>}`, an expectation that holds on every host: a device is
+    here when torch can place on it, anything else is a path that exists."""
     if re.fullmatch(r"(cpu|cuda|npu|mps)(:\d+)?", str(what)):
         from huggy_exp.placement import resolve_device  # torch, imported only for a case that asks
 
@@ -103,10 +100,9 @@ def group_options(group: str, dirs: list) -> list[str]:
 
 
 def normalize_argv(argv: list[str]) -> list[str]:
-    """The command line as Hydra must see it: an override of a free map
-    (`verify.specialize={npu_fp16: {...}}`, as the docs write it) merged with `++`, since Hydra refuses new keys there
-    without it; a store URI's secrets (a server's `user:password@`, a database password, a `?token=`) kept out of what
-    Hydra writes (tracking.hide_secrets), so no file or log ever holds them."""
+    """The command line as Hydra must see it: a free map's override (`verify.specialize={npu_fp16: {...}}`) merged with
+    `++`, since Hydra refuses new keys there without it; a store URI's secrets (`user:password@`, `?token=`) kept out of
+    what Hydra writes (tracking.hide_secrets), so no file or log ever holds them."""
     out = []
     for arg in argv:
         key = arg.split("=", 1)[0]
@@ -126,7 +122,6 @@ def check_sweep_size(counts: dict[str, int]) -> None:
         sizes = " × ".join(f"{what} ({n:,} values)" for what, n in counts.items())
         raise UserError(f"-m {sizes}: {points:,} points, over the {MAX_SWEEP_POINTS:,} one sweep may launch (each is "
                         "validated first, then runs as a job); sweep fewer values, or split the sweep")
-
 
 
 def expand(argv: list[str], conf_dirs: list) -> tuple[list[str], list[list[str]]]:
@@ -195,13 +190,10 @@ def shares_machine(launcher: str, settings) -> bool:
 
 
 def check(argv: list[str], conf_dir, keep: list | None = None) -> int:
-    """Compose and validate every job the command line asks for; the first bad one is a UserError (one line).
-
-    Returns how many jobs Hydra will launch (the product of the swept values; 1 without -m). `keep`, when given,
-    receives each composed config (Hydra node included) so that a single run need not be composed again (run_once).
-    A store URI whose secret came from a config file is masked in each config, and `argv` gains `tracking.uri=<masked>`
-    for Hydra's own composition of a sweep, so `.hydra/` and multirun.yaml never hold it.
-    """
+    """Compose and validate every job the command line asks for (the first bad one is a UserError); how many Hydra will
+    launch. `keep` receives each composed config (Hydra node included): a single run is not composed again (run_once).
+    A store URI's secret from a config file is masked in each config, and `argv` gains `tracking.uri=<masked>` for
+    Hydra's own composition of a sweep, so `.hydra/` and multirun.yaml never hold it."""
     parser = get_args_parser()
 
     def refuse(message: str):
@@ -252,9 +244,8 @@ def check(argv: list[str], conf_dir, keep: list | None = None) -> int:
 
 
 def _hide_file_secret(cfg: DictConfig) -> set[str]:
-    """A store URI with a secret that came from a config file (`tracking=prod`, a case file), masked in the composed
-    config before Hydra writes `.hydra/` (its secret kept aside as for the command line's: tracking.hide_secrets).
-    Returns {the masked URI}, or nothing when there was no secret."""
+    """{the masked URI}: a store URI's secret from a config file (`tracking=prod`, a case) masked in the composed config
+    before Hydra writes `.hydra/` (kept aside as the command line's: tracking.hide_secrets); empty without a secret."""
     uri = cfg.tracking.get("uri")
     if not uri or (shown := hide_secrets(str(uri))) == uri:
         return set()
@@ -413,9 +404,8 @@ def single_run(argv: list[str]) -> bool:
 
 
 def run_once(cfg, task_function) -> None:
-    """Run one job from the config preflight composed, as @hydra.main runs it (hydra.mode RUN, Hydra's and the job's
-    logging, callbacks, <job dir>/.hydra/), without composing it twice more: @hydra.main composes once to learn the
-    mode and once to run (~0.2 s each, a sixth of a single run's start-up over `import torch`). Hydra 1.3's run_job."""
+    """Run one job from the config preflight composed, as @hydra.main runs it (Hydra 1.3's run_job: hydra.mode RUN,
+    logging, callbacks, .hydra/), without composing it twice more (~0.2 s each, a sixth of a single run's start-up)."""
     with open_dict(cfg.hydra):
         cfg.hydra.mode = RunMode.RUN
         cfg.hydra.overrides.hydra.append("hydra.mode=RUN")  # what @hydra.main adds when the config names no mode

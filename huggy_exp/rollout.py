@@ -4,8 +4,7 @@
 
 Closed loop: the surrogate dynamics (huggy_exp/dynamics.py) see all inputs side by side ([envs, sum of widths], each
 input in its own normalizer's units, unit scale where it has none) and an action vector of the continuous actions
-followed by a one-hot of every branch's discrete action.
-"""
+followed by a one-hot of every branch's discrete action."""
 
 from __future__ import annotations
 
@@ -46,8 +45,8 @@ def split(obs: np.ndarray, weights: PolicyWeights) -> dict[str, np.ndarray]:
 
 
 def seen(observations: np.ndarray, start: dict[str, np.ndarray], weights: PolicyWeights) -> dict[str, np.ndarray]:
-    """A closed loop's observations [T, envs, sum of widths] as the feeds the policy saw: obs_0 .. obs_<k> and, when the
-    start feeds hold them, the action masks of every step."""
+    """A closed loop's observations [T, envs, sum of widths] as the feeds the policy saw, with the start feeds' action
+    masks at every step."""
     feeds = split(observations, weights)
     if ACTION_MASKS in start:
         feeds[ACTION_MASKS] = np.broadcast_to(start[ACTION_MASKS], (len(observations), *start[ACTION_MASKS].shape)).copy()
@@ -68,9 +67,8 @@ def action_vector(outputs: dict[str, np.ndarray], weights: PolicyWeights) -> np.
 
 
 class Stepper(Recurrent):
-    """One step of the policy on one (device, dtype): feeds in, the named outputs out, the memory carried from zeros
-    (`masks`, when given, fill in absent action_masks). Step t of a sampled run draws with seed + t (the same CPU noise
-    on every device)."""
+    """One step of the policy on one (device, dtype): feeds in, named outputs out, the memory carried from zeros
+    (`masks` fill in absent action_masks). Step t of a sampled run draws with seed + t (the same CPU noise anywhere)."""
 
     def __init__(self, runner: Runner, kind: str = "deterministic", seed: int = 0, masks: np.ndarray | None = None):
         seeds = itertools.count(int(seed))

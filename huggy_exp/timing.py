@@ -1,10 +1,8 @@
 """The measurement policy in one place: fixed threads, warm-up until stable, device sync, per-call samples, percentiles.
 
-It follows torch.utils.benchmark (warm-up, fixed thread count, synchronise, median and IQR, a measurement is
-`noisy` when IQR / median > 0.1, the same threshold as its Measurement warning) and MLPerf LoadGen's
-single-stream / offline reporting (per-query latency percentiles p50/p90/p95/p99; offline throughput =
-samples / total time). Call sites pass only the callable.
-"""
+It follows torch.utils.benchmark (warm-up, fixed thread count, synchronise, median and IQR, `noisy` when IQR / median
+> 0.1, its Measurement warning's threshold) and MLPerf LoadGen's single-stream / offline reporting (per-query latency
+percentiles; offline throughput = samples / total time). Call sites pass only the callable."""
 
 from __future__ import annotations
 
@@ -50,19 +48,17 @@ class Timing:
         self.warmup_calls += other.warmup_calls
 
     def stats(self) -> dict[str, float]:
-        """p50/p90/p95/p99/mean/min/max/IQR in µs, obs/s (rows x calls / total time: report.OBS_PER_S says it in
-        words), noisy, samples, threads."""
+        """p50/p90/p95/p99/mean/min/max/IQR in µs, obs/s (rows x calls / total time: report.OBS_PER_S), noisy."""
         if not self.samples:
             return {}
         us = np.asarray(self.samples, np.float64) * 1e6
         out = {f"p{p}_us": float(v) for p, v in zip(PERCENTILES, np.percentile(us, PERCENTILES))}
         q1, q3 = np.percentile(us, [25, 75])
         iqr, median = float(q3 - q1), out["p50_us"]
-        return {
-            **out, "mean_us": float(us.mean()), "min_us": float(us.min()), "max_us": float(us.max()), "iqr_us": iqr,
-            "obs_per_s": float(self.rows * len(us) / (us.sum() / 1e6)),
-            "noisy": float(median <= 0 or iqr / median > NOISY_IQR), "samples": float(len(us)), "threads": float(self.threads),
-        }
+        return {**out, "mean_us": float(us.mean()), "min_us": float(us.min()), "max_us": float(us.max()), "iqr_us": iqr,
+                "obs_per_s": float(self.rows * len(us) / (us.sum() / 1e6)),
+                "noisy": float(median <= 0 or iqr / median > NOISY_IQR), "samples": float(len(us)),
+                "threads": float(self.threads)}
 
 
 def _timed(fn: Callable[[], object], device: torch.device) -> float:
@@ -91,11 +87,9 @@ def warm_up(fn: Callable[[], object], device: torch.device, budget_s: float, min
 
 def measure(fn: Callable[[], object], device: torch.device, rows: int = 1, budget_s: float = 1.0,
             warmup_s: float = 0.5, max_samples: int = 10_000, min_samples: int = 1, min_warmup: int = 2) -> Timing:
-    """Warm up (at least `min_warmup` calls, 0 for none), then time synchronised calls until the budget or max_samples is reached.
-
-    The thread count in force is recorded; set it with `threads()` around the call (compiled code is built per
-    thread count, so warm-up must run under the same count as the timing).
-    """
+    """Warm up (at least `min_warmup` calls, 0 for none), then time synchronised calls until the budget or max_samples.
+    The thread count in force is recorded; set it with `threads()` around the call (compiled code is built per thread
+    count, so warm-up must run under the same count as the timing)."""
     synchronize(device)
     warmups = warm_up(fn, device, warmup_s, min_warmup) if min_warmup else 0
     samples: list[float] = []
