@@ -403,8 +403,9 @@ def test_mode_ui_prints_the_latest_sweeps_runs_and_stops_on_ctrl_c(tmp_path, hug
     assert proc.wait(timeout=60) == 0, out
     assert f"latest sweep's runs: http://127.0.0.1:{port}/#/experiments/" in out and "viewStateShareKey=feed01" in out
     assert "stopped" in out
-    with socket.socket() as s:  # the server and its workers are gone: the port is free again
-        s.bind((ui.HOST, port))
+    # the server and its workers are gone: nothing listens on the port (its closed connections may wait in TIME_WAIT,
+    # which a plain bind would count as taken; ui.free_port binds as the server does, with SO_REUSEADDR)
+    assert ui.free_port(port) == port
 
 
 # --- the real browser
