@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import socket
 import subprocess
 import threading
@@ -572,15 +573,15 @@ def test_the_check_fails_when_the_verdict_column_is_moved_out_of_view_or_a_heade
 @pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
 def test_the_check_fails_on_a_cut_verdict_cell_or_a_missing_answer_column(ui_sweep, ui_server, more_sweeps):
-    def change(view):  # replay's bitwise agreement dropped, its verdict column too narrow for `passed, noisy`
+    def change(view):  # replay's bitwise agreement dropped, its verdict column too narrow for `passed` itself
         view["selectedColumns"].remove("metrics.`answer/bitwise`")
         view["columnOrder"].remove("metrics.`answer/bitwise`")
-        view["columnWidths"]["tags.`verdict`"] = 56
+        view["columnWidths"]["tags.`verdict`"] = 30  # 56 px held `passed` whole when no point was noisy (CI, stop 38)
 
     check = _check_tampered(ui_sweep, ui_server, more_sweeps["replay"], change)
     assert "no the answer/bitwise column (metrics.`answer/bitwise`) on the first screen" in check.stdout, \
         check.stdout[-3000:]
-    assert "replay-cpu-fp32-b64: its verdict 'passed" in check.stdout and "is cut" in check.stdout, check.stdout[-3000:]
+    assert re.search(r"replay-cpu-(fp32|bf16)-b64: its verdict 'passed[^']*' is cut", check.stdout), check.stdout[-3000:]
 
 
 @pytest.mark.slow
