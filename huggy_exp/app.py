@@ -101,9 +101,15 @@ def point_info() -> dict:
                       "preset": tuple(point["preset"]) if point.get("preset") else None}
 
 
-def run_name(mode: str, cfg: DictConfig, case: str | None = None) -> str:
-    """What is special about the job first: the case, then mode, device, numerics (`fp32-tf32`, a plan), batch (a
-    benchmark's ladder, zero-padded to sort: b00064 < b01024), and obs when not random."""
+CASE_KEEPS = ("case", "expect", "tracking", "hydra")  # overrides that leave a case's point as its file declares it
+
+
+def run_name(mode: str, cfg: DictConfig, case: str | None = None, overrides: tuple[str, ...] = ()) -> str:
+    """What is special about the job: mode, device, numerics (`fp32-tf32`, a plan), batch (a benchmark's ladder,
+    zero-padded to sort: b00064 < b01024), and obs when not random. A case's point is named by its case alone, as its
+    file declares what runs; `<case>:<name>` when an override changes what runs (`case=x dtype=fp16`)."""
+    if case and all(o.lstrip("+~").split("=")[0].split(".")[0] in CASE_KEEPS for o in overrides):
+        return case
     name = f"{mode}-{cfg.device}-{numerics_label(cfg.dtype, cfg.get('precision_mode'), plan_name(cfg))}-b{batch_label(mode, cfg)}"
     source = (cfg.get("obs") or {}).get("source")
     if source and source != "random":
@@ -244,7 +250,7 @@ def _job_record(cfg: DictConfig, mode: str, job: JobInfo, result: Result, ctx: C
     params = OmegaConf.to_container(cfg, resolve=True)
     params["tracking"] = tracking.public_settings(params.get("tracking") or {})
     return {
-        "mode": mode, "run_name": run_name(mode, cfg, job.case), "job_id": job.job_id or uuid.uuid4().hex,
+        "mode": mode, "run_name": run_name(mode, cfg, job.case, job.overrides), "job_id": job.job_id or uuid.uuid4().hex,
         "case": job.case, "overrides": [tracking.redact(o) for o in job.overrides], "device": str(cfg.device),
         "dtype": str(cfg.dtype), "precision_mode": str(cfg.precision_mode), "batch_size": cfg.batch_size,
         "seed": cfg.seed, "model": loaded.describe() if loaded is not None else _model_stub(cfg),

@@ -380,17 +380,19 @@ VIEW_PARAMS = ("device", "dtype", BATCH_PARAM, "mode", "obs.source", "seed")
 FINGERPRINT_COLUMN = "tags.`fingerprint`"
 # the runs table's first screen, after the run name and the verdict (and the batch size where the sweep's points
 # differ in it), those the sweep's runs have: a benchmark's fastest backend at the job's batch (p50, which, obs/s) and
-# eager's p50; the error vs fp64 with its limit, the cosine, the p50 (as the answer, or after a mode's own answer) and
-# the fingerprint prefix; then the rest
+# eager's p50; the error vs fp64 with its limit, the p50 (as the answer, or after a mode's own answer), the fingerprint
+# prefix, then the cosine (whose 0.99999… says less than the error beside its limit); then the rest
 FIRST_COLUMNS = tuple(dict.fromkeys(c if "`" in c else f"metrics.`{logged_name(c, answer)}`" for c in (
     "best_p50_us", "tags.`best_backend`", "best_obs_per_s", "metrics.`eager/p50_us`", ERROR, f"params.`{LIMIT_PARAM}`",
-    COSINE, "p50_us", FINGERPRINT_COLUMN) for answer in (True, False)))
+    "p50_us", FINGERPRINT_COLUMN, COSINE) for answer in (True, False)))
+FIRST_SCREEN = 5  # the verdict and the next four columns: what a sweep's first screen shows (scripts/ui_check.py)
 OWN_COLUMNS = tuple(dict.fromkeys(f"metrics.`{logged_name(n)}`" for m in modes().values() for n in m.first_screen))
 # px: the verdict's, then every other column as wide as its header needs (HEADER_PX), so that the verdict and the
-# next five fit in the 623 px MLflow leaves beside its own name column at 1600 px with its Assistant panel open; the
+# next four fit in the 623 px MLflow leaves beside its own name column at 1600 px with its Assistant panel open; the
 # batch size's, alone under MLflow's "Parameters" group header, as wide as that needs
 WIDTHS = {"verdict": 112, "reason": 440, "created": 44, BATCH_PARAM: 96}  # by header
 HEADER_PX = (7.0, 12)  # px per character of a header (MLflow's 600 12px font: at most 6.9) and its left padding
+VERDICT_PX = (6.5, 28)  # px per character of a cell's words (13px: `passed, noisy` is 73 px) and both paddings
 NAME_COLUMN = "attributes.`Run Name`"
 NAME_PX = (182, 7.0, 30)  # MLflow's own name column width; px per character of a name and for its colour dot
 
@@ -432,13 +434,17 @@ def present_columns(runs) -> tuple[set[str], int]:
             len({run.data.params.get(BATCH_PARAM) for run in runs}))
 
 
-def sweep_view(sweep_id: str, present: set[str], batches: int = 1, names: list[str] = ()) -> str:
+def sweep_view(sweep_id: str, present: set[str], batches: int = 1, names: list[str] = (),
+               verdicts: list[str] = ()) -> str:
     """One sweep's runs table as MLflow's shared view state: its points flat (a filter un-nests children), by name, the
     columns narrow enough to fit beside MLflow's Assistant panel (a quarter of the window on a first visit); the name
-    column as wide as the longest point's name (`names`) needs, so a benchmark's batch size at its end is not cut."""
+    column as wide as the longest point's name (`names`) needs, so a benchmark's batch size at its end is not cut, and
+    the verdict's as its longest words before a reason (`verdicts`: a case's `failed as expected`)."""
     columns = view_columns(present, batches)
     shown = columns[:columns.index("tags.`reason`") + 1]
     widths = {c: WIDTHS.get(h := c.split("`")[1], round(HEADER_PX[0] * len(h) + HEADER_PX[1])) for c in shown}
+    widths["tags.`verdict`"] = max([WIDTHS["verdict"], *(round(VERDICT_PX[0] * len(v.split(": ")[0]) + VERDICT_PX[1])
+                                                         for v in verdicts)])
     widths["runDateAndNestInfo"] = WIDTHS["created"]  # "Created" is pinned beside the name: its icon is enough
     widths[NAME_COLUMN] = max(NAME_PX[0], round(NAME_PX[1] * max(map(len, names), default=0) + NAME_PX[2]))
     return json.dumps({"selectedColumns": columns, "searchFilter": f"tags.sweep_id = '{sweep_id}'",
@@ -888,7 +894,8 @@ def end_sweep(settings: dict, sweep_dir: Path, summary: dict, files: list[Path],
                     store.client.log_artifact(run_id, str(path))
             store.client.set_terminated(run_id, status)
             children = store.children(run_id)
-            view = sweep_view(info["id"], *present_columns(children), [c.info.run_name for c in children])
+            view = sweep_view(info["id"], *present_columns(children), [c.info.run_name for c in children],
+                              [c.data.tags.get("verdict", "") for c in children])
             store.client.set_experiment_tag(store.experiment_id, SHARED_VIEW + info["id"], view)
             info["ui"] = {"parent": run_url(store.uri, store.experiment_id, run_id),
                           "runs": run_url(store.uri, store.experiment_id, view=info["id"])}

@@ -139,13 +139,13 @@ class Check:
 def first_screen(sweep: dict) -> list[tuple[str, str]]:
     """(column id, what it is) that must be in view on the runs page: the verdict (and the batch size where the points
     differ in it), then the mode's own answer (`ModeConf.first_screen`: replay's, LoadGen's) where its points have
-    one, else the verified point's (tracking.FIRST_COLUMNS: the fastest backend, the error, its limit, cosine, p50)."""
+    one, else the verified point's (tracking.FIRST_COLUMNS: the fastest backend, the error, its limit, p50, fingerprint)."""
     lead = ["tags.`verdict`", f"params.`{tracking.BATCH_PARAM}`"]
     first = sweep["columns"][:sweep["columns"].index("tags.`reason`")]
     own = [c for c in first if c in tracking.OWN_COLUMNS]
     shown = [c for c in first if c in lead] + (own or [c for c in first if c in tracking.FIRST_COLUMNS])
     named = {"tags.`verdict`": "the verdict", f"metrics.`{headline.logged_name(headline.ERROR)}`": "the error vs fp64"}
-    return [(c, named.get(c, "the " + c.split("`")[1])) for c in shown][:6]
+    return [(c, named.get(c, "the " + c.split("`")[1])) for c in shown][:tracking.FIRST_SCREEN]
 
 
 def shows(text: str) -> str:

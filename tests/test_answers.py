@@ -401,7 +401,8 @@ def test_a_replay_sweeps_runs_page_leads_with_did_the_port_hold():
     assert columns[:4] == ["tags.`verdict`", "metrics.`answer/bitwise`", "metrics.`answer/dual_ratio`",
                            "metrics.`answer/lat_ratio`"]
     precision = tracking.view_columns({"metrics.`answer/max_abs`", "params.`limit/max_abs`", "metrics.`answer/cosine`"})
-    assert precision[:4] == ["tags.`verdict`", "metrics.`answer/max_abs`", "params.`limit/max_abs`", "metrics.`answer/cosine`"]
+    assert precision[:5] == ["tags.`verdict`", "metrics.`answer/max_abs`", "params.`limit/max_abs`",
+                             "tags.`fingerprint`", "metrics.`answer/cosine`"]
 
 
 def test_a_replay_sweeps_parent_states_what_it_found_in_its_verdict_and_first_line(tmp_path):

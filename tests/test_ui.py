@@ -43,10 +43,10 @@ BENCHMARK_COLUMNS = {"metrics.`answer/passed`", "metrics.`answer/max_abs`", "par
                      "tags.`best_backend`", "metrics.`eager/p50_us`", "metrics.`onnxruntime/p50_us`", "params.`batch_size`"}
 
 
-def test_runs_view_shows_the_verdict_then_error_limit_cosine_p50_and_fingerprint():
+def test_runs_view_shows_the_verdict_then_error_limit_p50_and_fingerprint_then_the_cosine():
     columns = tracking.view_columns(PRECISION_COLUMNS)
     assert columns[:6] == ["tags.`verdict`", "metrics.`answer/max_abs`", "params.`limit/max_abs`",
-                           "metrics.`answer/cosine`", "metrics.`answer/p50_us`", "tags.`fingerprint`"]
+                           "metrics.`answer/p50_us`", "tags.`fingerprint`", "metrics.`answer/cosine`"]
     assert "metrics.`answer/passed`" not in columns  # the verdict says it in words
 
 
@@ -57,21 +57,44 @@ def test_a_benchmark_sweep_shows_the_batch_then_the_fastest_backend_and_eager_fi
     assert columns.count("params.`batch_size`") == 1
 
 
-def test_the_first_screen_fits_beside_the_assistant_panel_with_every_header_whole():
-    names = {1: ["precision-npu:0-bf16-b64"], 3: [f"benchmark-cpu-fp32-b{b:05d}" for b in (1, 64, 1024)]}
-    for present, batches in ((PRECISION_COLUMNS, 1), (BENCHMARK_COLUMNS, 3)):
-        view = json.loads(tracking.sweep_view("abc", present, batches, names[batches]))
-        assert view["columnOrder"][:3] == ["attributes.`Run Name`", "runDateAndNestInfo", "tags.`verdict`"]
-        assert view["searchFilter"] == "tags.sweep_id = 'abc'" and view["selectedColumns"][0] == "tags.`verdict`"
-        first = view["columnOrder"][2:8]
-        wider = view["columnWidths"]["attributes.`Run Name`"] - tracking.NAME_PX[0]  # a long name takes from the rest
-        # 1600 px window, Assistant panel open (measured in Chromium): the grid is x 222..1160, MLflow's own name
-        # column and Created end at 521
-        assert sum(view["columnWidths"][c] for c in first) <= 1160 - 521 - wider
-        # MLflow's header font (600 12px) takes up to 6.9 px per character (measured: `answer/max_abs` 96 px), after
-        # a 12 px padding: no header is cut (scripts/ui_check.py checks it in the real UI)
-        for column in first[1:]:
-            assert view["columnWidths"][column] >= 6.9 * len(column.split("`")[1]) + 12, column
+@pytest.mark.parametrize("present, batches, names, verdicts", [
+    (PRECISION_COLUMNS, 1, ["precision-npu:0-bf16-b64"], ["passed, noisy", "skipped: npu needs torch_npu"]),
+    (PRECISION_COLUMNS, 1, ["precision-cpu-fp32-b64", "precision-cpu-fp32-tf32-b64"], ["passed"]),  # precision_mode
+    (PRECISION_COLUMNS, 1, ["bf16_extreme", "precision_fp16_tight", "action_zeros"],  # a cases sweep (issue 35 row 7)
+     ["failed as expected: vs cpu fp64: max_abs 0.0786 > 0.05", "passed as expected, noisy", "passed, expected failed"]),
+    (BENCHMARK_COLUMNS, 3, [f"benchmark-cpu-fp32-b{b:05d}" for b in (1, 64, 1024)], ["passed"])])
+def test_the_first_screen_fits_beside_the_assistant_panel_with_every_header_and_verdict_whole(present, batches, names,
+                                                                                               verdicts):
+    view = json.loads(tracking.sweep_view("abc", present, batches, names, verdicts))
+    assert view["columnOrder"][:3] == ["attributes.`Run Name`", "runDateAndNestInfo", "tags.`verdict`"]
+    assert view["searchFilter"] == "tags.sweep_id = 'abc'" and view["selectedColumns"][0] == "tags.`verdict`"
+    first = view["columnOrder"][2:2 + tracking.FIRST_SCREEN]
+    # MLflow's cell font (13px) takes about 5.6 px per character of a verdict (`passed, noisy` is 73 px), after
+    # 13 px of padding on each side: the verdict's words before its reason are whole
+    assert view["columnWidths"]["tags.`verdict`"] >= max(6 * len(v.split(": ")[0]) + 26 for v in verdicts)
+    wider = view["columnWidths"]["attributes.`Run Name`"] - tracking.NAME_PX[0]  # a long name takes from the rest
+    # 1600 px window, Assistant panel open (measured in Chromium): the grid is x 222..1160, MLflow's own name
+    # column and Created end at 521
+    assert sum(view["columnWidths"][c] for c in first) <= 1160 - 521 - wider
+    # MLflow's header font (600 12px) takes up to 6.9 px per character (measured: `answer/max_abs` 96 px), after
+    # a 12 px padding: no header is cut (scripts/ui_check.py checks it in the real UI)
+    for column in first[1:]:
+        assert view["columnWidths"][column] >= 6.9 * len(column.split("`")[1]) + 12, column
+
+
+def test_a_case_point_is_named_by_its_case_unless_an_override_changes_what_runs():
+    """Issue 35 row 7: `<case>:<run name>` (43 characters) widened the name column past the first screen."""
+    from conftest import compose_config
+
+    from huggy_exp.app import run_name
+
+    cfg = compose_config(["case=bf16_extreme"])
+    kept = ("case=bf16_extreme", "tracking.uri=sqlite:///x.db", "tracking=none", "expect=failed", "hydra.verbose=true")
+    assert run_name("precision", cfg, "bf16_extreme", kept) == "bf16_extreme"
+    for changed in ("dtype=fp16", "obs.rows=4", "+extra=1", "~plan"):
+        assert run_name("precision", cfg, "bf16_extreme", (*kept, changed)) == \
+            "bf16_extreme:precision-cpu-bf16-b64-extreme", changed
+    assert run_name("precision", cfg) == "precision-cpu-bf16-b64-extreme"
 
 
 def test_a_skipped_point_reads_its_reason_and_a_noisy_one_says_so():
@@ -521,9 +544,6 @@ def test_a_loadgen_sweep_answers_valid_highest_qps_and_miss_rate_first(ui_sweep,
 
 @pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
-@pytest.mark.xfail(strict=True, reason="case points are named <case>:<run name> (43 characters here): the name column "
-                   "leaves ~490 px beside the Assistant panel for the verdict and five columns that need 620, so p50 "
-                   "and fingerprint are off-screen and `passed as expected` is cut (docs/ui-and-reports.md)")
 def test_a_cases_sweep_shows_each_case_met_and_its_expected_failures_as_expected(ui_sweep, ui_server, more_sweeps):
     out = _sweep_check(ui_sweep, ui_server, more_sweeps, "cases", "runs", "failed", "metrics")
     assert "status Finished, verdict failed as expected" in out and "tags.`fingerprint`" in out
