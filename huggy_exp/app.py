@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from huggy_exp import environment, mlagents, terminal, tracking
+from huggy_exp import bundle, environment, mlagents, terminal, tracking
 from huggy_exp.config import modes, numerics_label
 from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported, UserError
@@ -320,32 +320,40 @@ def sync(cfg: DictConfig, out: Path) -> int:
 
 
 def rejudge(cfg: DictConfig, out: Path) -> int:
-    """`mode=rejudge`: every result.json under mode.path judged again by the limits as composed now (rejudge.py), the
-    policy never loaded, into `out` (summaries, report.html, changed.csv), logged as a new MLflow parent whose children
-    name the runs they re-judge; the originals are never written. Exit: the worst re-judged verdict, 2 on a refusal."""
+    """`mode=rejudge`: every result.json under mode.path, or every point of the port bundle there, judged again by the
+    limits as composed now (rejudge.py), the policy never loaded, into `out` (summaries, report.html, changed.csv),
+    logged as a new MLflow parent whose children name what they re-judge; the originals are never written. Exit: the
+    worst re-judged verdict, 2 on a refusal."""
     from huggy_exp import rejudge as judge, sweep
 
     source = Path(cfg.mode.path).expanduser() if cfg.mode.path else None
     try:
         if source is None or not source.is_dir():
             raise UserError(f"mode.path={cfg.mode.path}: {'required' if source is None else 'no such folder'}: a sweep "
-                            "folder (multirun/<date>/<time>), a job folder or a record job's folder")
-        found = sorted(source.rglob("result.json"), key=lambda p: (len(p.parts), str(p)))
-        if not found or out.resolve().is_relative_to(source.resolve()):
-            raise UserError(f"mode.path={source}: {'no result.json under it' if not found else 'holds this job folder'}")
+                            "folder (multirun/<date>/<time>), a job folder, a record job's folder or a port bundle")
+        is_bundle = bundle.is_bundle(source)
+        found = [] if is_bundle else sorted(source.rglob("result.json"), key=lambda p: (len(p.parts), str(p)))
+        if not (found or is_bundle) or out.resolve().is_relative_to(source.resolve()):
+            why = "holds this job folder" if found or is_bundle else "no result.json under it"
+            raise UserError(f"mode.path={source}: {why}")
         table, specialize = (OmegaConf.to_container(cfg.verify[k], resolve=True) for k in ("limits", "specialize"))
-        records = [(path, read_result(path.parent)) for path in found]
-        verdicts = [judge.rejudge(record, table, specialize, str(path)) for path, record in records]
+        if is_bundle:
+            b, rel_floor = bundle.read(source), cfg.verify.rel_floor
+            points = [(None, *p) for p in judge.bundle_points(b, table, specialize, rel_floor)]
+        else:
+            points = [(path.parent, str(path.parent), record := read_result(path.parent),
+                       judge.rejudge(record, table, specialize, str(path))) for path in found]
     except UserError as exc:
         say(f"error: {exc}", error=True)
         return EXIT_CODES["error"]
     settings = OmegaConf.to_container(cfg.tracking, resolve=True)
     info = tracking.start_sweep(settings, out, uuid.uuid4().hex[:12], sys.argv[1:])
-    changed = [row for num, ((path, record), verdict) in enumerate(zip(records, verdicts))
-               if (row := _rejudged_point(out / str(num), num, path, record, verdict, info, settings))]
+    changed = [row for num, point in enumerate(points)
+               if (row := _rejudged_point(out / str(num), num, *point, info, settings))]
     summary = sweep.summarize(out)
     flips = ", ".join(f"{c['run_name']} {c['was']} → {c['now']}" for c in changed) or "no verdict changed"
-    summary["line"] = f"re-judged {len(records)} result(s) of {source} by the limits as composed now: {flips}. " + summary["line"]
+    said = f"re-judged {len(points)} result(s) of {source} by the limits as composed now: {flips}. "
+    summary["line"] = said + summary["line"]
     summary["title"] = f"rejudge of {source.name} · {time.strftime('%m-%d %H:%M')}"
     summary["changed"] = changed
     write_table(out / "changed.csv", changed, ["point", "run_name", "was", "now", "why", "checks"])
@@ -354,29 +362,37 @@ def rejudge(cfg: DictConfig, out: Path) -> int:
     for c in changed:
         say(f"  {c['run_name']}: {c['was']} → {c['now']}: {c['why']}")
     say(f"summary, report and changed.csv in {out}")
-    return EXIT_CODES[max((v["status"] for v in verdicts), key=lambda s: (EXIT_CODES[s], s), default="passed")]
+    return EXIT_CODES[max((p[3]["status"] for p in points), key=lambda s: (EXIT_CODES[s], s), default="passed")]
 
 
-def _rejudged_point(point: Path, num: int, path: Path, record: dict, verdict: dict, info: dict, settings: dict) -> dict | None:
-    """One re-judged point in `point` (its files copied, result.json with the new verdict, the limits it is now held to
-    and the run it re-judges), logged under the new parent; the row of changed.csv when its verdict changed."""
-    shutil.copytree(path.parent, point, ignore=shutil.ignore_patterns("result.json", "*.lock", ".hydra"))
-    original = (record.get("tracking") or {}).get("run_id")
+def _rejudged_point(point: Path, num: int, folder: Path | None, where: str, record: dict, verdict: dict, info: dict,
+                    settings: dict) -> dict | None:
+    """One re-judged point in `point` (a job's files copied, result.json with the new verdict, the limits it is now
+    held to and the run, or the bundle and point key, it re-judges), logged under the new parent; the row of
+    changed.csv when its verdict changed."""
+    if folder is None:
+        point.mkdir(parents=True)
+    else:
+        shutil.copytree(folder, point, ignore=shutil.ignore_patterns("result.json", "*.lock", ".hydra"))
+    original = (record.get("tracking") or {}).get("run_id") if folder else None
+    origin = {"from": str(folder or record["bundle"]), "run_id": original, "point": None if folder else where}
     limits = verdict.pop("limits")  # the re-judged figures are shown beside the limits they now meet or miss
     write_json(point / "result.json", {
         **record, "status": verdict["status"], "reason": verdict["reason"], "job_id": uuid.uuid4().hex,
-        "metrics": {**(record.get("metrics") or {}), **limits},
-        "rejudged": {"from": str(path.parent), "run_id": original, "was": record["status"], **verdict},
-        "tags": {**(record.get("tags") or {}), "rejudged_from": str(path.parent), "rejudged_was": record["status"],
-                 **({"rejudged_from_run_id": original} if original else {})},
+        "metrics": (metrics := {**(record.get("metrics") or {}), **limits}),
+        "headline_metrics": headline_metrics(record["mode"], metrics, verdict["status"], record.get("batch_size")),
+        "rejudged": {**origin, "was": record["status"], **verdict},
+        "tags": {**(record.get("tags") or {}), "rejudged_from": origin["from"], "rejudged_was": record["status"],
+                 **({"rejudged_from_run_id": original} if original else {}),
+                 **({} if folder else {"rejudged_point": where})},
         "sweep": {"dir": str(point.parent), "id": info["id"], "num": num, "parent_run_id": info.get("parent_run_id")},
         "tracking": {"status": "pending" if settings.get("enabled") else "off"}})
     if settings.get("enabled"):
         update_result(point, tracking=tracking.log_job(settings, point))
     if verdict["status"] == record["status"]:
         return None
-    return {"point": str(path.parent), "run_name": record["run_name"], "was": record["status"], "now": verdict["status"],
-            "why": verdict["reason"] or "every re-judged check holds",
+    return {"point": where if folder is None else str(folder), "run_name": record["run_name"], "was": record["status"],
+            "now": verdict["status"], "why": verdict["reason"] or "every re-judged check holds",
             "checks": "; ".join(f"{c['check']} {c['value']:.3g}: limit {c['was']:g} → {c['now']:g}" for c in verdict["changed"])}
 
 

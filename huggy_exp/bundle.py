@@ -1,13 +1,14 @@
 """A port-certificate bundle: what a policy did on one host, as data only (JSON and .npz), checked file by file.
 
-Layout (format version 2):
+Layout (format version 3):
     manifest.json                 format, model (weights sha256, file sha256, dims), observations (preset, seed, rows),
                                   points {key: device, dtype, backend, batch, threads, environment, fingerprints
                                   (verify.fingerprints: fingerprint, quantized_fingerprint, ...), decimals,
-                                  latency summary, files}, files {relative path: {sha256, bytes}} of every other file
+                                  latency summary, judged {dtype, row, limits: verify.Limits as recorded}, files},
+                                  files {relative path: {sha256, bytes}} of every other file
     inputs.npz                    the feeds every point ran (obs_0.., action_masks), float32
-    reference_fp64.npz            the CPU fp64 eager outputs on those inputs
-    points/<slug>/outputs.npz     the point's deterministic outputs
+    reference_fp64.npz            the CPU fp64 eager outputs on those inputs, and their DISTRIBUTIONS
+    points/<slug>/outputs.npz     the point's deterministic outputs, and their DISTRIBUTIONS where its runner gives them
     points/<slug>/latency.npz     `seconds`: every timed call, in order
     points/<slug>/comparison.json the point against the fp64 reference
 
@@ -37,8 +38,9 @@ from huggy_exp.files import atomic_write, check_unused, flock
 from huggy_exp.foreign import MAX_LATENCY_SAMPLES, check_npz, read_json
 
 FORMAT = "huggy_exp-port-bundle"
-VERSION = 2  # 2: a point's `fingerprints` are verify.fingerprints' (1: per output {sha256, quantized}; re-record)
-READS = (2,)
+VERSION = 3  # 3: DISTRIBUTIONS and `judged` (mode=rejudge); 2: a point's `fingerprints` are verify.fingerprints'
+READS = (2, 3)
+DISTRIBUTIONS = ("mu", "log_sigma", "masked_logits")  # what the outputs are drawn from: KL, |Δμ|/σ, discrete margins
 MANIFEST = "manifest.json"
 LOCK = ".lock"
 INPUTS = "inputs.npz"
@@ -178,11 +180,13 @@ class Bundle:
     def inputs(self) -> dict[str, np.ndarray]:
         return load_npz(self.root, INPUTS)
 
-    def reference(self) -> dict[str, np.ndarray]:
-        return load_npz(self.root, REFERENCE)
+    def reference(self, distributions: bool = False) -> dict[str, np.ndarray]:
+        arrays = load_npz(self.root, REFERENCE)
+        return arrays if distributions else outputs_only(arrays)
 
-    def outputs(self, key: str) -> dict[str, np.ndarray]:
-        return load_npz(self.root, f"{self.points[key]['dir']}/outputs.npz")
+    def outputs(self, key: str, distributions: bool = False) -> dict[str, np.ndarray]:
+        arrays = load_npz(self.root, f"{self.points[key]['dir']}/outputs.npz")
+        return arrays if distributions else outputs_only(arrays)
 
     def latency(self, key: str) -> np.ndarray:
         name = f"{self.points[key]['dir']}/latency.npz"
@@ -265,6 +269,10 @@ def load_npz(root: Path, name: str) -> dict[str, np.ndarray]:
         raise UserError(f"bundle {root}: {name} holds objects that need pickle: refused ({exc})") from None
     except (OSError, zipfile.BadZipFile, EOFError) as exc:
         raise UserError(f"bundle {root}: {name} is not a readable .npz ({exc})") from None
+
+
+def outputs_only(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: v for k, v in arrays.items() if k not in DISTRIBUTIONS}
 
 
 def is_bundle(path: Path | str) -> bool:

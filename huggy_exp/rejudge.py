@@ -6,6 +6,8 @@ the limit beside it (`<stem>/vs_fp64/<metric>` and `<metric>_limit`, verify.py),
 everything else a mode judged (NaN/inf, benchmark's gate against eager, onnx-compare's against onnxruntime, batch
 invariance, sampling tests, precision's relative ratio) stands as recorded. A check the stored figures cannot decide
 (an rtol > 0 needs every element; a new discrete margin needs every flip's margin) is an error naming what is missing.
+A port bundle keeps every array: its points are compared again by verify.compare, under the limits they were recorded
+with and under the table now.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ from __future__ import annotations
 import math
 import re
 
+from huggy_exp.bundle import DISTRIBUTIONS, slug
 from huggy_exp.config import limit_row
 from huggy_exp.errors import UserError
 from huggy_exp.numerics import limits_for
-from huggy_exp.verify import within
+from huggy_exp.verify import DECLARED, Limits, Rules, compare, within
 
 # the engine's judged figures: metric -> (its limit in verify.limits, how it is held: "<=" at most, ">=" at least)
 CHECKS = {"max_abs": ("max_abs", "<="), "cosine_min_row": ("cosine_min", ">="), "kl_max": ("kl_max", "<="),
@@ -100,3 +103,71 @@ def _decidable(metrics: dict, new: dict, failing: list[dict], where: str) -> Non
         if key.endswith("/vs_fp64/flips") and flips and metrics.get(f"{stem}/vs_fp64/margin_limit") != new["margin"]:
             raise UserError(f"{where}: {key}={flips:g} and a new margin {new['margin']:g}: whether each flip is excused "
                             "needs its masked-logit margin, which result.json does not keep; re-run the point")
+
+
+# --- a port bundle (bundle.py): its points judged again from their own arrays by the one engine (verify.compare)
+
+
+NEEDS = {"actions": ("mu", "log_sigma", "KL and |Δμ|/σ"), "discrete_actions": ("masked_logits", "KL and the margin")}
+
+
+def bundle_points(b, table: dict, specialize: dict, rel_floor: float) -> list[tuple[str, dict, dict]]:
+    """Every point of bundle `b` as (its key, the record it was, its verdict); raises UserError naming what the bundle
+    lacks to re-judge it (one recorded before this mode)."""
+    reference = b.reference(distributions=True)
+    expected = named(reference)
+    sizes = tuple(b.manifest["model"].get("dims", {}).get("branch_sizes") or ())
+    found = []
+    for key, point in b.points.items():
+        outputs = b.outputs(key, distributions=True)
+        missing = [f"{what} (fp64's {' and '.join(names)})" for stem, (*names, what) in NEEDS.items()
+                   if stem in outputs and not all(n in reference for n in names)]
+        missing += [] if "judged" in point else ["the limits it was recorded under"]
+        if missing:
+            raise UserError(f"bundle {b.root} point {key}: {missing[0]} not in the bundle (format version "
+                            f"{b.manifest['format_version']}): re-record it to re-judge it")
+        judged = point["judged"]
+        limits = Limits(**judged["limits"]), Limits.of(limits_for(table, judged["row"], point["device"], specialize,
+                                                                  "verify.limits"))
+        then, now = (compare(named(outputs), expected, Rules(lim, judged["dtype"], rel_floor, branch_sizes=sizes))
+                     for lim in limits)
+        record = as_record(b, key, point)
+        record.update(status=status(then), reason=said(then), metrics={**record["metrics"], **then.metrics("fp64")})
+        found.append((key, record, verdict(then.metrics("fp64"), now.metrics("fp64"), now)))
+    return found
+
+
+def verdict(was: dict, new: dict, now) -> dict:
+    """rejudge()'s verdict of a point the engine compared again (`now`, its figures `new`), its figures before `was`."""
+    moved = [{"check": c["key"], "value": c["value"], "op": c["op"], "was": was[f"{c['key']}_limit"], "now": c["limit"],
+              "held_before": holds(c["value"], c["op"], was[f"{c['key']}_limit"]),
+              "holds_now": holds(c["value"], c["op"], c["limit"])} for c in checks(new)]
+    return {"status": status(now), "reason": said(now), "checks": len(moved), "rejudged": True, "limits": new,
+            "changed": [c for c in moved if c["was"] != c["now"] or c["held_before"] != c["holds_now"]]}
+
+
+def status(comparison) -> str:
+    return "passed" if comparison.passed else "failed"
+
+
+def said(comparison) -> str:
+    return "; ".join(f"vs cpu fp64: {why}" for why in comparison.failures)  # as verify_point fails a point
+
+
+def as_record(b, key: str, point: dict) -> dict:
+    """What a result.json of the point would say: its run name, where it ran, model, observations, fingerprints."""
+    m, obs = b.manifest["model"], b.manifest["observations"]
+    preset = {k: obs.get(k) for k in ("source", "rows", "scale", "path")}
+    return {"mode": "record", "run_name": f"record-{slug(key)}", "device": point["device"], "dtype": point["dtype"],
+            "batch_size": point["batch"], "seed": obs.get("seed"), "bundle": str(b.root), "point": key,
+            "params": {"backend": point["backend"], "obs": preset},
+            "model": {"path": m.get("path"), "sha256": m.get("file_sha256"), "weights_sha256": m.get("sha256"),
+                      "synthetic": m.get("synthetic"), "step": m.get("step")},
+            "tags": dict(point["fingerprints"]), "latency": point["latency"],
+            "metrics": {f"latency/{k}": v for k, v in point["latency"].items()}}
+
+
+def named(arrays: dict) -> dict:
+    """A bundle's arrays by ML-Agents name, as the engine compares them (the distributions keep their own names)."""
+    return {**{o.name: arrays[o.stem] for o in DECLARED if o.stem in arrays},
+            **{k: v for k, v in arrays.items() if k in DISTRIBUTIONS}}

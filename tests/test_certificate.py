@@ -387,7 +387,7 @@ def _version(b: Path) -> str:
     manifest = json.loads((b / "manifest.json").read_text())
     manifest["format_version"] = 99
     (b / "manifest.json").write_text(json.dumps(manifest))
-    return "format version 99 is not one this huggy_exp reads (reads 2)"
+    return "format version 99 is not one this huggy_exp reads (reads 2, 3)"
 
 
 def _not_json(b: Path) -> str:

@@ -5,10 +5,12 @@ never written; MLflow gets a new parent whose children name the runs they re-jud
 from __future__ import annotations
 
 import copy
+import shutil
 import hashlib
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import compose_config, run_job
 
@@ -158,3 +160,129 @@ def test_a_plan_point_is_re_judged_by_its_plans_limits_dtype():
     assert rejudge(planned, table, {}, "p")["status"] == "passed"  # bf16's 5e-2, not the point's fp32 1e-5
     with pytest.raises(UserError, match="records no limits dtype"):
         rejudge({**planned, "plan": {"name": "p", "hash": None}}, table, {}, "p")
+
+
+# --- a port bundle (mode=record's folder): its points judged again from their own arrays
+
+
+FAST = ["mode.latency.budget_s=0.03", "mode.latency.warmup_s=0.005", "mode.latency.max_samples=40"]
+
+
+@pytest.fixture(scope="module")
+def small_bundle(small, tmp_path_factory) -> Path:
+    """The small policy recorded in fp32 and fp16 (16 rows) into one bundle."""
+    root = tmp_path_factory.mktemp("rejudge_bundle")
+    for dtype in ("fp32", "fp16"):
+        job = run_job(root / dtype, "record", f"mode.out={root / 'bundle'}", small.model, f"dtype={dtype}",
+                      "obs.rows=16", "batch_size=16", *FAST)
+        assert job.record["status"] == "passed", job.record["reason"]
+    return root / "bundle"
+
+
+def rejudge_bundle(path: Path, out: Path, *overrides: str) -> int:
+    cfg = compose_config(["mode=rejudge", f"mode.path={path}", "tracking=none", "plots=false", *overrides,
+                          "model.checkpoint=/nonexistent/never-loaded.pt"])
+    return app.rejudge(cfg, out)
+
+
+def never_built(monkeypatch) -> None:
+    from huggy_exp.policy import Policy
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("mode=rejudge built the policy")
+
+    monkeypatch.setattr(Policy, "__init__", refuse)
+
+
+def test_a_bundle_is_re_judged_from_its_arrays_and_a_tightened_fp16_limit_flips_its_point(small_bundle, tmp_path,
+                                                                                           monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    never_built(monkeypatch)
+    before = digest(small_bundle)
+    assert rejudge_bundle(small_bundle, tmp_path / "as_recorded") == 0  # the limits it was recorded under: no change
+    summary = json.loads((tmp_path / "as_recorded" / "summary.json").read_text())
+    assert summary["changed"] == [] and summary["tally"]["passed"] == 2
+    points = {p.parent.name: json.loads(p.read_text()) for p in (tmp_path / "as_recorded").glob("*/result.json")}
+    fp16 = next(p for p in points.values() if p["dtype"] == "fp16")
+    recorded = json.loads((small_bundle / "points" / "cpu-fp16-eager-b16" / "comparison.json").read_text())
+    assert fp16["metrics"]["actions/vs_fp64/max_abs"] == recorded["outputs"]["actions"]["max_abs"]  # the one engine
+    assert fp16["metrics"]["actions/vs_fp64/kl_max_limit"] == 0.01  # judged in the policy's units too (σ recorded)
+    uri = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
+    (tmp_path / "mlruns").mkdir()
+    out = tmp_path / "tight"
+    assert rejudge_bundle(small_bundle, out, "verify.limits.fp16.max_abs=1e-4", "tracking=mlflow",
+                          f"tracking.uri={uri}") == 1
+    changed = (out / "changed.csv").read_text().splitlines()
+    assert len(changed) == 2 and changed[1].startswith("cpu/fp16/eager/b16,record-cpu-fp16-eager-b16,passed,failed,"
+                                                       "vs cpu fp64: actions: max_abs ")
+    assert "actions/vs_fp64/max_abs" in changed[1] and "limit 0.01 → 0.0001" in changed[1]
+    client = MlflowClient(uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    child = next(r for r in runs if r.data.tags.get("rejudged_point") == "cpu/fp16/eager/b16")
+    assert child.data.tags["rejudged_from"] == str(small_bundle) and child.data.tags["status"] == "failed"
+    assert "mlflow.parentRunId" in child.data.tags
+    assert digest(small_bundle) == before  # the bundle: read, never written
+
+
+def rehashed(bundle_dir: Path, name: str, change) -> None:
+    """`name` rewritten by change(arrays) -> arrays, and the manifest made to list it again (a consistent bundle)."""
+    from huggy_exp import bundle
+
+    path = bundle_dir / name
+    with np.load(path, allow_pickle=False) as data:
+        arrays = change({k: data[k] for k in data.files})
+    path.write_bytes(bundle.npz_bytes(arrays))
+    manifest = json.loads((bundle_dir / "manifest.json").read_text())
+    manifest["files"][name] = {"sha256": bundle.sha256_file(path), "bytes": path.stat().st_size}
+    (bundle_dir / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_damaged_bundle_and_one_recorded_before_this_mode_are_refused_in_one_line(small_bundle, tmp_path, capsys):
+    damaged = Path(shutil.copytree(small_bundle, tmp_path / "damaged"))
+    (damaged / "points" / "cpu-fp16-eager-b16" / "outputs.npz").write_bytes(b"PK" + bytes(40))
+    assert rejudge_bundle(damaged, tmp_path / "out1") == 2
+    err = capsys.readouterr().err
+    assert "points/cpu-fp16-eager-b16/outputs.npz" in err and len(err.strip().splitlines()) == 1
+    older = Path(shutil.copytree(small_bundle, tmp_path / "older"))
+    rehashed(older, "reference_fp64.npz", lambda a: {k: v for k, v in a.items() if k not in ("mu", "log_sigma")})
+    assert rejudge_bundle(older, tmp_path / "out2") == 2
+    err = capsys.readouterr().err
+    assert "KL and |Δμ|/σ (fp64's mu and log_sigma) not in the bundle" in err and "re-record it" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out2" / "summary.json").exists()
+
+
+def test_a_nan_in_a_bundle_point_fails_it_whatever_the_limits(small_bundle, tmp_path):
+    poisoned = Path(shutil.copytree(small_bundle, tmp_path / "poisoned"))
+    rehashed(poisoned, "points/cpu-fp32-eager-b16/outputs.npz",
+             lambda a: {**a, "actions": np.where(np.arange(a["actions"].size).reshape(a["actions"].shape) == 3, np.nan,
+                                                 a["actions"]).astype(np.float32)})
+    assert rejudge_bundle(poisoned, tmp_path / "out", "verify.limits.fp32.max_abs=1.0") == 1
+    point = next(json.loads(p.read_text()) for p in (tmp_path / "out").glob("*/result.json")
+                 if json.loads(p.read_text())["dtype"] == "fp32")
+    assert point["status"] == "failed" and "1 NaN/Inf values" in point["reason"]
+
+
+def test_a_new_discrete_margin_is_decided_from_the_bundles_logits():
+    """A flip where fp64's best masked logit leads by 0.05: excused by a margin of 0.1, not by 0.01 (result.json could
+    not decide it: it keeps no flip's margin)."""
+    from dataclasses import asdict
+    from types import SimpleNamespace
+
+    from huggy_exp.rejudge import bundle_points
+    from huggy_exp.verify import Limits
+
+    logits = np.array([[1.0, 1.05, -1.0], [2.0, 0.0, 0.0]])  # row 0: a near tie, row 1: a clear lead
+    reference = {"discrete_actions": np.array([[1], [0]]), "masked_logits": logits}
+    point = {"device": "cpu", "dtype": "bf16", "backend": "eager", "batch": 2, "fingerprints": {}, "latency": {},
+             "judged": {"dtype": "bf16", "row": "bf16", "limits": asdict(Limits.of({**LIMITS["fp32"], "margin": 0.1}))}}
+    flipped = {"discrete_actions": np.array([[0], [0]]), "masked_logits": logits}
+    b = SimpleNamespace(root=Path("b"), points={"cpu/bf16/eager/b2": point}, reference=lambda distributions: reference,
+                        outputs=lambda key, distributions: flipped,
+                        manifest={"model": {"dims": {"branch_sizes": [3]}}, "observations": {}, "format_version": 3})
+    table = {"bf16": {**LIMITS["fp32"], "margin": 0.1}}  # as recorded
+    [(key, was, now)] = bundle_points(b, table, {}, 1e-3)
+    assert was["status"] == "passed" and now["status"] == "passed" and now["changed"] == []
+    table["bf16"]["margin"] = 0.01
+    [(key, was, now)] = bundle_points(b, table, {}, 1e-3)
+    assert now["status"] == "failed" and "1 of 2 actions differ" in now["reason"]

@@ -3,17 +3,18 @@ Described in docs/modes.md#record and docs/port-certificate.md."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
 from huggy_exp import bundle, environment, timing
 from huggy_exp.certify import errors, named_outputs
-from huggy_exp.config import LatencySamples, RecordMode, cpu_note
+from huggy_exp.config import LatencySamples, RecordMode, cpu_note, limit_row
 from huggy_exp.context import Context
 from huggy_exp.results import Result, first_nonfinite
 from huggy_exp.runners import Runner, build, reference, run_feeds
-from huggy_exp.tasks import Task, batch_of
+from huggy_exp.tasks import Task, batch_of, distributions
 from huggy_exp.verify import fingerprints
 
 
@@ -35,9 +36,9 @@ class RecordTask(Task):
         root = Path(self.mode.out).expanduser() if self.mode.out else ctx.workdir / "bundle"
         feeds = {k: np.ascontiguousarray(v, np.float32) for k, v in ctx.feeds.items()}
         # --- run the point and the CPU fp64 reference on the same feeds
-        runner = build(ctx)
+        runner, cpu64 = build(ctx), reference(ctx, "fp64")
         outputs = named_outputs(run_feeds(runner, feeds))
-        fp64 = named_outputs(run_feeds(reference(ctx, "fp64"), feeds), np.float64)
+        fp64 = {**named_outputs(run_feeds(cpu64, feeds), np.float64), **distributions(cpu64, feeds)}  # μ, σ, logits too
         comparison = {name: errors(outputs[name], fp64[name], ctx.judged_dtype) for name in outputs}
         bad = {name: where for name, a in outputs.items() if (where := first_nonfinite(a)) is not None}
         if bad:  # a certificate of NaN outputs would hold every replay to them: the job fails, the bundle is untouched
@@ -73,13 +74,13 @@ class RecordTask(Task):
     @staticmethod
     def into_bundle(ctx: Context, root: Path, key: str, runner, feeds: dict, fp64: dict, outputs: dict, comparison: dict,
                     prints: dict, decimals: int, timed) -> tuple[dict, bool]:
-        """The point (where it ran, its fingerprints with the quantized one's `decimals`, outputs and latency) and the
-        inputs it ran on, recorded into the bundle at `root`: (the manifest, whether an earlier recording of the point
-        was replaced)."""
+        """The point (where it ran, its fingerprints with the quantized one's `decimals`, outputs with the distributions
+        they come from, latency, the limits it is judged by now) and the inputs it ran on, recorded into the bundle at
+        `root`: (the manifest, whether an earlier recording of the point was replaced)."""
         observations = {"source": ctx.obs.source, "rows": ctx.obs.rows, "scale": ctx.obs.scale, "path": ctx.obs.path,
                         "seed": ctx.seed, "inputs_sha256": bundle.arrays_sha256(feeds),
                         "inputs": {k: list(v.shape) for k, v in feeds.items()}}
-        w, m, stats = ctx.weights, ctx.model, timed.stats()
+        w, m, stats, rules = ctx.weights, ctx.model, timed.stats(), ctx.rules()
         model = {"sha256": bundle.weights_sha256(w), "file_sha256": m.sha256, "path": str(m.path),  # sha256: replay's
                  "synthetic": m.synthetic, "step": m.step, "shape": w.describe_shape(),
                  "dims": {"inputs": list(w.obs_sizes), "continuous_actions": w.act_dim,
@@ -89,6 +90,9 @@ class RecordTask(Task):
                  "threads": timed.threads, "runner": runner.name, "environment": environment.capture(),
                  "fingerprints": prints, "decimals": decimals,
                  "outputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in outputs.items()},
+                 "judged": {"dtype": rules.dtype, "row": limit_row(rules.dtype, ctx.precision_mode),
+                            "limits": asdict(rules.limits)},
                  "latency": {k: stats[k] for k in ("p50_us", "p90_us", "p99_us", "mean_us", "iqr_us", "samples", "noisy")}}
-        return bundle.record_point(root, model, observations, feeds, fp64, key, point, outputs,
+        drawn_from = distributions(runner, feeds)  # μ, σ, masked logits (a torch runner's): KL, |Δμ|/σ, margins
+        return bundle.record_point(root, model, observations, feeds, fp64, key, point, {**outputs, **drawn_from},
                                    np.asarray(timed.samples), {"against": "cpu fp64 eager", "outputs": comparison})
