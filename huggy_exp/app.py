@@ -12,21 +12,23 @@ import traceback
 import uuid
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
 from huggy_exp import bundle, environment, mlagents, terminal, tracking
 from huggy_exp.config import modes, numerics_label
-from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported, UserError
 from huggy_exp.headline import headline_metrics
-from huggy_exp.placement import set_precision
 from huggy_exp.preflight import validate
 from huggy_exp.report import write_job_report
 from huggy_exp.results import (EXIT_CODES, EXIT_PENDING, Result, expectation, held_result, read_result, update_result,
                                write_json, write_result, write_table)
 from huggy_exp.files import disk_full_message, is_disk_full
 from huggy_exp.memory import check_job_memory
+
+if TYPE_CHECKING:  # context and placement import torch: a command (sync, ui, rejudge) never loads it
+    from huggy_exp.context import Context
 
 JOB_LOG = "huggy_exp.job"  # conf/hydra/job_logging/huggy.yaml sends it to the job's run.log only
 
@@ -45,6 +47,8 @@ def say(line: str, error: bool = False) -> None:
 
 def build_context(cfg: DictConfig, workdir: Path) -> Context:
     """The job's Context: the composed config as the schema's own objects (config.Config, OmegaConf.to_object)."""
+    from huggy_exp.context import Context
+
     conf = OmegaConf.to_object(cfg)
     settings = {f.name: getattr(conf, f.name) for f in fields(Context) if hasattr(conf, f.name)}
     db = tracking.local_store(conf.tracking.uri)  # its folder (database, lock, artifacts) is the tool's own
@@ -196,6 +200,8 @@ def _run_task(cfg: DictConfig, workdir: Path, mode: str,
     """Validate, build the context, run the task, check its outputs are finite: (result, context, interrupted). Every
     failure becomes a result (a bad value `error`, a missing device or file `skipped`, a bug `error` with its traceback
     printed); Ctrl-C is recorded for the caller to re-raise. `preset`: a launcher's (status, reason): nothing runs."""
+    from huggy_exp.placement import set_precision
+
     ctx = None
     try:
         validate(cfg, mode)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from huggy_exp import terminal, timing
+from huggy_exp import terminal
 from huggy_exp.config import LOADGEN_INSTALL as INSTALL
 from huggy_exp.config import LOADGEN_QUERY_BYTES, MULTI_STREAM_MIN_QUERIES, loadgen_schedule
 from huggy_exp.config import SCENARIOS as CHOICES
@@ -356,7 +356,9 @@ def _server_search(one: Callable[..., dict[str, float]], out: Outcome, settings:
         out.search.append({"qps": qps, **{k: m[k] for k in SEARCH_KEYS if k in m}, "sustained": kept})
         return bool(m.get("constraints_met")) and kept >= SUSTAINED
 
-    best, _ = timing.highest_rate(probe, settings.target_qps, search_steps, lo=1.0, hi=1e7)
+    from huggy_exp.timing import highest_rate  # torch: a sweep's summary reads loadgen.answer without it
+
+    best, _ = highest_rate(probe, settings.target_qps, search_steps, lo=1.0, hi=1e7)
     out.metrics["loadgen/server/max_qps"] = best
     lowest = min(out.search, key=lambda t: t["qps"])
     held = f"p99 <= {bound:g} ms and >= {SUSTAINED:.0%} of the offered samples/s completed"

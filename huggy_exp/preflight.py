@@ -44,11 +44,13 @@ MAX_SWEEP_POINTS = 10_000  # points one -m may launch: each is validated first a
 
 def validate(cfg: DictConfig, mode: str) -> None:
     """The schema's checks (config.validate), then the host's: the device, the modules of the mode's `host_needs`, the
-    tracking store answering. placement (torch) is imported here, after run.py has started MLflow's helper process."""
-    from huggy_exp.placement import check_device
-
+    tracking store answering. placement (torch) is imported here, after run.py has started MLflow's helper process, and
+    only for a task: a command (sync, ui, rejudge) places nothing on a device."""
     plain = config.validate(cfg, mode)
-    check_device(str(plain["device"]))
+    if config.modes()[mode].is_task():
+        from huggy_exp.placement import check_device
+
+        check_device(str(plain["device"]))
     for module, why in config.modes()[mode].host_needs(plain["mode"]).items():
         if importlib.util.find_spec(module) is None:
             raise UserError(f"{module} is not installed here: {why}")
