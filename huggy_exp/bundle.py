@@ -181,12 +181,14 @@ class Bundle:
         return load_npz(self.root, INPUTS)
 
     def reference(self, distributions: bool = False) -> dict[str, np.ndarray]:
-        arrays = load_npz(self.root, REFERENCE)
-        return arrays if distributions else outputs_only(arrays)
+        return self._outputs(REFERENCE, distributions)
 
     def outputs(self, key: str, distributions: bool = False) -> dict[str, np.ndarray]:
-        arrays = load_npz(self.root, f"{self.points[key]['dir']}/outputs.npz")
-        return arrays if distributions else outputs_only(arrays)
+        return self._outputs(f"{self.points[key]['dir']}/outputs.npz", distributions)
+
+    def _outputs(self, name: str, distributions: bool) -> dict[str, np.ndarray]:
+        arrays = load_npz(self.root, name)
+        return arrays if distributions else {k: v for k, v in arrays.items() if k not in DISTRIBUTIONS}
 
     def latency(self, key: str) -> np.ndarray:
         name = f"{self.points[key]['dir']}/latency.npz"
@@ -269,10 +271,6 @@ def load_npz(root: Path, name: str) -> dict[str, np.ndarray]:
         raise UserError(f"bundle {root}: {name} holds objects that need pickle: refused ({exc})") from None
     except (OSError, zipfile.BadZipFile, EOFError) as exc:
         raise UserError(f"bundle {root}: {name} is not a readable .npz ({exc})") from None
-
-
-def outputs_only(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {k: v for k, v in arrays.items() if k not in DISTRIBUTIONS}
 
 
 def is_bundle(path: Path | str) -> bool:

@@ -51,6 +51,12 @@ def holds(value, op: str, bound) -> bool:
     return math.isfinite(v) and v >= float(bound)
 
 
+def moved(c: dict, was: float, now: float) -> dict:
+    """A check held to the limit `was` before and `now` after: a row of a verdict's `changed`."""
+    return {"check": c["key"], "value": c["value"], "op": c["op"], "was": was, "now": now,
+            "held_before": holds(c["value"], c["op"], was), "holds_now": holds(c["value"], c["op"], now)}
+
+
 def rejudge(record: dict, table: dict, specialize: dict, where: str) -> dict:
     """A point's verdict under `table` (verify.limits as composed now): the new status, reason and the checks that
     changed; raises UserError naming the figure a new limit needs and the record lacks."""
@@ -68,13 +74,10 @@ def rejudge(record: dict, table: dict, specialize: dict, where: str) -> dict:
         if c["memory"] and f"{c['key']}_scale" not in metrics:
             raise UserError(f"{where}: {c['key']}_scale is missing (memories are held to max_abs x max(1, |memory|)): "
                             "re-run the point to re-judge its memories under another limit")
-        bound = new[c["limit_key"]] * c["scale"]
-        before, now = holds(c["value"], c["op"], c["limit"]), holds(c["value"], c["op"], bound)
-        failing_before += [c] if not before else []
-        failing_now += [c] if not now else []
-        if before != now or bound != c["limit"]:
-            changed.append({"check": c["key"], "value": c["value"], "op": c["op"], "was": c["limit"], "now": bound,
-                            "held_before": before, "holds_now": now})
+        m = moved(c, c["limit"], new[c["limit_key"]] * c["scale"])
+        failing_before += [c] if not m["held_before"] else []
+        failing_now += [c] if not m["holds_now"] else []
+        changed += [m] if m["held_before"] != m["holds_now"] or m["now"] != m["was"] else []
     _decidable(metrics, new, failing_now, where)
     status, reason = record["status"], record.get("reason") or ""
     if status not in ("passed", "failed") or not found:
@@ -132,21 +135,19 @@ def bundle_points(b, table: dict, specialize: dict, rel_floor: float) -> list[tu
         then, now = (compare(named(outputs), expected, Rules(lim, judged["dtype"], rel_floor, branch_sizes=sizes))
                      for lim in limits)
         record = as_record(b, key, point)
-        record.update(status=status(then), reason=said(then), metrics={**record["metrics"], **then.metrics("fp64")})
+        record.update(status=passed_or_failed(then), reason=said(then), metrics={**record["metrics"], **then.metrics("fp64")})
         found.append((key, record, verdict(then.metrics("fp64"), now.metrics("fp64"), now)))
     return found
 
 
 def verdict(was: dict, new: dict, now) -> dict:
     """rejudge()'s verdict of a point the engine compared again (`now`, its figures `new`), its figures before `was`."""
-    moved = [{"check": c["key"], "value": c["value"], "op": c["op"], "was": was[f"{c['key']}_limit"], "now": c["limit"],
-              "held_before": holds(c["value"], c["op"], was[f"{c['key']}_limit"]),
-              "holds_now": holds(c["value"], c["op"], c["limit"])} for c in checks(new)]
-    return {"status": status(now), "reason": said(now), "checks": len(moved), "rejudged": True, "limits": new,
-            "changed": [c for c in moved if c["was"] != c["now"] or c["held_before"] != c["holds_now"]]}
+    rows = [moved(c, was[f"{c['key']}_limit"], c["limit"]) for c in checks(new)]
+    return {"status": passed_or_failed(now), "reason": said(now), "checks": len(rows), "rejudged": True, "limits": new,
+            "changed": [r for r in rows if r["was"] != r["now"] or r["held_before"] != r["holds_now"]]}
 
 
-def status(comparison) -> str:
+def passed_or_failed(comparison) -> str:
     return "passed" if comparison.passed else "failed"
 
 

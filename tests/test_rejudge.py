@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import compose_config, run_job
 
-from huggy_exp import app
+from huggy_exp import app, bundle
 from huggy_exp.errors import UserError
 from huggy_exp.rejudge import rejudge
 
@@ -208,6 +208,9 @@ def test_a_bundle_is_re_judged_from_its_arrays_and_a_tightened_fp16_limit_flips_
     recorded = json.loads((small_bundle / "points" / "cpu-fp16-eager-b16" / "comparison.json").read_text())
     assert fp16["metrics"]["actions/vs_fp64/max_abs"] == recorded["outputs"]["actions"]["max_abs"]  # the one engine
     assert fp16["metrics"]["actions/vs_fp64/kl_max_limit"] == 0.01  # judged in the policy's units too (σ recorded)
+    b = bundle.read(small_bundle)  # replay and diff read the outputs alone, as before
+    assert set(b.outputs("cpu/fp16/eager/b16")) == {"actions"} and set(b.reference()) == {"actions"}
+    assert set(b.outputs("cpu/fp16/eager/b16", distributions=True)) == {"actions", "mu", "log_sigma"}
     uri = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
     (tmp_path / "mlruns").mkdir()
     out = tmp_path / "tight"
@@ -227,8 +230,6 @@ def test_a_bundle_is_re_judged_from_its_arrays_and_a_tightened_fp16_limit_flips_
 
 def rehashed(bundle_dir: Path, name: str, change) -> None:
     """`name` rewritten by change(arrays) -> arrays, and the manifest made to list it again (a consistent bundle)."""
-    from huggy_exp import bundle
-
     path = bundle_dir / name
     with np.load(path, allow_pickle=False) as data:
         arrays = change({k: data[k] for k in data.files})
