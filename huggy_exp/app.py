@@ -397,8 +397,8 @@ def _rejudged_point(point: Path, num: int, folder: Path | None, where: str, reco
         update_result(point, tracking=tracking.log_job(settings, point))
     if verdict["status"] == record["status"]:
         return None
-    return {"point": where if folder is None else str(folder), "run_name": record["run_name"], "was": record["status"],
-            "now": verdict["status"], "why": verdict["reason"] or "every re-judged check holds",
+    return {"point": where, "run_name": record["run_name"], "was": record["status"], "now": verdict["status"],
+            "why": verdict["reason"] or "every re-judged check holds",
             "checks": "; ".join(f"{c['check']} {c['value']:.3g}: limit {c['was']:g} → {c['now']:g}" for c in verdict["changed"])}
 
 
