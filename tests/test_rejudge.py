@@ -225,6 +225,7 @@ def test_a_bundle_is_re_judged_from_its_arrays_and_a_tightened_fp16_limit_flips_
     child = next(r for r in runs if r.data.tags.get("rejudged_point") == "cpu/fp16/eager/b16")
     assert child.data.tags["rejudged_from"] == str(small_bundle) and child.data.tags["status"] == "failed"
     assert "mlflow.parentRunId" in child.data.tags
+    assert rejudge_bundle(small_bundle, tmp_path / "special", "+verify.specialize.cpu_fp16.max_abs=1e-4") == 1
     assert digest(small_bundle) == before  # the bundle: read, never written
 
 
