@@ -293,6 +293,7 @@ class ModeConf:
     # the headline names that answer the mode's own question (logged as `answer/<name>`), first on the runs page after
     # the verdict and in the run's first chart section: where a verified point's error, cosine and p50 do not
     first_screen: ClassVar[Tuple[str, ...]] = ()
+    reads_store: ClassVar[bool] = False  # serves an existing tracking store: a store that does not exist is refused
 
     @classmethod
     def is_task(cls) -> bool:
@@ -677,6 +678,7 @@ class RejudgeMode(OfflineMode):
 @dataclass
 class UiMode(OfflineMode):
     name = "ui"
+    reads_store = True
     _target_: Optional[str] = None  # not a task: run.py hands it to huggy_exp.ui (the port is tracking.ui_port)
     wait_s: float = rule(lo=1, hi=3600)
 

@@ -300,13 +300,14 @@ def _is_text(path: Path) -> bool:
 
 
 def _check_new_store(cfg: DictConfig, mode: str) -> None:
-    """A SQLite store that does not exist yet: `mode=ui` would serve it empty (refused, one line); a job or sync creates
-    it, and says so in one line (a typo in tracking.uri would otherwise start an empty store without a word)."""
+    """A SQLite store that does not exist yet: a mode that reads it (`reads_store`: ui) would serve it empty (refused,
+    one line); a job or sync creates it, and says so in one line (a typo in tracking.uri would otherwise start an empty
+    store without a word)."""
     uri = cfg.tracking.get("uri") or default_uri()
     db = local_store(uri)
     if not cfg.tracking.get("enabled", True) or db is None or db.exists() or uri == default_uri():
         return
-    if mode == "ui":
+    if config.modes()[mode].reads_store:
         raise UserError(f"tracking.uri={redact(uri)}: no store at {db} (nothing was ever logged there); check the path")
     created = "" if db.parent.is_dir() else f" (its folder {db.parent} too)"
     print(f"note: tracking.uri={redact(uri)} names no store yet: a new one is created at {db}{created}", file=sys.stderr)
