@@ -7,6 +7,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from huggy_exp import timing
+from huggy_exp.bundle import DISTRIBUTIONS
 from huggy_exp.config import DTYPES, ModeConf, cpu_note
 from huggy_exp.context import Context
 from huggy_exp.errors import Unsupported
@@ -140,7 +141,7 @@ def distributions(runner: Runner, feeds: Mapping[str, np.ndarray]) -> dict[str, 
         out = over_steps(runner.distributions, feeds, runner.memory_size)
     except Unsupported:  # onnxruntime: the graph's outputs only
         return {}
-    return {k: v for k, v in out.items() if k in ("mu", "log_sigma", "masked_logits")}
+    return {k: v for k, v in out.items() if k in DISTRIBUTIONS}
 
 
 def point_line(vs64: Comparison, result: Result, ctx: Context) -> str:
